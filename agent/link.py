@@ -1,0 +1,146 @@
+"""The agent's link to the controller: one bidirectional gRPC stream, re-opened with backoff.
+
+On every (re)connection the agent says Hello and waits for the controller's first Ack, which
+names the highest sequence number the controller holds for this node and spool. The agent drops
+those from its spool and replays exactly the rest, in order. Signals are sent as soon as they are
+spooled; heartbeats go out every ``heartbeat_s``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Awaitable, Callable
+
+import grpc
+import structlog
+
+from agent.spool import Spool
+from protos.codec import signal_to_proto
+from protos.vigil.v1 import agent_pb2, agent_pb2_grpc, common_pb2
+
+log = structlog.get_logger(__name__)
+
+BATCH_LIMIT = 500
+HELLO_ACK_TIMEOUT_S = 10.0
+
+
+def backoff_delay(attempt: int, base: float = 0.2, cap: float = 10.0, rng: random.Random | None = None) -> float:
+    """Full-jitter exponential backoff (AWS architecture blog): uniform in [0, min(cap, base·2^n)]."""
+    return (rng or random).uniform(0, min(cap, base * 2**attempt))
+
+
+CheckRunner = Callable[[agent_pb2.RunCheck], Awaitable[common_pb2.CheckResult]]
+
+
+class ControllerLink:
+    def __init__(
+        self,
+        target: str,
+        spool: Spool,
+        hello: Callable[[], agent_pb2.Hello],
+        run_check: CheckRunner,
+        heartbeat_s: float = 5.0,
+        channel_factory: Callable[[str], grpc.aio.Channel] = grpc.aio.insecure_channel,
+    ) -> None:
+        self._target = target
+        self._spool = spool
+        self._hello = hello
+        self._run_check = run_check
+        self._heartbeat_s = heartbeat_s
+        self._channel_factory = channel_factory
+        self._wake = asyncio.Event()
+        self._outbox: asyncio.Queue[agent_pb2.AgentMessage] = asyncio.Queue()
+        self.connected = False
+        self.connections = 0
+
+    def notify(self) -> None:
+        """New signals are in the spool: send them now rather than at the next heartbeat."""
+        self._wake.set()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        attempt = 0
+        while not stop.is_set():
+            try:
+                await self._session(stop)
+                attempt = 0
+            except (grpc.aio.AioRpcError, asyncio.TimeoutError, ConnectionError) as exc:
+                detail = exc.details() if isinstance(exc, grpc.aio.AioRpcError) else repr(exc)
+                log.warning("controller_link_down", target=self._target, error=detail, attempt=attempt)
+            except Exception:  # never let the link die: the spool keeps everything until it is back
+                log.exception("controller_link_error", target=self._target, attempt=attempt)
+            finally:
+                self.connected = False
+            if stop.is_set():
+                break
+            delay = backoff_delay(attempt)
+            attempt = min(attempt + 1, 16)
+            try:
+                await asyncio.wait_for(stop.wait(), timeout=delay)
+            except asyncio.TimeoutError:
+                pass
+
+    async def _session(self, stop: asyncio.Event) -> None:
+        async with self._channel_factory(self._target) as channel:
+            call = agent_pb2_grpc.AgentGatewayStub(channel).Connect()
+            await call.write(agent_pb2.AgentMessage(hello=self._hello()))
+            first = await asyncio.wait_for(call.read(), HELLO_ACK_TIMEOUT_S)
+            if first is grpc.aio.EOF or not first.HasField("ack"):
+                raise ConnectionError("controller did not answer Hello with an Ack")
+            self._apply_ack(first.ack.acked_seq)
+            self.connected, self.connections = True, self.connections + 1
+            log.info("controller_link_up", target=self._target, acked_seq=self._spool.acked_seq)
+            tasks = [
+                asyncio.create_task(self._send_loop(call, stop)),
+                asyncio.create_task(self._receive_loop(call)),
+                asyncio.create_task(stop.wait()),
+            ]
+            try:
+                done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    task.result()  # re-raise a broken stream
+            finally:
+                for task in tasks:
+                    task.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+                call.cancel()
+
+    def _apply_ack(self, seq: int) -> None:
+        if seq > self._spool.acked_seq:
+            self._spool.ack(seq)
+
+    async def _send_loop(self, call: grpc.aio.StreamStreamCall, stop: asyncio.Event) -> None:
+        sent_upto = self._spool.acked_seq
+        loop = asyncio.get_running_loop()
+        next_heartbeat = loop.time()
+        while not stop.is_set():
+            while not self._outbox.empty():
+                await call.write(self._outbox.get_nowait())
+            batch = self._spool.pending(after_seq=sent_upto, limit=BATCH_LIMIT)
+            if batch:
+                msg = agent_pb2.SignalBatch(signals=[signal_to_proto(s) for s in batch])
+                await call.write(agent_pb2.AgentMessage(signals=msg))
+                sent_upto = batch[-1].seq
+                continue
+            if loop.time() >= next_heartbeat:
+                beat = agent_pb2.Heartbeat(sent_at=loop.time(), spooled=self._spool.count())
+                await call.write(agent_pb2.AgentMessage(heartbeat=beat))
+                next_heartbeat = loop.time() + self._heartbeat_s
+            self._wake.clear()
+            try:
+                await asyncio.wait_for(self._wake.wait(), timeout=max(0.0, next_heartbeat - loop.time()))
+            except asyncio.TimeoutError:
+                pass
+
+    async def _receive_loop(self, call: grpc.aio.StreamStreamCall) -> None:
+        while (msg := await call.read()) is not grpc.aio.EOF:
+            if msg.HasField("ack"):
+                self._apply_ack(msg.ack.acked_seq)
+            elif msg.HasField("run_check"):
+                asyncio.create_task(self._answer_check(msg.run_check))
+        raise ConnectionError("controller closed the stream")
+
+    async def _answer_check(self, request: agent_pb2.RunCheck) -> None:
+        result = await self._run_check(request)
+        self._outbox.put_nowait(agent_pb2.AgentMessage(check_result=result))
+        self._wake.set()

@@ -1,0 +1,61 @@
+"""Checks the agent answers itself when the controller sends RunCheck.
+
+This first cut has the GPU health snapshot; the diagnostic workloads (burn, bandwidth,
+all-reduce) live in ``checks/`` and run as subprocesses. An unknown check is UNKNOWN, never OK.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from agent.backend import GpuBackend, GpuReading
+from protos.vigil.v1 import agent_pb2, common_pb2
+from vigil.signals import THROTTLE_HARMFUL_MASK
+
+
+def health_problems(readings: list[GpuReading]) -> list[str]:
+    problems = []
+    for r in readings:
+        name = f"GPU {r.gpu.index}"
+        if r.lost:
+            problems.append(f"{name} is lost")
+            continue
+        if r.remap_failure:
+            problems.append(f"{name} row remap failure")
+        if r.remap_pending:
+            problems.append(f"{name} row remap pending")
+        if (r.throttle_reasons or 0) & THROTTLE_HARMFUL_MASK:
+            problems.append(f"{name} throttled (0x{r.throttle_reasons:x})")
+    return problems
+
+
+class LocalChecks:
+    def __init__(self, node: str, backend: GpuBackend) -> None:
+        self._node = node
+        self._backend = backend
+
+    async def run(self, request: agent_pb2.RunCheck) -> common_pb2.CheckResult:
+        started = time.time()
+        result = common_pb2.CheckResult(
+            request_id=request.request_id, node=self._node, check=request.check, started_at=started
+        )
+        if request.check != "gpu_health":
+            result.verdict = common_pb2.UNKNOWN
+            result.reason = f"check {request.check!r} is not available on this agent"
+        else:
+            try:
+                readings = await asyncio.wait_for(
+                    asyncio.to_thread(lambda: [self._backend.read(g.index) for g in self._backend.gpus()]),
+                    timeout=request.deadline_s or 30.0,
+                )
+            except Exception as exc:  # a crashed or hung check is UNKNOWN, never a pass
+                result.verdict = common_pb2.UNKNOWN
+                result.reason = f"could not read GPUs: {exc!r}"
+            else:
+                problems = health_problems(readings)
+                result.verdict = common_pb2.FAIL if problems else common_pb2.OK
+                result.reason = "; ".join(problems) or f"{len(readings)} GPUs healthy"
+                result.figures["gpus"] = len(readings)
+        result.finished_at = time.time()
+        return result

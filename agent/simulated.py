@@ -1,0 +1,103 @@
+"""A simulated GPU backend for the demo and tests: N GPUs with real-looking PCI bus ids and UUIDs,
+and fault injection for the faults the collectors must notice.
+
+It is a named backend (``gpu_backend: simulated``), not a stand-in for testing the NVML code.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from dataclasses import dataclass, replace
+
+from agent.backend import GpuReading, XidEvent
+from vigil.signals import GpuRef
+
+# Bus ids of the eight GPUs of an HGX H100 board, as `nvidia-smi` shows them on DGX H100.
+_HGX_BUS_IDS = ("18", "2a", "3a", "5d", "9a", "ab", "ba", "db")
+_UUID_NAMESPACE = uuid.UUID("6f1d3b52-6a39-4c55-9a0e-8c51a7c43a10")
+
+
+def simulated_gpus(node: str, count: int) -> list[GpuRef]:
+    """The GPUs a simulated node has: deterministic, so a test or the demo can name them."""
+    gpus = []
+    for index in range(count):
+        bus = _HGX_BUS_IDS[index % 8]
+        domain = index // 8
+        uid = uuid.uuid5(_UUID_NAMESPACE, f"{node}/{index}")
+        gpus.append(GpuRef(index=index, uuid=f"GPU-{uid}", pci_bus_id=f"{domain:04x}:{bus}:00"))
+    return gpus
+
+
+@dataclass
+class _GpuFaults:
+    lost: bool = False
+    ecc_dbe: int = 0
+    remap_pending: bool = False
+    remap_failure: bool = False
+    throttle_reasons: int = 0
+
+
+class SimulatedBackend:
+    name = "simulated"
+
+    def __init__(self, node: str, gpu_count: int = 8, clock: object = time.time) -> None:
+        if gpu_count < 1:
+            raise ValueError("a simulated node needs at least one GPU")
+        self._gpus = simulated_gpus(node, gpu_count)
+        self._faults = [_GpuFaults() for _ in self._gpus]
+        self._events: list[XidEvent] = []
+        self._lock = threading.Lock()
+        self._clock = clock
+
+    def gpus(self) -> list[GpuRef]:
+        return list(self._gpus)
+
+    def read(self, index: int) -> GpuReading:
+        gpu = self._gpus[index]
+        with self._lock:
+            faults = replace(self._faults[index])
+        if faults.lost:
+            return GpuReading(gpu=gpu, lost=True)
+        return GpuReading(
+            gpu=gpu,
+            temperature_c=34.0 + index,
+            power_w=72.0,
+            sm_clock_mhz=1980.0,
+            utilization_pct=0.0,
+            memory_used_bytes=0,
+            ecc_dbe_volatile=faults.ecc_dbe,
+            remap_pending=faults.remap_pending,
+            remap_failure=faults.remap_failure,
+            throttle_reasons=faults.throttle_reasons,
+        )
+
+    def drain_xid_events(self) -> list[XidEvent]:
+        with self._lock:
+            events, self._events = self._events, []
+        return events
+
+    # Fault injection -----------------------------------------------------------------------
+
+    def inject_xid(self, index: int, code: int, message: str = "") -> None:
+        now = self._clock()  # type: ignore[operator]
+        with self._lock:
+            self._events.append(XidEvent(self._gpus[index], code, now, message))
+
+    def inject_ecc_dbe(self, index: int, count: int = 1) -> None:
+        with self._lock:
+            self._faults[index].ecc_dbe += count
+
+    def inject_row_remap(self, index: int, *, pending: bool = False, failure: bool = False) -> None:
+        with self._lock:
+            self._faults[index].remap_pending = pending
+            self._faults[index].remap_failure = failure
+
+    def inject_throttle(self, index: int, reasons: int) -> None:
+        with self._lock:
+            self._faults[index].throttle_reasons = reasons
+
+    def inject_gpu_lost(self, index: int) -> None:
+        with self._lock:
+            self._faults[index].lost = True

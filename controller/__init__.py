@@ -1,0 +1,1 @@
+"""The controller: receives signals, decides (purely) what they mean, and carries out actions."""

@@ -1,0 +1,199 @@
+"""The decision function: ``(node state, signal, policy, time) -> (new state, actions)``. Pure.
+
+States: HEALTHY → SUSPECT → UNHEALTHY (quarantine decided) → QUARANTINED (the actuator confirmed),
+and UNKNOWN while heartbeats are missing. A node's health only rises through signals; it falls
+back only through an explicit recovery (``uncordon``) or a returning heartbeat.
+
+Counting is per GPU, kind and code, over the rule's window, timed by when the agent observed the
+signal (a replay after an outage keeps the original times). Signals of the same GPU, kind and code
+within ``fold_window_s`` of an incident fold into it: a flood of XID 45 is one incident with a
+count, and a count that crosses a threshold escalates the same incident rather than opening another.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
+
+from controller.policy import Policy, Severity
+from vigil.signals import GpuRef, Signal, SignalKind
+
+
+class Health(StrEnum):
+    HEALTHY = "HEALTHY"
+    SUSPECT = "SUSPECT"
+    UNHEALTHY = "UNHEALTHY"
+    QUARANTINED = "QUARANTINED"
+    UNKNOWN = "UNKNOWN"
+
+
+_OUT_OF_SERVICE = (Health.UNHEALTHY, Health.QUARANTINED)
+
+
+@dataclass(frozen=True, slots=True)
+class IncidentRef:
+    """What the decision function remembers of an incident, for folding."""
+
+    id: str
+    key: str
+    severity: Severity
+    last_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class NodeState:
+    node: str
+    health: Health = Health.HEALTHY
+    health_before_unknown: Health = Health.HEALTHY
+    recent: dict[str, tuple[float, ...]] = field(default_factory=dict)  # key -> observation times
+    incidents: tuple[IncidentRef, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Incident:
+    id: str
+    node: str
+    gpu: GpuRef
+    kind: SignalKind
+    code: int
+    severity: Severity
+    meaning: str
+    remedy: str
+    first_message: str
+    first_seq: int
+    first_observed_at: float
+    opened_at: float
+
+
+# Actions. The first three are bookkeeping in the incident store; the last two are side effects
+# that actuators carry out, at least once, idempotently by incident id.
+@dataclass(frozen=True, slots=True)
+class OpenIncident:
+    incident: Incident
+
+
+@dataclass(frozen=True, slots=True)
+class FoldIntoIncident:
+    incident_id: str
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
+class EscalateIncident:
+    incident_id: str
+    severity: Severity
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
+class Quarantine:
+    incident_id: str
+    node: str
+    reason: str
+    remedy: str
+    observed_at: float = 0.0  # when the agent saw the fault: fault-to-action latency starts here
+
+
+@dataclass(frozen=True, slots=True)
+class Page:
+    incident_id: str
+    node: str
+    severity: Severity
+    summary: str
+    remedy: str
+    observed_at: float = 0.0
+
+
+Action = OpenIncident | FoldIntoIncident | EscalateIncident | Quarantine | Page
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    state: NodeState
+    actions: tuple[Action, ...]
+
+
+def signal_key(signal: Signal) -> str:
+    return f"{signal.gpu.key}|{signal.kind.value}|{signal.code}"
+
+
+def decide(state: NodeState, signal: Signal, policy: Policy, now: float, incident_id: str) -> Decision:
+    """What one signal means for its node. ``incident_id`` names the incident if one is opened."""
+    rule = policy.rule_for(signal)
+    if signal.value < rule.min_value or (signal.kind is SignalKind.THROTTLE and signal.code == 0):
+        return Decision(state, ())  # below the rule's bar (throttling too short, or it ended)
+    at = signal.observed_at if signal.observed_at > 0 else now
+    key = signal_key(signal)
+    recent = _prune(state.recent, at, policy.longest_window_s)
+    times = tuple(t for t in recent.get(key, ()) if t > at - rule.window_s) + (at,)
+    recent[key] = times
+    severity = rule.severity_at(len(times))
+    if state.health in _OUT_OF_SERVICE:
+        severity = Severity.RECORD  # already out of service: keep the evidence, act no further
+    summary = f"{signal.describe()}: {rule.meaning}"
+
+    open_refs = tuple(r for r in state.incidents if r.last_at >= at - policy.fold_window_s)
+    existing = next((r for r in open_refs if r.key == key), None)
+    actions: list[Action] = []
+    if existing is not None and severity.rank <= existing.severity.rank:
+        refs = _replace_ref(open_refs, replace(existing, last_at=at))
+        actions.append(FoldIntoIncident(existing.id, at))
+        return Decision(replace(state, recent=recent, incidents=refs), tuple(actions))
+    if existing is not None:
+        target = existing.id
+        refs = _replace_ref(open_refs, replace(existing, severity=severity, last_at=at))
+        actions.append(EscalateIncident(target, severity, at))
+    else:
+        target = incident_id
+        incident = Incident(
+            id=incident_id, node=signal.node, gpu=signal.gpu, kind=signal.kind, code=signal.code,
+            severity=severity, meaning=rule.meaning, remedy=rule.remedy,
+            first_message=signal.message, first_seq=signal.seq, first_observed_at=at, opened_at=now,
+        )
+        refs = (*open_refs, IncidentRef(incident_id, key, severity, at))
+        actions.append(OpenIncident(incident))
+
+    health = state.health
+    if severity is Severity.QUARANTINE:
+        health = Health.UNHEALTHY
+        actions.append(Quarantine(target, signal.node, summary, rule.remedy, at))
+    elif severity is Severity.SUSPECT and health in (Health.HEALTHY, Health.UNKNOWN):
+        health = Health.SUSPECT
+    if severity is not Severity.RECORD:
+        actions.append(Page(target, signal.node, severity, summary, rule.remedy, at))
+    new_state = replace(state, health=health, recent=recent, incidents=refs)
+    return Decision(new_state, tuple(actions))
+
+
+def quarantine_confirmed(state: NodeState) -> NodeState:
+    """The actuator took the node out of service."""
+    if state.health is Health.QUARANTINED:
+        return state
+    return replace(state, health=Health.QUARANTINED)
+
+
+def heartbeat_silence(state: NodeState, silent_for: float, policy: Policy) -> NodeState:
+    """UNKNOWN once heartbeats stop for longer than the policy allows; never from out-of-service."""
+    if silent_for <= policy.heartbeat_timeout_s or state.health in (*_OUT_OF_SERVICE, Health.UNKNOWN):
+        return state
+    return replace(state, health=Health.UNKNOWN, health_before_unknown=state.health)
+
+
+def heartbeat_returned(state: NodeState) -> NodeState:
+    if state.health is not Health.UNKNOWN:
+        return state
+    return replace(state, health=state.health_before_unknown)
+
+
+def recovered(state: NodeState) -> NodeState:
+    """Back in service: forget the incidents' counts so old faults do not re-trigger."""
+    return NodeState(node=state.node)
+
+
+def _prune(recent: dict[str, tuple[float, ...]], at: float, horizon: float) -> dict[str, tuple[float, ...]]:
+    pruned = {k: tuple(t for t in v if t > at - horizon) for k, v in recent.items()}
+    return {k: v for k, v in pruned.items() if v}
+
+
+def _replace_ref(refs: tuple[IncidentRef, ...], new: IncidentRef) -> tuple[IncidentRef, ...]:
+    return tuple(new if r.id == new.id else r for r in refs)

@@ -1,0 +1,123 @@
+"""The controller's gRPC services: the agent gateway and the admin service.
+
+Bad input gets a gRPC status that names the problem (and a log line); it never takes the server
+down. The trainer gateway and the admin ``Sweep`` are defined in the protocol but not served yet:
+calls to them get UNIMPLEMENTED.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import AsyncIterator
+
+import grpc
+import structlog
+
+from controller.engine import Engine, UnknownNode
+from protos.codec import BadSignal, gpu_to_proto, signal_from_proto
+from protos.vigil.v1 import admin_pb2, admin_pb2_grpc, agent_pb2, agent_pb2_grpc, common_pb2
+
+log = structlog.get_logger(__name__)
+
+_NODE_RE = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
+_KIND_NAMES = {k: common_pb2.SignalKind.Value(k) for k in common_pb2.SignalKind.keys()}
+
+
+class AgentGateway(agent_pb2_grpc.AgentGatewayServicer):
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+        self.outboxes: dict[str, asyncio.Queue[agent_pb2.ControllerMessage]] = {}
+
+    async def Connect(  # noqa: N802 (gRPC method name)
+        self, request_iterator: AsyncIterator[agent_pb2.AgentMessage], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[agent_pb2.ControllerMessage]:
+        first = await anext(aiter(request_iterator), None)
+        if first is None or not first.HasField("hello"):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the first message must be Hello")
+        hello = first.hello
+        node = hello.node
+        if not _NODE_RE.match(node):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"Hello.node {node!r} is not a valid node name")
+        if not hello.spool_id:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "Hello.spool_id is empty")
+        acked = self._engine.hello(node, hello.spool_id, len(hello.gpus))
+        log.info("agent_connected", node=node, peer=context.peer(), acked_seq=acked, gpus=len(hello.gpus))
+        outbox: asyncio.Queue[agent_pb2.ControllerMessage] = asyncio.Queue()
+        self.outboxes[node] = outbox
+        yield agent_pb2.ControllerMessage(ack=agent_pb2.Ack(acked_seq=acked))
+        reader = asyncio.create_task(self._read(node, request_iterator, outbox, context))
+        try:
+            while True:
+                getter = asyncio.create_task(outbox.get())
+                done, _ = await asyncio.wait({getter, reader}, return_when=asyncio.FIRST_COMPLETED)
+                if getter in done:
+                    yield getter.result()
+                    continue
+                getter.cancel()
+                while not outbox.empty():
+                    yield outbox.get_nowait()
+                reader.result()  # re-raise an abort
+                return
+        finally:
+            reader.cancel()
+            if self.outboxes.get(node) is outbox:
+                del self.outboxes[node]
+                self._engine.disconnected(node)
+            log.info("agent_disconnected", node=node)
+
+    async def _read(self, node: str, requests: AsyncIterator[agent_pb2.AgentMessage],
+                    outbox: asyncio.Queue[agent_pb2.ControllerMessage], context: grpc.aio.ServicerContext) -> None:
+        async for msg in requests:
+            body = msg.WhichOneof("body")
+            if body == "heartbeat":
+                self._engine.heartbeat(node)
+            elif body == "signals":
+                try:
+                    signals = [signal_from_proto(s) for s in msg.signals.signals]
+                except BadSignal as exc:
+                    log.warning("bad_signal", node=node, error=str(exc))
+                    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+                foreign = [s.node for s in signals if s.node != node]
+                if foreign:
+                    await context.abort(grpc.StatusCode.PERMISSION_DENIED,
+                                        f"agent for {node!r} sent a signal for {foreign[0]!r}")
+                acked = self._engine.receive(node, signals)
+                outbox.put_nowait(agent_pb2.ControllerMessage(ack=agent_pb2.Ack(acked_seq=acked)))
+            elif body == "check_result":
+                self._engine.record_check_result(node, msg.check_result)
+            else:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"unexpected message {body!r} after Hello")
+
+
+class Admin(admin_pb2_grpc.AdminServicer):
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+
+    async def GetStatus(self, request: admin_pb2.StatusRequest, context: grpc.aio.ServicerContext) -> admin_pb2.StatusReply:  # noqa: N802
+        open_by_node = {i.node: i.id for i in reversed(self._engine.store.incidents(open_only=True, limit=100000))}
+        nodes = [
+            admin_pb2.NodeStatus(node=name, health=e.state.health.value, last_heartbeat=e.last_heartbeat,
+                                 last_seq=e.last_seq, gpus=e.gpus, open_incident=open_by_node.get(name, ""))
+            for name, e in sorted(self._engine.nodes.items())
+        ]
+        return admin_pb2.StatusReply(nodes=nodes, now=self._engine.clock())
+
+    async def ListIncidents(self, request: admin_pb2.IncidentsRequest, context: grpc.aio.ServicerContext) -> admin_pb2.IncidentsReply:  # noqa: N802
+        views = self._engine.store.incidents(request.open_only, request.node, request.limit or 100)
+        return admin_pb2.IncidentsReply(incidents=[
+            admin_pb2.Incident(
+                id=v.id, node=v.node, gpu=gpu_to_proto(v.gpu), kind=_KIND_NAMES.get(v.kind, 0), code=v.code,
+                reason=v.meaning, remedy=v.remedy, status=v.status, signal_count=v.signal_count,
+                first_observed_at=v.first_observed_at, received_at=v.received_at, opened_at=v.opened_at,
+                first_message=v.first_message,
+                actions=[admin_pb2.ActionRecord(kind=a.kind, status=a.status, requested_at=a.requested_at,
+                                                done_at=a.done_at or 0.0, detail=a.detail) for a in v.actions],
+            ) for v in views])
+
+    async def Uncordon(self, request: admin_pb2.UncordonRequest, context: grpc.aio.ServicerContext) -> admin_pb2.UncordonReply:  # noqa: N802
+        try:
+            health, detail = self._engine.uncordon(request.node, request.requested_by or "unknown", request.reason)
+        except UnknownNode:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"no node named {request.node!r}")
+        return admin_pb2.UncordonReply(node=request.node, health=health.value, detail=detail)

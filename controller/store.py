@@ -1,0 +1,307 @@
+"""The incident store (SQLite): node states, signals seen, incidents and the actions taken.
+
+One transaction per received batch holds the signals (deduplicated by ``(node, spool_id, seq)``),
+the nodes' new states, new or folded incidents and the actions still to carry out. Only after it
+commits does the controller acknowledge, so a controller killed at any point neither forgets an
+incident nor loses a signal; actions left PENDING are resumed on start.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from controller.decide import (
+    Action, EscalateIncident, FoldIntoIncident, Health, IncidentRef, NodeState, OpenIncident, Page,
+    Quarantine,
+)
+from controller.policy import Severity
+from vigil.signals import GpuRef, Signal
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS nodes (
+  node TEXT PRIMARY KEY, health TEXT NOT NULL, state TEXT NOT NULL, spool_id TEXT NOT NULL DEFAULT '',
+  last_seq INTEGER NOT NULL DEFAULT 0, last_heartbeat REAL NOT NULL DEFAULT 0, gpus INTEGER NOT NULL DEFAULT 0);
+CREATE TABLE IF NOT EXISTS signals (
+  node TEXT NOT NULL, spool_id TEXT NOT NULL, seq INTEGER NOT NULL, kind TEXT NOT NULL, code INTEGER,
+  gpu_index INTEGER, gpu_uuid TEXT, pci_bus_id TEXT, value REAL, message TEXT, source TEXT,
+  observed_at REAL, received_at REAL, incident_id TEXT, PRIMARY KEY (node, spool_id, seq));
+CREATE TABLE IF NOT EXISTS incidents (
+  id TEXT PRIMARY KEY, node TEXT NOT NULL, gpu_index INTEGER, gpu_uuid TEXT, pci_bus_id TEXT,
+  kind TEXT NOT NULL, code INTEGER, severity TEXT NOT NULL, meaning TEXT, remedy TEXT,
+  status TEXT NOT NULL, signal_count INTEGER NOT NULL, first_message TEXT, first_seq INTEGER,
+  first_observed_at REAL, received_at REAL, opened_at REAL, last_at REAL);
+CREATE INDEX IF NOT EXISTS incidents_node ON incidents (node, status);
+CREATE TABLE IF NOT EXISTS actions (
+  incident_id TEXT NOT NULL, kind TEXT NOT NULL, status TEXT NOT NULL, payload TEXT NOT NULL,
+  requested_at REAL NOT NULL, done_at REAL, attempts INTEGER NOT NULL DEFAULT 0, detail TEXT DEFAULT '',
+  PRIMARY KEY (incident_id, kind));
+CREATE TABLE IF NOT EXISTS quarantines (
+  node TEXT PRIMARY KEY, incident_id TEXT NOT NULL, reason TEXT, at REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS check_results (
+  request_id TEXT, node TEXT, check_name TEXT, verdict TEXT, reason TEXT, figures TEXT,
+  started_at REAL, finished_at REAL);
+"""
+
+EXTERNAL_ACTIONS = (Quarantine, Page)
+
+
+@dataclass(frozen=True, slots=True)
+class NodeRow:
+    state: NodeState
+    spool_id: str
+    last_seq: int
+    last_heartbeat: float
+    gpus: int
+
+
+@dataclass(frozen=True, slots=True)
+class PendingAction:
+    incident_id: str
+    action: Quarantine | Page
+    attempts: int
+
+
+@dataclass(frozen=True, slots=True)
+class Received:
+    """One new signal and what was decided about it, ready to be committed."""
+
+    signal: Signal
+    incident_id: str
+    actions: tuple[Action, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ActionView:
+    kind: str
+    status: str
+    requested_at: float
+    done_at: float | None
+    detail: str
+
+
+@dataclass
+class IncidentView:
+    id: str
+    node: str
+    gpu: GpuRef
+    kind: str
+    code: int
+    severity: str
+    meaning: str
+    remedy: str
+    status: str
+    signal_count: int
+    first_message: str
+    first_observed_at: float
+    received_at: float
+    opened_at: float
+    actions: list[ActionView] = field(default_factory=list)
+
+
+class Store:
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        self._lock = threading.RLock()
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=FULL")
+        self._db.executescript(_SCHEMA)
+
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        with self._lock, self._db:
+            self._db.execute("BEGIN IMMEDIATE")
+            yield self._db
+
+    # Nodes ---------------------------------------------------------------------------------
+
+    def load_nodes(self) -> dict[str, NodeRow]:
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT node, state, spool_id, last_seq, last_heartbeat, gpus FROM nodes").fetchall()
+        return {r[0]: NodeRow(state_from_json(r[1], r[0]), r[2], r[3], r[4], r[5]) for r in rows}
+
+    def register_node(self, state: NodeState, spool_id: str, last_seq: int, gpus: int, now: float) -> None:
+        with self._tx() as db:
+            db.execute(
+                "INSERT INTO nodes (node, health, state, spool_id, last_seq, last_heartbeat, gpus) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (node) DO UPDATE SET health = excluded.health, "
+                "state = excluded.state, spool_id = excluded.spool_id, last_seq = excluded.last_seq, "
+                "last_heartbeat = excluded.last_heartbeat, gpus = excluded.gpus",
+                (state.node, state.health.value, state_to_json(state), spool_id, last_seq, now, gpus),
+            )
+
+    def save_states(self, states: Sequence[NodeState], heartbeats: dict[str, float] | None = None) -> None:
+        with self._tx() as db:
+            db.executemany(
+                "UPDATE nodes SET health = ?, state = ? WHERE node = ?",
+                [(s.health.value, state_to_json(s), s.node) for s in states],
+            )
+            db.executemany("UPDATE nodes SET last_heartbeat = ? WHERE node = ?",
+                           [(t, n) for n, t in (heartbeats or {}).items()])
+
+    # Signals, incidents, actions -------------------------------------------------------------
+
+    def commit_batch(self, node: str, spool_id: str, received: Sequence[Received],
+                     state: NodeState, last_seq: int, now: float) -> None:
+        with self._tx() as db:
+            for item in received:
+                s = item.signal
+                db.execute(
+                    "INSERT OR IGNORE INTO signals VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (node, spool_id, s.seq, s.kind.value, s.code, s.gpu.index, s.gpu.uuid,
+                     s.gpu.pci_bus_id, s.value, s.message, s.source, s.observed_at, now, item.incident_id),
+                )
+                for action in item.actions:
+                    self._apply(db, action, now)
+            db.execute("UPDATE nodes SET health = ?, state = ?, last_seq = ?, last_heartbeat = ? WHERE node = ?",
+                       (state.health.value, state_to_json(state), last_seq, now, node))
+
+    def _apply(self, db: sqlite3.Connection, action: Action, now: float) -> None:
+        if isinstance(action, OpenIncident):
+            i = action.incident
+            db.execute(
+                "INSERT OR IGNORE INTO incidents VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 1, ?, ?, ?, ?, ?, ?)",
+                (i.id, i.node, i.gpu.index, i.gpu.uuid, i.gpu.pci_bus_id, i.kind.value, i.code,
+                 i.severity.value, i.meaning, i.remedy, _status_for(i.severity), i.first_message,
+                 i.first_seq, i.first_observed_at, now, i.opened_at, i.first_observed_at),
+            )
+        elif isinstance(action, FoldIntoIncident):
+            db.execute("UPDATE incidents SET signal_count = signal_count + 1, last_at = ? WHERE id = ?",
+                       (action.at, action.incident_id))
+        elif isinstance(action, EscalateIncident):
+            db.execute(
+                "UPDATE incidents SET signal_count = signal_count + 1, last_at = ?, severity = ?, status = ? "
+                "WHERE id = ?", (action.at, action.severity.value, _status_for(action.severity), action.incident_id))
+        else:
+            db.execute(
+                "INSERT OR IGNORE INTO actions (incident_id, kind, status, payload, requested_at) "
+                "VALUES (?, ?, 'PENDING', ?, ?)",
+                (action.incident_id, action_kind(action), action_to_json(action), now),
+            )
+
+    def pending_actions(self) -> list[PendingAction]:
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT incident_id, payload, attempts FROM actions WHERE status = 'PENDING' "
+                "ORDER BY requested_at").fetchall()
+        return [PendingAction(r[0], action_from_json(r[1]), r[2]) for r in rows]
+
+    def finish_action(self, incident_id: str, kind: str, status: str, detail: str, now: float) -> None:
+        with self._tx() as db:
+            db.execute(
+                "UPDATE actions SET status = ?, detail = ?, done_at = ?, attempts = attempts + 1 "
+                "WHERE incident_id = ? AND kind = ?", (status, detail, now, incident_id, kind))
+
+    def count_attempt(self, incident_id: str, kind: str, detail: str) -> None:
+        with self._tx() as db:
+            db.execute("UPDATE actions SET attempts = attempts + 1, detail = ? WHERE incident_id = ? AND kind = ?",
+                       (detail, incident_id, kind))
+
+    def resolve_incidents(self, node: str, now: float) -> int:
+        with self._tx() as db:
+            return db.execute("UPDATE incidents SET status = 'RESOLVED', last_at = ? WHERE node = ? "
+                              "AND status = 'OPEN'", (now, node)).rowcount
+
+    # The local actuator's record of what it took out of service ------------------------------
+
+    def record_quarantine(self, node: str, incident_id: str, reason: str, now: float) -> bool:
+        """True when this call quarantined the node; False when it already was (idempotent)."""
+        with self._tx() as db:
+            return db.execute("INSERT OR IGNORE INTO quarantines VALUES (?, ?, ?, ?)",
+                              (node, incident_id, reason, now)).rowcount == 1
+
+    def release_quarantine(self, node: str) -> str | None:
+        with self._tx() as db:
+            row = db.execute("SELECT incident_id FROM quarantines WHERE node = ?", (node,)).fetchone()
+            db.execute("DELETE FROM quarantines WHERE node = ?", (node,))
+        return str(row[0]) if row else None
+
+    def quarantined_nodes(self) -> dict[str, str]:
+        with self._lock:
+            return dict(self._db.execute("SELECT node, incident_id FROM quarantines").fetchall())
+
+    def record_check_result(self, request_id: str, node: str, check: str, verdict: str, reason: str,
+                            figures: dict[str, float], started_at: float, finished_at: float) -> None:
+        with self._tx() as db:
+            db.execute("INSERT INTO check_results VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                       (request_id, node, check, verdict, reason, json.dumps(figures), started_at, finished_at))
+
+    # Reading --------------------------------------------------------------------------------
+
+    def incidents(self, open_only: bool = False, node: str = "", limit: int = 100) -> list[IncidentView]:
+        where, args = ["1 = 1"], []
+        if open_only:
+            where.append("status = 'OPEN'")
+        if node:
+            where.append("node = ?")
+            args.append(node)
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT id, node, gpu_index, gpu_uuid, pci_bus_id, kind, code, severity, meaning, remedy, "
+                "status, signal_count, first_message, first_observed_at, received_at, opened_at "
+                f"FROM incidents WHERE {' AND '.join(where)} ORDER BY opened_at DESC LIMIT ?",
+                (*args, limit)).fetchall()
+            views = [IncidentView(r[0], r[1], GpuRef(r[2], r[3], r[4]), *r[5:]) for r in rows]
+            for view in views:
+                for a in self._db.execute(
+                        "SELECT kind, status, requested_at, done_at, detail FROM actions WHERE incident_id = ? "
+                        "ORDER BY requested_at, kind", (view.id,)):
+                    view.actions.append(ActionView(a[0], a[1], a[2], a[3], a[4] or ""))
+        return views
+
+    def signal_count(self, node: str) -> int:
+        with self._lock:
+            return int(self._db.execute("SELECT COUNT(*) FROM signals WHERE node = ?", (node,)).fetchone()[0])
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+
+def _status_for(severity: Severity) -> str:
+    return "RECORDED" if severity is Severity.RECORD else "OPEN"
+
+
+def action_kind(action: Quarantine | Page) -> str:
+    return "QUARANTINE" if isinstance(action, Quarantine) else "PAGE"
+
+
+# JSON forms of what the store keeps ---------------------------------------------------------
+
+def state_to_json(state: NodeState) -> str:
+    return json.dumps({
+        "health": state.health.value,
+        "before_unknown": state.health_before_unknown.value,
+        "recent": state.recent,
+        "incidents": [[r.id, r.key, r.severity.value, r.last_at] for r in state.incidents],
+    })
+
+
+def state_from_json(text: str, node: str | None = None) -> NodeState:
+    data = json.loads(text)
+    return NodeState(
+        node=node or "",
+        health=Health(data["health"]),
+        health_before_unknown=Health(data["before_unknown"]),
+        recent={k: tuple(v) for k, v in data["recent"].items()},
+        incidents=tuple(IncidentRef(i, k, Severity(s), t) for i, k, s, t in data["incidents"]),
+    )
+
+
+def action_to_json(action: Quarantine | Page) -> str:
+    fields = {f: getattr(action, f) for f in action.__dataclass_fields__}
+    return json.dumps({"kind": action_kind(action), **fields})
+
+
+def action_from_json(text: str) -> Quarantine | Page:
+    d = json.loads(text)
+    if d.pop("kind") == "QUARANTINE":
+        return Quarantine(**d)
+    return Page(**{**d, "severity": Severity(d["severity"])})

@@ -1,0 +1,138 @@
+from protos.vigil.v1 import common_pb2 as _common_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class StatusRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class NodeStatus(_message.Message):
+    __slots__ = ("node", "health", "last_heartbeat", "last_seq", "gpus", "open_incident")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    HEALTH_FIELD_NUMBER: _ClassVar[int]
+    LAST_HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
+    LAST_SEQ_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    OPEN_INCIDENT_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    health: str
+    last_heartbeat: float
+    last_seq: int
+    gpus: int
+    open_incident: str
+    def __init__(self, node: _Optional[str] = ..., health: _Optional[str] = ..., last_heartbeat: _Optional[float] = ..., last_seq: _Optional[int] = ..., gpus: _Optional[int] = ..., open_incident: _Optional[str] = ...) -> None: ...
+
+class StatusReply(_message.Message):
+    __slots__ = ("nodes", "now")
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    NOW_FIELD_NUMBER: _ClassVar[int]
+    nodes: _containers.RepeatedCompositeFieldContainer[NodeStatus]
+    now: float
+    def __init__(self, nodes: _Optional[_Iterable[_Union[NodeStatus, _Mapping]]] = ..., now: _Optional[float] = ...) -> None: ...
+
+class IncidentsRequest(_message.Message):
+    __slots__ = ("open_only", "node", "limit")
+    OPEN_ONLY_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    open_only: bool
+    node: str
+    limit: int
+    def __init__(self, open_only: _Optional[bool] = ..., node: _Optional[str] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class ActionRecord(_message.Message):
+    __slots__ = ("kind", "status", "requested_at", "done_at", "detail")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    REQUESTED_AT_FIELD_NUMBER: _ClassVar[int]
+    DONE_AT_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    kind: str
+    status: str
+    requested_at: float
+    done_at: float
+    detail: str
+    def __init__(self, kind: _Optional[str] = ..., status: _Optional[str] = ..., requested_at: _Optional[float] = ..., done_at: _Optional[float] = ..., detail: _Optional[str] = ...) -> None: ...
+
+class Incident(_message.Message):
+    __slots__ = ("id", "node", "gpu", "kind", "code", "reason", "status", "signal_count", "first_observed_at", "received_at", "opened_at", "actions", "remedy", "first_message")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    GPU_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    SIGNAL_COUNT_FIELD_NUMBER: _ClassVar[int]
+    FIRST_OBSERVED_AT_FIELD_NUMBER: _ClassVar[int]
+    RECEIVED_AT_FIELD_NUMBER: _ClassVar[int]
+    OPENED_AT_FIELD_NUMBER: _ClassVar[int]
+    ACTIONS_FIELD_NUMBER: _ClassVar[int]
+    REMEDY_FIELD_NUMBER: _ClassVar[int]
+    FIRST_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    node: str
+    gpu: _common_pb2.GpuRef
+    kind: _common_pb2.SignalKind
+    code: int
+    reason: str
+    status: str
+    signal_count: int
+    first_observed_at: float
+    received_at: float
+    opened_at: float
+    actions: _containers.RepeatedCompositeFieldContainer[ActionRecord]
+    remedy: str
+    first_message: str
+    def __init__(self, id: _Optional[str] = ..., node: _Optional[str] = ..., gpu: _Optional[_Union[_common_pb2.GpuRef, _Mapping]] = ..., kind: _Optional[_Union[_common_pb2.SignalKind, str]] = ..., code: _Optional[int] = ..., reason: _Optional[str] = ..., status: _Optional[str] = ..., signal_count: _Optional[int] = ..., first_observed_at: _Optional[float] = ..., received_at: _Optional[float] = ..., opened_at: _Optional[float] = ..., actions: _Optional[_Iterable[_Union[ActionRecord, _Mapping]]] = ..., remedy: _Optional[str] = ..., first_message: _Optional[str] = ...) -> None: ...
+
+class IncidentsReply(_message.Message):
+    __slots__ = ("incidents",)
+    INCIDENTS_FIELD_NUMBER: _ClassVar[int]
+    incidents: _containers.RepeatedCompositeFieldContainer[Incident]
+    def __init__(self, incidents: _Optional[_Iterable[_Union[Incident, _Mapping]]] = ...) -> None: ...
+
+class UncordonRequest(_message.Message):
+    __slots__ = ("node", "requested_by", "reason")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    REQUESTED_BY_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    requested_by: str
+    reason: str
+    def __init__(self, node: _Optional[str] = ..., requested_by: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class UncordonReply(_message.Message):
+    __slots__ = ("node", "health", "detail")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    HEALTH_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    health: str
+    detail: str
+    def __init__(self, node: _Optional[str] = ..., health: _Optional[str] = ..., detail: _Optional[str] = ...) -> None: ...
+
+class SweepRequest(_message.Message):
+    __slots__ = ("nodes", "checks", "quarantine")
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    CHECKS_FIELD_NUMBER: _ClassVar[int]
+    QUARANTINE_FIELD_NUMBER: _ClassVar[int]
+    nodes: _containers.RepeatedScalarFieldContainer[str]
+    checks: _containers.RepeatedScalarFieldContainer[str]
+    quarantine: bool
+    def __init__(self, nodes: _Optional[_Iterable[str]] = ..., checks: _Optional[_Iterable[str]] = ..., quarantine: _Optional[bool] = ...) -> None: ...
+
+class SweepUpdate(_message.Message):
+    __slots__ = ("result", "done", "total")
+    RESULT_FIELD_NUMBER: _ClassVar[int]
+    DONE_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_FIELD_NUMBER: _ClassVar[int]
+    result: _common_pb2.CheckResult
+    done: int
+    total: int
+    def __init__(self, result: _Optional[_Union[_common_pb2.CheckResult, _Mapping]] = ..., done: _Optional[int] = ..., total: _Optional[int] = ...) -> None: ...

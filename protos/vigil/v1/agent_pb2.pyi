@@ -1,0 +1,83 @@
+from protos.vigil.v1 import common_pb2 as _common_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class Hello(_message.Message):
+    __slots__ = ("node", "agent_version", "gpus", "gpu_backend", "last_acked_seq", "spool_id")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    AGENT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    GPU_BACKEND_FIELD_NUMBER: _ClassVar[int]
+    LAST_ACKED_SEQ_FIELD_NUMBER: _ClassVar[int]
+    SPOOL_ID_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    agent_version: str
+    gpus: _containers.RepeatedCompositeFieldContainer[_common_pb2.GpuRef]
+    gpu_backend: str
+    last_acked_seq: int
+    spool_id: str
+    def __init__(self, node: _Optional[str] = ..., agent_version: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[_common_pb2.GpuRef, _Mapping]]] = ..., gpu_backend: _Optional[str] = ..., last_acked_seq: _Optional[int] = ..., spool_id: _Optional[str] = ...) -> None: ...
+
+class Heartbeat(_message.Message):
+    __slots__ = ("sent_at", "spooled")
+    SENT_AT_FIELD_NUMBER: _ClassVar[int]
+    SPOOLED_FIELD_NUMBER: _ClassVar[int]
+    sent_at: float
+    spooled: int
+    def __init__(self, sent_at: _Optional[float] = ..., spooled: _Optional[int] = ...) -> None: ...
+
+class SignalBatch(_message.Message):
+    __slots__ = ("signals",)
+    SIGNALS_FIELD_NUMBER: _ClassVar[int]
+    signals: _containers.RepeatedCompositeFieldContainer[_common_pb2.Signal]
+    def __init__(self, signals: _Optional[_Iterable[_Union[_common_pb2.Signal, _Mapping]]] = ...) -> None: ...
+
+class AgentMessage(_message.Message):
+    __slots__ = ("hello", "heartbeat", "signals", "check_result")
+    HELLO_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
+    SIGNALS_FIELD_NUMBER: _ClassVar[int]
+    CHECK_RESULT_FIELD_NUMBER: _ClassVar[int]
+    hello: Hello
+    heartbeat: Heartbeat
+    signals: SignalBatch
+    check_result: _common_pb2.CheckResult
+    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., signals: _Optional[_Union[SignalBatch, _Mapping]] = ..., check_result: _Optional[_Union[_common_pb2.CheckResult, _Mapping]] = ...) -> None: ...
+
+class Ack(_message.Message):
+    __slots__ = ("acked_seq",)
+    ACKED_SEQ_FIELD_NUMBER: _ClassVar[int]
+    acked_seq: int
+    def __init__(self, acked_seq: _Optional[int] = ...) -> None: ...
+
+class RunCheck(_message.Message):
+    __slots__ = ("request_id", "check", "params", "deadline_s")
+    class ParamsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    CHECK_FIELD_NUMBER: _ClassVar[int]
+    PARAMS_FIELD_NUMBER: _ClassVar[int]
+    DEADLINE_S_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    check: str
+    params: _containers.ScalarMap[str, str]
+    deadline_s: float
+    def __init__(self, request_id: _Optional[str] = ..., check: _Optional[str] = ..., params: _Optional[_Mapping[str, str]] = ..., deadline_s: _Optional[float] = ...) -> None: ...
+
+class ControllerMessage(_message.Message):
+    __slots__ = ("ack", "run_check")
+    ACK_FIELD_NUMBER: _ClassVar[int]
+    RUN_CHECK_FIELD_NUMBER: _ClassVar[int]
+    ack: Ack
+    run_check: RunCheck
+    def __init__(self, ack: _Optional[_Union[Ack, _Mapping]] = ..., run_check: _Optional[_Union[RunCheck, _Mapping]] = ...) -> None: ...

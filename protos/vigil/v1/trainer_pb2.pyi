@@ -1,0 +1,65 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class RankStepTime(_message.Message):
+    __slots__ = ("rank", "node", "step_time_s")
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    STEP_TIME_S_FIELD_NUMBER: _ClassVar[int]
+    rank: int
+    node: str
+    step_time_s: float
+    def __init__(self, rank: _Optional[int] = ..., node: _Optional[str] = ..., step_time_s: _Optional[float] = ...) -> None: ...
+
+class Progress(_message.Message):
+    __slots__ = ("job_id", "step", "restart_count", "window_start", "window_end", "tokens", "mfu", "loss", "step_times", "nodes")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    RESTART_COUNT_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_START_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_END_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    MFU_FIELD_NUMBER: _ClassVar[int]
+    LOSS_FIELD_NUMBER: _ClassVar[int]
+    STEP_TIMES_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    step: int
+    restart_count: int
+    window_start: float
+    window_end: float
+    tokens: int
+    mfu: float
+    loss: float
+    step_times: _containers.RepeatedCompositeFieldContainer[RankStepTime]
+    nodes: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, job_id: _Optional[str] = ..., step: _Optional[int] = ..., restart_count: _Optional[int] = ..., window_start: _Optional[float] = ..., window_end: _Optional[float] = ..., tokens: _Optional[int] = ..., mfu: _Optional[float] = ..., loss: _Optional[float] = ..., step_times: _Optional[_Iterable[_Union[RankStepTime, _Mapping]]] = ..., nodes: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class CheckpointAndRestart(_message.Message):
+    __slots__ = ("id", "reason", "exclude_nodes", "deadline")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    EXCLUDE_NODES_FIELD_NUMBER: _ClassVar[int]
+    DEADLINE_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    reason: str
+    exclude_nodes: _containers.RepeatedScalarFieldContainer[str]
+    deadline: float
+    def __init__(self, id: _Optional[str] = ..., reason: _Optional[str] = ..., exclude_nodes: _Optional[_Iterable[str]] = ..., deadline: _Optional[float] = ...) -> None: ...
+
+class JobCommand(_message.Message):
+    __slots__ = ("checkpoint_and_restart",)
+    CHECKPOINT_AND_RESTART_FIELD_NUMBER: _ClassVar[int]
+    checkpoint_and_restart: CheckpointAndRestart
+    def __init__(self, checkpoint_and_restart: _Optional[_Union[CheckpointAndRestart, _Mapping]] = ...) -> None: ...
+
+class ReportReply(_message.Message):
+    __slots__ = ("commands",)
+    COMMANDS_FIELD_NUMBER: _ClassVar[int]
+    commands: _containers.RepeatedCompositeFieldContainer[JobCommand]
+    def __init__(self, commands: _Optional[_Iterable[_Union[JobCommand, _Mapping]]] = ...) -> None: ...

@@ -1,0 +1,3 @@
+from vigil.cli import main
+
+main()

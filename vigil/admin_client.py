@@ -1,0 +1,34 @@
+"""A small client of the controller's admin service, for the CLI and the demo."""
+
+from __future__ import annotations
+
+import grpc
+
+from protos.vigil.v1 import admin_pb2, admin_pb2_grpc
+
+
+class AdminClient:
+    def __init__(self, target: str, timeout_s: float = 5.0) -> None:
+        self._channel = grpc.insecure_channel(target)
+        self._stub = admin_pb2_grpc.AdminStub(self._channel)
+        self._timeout = timeout_s
+
+    def status(self) -> admin_pb2.StatusReply:
+        return self._stub.GetStatus(admin_pb2.StatusRequest(), timeout=self._timeout)
+
+    def incidents(self, open_only: bool = False, node: str = "", limit: int = 100) -> list[admin_pb2.Incident]:
+        request = admin_pb2.IncidentsRequest(open_only=open_only, node=node, limit=limit)
+        return list(self._stub.ListIncidents(request, timeout=self._timeout).incidents)
+
+    def uncordon(self, node: str, requested_by: str, reason: str) -> admin_pb2.UncordonReply:
+        request = admin_pb2.UncordonRequest(node=node, requested_by=requested_by, reason=reason)
+        return self._stub.Uncordon(request, timeout=self._timeout)
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> AdminClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

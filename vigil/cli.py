@@ -1,0 +1,141 @@
+"""``vigil``: one command line for every part. Each subcommand imports only what it needs, so the
+resident agent never loads the controller, the training code or torch."""
+
+from __future__ import annotations
+
+import getpass
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from vigil.config_file import ConfigError
+
+app = typer.Typer(
+    help="Vigil: GPU-cluster health checking and fault tolerance.",
+    no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+)
+
+ConfigOpt = Annotated[Optional[Path], typer.Option("--config", "-c", help="YAML configuration file")]
+LogFormatOpt = Annotated[str, typer.Option("--log-format", help="auto, json or console")]
+ControllerOpt = Annotated[str, typer.Option("--controller", help="controller address HOST:PORT")]
+
+
+def _fail(message: str, code: int = 2) -> None:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(code)
+
+
+def _setup_logs(fmt: str) -> None:
+    from vigil.logs import configure_logging
+
+    if fmt not in ("auto", "json", "console"):
+        _fail(f"--log-format must be auto, json or console, not {fmt!r}")
+    configure_logging(fmt)  # type: ignore[arg-type]
+
+
+@app.command()
+def agent(
+    config: ConfigOpt = None,
+    node: Annotated[Optional[str], typer.Option(help="node name (default: $NODE_NAME or host name)")] = None,
+    controller: Annotated[Optional[str], typer.Option(help="controller address HOST:PORT")] = None,
+    kernel_log: Annotated[Optional[Path], typer.Option(help="kmsg-format file to tail")] = None,
+    spool: Annotated[Optional[Path], typer.Option(help="spool database path")] = None,
+    simulated_gpus: Annotated[Optional[int], typer.Option(help="GPUs of the simulated backend")] = None,
+    metrics_port: Annotated[Optional[int], typer.Option(help="port for /metrics (0: any free port)")] = None,
+    log_format: LogFormatOpt = "auto",
+) -> None:
+    """Run the node agent: collect GPU and kernel-log faults, spool them, send them to the controller."""
+    from agent.config import load_agent_config
+
+    _setup_logs(log_format)
+    overrides = {"node": node, "controller": controller, "kernel_log": kernel_log, "spool": spool,
+                 "simulated_gpus": simulated_gpus, "metrics_port": metrics_port}
+    try:
+        cfg = load_agent_config(config, overrides)
+    except ConfigError as exc:
+        _fail(str(exc))
+    from agent.daemon import run_agent
+
+    run_agent(cfg)
+
+
+@app.command()
+def controller(
+    config: ConfigOpt = None,
+    port: Annotated[Optional[int], typer.Option(help="gRPC port (0: any free port)")] = None,
+    port_file: Annotated[Optional[Path], typer.Option(help="write the bound port to this file")] = None,
+    database: Annotated[Optional[Path], typer.Option(help="incident store (SQLite) path")] = None,
+    policy: Annotated[Optional[Path], typer.Option(help="policy YAML file")] = None,
+    pager: Annotated[Optional[str], typer.Option(help="console or none")] = None,
+    log_format: LogFormatOpt = "auto",
+) -> None:
+    """Run the controller: receive signals, decide, quarantine, page."""
+    from controller.config import load_controller_config
+    from controller.policy import load_policy
+
+    _setup_logs(log_format)
+    overrides = {"port": port, "port_file": port_file, "database": database, "policy": policy, "pager": pager}
+    try:
+        cfg = load_controller_config(config, overrides)
+        load_policy(cfg.policy)  # fail now, with the policy's own error, not inside the server
+    except ConfigError as exc:
+        _fail(str(exc))
+    from controller.daemon import run_controller
+
+    run_controller(cfg)
+
+
+@app.command()
+def demo(
+    nodes: Annotated[int, typer.Option(min=2, max=32, help="simulated nodes")] = 4,
+    gpus: Annotated[int, typer.Option(min=1, max=16, help="simulated GPUs per node")] = 8,
+    as_json: Annotated[bool, typer.Option("--json", help="print a machine-readable summary only")] = False,
+    keep: Annotated[bool, typer.Option(help="keep the demo's working directory (logs, databases)")] = False,
+    timeout: Annotated[float, typer.Option(help="seconds to wait for each phase")] = 30.0,
+) -> None:
+    """Run a local cluster (controller + agents, simulated GPUs), inject an XID 79, watch Vigil act."""
+    from vigil.demo import run_demo
+
+    raise typer.Exit(run_demo(nodes=nodes, gpus=gpus, as_json=as_json, keep=keep, timeout=timeout))
+
+
+@app.command()
+def status(controller: ControllerOpt = "127.0.0.1:7070",
+           as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
+    """Nodes by health, as the controller sees them."""
+    from vigil.operator_views import print_status
+
+    raise typer.Exit(print_status(controller, as_json))
+
+
+@app.command()
+def incidents(controller: ControllerOpt = "127.0.0.1:7070",
+              open_only: Annotated[bool, typer.Option("--open", help="open incidents only")] = False,
+              node: Annotated[str, typer.Option(help="only this node's")] = "",
+              limit: Annotated[int, typer.Option(min=1, max=10000)] = 50,
+              as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
+    """Incident history with the actions taken."""
+    from vigil.operator_views import print_incidents
+
+    raise typer.Exit(print_incidents(controller, open_only, node, limit, as_json))
+
+
+@app.command()
+def uncordon(node: str, controller: ControllerOpt = "127.0.0.1:7070",
+             reason: Annotated[str, typer.Option(help="why (recorded)")] = "") -> None:
+    """Return a node that Vigil quarantined to service (recorded, through the controller)."""
+    from vigil.operator_views import request_uncordon
+
+    raise typer.Exit(request_uncordon(controller, node, getpass.getuser(), reason))
+
+
+def main() -> None:
+    try:
+        app()
+    except KeyboardInterrupt:
+        sys.exit(130)
+
+
+

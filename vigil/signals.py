@@ -1,0 +1,99 @@
+"""The domain types that cross from agent to controller: GPUs and the signals observed on them."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, replace
+from enum import StrEnum
+
+
+class SignalKind(StrEnum):
+    XID = "XID"
+    ECC_DBE = "ECC_DBE"
+    ROW_REMAP_PENDING = "ROW_REMAP_PENDING"
+    ROW_REMAP_FAILURE = "ROW_REMAP_FAILURE"
+    RETIRED_PAGES = "RETIRED_PAGES"
+    THROTTLE = "THROTTLE"
+    GPU_LOST = "GPU_LOST"
+    NVLINK_ERRORS = "NVLINK_ERRORS"
+    PCIE_REPLAY = "PCIE_REPLAY"
+    PCIE_LINK_DEGRADED = "PCIE_LINK_DEGRADED"
+    COLLECTOR_HUNG = "COLLECTOR_HUNG"
+    CHECK_FAILED = "CHECK_FAILED"
+
+
+# NVML clock-event (throttle) reason bits, as nvmlClocksEventReason* defines them.
+THROTTLE_GPU_IDLE = 0x1
+THROTTLE_APPLICATIONS_CLOCKS = 0x2
+THROTTLE_SW_POWER_CAP = 0x4
+THROTTLE_HW_SLOWDOWN = 0x8
+THROTTLE_SYNC_BOOST = 0x10
+THROTTLE_SW_THERMAL = 0x20
+THROTTLE_HW_THERMAL = 0x40
+THROTTLE_HW_POWER_BRAKE = 0x80
+# Reasons that mean the hardware is slowing the GPU down; idle and the software power cap are normal.
+THROTTLE_HARMFUL_MASK = (
+    THROTTLE_HW_SLOWDOWN | THROTTLE_SW_THERMAL | THROTTLE_HW_THERMAL | THROTTLE_HW_POWER_BRAKE
+)
+
+_PCI_RE = re.compile(
+    r"^(?:PCI:)?(?:(?P<domain>[0-9a-fA-F]{4,8}):)?(?P<bus>[0-9a-fA-F]{2}):(?P<dev>[0-9a-fA-F]{2})"
+    r"(?:\.[0-7])?$"
+)
+
+
+def normalize_pci_bus_id(raw: str) -> str:
+    """One spelling for a PCI bus id: the kernel's ``0000:3b:00`` and NVML's ``00000000:3B:00.0``
+    both become ``0000:3b:00``. Raises ValueError for anything that is not a bus id."""
+    match = _PCI_RE.match(raw.strip())
+    if match is None:
+        raise ValueError(f"not a PCI bus id: {raw!r}")
+    domain = int(match["domain"] or "0", 16)
+    return f"{domain:04x}:{match['bus'].lower()}:{match['dev'].lower()}"
+
+
+@dataclass(frozen=True, slots=True)
+class GpuRef:
+    """A GPU of a node; ``index == -1`` when an observation is about the node, not one GPU."""
+
+    index: int = -1
+    uuid: str = ""
+    pci_bus_id: str = ""
+
+    @property
+    def key(self) -> str:
+        """A stable name for per-GPU counting: the UUID when known, else bus id, else index."""
+        return self.uuid or self.pci_bus_id or (f"gpu{self.index}" if self.index >= 0 else "node")
+
+    def describe(self) -> str:
+        if self.index < 0 and not self.pci_bus_id:
+            return "node"
+        parts = [f"GPU {self.index}" if self.index >= 0 else "GPU ?"]
+        if self.pci_bus_id:
+            parts.append(f"PCI {self.pci_bus_id}")
+        return ", ".join(parts)
+
+
+NODE = GpuRef()
+
+
+@dataclass(frozen=True, slots=True)
+class Signal:
+    """One observation on a node. ``seq`` is 0 until the agent's spool numbers it."""
+
+    node: str
+    kind: SignalKind
+    gpu: GpuRef = NODE
+    code: int = 0
+    value: float = 0.0
+    message: str = ""
+    source: str = ""
+    observed_at: float = 0.0
+    seq: int = 0
+
+    def numbered(self, seq: int) -> Signal:
+        return replace(self, seq=seq)
+
+    def describe(self) -> str:
+        what = f"XID {self.code}" if self.kind is SignalKind.XID else self.kind.value
+        return f"{what} on {self.node} {self.gpu.describe()}"
