@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 import time
 from collections.abc import Callable
@@ -32,8 +33,9 @@ def make_backend(config: AgentConfig) -> GpuBackend:
 
 
 class Agent:
-    def __init__(self, config: AgentConfig, backend: GpuBackend | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self, config: AgentConfig, backend: GpuBackend | None = None, clock: Callable[[], float] = time.time
+    ) -> None:
         self.config = config
         self.backend = backend or make_backend(config)
         self.spool = Spool(config.spool)
@@ -41,27 +43,33 @@ class Agent:
         self.gpu_collector = GpuCollector(config.node, self.backend, clock, config.throttle_report_s)
         self.kernel_log = (
             KernelLogCollector(config.node, FileTail(config.kernel_log).read_lines, self.backend.gpus(), clock)
-            if config.kernel_log else None
+            if config.kernel_log
+            else None
         )
         self.link = ControllerLink(
-            config.controller, self.spool, self._hello, LocalChecks(config.node, self.backend).run,
+            config.controller,
+            self.spool,
+            self._hello,
+            LocalChecks(config.node, self.backend).run,
             heartbeat_s=config.heartbeat_s,
         )
         self.metrics_port: int | None = None
 
     def _hello(self) -> agent_pb2.Hello:
         return agent_pb2.Hello(
-            node=self.config.node, agent_version=__version__, gpu_backend=self.backend.name,
+            node=self.config.node,
+            agent_version=__version__,
+            gpu_backend=self.backend.name,
             gpus=[gpu_to_proto(g) for g in self.backend.gpus()],
-            last_acked_seq=self.spool.acked_seq, spool_id=self.spool.spool_id,
+            last_acked_seq=self.spool.acked_seq,
+            spool_id=self.spool.spool_id,
         )
 
     def record(self, signals: list[Signal]) -> None:
         """Spool first, then wake the link: nothing is sent that is not on disk."""
         for s in self.spool.append(signals):
             self.metrics.signals.labels(self.config.node, s.kind.value).inc()
-            log.info("signal", node=s.node, seq=s.seq, kind=s.kind.value, code=s.code,
-                     gpu=s.gpu.index, source=s.source)
+            log.info("signal", node=s.node, seq=s.seq, kind=s.kind.value, code=s.code, gpu=s.gpu.index, source=s.source)
         if signals:
             self.link.notify()
 
@@ -92,12 +100,19 @@ class Agent:
 
     async def run(self, stop: asyncio.Event) -> None:
         if self.config.metrics_port is not None:
-            server, _ = start_http_server(self.config.metrics_port, self.config.metrics_address,
-                                          registry=self.metrics.registry)
+            server, _ = start_http_server(
+                self.config.metrics_port, self.config.metrics_address, registry=self.metrics.registry
+            )
             self.metrics_port = server.server_port
-        log.info("agent_started", node=self.config.node, backend=self.backend.name,
-                 gpus=len(self.backend.gpus()), controller=self.config.controller,
-                 metrics_port=self.metrics_port, spool_id=self.spool.spool_id)
+        log.info(
+            "agent_started",
+            node=self.config.node,
+            backend=self.backend.name,
+            gpus=len(self.backend.gpus()),
+            controller=self.config.controller,
+            metrics_port=self.metrics_port,
+            spool_id=self.spool.spool_id,
+        )
         tasks = [asyncio.create_task(self._poll_gpus(stop)), asyncio.create_task(self.link.run(stop))]
         if self.kernel_log is not None:
             tasks.append(asyncio.create_task(self._tail_kernel_log(stop, self.kernel_log)))
@@ -110,10 +125,8 @@ class Agent:
 
 
 async def _sleep_unless(stop: asyncio.Event, seconds: float) -> None:
-    try:
+    with contextlib.suppress(asyncio.TimeoutError):
         await asyncio.wait_for(stop.wait(), timeout=seconds)
-    except asyncio.TimeoutError:
-        pass
 
 
 def run_agent(config: AgentConfig) -> None:

@@ -22,9 +22,7 @@ class _Throttle:
     reported_at: float = 0.0
 
 
-def diff_readings(
-    node: str, before: GpuReading | None, now_reading: GpuReading, now: float
-) -> list[Signal]:
+def diff_readings(node: str, before: GpuReading | None, now_reading: GpuReading, now: float) -> list[Signal]:
     """Signals for what changed between two readings of the same GPU (throttling aside)."""
     gpu, r, b = now_reading.gpu, now_reading, before
 
@@ -69,9 +67,16 @@ class GpuCollector:
             self._last[index] = reading
         for event in self._backend.drain_xid_events():
             signals.append(
-                Signal(self._node, SignalKind.XID, event.gpu, event.code, 0.0,
-                       event.message or f"XID {event.code} (NVML event)", "nvml-event",
-                       event.observed_at)
+                Signal(
+                    self._node,
+                    SignalKind.XID,
+                    event.gpu,
+                    event.code,
+                    0.0,
+                    event.message or f"XID {event.code} (NVML event)",
+                    "nvml-event",
+                    event.observed_at,
+                )
             )
         self.readings = readings
         return signals
@@ -89,5 +94,4 @@ class GpuCollector:
         state.reasons, state.reported_at = harmful, now
         active = now - state.since if harmful else 0.0
         message = f"throttle reasons 0x{harmful:x} active {active:.0f}s" if harmful else "throttle ended"
-        return [Signal(self._node, SignalKind.THROTTLE, reading.gpu, harmful, active, message,
-                       "gpu-poll", now)]
+        return [Signal(self._node, SignalKind.THROTTLE, reading.gpu, harmful, active, message, "gpu-poll", now)]

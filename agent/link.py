@@ -9,6 +9,7 @@ spooled; heartbeats go out every ``heartbeat_s``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 from collections.abc import Awaitable, Callable
 
@@ -64,7 +65,7 @@ class ControllerLink:
             try:
                 await self._session(stop)
                 attempt = 0
-            except (grpc.aio.AioRpcError, asyncio.TimeoutError, ConnectionError) as exc:
+            except (TimeoutError, grpc.aio.AioRpcError, ConnectionError) as exc:
                 detail = exc.details() if isinstance(exc, grpc.aio.AioRpcError) else repr(exc)
                 log.warning("controller_link_down", target=self._target, error=detail, attempt=attempt)
             except Exception:  # never let the link die: the spool keeps everything until it is back
@@ -75,10 +76,8 @@ class ControllerLink:
                 break
             delay = backoff_delay(attempt)
             attempt = min(attempt + 1, 16)
-            try:
+            with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=delay)
-            except asyncio.TimeoutError:
-                pass
 
     async def _session(self, stop: asyncio.Event) -> None:
         async with self._channel_factory(self._target) as channel:
@@ -127,10 +126,8 @@ class ControllerLink:
                 await call.write(agent_pb2.AgentMessage(heartbeat=beat))
                 next_heartbeat = loop.time() + self._heartbeat_s
             self._wake.clear()
-            try:
+            with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout=max(0.0, next_heartbeat - loop.time()))
-            except asyncio.TimeoutError:
-                pass
 
     async def _receive_loop(self, call: grpc.aio.StreamStreamCall) -> None:
         while (msg := await call.read()) is not grpc.aio.EOF:

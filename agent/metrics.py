@@ -3,6 +3,8 @@ in the name, ``_total`` on counters. A field the GPU cannot report is left unset
 
 from __future__ import annotations
 
+import contextlib
+
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from agent.backend import GpuReading
@@ -23,12 +25,18 @@ class AgentMetrics:
         self.lost = Gauge("vigil_gpu_lost", "1 when the GPU is lost", gpu_labels, registry=r)
         self.signals = Counter("vigil_agent_signals_total", "Signals spooled", ["node", "kind"], registry=r)
         self.unparsed = Counter(
-            "vigil_agent_kernel_log_unparsed_lines_total", "Driver fault lines the parser did not understand",
-            ["node"], registry=r,
+            "vigil_agent_kernel_log_unparsed_lines_total",
+            "Driver fault lines the parser did not understand",
+            ["node"],
+            registry=r,
         )
         self.spooled = Gauge("vigil_agent_spool_signals", "Signals waiting in the spool", ["node"], registry=r)
-        self.connected = Gauge("vigil_agent_controller_connected", "1 while the controller stream is up", ["node"], registry=r)
-        self.poll_seconds = Gauge("vigil_agent_gpu_poll_duration_seconds", "Duration of the last GPU poll", ["node"], registry=r)
+        self.connected = Gauge(
+            "vigil_agent_controller_connected", "1 while the controller stream is up", ["node"], registry=r
+        )
+        self.poll_seconds = Gauge(
+            "vigil_agent_gpu_poll_duration_seconds", "Duration of the last GPU poll", ["node"], registry=r
+        )
 
     def observe_readings(self, readings: list[GpuReading]) -> None:
         pairs = (
@@ -53,7 +61,5 @@ class AgentMetrics:
 
 def _forget(gauge: Gauge, labels: tuple[str, ...]) -> None:
     """Drop a series whose field became unavailable, so no stale value is scraped."""
-    try:
+    with contextlib.suppress(KeyError):
         gauge.remove(*labels)
-    except KeyError:
-        pass

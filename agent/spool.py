@@ -62,9 +62,7 @@ class Spool:
                 "INSERT INTO signals (seq, payload) VALUES (?, ?)",
                 [(s.seq, signal_to_proto(s).SerializeToString()) for s in numbered],
             )
-            self._db.execute(
-                "UPDATE meta SET value = ? WHERE key = 'next_seq'", (str(first + len(numbered)),)
-            )
+            self._db.execute("UPDATE meta SET value = ? WHERE key = 'next_seq'", (str(first + len(numbered)),))
         return numbered
 
     def pending(self, after_seq: int, limit: int = 500) -> list[Signal]:

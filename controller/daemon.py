@@ -45,8 +45,7 @@ class Controller:
             tmp = self.config.port_file.with_suffix(".tmp")
             tmp.write_text(str(self.port))
             tmp.replace(self.config.port_file)
-        log.info("controller_started", port=self.port, nodes=len(self.engine.nodes),
-                 database=str(self.config.database))
+        log.info("controller_started", port=self.port, nodes=len(self.engine.nodes), database=str(self.config.database))
         return self.port
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -56,7 +55,7 @@ class Controller:
         assert self.server is not None
         await self.server.stop(grace=1.0)
         await watcher
-        await self.engine.drain()
+        await self.engine.shutdown()
         self.engine.persist_heartbeats()
         self.store.close()
 

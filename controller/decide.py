@@ -146,9 +146,18 @@ def decide(state: NodeState, signal: Signal, policy: Policy, now: float, inciden
     else:
         target = incident_id
         incident = Incident(
-            id=incident_id, node=signal.node, gpu=signal.gpu, kind=signal.kind, code=signal.code,
-            severity=severity, meaning=rule.meaning, remedy=rule.remedy,
-            first_message=signal.message, first_seq=signal.seq, first_observed_at=at, opened_at=now,
+            id=incident_id,
+            node=signal.node,
+            gpu=signal.gpu,
+            kind=signal.kind,
+            code=signal.code,
+            severity=severity,
+            meaning=rule.meaning,
+            remedy=rule.remedy,
+            first_message=signal.message,
+            first_seq=signal.seq,
+            first_observed_at=at,
+            opened_at=now,
         )
         refs = (*open_refs, IncidentRef(incident_id, key, severity, at))
         actions.append(OpenIncident(incident))

@@ -8,6 +8,7 @@ afterwards, each retried with backoff, and any left PENDING by a previous proces
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -16,7 +17,15 @@ import structlog
 
 from controller.actuators import Actuator, Pager
 from controller.decide import (
-    Health, NodeState, OpenIncident, Page, Quarantine, decide, heartbeat_returned, heartbeat_silence, quarantine_confirmed,
+    Health,
+    NodeState,
+    OpenIncident,
+    Page,
+    Quarantine,
+    decide,
+    heartbeat_returned,
+    heartbeat_silence,
+    quarantine_confirmed,
     recovered,
 )
 from controller.metrics import ControllerMetrics
@@ -50,8 +59,15 @@ def incident_id_for(node: str, spool_id: str, seq: int) -> str:
 
 
 class Engine:
-    def __init__(self, store: Store, policy: Policy, actuator: Actuator, pager: Pager,
-                 metrics: ControllerMetrics | None = None, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        store: Store,
+        policy: Policy,
+        actuator: Actuator,
+        pager: Pager,
+        metrics: ControllerMetrics | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.store = store
         self.policy = policy
         self.actuator = actuator
@@ -118,9 +134,15 @@ class Engine:
                     self._schedule(PendingAction(action.incident_id, action, 0))
                 elif isinstance(action, OpenIncident):
                     self.metrics.incidents.labels(action.incident.severity.value).inc()
-                    log.info("incident_opened", node=node, incident=action.incident.id,
-                             severity=action.incident.severity.value, kind=action.incident.kind.value,
-                             code=action.incident.code, gpu=action.incident.gpu.index)
+                    log.info(
+                        "incident_opened",
+                        node=node,
+                        incident=action.incident.id,
+                        severity=action.incident.severity.value,
+                        kind=action.incident.kind.value,
+                        code=action.incident.code,
+                        gpu=action.incident.gpu.index,
+                    )
         return last_seq
 
     def _entry(self, node: str) -> NodeEntry:
@@ -187,9 +209,15 @@ class Engine:
             self.store.save_states([entry.state])
 
     async def drain(self) -> None:
-        """Wait for the actions under way (tests and shutdown)."""
+        """Wait for the actions under way to finish."""
         while self._tasks:
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
+    async def shutdown(self) -> None:
+        """Stop now: actions still under way stay PENDING in the store and resume at the next start."""
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*list(self._tasks), return_exceptions=True)
 
     # Time-driven ---------------------------------------------------------------------------
 
@@ -225,10 +253,8 @@ class Engine:
             ticks += 1
             if ticks % 30 == 0:
                 self.persist_heartbeats()
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=every_s)
-            except asyncio.TimeoutError:
-                pass
 
     # Operators -----------------------------------------------------------------------------
 
@@ -246,5 +272,13 @@ class Engine:
         return entry.state.health, f"back in service; {resolved} incident(s) resolved"
 
     def record_check_result(self, node: str, r: common_pb2.CheckResult) -> None:
-        self.store.record_check_result(r.request_id, node, r.check, common_pb2.Verdict.Name(r.verdict),
-                                       r.reason, dict(r.figures), r.started_at, r.finished_at)
+        self.store.record_check_result(
+            r.request_id,
+            node,
+            r.check,
+            common_pb2.Verdict.Name(r.verdict),
+            r.reason,
+            dict(r.figures),
+            r.started_at,
+            r.finished_at,
+        )

@@ -12,12 +12,17 @@ class ControllerMetrics:
         self.registry = registry or CollectorRegistry()
         r = self.registry
         self.signals = Counter("vigil_controller_signals_total", "Signals accepted", ["kind"], registry=r)
-        self.duplicates = Counter("vigil_controller_duplicate_signals_total",
-                                  "Signals received again and ignored", registry=r)
+        self.duplicates = Counter(
+            "vigil_controller_duplicate_signals_total", "Signals received again and ignored", registry=r
+        )
         self.incidents = Counter("vigil_controller_incidents_total", "Incidents opened", ["severity"], registry=r)
         self.actions = Counter("vigil_controller_actions_total", "Actions carried out", ["kind", "status"], registry=r)
         self.fault_to_action = Histogram(
-            "vigil_controller_fault_to_action_seconds", "From the agent observing a fault to the action done",
-            ["kind"], buckets=_LATENCY_BUCKETS, registry=r)
+            "vigil_controller_fault_to_action_seconds",
+            "From the agent observing a fault to the action done",
+            ["kind"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
         self.nodes = Gauge("vigil_controller_nodes", "Nodes by health", ["health"], registry=r)
         self.connected_agents = Gauge("vigil_controller_connected_agents", "Agents with an open stream", registry=r)

@@ -16,12 +16,11 @@ import structlog
 
 from controller.engine import Engine, UnknownNode
 from protos.codec import BadSignal, gpu_to_proto, signal_from_proto
-from protos.vigil.v1 import admin_pb2, admin_pb2_grpc, agent_pb2, agent_pb2_grpc, common_pb2
+from protos.vigil.v1 import admin_pb2, admin_pb2_grpc, agent_pb2, agent_pb2_grpc
 
 log = structlog.get_logger(__name__)
 
 _NODE_RE = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
-_KIND_NAMES = {k: common_pb2.SignalKind.Value(k) for k in common_pb2.SignalKind.keys()}
 
 
 class AgentGateway(agent_pb2_grpc.AgentGatewayServicer):
@@ -35,6 +34,7 @@ class AgentGateway(agent_pb2_grpc.AgentGatewayServicer):
         first = await anext(aiter(request_iterator), None)
         if first is None or not first.HasField("hello"):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the first message must be Hello")
+            return
         hello = first.hello
         node = hello.node
         if not _NODE_RE.match(node):
@@ -66,8 +66,13 @@ class AgentGateway(agent_pb2_grpc.AgentGatewayServicer):
                 self._engine.disconnected(node)
             log.info("agent_disconnected", node=node)
 
-    async def _read(self, node: str, requests: AsyncIterator[agent_pb2.AgentMessage],
-                    outbox: asyncio.Queue[agent_pb2.ControllerMessage], context: grpc.aio.ServicerContext) -> None:
+    async def _read(
+        self,
+        node: str,
+        requests: AsyncIterator[agent_pb2.AgentMessage],
+        outbox: asyncio.Queue[agent_pb2.ControllerMessage],
+        context: grpc.aio.ServicerContext,
+    ) -> None:
         async for msg in requests:
             body = msg.WhichOneof("body")
             if body == "heartbeat":
@@ -80,8 +85,9 @@ class AgentGateway(agent_pb2_grpc.AgentGatewayServicer):
                     await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
                 foreign = [s.node for s in signals if s.node != node]
                 if foreign:
-                    await context.abort(grpc.StatusCode.PERMISSION_DENIED,
-                                        f"agent for {node!r} sent a signal for {foreign[0]!r}")
+                    await context.abort(
+                        grpc.StatusCode.PERMISSION_DENIED, f"agent for {node!r} sent a signal for {foreign[0]!r}"
+                    )
                 acked = self._engine.receive(node, signals)
                 outbox.put_nowait(agent_pb2.ControllerMessage(ack=agent_pb2.Ack(acked_seq=acked)))
             elif body == "check_result":
@@ -94,28 +100,61 @@ class Admin(admin_pb2_grpc.AdminServicer):
     def __init__(self, engine: Engine) -> None:
         self._engine = engine
 
-    async def GetStatus(self, request: admin_pb2.StatusRequest, context: grpc.aio.ServicerContext) -> admin_pb2.StatusReply:  # noqa: N802
+    async def GetStatus(  # noqa: N802
+        self, request: admin_pb2.StatusRequest, context: grpc.aio.ServicerContext
+    ) -> admin_pb2.StatusReply:
         open_by_node = {i.node: i.id for i in reversed(self._engine.store.incidents(open_only=True, limit=100000))}
         nodes = [
-            admin_pb2.NodeStatus(node=name, health=e.state.health.value, last_heartbeat=e.last_heartbeat,
-                                 last_seq=e.last_seq, gpus=e.gpus, open_incident=open_by_node.get(name, ""))
+            admin_pb2.NodeStatus(
+                node=name,
+                health=e.state.health.value,
+                last_heartbeat=e.last_heartbeat,
+                last_seq=e.last_seq,
+                gpus=e.gpus,
+                open_incident=open_by_node.get(name, ""),
+            )
             for name, e in sorted(self._engine.nodes.items())
         ]
         return admin_pb2.StatusReply(nodes=nodes, now=self._engine.clock())
 
-    async def ListIncidents(self, request: admin_pb2.IncidentsRequest, context: grpc.aio.ServicerContext) -> admin_pb2.IncidentsReply:  # noqa: N802
+    async def ListIncidents(  # noqa: N802
+        self, request: admin_pb2.IncidentsRequest, context: grpc.aio.ServicerContext
+    ) -> admin_pb2.IncidentsReply:
         views = self._engine.store.incidents(request.open_only, request.node, request.limit or 100)
-        return admin_pb2.IncidentsReply(incidents=[
-            admin_pb2.Incident(
-                id=v.id, node=v.node, gpu=gpu_to_proto(v.gpu), kind=_KIND_NAMES.get(v.kind, 0), code=v.code,
-                reason=v.meaning, remedy=v.remedy, status=v.status, signal_count=v.signal_count,
-                first_observed_at=v.first_observed_at, received_at=v.received_at, opened_at=v.opened_at,
-                first_message=v.first_message,
-                actions=[admin_pb2.ActionRecord(kind=a.kind, status=a.status, requested_at=a.requested_at,
-                                                done_at=a.done_at or 0.0, detail=a.detail) for a in v.actions],
-            ) for v in views])
+        return admin_pb2.IncidentsReply(
+            incidents=[
+                admin_pb2.Incident(
+                    id=v.id,
+                    node=v.node,
+                    gpu=gpu_to_proto(v.gpu),
+                    kind=v.kind,
+                    code=v.code,
+                    reason=v.meaning,
+                    remedy=v.remedy,
+                    status=v.status,
+                    signal_count=v.signal_count,
+                    first_observed_at=v.first_observed_at,
+                    received_at=v.received_at,
+                    opened_at=v.opened_at,
+                    first_message=v.first_message,
+                    actions=[
+                        admin_pb2.ActionRecord(
+                            kind=a.kind,
+                            status=a.status,
+                            requested_at=a.requested_at,
+                            done_at=a.done_at or 0.0,
+                            detail=a.detail,
+                        )
+                        for a in v.actions
+                    ],
+                )
+                for v in views
+            ]
+        )
 
-    async def Uncordon(self, request: admin_pb2.UncordonRequest, context: grpc.aio.ServicerContext) -> admin_pb2.UncordonReply:  # noqa: N802
+    async def Uncordon(  # noqa: N802
+        self, request: admin_pb2.UncordonRequest, context: grpc.aio.ServicerContext
+    ) -> admin_pb2.UncordonReply:
         try:
             health, detail = self._engine.uncordon(request.node, request.requested_by or "unknown", request.reason)
         except UnknownNode:

@@ -17,7 +17,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from controller.decide import (
-    Action, EscalateIncident, FoldIntoIncident, Health, IncidentRef, NodeState, OpenIncident, Page,
+    Action,
+    EscalateIncident,
+    FoldIntoIncident,
+    Health,
+    IncidentRef,
+    NodeState,
+    OpenIncident,
+    Page,
     Quarantine,
 )
 from controller.policy import Severity
@@ -124,7 +131,8 @@ class Store:
     def load_nodes(self) -> dict[str, NodeRow]:
         with self._lock:
             rows = self._db.execute(
-                "SELECT node, state, spool_id, last_seq, last_heartbeat, gpus FROM nodes").fetchall()
+                "SELECT node, state, spool_id, last_seq, last_heartbeat, gpus FROM nodes"
+            ).fetchall()
         return {r[0]: NodeRow(state_from_json(r[1], r[0]), r[2], r[3], r[4], r[5]) for r in rows}
 
     def register_node(self, state: NodeState, spool_id: str, last_seq: int, gpus: int, now: float) -> None:
@@ -143,42 +151,80 @@ class Store:
                 "UPDATE nodes SET health = ?, state = ? WHERE node = ?",
                 [(s.health.value, state_to_json(s), s.node) for s in states],
             )
-            db.executemany("UPDATE nodes SET last_heartbeat = ? WHERE node = ?",
-                           [(t, n) for n, t in (heartbeats or {}).items()])
+            db.executemany(
+                "UPDATE nodes SET last_heartbeat = ? WHERE node = ?", [(t, n) for n, t in (heartbeats or {}).items()]
+            )
 
     # Signals, incidents, actions -------------------------------------------------------------
 
-    def commit_batch(self, node: str, spool_id: str, received: Sequence[Received],
-                     state: NodeState, last_seq: int, now: float) -> None:
+    def commit_batch(
+        self, node: str, spool_id: str, received: Sequence[Received], state: NodeState, last_seq: int, now: float
+    ) -> None:
         with self._tx() as db:
             for item in received:
                 s = item.signal
                 db.execute(
                     "INSERT OR IGNORE INTO signals VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    (node, spool_id, s.seq, s.kind.value, s.code, s.gpu.index, s.gpu.uuid,
-                     s.gpu.pci_bus_id, s.value, s.message, s.source, s.observed_at, now, item.incident_id),
+                    (
+                        node,
+                        spool_id,
+                        s.seq,
+                        s.kind.value,
+                        s.code,
+                        s.gpu.index,
+                        s.gpu.uuid,
+                        s.gpu.pci_bus_id,
+                        s.value,
+                        s.message,
+                        s.source,
+                        s.observed_at,
+                        now,
+                        item.incident_id,
+                    ),
                 )
                 for action in item.actions:
                     self._apply(db, action, now)
-            db.execute("UPDATE nodes SET health = ?, state = ?, last_seq = ?, last_heartbeat = ? WHERE node = ?",
-                       (state.health.value, state_to_json(state), last_seq, now, node))
+            db.execute(
+                "UPDATE nodes SET health = ?, state = ?, last_seq = ?, last_heartbeat = ? WHERE node = ?",
+                (state.health.value, state_to_json(state), last_seq, now, node),
+            )
 
     def _apply(self, db: sqlite3.Connection, action: Action, now: float) -> None:
         if isinstance(action, OpenIncident):
             i = action.incident
             db.execute(
                 "INSERT OR IGNORE INTO incidents VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 1, ?, ?, ?, ?, ?, ?)",
-                (i.id, i.node, i.gpu.index, i.gpu.uuid, i.gpu.pci_bus_id, i.kind.value, i.code,
-                 i.severity.value, i.meaning, i.remedy, _status_for(i.severity), i.first_message,
-                 i.first_seq, i.first_observed_at, now, i.opened_at, i.first_observed_at),
+                (
+                    i.id,
+                    i.node,
+                    i.gpu.index,
+                    i.gpu.uuid,
+                    i.gpu.pci_bus_id,
+                    i.kind.value,
+                    i.code,
+                    i.severity.value,
+                    i.meaning,
+                    i.remedy,
+                    _status_for(i.severity),
+                    i.first_message,
+                    i.first_seq,
+                    i.first_observed_at,
+                    now,
+                    i.opened_at,
+                    i.first_observed_at,
+                ),
             )
         elif isinstance(action, FoldIntoIncident):
-            db.execute("UPDATE incidents SET signal_count = signal_count + 1, last_at = ? WHERE id = ?",
-                       (action.at, action.incident_id))
+            db.execute(
+                "UPDATE incidents SET signal_count = signal_count + 1, last_at = ? WHERE id = ?",
+                (action.at, action.incident_id),
+            )
         elif isinstance(action, EscalateIncident):
             db.execute(
                 "UPDATE incidents SET signal_count = signal_count + 1, last_at = ?, severity = ?, status = ? "
-                "WHERE id = ?", (action.at, action.severity.value, _status_for(action.severity), action.incident_id))
+                "WHERE id = ?",
+                (action.at, action.severity.value, _status_for(action.severity), action.incident_id),
+            )
         else:
             db.execute(
                 "INSERT OR IGNORE INTO actions (incident_id, kind, status, payload, requested_at) "
@@ -189,33 +235,42 @@ class Store:
     def pending_actions(self) -> list[PendingAction]:
         with self._lock:
             rows = self._db.execute(
-                "SELECT incident_id, payload, attempts FROM actions WHERE status = 'PENDING' "
-                "ORDER BY requested_at").fetchall()
+                "SELECT incident_id, payload, attempts FROM actions WHERE status = 'PENDING' ORDER BY requested_at"
+            ).fetchall()
         return [PendingAction(r[0], action_from_json(r[1]), r[2]) for r in rows]
 
     def finish_action(self, incident_id: str, kind: str, status: str, detail: str, now: float) -> None:
         with self._tx() as db:
             db.execute(
                 "UPDATE actions SET status = ?, detail = ?, done_at = ?, attempts = attempts + 1 "
-                "WHERE incident_id = ? AND kind = ?", (status, detail, now, incident_id, kind))
+                "WHERE incident_id = ? AND kind = ?",
+                (status, detail, now, incident_id, kind),
+            )
 
     def count_attempt(self, incident_id: str, kind: str, detail: str) -> None:
         with self._tx() as db:
-            db.execute("UPDATE actions SET attempts = attempts + 1, detail = ? WHERE incident_id = ? AND kind = ?",
-                       (detail, incident_id, kind))
+            db.execute(
+                "UPDATE actions SET attempts = attempts + 1, detail = ? WHERE incident_id = ? AND kind = ?",
+                (detail, incident_id, kind),
+            )
 
     def resolve_incidents(self, node: str, now: float) -> int:
         with self._tx() as db:
-            return db.execute("UPDATE incidents SET status = 'RESOLVED', last_at = ? WHERE node = ? "
-                              "AND status = 'OPEN'", (now, node)).rowcount
+            return db.execute(
+                "UPDATE incidents SET status = 'RESOLVED', last_at = ? WHERE node = ? AND status = 'OPEN'", (now, node)
+            ).rowcount
 
     # The local actuator's record of what it took out of service ------------------------------
 
     def record_quarantine(self, node: str, incident_id: str, reason: str, now: float) -> bool:
         """True when this call quarantined the node; False when it already was (idempotent)."""
         with self._tx() as db:
-            return db.execute("INSERT OR IGNORE INTO quarantines VALUES (?, ?, ?, ?)",
-                              (node, incident_id, reason, now)).rowcount == 1
+            return (
+                db.execute(
+                    "INSERT OR IGNORE INTO quarantines VALUES (?, ?, ?, ?)", (node, incident_id, reason, now)
+                ).rowcount
+                == 1
+            )
 
     def release_quarantine(self, node: str) -> str | None:
         with self._tx() as db:
@@ -227,11 +282,22 @@ class Store:
         with self._lock:
             return dict(self._db.execute("SELECT node, incident_id FROM quarantines").fetchall())
 
-    def record_check_result(self, request_id: str, node: str, check: str, verdict: str, reason: str,
-                            figures: dict[str, float], started_at: float, finished_at: float) -> None:
+    def record_check_result(
+        self,
+        request_id: str,
+        node: str,
+        check: str,
+        verdict: str,
+        reason: str,
+        figures: dict[str, float],
+        started_at: float,
+        finished_at: float,
+    ) -> None:
         with self._tx() as db:
-            db.execute("INSERT INTO check_results VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                       (request_id, node, check, verdict, reason, json.dumps(figures), started_at, finished_at))
+            db.execute(
+                "INSERT INTO check_results VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (request_id, node, check, verdict, reason, json.dumps(figures), started_at, finished_at),
+            )
 
     # Reading --------------------------------------------------------------------------------
 
@@ -247,12 +313,15 @@ class Store:
                 "SELECT id, node, gpu_index, gpu_uuid, pci_bus_id, kind, code, severity, meaning, remedy, "
                 "status, signal_count, first_message, first_observed_at, received_at, opened_at "
                 f"FROM incidents WHERE {' AND '.join(where)} ORDER BY opened_at DESC LIMIT ?",
-                (*args, limit)).fetchall()
+                (*args, limit),
+            ).fetchall()
             views = [IncidentView(r[0], r[1], GpuRef(r[2], r[3], r[4]), *r[5:]) for r in rows]
             for view in views:
                 for a in self._db.execute(
-                        "SELECT kind, status, requested_at, done_at, detail FROM actions WHERE incident_id = ? "
-                        "ORDER BY requested_at, kind", (view.id,)):
+                    "SELECT kind, status, requested_at, done_at, detail FROM actions WHERE incident_id = ? "
+                    "ORDER BY requested_at, kind",
+                    (view.id,),
+                ):
                     view.actions.append(ActionView(a[0], a[1], a[2], a[3], a[4] or ""))
         return views
 
@@ -275,13 +344,16 @@ def action_kind(action: Quarantine | Page) -> str:
 
 # JSON forms of what the store keeps ---------------------------------------------------------
 
+
 def state_to_json(state: NodeState) -> str:
-    return json.dumps({
-        "health": state.health.value,
-        "before_unknown": state.health_before_unknown.value,
-        "recent": state.recent,
-        "incidents": [[r.id, r.key, r.severity.value, r.last_at] for r in state.incidents],
-    })
+    return json.dumps(
+        {
+            "health": state.health.value,
+            "before_unknown": state.health_before_unknown.value,
+            "recent": state.recent,
+            "incidents": [[r.id, r.key, r.severity.value, r.last_at] for r in state.incidents],
+        }
+    )
 
 
 def state_from_json(text: str, node: str | None = None) -> NodeState:

@@ -18,7 +18,7 @@ def signal_to_proto(signal: Signal) -> pb.Signal:
     return pb.Signal(
         node=signal.node,
         gpu=gpu_to_proto(signal.gpu),
-        kind=pb.SignalKind.Value(signal.kind.value),
+        kind=signal.kind.value,  # enum fields take the value's name
         code=signal.code,
         value=signal.value,
         message=signal.message,

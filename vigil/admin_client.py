@@ -14,7 +14,8 @@ class AdminClient:
         self._timeout = timeout_s
 
     def status(self) -> admin_pb2.StatusReply:
-        return self._stub.GetStatus(admin_pb2.StatusRequest(), timeout=self._timeout)
+        reply: admin_pb2.StatusReply = self._stub.GetStatus(admin_pb2.StatusRequest(), timeout=self._timeout)
+        return reply
 
     def incidents(self, open_only: bool = False, node: str = "", limit: int = 100) -> list[admin_pb2.Incident]:
         request = admin_pb2.IncidentsRequest(open_only=open_only, node=node, limit=limit)
@@ -22,7 +23,8 @@ class AdminClient:
 
     def uncordon(self, node: str, requested_by: str, reason: str) -> admin_pb2.UncordonReply:
         request = admin_pb2.UncordonRequest(node=node, requested_by=requested_by, reason=reason)
-        return self._stub.Uncordon(request, timeout=self._timeout)
+        reply: admin_pb2.UncordonReply = self._stub.Uncordon(request, timeout=self._timeout)
+        return reply
 
     def close(self) -> None:
         self._channel.close()

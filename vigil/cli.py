@@ -14,7 +14,9 @@ from vigil.config_file import ConfigError
 
 app = typer.Typer(
     help="Vigil: GPU-cluster health checking and fault tolerance.",
-    no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
 )
 
 ConfigOpt = Annotated[Optional[Path], typer.Option("--config", "-c", help="YAML configuration file")]
@@ -50,8 +52,14 @@ def agent(
     from agent.config import load_agent_config
 
     _setup_logs(log_format)
-    overrides = {"node": node, "controller": controller, "kernel_log": kernel_log, "spool": spool,
-                 "simulated_gpus": simulated_gpus, "metrics_port": metrics_port}
+    overrides = {
+        "node": node,
+        "controller": controller,
+        "kernel_log": kernel_log,
+        "spool": spool,
+        "simulated_gpus": simulated_gpus,
+        "metrics_port": metrics_port,
+    }
     try:
         cfg = load_agent_config(config, overrides)
     except ConfigError as exc:
@@ -102,8 +110,9 @@ def demo(
 
 
 @app.command()
-def status(controller: ControllerOpt = "127.0.0.1:7070",
-           as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
+def status(
+    controller: ControllerOpt = "127.0.0.1:7070", as_json: Annotated[bool, typer.Option("--json")] = False
+) -> None:
     """Nodes by health, as the controller sees them."""
     from vigil.operator_views import print_status
 
@@ -111,11 +120,13 @@ def status(controller: ControllerOpt = "127.0.0.1:7070",
 
 
 @app.command()
-def incidents(controller: ControllerOpt = "127.0.0.1:7070",
-              open_only: Annotated[bool, typer.Option("--open", help="open incidents only")] = False,
-              node: Annotated[str, typer.Option(help="only this node's")] = "",
-              limit: Annotated[int, typer.Option(min=1, max=10000)] = 50,
-              as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
+def incidents(
+    controller: ControllerOpt = "127.0.0.1:7070",
+    open_only: Annotated[bool, typer.Option("--open", help="open incidents only")] = False,
+    node: Annotated[str, typer.Option(help="only this node's")] = "",
+    limit: Annotated[int, typer.Option(min=1, max=10000)] = 50,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
     """Incident history with the actions taken."""
     from vigil.operator_views import print_incidents
 
@@ -123,8 +134,11 @@ def incidents(controller: ControllerOpt = "127.0.0.1:7070",
 
 
 @app.command()
-def uncordon(node: str, controller: ControllerOpt = "127.0.0.1:7070",
-             reason: Annotated[str, typer.Option(help="why (recorded)")] = "") -> None:
+def uncordon(
+    node: str,
+    controller: ControllerOpt = "127.0.0.1:7070",
+    reason: Annotated[str, typer.Option(help="why (recorded)")] = "",
+) -> None:
     """Return a node that Vigil quarantined to service (recorded, through the controller)."""
     from vigil.operator_views import request_uncordon
 
@@ -136,6 +150,3 @@ def main() -> None:
         app()
     except KeyboardInterrupt:
         sys.exit(130)
-
-
-

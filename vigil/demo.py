@@ -47,27 +47,63 @@ class Cluster:
         return self.workdir / f"{node}.kmsg"
 
     def _spawn(self, name: str, args: list[str]) -> None:
-        out = open(self.workdir / f"{name}.out", "wb")
-        err = open(self.workdir / f"{name}.log", "wb")
-        self.procs[name] = subprocess.Popen([sys.executable, "-m", "vigil", *args], stdout=out, stderr=err,
-                                            stdin=subprocess.DEVNULL)
+        # The child keeps its own copies of the descriptors; ours can close at once.
+        with open(self.workdir / f"{name}.out", "wb") as out, open(self.workdir / f"{name}.log", "wb") as err:
+            self.procs[name] = subprocess.Popen(
+                [sys.executable, "-m", "vigil", *args], stdout=out, stderr=err, stdin=subprocess.DEVNULL
+            )
 
     def start_controller(self, timeout: float) -> None:
         port_file = self.workdir / "controller.port"
-        self._spawn("controller", ["controller", "--port", "0", "--port-file", str(port_file),
-                                   "--database", str(self.workdir / "controller.db"), "--log-format", "json"])
-        self.port = int(wait_for(lambda: port_file.read_text() if port_file.exists() else None, timeout,
-                                 "the controller to listen", self._check_alive))
+        self._spawn(
+            "controller",
+            [
+                "controller",
+                "--port",
+                "0",
+                "--port-file",
+                str(port_file),
+                "--database",
+                str(self.workdir / "controller.db"),
+                "--log-format",
+                "json",
+            ],
+        )
+        self.port = int(
+            wait_for(
+                lambda: port_file.read_text() if port_file.exists() else None,
+                timeout,
+                "the controller to listen",
+                self.check_alive,
+            )
+        )
 
     def start_agents(self) -> None:
         for node in self.nodes:
             log = self.kernel_log(node)
             log.write_text("".join(_boot_lines(node, self.gpus)))
-            self._spawn(node, ["agent", "--node", node, "--controller", f"127.0.0.1:{self.port}",
-                               "--kernel-log", str(log), "--spool", str(self.workdir / f"{node}.spool.db"),
-                               "--simulated-gpus", str(self.gpus), "--metrics-port", "0", "--log-format", "json"])
+            self._spawn(
+                node,
+                [
+                    "agent",
+                    "--node",
+                    node,
+                    "--controller",
+                    f"127.0.0.1:{self.port}",
+                    "--kernel-log",
+                    str(log),
+                    "--spool",
+                    str(self.workdir / f"{node}.spool.db"),
+                    "--simulated-gpus",
+                    str(self.gpus),
+                    "--metrics-port",
+                    "0",
+                    "--log-format",
+                    "json",
+                ],
+            )
 
-    def _check_alive(self) -> None:
+    def check_alive(self) -> None:
         for name, proc in self.procs.items():
             if proc.poll() is not None:
                 tail = (self.workdir / f"{name}.log").read_text()[-2000:]
@@ -86,8 +122,13 @@ class Cluster:
                 proc.wait()
 
 
-def wait_for(probe: Callable[[], T | None], timeout: float, what: str,
-             check: Callable[[], None] = lambda: None, every: float = 0.01) -> T:
+def wait_for(
+    probe: Callable[[], T | None],
+    timeout: float,
+    what: str,
+    check: Callable[[], None] = lambda: None,
+    every: float = 0.01,
+) -> T:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         check()
@@ -114,30 +155,39 @@ def xid_line(pci_bus_id: str, code: int, detail: str, seq: int) -> str:
     return f"3,{seq},{uptime_us},-;NVRM: Xid (PCI:{pci_bus_id}): {code}, pid=0, {detail}\n"
 
 
-def run_demo(nodes: int = 4, gpus: int = 8, as_json: bool = False, keep: bool = False,
-             timeout: float = 30.0) -> int:
+def run_demo(nodes: int = 4, gpus: int = 8, as_json: bool = False, keep: bool = False, timeout: float = 30.0) -> int:
     console = Console(stderr=as_json, quiet=as_json)
     workdir = Path(tempfile.mkdtemp(prefix="vigil-demo-"))
     cluster = Cluster(workdir, [f"node-{i + 1}" for i in range(nodes)], gpus)
-    victim, victim_gpu = cluster.nodes[min(1, nodes - 1)], simulated_gpus(cluster.nodes[min(1, nodes - 1)], gpus)[min(3, gpus - 1)]
+    victim = cluster.nodes[1]
+    victim_gpu = simulated_gpus(victim, gpus)[min(3, gpus - 1)]
     started = time.monotonic()
-    summary: dict[str, Any] = {"ok": False, "nodes": nodes, "gpus_per_node": gpus, "faulted_node": victim,
-                               "faulted_gpu": victim_gpu.index, "workdir": str(workdir) if keep else None}
+    summary: dict[str, Any] = {
+        "ok": False,
+        "nodes": nodes,
+        "gpus_per_node": gpus,
+        "faulted_node": victim,
+        "faulted_gpu": victim_gpu.index,
+        "workdir": str(workdir) if keep else None,
+    }
     try:
         console.print(f"[bold]Vigil demo[/]: {nodes} nodes × {gpus} simulated GPUs, one controller, on this machine")
         cluster.start_controller(timeout)
         console.print(f"  controller listening on 127.0.0.1:{cluster.port}   ({time.monotonic() - started:.2f} s)")
         cluster.start_agents()
         with AdminClient(f"127.0.0.1:{cluster.port}") as admin:
-            wait_for(lambda: _all_healthy(admin, cluster.nodes), timeout, "every agent to register", cluster._check_alive)
+            wait_for(
+                lambda: _all_healthy(admin, cluster.nodes), timeout, "every agent to register", cluster.check_alive
+            )
             console.print(f"  {nodes} agents connected, all nodes HEALTHY   ({time.monotonic() - started:.2f} s)")
             line = xid_line(victim_gpu.pci_bus_id, 79, "GPU has fallen off the bus.", 2000)
             console.print(f"\n[bold]Injecting[/] into {victim}'s kernel log:\n  {line.strip()}\n")
             injected_at = time.time()
             with open(cluster.kernel_log(victim), "a") as f:
                 f.write(line)
-            incident = wait_for(lambda: _acted_on(admin, victim), timeout, f"Vigil to act on {victim}",
-                                cluster._check_alive)
+            incident = wait_for(
+                lambda: _acted_on(admin, victim), timeout, f"Vigil to act on {victim}", cluster.check_alive
+            )
             time.sleep(0.5)  # let any wrong action on another node show itself
             final = {n.node: n.health for n in admin.status().nodes}
             others = admin.incidents()
@@ -170,21 +220,38 @@ def _acted_on(admin: AdminClient, node: str) -> admin_pb2.Incident | None:
     return None
 
 
-def _summarise(incident: admin_pb2.Incident, injected_at: float, health: dict[str, str],
-               other_incidents: list[admin_pb2.Incident]) -> dict[str, Any]:
+def _summarise(
+    incident: admin_pb2.Incident, injected_at: float, health: dict[str, str], other_incidents: list[admin_pb2.Incident]
+) -> dict[str, Any]:
     done = {a.kind: a.done_at for a in incident.actions}
-    stamps = {"observed": incident.first_observed_at, "received": incident.received_at,
-              "incident_opened": incident.opened_at, "quarantined": done["QUARANTINE"], "paged": done["PAGE"]}
+    stamps = {
+        "observed": incident.first_observed_at,
+        "received": incident.received_at,
+        "incident_opened": incident.opened_at,
+        "quarantined": done["QUARANTINE"],
+        "paged": done["PAGE"],
+    }
     latencies = {k: round(v - injected_at, 4) for k, v in stamps.items()}
     quarantined = sorted(n for n, h in health.items() if h == "QUARANTINED")
     victim = incident.node
-    ok = (quarantined == [victim] and incident.code == 79 and not other_incidents
-          and all(h == "HEALTHY" for n, h in health.items() if n != victim))
+    ok = (
+        quarantined == [victim]
+        and incident.code == 79
+        and not other_incidents
+        and all(h == "HEALTHY" for n, h in health.items() if n != victim)
+    )
     return {
-        "ok": ok, "incident_id": incident.id, "xid": incident.code, "reason": incident.reason,
-        "remedy": incident.remedy, "quarantined_nodes": quarantined, "node_health": health,
-        "latency_s": latencies, "fault_to_quarantine_s": latencies["quarantined"],
-        "fault_to_page_s": latencies["paged"], "incidents_on_other_nodes": len(other_incidents),
+        "ok": ok,
+        "incident_id": incident.id,
+        "xid": incident.code,
+        "reason": incident.reason,
+        "remedy": incident.remedy,
+        "quarantined_nodes": quarantined,
+        "node_health": health,
+        "latency_s": latencies,
+        "fault_to_quarantine_s": latencies["quarantined"],
+        "fault_to_page_s": latencies["paged"],
+        "incidents_on_other_nodes": len(other_incidents),
     }
 
 
@@ -203,8 +270,10 @@ def _print_timeline(console: Console, s: dict[str, Any]) -> None:
         console.print(f"  +{t:7.3f}s  {name:<12} {text}")
     console.print(f"\n[bold]Page sent[/]:\n{s['page_text']}\n")
     verdict = "[green]OK[/]" if s["ok"] else "[red]UNEXPECTED OUTCOME[/]"
-    console.print(f"[bold]Summary[/]: {verdict}: quarantined {', '.join(s['quarantined_nodes']) or 'nothing'}; "
-                  f"fault → quarantine {s['fault_to_quarantine_s'] * 1000:.0f} ms, "
-                  f"fault → page {s['fault_to_page_s'] * 1000:.0f} ms; other nodes: "
-                  + ", ".join(f"{n} {h}" for n, h in s["node_health"].items() if n != s["faulted_node"]))
+    console.print(
+        f"[bold]Summary[/]: {verdict}: quarantined {', '.join(s['quarantined_nodes']) or 'nothing'}; "
+        f"fault → quarantine {s['fault_to_quarantine_s'] * 1000:.0f} ms, "
+        f"fault → page {s['fault_to_page_s'] * 1000:.0f} ms; other nodes: "
+        + ", ".join(f"{n} {h}" for n, h in s["node_health"].items() if n != s["faulted_node"])
+    )
     console.print(f"  demo wall time {s['wall_s']:.1f} s")

@@ -17,9 +17,7 @@ def configure_logging(fmt: LogFormat = "auto", level: str = "info", stream: obje
     if fmt == "auto":
         fmt = "console" if getattr(out, "isatty", lambda: False)() else "json"
     renderer: structlog.typing.Processor = (
-        structlog.processors.JSONRenderer()
-        if fmt == "json"
-        else structlog.dev.ConsoleRenderer(colors=False)
+        structlog.processors.JSONRenderer() if fmt == "json" else structlog.dev.ConsoleRenderer(colors=False)
     )
     structlog.configure(
         processors=[
@@ -29,9 +27,7 @@ def configure_logging(fmt: LogFormat = "auto", level: str = "info", stream: obje
             structlog.processors.format_exc_info,
             renderer,
         ],
-        wrapper_class=structlog.make_filtering_bound_logger(
-            logging.getLevelNamesMapping()[level.upper()]
-        ),
+        wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelNamesMapping()[level.upper()]),
         logger_factory=structlog.PrintLoggerFactory(file=out),  # type: ignore[arg-type]
         cache_logger_on_first_use=True,
     )

@@ -17,7 +17,7 @@ _console = Console()
 
 
 def _unreachable(target: str, exc: grpc.RpcError) -> int:
-    _console.print(f"[red]error:[/] controller at {target} answered {exc.code().name}: {exc.details()}")  # type: ignore[attr-defined]
+    _console.print(f"[red]error:[/] controller at {target} answered {exc.code().name}: {exc.details()}")
     return 2
 
 

@@ -32,9 +32,7 @@ THROTTLE_SW_THERMAL = 0x20
 THROTTLE_HW_THERMAL = 0x40
 THROTTLE_HW_POWER_BRAKE = 0x80
 # Reasons that mean the hardware is slowing the GPU down; idle and the software power cap are normal.
-THROTTLE_HARMFUL_MASK = (
-    THROTTLE_HW_SLOWDOWN | THROTTLE_SW_THERMAL | THROTTLE_HW_THERMAL | THROTTLE_HW_POWER_BRAKE
-)
+THROTTLE_HARMFUL_MASK = THROTTLE_HW_SLOWDOWN | THROTTLE_SW_THERMAL | THROTTLE_HW_THERMAL | THROTTLE_HW_POWER_BRAKE
 
 _PCI_RE = re.compile(
     r"^(?:PCI:)?(?:(?P<domain>[0-9a-fA-F]{4,8}):)?(?P<bus>[0-9a-fA-F]{2}):(?P<dev>[0-9a-fA-F]{2})"

@@ -1,0 +1,42 @@
+# Vigil's everyday commands. Each target makes its own virtual environment on first use, so a
+# fresh clone needs nothing but Python 3.11+ and make.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+
+.PHONY: demo test lint protos bench clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+
+# Runtime only: what `vigil demo` needs. No torch: nothing installed here pulls it in.
+$(VENV)/.runtime: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q -e .
+	touch $@
+
+# Runtime plus the test, lint and code-generation tools.
+$(VENV)/.dev: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $@ $(VENV)/.runtime
+
+demo: $(VENV)/.runtime  ## a local cluster: controller + 4 agents, an XID 79, Vigil acting on it
+	$(BIN)/vigil demo
+
+test: $(VENV)/.dev  ## the whole test suite
+	$(BIN)/pytest
+
+lint: $(VENV)/.dev  ## style, types, and the layering contracts (pyproject.toml [tool.importlinter])
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+	$(BIN)/lint-imports
+
+protos: $(VENV)/.dev  ## regenerate the committed protobuf/gRPC code from protos/vigil/v1/*.proto
+	$(BIN)/python -m protos.generate
+
+bench: $(VENV)/.runtime  ## benchmarks; each prints its figures and appends them to bench/results/
+	$(BIN)/python -m bench.demo_latency
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

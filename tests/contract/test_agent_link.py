@@ -1,0 +1,192 @@
+"""The agent gateway over real gRPC on loopback: delivery, replay, deduplication, bad input."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import grpc
+import pytest
+
+from agent.link import ControllerLink
+from agent.spool import Spool
+from controller.daemon import Controller
+from protos.codec import signal_to_proto
+from protos.vigil.v1 import agent_pb2, agent_pb2_grpc, common_pb2
+from tests.helpers import start_controller, stop_controller, wait_until
+from vigil.signals import GpuRef, Signal, SignalKind
+
+NODE = "node-a"
+GPU = GpuRef(0, "GPU-aaaa", "0000:18:00")
+
+
+def xid(code: int) -> Signal:
+    return Signal(NODE, SignalKind.XID, GPU, code, 0.0, f"xid {code}", "test", 1.0)
+
+
+def signals_received(controller: Controller) -> float:
+    return sum(
+        s.value for m in controller.engine.metrics.signals.collect() for s in m.samples if s.name.endswith("_total")
+    )
+
+
+def duplicates(controller: Controller) -> float:
+    return controller.engine.metrics.duplicates._value.get()
+
+
+async def no_check(request: agent_pb2.RunCheck) -> common_pb2.CheckResult:
+    return common_pb2.CheckResult(request_id=request.request_id, verdict=common_pb2.UNKNOWN)
+
+
+def link_for(spool: Spool, port: int) -> ControllerLink:
+    def hello() -> agent_pb2.Hello:
+        return agent_pb2.Hello(node=NODE, spool_id=spool.spool_id, last_acked_seq=spool.acked_seq)
+
+    return ControllerLink(f"127.0.0.1:{port}", spool, hello, no_check, heartbeat_s=0.2)
+
+
+def test_reconnect_replays_exactly_the_unacknowledged(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        spool = Spool(tmp_path / "spool.db")
+        first = await start_controller(tmp_path / "ctl.db")
+        port = first.port
+        link, stop = link_for(spool, port), asyncio.Event()
+        running = asyncio.create_task(link.run(stop))
+        spool.append([xid(45) for _ in range(5)])
+        link.notify()
+        await wait_until(lambda: spool.acked_seq == 5, what="first five acknowledged")
+        assert signals_received(first) == 5
+
+        await stop_controller(first)  # the controller goes away; the agent keeps spooling
+        await wait_until(lambda: not link.connected, what="link down")
+        spool.append([xid(45) for _ in range(3)])
+        link.notify()
+        await asyncio.sleep(0.3)
+        assert spool.acked_seq == 5 and spool.count() == 3
+
+        second = await start_controller(tmp_path / "ctl.db", port)  # same store, same port
+        await wait_until(lambda: spool.acked_seq == 8, timeout=20, what="replay acknowledged")
+        assert signals_received(second) == 3  # exactly 6, 7 and 8 were sent again
+        assert duplicates(second) == 0
+        assert second.store.signal_count(NODE) == 8
+        assert spool.count() == 0 and link.connections == 2
+        stop.set()
+        await running
+        await stop_controller(second)
+
+    asyncio.run(scenario())
+
+
+def raw_batch(spool_id: str, seqs: list[int], code: int = 45) -> list[agent_pb2.AgentMessage]:
+    hello = agent_pb2.AgentMessage(hello=agent_pb2.Hello(node=NODE, spool_id=spool_id))
+    batch = agent_pb2.SignalBatch(signals=[signal_to_proto(xid(code).numbered(s)) for s in seqs])
+    return [hello, agent_pb2.AgentMessage(signals=batch)]
+
+
+async def send_raw(
+    port: int, messages: list[agent_pb2.AgentMessage], replies: int
+) -> list[agent_pb2.ControllerMessage]:
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        call = agent_pb2_grpc.AgentGatewayStub(channel).Connect()
+        for m in messages:
+            await call.write(m)
+        out = [await call.read() for _ in range(replies)]
+        await call.done_writing()
+        return out
+
+
+def test_controller_ignores_duplicates(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        controller = await start_controller(tmp_path / "ctl.db")
+        replies = await send_raw(controller.port, raw_batch("spool1", [1, 2, 3], code=79), replies=2)
+        assert [r.ack.acked_seq for r in replies] == [0, 3]
+        # The ack was "lost": the same three again, plus one new, on a new stream.
+        replies = await send_raw(controller.port, raw_batch("spool1", [1, 2, 3, 4], code=79), replies=2)
+        assert [r.ack.acked_seq for r in replies] == [3, 4]
+        assert duplicates(controller) == 3
+        assert controller.store.signal_count(NODE) == 4
+        await controller.engine.drain()
+        (incident,) = controller.store.incidents(node=NODE)
+        assert incident.signal_count == 4  # folded: one incident, one quarantine, one page
+        assert sorted(a.kind for a in incident.actions) == ["PAGE", "QUARANTINE"]
+        await stop_controller(controller)
+
+    asyncio.run(scenario())
+
+
+def test_agent_with_a_lost_ack_resends_nothing_the_controller_holds(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        controller = await start_controller(tmp_path / "ctl.db")
+        spool = Spool(tmp_path / "spool.db")
+        spool.append([xid(45) for _ in range(4)])
+        # The controller already holds 1..3 from this spool, but the agent never saw the ack.
+        await send_raw(controller.port, raw_batch(spool.spool_id, [1, 2, 3]), replies=2)
+        link, stop = link_for(spool, controller.port), asyncio.Event()
+        running = asyncio.create_task(link.run(stop))
+        await wait_until(lambda: spool.acked_seq == 4, what="ack of seq 4")
+        assert duplicates(controller) == 0
+        assert controller.store.signal_count(NODE) == 4
+        stop.set()
+        await running
+        await stop_controller(controller)
+
+    asyncio.run(scenario())
+
+
+def test_a_new_spool_is_not_mistaken_for_a_replay(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        controller = await start_controller(tmp_path / "ctl.db")
+        await send_raw(controller.port, raw_batch("old-spool", [1, 2]), replies=2)
+        replies = await send_raw(controller.port, raw_batch("new-spool", [1]), replies=2)
+        assert [r.ack.acked_seq for r in replies] == [0, 1]
+        assert controller.store.signal_count(NODE) == 3 and duplicates(controller) == 0
+        await stop_controller(controller)
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize(
+    ("messages", "status", "text"),
+    [
+        ([agent_pb2.AgentMessage(heartbeat=agent_pb2.Heartbeat())], grpc.StatusCode.INVALID_ARGUMENT, "Hello"),
+        (
+            [agent_pb2.AgentMessage(hello=agent_pb2.Hello(node="Bad Node", spool_id="s"))],
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "node",
+        ),
+        ([agent_pb2.AgentMessage(hello=agent_pb2.Hello(node=NODE))], grpc.StatusCode.INVALID_ARGUMENT, "spool_id"),
+        (
+            [
+                agent_pb2.AgentMessage(hello=agent_pb2.Hello(node=NODE, spool_id="s")),
+                agent_pb2.AgentMessage(signals=agent_pb2.SignalBatch(signals=[common_pb2.Signal(node=NODE, seq=1)])),
+            ],
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "kind",
+        ),
+        (
+            [
+                agent_pb2.AgentMessage(hello=agent_pb2.Hello(node=NODE, spool_id="s")),
+                agent_pb2.AgentMessage(
+                    signals=agent_pb2.SignalBatch(
+                        signals=[signal_to_proto(Signal("other-node", SignalKind.XID, GPU, 79, seq=1))]
+                    )
+                ),
+            ],
+            grpc.StatusCode.PERMISSION_DENIED,
+            "other-node",
+        ),
+    ],
+)
+def test_bad_messages_get_a_clear_status_and_the_server_keeps_serving(
+    tmp_path: Path, messages: list[agent_pb2.AgentMessage], status: grpc.StatusCode, text: str
+) -> None:
+    async def scenario() -> None:
+        controller = await start_controller(tmp_path / "ctl.db")
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await send_raw(controller.port, messages, replies=3)
+        assert err.value.code() == status and text in (err.value.details() or "")
+        good = await send_raw(controller.port, raw_batch("s2", [1]), replies=2)
+        assert good[-1].ack.acked_seq == 1
+        await stop_controller(controller)
+
+    asyncio.run(scenario())

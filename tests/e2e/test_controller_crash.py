@@ -1,0 +1,164 @@
+"""A controller killed with SIGKILL and restarted neither forgets an incident nor acts twice."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from agent.simulated import simulated_gpus
+from controller.actuators import LocalActuator
+from controller.decide import Page, Quarantine
+from controller.engine import Engine
+from controller.policy import Policy
+from controller.store import Store
+from tests.helpers import poll_until
+from vigil.admin_client import AdminClient
+from vigil.demo import xid_line
+from vigil.signals import Signal, SignalKind
+
+pytestmark = pytest.mark.e2e
+
+
+def vigil(*args: str, out: Path) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "vigil", *args],
+        stdout=open(out, "wb"),
+        stderr=open(out.with_suffix(".log"), "wb"),
+        stdin=subprocess.DEVNULL,
+    )
+
+
+def start_controller(tmp: Path, run: int, port: int = 0) -> tuple[subprocess.Popen[bytes], int]:
+    port_file = tmp / f"port{run}"
+    proc = vigil(
+        "controller",
+        "--port",
+        str(port),
+        "--port-file",
+        str(port_file),
+        "--database",
+        str(tmp / "ctl.db"),
+        "--log-format",
+        "json",
+        out=tmp / f"controller{run}.out",
+    )
+    poll_until(lambda: port_file.exists() or proc.poll() is not None, what="controller port")
+    assert proc.poll() is None, (tmp / f"controller{run}.log").read_text()
+    return proc, int(port_file.read_text())
+
+
+def test_sigkill_after_acting_then_restart_repeats_nothing(tmp_path: Path) -> None:
+    ctl, port = start_controller(tmp_path, 1)
+    kmsg = tmp_path / "node-a.kmsg"
+    kmsg.write_text("")
+    agent = vigil(
+        "agent",
+        "--node",
+        "node-a",
+        "--controller",
+        f"127.0.0.1:{port}",
+        "--kernel-log",
+        str(kmsg),
+        "--spool",
+        str(tmp_path / "spool.db"),
+        "--metrics-port",
+        "0",
+        "--log-format",
+        "json",
+        out=tmp_path / "agent.out",
+    )
+    try:
+        admin = AdminClient(f"127.0.0.1:{port}")
+        poll_until(lambda: any(n.node == "node-a" for n in admin.status().nodes), what="agent registered")
+        gpu = simulated_gpus("node-a", 8)[2]
+        with open(kmsg, "a") as f:
+            f.write(xid_line(gpu.pci_bus_id, 79, "GPU has fallen off the bus.", 1))
+
+        def acted() -> bool:
+            return any(
+                {a.status for a in i.actions} == {"DONE"} and len(i.actions) == 2
+                for i in admin.incidents(node="node-a")
+            )
+
+        poll_until(acted, what="quarantine and page done")
+        ctl.send_signal(signal.SIGKILL)
+        ctl.wait()
+        admin.close()
+
+        ctl, port2 = start_controller(tmp_path, 2, port)
+        assert port2 == port
+        admin = AdminClient(f"127.0.0.1:{port}")
+        poll_until(lambda: admin.status().nodes and admin.status().nodes[0].last_seq == 1, what="agent back")
+        # A heartbeat or two after the agent reconnects, nothing may have been repeated.
+        poll_until(lambda: "agent_connected" in (tmp_path / "controller2.log").read_text(), what="reconnect")
+        with open(kmsg, "a") as f:  # a later, unrelated line proves the pipeline is live again
+            f.write(xid_line(gpu.pci_bus_id, 45, "Preemptive cleanup, due to previous errors.", 2))
+        poll_until(lambda: len(admin.incidents(node="node-a")) == 2, what="the second signal recorded")
+        incidents = admin.incidents(node="node-a")
+        (xid79,) = [i for i in incidents if i.code == 79]
+        assert sorted((a.kind, a.status) for a in xid79.actions) == [("PAGE", "DONE"), ("QUARANTINE", "DONE")]
+        assert {n.node: n.health for n in admin.status().nodes} == {"node-a": "QUARANTINED"}
+        pages = (tmp_path / "controller1.out").read_text() + (tmp_path / "controller2.out").read_text()
+        assert pages.count("PAGE [QUARANTINE]") == 1
+        admin.close()
+    finally:
+        for proc in (agent, ctl):
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(10)
+
+
+class BlockingActuator:
+    """Hangs in every call, like a process killed half-way through its actions."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+
+    def quarantine(self, action: Quarantine) -> str:
+        self.release.wait(10)
+        raise RuntimeError("this process is gone")
+
+    def page(self, action: Page) -> str:
+        self.release.wait(10)
+        raise RuntimeError("this process is gone")
+
+
+class CountingPager:
+    def __init__(self) -> None:
+        self.pages: list[str] = []
+
+    def page(self, action: Page) -> str:
+        self.pages.append(action.incident_id)
+        return "counted"
+
+
+def test_actions_pending_at_a_crash_run_once_after_restart(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        db = tmp_path / "ctl.db"
+        dead = BlockingActuator()
+        first = Engine(Store(db), Policy(), dead, dead)
+        first.hello("node-a", "spool1", 8)
+        first.receive("node-a", [Signal("node-a", SignalKind.XID, code=79, observed_at=1.0, seq=1)])
+        await asyncio.sleep(0.05)  # both actions are under way, neither is recorded as done
+
+        store = Store(db)  # the restarted controller, on the same database
+        pager = CountingPager()
+        second = Engine(store, Policy(), LocalActuator(store), pager)
+        assert second.nodes["node-a"].state.health.value == "UNHEALTHY"
+        assert second.resume_pending() == 2
+        await second.drain()
+        second.receive("node-a", [Signal("node-a", SignalKind.XID, code=79, observed_at=1.0, seq=1)])  # replay
+        await second.drain()
+        assert pager.pages == ["node-a-spool1-1"]
+        assert store.quarantined_nodes() == {"node-a": "node-a-spool1-1"}
+        assert second.nodes["node-a"].state.health.value == "QUARANTINED"
+        assert second.resume_pending() == 0
+        await first.shutdown()
+        dead.release.set()
+
+    asyncio.run(scenario())

@@ -1,0 +1,42 @@
+"""Shared helpers for the contract and end-to-end tests."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from controller.config import ControllerConfig
+from controller.daemon import Controller
+
+
+async def wait_until(condition: Callable[[], bool], timeout: float = 10.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.01)
+
+
+def poll_until(condition: Callable[[], object], timeout: float = 20.0, what: str = "condition") -> object:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+async def start_controller(db: Path, port: int = 0) -> Controller:
+    controller = Controller(ControllerConfig(listen="127.0.0.1", port=port, database=db, pager="none"))
+    await controller.start()
+    return controller
+
+
+async def stop_controller(controller: Controller) -> None:
+    assert controller.server is not None
+    await controller.server.stop(0)
+    await controller.engine.drain()
+    controller.store.close()

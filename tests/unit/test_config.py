@@ -1,0 +1,65 @@
+"""Bad configuration gets an error that names the file and the key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from agent.config import load_agent_config
+from controller.config import load_controller_config
+from controller.policy import Severity, load_policy
+from vigil.config_file import ConfigError
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("xid:\n  13: {action: explode}\n", "xid.13.action"),
+        ("xid:\n  13: {action: suspect, threshold: 0}\n", "xid.13.threshold"),
+        ("xid:\n  thirteen: {action: suspect}\n", "xid.thirteen"),
+        ("fold_window_s: -1\n", "fold_window_s"),
+        ("kinds:\n  GPU_ON_FIRE: {action: quarantine}\n", "kinds.GPU_ON_FIRE"),
+        ("heartbeat_timout_s: 10\n", "heartbeat_timout_s"),
+        ("- just\n- a list\n", "mapping"),
+        ("xid: [unclosed\n", "not valid YAML"),
+    ],
+)
+def test_bad_policy_names_the_problem(tmp_path: Path, text: str, expected: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        load_policy(write(tmp_path, text))
+    assert expected in str(err.value) and str(tmp_path) in str(err.value)
+
+
+def test_good_policy_overrides_defaults(tmp_path: Path) -> None:
+    policy = load_policy(write(tmp_path, "xid:\n  13: {action: quarantine, threshold: 2}\nfold_window_s: 60\n"))
+    assert policy.xid[13].action is Severity.QUARANTINE and policy.xid[13].threshold == 2
+    assert policy.xid[79].action is Severity.QUARANTINE and policy.fold_window_s == 60
+
+
+def test_missing_file_is_a_config_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_policy(tmp_path / "nope.yaml")
+
+
+def test_agent_config_validation_and_overrides(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NODE_NAME", "gpu-node-17")
+    cfg = load_agent_config(write(tmp_path, "simulated_gpus: 4\n"), {"controller": "ctl:7070", "spool": None})
+    assert (cfg.node, cfg.simulated_gpus, cfg.controller) == ("gpu-node-17", 4, "ctl:7070")
+    with pytest.raises(ConfigError, match="controller"):
+        load_agent_config(None, {"controller": "no-port"})
+    with pytest.raises(ConfigError, match="node"):
+        load_agent_config(None, {"node": "Bad_Name!"})
+    with pytest.raises(ConfigError, match="gpu_poll_s"):
+        load_agent_config(write(tmp_path, "gpu_poll_s: 0\n"), {})
+
+
+def test_controller_config_rejects_unknown_keys(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="pagr"):
+        load_controller_config(write(tmp_path, "pagr: console\n"), {})

@@ -1,0 +1,215 @@
+"""The decision function, table-driven over DESIGN.md's XID table and over windows."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from controller.decide import (
+    Decision,
+    EscalateIncident,
+    FoldIntoIncident,
+    Health,
+    NodeState,
+    OpenIncident,
+    Page,
+    Quarantine,
+    decide,
+    heartbeat_returned,
+    heartbeat_silence,
+    quarantine_confirmed,
+    recovered,
+)
+from controller.policy import Policy, Rule, Severity
+from vigil.signals import THROTTLE_HW_SLOWDOWN, GpuRef, Signal, SignalKind
+
+POLICY = Policy()
+GPU0 = GpuRef(0, "GPU-0000", "0000:18:00")
+GPU1 = GpuRef(1, "GPU-1111", "0000:2a:00")
+
+
+def xid(code: int, at: float, gpu: GpuRef = GPU0, seq: int = 1) -> Signal:
+    return Signal("n1", SignalKind.XID, gpu, code, 0.0, f"Xid {code}", "kmsg", at, seq)
+
+
+def run(signals: Sequence[Signal], policy: Policy = POLICY, state: NodeState | None = None) -> list[Decision]:
+    state = state or NodeState("n1")
+    out = []
+    for i, s in enumerate(signals):
+        d = decide(state, s, policy, s.observed_at, f"inc-{i}")
+        out.append(d)
+        state = d.state
+    return out
+
+
+def kinds(decisions: Sequence[Decision]) -> list[type]:
+    return [type(a) for d in decisions for a in d.actions]
+
+
+@pytest.mark.parametrize(
+    ("code", "health", "quarantines", "pages"),
+    [
+        (13, Health.HEALTHY, 0, 0),
+        (31, Health.HEALTHY, 0, 0),
+        (43, Health.HEALTHY, 0, 0),
+        (45, Health.HEALTHY, 0, 0),
+        (48, Health.UNHEALTHY, 1, 1),
+        (63, Health.HEALTHY, 0, 0),
+        (64, Health.UNHEALTHY, 1, 1),
+        (74, Health.UNHEALTHY, 1, 1),
+        (79, Health.UNHEALTHY, 1, 1),
+        (92, Health.SUSPECT, 0, 1),
+        (94, Health.HEALTHY, 0, 0),
+        (95, Health.UNHEALTHY, 1, 1),
+        (109, Health.SUSPECT, 0, 1),
+        (119, Health.UNHEALTHY, 1, 1),
+        (120, Health.UNHEALTHY, 1, 1),
+        (140, Health.UNHEALTHY, 1, 1),
+        (999, Health.SUSPECT, 0, 1),  # unknown XID: suspect and page
+    ],
+)
+def test_one_xid_follows_the_default_table(code: int, health: Health, quarantines: int, pages: int) -> None:
+    (d,) = run([xid(code, 100.0)])
+    assert d.state.health is health
+    assert kinds([d]).count(Quarantine) == quarantines
+    assert kinds([d]).count(Page) == pages
+    assert kinds([d]).count(OpenIncident) == 1  # every XID is at least recorded
+
+
+def test_unknown_xid_page_says_contact_support() -> None:
+    (d,) = run([xid(4242, 1.0)])
+    page = next(a for a in d.actions if isinstance(a, Page))
+    assert "support" in page.remedy
+
+
+def test_xid_13_three_times_in_window_is_suspect_with_one_incident() -> None:
+    ds = run([xid(13, 0.0, seq=1), xid(13, 60.0, seq=2), xid(13, 120.0, seq=3)])
+    assert [d.state.health for d in ds] == [Health.HEALTHY, Health.HEALTHY, Health.SUSPECT]
+    assert kinds(ds) == [OpenIncident, FoldIntoIncident, EscalateIncident, Page]
+    page = ds[-1].actions[-1]
+    assert isinstance(page, Page) and page.incident_id == "inc-0"  # the first incident, escalated
+    assert Quarantine not in kinds(ds)  # never cordon on XID 13
+
+
+def test_xid_13_spread_beyond_the_window_stays_healthy() -> None:
+    ds = run([xid(13, 0.0), xid(13, 400.0), xid(13, 800.0)])  # never 3 within 600 s
+    assert ds[-1].state.health is Health.HEALTHY
+    assert Page not in kinds(ds)
+
+
+def test_xid_13_counts_per_gpu() -> None:
+    ds = run([xid(13, 0.0, GPU0), xid(13, 1.0, GPU1), xid(13, 2.0, GPU0), xid(13, 3.0, GPU1)])
+    assert ds[-1].state.health is Health.HEALTHY
+
+
+def test_flood_of_xid_45_is_one_record_and_no_action() -> None:
+    ds = run([xid(45, float(t), seq=t + 1) for t in range(200)])
+    assert kinds(ds).count(OpenIncident) == 1
+    assert kinds(ds).count(FoldIntoIncident) == 199
+    assert Page not in kinds(ds) and Quarantine not in kinds(ds)
+    assert ds[-1].state.health is Health.HEALTHY
+
+
+def test_xid_45_after_the_fold_window_opens_a_new_record() -> None:
+    ds = run([xid(45, 0.0), xid(45, POLICY.fold_window_s + 1)])
+    assert kinds(ds) == [OpenIncident, OpenIncident]
+
+
+def test_xid_109_repeated_escalates_to_quarantine() -> None:
+    ds = run([xid(109, 0.0), xid(109, 600.0), xid(109, 1200.0)])
+    assert [d.state.health for d in ds] == [Health.SUSPECT, Health.SUSPECT, Health.UNHEALTHY]
+    assert kinds(ds).count(Quarantine) == 1
+
+
+def test_an_out_of_service_node_is_not_quarantined_twice() -> None:
+    ds = run([xid(79, 0.0), xid(48, 1.0, GPU1), xid(45, 2.0)])
+    assert kinds(ds).count(Quarantine) == 1
+    assert kinds(ds).count(Page) == 1
+    assert kinds(ds).count(OpenIncident) == 3  # the evidence is still kept
+
+
+def test_repeated_xid_79_folds_into_the_open_incident() -> None:
+    ds = run([xid(79, 0.0), xid(79, 1.0)])
+    assert kinds(ds) == [OpenIncident, Quarantine, Page, FoldIntoIncident]
+
+
+@pytest.mark.parametrize(
+    ("kind", "health"),
+    [
+        (SignalKind.ECC_DBE, Health.UNHEALTHY),
+        (SignalKind.ROW_REMAP_PENDING, Health.UNHEALTHY),
+        (SignalKind.ROW_REMAP_FAILURE, Health.UNHEALTHY),
+        (SignalKind.GPU_LOST, Health.UNHEALTHY),
+        (SignalKind.RETIRED_PAGES, Health.HEALTHY),
+    ],
+)
+def test_gpu_poll_signal_kinds(kind: SignalKind, health: Health) -> None:
+    (d,) = run([Signal("n1", kind, GPU0, 0, 1.0, "", "gpu-poll", 5.0, 1)])
+    assert d.state.health is health
+
+
+def test_throttling_counts_only_past_the_policy_window() -> None:
+    short = Signal("n1", SignalKind.THROTTLE, GPU0, THROTTLE_HW_SLOWDOWN, 5.0, "", "gpu-poll", 5.0, 1)
+    long = Signal("n1", SignalKind.THROTTLE, GPU0, THROTTLE_HW_SLOWDOWN, 35.0, "", "gpu-poll", 35.0, 2)
+    ended = Signal("n1", SignalKind.THROTTLE, GPU0, 0, 0.0, "", "gpu-poll", 40.0, 3)
+    ds = run([short, long, ended])
+    assert [len(d.actions) for d in ds] == [0, 2, 0]
+    assert ds[1].state.health is Health.SUSPECT
+
+
+def test_policy_file_overrides_one_rule_and_keeps_the_rest() -> None:
+    policy = Policy.model_validate({"xid": {13: {"action": "quarantine"}}})
+    (d,) = run([xid(13, 0.0)], policy)
+    assert d.state.health is Health.UNHEALTHY
+    assert policy.xid[79] == POLICY.xid[79]
+
+
+def test_silence_makes_a_node_unknown_and_a_heartbeat_restores_it() -> None:
+    suspect = NodeState("n1", Health.SUSPECT)
+    assert heartbeat_silence(suspect, 10.0, POLICY) is suspect
+    silent = heartbeat_silence(suspect, POLICY.heartbeat_timeout_s + 1, POLICY)
+    assert silent.health is Health.UNKNOWN
+    assert heartbeat_returned(silent).health is Health.SUSPECT
+
+
+def test_silence_never_hides_a_quarantine() -> None:
+    quarantined = quarantine_confirmed(NodeState("n1", Health.UNHEALTHY))
+    assert quarantined.health is Health.QUARANTINED
+    assert heartbeat_silence(quarantined, 1e6, POLICY).health is Health.QUARANTINED
+
+
+def test_recovery_forgets_old_counts() -> None:
+    ds = run([xid(13, 0.0), xid(13, 1.0)])
+    fresh = recovered(ds[-1].state)
+    (d,) = run([xid(13, 2.0)], state=fresh)
+    assert d.state.health is Health.HEALTHY
+
+
+def test_rule_thresholds() -> None:
+    rule = Rule(action=Severity.SUSPECT, threshold=3, escalate_after=5)
+    assert [rule.severity_at(n) for n in (1, 3, 5)] == [Severity.RECORD, Severity.SUSPECT, Severity.QUARANTINE]
+
+
+_HEALTH_RANK = {Health.HEALTHY: 0, Health.SUSPECT: 1, Health.UNHEALTHY: 2}
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.sampled_from([13, 31, 43, 45, 48, 79, 92, 109, 999]), st.integers(0, 1), st.floats(0, 5.0)),
+        max_size=40,
+    )
+)
+def test_signals_never_lower_health_nor_quarantine_twice(events: list[tuple[int, int, float]]) -> None:
+    at, signals = 0.0, []
+    for i, (code, gpu, gap) in enumerate(events):
+        at += gap
+        signals.append(xid(code, at, GPU0 if gpu == 0 else GPU1, seq=i + 1))
+    ds = run(signals)
+    ranks = [_HEALTH_RANK[d.state.health] for d in ds]
+    assert ranks == sorted(ranks)
+    assert kinds(ds).count(Quarantine) <= 1
+    assert all(kinds([d]).count(Page) <= 1 for d in ds)

@@ -1,0 +1,146 @@
+"""The kernel-log parser on real-format lines from several driver generations, and on garbage."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from agent.kernel_log import KernelLogCollector
+from agent.kmsg import GpuAnnounce, XidLine, parse_nvrm, parse_record
+from vigil.signals import GpuRef, SignalKind, normalize_pci_bus_id
+
+REAL_LINES = [
+    # (line, bus, code, pid, process)
+    ("NVRM: Xid (PCI:0000:3b:00): 79, pid=0, GPU has fallen off the bus.", "0000:3b:00", 79, 0, ""),
+    (
+        "NVRM: Xid (PCI:0000:b7:00): 48, pid='<unknown>', name=<unknown>, An uncorrectable double bit error "
+        "(DBE) has been detected on GPU in the framebuffer at partition 0, subpartition 0.",
+        "0000:b7:00",
+        48,
+        None,
+        "",
+    ),
+    ("NVRM: Xid (0000:03:00): 13, 0003 00000000 0000a1c0 00000180 00000000 00000000", "0000:03:00", 13, None, ""),
+    (
+        "NVRM: Xid (PCI:0000:07:00): 31, pid=20277, name=python3, Ch 00000008, intr 10000000. MMU Fault: "
+        "ENGINE GRAPHICS GPCCLIENT_T1_0 faulted @ 0x7f1a_3e000000.",
+        "0000:07:00",
+        31,
+        20277,
+        "python3",
+    ),
+    (
+        "NVRM: Xid (PCI:0000:3b:00): 119, pid=1582, name=nvidia-smi, Timeout after 6s of waiting for RPC "
+        "response from GPU0 GSP! Expected function 76 (GSP_RM_CONTROL) (0x20802a02 0x8).",
+        "0000:3b:00",
+        119,
+        1582,
+        "nvidia-smi",
+    ),
+    (
+        "NVRM: Xid (PCI:0001:00:00): 94, pid=3155, name=pt_main_thread, Contained: SM (0x1). RST: No, D-RST: No",
+        "0001:00:00",
+        94,
+        3155,
+        "pt_main_thread",
+    ),
+    (
+        "NVRM: Xid (PCI:0000:ab:00): 13, pid=1234, name=python, Graphics SM Warp Exception on (GPC 0, TPC 0, "
+        "SM 0): Out Of Range Address",
+        "0000:ab:00",
+        13,
+        1234,
+        "python",
+    ),
+    ("NVRM: Xid (PCI:0000:01:00): 62, 0cb8(2d50) 00000000 00000000", "0000:01:00", 62, None, ""),
+    (
+        "NVRM: Xid (PCI:0000:18:00): 74, pid='<unknown>', name=<unknown>, NVLink: fatal error detected on "
+        "link 3(0x0, 0x0, 0x0, 0x0, 0x0, 0x0, 0x0)",
+        "0000:18:00",
+        74,
+        None,
+        "",
+    ),
+    ("NVRM: GPU 0000:3b:00.0: GPU has fallen off the bus.", "0000:3b:00", 79, None, ""),
+    ("NVRM: GPU at PCI:0000:db:00: GPU has fallen off the bus.", "0000:db:00", 79, None, ""),
+]
+
+PREFIXES = [
+    "",
+    "3,1234,5678901234,-;",  # /dev/kmsg record
+    "[ 1234.567890] ",  # dmesg
+    "Nov 21 03:12:44 gpu-node-17 kernel: ",  # journald / syslog
+    "kernel: [  842.165431] ",
+]
+
+
+@pytest.mark.parametrize("prefix", PREFIXES)
+@pytest.mark.parametrize(("line", "bus", "code", "pid", "process"), REAL_LINES)
+def test_real_xid_lines(prefix: str, line: str, bus: str, code: int, pid: int | None, process: str) -> None:
+    parsed = parse_nvrm(parse_record(prefix + line).message)
+    assert isinstance(parsed, XidLine)
+    assert (parsed.pci_bus_id, parsed.code, parsed.process) == (bus, code, process)
+    if pid is not None:
+        assert parsed.pid == pid
+
+
+def test_kmsg_record_header() -> None:
+    record = parse_record("6,771,18445021,-;NVRM: GPU at PCI:0000:18:00: GPU-5b8d3c7e-1f2a-4c3b-9d8e-0a1b2c3d4e5f\n")
+    assert (record.seq, record.timestamp_us) == (771, 18445021)
+    parsed = parse_nvrm(record.message)
+    assert parsed == GpuAnnounce("0000:18:00", "GPU-5b8d3c7e-1f2a-4c3b-9d8e-0a1b2c3d4e5f")
+
+
+@pytest.mark.parametrize(
+    ("raw", "normal"),
+    [
+        ("00000000:3B:00.0", "0000:3b:00"),
+        ("0000:3b:00", "0000:3b:00"),
+        ("PCI:0001:DB:00", "0001:db:00"),
+        ("3b:00", "0000:3b:00"),
+    ],
+)
+def test_pci_bus_ids_are_normalised(raw: str, normal: str) -> None:
+    assert normalize_pci_bus_id(raw) == normal
+
+
+def collector_for(lines: list[str]) -> KernelLogCollector:
+    gpus = [GpuRef(0, "GPU-aaaa", "0000:3b:00")]
+    return KernelLogCollector("n1", lambda: lines, gpus, clock=lambda: 42.0)
+
+
+def test_collector_maps_the_bus_id_to_the_gpu_and_learns_uuids_from_announces() -> None:
+    lines = [
+        "6,1,1,-;NVRM: GPU at PCI:0000:5d:00: GPU-5b8d3c7e-1f2a-4c3b-9d8e-0a1b2c3d4e5f",
+        "3,2,2,-;NVRM: Xid (PCI:0000:3b:00): 79, pid=0, GPU has fallen off the bus.",
+        "3,3,3,-;NVRM: Xid (PCI:0000:5d:00): 48, pid='<unknown>', name=<unknown>, An uncorrectable double bit",
+    ]
+    signals = collector_for(lines).collect()
+    assert [(s.kind, s.code, s.gpu.index, s.gpu.uuid) for s in signals] == [
+        (SignalKind.XID, 79, 0, "GPU-aaaa"),
+        (SignalKind.XID, 48, -1, "GPU-5b8d3c7e-1f2a-4c3b-9d8e-0a1b2c3d4e5f"),
+    ]
+    assert all(s.source == "kmsg" and s.observed_at == 42.0 for s in signals)
+
+
+def test_garbage_is_counted_not_fatal() -> None:
+    lines = [
+        "NVRM: Xid (PCI:zzzz): seventy-nine",  # a driver fault line we cannot read
+        "NVRM: Xid garbage",
+        "GPU has fallen off the bus, somehow",
+        "\x00\x01\x02 binary junk",
+        "6,notanumber,;half a header",
+        "usb 1-1: new high-speed USB device number 2",  # an unrelated kernel line: not counted
+        "",
+    ]
+    collector = collector_for(lines)
+    assert collector.collect() == []
+    assert collector.unparsed_lines == 3
+
+
+@given(st.text(max_size=300))
+def test_parser_never_raises(text: str) -> None:
+    collector = collector_for([text, "NVRM: Xid (" + text])
+    collector.collect()
+    assert collector.unparsed_lines <= 2
