@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
+import time
 from collections.abc import Awaitable, Callable
 
 import grpc
@@ -122,7 +123,7 @@ class ControllerLink:
                 sent_upto = batch[-1].seq
                 continue
             if loop.time() >= next_heartbeat:
-                beat = agent_pb2.Heartbeat(sent_at=loop.time(), spooled=self._spool.count())
+                beat = agent_pb2.Heartbeat(sent_at=time.time(), spooled=self._spool.count())
                 await call.write(agent_pb2.AgentMessage(heartbeat=beat))
                 next_heartbeat = loop.time() + self._heartbeat_s
             self._wake.clear()

@@ -34,9 +34,13 @@ class Controller:
         self.server = grpc.aio.server()
         agent_pb2_grpc.add_AgentGatewayServicer_to_server(self.gateway, self.server)
         admin_pb2_grpc.add_AdminServicer_to_server(Admin(self.engine), self.server)
-        self.port = self.server.add_insecure_port(f"{self.config.listen}:{self.config.port}")
+        address = f"{self.config.listen}:{self.config.port}"
+        try:
+            self.port = self.server.add_insecure_port(address)
+        except RuntimeError as exc:  # grpcio reports a failed bind this way
+            raise OSError(f"cannot listen on {address}: {exc}") from None
         if self.port == 0:
-            raise OSError(f"cannot listen on {self.config.listen}:{self.config.port}")
+            raise OSError(f"cannot listen on {address}")
         await self.server.start()
         if self.config.metrics_port is not None:
             start_http_server(self.config.metrics_port, registry=self.engine.metrics.registry)

@@ -4,6 +4,7 @@ resident agent never loads the controller, the training code or torch."""
 from __future__ import annotations
 
 import getpass
+import sqlite3
 import sys
 from pathlib import Path
 from typing import Annotated, Optional
@@ -66,7 +67,10 @@ def agent(
         _fail(str(exc))
     from agent.daemon import run_agent
 
-    run_agent(cfg)
+    try:
+        run_agent(cfg)
+    except (OSError, sqlite3.Error) as exc:
+        _fail(f"the agent cannot start: {exc}")
 
 
 @app.command()
@@ -92,7 +96,10 @@ def controller(
         _fail(str(exc))
     from controller.daemon import run_controller
 
-    run_controller(cfg)
+    try:
+        run_controller(cfg)
+    except (OSError, sqlite3.Error) as exc:
+        _fail(f"the controller cannot start: {exc}")
 
 
 @app.command()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -29,6 +30,23 @@ def test_bad_policy_file_is_named_without_a_traceback(tmp_path: Path) -> None:
 def test_bad_agent_argument_is_named(tmp_path: Path) -> None:
     out = vigil("agent", "--controller", "nowhere", "--spool", str(tmp_path / "s.db"))
     assert out.returncode == 2 and "controller" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_unusable_spool_path_is_a_clear_error(tmp_path: Path) -> None:
+    not_a_dir = tmp_path / "file"
+    not_a_dir.write_text("")
+    out = vigil("agent", "--spool", str(not_a_dir / "spool.db"), "--metrics-port", "0")
+    assert out.returncode == 2 and "cannot start" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_port_in_use_is_a_clear_error(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("0.0.0.0", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        out = vigil("controller", "--port", str(port), "--database", str(tmp_path / "c.db"))
+    assert out.returncode == 2 and f"cannot listen on 0.0.0.0:{port}" in out.stderr
+    assert "Traceback" not in out.stderr
 
 
 def test_status_without_a_controller_says_so() -> None:

@@ -1,0 +1,45 @@
+"""The admin service over real gRPC: status, incidents and uncordon, as the CLI uses them."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import grpc
+import pytest
+
+from protos.vigil.v1 import admin_pb2, admin_pb2_grpc
+from tests.contract.test_agent_link import raw_batch, send_raw
+from tests.helpers import start_controller, stop_controller
+
+
+def test_status_incidents_and_uncordon(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        controller = await start_controller(tmp_path / "ctl.db")
+        await send_raw(controller.port, raw_batch("s1", [1], code=79), replies=2)  # node-a: XID 79
+        await controller.engine.drain()
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{controller.port}") as channel:
+            admin = admin_pb2_grpc.AdminStub(channel)
+            status = await admin.GetStatus(admin_pb2.StatusRequest())
+            (node,) = status.nodes
+            assert (node.node, node.health, node.last_seq) == ("node-a", "QUARANTINED", 1)
+            assert node.open_incident == "node-a-s1-1"
+
+            (incident,) = (await admin.ListIncidents(admin_pb2.IncidentsRequest(open_only=True))).incidents
+            assert incident.code == 79 and incident.status == "OPEN" and "bus" in incident.reason
+            assert sorted(a.kind for a in incident.actions if a.status == "DONE") == ["PAGE", "QUARANTINE"]
+
+            reply = await admin.Uncordon(admin_pb2.UncordonRequest(node="node-a", requested_by="sre", reason="rma"))
+            assert reply.health == "HEALTHY" and "1 incident(s) resolved" in reply.detail
+            assert not (await admin.ListIncidents(admin_pb2.IncidentsRequest(open_only=True))).incidents
+            assert controller.store.quarantined_nodes() == {}
+
+            again = await admin.Uncordon(admin_pb2.UncordonRequest(node="node-a"))
+            assert again.health == "HEALTHY" and "not quarantined by Vigil" in again.detail
+
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await admin.Uncordon(admin_pb2.UncordonRequest(node="no-such-node"))
+            assert err.value.code() == grpc.StatusCode.NOT_FOUND
+        await stop_controller(controller)
+
+    asyncio.run(scenario())
