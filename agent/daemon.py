@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import signal
 import time
 from collections.abc import Callable
@@ -24,6 +23,7 @@ from protos.codec import gpu_to_proto
 from protos.vigil.v1 import agent_pb2
 from vigil import __version__
 from vigil.signals import Signal
+from vigil.waiting import wait_event
 
 log = structlog.get_logger(__name__)
 
@@ -80,14 +80,14 @@ class Agent:
                 signals = await asyncio.to_thread(self.gpu_collector.collect)
             except Exception:  # a failing backend must not stop the kernel-log path or the link
                 log.exception("gpu_poll_failed", node=self.config.node)
-                await _sleep_unless(stop, self.config.gpu_poll_s)
+                await wait_event(stop, self.config.gpu_poll_s)
                 continue
             self.metrics.poll_seconds.labels(self.config.node).set(time.monotonic() - started)
             self.metrics.observe_readings(self.gpu_collector.readings)
             self.record(signals)
             self.metrics.spooled.labels(self.config.node).set(self.spool.count())
             self.metrics.connected.labels(self.config.node).set(1 if self.link.connected else 0)
-            await _sleep_unless(stop, self.config.gpu_poll_s)
+            await wait_event(stop, self.config.gpu_poll_s)
 
     async def _tail_kernel_log(self, stop: asyncio.Event, collector: KernelLogCollector) -> None:
         unparsed = 0
@@ -96,7 +96,7 @@ class Agent:
             if collector.unparsed_lines > unparsed:
                 self.metrics.unparsed.labels(self.config.node).inc(collector.unparsed_lines - unparsed)
                 unparsed = collector.unparsed_lines
-            await _sleep_unless(stop, self.config.kernel_log_poll_s)
+            await wait_event(stop, self.config.kernel_log_poll_s)
 
     async def run(self, stop: asyncio.Event) -> None:
         if self.config.metrics_port is not None:
@@ -122,11 +122,6 @@ class Agent:
             for task in tasks:
                 task.cancel()
             self.spool.close()
-
-
-async def _sleep_unless(stop: asyncio.Event, seconds: float) -> None:
-    with contextlib.suppress(asyncio.TimeoutError):
-        await asyncio.wait_for(stop.wait(), timeout=seconds)
 
 
 def run_agent(config: AgentConfig) -> None:

@@ -69,9 +69,9 @@ def parse_nvrm(message: str) -> XidLine | GpuAnnounce | None:
     if (match := _XID_RE.search(message)) is not None:
         return _xid_line(match)
     if (match := _BUS_DROP_RE.search(message)) is not None:
-        return XidLine(_bus(match["bus"]), XID_FALLEN_OFF_BUS, None, "", "GPU has fallen off the bus.")
+        return XidLine(normalize_pci_bus_id(match["bus"]), XID_FALLEN_OFF_BUS, None, "", "GPU has fallen off the bus.")
     if (match := _ANNOUNCE_RE.search(message)) is not None:
-        return GpuAnnounce(_bus(match["bus"]), match["uuid"])
+        return GpuAnnounce(normalize_pci_bus_id(match["bus"]), match["uuid"])
     return None
 
 
@@ -86,8 +86,4 @@ def _xid_line(match: re.Match[str]) -> XidLine:
         if process == "<unknown>":
             process = ""
         rest = rest[pid_match.end() :]
-    return XidLine(_bus(match["bus"]), int(match["code"]), pid, process, rest)
-
-
-def _bus(raw: str) -> str:
-    return normalize_pci_bus_id(raw)
+    return XidLine(normalize_pci_bus_id(match["bus"]), int(match["code"]), pid, process, rest)

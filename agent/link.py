@@ -9,7 +9,6 @@ spooled; heartbeats go out every ``heartbeat_s``.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import random
 import time
 from collections.abc import Awaitable, Callable
@@ -20,6 +19,7 @@ import structlog
 from agent.spool import Spool
 from protos.codec import signal_to_proto
 from protos.vigil.v1 import agent_pb2, agent_pb2_grpc, common_pb2
+from vigil.waiting import wait_event
 
 log = structlog.get_logger(__name__)
 
@@ -77,8 +77,7 @@ class ControllerLink:
                 break
             delay = backoff_delay(attempt)
             attempt = min(attempt + 1, 16)
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(stop.wait(), timeout=delay)
+            await wait_event(stop, delay)
 
     async def _session(self, stop: asyncio.Event) -> None:
         async with self._channel_factory(self._target) as channel:
@@ -127,8 +126,7 @@ class ControllerLink:
                 await call.write(agent_pb2.AgentMessage(heartbeat=beat))
                 next_heartbeat = loop.time() + self._heartbeat_s
             self._wake.clear()
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout=max(0.0, next_heartbeat - loop.time()))
+            await wait_event(self._wake, next_heartbeat - loop.time())
 
     async def _receive_loop(self, call: grpc.aio.StreamStreamCall) -> None:
         while (msg := await call.read()) is not grpc.aio.EOF:

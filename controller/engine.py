@@ -8,7 +8,6 @@ afterwards, each retried with backoff, and any left PENDING by a previous proces
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -33,6 +32,7 @@ from controller.policy import Policy
 from controller.store import PendingAction, Received, Store, action_kind
 from protos.vigil.v1 import common_pb2
 from vigil.signals import Signal
+from vigil.waiting import wait_event
 
 log = structlog.get_logger(__name__)
 
@@ -253,8 +253,7 @@ class Engine:
             ticks += 1
             if ticks % 30 == 0:
                 self.persist_heartbeats()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), timeout=every_s)
+            await wait_event(stop, every_s)
 
     # Operators -----------------------------------------------------------------------------
 
