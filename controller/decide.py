@@ -1,8 +1,10 @@
 """The decision function: ``(node state, signal, policy, time) -> (new state, actions)``. Pure.
 
 States: HEALTHY → SUSPECT → UNHEALTHY (quarantine decided) → QUARANTINED (the actuator confirmed),
-and UNKNOWN while heartbeats are missing. A node's health only rises through signals; it falls
-back only through an explicit recovery (``uncordon``) or a returning heartbeat.
+and UNKNOWN while Vigil cannot see the node: heartbeats are missing, or one of its agent's collectors
+hung (COLLECTOR_HUNG; a wedged driver can hang NVML). A node's health only rises through signals;
+it falls back only through an explicit recovery (``uncordon``), a returning heartbeat or the hung
+collector's recovery signal (COLLECTOR_HUNG with code 0) — and only once nothing keeps it blind.
 
 Counting is per GPU, kind and code, over the rule's window, timed by when the agent observed the
 signal (a replay after an outage keeps the original times). Signals of the same GPU, kind and code
@@ -45,6 +47,7 @@ class NodeState:
     node: str
     health: Health = Health.HEALTHY
     health_before_unknown: Health = Health.HEALTHY
+    hung_collectors: frozenset[str] = frozenset()  # the agent's collectors that are stuck now
     recent: dict[str, tuple[float, ...]] = field(default_factory=dict)  # key -> observation times
     incidents: tuple[IncidentRef, ...] = ()
 
@@ -119,6 +122,10 @@ def signal_key(signal: Signal) -> str:
 
 def decide(state: NodeState, signal: Signal, policy: Policy, now: float, incident_id: str) -> Decision:
     """What one signal means for its node. ``incident_id`` names the incident if one is opened."""
+    if signal.kind is SignalKind.COLLECTOR_HUNG:
+        state = _collector_hung(state, signal)
+        if signal.code == 0:
+            return Decision(state, ())  # the collector recovered
     rule = policy.rule_for(signal)
     if signal.value < rule.min_value or (signal.kind is SignalKind.THROTTLE and signal.code == 0):
         return Decision(state, ())  # below the rule's bar (throttling too short, or it ended)
@@ -162,15 +169,18 @@ def decide(state: NodeState, signal: Signal, policy: Policy, now: float, inciden
         refs = (*open_refs, IncidentRef(incident_id, key, severity, at))
         actions.append(OpenIncident(incident))
 
-    health = state.health
+    health, before_unknown = state.health, state.health_before_unknown
     if severity is Severity.QUARANTINE:
         health = Health.UNHEALTHY
         actions.append(Quarantine(target, signal.node, summary, rule.remedy, at))
+    elif severity is Severity.SUSPECT and state.hung_collectors and health is Health.UNKNOWN:
+        # Blind is worse than suspect: stay UNKNOWN, and come back as SUSPECT once it recovers.
+        before_unknown = Health.SUSPECT if before_unknown is Health.HEALTHY else before_unknown
     elif severity is Severity.SUSPECT and health in (Health.HEALTHY, Health.UNKNOWN):
         health = Health.SUSPECT
     if severity is not Severity.RECORD:
         actions.append(Page(target, signal.node, severity, summary, rule.remedy, at))
-    new_state = replace(state, health=health, recent=recent, incidents=refs)
+    new_state = replace(state, health=health, health_before_unknown=before_unknown, recent=recent, incidents=refs)
     return Decision(new_state, tuple(actions))
 
 
@@ -189,9 +199,21 @@ def heartbeat_silence(state: NodeState, silent_for: float, policy: Policy) -> No
 
 
 def heartbeat_returned(state: NodeState) -> NodeState:
-    if state.health is not Health.UNKNOWN:
-        return state
+    if state.health is not Health.UNKNOWN or state.hung_collectors:
+        return state  # a hung collector keeps the node UNKNOWN although its agent talks
     return replace(state, health=state.health_before_unknown)
+
+
+def _collector_hung(state: NodeState, signal: Signal) -> NodeState:
+    """COLLECTOR_HUNG names the collector in ``source``; code 1 means stuck, code 0 recovered."""
+    collector = signal.source or "unnamed"
+    if signal.code != 0:
+        hung = state.hung_collectors | {collector}
+        if state.health in _OUT_OF_SERVICE or state.health is Health.UNKNOWN:
+            return replace(state, hung_collectors=hung)
+        return replace(state, health=Health.UNKNOWN, health_before_unknown=state.health, hung_collectors=hung)
+    state = replace(state, hung_collectors=state.hung_collectors - {collector})
+    return heartbeat_returned(state)  # the agent just spoke, so only a hung collector keeps it blind
 
 
 def recovered(state: NodeState) -> NodeState:

@@ -350,6 +350,7 @@ def state_to_json(state: NodeState) -> str:
         {
             "health": state.health.value,
             "before_unknown": state.health_before_unknown.value,
+            "hung": sorted(state.hung_collectors),
             "recent": state.recent,
             "incidents": [[r.id, r.key, r.severity.value, r.last_at] for r in state.incidents],
         }
@@ -362,6 +363,7 @@ def state_from_json(text: str, node: str | None = None) -> NodeState:
         node=node or "",
         health=Health(data["health"]),
         health_before_unknown=Health(data["before_unknown"]),
+        hung_collectors=frozenset(data.get("hung", ())),
         recent={k: tuple(v) for k, v in data["recent"].items()},
         incidents=tuple(IncidentRef(i, k, Severity(s), t) for i, k, s, t in data["incidents"]),
     )

@@ -20,6 +20,9 @@ class SignalKind(StrEnum):
     PCIE_LINK_DEGRADED = "PCIE_LINK_DEGRADED"
     COLLECTOR_HUNG = "COLLECTOR_HUNG"
     CHECK_FAILED = "CHECK_FAILED"
+    HOST_MEMORY_PRESSURE = "HOST_MEMORY_PRESSURE"
+    DISK_FULL = "DISK_FULL"
+    NIC_ERRORS = "NIC_ERRORS"
 
 
 # NVML clock-event (throttle) reason bits, as nvmlClocksEventReason* defines them.

@@ -213,3 +213,45 @@ def test_signals_never_lower_health_nor_quarantine_twice(events: list[tuple[int,
     assert ranks == sorted(ranks)
     assert kinds(ds).count(Quarantine) <= 1
     assert all(kinds([d]).count(Page) <= 1 for d in ds)
+
+
+# A hung collector: the node is UNKNOWN (Vigil is blind to it), never HEALTHY -------------------
+
+
+def hung(code: int, at: float, collector: str = "gpu-poll", seq: int = 1) -> Signal:
+    return Signal("n1", SignalKind.COLLECTOR_HUNG, GpuRef(), code, 30.0, f"{collector} hung", collector, at, seq)
+
+
+def test_hung_collector_makes_the_node_unknown_and_pages() -> None:
+    decision = run([hung(1, 100.0)])[-1]
+    assert decision.state.health is Health.UNKNOWN
+    assert decision.state.hung_collectors == frozenset({"gpu-poll"})
+    assert any(isinstance(a, Page) for a in decision.actions)
+    assert not any(isinstance(a, Quarantine) for a in decision.actions)
+
+
+def test_heartbeats_do_not_clear_a_hung_collector() -> None:
+    state = run([hung(1, 100.0)])[-1].state
+    assert heartbeat_returned(state).health is Health.UNKNOWN
+
+
+def test_recovery_of_the_last_hung_collector_ends_unknown() -> None:
+    decisions = run([hung(1, 100.0, "gpu-poll"), hung(1, 101.0, "nvml-events", 2), hung(0, 110.0, "gpu-poll", 3)])
+    assert decisions[-1].state.health is Health.UNKNOWN  # nvml-events is still stuck
+    state = decide(decisions[-1].state, hung(0, 120.0, "nvml-events", 4), POLICY, 120.0, "i5").state
+    # One hang was worth a page: the node comes back SUSPECT, not HEALTHY.
+    assert state.health is Health.SUSPECT
+    assert state.hung_collectors == frozenset()
+
+
+def test_a_fault_while_blind_still_quarantines() -> None:
+    decisions = run([hung(1, 100.0), xid(79, 101.0, seq=2)])
+    assert decisions[-1].state.health is Health.UNHEALTHY
+    assert any(isinstance(a, Quarantine) for a in decisions[-1].actions)
+
+
+def test_hung_collectors_survive_the_store_round_trip() -> None:
+    from controller.store import state_from_json, state_to_json
+
+    state = run([hung(1, 100.0)])[-1].state
+    assert state_from_json(state_to_json(state), "n1") == state

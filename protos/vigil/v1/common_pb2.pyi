@@ -22,6 +22,9 @@ class SignalKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     PCIE_LINK_DEGRADED: _ClassVar[SignalKind]
     COLLECTOR_HUNG: _ClassVar[SignalKind]
     CHECK_FAILED: _ClassVar[SignalKind]
+    HOST_MEMORY_PRESSURE: _ClassVar[SignalKind]
+    DISK_FULL: _ClassVar[SignalKind]
+    NIC_ERRORS: _ClassVar[SignalKind]
 
 class Verdict(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -42,6 +45,9 @@ PCIE_REPLAY: SignalKind
 PCIE_LINK_DEGRADED: SignalKind
 COLLECTOR_HUNG: SignalKind
 CHECK_FAILED: SignalKind
+HOST_MEMORY_PRESSURE: SignalKind
+DISK_FULL: SignalKind
+NIC_ERRORS: SignalKind
 VERDICT_UNSPECIFIED: Verdict
 OK: Verdict
 FAIL: Verdict
