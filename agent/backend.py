@@ -3,29 +3,63 @@
 A backend answers three questions: which GPUs are there, what does one read now, and which XID
 events arrived since the last call. ``None`` in a reading means "not available on this GPU",
 never zero: a field the hardware cannot report must not look healthy.
+
+Two backends implement it: ``nvml`` (production, ``agent.nvml_backend``) and ``simulated`` (the
+demo and the tests, with fault injection). tests/contract/test_gpu_backends.py holds both to the
+same contract.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
 from vigil.signals import GpuRef
+
+# NVLink error counters, by the names NVML gives them (nvmlNvLinkErrorCounter_t).
+NVLINK_COUNTERS = ("replay", "recovery", "crc_flit", "crc_data")
 
 
 @dataclass(frozen=True, slots=True)
 class GpuReading:
     gpu: GpuRef
     lost: bool = False
+    lost_reason: str = ""
+    name: str | None = None
+    # For /metrics.
     temperature_c: float | None = None
     power_w: float | None = None
     sm_clock_mhz: float | None = None
+    memory_clock_mhz: float | None = None
     utilization_pct: float | None = None
     memory_used_bytes: int | None = None
-    ecc_dbe_volatile: int | None = None
+    memory_total_bytes: int | None = None
+    # ECC error counts: volatile since the driver loaded, aggregate over the GPU's life.
+    ecc_volatile_corrected: int | None = None
+    ecc_volatile_uncorrected: int | None = None
+    ecc_aggregate_corrected: int | None = None
+    ecc_aggregate_uncorrected: int | None = None
+    # Page retirement (pre-Ampere) and row remapping (Ampere and later).
+    retired_pages_sbe: int | None = None
+    retired_pages_dbe: int | None = None
+    retired_pages_pending: bool | None = None
+    remapped_rows_corrected: int | None = None
+    remapped_rows_uncorrected: int | None = None
     remap_pending: bool | None = None
     remap_failure: bool | None = None
+    # Clock-event (throttle) reasons: the bitmask now, and the driver's cumulative time per reason
+    # bit in nanoseconds where the driver counts it.
     throttle_reasons: int | None = None
+    throttle_ns: Mapping[int, int] | None = None
+    # Interconnect: (link, counter) -> count for each NVLink that is up; links that went down.
+    nvlink_errors: Mapping[tuple[int, str], int] | None = None
+    nvlink_links_down: tuple[int, ...] | None = None
+    pcie_replays: int | None = None
+    pcie_generation: int | None = None
+    pcie_generation_max: int | None = None
+    pcie_width: int | None = None
+    pcie_width_max: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +70,10 @@ class XidEvent:
     message: str = ""
 
 
+class BackendUnavailable(RuntimeError):
+    """The backend cannot start on this machine (no driver, no library); the text says why."""
+
+
 class GpuBackend(Protocol):
     name: str
 
@@ -44,3 +82,10 @@ class GpuBackend(Protocol):
     def read(self, index: int) -> GpuReading: ...
 
     def drain_xid_events(self) -> list[XidEvent]: ...
+
+    def events_progress(self) -> float | None:
+        """``time.monotonic()`` when the XID event listener last came back from a wait, or None
+        when the backend has no listener thread. The watchdog uses it to find a wedged listener."""
+        ...
+
+    def close(self) -> None: ...

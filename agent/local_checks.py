@@ -10,8 +10,9 @@ import asyncio
 import time
 
 from agent.backend import GpuBackend, GpuReading
+from agent.faults import pcie_degradation
 from protos.vigil.v1 import agent_pb2, common_pb2
-from vigil.signals import THROTTLE_HARMFUL_MASK
+from vigil.signals import THROTTLE_HARMFUL_MASK, throttle_reason_names
 
 
 def health_problems(readings: list[GpuReading]) -> list[str]:
@@ -25,8 +26,16 @@ def health_problems(readings: list[GpuReading]) -> list[str]:
             problems.append(f"{name} row remap failure")
         if r.remap_pending:
             problems.append(f"{name} row remap pending")
-        if (r.throttle_reasons or 0) & THROTTLE_HARMFUL_MASK:
-            problems.append(f"{name} throttled (0x{r.throttle_reasons:x})")
+        if r.ecc_volatile_uncorrected:
+            problems.append(f"{name} has {r.ecc_volatile_uncorrected} uncorrectable ECC error(s) since driver load")
+        if r.retired_pages_pending:
+            problems.append(f"{name} has a page retirement pending")
+        if r.nvlink_links_down:
+            problems.append(f"{name} NVLink(s) {list(r.nvlink_links_down)} down")
+        if degraded := pcie_degradation(r):
+            problems.append(f"{name} PCIe link degraded: {degraded}")
+        if harmful := (r.throttle_reasons or 0) & THROTTLE_HARMFUL_MASK:
+            problems.append(f"{name} throttled ({throttle_reason_names(harmful)})")
     return problems
 
 

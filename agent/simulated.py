@@ -11,7 +11,7 @@ import time
 import uuid
 from dataclasses import dataclass, replace
 
-from agent.backend import GpuReading, XidEvent
+from agent.backend import NVLINK_COUNTERS, GpuReading, XidEvent
 from vigil.signals import GpuRef
 
 # Bus ids of the eight GPUs of an HGX H100 board, as `nvidia-smi` shows them on DGX H100.
@@ -37,6 +37,10 @@ class _GpuFaults:
     remap_pending: bool = False
     remap_failure: bool = False
     throttle_reasons: int = 0
+    nvlink_crc: int = 0
+    pcie_replays: int = 0
+    pcie_width: int = 16
+    hang: threading.Event | None = None  # set: reads of this GPU block until it is cleared
 
 
 class SimulatedBackend:
@@ -58,25 +62,56 @@ class SimulatedBackend:
         gpu = self._gpus[index]
         with self._lock:
             faults = replace(self._faults[index])
+        if faults.hang is not None:
+            faults.hang.wait()  # a wedged driver: the call does not come back
         if faults.lost:
-            return GpuReading(gpu=gpu, lost=True)
+            return GpuReading(gpu=gpu, lost=True, lost_reason="simulated: GPU is lost")
         return GpuReading(
             gpu=gpu,
+            name="NVIDIA H100 80GB HBM3 (simulated)",
             temperature_c=34.0 + index,
             power_w=72.0,
             sm_clock_mhz=1980.0,
+            memory_clock_mhz=2619.0,
             utilization_pct=0.0,
             memory_used_bytes=0,
-            ecc_dbe_volatile=faults.ecc_dbe,
+            memory_total_bytes=81559 << 20,
+            ecc_volatile_corrected=0,
+            ecc_volatile_uncorrected=faults.ecc_dbe,
+            ecc_aggregate_corrected=0,
+            ecc_aggregate_uncorrected=faults.ecc_dbe,
+            retired_pages_sbe=None,  # H100 remaps rows instead of retiring pages
+            retired_pages_dbe=None,
+            retired_pages_pending=None,
+            remapped_rows_corrected=0,
+            remapped_rows_uncorrected=1 if faults.remap_pending or faults.remap_failure else 0,
             remap_pending=faults.remap_pending,
             remap_failure=faults.remap_failure,
             throttle_reasons=faults.throttle_reasons,
+            throttle_ns=None,
+            nvlink_errors={
+                (link, c): (faults.nvlink_crc if c == "crc_flit" and link == 0 else 0)
+                for link in range(18)
+                for c in NVLINK_COUNTERS
+            },
+            nvlink_links_down=(),
+            pcie_replays=faults.pcie_replays,
+            pcie_generation=5,
+            pcie_generation_max=5,
+            pcie_width=faults.pcie_width,
+            pcie_width_max=16,
         )
 
     def drain_xid_events(self) -> list[XidEvent]:
         with self._lock:
             events, self._events = self._events, []
         return events
+
+    def events_progress(self) -> float | None:
+        return None  # events are injected, not waited for: there is no listener to wedge
+
+    def close(self) -> None:
+        self.release_hangs()
 
     # Fault injection -----------------------------------------------------------------------
 
@@ -101,3 +136,27 @@ class SimulatedBackend:
     def inject_gpu_lost(self, index: int) -> None:
         with self._lock:
             self._faults[index].lost = True
+
+    def inject_nvlink_errors(self, index: int, count: int) -> None:
+        with self._lock:
+            self._faults[index].nvlink_crc += count
+
+    def inject_pcie_replays(self, index: int, count: int) -> None:
+        with self._lock:
+            self._faults[index].pcie_replays += count
+
+    def inject_pcie_width(self, index: int, width: int) -> None:
+        with self._lock:
+            self._faults[index].pcie_width = width
+
+    def inject_hang(self, index: int) -> None:
+        """Reads of this GPU block (as NVML does under a wedged driver) until ``release_hangs``."""
+        with self._lock:
+            self._faults[index].hang = threading.Event()
+
+    def release_hangs(self) -> None:
+        with self._lock:
+            for faults in self._faults:
+                if faults.hang is not None:
+                    faults.hang.set()
+                    faults.hang = None

@@ -81,8 +81,8 @@ DEFAULT_KIND_RULES: dict[SignalKind, Rule] = {
     SignalKind.PCIE_LINK_DEGRADED: _rule("suspect", "PCIe link below its maximum", "reseat the GPU or riser"),
     SignalKind.COLLECTOR_HUNG: _rule("suspect", "a collector hung (driver wedged?)", "check the node's driver"),
     SignalKind.CHECK_FAILED: _rule("quarantine", "a health check failed", "see the check's reason"),
-    SignalKind.HOST_MEMORY_PRESSURE: _rule("suspect", "host memory nearly exhausted", "look for a leak before the OOM killer"),
-    SignalKind.DISK_FULL: _rule("suspect", "checkpoint filesystem nearly full", "free space before the next checkpoint"),
+    SignalKind.HOST_MEMORY_PRESSURE: _rule("suspect", "host memory nearly exhausted", "find the leak before OOM kills"),
+    SignalKind.DISK_FULL: _rule("suspect", "checkpoint filesystem nearly full", "free space before the checkpoint"),
     SignalKind.NIC_ERRORS: _rule("record", "network interface errors or drops"),
 }
 

@@ -37,6 +37,27 @@ THROTTLE_HW_POWER_BRAKE = 0x80
 # Reasons that mean the hardware is slowing the GPU down; idle and the software power cap are normal.
 THROTTLE_HARMFUL_MASK = THROTTLE_HW_SLOWDOWN | THROTTLE_SW_THERMAL | THROTTLE_HW_THERMAL | THROTTLE_HW_POWER_BRAKE
 
+_THROTTLE_NAMES = {
+    THROTTLE_GPU_IDLE: "idle",
+    THROTTLE_APPLICATIONS_CLOCKS: "applications clocks",
+    THROTTLE_SW_POWER_CAP: "software power cap",
+    THROTTLE_HW_SLOWDOWN: "hardware slowdown",
+    THROTTLE_SYNC_BOOST: "sync boost",
+    THROTTLE_SW_THERMAL: "software thermal",
+    THROTTLE_HW_THERMAL: "hardware thermal",
+    THROTTLE_HW_POWER_BRAKE: "power brake",
+}
+
+
+def throttle_reason_names(bits: int) -> str:
+    """``0x48`` -> ``"hardware slowdown + hardware thermal"``; unknown bits are shown in hex."""
+    names = [name for bit, name in _THROTTLE_NAMES.items() if bits & bit]
+    unknown = bits & ~sum(_THROTTLE_NAMES)
+    if unknown:
+        names.append(f"0x{unknown:x}")
+    return " + ".join(names) or "none"
+
+
 _PCI_RE = re.compile(
     r"^(?:PCI:)?(?:(?P<domain>[0-9a-fA-F]{4,8}):)?(?P<bus>[0-9a-fA-F]{2}):(?P<dev>[0-9a-fA-F]{2})"
     r"(?:\.[0-7])?$"

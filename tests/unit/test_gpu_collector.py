@@ -63,7 +63,7 @@ def test_lost_gpu_reads_as_not_available_not_zero() -> None:
     backend.inject_gpu_lost(0)
     collector.collect()
     lost = collector.readings[0]
-    assert lost.lost and lost.temperature_c is None and lost.ecc_dbe_volatile is None
+    assert lost.lost and lost.temperature_c is None and lost.ecc_volatile_uncorrected is None
 
 
 def test_throttling_reports_start_progress_and_end_but_not_normal_reasons() -> None:

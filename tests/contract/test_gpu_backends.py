@@ -1,0 +1,118 @@
+"""The GPU backend contract, held against both backends: the simulated one (demo, tests) and the
+NVML one (production) driven through a fake NVML library. Faults are injected through each
+backend's own means; what the collectors see must be the same."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, fields
+
+import pytest
+
+from agent.backend import GpuBackend, GpuReading
+from agent.gpu_collector import GpuCollector
+from agent.nvml_backend import NvmlBackend
+from agent.simulated import SimulatedBackend
+from tests.fakes.nvml import FakeNvml, hgx
+from tests.helpers import poll_until
+from vigil.signals import SignalKind, normalize_pci_bus_id
+
+
+@dataclass
+class Faults:
+    lose: Callable[[int], None]
+    remap_pending: Callable[[int], None]
+    xid: Callable[[int, int], None]
+    hang: Callable[[int], None]
+    release: Callable[[], None]
+
+
+def simulated() -> tuple[GpuBackend, Faults]:
+    b = SimulatedBackend("n1", 4)
+    return b, Faults(
+        b.inject_gpu_lost,
+        lambda i: b.inject_row_remap(i, pending=True),
+        b.inject_xid,
+        b.inject_hang,
+        b.release_hangs,
+    )
+
+
+def nvml() -> tuple[GpuBackend, Faults]:
+    lib = FakeNvml(hgx(4))
+    gate = threading.Event()
+
+    def lose(i: int) -> None:
+        lib.gpus[i].lost = True
+
+    def remap(i: int) -> None:
+        lib.gpus[i].remap = (0, 1, 1, 0)
+
+    def hang(i: int) -> None:
+        lib.gpus[i].hang = gate
+
+    return NvmlBackend(lib, event_wait_ms=20), Faults(lose, remap, lambda i, c: lib.events.put((i, c)), hang, gate.set)
+
+
+@pytest.fixture(params=[simulated, nvml], ids=["simulated", "nvml"])
+def subject(request: pytest.FixtureRequest) -> Iterator[tuple[GpuBackend, Faults]]:
+    backend, faults = request.param()
+    yield backend, faults
+    faults.release()
+    backend.close()
+
+
+def test_gpus_are_indexed_and_named_every_way(subject: tuple[GpuBackend, Faults]) -> None:
+    backend, _ = subject
+    gpus = backend.gpus()
+    assert [g.index for g in gpus] == list(range(4))
+    assert len({g.uuid for g in gpus}) == 4 and all(g.uuid.startswith("GPU-") for g in gpus)
+    assert all(normalize_pci_bus_id(g.pci_bus_id) == g.pci_bus_id for g in gpus)
+
+
+def test_a_healthy_reading_fills_the_metrics_fields(subject: tuple[GpuBackend, Faults]) -> None:
+    backend, _ = subject
+    r = backend.read(0)
+    assert r.gpu == backend.gpus()[0] and not r.lost
+    for name in ("temperature_c", "power_w", "sm_clock_mhz", "utilization_pct", "memory_used_bytes"):
+        assert isinstance(getattr(r, name), (int, float)), name
+    assert r.remap_pending is False and r.ecc_volatile_uncorrected == 0
+
+
+def test_a_lost_gpu_reads_as_lost_with_nothing_else(subject: tuple[GpuBackend, Faults]) -> None:
+    backend, faults = subject
+    faults.lose(1)
+    r = backend.read(1)
+    assert r.lost and r.lost_reason
+    assert all(getattr(r, f.name) is None for f in fields(GpuReading) if f.name not in ("gpu", "lost", "lost_reason"))
+
+
+def test_xid_events_are_drained_once(subject: tuple[GpuBackend, Faults]) -> None:
+    backend, faults = subject
+    faults.xid(3, 48)
+    events = poll_until(backend.drain_xid_events, timeout=5)
+    assert [(e.gpu, e.code) for e in events] == [(backend.gpus()[3], 48)]  # type: ignore[union-attr]
+    assert backend.drain_xid_events() == []
+
+
+def test_a_hung_read_blocks_until_released(subject: tuple[GpuBackend, Faults]) -> None:
+    backend, faults = subject
+    faults.hang(2)
+    done = threading.Event()
+    threading.Thread(target=lambda: (backend.read(2), done.set()), daemon=True).start()
+    assert not done.wait(0.3)
+    faults.release()
+    assert done.wait(5)
+
+
+def test_the_collector_sees_the_same_faults(subject: tuple[GpuBackend, Faults]) -> None:
+    backend, faults = subject
+    collector = GpuCollector("n1", backend, lambda: 100.0)
+    assert collector.collect() == []
+    faults.lose(0)
+    faults.remap_pending(1)
+    assert sorted((s.kind, s.gpu.index) for s in collector.collect()) == [
+        (SignalKind.GPU_LOST, 0),
+        (SignalKind.ROW_REMAP_PENDING, 1),
+    ]
