@@ -122,7 +122,9 @@ class ControllerLink:
                 sent_upto = batch[-1].seq
                 continue
             if loop.time() >= next_heartbeat:
-                beat = agent_pb2.Heartbeat(sent_at=time.time(), spooled=self._spool.count())
+                beat = agent_pb2.Heartbeat(
+                    sent_at=time.time(), spooled=self._spool.count(), dropped_faults=self._spool.dropped_faults
+                )
                 await call.write(agent_pb2.AgentMessage(heartbeat=beat))
                 next_heartbeat = loop.time() + self._heartbeat_s
             self._wake.clear()

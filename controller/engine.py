@@ -47,6 +47,7 @@ class NodeEntry:
     last_heartbeat: float
     gpus: int
     connected: bool = False
+    dropped_faults: int = 0  # as the agent last reported it
 
 
 class UnknownNode(Exception):
@@ -98,9 +99,19 @@ class Engine:
         self.store.register_node(entry.state, spool_id, entry.last_seq, gpus, now)
         return entry.last_seq
 
-    def heartbeat(self, node: str) -> None:
+    def heartbeat(self, node: str, dropped_faults: int = 0) -> None:
         entry = self._entry(node)
         entry.last_heartbeat = self.clock()
+        if dropped_faults > entry.dropped_faults:
+            # The agent's spool overflowed during an outage: faults were lost before they got here.
+            log.error(
+                "agent_dropped_faults",
+                node=node,
+                dropped_total=dropped_faults,
+                new=dropped_faults - entry.dropped_faults,
+            )
+            self.metrics.agent_dropped_faults.labels(node).set(dropped_faults)
+            entry.dropped_faults = dropped_faults
         new_state = heartbeat_returned(entry.state)
         if new_state is not entry.state:
             entry.state = new_state

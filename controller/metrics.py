@@ -25,4 +25,10 @@ class ControllerMetrics:
             registry=r,
         )
         self.nodes = Gauge("vigil_controller_nodes", "Nodes by health", ["health"], registry=r)
+        self.agent_dropped_faults = Gauge(
+            "vigil_controller_agent_dropped_fault_signals",
+            "Fault signals an agent's full spool had to drop, as the agent reports it",
+            ["node"],
+            registry=r,
+        )
         self.connected_agents = Gauge("vigil_controller_connected_agents", "Agents with an open stream", registry=r)

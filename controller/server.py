@@ -76,7 +76,7 @@ class AgentGateway(agent_pb2_grpc.AgentGatewayServicer):
         async for msg in requests:
             body = msg.WhichOneof("body")
             if body == "heartbeat":
-                self._engine.heartbeat(node)
+                self._engine.heartbeat(node, msg.heartbeat.dropped_faults)
             elif body == "signals":
                 try:
                     signals = [signal_from_proto(s) for s in msg.signals.signals]

@@ -25,6 +25,11 @@ class SignalKind(StrEnum):
     NIC_ERRORS = "NIC_ERRORS"
 
 
+# Signals an agent may drop first when its spool is full: measurements of degradation, not faults.
+LOW_SEVERITY_KINDS = frozenset(
+    {SignalKind.THROTTLE, SignalKind.PCIE_REPLAY, SignalKind.NVLINK_ERRORS, SignalKind.NIC_ERRORS}
+)
+
 # NVML clock-event (throttle) reason bits, as nvmlClocksEventReason* defines them.
 THROTTLE_GPU_IDLE = 0x1
 THROTTLE_APPLICATIONS_CLOCKS = 0x2
