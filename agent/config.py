@@ -1,4 +1,8 @@
-"""The agent's configuration: YAML, validated into a frozen object, overridable from the CLI."""
+"""The agent's configuration: YAML, validated into a frozen object, overridable from the CLI.
+
+Every key is optional; the defaults are what a production GPU node wants (the NVML backend,
+/dev/kmsg, the spool under /var/lib/vigil). deploy/ and the README show a full file.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +11,7 @@ import socket
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from vigil.config_file import load_yaml_model
 
@@ -24,16 +28,36 @@ class AgentConfig(BaseModel):
 
     node: str = Field(default_factory=default_node_name, pattern=NODE_NAME_PATTERN)
     controller: str = "127.0.0.1:7070"
-    gpu_backend: Literal["simulated"] = "simulated"
+    # GPUs: "nvml" on a real node; "simulated" for the demo and tests (fault injection).
+    gpu_backend: Literal["nvml", "simulated"] = "nvml"
     simulated_gpus: int = Field(8, ge=1, le=64)
-    kernel_log: Path | None = None
-    spool: Path = Path("/var/lib/vigil/spool.db")
-    metrics_port: int | None = Field(9400, ge=0, le=65535)
-    metrics_address: str = "0.0.0.0"
     gpu_poll_s: float = Field(1.0, gt=0, le=300)
-    kernel_log_poll_s: float = Field(0.1, gt=0, le=60)
-    heartbeat_s: float = Field(5.0, gt=0, le=300)
     throttle_report_s: float = Field(5.0, gt=0)
+    # Kernel log: "auto" picks a file when `kernel_log` names one, else /dev/kmsg when readable,
+    # else journald when journalctl exists, else none (with a warning).
+    kernel_log_source: Literal["auto", "kmsg", "journald", "file", "none"] = "auto"
+    kernel_log: Path | None = None
+    kmsg_path: Path = Path("/dev/kmsg")
+    journalctl: str = "journalctl"
+    kernel_log_poll_s: float = Field(0.1, gt=0, le=60)
+    xid_fold_window_s: float = Field(
+        10.0, ge=0, description="kernel-log and NVML reports of one XID within this: one signal"
+    )
+    # dcgm-exporter, when it runs on the node: its /metrics URL.
+    dcgm_exporter_url: str | None = None
+    dcgm_poll_s: float = Field(10.0, gt=0, le=600)
+    # Host signals.
+    host_poll_s: float = Field(5.0, gt=0, le=600)
+    checkpoint_path: Path | None = None
+    memory_available_min: float = Field(0.05, ge=0, le=1, description="below this fraction: memory pressure")
+    disk_used_max: float = Field(0.95, gt=0, le=1, description="checkpoint filesystem used above this: disk full")
+    # Watchdog: a collector call that overruns this is reported as COLLECTOR_HUNG.
+    collector_deadline_s: float = Field(10.0, gt=0, le=600)
+    spool: Path = Path("/var/lib/vigil/spool.db")
+    spool_max_signals: int = Field(20_000, ge=10)
+    metrics_port: int | None = Field(9402, ge=0, le=65535)  # 9400 is dcgm-exporter's
+    metrics_address: str = "0.0.0.0"
+    heartbeat_s: float = Field(5.0, gt=0, le=300)
 
     @field_validator("controller")
     @classmethod
@@ -42,6 +66,19 @@ class AgentConfig(BaseModel):
         if not sep or not host or not port.isdigit():
             raise ValueError(f"expected HOST:PORT, got {value!r}")
         return value
+
+    @field_validator("dcgm_exporter_url")
+    @classmethod
+    def _http_url(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith(("http://", "https://")):
+            raise ValueError(f"expected an http:// or https:// URL, got {value!r}")
+        return value
+
+    @model_validator(mode="after")
+    def _file_source_needs_a_file(self) -> AgentConfig:
+        if self.kernel_log_source == "file" and self.kernel_log is None:
+            raise ValueError("kernel_log_source 'file' needs kernel_log: the file to tail")
+        return self
 
 
 def load_agent_config(path: Path | None, overrides: dict[str, Any]) -> AgentConfig:

@@ -1,24 +1,38 @@
-"""``vigil agent``: wires the collectors, the spool, the controller link and ``/metrics``."""
+"""``vigil agent``: wires the collectors, the watchdog, the spool, the controller link and ``/metrics``.
+
+Each collector runs in its own asyncio task. Blocking ones (the GPU poll, the dcgm-exporter
+scrape, host statistics) run in a worker thread under the watchdog; the kernel log and the NVML
+event queue are non-blocking and are read on the event loop every ``kernel_log_poll_s``, since
+they are the fast path from a fault to the controller. Everything a collector reports goes
+through ``record``: XIDs reported by a second source are folded, then signals and the
+collector's cursor are committed to the spool in one transaction, then the link is woken.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import shutil
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import structlog
 from prometheus_client import start_http_server
 
 from agent.backend import GpuBackend
 from agent.config import AgentConfig
-from agent.gpu_collector import GpuCollector
-from agent.kernel_log import FileTail, KernelLogCollector
+from agent.dcgm import DcgmCollector
+from agent.gpu_collector import GpuCollector, xid_signals
+from agent.host import HostCollector
+from agent.kernel_log import FileTail, JournaldSource, KernelLogCollector, KmsgSource, LineSource
 from agent.link import ControllerLink
 from agent.local_checks import LocalChecks
 from agent.metrics import AgentMetrics
-from agent.simulated import SimulatedBackend
 from agent.spool import Spool
+from agent.watchdog import GuardedWorker, Watchdog
+from agent.xid_fold import XidFolder
 from protos.codec import gpu_to_proto
 from protos.vigil.v1 import agent_pb2
 from vigil import __version__
@@ -27,9 +41,42 @@ from vigil.waiting import wait_event
 
 log = structlog.get_logger(__name__)
 
+Step = Callable[[], tuple[list[Signal], dict[str, str]]]
+CURSOR_SAVE_S = 10.0
+
 
 def make_backend(config: AgentConfig) -> GpuBackend:
-    return SimulatedBackend(config.node, config.simulated_gpus)
+    if config.gpu_backend == "simulated":
+        from agent.simulated import SimulatedBackend
+
+        return SimulatedBackend(config.node, config.simulated_gpus)
+    from agent.nvml_backend import NvmlBackend
+
+    return NvmlBackend()
+
+
+def open_kernel_log(config: AgentConfig, spool: Spool) -> tuple[str, LineSource] | None:
+    """The configured kernel-log source, resumed from its cursor in the spool."""
+    source = config.kernel_log_source
+    if source == "auto":
+        if config.kernel_log is not None:
+            source = "file"
+        elif os.access(config.kmsg_path, os.R_OK):
+            source = "kmsg"
+        elif shutil.which(config.journalctl):
+            source = "journald"
+        else:
+            log.warning("kernel_log_unavailable", node=config.node, reason="no readable /dev/kmsg and no journalctl")
+            return None
+    if source == "none":
+        return None
+    cursor = spool.cursor(f"kernel-log:{source}")
+    if source == "file":
+        assert config.kernel_log is not None  # the config validator requires it
+        return source, FileTail(config.kernel_log, cursor)
+    if source == "journald":
+        return source, JournaldSource(cursor, config.journalctl)
+    return source, KmsgSource(config.kmsg_path, cursor)
 
 
 class Agent:
@@ -37,14 +84,30 @@ class Agent:
         self, config: AgentConfig, backend: GpuBackend | None = None, clock: Callable[[], float] = time.time
     ) -> None:
         self.config = config
+        self.clock = clock
+        self.spool = Spool(config.spool, config.spool_max_signals)
         self.backend = backend or make_backend(config)
-        self.spool = Spool(config.spool)
         self.metrics = AgentMetrics(config.node)
+        self.watchdog = Watchdog(config.node, clock)
+        self.folder = XidFolder(config.xid_fold_window_s)
         self.gpu_collector = GpuCollector(config.node, self.backend, clock, config.throttle_report_s)
+        self._gpu_snapshot = self.spool.cursor("gpu")
+        if self._gpu_snapshot:
+            self.gpu_collector.restore(json.loads(self._gpu_snapshot))
+        opened = open_kernel_log(config, self.spool)
+        self.kernel_source = opened[1] if opened else None
+        self._kernel_cursor = f"kernel-log:{opened[0]}" if opened else ""
+        self._kernel_saved = self.spool.cursor(self._kernel_cursor) if opened else None
+        self._kernel_saved_at = 0.0
         self.kernel_log = (
-            KernelLogCollector(config.node, FileTail(config.kernel_log).read_lines, self.backend.gpus(), clock)
-            if config.kernel_log
+            KernelLogCollector(config.node, self.kernel_source.read_lines, self.backend.gpus(), clock)
+            if self.kernel_source is not None
             else None
+        )
+        url = config.dcgm_exporter_url
+        self.dcgm = DcgmCollector(config.node, url, clock) if url else None
+        self.host = HostCollector(
+            config.node, clock, config.checkpoint_path, config.memory_available_min, config.disk_used_max
         )
         self.link = ControllerLink(
             config.controller,
@@ -65,38 +128,109 @@ class Agent:
             spool_id=self.spool.spool_id,
         )
 
-    def record(self, signals: list[Signal]) -> None:
-        """Spool first, then wake the link: nothing is sent that is not on disk."""
-        for s in self.spool.append(signals):
+    def record(self, signals: list[Signal], cursors: Mapping[str, str] | None = None) -> None:
+        """Fold, then spool with the cursors, then wake the link: nothing is sent that is not on disk."""
+        kept = [s for s in signals if self.folder.keep(s)]
+        if len(kept) < len(signals):
+            self.metrics.xid_folded.labels(self.config.node).inc(len(signals) - len(kept))
+        dropped_before = dict(self.spool.dropped)
+        for s in self.spool.append(kept, cursors):
             self.metrics.signals.labels(self.config.node, s.kind.value).inc()
             log.info("signal", node=s.node, seq=s.seq, kind=s.kind.value, code=s.code, gpu=s.gpu.index, source=s.source)
-        if signals:
+        for kind, count in self.spool.dropped.items():
+            if count > dropped_before.get(kind, 0):
+                self.metrics.spool_dropped.labels(self.config.node, kind).inc(count - dropped_before.get(kind, 0))
+        if kept:
             self.link.notify()
 
-    async def _poll_gpus(self, stop: asyncio.Event) -> None:
+    # Collector steps (blocking; run in a worker thread under the watchdog) -----------------------
+
+    def _gpu_step(self) -> tuple[list[Signal], dict[str, str]]:
+        signals = self.gpu_collector.collect()
+        snapshot = json.dumps(self.gpu_collector.snapshot(), sort_keys=True)
+        if snapshot == self._gpu_snapshot:
+            return signals, {}
+        self._gpu_snapshot = snapshot
+        return signals, {"gpu": snapshot}
+
+    def _dcgm_step(self) -> tuple[list[Signal], dict[str, str]]:
+        assert self.dcgm is not None
+        return self.dcgm.collect(), {}
+
+    def _host_step(self) -> tuple[list[Signal], dict[str, str]]:
+        return self.host.collect(), {}
+
+    async def _guarded(self, stop: asyncio.Event, name: str, interval: float, step: Step) -> None:
+        node, deadline = self.config.node, self.config.collector_deadline_s
+        worker = GuardedWorker(name, deadline)
         while not stop.is_set():
             started = time.monotonic()
+            signals: list[Signal] = []
+            cursors: dict[str, str] = {}
             try:
-                signals = await asyncio.to_thread(self.gpu_collector.collect)
-            except Exception:  # a failing backend must not stop the kernel-log path or the link
-                log.exception("gpu_poll_failed", node=self.config.node)
-                await wait_event(stop, self.config.gpu_poll_s)
-                continue
-            self.metrics.poll_seconds.labels(self.config.node).set(time.monotonic() - started)
-            self.metrics.observe_readings(self.gpu_collector.readings)
-            self.record(signals)
-            self.metrics.spooled.labels(self.config.node).set(self.spool.count())
-            self.metrics.connected.labels(self.config.node).set(1 if self.link.connected else 0)
-            await wait_event(stop, self.config.gpu_poll_s)
+                finished, result = await worker.call(step)
+                if result is not None:
+                    signals, cursors = result
+            except Exception as exc:  # one failing collector must not stop the others or the link
+                finished = True
+                self.metrics.collector_errors.labels(node, name).inc()
+                log.warning("collector_failed", node=node, collector=name, error=str(exc))
+            self.metrics.collector_hung.labels(node, name).set(0 if finished else 1)
+            if finished:
+                self.metrics.collector_seconds.labels(node, name).set(time.monotonic() - started)
+            self._after_step(name, finished)
+            self.record(self.watchdog.report(name, not finished, deadline) + signals, cursors)
+            self.metrics.spooled.labels(node).set(self.spool.count())
+            self.metrics.connected.labels(node).set(1 if self.link.connected else 0)
+            await wait_event(stop, interval)
 
-    async def _tail_kernel_log(self, stop: asyncio.Event, collector: KernelLogCollector) -> None:
-        unparsed = 0
+    def _after_step(self, name: str, finished: bool) -> None:
+        if name == "gpu-poll":
+            # A hung poll shows no stale GPU values; vigil_agent_collector_hung says why.
+            self.metrics.readings.gpus = self.gpu_collector.readings if finished else []
+        elif name == "host":
+            self.metrics.readings.host = self.host.reading
+
+    # The fast path: kernel log and NVML events, on the loop ---------------------------------------
+
+    async def _fast_path(self, stop: asyncio.Event) -> None:
+        node, deadline = self.config.node, self.config.collector_deadline_s
+        unparsed = overruns = 0
         while not stop.is_set():
-            self.record(collector.collect())
-            if collector.unparsed_lines > unparsed:
-                self.metrics.unparsed.labels(self.config.node).inc(collector.unparsed_lines - unparsed)
-                unparsed = collector.unparsed_lines
+            signals = xid_signals(node, self.backend.drain_xid_events())
+            progress = self.backend.events_progress()
+            if progress is not None:
+                stuck = time.monotonic() - progress > deadline
+                signals += self.watchdog.report("nvml-events", stuck, deadline)
+                self.metrics.collector_hung.labels(node, "nvml-events").set(1 if stuck else 0)
+            if self.kernel_log is not None and self.kernel_source is not None:
+                try:
+                    signals += self.kernel_log.collect()
+                except OSError as exc:
+                    self.metrics.collector_errors.labels(node, "kernel-log").inc()
+                    log.warning("kernel_log_failed", node=node, error=str(exc))
+                if self.kernel_log.unparsed_lines > unparsed:
+                    self.metrics.unparsed.labels(node).inc(self.kernel_log.unparsed_lines - unparsed)
+                    unparsed = self.kernel_log.unparsed_lines
+                if isinstance(self.kernel_source, KmsgSource) and self.kernel_source.overruns > overruns:
+                    self.metrics.kmsg_overruns.labels(node).inc(self.kernel_source.overruns - overruns)
+                    overruns = self.kernel_source.overruns
+            cursors = self._kernel_cursor_update(bool(signals))
+            if signals or cursors:
+                self.record(signals, cursors)
             await wait_event(stop, self.config.kernel_log_poll_s)
+
+    def _kernel_cursor_update(self, with_signals: bool) -> dict[str, str]:
+        """The kernel-log cursor goes to the spool with every signal; without one, at most every
+        ``CURSOR_SAVE_S`` (a restart then re-reads at most that much of the log, harmlessly)."""
+        cursor = self.kernel_source.cursor if self.kernel_source is not None else None
+        if cursor is None or cursor == self._kernel_saved:
+            return {}
+        now = time.monotonic()
+        if not with_signals and now - self._kernel_saved_at < CURSOR_SAVE_S:
+            return {}
+        self._kernel_saved, self._kernel_saved_at = cursor, now
+        return {self._kernel_cursor: cursor}
 
     async def run(self, stop: asyncio.Event) -> None:
         if self.config.metrics_port is not None:
@@ -112,15 +246,25 @@ class Agent:
             controller=self.config.controller,
             metrics_port=self.metrics_port,
             spool_id=self.spool.spool_id,
+            kernel_log=self._kernel_cursor.removeprefix("kernel-log:") or "none",
+            dcgm_exporter=self.config.dcgm_exporter_url,
         )
-        tasks = [asyncio.create_task(self._poll_gpus(stop)), asyncio.create_task(self.link.run(stop))]
-        if self.kernel_log is not None:
-            tasks.append(asyncio.create_task(self._tail_kernel_log(stop, self.kernel_log)))
+        tasks = [
+            asyncio.create_task(self._guarded(stop, "gpu-poll", self.config.gpu_poll_s, self._gpu_step)),
+            asyncio.create_task(self._guarded(stop, "host", self.config.host_poll_s, self._host_step)),
+            asyncio.create_task(self._fast_path(stop)),
+            asyncio.create_task(self.link.run(stop)),
+        ]
+        if self.dcgm is not None:
+            tasks.append(asyncio.create_task(self._guarded(stop, "dcgm", self.config.dcgm_poll_s, self._dcgm_step)))
         try:
             await asyncio.gather(*tasks)
         finally:
             for task in tasks:
                 task.cancel()
+            if self.kernel_source is not None:
+                self.kernel_source.close()
+            self.backend.close()
             self.spool.close()
 
 

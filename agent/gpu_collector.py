@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from agent.backend import GpuBackend, GpuReading
+from agent.backend import GpuBackend, GpuReading, XidEvent
 from agent.faults import FaultState, diff_faults, fault_state
 from vigil.signals import THROTTLE_HARMFUL_MASK, Signal, SignalKind, throttle_reason_names
 
@@ -26,6 +26,23 @@ class _Throttle:
     reasons: int = 0
     since: float = 0.0
     reported_at: float = 0.0
+
+
+def xid_signals(node: str, events: list[XidEvent]) -> list[Signal]:
+    """NVML XID events as signals (the daemon drains them on its fast path, not in the poll)."""
+    return [
+        Signal(
+            node,
+            SignalKind.XID,
+            e.gpu,
+            e.code,
+            0.0,
+            e.message or f"XID {e.code} (NVML event)",
+            "nvml-event",
+            e.observed_at,
+        )
+        for e in events
+    ]
 
 
 class GpuCollector:
@@ -53,11 +70,6 @@ class GpuCollector:
             self._faults[key] = state
             if not reading.lost:
                 signals += self._throttle_signals(reading, now)
-        for event in self._backend.drain_xid_events():
-            message = event.message or f"XID {event.code} (NVML event)"
-            signals.append(
-                Signal(self._node, SignalKind.XID, event.gpu, event.code, 0.0, message, "nvml-event", event.observed_at)
-            )
         self.readings = readings
         return signals
 

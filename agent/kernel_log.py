@@ -1,16 +1,31 @@
-"""The kernel-log collector: tails a kmsg-format file and turns driver fault lines into signals.
+"""Kernel-log sources and the collector that turns driver fault lines into signals.
 
-This first cut reads a file (the demo's and the tests' kernel log). It starts at the end of the
-file, as a fresh agent on a real node must (old faults were handled before), and starts again at
-the top when the file is truncated or replaced.
+Three sources give lines, each with a cursor the daemon stores in the spool together with the
+signals read up to it:
+
+- ``KmsgSource`` reads ``/dev/kmsg``: one record per ``read()``; EPIPE means the ring buffer
+  overwrote records before we read them (counted in ``overruns``; reading goes on at the oldest
+  record still there). With no cursor it starts at the end, as a fresh agent must (older faults
+  were someone else's to handle). With a cursor from this boot it resumes after that record; with
+  a cursor from an earlier boot it reads this boot's log from its start, because the node
+  rebooted while the agent was down and those lines are new to it.
+- ``JournaldSource`` follows ``journalctl --dmesg --output=json`` and resumes with
+  ``--after-cursor``, for nodes where /dev/kmsg is not readable from the pod.
+- ``FileTail`` tails a kmsg-format file (the demo's and the tests' kernel log) by inode and offset.
 """
 
 from __future__ import annotations
 
+import errno
+import json
 import os
+import queue
+import subprocess
+import threading
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Protocol
 
 import structlog
 
@@ -20,16 +35,145 @@ from vigil.signals import GpuRef, Signal, SignalKind
 log = structlog.get_logger(__name__)
 
 _MAX_READ = 1 << 20
+_MAX_RECORDS = 10_000  # per call, so a flood cannot starve the event loop
+BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
+
+
+class LineSource(Protocol):
+    def read_lines(self) -> list[str]: ...
+
+    @property
+    def cursor(self) -> str | None: ...
+
+    def close(self) -> None: ...
+
+
+def current_boot_id(path: Path = BOOT_ID) -> str:
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return "unknown-boot"
+
+
+class KmsgSource:
+    def __init__(self, path: Path = Path("/dev/kmsg"), cursor: str | None = None, boot_id: str | None = None) -> None:
+        self._boot = boot_id or current_boot_id()
+        self._fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        self._after = -1
+        self.overruns = 0
+        saved_boot, _, saved_seq = (cursor or "").rpartition(":")
+        if cursor is None:
+            os.lseek(self._fd, 0, os.SEEK_END)
+        elif saved_boot == self._boot and saved_seq.isdigit():
+            self._after = int(saved_seq)  # the start of the buffer, skipping what we had
+        # else: an earlier boot's cursor: read this boot from its first record
+
+    @property
+    def cursor(self) -> str | None:
+        return f"{self._boot}:{self._after}" if self._after >= 0 else None
+
+    def read_lines(self) -> list[str]:
+        lines: list[str] = []
+        while len(lines) < _MAX_RECORDS:
+            try:
+                raw = os.read(self._fd, 8192)
+            except BlockingIOError:
+                break
+            except OSError as exc:
+                if exc.errno == errno.EPIPE:
+                    self.overruns += 1
+                    log.warning("kmsg_overrun", overruns=self.overruns)
+                    continue
+                raise
+            record = raw.decode("utf-8", errors="replace").split("\n", 1)[0]  # continuation lines: metadata
+            seq = parse_record(record).seq
+            if seq <= self._after:
+                continue
+            self._after = max(self._after, seq)
+            lines.append(record)
+        return lines
+
+    def close(self) -> None:
+        os.close(self._fd)
+
+
+class JournaldSource:
+    """Kernel messages from ``journalctl -k -f -o json``; a reader thread feeds a queue."""
+
+    def __init__(self, cursor: str | None = None, command: str = "journalctl", restart_s: float = 5.0) -> None:
+        self._cursor = cursor
+        self._command = command
+        self._restart_s = restart_s
+        self._lines: queue.Queue[tuple[str, str | None]] = queue.Queue(maxsize=100_000)
+        self._proc: subprocess.Popen[str] | None = None
+        self._started_at = 0.0
+        self._start()
+
+    def _start(self) -> None:
+        args = [self._command, "--dmesg", "--follow", "--output=json", "--no-pager"]
+        args += [f"--after-cursor={self._cursor}"] if self._cursor else ["--lines=0"]
+        self._started_at = time.monotonic()
+        try:
+            self._proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        except OSError as exc:
+            log.error("journald_unavailable", command=self._command, error=str(exc))
+            self._proc = None
+            return
+        threading.Thread(target=self._pump, args=(self._proc,), name="vigil-journald", daemon=True).start()
+
+    def _pump(self, proc: subprocess.Popen[str]) -> None:
+        assert proc.stdout is not None
+        for raw in proc.stdout:
+            try:
+                entry = json.loads(raw)
+            except json.JSONDecodeError:
+                log.warning("journald_bad_json", line=raw[:200])
+                continue
+            message = entry.get("MESSAGE", "")
+            if isinstance(message, list):  # journald sends non-UTF-8 messages as a byte array
+                message = bytes(message).decode("utf-8", errors="replace")
+            self._lines.put((str(message), entry.get("__CURSOR")))
+
+    @property
+    def cursor(self) -> str | None:
+        return self._cursor
+
+    def read_lines(self) -> list[str]:
+        lines: list[str] = []
+        while len(lines) < _MAX_RECORDS:
+            try:
+                message, cursor = self._lines.get_nowait()
+            except queue.Empty:
+                break
+            lines.append(message)
+            self._cursor = cursor or self._cursor
+        exited = self._proc is None or self._proc.poll() is not None
+        if exited and not lines and time.monotonic() - self._started_at > self._restart_s:
+            log.warning("journald_restart", command=self._command, cursor=self._cursor)
+            self._start()
+        return lines
+
+    def close(self) -> None:
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.terminate()
+            self._proc.wait(timeout=5)
 
 
 class FileTail:
-    """Complete new lines appended to a file since the last call."""
+    """Complete new lines appended to a file since the last call; the cursor is inode:offset."""
 
-    def __init__(self, path: Path, start_at_end: bool = True) -> None:
+    def __init__(self, path: Path, cursor: str | None = None) -> None:
         self._path = path
-        self._offset: int | None = None if start_at_end else 0
+        self._offset: int | None = None
         self._inode: int | None = None
         self._partial = b""
+        inode, _, offset = (cursor or "").partition(":")
+        if inode.isdigit() and offset.isdigit():
+            self._inode, self._offset = int(inode), int(offset)
+
+    @property
+    def cursor(self) -> str | None:
+        return f"{self._inode}:{self._offset - len(self._partial)}" if self._offset is not None else None
 
     def read_lines(self) -> list[str]:
         try:
@@ -50,6 +194,9 @@ class FileTail:
         chunks = (self._partial + data).split(b"\n")
         self._partial = chunks.pop()
         return [c.decode("utf-8", errors="replace") for c in chunks if c]
+
+    def close(self) -> None:
+        pass
 
 
 class KernelLogCollector:

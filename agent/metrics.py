@@ -1,65 +1,183 @@
-"""The agent's Prometheus metrics. Names follow Prometheus conventions: ``vigil_`` prefix, units
-in the name, ``_total`` on counters. A field the GPU cannot report is left unset, never zero."""
+"""The agent's Prometheus metrics.
+
+Names follow Prometheus conventions: ``vigil_`` prefix, base units in the name (celsius, watts,
+hertz, bytes, seconds, ratio), ``_total`` on counters. The GPU and host series are produced at
+scrape time from the latest readings (a custom collector), so a field the GPU cannot report is
+simply absent, never zero, and a GPU whose poll is hung shows no stale values: its series go
+away and ``vigil_agent_collector_hung`` says why. Hardware counters that the driver keeps (ECC,
+NVLink, PCIe replays) are exported as counters, since they only grow until a driver reload.
+"""
 
 from __future__ import annotations
 
-import contextlib
+from collections.abc import Iterator
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 from agent.backend import GpuReading
+from agent.host import HostReading
+from vigil.signals import THROTTLE_HARMFUL_MASK, throttle_reason_names
+
+_GPU = ["node", "gpu", "uuid", "pci_bus_id"]
+_THROTTLE_BITS = [1 << i for i in range(8)]
+
+
+class _Readings(Collector):
+    """Yields the GPU and host families from whatever the collectors read last."""
+
+    def __init__(self, node: str) -> None:
+        self.node = node
+        self.gpus: list[GpuReading] = []
+        self.host: HostReading | None = None
+
+    def collect(self) -> Iterator[Any]:
+        yield from _gpu_families(self.node, self.gpus)
+        if self.host is not None:
+            yield from _host_families(self.node, self.host)
+
+
+def _gpu_families(node: str, readings: list[GpuReading]) -> Iterator[Any]:
+    def gauge(name: str, doc: str, extra: tuple[str, ...] = ()) -> GaugeMetricFamily:
+        return GaugeMetricFamily(name, doc, labels=[*_GPU, *extra])
+
+    def counter(name: str, doc: str, extra: tuple[str, ...] = ()) -> CounterMetricFamily:
+        return CounterMetricFamily(name, doc, labels=[*_GPU, *extra])
+
+    simple: list[tuple[GaugeMetricFamily | CounterMetricFamily, str, float]] = [
+        (gauge("vigil_gpu_temperature_celsius", "GPU core temperature"), "temperature_c", 1.0),
+        (gauge("vigil_gpu_power_watts", "GPU power draw"), "power_w", 1.0),
+        (gauge("vigil_gpu_sm_clock_hertz", "SM clock"), "sm_clock_mhz", 1e6),
+        (gauge("vigil_gpu_memory_clock_hertz", "Memory clock"), "memory_clock_mhz", 1e6),
+        (gauge("vigil_gpu_utilization_ratio", "Fraction of time a kernel ran (0-1)"), "utilization_pct", 0.01),
+        (gauge("vigil_gpu_memory_used_bytes", "GPU memory in use"), "memory_used_bytes", 1.0),
+        (gauge("vigil_gpu_memory_total_bytes", "GPU memory size"), "memory_total_bytes", 1.0),
+        (gauge("vigil_gpu_clocks_event_reasons", "NVML clock-event (throttle) reason bits"), "throttle_reasons", 1.0),
+        (counter("vigil_gpu_pcie_replays", "PCIe replays since driver load"), "pcie_replays", 1.0),
+        (gauge("vigil_gpu_pcie_link_generation", "PCIe link generation now"), "pcie_generation", 1.0),
+        (gauge("vigil_gpu_pcie_link_generation_max", "Highest PCIe generation"), "pcie_generation_max", 1.0),
+        (gauge("vigil_gpu_pcie_link_width", "PCIe lanes now"), "pcie_width", 1.0),
+        (gauge("vigil_gpu_pcie_link_width_max", "Most PCIe lanes"), "pcie_width_max", 1.0),
+        (gauge("vigil_gpu_remapped_rows_pending", "1 while a row remap waits for a GPU reset"), "remap_pending", 1.0),
+        (gauge("vigil_gpu_remapped_rows_failure", "1 after a row remap failed"), "remap_failure", 1.0),
+        (gauge("vigil_gpu_retired_pages_pending", "1 while a page retirement waits"), "retired_pages_pending", 1.0),
+    ]
+    lost = gauge("vigil_gpu_lost", "1 when the GPU is lost (fallen off the bus, needs reset)")
+    ecc = counter("vigil_gpu_ecc_errors", "ECC errors", ("scope", "type"))
+    remapped = counter("vigil_gpu_remapped_rows", "Rows remapped", ("type",))
+    retired = gauge("vigil_gpu_retired_pages", "Pages retired", ("cause",))
+    throttle_on = gauge("vigil_gpu_clocks_event_active", "1 while a clock-event reason holds", ("reason", "harmful"))
+    throttle_s = counter("vigil_gpu_clocks_event_duration_seconds", "Driver's time per clock-event reason", ("reason",))
+    nvlink = counter("vigil_gpu_nvlink_errors", "NVLink error counters", ("link", "counter"))
+    nvlink_down = gauge("vigil_gpu_nvlink_links_down", "NVLinks that were up at start and are down now")
+    for r in readings:
+        g = r.gpu
+        labels = [node, str(g.index), g.uuid, g.pci_bus_id]
+        lost.add_metric(labels, 1.0 if r.lost else 0.0)
+        for family, field, scale in simple:
+            value = getattr(r, field)
+            if value is not None:
+                family.add_metric(labels, float(value) * scale)
+        for scope in ("volatile", "aggregate"):
+            for kind in ("corrected", "uncorrected"):
+                if (value := getattr(r, f"ecc_{scope}_{kind}")) is not None:
+                    ecc.add_metric([*labels, scope, kind], value)
+        for kind in ("corrected", "uncorrected"):
+            if (value := getattr(r, f"remapped_rows_{kind}")) is not None:
+                remapped.add_metric([*labels, kind], value)
+        for cause, value in (("single_bit", r.retired_pages_sbe), ("double_bit", r.retired_pages_dbe)):
+            if value is not None:
+                retired.add_metric([*labels, cause], value)
+        if r.throttle_reasons is not None:
+            for bit in _THROTTLE_BITS:
+                harmful = "true" if bit & THROTTLE_HARMFUL_MASK else "false"
+                throttle_on.add_metric(
+                    [*labels, throttle_reason_names(bit), harmful], 1.0 if r.throttle_reasons & bit else 0
+                )
+        for bit, ns in (r.throttle_ns or {}).items():
+            throttle_s.add_metric([*labels, throttle_reason_names(bit)], ns / 1e9)
+        for (link, name), value in (r.nvlink_errors or {}).items():
+            nvlink.add_metric([*labels, str(link), name], value)
+        if r.nvlink_links_down is not None:
+            nvlink_down.add_metric(labels, len(r.nvlink_links_down))
+    yield from (f for f, _, _ in simple)
+    yield from (lost, ecc, remapped, retired, throttle_on, throttle_s, nvlink, nvlink_down)
+
+
+def _host_families(node: str, h: HostReading) -> Iterator[Any]:
+    available = GaugeMetricFamily("vigil_host_memory_available_bytes", "Host memory available", labels=["node"])
+    available.add_metric([node], h.memory_available_bytes)
+    total = GaugeMetricFamily("vigil_host_memory_total_bytes", "Host memory size", labels=["node"])
+    total.add_metric([node], h.memory_total_bytes)
+    yield from (available, total)
+    if h.disk_free_bytes is not None and h.disk_total_bytes is not None:
+        free = GaugeMetricFamily(
+            "vigil_host_checkpoint_disk_free_bytes", "Free space for checkpoints", labels=["node", "path"]
+        )
+        free.add_metric([node, h.checkpoint_path], h.disk_free_bytes)
+        size = GaugeMetricFamily(
+            "vigil_host_checkpoint_disk_size_bytes", "Checkpoint filesystem size", labels=["node", "path"]
+        )
+        size.add_metric([node, h.checkpoint_path], h.disk_total_bytes)
+        yield from (free, size)
+    nic = CounterMetricFamily(
+        "vigil_host_nic_errors", "NIC error and drop counters", labels=["node", "nic", "direction", "type"]
+    )
+    for name, (errin, errout, dropin, dropout) in sorted(h.nic_errors.items()):
+        for direction, kind, value in (
+            ("rx", "error", errin),
+            ("tx", "error", errout),
+            ("rx", "drop", dropin),
+            ("tx", "drop", dropout),
+        ):
+            nic.add_metric([node, name, direction, kind], value)
+    yield nic
 
 
 class AgentMetrics:
     def __init__(self, node: str, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
         self.node = node
-        gpu_labels = ["node", "gpu", "uuid", "pci_bus_id"]
+        self.readings = _Readings(node)
         r = self.registry
-        self.temperature = Gauge("vigil_gpu_temperature_celsius", "GPU temperature", gpu_labels, registry=r)
-        self.power = Gauge("vigil_gpu_power_watts", "GPU power draw", gpu_labels, registry=r)
-        self.sm_clock = Gauge("vigil_gpu_sm_clock_hertz", "GPU SM clock", gpu_labels, registry=r)
-        self.utilization = Gauge("vigil_gpu_utilization_ratio", "GPU utilisation (0-1)", gpu_labels, registry=r)
-        self.memory_used = Gauge("vigil_gpu_memory_used_bytes", "GPU memory in use", gpu_labels, registry=r)
-        self.throttle = Gauge("vigil_gpu_throttle_reasons", "NVML clock-event reason bits", gpu_labels, registry=r)
-        self.lost = Gauge("vigil_gpu_lost", "1 when the GPU is lost", gpu_labels, registry=r)
-        self.signals = Counter("vigil_agent_signals_total", "Signals spooled", ["node", "kind"], registry=r)
+        r.register(self.readings)
+        self.signals = Counter("vigil_agent_signals", "Signals spooled", ["node", "kind"], registry=r)
         self.unparsed = Counter(
-            "vigil_agent_kernel_log_unparsed_lines_total",
+            "vigil_agent_kernel_log_unparsed_lines",
             "Driver fault lines the parser did not understand",
             ["node"],
             registry=r,
         )
+        self.kmsg_overruns = Counter(
+            "vigil_agent_kmsg_overruns", "Times /dev/kmsg overwrote records before they were read", ["node"], registry=r
+        )
+        self.xid_folded = Counter(
+            "vigil_agent_xid_folded", "XIDs dropped as a second source's report of the same fault", ["node"], registry=r
+        )
         self.spooled = Gauge("vigil_agent_spool_signals", "Signals waiting in the spool", ["node"], registry=r)
+        self.spool_dropped = Counter(
+            "vigil_agent_spool_dropped_signals",
+            "Signals dropped to keep the spool bounded",
+            ["node", "kind"],
+            registry=r,
+        )
         self.connected = Gauge(
             "vigil_agent_controller_connected", "1 while the controller stream is up", ["node"], registry=r
         )
-        self.poll_seconds = Gauge(
-            "vigil_agent_gpu_poll_duration_seconds", "Duration of the last GPU poll", ["node"], registry=r
+        self.collector_hung = Gauge(
+            "vigil_agent_collector_hung",
+            "1 while a collector's call overruns its deadline",
+            ["node", "collector"],
+            registry=r,
         )
-
-    def observe_readings(self, readings: list[GpuReading]) -> None:
-        pairs = (
-            (self.temperature, "temperature_c", 1.0),
-            (self.power, "power_w", 1.0),
-            (self.sm_clock, "sm_clock_mhz", 1e6),
-            (self.utilization, "utilization_pct", 0.01),
-            (self.memory_used, "memory_used_bytes", 1.0),
-            (self.throttle, "throttle_reasons", 1.0),
+        self.collector_errors = Counter(
+            "vigil_agent_collector_errors", "Collector runs that raised an error", ["node", "collector"], registry=r
         )
-        for reading in readings:
-            g = reading.gpu
-            labels = (self.node, str(g.index), g.uuid, g.pci_bus_id)
-            self.lost.labels(*labels).set(1 if reading.lost else 0)
-            for gauge, field, scale in pairs:
-                value = getattr(reading, field)
-                if value is not None:
-                    gauge.labels(*labels).set(value * scale)
-                else:
-                    _forget(gauge, labels)
-
-
-def _forget(gauge: Gauge, labels: tuple[str, ...]) -> None:
-    """Drop a series whose field became unavailable, so no stale value is scraped."""
-    with contextlib.suppress(KeyError):
-        gauge.remove(*labels)
+        self.collector_seconds = Gauge(
+            "vigil_agent_collector_duration_seconds",
+            "Duration of a collector's last run",
+            ["node", "collector"],
+            registry=r,
+        )

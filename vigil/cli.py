@@ -43,20 +43,28 @@ def agent(
     config: ConfigOpt = None,
     node: Annotated[Optional[str], typer.Option(help="node name (default: $NODE_NAME or host name)")] = None,
     controller: Annotated[Optional[str], typer.Option(help="controller address HOST:PORT")] = None,
+    gpu_backend: Annotated[Optional[str], typer.Option(help="nvml (default) or simulated")] = None,
+    kernel_log_source: Annotated[Optional[str], typer.Option(help="auto, kmsg, journald, file or none")] = None,
     kernel_log: Annotated[Optional[Path], typer.Option(help="kmsg-format file to tail")] = None,
+    dcgm_exporter_url: Annotated[Optional[str], typer.Option(help="dcgm-exporter /metrics URL to scrape")] = None,
+    checkpoint_path: Annotated[Optional[Path], typer.Option(help="filesystem to watch for free space")] = None,
     spool: Annotated[Optional[Path], typer.Option(help="spool database path")] = None,
     simulated_gpus: Annotated[Optional[int], typer.Option(help="GPUs of the simulated backend")] = None,
     metrics_port: Annotated[Optional[int], typer.Option(help="port for /metrics (0: any free port)")] = None,
     log_format: LogFormatOpt = "auto",
 ) -> None:
-    """Run the node agent: collect GPU and kernel-log faults, spool them, send them to the controller."""
+    """Run the node agent: collect GPU, kernel-log and host faults, spool them, send them to the controller."""
     from agent.config import load_agent_config
 
     _setup_logs(log_format)
     overrides = {
         "node": node,
         "controller": controller,
+        "gpu_backend": gpu_backend,
+        "kernel_log_source": kernel_log_source,
         "kernel_log": kernel_log,
+        "dcgm_exporter_url": dcgm_exporter_url,
+        "checkpoint_path": checkpoint_path,
         "spool": spool,
         "simulated_gpus": simulated_gpus,
         "metrics_port": metrics_port,
@@ -65,10 +73,13 @@ def agent(
         cfg = load_agent_config(config, overrides)
     except ConfigError as exc:
         _fail(str(exc))
+    from agent.backend import BackendUnavailable
     from agent.daemon import run_agent
 
     try:
         run_agent(cfg)
+    except BackendUnavailable as exc:
+        _fail(f"the agent cannot start: {exc} (on a machine without NVIDIA GPUs, use --gpu-backend simulated)")
     except (OSError, sqlite3.Error) as exc:
         _fail(f"the agent cannot start: {exc}")
 

@@ -94,6 +94,8 @@ class Cluster:
                     str(log),
                     "--spool",
                     str(self.workdir / f"{node}.spool.db"),
+                    "--gpu-backend",
+                    "simulated",
                     "--simulated-gpus",
                     str(self.gpus),
                     "--metrics-port",

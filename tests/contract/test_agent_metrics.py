@@ -21,7 +21,9 @@ def test_metrics_endpoint_serves_gpu_and_agent_metrics(tmp_path: Path) -> None:
             spool=tmp_path / "s.db",
             metrics_port=0,
             metrics_address="127.0.0.1",
+            gpu_backend="simulated",
             simulated_gpus=8,
+            kernel_log_source="none",
             gpu_poll_s=0.05,
         )
         agent = Agent(config)

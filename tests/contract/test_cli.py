@@ -35,7 +35,7 @@ def test_bad_agent_argument_is_named(tmp_path: Path) -> None:
 def test_unusable_spool_path_is_a_clear_error(tmp_path: Path) -> None:
     not_a_dir = tmp_path / "file"
     not_a_dir.write_text("")
-    out = vigil("agent", "--spool", str(not_a_dir / "spool.db"), "--metrics-port", "0")
+    out = vigil("agent", "--gpu-backend", "simulated", "--spool", str(not_a_dir / "spool.db"), "--metrics-port", "0")
     assert out.returncode == 2 and "cannot start" in out.stderr and "Traceback" not in out.stderr
 
 
@@ -53,3 +53,14 @@ def test_status_without_a_controller_says_so() -> None:
     out = vigil("status", "--controller", "127.0.0.1:1")
     assert out.returncode == 2 and "UNAVAILABLE" in out.stdout + out.stderr
     assert "Traceback" not in out.stdout + out.stderr
+
+
+def test_agent_without_a_gpu_driver_says_so(tmp_path: Path) -> None:
+    out = vigil("agent", "--spool", str(tmp_path / "s.db"), "--metrics-port", "0", "--kernel-log-source", "none")
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert "NVML" in out.stderr and "--gpu-backend simulated" in out.stderr
+
+
+def test_unknown_gpu_backend_is_named(tmp_path: Path) -> None:
+    out = vigil("agent", "--gpu-backend", "rocm", "--spool", str(tmp_path / "s.db"))
+    assert out.returncode == 2 and "gpu_backend" in out.stderr and "Traceback" not in out.stderr

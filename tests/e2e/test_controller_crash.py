@@ -59,6 +59,8 @@ def test_sigkill_after_acting_then_restart_repeats_nothing(tmp_path: Path) -> No
     kmsg.write_text("")
     agent = vigil(
         "agent",
+        "--gpu-backend",
+        "simulated",
         "--node",
         "node-a",
         "--controller",

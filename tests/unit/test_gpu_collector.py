@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from agent.gpu_collector import GpuCollector
+from agent.gpu_collector import GpuCollector, xid_signals
 from agent.simulated import SimulatedBackend, simulated_gpus
 from vigil.signals import THROTTLE_GPU_IDLE, THROTTLE_HW_THERMAL, THROTTLE_SW_POWER_CAP, SignalKind
 
@@ -42,7 +42,7 @@ def test_each_injected_fault_is_reported_once() -> None:
     backend.inject_row_remap(3, pending=True)
     backend.inject_gpu_lost(4)
     backend.inject_xid(5, 48)
-    first = collector.collect()
+    first = collector.collect() + xid_signals("n1", backend.drain_xid_events())
     assert sorted((s.kind, s.gpu.index) for s in first) == sorted(
         [
             (SignalKind.ECC_DBE, 1),
