@@ -82,7 +82,10 @@ def parse_exposition(text: str) -> tuple[dict[GpuRef, GpuReading], dict[tuple[Gp
             gpu = _gpu(sample.labels)
             if gpu is None:
                 continue
+            # The parser adds "_total" to a counter's samples; dcgm-exporter's names do not have it.
             name, value = sample.name, sample.value
+            if family.type == "counter":
+                name = name.removesuffix("_total")
             if name == XID_GAUGE:
                 xids[(gpu, -1)] = value
             elif name == XID_COUNT and sample.labels.get("xid", "").isdigit():
