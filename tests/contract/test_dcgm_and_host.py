@@ -15,7 +15,9 @@ from agent.host import HostCollector
 from vigil.signals import SignalKind
 
 # As dcgm-exporter 3.3 prints it (labels and HELP lines trimmed to what the parser needs).
-LABELS = 'gpu="{i}",UUID="GPU-{i}a",pci_bus_id="00000000:{bus}:00.0",device="nvidia{i}",modelName="NVIDIA H100 80GB HBM3"'
+LABELS = (
+    'gpu="{i}",UUID="GPU-{i}a",pci_bus_id="00000000:{bus}:00.0",device="nvidia{i}",modelName="NVIDIA H100 80GB HBM3"'
+)
 
 
 def exposition(xid: int = 0, dbe: int = 0, remap_pending: int = 0, xid_counts: dict[int, int] | None = None) -> str:

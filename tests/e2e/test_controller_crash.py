@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import subprocess
-import sys
 import threading
 from pathlib import Path
 
@@ -17,40 +15,13 @@ from controller.decide import Page, Quarantine
 from controller.engine import Engine
 from controller.policy import Policy
 from controller.store import Store
+from tests.e2e.processes import start_controller, vigil
 from tests.helpers import poll_until
 from vigil.admin_client import AdminClient
 from vigil.demo import xid_line
 from vigil.signals import Signal, SignalKind
 
 pytestmark = pytest.mark.e2e
-
-
-def vigil(*args: str, out: Path) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "vigil", *args],
-        stdout=open(out, "wb"),
-        stderr=open(out.with_suffix(".log"), "wb"),
-        stdin=subprocess.DEVNULL,
-    )
-
-
-def start_controller(tmp: Path, run: int, port: int = 0) -> tuple[subprocess.Popen[bytes], int]:
-    port_file = tmp / f"port{run}"
-    proc = vigil(
-        "controller",
-        "--port",
-        str(port),
-        "--port-file",
-        str(port_file),
-        "--database",
-        str(tmp / "ctl.db"),
-        "--log-format",
-        "json",
-        out=tmp / f"controller{run}.out",
-    )
-    poll_until(lambda: port_file.exists() or proc.poll() is not None, what="controller port")
-    assert proc.poll() is None, (tmp / f"controller{run}.log").read_text()
-    return proc, int(port_file.read_text())
 
 
 def test_sigkill_after_acting_then_restart_repeats_nothing(tmp_path: Path) -> None:

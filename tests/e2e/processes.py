@@ -1,0 +1,37 @@
+"""Vigil processes for end-to-end tests: the real CLI in subprocesses."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.helpers import poll_until
+
+
+def vigil(*args: str, out: Path) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "vigil", *args],
+        stdout=open(out, "wb"),
+        stderr=open(out.with_suffix(".log"), "wb"),
+        stdin=subprocess.DEVNULL,
+    )
+
+
+def start_controller(tmp: Path, run: int, port: int = 0) -> tuple[subprocess.Popen[bytes], int]:
+    port_file = tmp / f"port{run}"
+    proc = vigil(
+        "controller",
+        "--port",
+        str(port),
+        "--port-file",
+        str(port_file),
+        "--database",
+        str(tmp / "ctl.db"),
+        "--log-format",
+        "json",
+        out=tmp / f"controller{run}.out",
+    )
+    poll_until(lambda: port_file.exists() or proc.poll() is not None, what="controller port")
+    assert proc.poll() is None, (tmp / f"controller{run}.log").read_text()
+    return proc, int(port_file.read_text())
