@@ -37,6 +37,7 @@ protos: $(VENV)/.dev  ## regenerate the committed protobuf/gRPC code from protos
 
 bench: $(VENV)/.runtime  ## benchmarks; each prints its figures and appends them to bench/results/
 	$(BIN)/python -m bench.demo_latency
+	$(BIN)/python -m bench.agent_footprint
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

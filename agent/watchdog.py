@@ -83,30 +83,15 @@ class Watchdog:
             self._hung_since[collector] = now
             log.error("collector_hung", node=self._node, collector=collector, deadline_s=deadline_s)
             message = f"collector {collector} has not answered within {deadline_s:g}s (driver wedged?)"
-            return [
-                Signal(
-                    self._node,
-                    SignalKind.COLLECTOR_HUNG,
-                    code=1,
-                    value=deadline_s,
-                    message=message,
-                    source=collector,
-                    observed_at=now,
-                )
-            ]
+            return [self._signal(collector, 1, deadline_s, message, now)]
         if not hung and collector in self._hung_since:
             stuck_for = now - self._hung_since.pop(collector)
             log.warning("collector_recovered", node=self._node, collector=collector, stuck_for_s=round(stuck_for, 1))
             message = f"collector {collector} answers again after {stuck_for:.0f}s"
-            return [
-                Signal(
-                    self._node,
-                    SignalKind.COLLECTOR_HUNG,
-                    code=0,
-                    value=stuck_for,
-                    message=message,
-                    source=collector,
-                    observed_at=now,
-                )
-            ]
+            return [self._signal(collector, 0, stuck_for, message, now)]
         return []
+
+    def _signal(self, collector: str, code: int, value: float, message: str, now: float) -> Signal:
+        """COLLECTOR_HUNG names the collector in ``source``: code 1 stuck, code 0 recovered."""
+        kind = SignalKind.COLLECTOR_HUNG
+        return Signal(self._node, kind, code=code, value=value, message=message, source=collector, observed_at=now)

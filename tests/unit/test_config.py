@@ -63,3 +63,34 @@ def test_agent_config_validation_and_overrides(tmp_path: Path, monkeypatch: pyte
 def test_controller_config_rejects_unknown_keys(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="pagr"):
         load_controller_config(write(tmp_path, "pagr: console\n"), {})
+
+
+def test_the_example_agent_config_loads() -> None:
+    from agent.config import AgentConfig, load_agent_config
+
+    example = Path(__file__).parents[2] / "deploy" / "agent.example.yaml"
+    cfg = load_agent_config(example, {"node": "gpu-node-17"})
+    assert cfg.dcgm_exporter_url == "http://127.0.0.1:9400/metrics" and cfg.checkpoint_path == Path("/checkpoints")
+    # Every default the file states is the model's default.
+    defaults = AgentConfig(node="gpu-node-17")
+    for key in ("gpu_poll_s", "kernel_log_poll_s", "spool_max_signals", "metrics_port", "collector_deadline_s"):
+        assert getattr(cfg, key) == getattr(defaults, key), key
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("kernel_log_source: file\n", "kernel_log"),
+        ("dcgm_exporter_url: localhost:9400\n", "dcgm_exporter_url"),
+        ("disk_used_max: 2\n", "disk_used_max"),
+        ("gpu_backend: amd\n", "gpu_backend"),
+    ],
+)
+def test_bad_agent_config_names_the_key(tmp_path: Path, text: str, expected: str) -> None:
+    from agent.config import load_agent_config
+    from vigil.config_file import ConfigError
+
+    path = tmp_path / "agent.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=expected):
+        load_agent_config(path, {"node": "n1"})

@@ -1,0 +1,67 @@
+"""The NVML backend on a real NVIDIA GPU. CI has none, so these skip there; run them on a GPU node:
+
+    pytest -m gpu -s tests/gpu
+
+They print what the backend reads (fields present per GPU, XID event registration, the latency of
+one full poll) so that the figures can be recorded.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import fields
+
+import pytest
+
+from agent.backend import BackendUnavailable, GpuReading
+from agent.gpu_collector import GpuCollector
+from agent.nvml_backend import NvmlBackend
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(scope="module")
+def backend() -> NvmlBackend:
+    try:
+        b = NvmlBackend()
+    except BackendUnavailable as exc:
+        pytest.skip(f"no NVIDIA GPU here: {exc}")
+    if not b.gpus():
+        pytest.skip("NVML found no GPU")
+    return b
+
+
+def test_every_gpu_is_named_and_read(backend: NvmlBackend) -> None:
+    print(f"\ndriver {backend.driver_version}, {len(backend.gpus())} GPU(s)")
+    for gpu in backend.gpus():
+        r = backend.read(gpu.index)
+        assert not r.lost, r.lost_reason
+        assert gpu.uuid.startswith("GPU-") and gpu.pci_bus_id
+        present = [f.name for f in fields(GpuReading) if getattr(r, f.name) is not None]
+        absent = [f.name for f in fields(GpuReading) if getattr(r, f.name) is None]
+        print(f"GPU {gpu.index} {r.name} {gpu.pci_bus_id}: present {present}; not available {absent}")
+        assert r.temperature_c is not None and r.memory_total_bytes is not None
+        assert r.throttle_reasons is not None
+
+
+def test_xid_events_are_registered(backend: NvmlBackend) -> None:
+    print(f"\nXID events registered on GPUs {backend.events_registered}")
+    assert backend.events_registered, "no GPU accepted XID critical-error events"
+    first = backend.events_progress()
+    time.sleep(2.5)
+    assert (backend.events_progress() or 0) > (first or 0)  # the listener comes back from its waits
+
+
+def test_one_full_poll_latency(backend: NvmlBackend) -> None:
+    collector = GpuCollector("gpu-node", backend, time.time)
+    collector.collect()  # first poll sets the baseline
+    samples = []
+    for _ in range(10):
+        started = time.perf_counter()
+        signals = collector.collect()
+        samples.append(time.perf_counter() - started)
+    samples.sort()
+    print(
+        f"\nfull poll of {len(backend.gpus())} GPU(s): median {samples[5] * 1e3:.1f} ms, max {samples[-1] * 1e3:.1f} ms"
+    )
+    assert signals == [] or all(s.source == "gpu-poll" for s in signals)
