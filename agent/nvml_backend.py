@@ -18,6 +18,7 @@ Design choices:
 
 from __future__ import annotations
 
+import ctypes
 import importlib
 import threading
 import time
@@ -268,9 +269,12 @@ class NvmlBackend:
 
 
 def _handle_key(handle: Any) -> Any:
-    """NVML device handles are ctypes pointers: compare their addresses, not the objects."""
-    value = getattr(handle, "value", None)
-    return value if value is not None else handle
+    """NVML device handles are ctypes pointers, and the event's handle is a new pointer object to
+    the same device: compare addresses, not objects."""
+    try:
+        return ctypes.cast(handle, ctypes.c_void_p).value
+    except (TypeError, ctypes.ArgumentError):
+        return getattr(handle, "value", handle)
 
 
 def _text(value: Any) -> str:

@@ -44,7 +44,7 @@ class Spool:
     def __init__(self, path: Path, max_signals: int = 20_000) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.max_signals = max_signals
-        self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        self._db = sqlite3.connect(path, isolation_level=None)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.executescript(_SCHEMA)

@@ -136,3 +136,16 @@ def test_a_wedged_event_wait_stops_progress() -> None:
     finally:
         gate.set()
         b.close()
+
+
+def test_event_handles_match_by_address_not_identity() -> None:
+    import ctypes
+
+    import pynvml
+
+    from agent.nvml_backend import _handle_key
+
+    device = pynvml.struct_c_nvmlDevice_t()
+    one, other = pynvml.c_nvmlDevice_t(device), pynvml.c_nvmlDevice_t(device)
+    assert one is not other and _handle_key(one) == _handle_key(other) == ctypes.addressof(device)
+    assert _handle_key(pynvml.c_nvmlDevice_t(pynvml.struct_c_nvmlDevice_t())) != _handle_key(one)
