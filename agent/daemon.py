@@ -189,7 +189,7 @@ class Agent:
             # A hung poll shows no stale GPU values; vigil_agent_collector_hung says why.
             self.metrics.readings.gpus = self.gpu_collector.readings if finished else []
         elif name == "host":
-            self.metrics.readings.host = self.host.reading
+            self.metrics.readings.host = self.host.reading if finished else None
 
     # The fast path: kernel log and NVML events, on the loop ---------------------------------------
 
