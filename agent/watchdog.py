@@ -5,7 +5,8 @@ checkpoint path. So each collector's blocking call runs in its own daemon thread
 deadline. A call that overruns marks the collector hung: one COLLECTOR_HUNG signal (code 1,
 ``source`` names the collector), which the controller turns into UNKNOWN health. No new call is
 started while the stuck one has not returned (threads do not pile up, and a daemon thread never
-keeps the agent from exiting). When it returns, the collector is reported recovered (code 0).
+keeps the agent from exiting). When it returns, its result is delivered (the signals it found are
+not lost) and the collector is reported recovered (code 0).
 
 Long-running listeners (the NVML event thread) prove they are alive through a progress time; the
 same transitions apply when it is older than the deadline.
@@ -46,7 +47,10 @@ class GuardedWorker:
         if self._stuck is not None:
             if not self._stuck.done():
                 return False, None
-            self._stuck = None  # it came back; its late result is stale and dropped
+            # It came back. Its result is delivered now rather than dropped: the collector has
+            # already moved its baseline past what that call saw, so dropping it would lose faults.
+            late, self._stuck = self._stuck, None
+            return True, late.result()  # type: ignore[return-value]
         future: Future[T] = Future()
 
         def target() -> None:

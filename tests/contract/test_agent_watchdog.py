@@ -29,7 +29,8 @@ def test_guarded_worker_reports_a_hang_without_starting_another_call() -> None:
         assert await worker.call(slow) == (False, None) and worker.hung
         assert await worker.call(slow) == (False, None) and len(calls) == 1  # no pile-up
         await asyncio.sleep(0.35)
-        assert await worker.call(lambda: 8) == (True, 8) and not worker.hung
+        assert await worker.call(lambda: 8) == (True, 7) and not worker.hung  # the late result, not lost
+        assert await worker.call(lambda: 8) == (True, 8)
 
     asyncio.run(scenario())
 
@@ -77,6 +78,12 @@ def test_a_wedged_gpu_makes_the_node_unknown_until_it_answers(tmp_path: Path) ->
         backend.release_hangs()
         await wait_until(lambda: health() is not Health.UNKNOWN, timeout=10, what="node back")
         assert health() is Health.SUSPECT  # a hang was paged once; a person clears it
+        # A fault that the stuck call itself comes back with is delivered, not dropped as late.
+        backend.inject_hang(2)
+        await wait_until(lambda: health() is Health.UNKNOWN, timeout=10, what="UNKNOWN again")
+        backend.inject_row_remap(3, pending=True)  # GPU 3 is read after the stuck GPU 2
+        backend.release_hangs()
+        await wait_until(lambda: health() in (Health.UNHEALTHY, Health.QUARANTINED), timeout=10, what="quarantine")
         stop.set()
         await task
         await stop_controller(controller)
