@@ -18,13 +18,12 @@ from __future__ import annotations
 
 import urllib.request
 from collections.abc import Callable
-from dataclasses import replace
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
 from agent.backend import GpuReading
-from agent.faults import FaultState, diff_faults, fault_state
+from agent.faults import FaultTracker
 from vigil.signals import GpuRef, Signal, SignalKind, normalize_pci_bus_id
 
 XID_GAUGE = "DCGM_FI_DEV_XID_ERRORS"
@@ -104,18 +103,15 @@ class DcgmCollector:
         self._url = url
         self._clock = clock
         self._scrape = scrape
-        self._faults: dict[str, FaultState] = {}
+        self._faults = FaultTracker(node, "dcgm")
         self._xids: dict[tuple[GpuRef, int], float] | None = None
 
     def collect(self) -> list[Signal]:
         readings, xids = parse_exposition(self._scrape(self._url))
         now = self._clock()
         signals = []
-        for gpu, reading in readings.items():
-            before = self._faults.get(gpu.key)
-            state = fault_state(reading, before)
-            signals += [replace(s, source="dcgm") for s in diff_faults(self._node, gpu, before, state, now)]
-            self._faults[gpu.key] = state
+        for reading in readings.values():
+            signals += self._faults.observe(reading, now)
         if self._xids is not None:
             signals += self._new_xids(self._xids, xids, now)
         self._xids = xids

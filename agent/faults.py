@@ -88,9 +88,11 @@ def _keep(value: Any, prior: Any) -> Any:
     return prior if value is None else value
 
 
-def diff_faults(node: str, gpu: GpuRef, before: FaultState | None, now: FaultState, at: float) -> list[Signal]:
+def diff_faults(
+    node: str, gpu: GpuRef, before: FaultState | None, now: FaultState, at: float, source: str = "gpu-poll"
+) -> list[Signal]:
     def signal(kind: SignalKind, value: float, message: str) -> Signal:
-        return Signal(node, kind, gpu, 0, value, message, "gpu-poll", at)
+        return Signal(node, kind, gpu, 0, value, message, source, at)
 
     b = before or FaultState()
     first = before is None
@@ -125,3 +127,19 @@ def _growth(before: int | None, now: int | None, count_from_zero: bool) -> int:
     if before is None:
         return now if count_from_zero else 0
     return max(0, now - before)
+
+
+class FaultTracker:
+    """Each GPU's last fault state, and the signals a new reading of it makes. One per source."""
+
+    def __init__(self, node: str, source: str) -> None:
+        self._node = node
+        self._source = source
+        self.states: dict[str, FaultState] = {}  # GpuRef.key -> state; persisted by the collector
+
+    def observe(self, reading: GpuReading, at: float) -> list[Signal]:
+        key = reading.gpu.key
+        before = self.states.get(key)
+        state = fault_state(reading, before)
+        self.states[key] = state
+        return diff_faults(self._node, reading.gpu, before, state, at, self._source)

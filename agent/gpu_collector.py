@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agent.backend import GpuBackend, GpuReading, XidEvent
-from agent.faults import FaultState, diff_faults, fault_state
+from agent.faults import FaultState, FaultTracker
 from vigil.signals import THROTTLE_HARMFUL_MASK, Signal, SignalKind, throttle_reason_names
 
 
@@ -53,7 +53,7 @@ class GpuCollector:
         self._backend = backend
         self._clock = clock
         self._throttle_report_s = throttle_report_s
-        self._faults: dict[str, FaultState] = {}
+        self._faults = FaultTracker(node, "gpu-poll")
         self._throttle: dict[str, _Throttle] = {}
         self.readings: list[GpuReading] = []
 
@@ -63,11 +63,7 @@ class GpuCollector:
         now = self._clock()
         signals: list[Signal] = []
         for reading in readings:
-            key = reading.gpu.key
-            before = self._faults.get(key)
-            state = fault_state(reading, before)
-            signals += diff_faults(self._node, reading.gpu, before, state, now)
-            self._faults[key] = state
+            signals += self._faults.observe(reading, now)
             if not reading.lost:
                 signals += self._throttle_signals(reading, now)
         self.readings = readings
@@ -98,12 +94,12 @@ class GpuCollector:
 
     def snapshot(self) -> dict[str, Any]:
         return {
-            "faults": {k: v.to_json() for k, v in self._faults.items()},
+            "faults": {k: v.to_json() for k, v in self._faults.states.items()},
             "throttle": {k: [t.reasons, t.since, t.reported_at] for k, t in self._throttle.items()},
         }
 
     def restore(self, snapshot: dict[str, Any]) -> None:
-        self._faults = {k: FaultState.from_json(v) for k, v in snapshot.get("faults", {}).items()}
+        self._faults.states = {k: FaultState.from_json(v) for k, v in snapshot.get("faults", {}).items()}
         self._throttle = {
             k: _Throttle(int(r), float(s), float(t)) for k, (r, s, t) in snapshot.get("throttle", {}).items()
         }
