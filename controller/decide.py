@@ -95,6 +95,7 @@ class Quarantine:
     reason: str
     remedy: str
     observed_at: float = 0.0  # when the agent saw the fault: fault-to-action latency starts here
+    dry_run: bool = False  # decided and recorded, but nothing on the node is changed
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,15 +106,34 @@ class Page:
     summary: str
     remedy: str
     observed_at: float = 0.0
+    gpu: str = ""  # which GPU, for a person: "GPU 3 (GPU-…, 0000:3b:00.0)"
+    did: str = ""  # what Vigil did about it
 
 
-Action = OpenIncident | FoldIntoIncident | EscalateIncident | Quarantine | Page
+@dataclass(frozen=True, slots=True)
+class PageUpdate:
+    """A later word on a paged incident (in Slack: a reply in its thread). One per tag and incident."""
+
+    incident_id: str
+    node: str
+    tag: str  # QUARANTINED, RESOLVED, HELD, ...
+    text: str
+    resolve: bool = False
+    observed_at: float = 0.0
+
+
+ExternalAction = Quarantine | Page | PageUpdate
+Action = OpenIncident | FoldIntoIncident | EscalateIncident | Quarantine | Page | PageUpdate
 
 
 @dataclass(frozen=True, slots=True)
 class Decision:
     state: NodeState
     actions: tuple[Action, ...]
+
+
+def describe_gpu(gpu: GpuRef) -> str:
+    return gpu.describe() + (f", {gpu.uuid}" if gpu.uuid else "")
 
 
 def signal_key(signal: Signal) -> str:
@@ -170,16 +190,19 @@ def decide(state: NodeState, signal: Signal, policy: Policy, now: float, inciden
         actions.append(OpenIncident(incident))
 
     health, before_unknown = state.health, state.health_before_unknown
+    did = "recorded; nothing changed on the node"
     if severity is Severity.QUARANTINE:
         health = Health.UNHEALTHY
+        did = "quarantining the node: taint, cordon, node condition"
         actions.append(Quarantine(target, signal.node, summary, rule.remedy, at))
     elif severity is Severity.SUSPECT and state.hung_collectors and health is Health.UNKNOWN:
         # Blind is worse than suspect: stay UNKNOWN, and come back as SUSPECT once it recovers.
         before_unknown = Health.SUSPECT if before_unknown is Health.HEALTHY else before_unknown
     elif severity is Severity.SUSPECT and health in (Health.HEALTHY, Health.UNKNOWN):
         health = Health.SUSPECT
+        did = "marked the node SUSPECT; it stays in service"
     if severity is not Severity.RECORD:
-        actions.append(Page(target, signal.node, severity, summary, rule.remedy, at))
+        actions.append(Page(target, signal.node, severity, summary, rule.remedy, at, describe_gpu(signal.gpu), did))
     new_state = replace(state, health=health, health_before_unknown=before_unknown, recent=recent, incidents=refs)
     return Decision(new_state, tuple(actions))
 

@@ -1,25 +1,30 @@
 """The controller's engine: the thin, effectful shell around the pure decision function.
 
-For each batch from an agent: drop what was seen before, decide each new signal, commit signals,
-incidents, node state and pending actions in one transaction, then acknowledge. Actions run
-afterwards, each retried with backoff, and any left PENDING by a previous process run on start.
+For each batch from an agent: drop what was seen before, decide each new signal, pass its actions
+through the guardrails (dry-run, circuit breaker), commit signals, incidents, node state and
+actions in one transaction, then acknowledge what needs nothing more. The action runner carries
+the actions out; the agent's ack for a signal waits until its actions are done.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import structlog
 
+from controller.action_runner import ActionRunner
 from controller.actuators import Actuator, Pager
 from controller.decide import (
+    Action,
     Health,
     NodeState,
     OpenIncident,
     Page,
+    PageUpdate,
     Quarantine,
     decide,
     heartbeat_returned,
@@ -27,16 +32,25 @@ from controller.decide import (
     quarantine_confirmed,
     recovered,
 )
+from controller.guardrails import (
+    Admission,
+    BreakerState,
+    GuardrailConfig,
+    TokenBucket,
+    admit_quarantine,
+    breaker_summary,
+    resumed,
+)
 from controller.metrics import ControllerMetrics
-from controller.policy import Policy
-from controller.store import PendingAction, Received, Store, action_kind
+from controller.policy import Policy, Severity
+from controller.store import EXTERNAL_ACTIONS, PendingAction, Received, Store, action_kind
 from protos.vigil.v1 import common_pb2
 from vigil.signals import Signal
 from vigil.waiting import wait_event
 
 log = structlog.get_logger(__name__)
 
-MAX_ACTION_ATTEMPTS = 8
+_BREAKER_KEY = "circuit_breaker"
 
 
 @dataclass
@@ -68,19 +82,38 @@ class Engine:
         pager: Pager,
         metrics: ControllerMetrics | None = None,
         clock: Callable[[], float] = time.time,
+        guardrails: GuardrailConfig | None = None,
     ) -> None:
         self.store = store
         self.policy = policy
-        self.actuator = actuator
-        self.pager = pager
         self.metrics = metrics or ControllerMetrics()
         self.clock = clock
+        self.guardrails = guardrails or GuardrailConfig()
         self.nodes: dict[str, NodeEntry] = {
             name: NodeEntry(row.state, row.spool_id, row.last_seq, row.last_heartbeat, row.gpus)
             for name, row in store.load_nodes().items()
         }
-        self._in_flight: set[tuple[str, str]] = set()
-        self._tasks: set[asyncio.Task[None]] = set()
+        bucket = TokenBucket(self.guardrails.quarantines_per_s, self.guardrails.quarantine_burst)
+        self.runner = ActionRunner(store, actuator, pager, self.metrics, bucket, clock)
+        self.runner.on_done = self._action_done
+        self.on_ack: Callable[[str, int], None] = lambda node, seq: None  # the gateway sends it
+        self.runner.on_ack = lambda node: self.on_ack(node, self.ack_seq(node))
+        self.breaker = _load_breaker(store.get_meta(_BREAKER_KEY))
+        self._breaker_page_task: asyncio.Task[None] | None = None
+
+    @property
+    def actuator(self) -> Actuator:
+        return self.runner.actuator
+
+    @property
+    def pager(self) -> Pager:
+        return self.runner.pager
+
+    @property
+    def automation(self) -> str:
+        if self.breaker.tripped:
+            return f"paused: circuit breaker tripped, {len(self.breaker.held)} quarantine(s) held"
+        return "dry-run" if self.guardrails.dry_run else "active"
 
     # Agents --------------------------------------------------------------------------------
 
@@ -97,7 +130,13 @@ class Engine:
         entry.state = heartbeat_returned(entry.state)
         entry.last_heartbeat, entry.gpus, entry.connected = now, gpus, True
         self.store.register_node(entry.state, spool_id, entry.last_seq, gpus, now)
-        return entry.last_seq
+        return self.ack_seq(node)
+
+    def ack_seq(self, node: str) -> int:
+        """What the agent may drop: everything received, except signals whose actions are under way."""
+        entry = self._entry(node)
+        held_back = self.runner.held_back_seq(node)
+        return entry.last_seq if held_back is None else min(entry.last_seq, held_back - 1)
 
     def heartbeat(self, node: str, dropped_faults: int = 0) -> None:
         entry = self._entry(node)
@@ -133,16 +172,20 @@ class Engine:
             incident_id = incident_id_for(node, entry.spool_id, signal.seq)
             decision = decide(state, signal, self.policy, now, incident_id)
             state, last_seq = decision.state, signal.seq
-            received.append(Received(signal, incident_id, decision.actions))
+            actions, held = self._guard(decision.actions, now)
+            received.append(Received(signal, incident_id, actions, held))
         if not received:
-            return entry.last_seq
+            return self.ack_seq(node)
+        breaker_before = self.breaker
         self.store.commit_batch(node, entry.spool_id, received, state, last_seq, now)
+        if self.breaker != breaker_before:
+            self.store.set_meta(_BREAKER_KEY, _dump_breaker(self.breaker))
         entry.state, entry.last_seq, entry.last_heartbeat = state, last_seq, now
         for item in received:
             self.metrics.signals.labels(item.signal.kind.value).inc()
             for action in item.actions:
-                if isinstance(action, (Quarantine, Page)):
-                    self._schedule(PendingAction(action.incident_id, action, 0))
+                if isinstance(action, EXTERNAL_ACTIONS) and action_kind(action) not in item.held:
+                    self.runner.schedule(PendingAction(action.incident_id, action, 0, item.signal.seq))
                 elif isinstance(action, OpenIncident):
                     self.metrics.incidents.labels(action.incident.severity.value).inc()
                     log.info(
@@ -154,7 +197,48 @@ class Engine:
                         code=action.incident.code,
                         gpu=action.incident.gpu.index,
                     )
-        return last_seq
+        return self.ack_seq(node)
+
+    def _guard(self, actions: tuple[Action, ...], now: float) -> tuple[tuple[Action, ...], frozenset[str]]:
+        """Dry-run and the circuit breaker, applied to one decision's actions."""
+        quarantine = next((a for a in actions if isinstance(a, Quarantine)), None)
+        if quarantine is None:
+            return actions, frozenset()
+        if self.guardrails.dry_run:
+            did = "DRY RUN: would quarantine the node (taint, cordon, condition); nothing was changed"
+            return tuple(
+                replace(a, dry_run=True)
+                if isinstance(a, Quarantine)
+                else replace(a, did=did)
+                if isinstance(a, Page)
+                else a
+                for a in actions
+            ), frozenset()
+        self.breaker, admission = admit_quarantine(self.breaker, quarantine.node, len(self.nodes), self.guardrails, now)
+        if admission is Admission.GO:
+            return actions, frozenset()
+        if admission is Admission.TRIP:
+            log.error("circuit_breaker_tripped", node=quarantine.node, fleet=len(self.nodes))
+            self.metrics.breaker_trips.inc()
+            self._breaker_page_task = asyncio.get_running_loop().create_task(self._page_breaker())
+        log.warning("quarantine_held", node=quarantine.node, incident=quarantine.incident_id)
+        # Its page is held too: one page for the breaker, not one per node of a mass failure.
+        return actions, frozenset(action_kind(a) for a in actions if isinstance(a, (Quarantine, Page)))
+
+    async def _page_breaker(self) -> None:
+        await asyncio.sleep(self.guardrails.breaker_page_delay_s)  # gather the rest of the burst
+        tripped_at = self.breaker.tripped_at or self.clock()
+        page = Page(
+            incident_id=f"breaker-{int(tripped_at * 1000)}",
+            node="",
+            severity=Severity.QUARANTINE,
+            summary=breaker_summary(self.breaker, len(self.nodes), self.guardrails),
+            remedy="check what the held nodes have in common (driver, switch, rack); "
+            "then `vigil resume` (add --apply-held to quarantine them after all)",
+            did="paused automation: no node was quarantined past the limit",
+        )
+        if self.store.add_action(page, self.clock()):
+            self.runner.schedule(PendingAction(page.incident_id, page, 0))
 
     def _entry(self, node: str) -> NodeEntry:
         entry = self.nodes.get(node)
@@ -167,68 +251,51 @@ class Engine:
     def resume_pending(self) -> int:
         pending = self.store.pending_actions()
         for p in pending:
-            self._schedule(p)
+            self.runner.schedule(p)
         if pending:
             log.info("actions_resumed", count=len(pending))
         return len(pending)
 
-    def _schedule(self, pending: PendingAction) -> None:
-        key = (pending.incident_id, action_kind(pending.action))
-        if key in self._in_flight:
+    def _action_done(self, pending: PendingAction, detail: str) -> None:
+        action = pending.action
+        if not isinstance(action, Quarantine) or action.dry_run:
             return
-        self._in_flight.add(key)
-        task = asyncio.get_running_loop().create_task(self._run_action(pending))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    async def _run_action(self, pending: PendingAction) -> None:
-        action, kind = pending.action, action_kind(pending.action)
-        bound = log.bind(incident=pending.incident_id, node=action.node, action=kind)
-        try:
-            for attempt in range(pending.attempts, MAX_ACTION_ATTEMPTS):
-                try:
-                    detail = await asyncio.to_thread(self._carry_out, action)
-                except Exception as exc:  # the actuator's failure is retried, never fatal
-                    bound.warning("action_failed", attempt=attempt, error=repr(exc))
-                    self.store.count_attempt(pending.incident_id, kind, repr(exc)[:500])
-                    await asyncio.sleep(min(30.0, 0.5 * 2**attempt))
-                    continue
-                now = self.clock()
-                self.store.finish_action(pending.incident_id, kind, "DONE", detail, now)
-                self.metrics.actions.labels(kind, "DONE").inc()
-                if action.observed_at > 0:
-                    self.metrics.fault_to_action.labels(kind).observe(now - action.observed_at)
-                if isinstance(action, Quarantine):
-                    self._confirm_quarantine(action.node)
-                bound.info("action_done", detail=detail, latency_s=round(now - action.observed_at, 4))
-                return
-            self.store.finish_action(pending.incident_id, kind, "FAILED", "gave up after retries", self.clock())
-            self.metrics.actions.labels(kind, "FAILED").inc()
-            bound.error("action_gave_up", attempts=MAX_ACTION_ATTEMPTS)
-        finally:
-            self._in_flight.discard((pending.incident_id, kind))
-
-    def _carry_out(self, action: Quarantine | Page) -> str:
-        if isinstance(action, Quarantine):
-            return self.actuator.quarantine(action)
-        return self.pager.page(action)
-
-    def _confirm_quarantine(self, node: str) -> None:
-        entry = self.nodes.get(node)
+        entry = self.nodes.get(action.node)
         if entry is not None and entry.state.health is Health.UNHEALTHY:
             entry.state = quarantine_confirmed(entry.state)
             self.store.save_states([entry.state])
+        latency = f" {self.clock() - action.observed_at:.2f} s after the fault" if action.observed_at > 0 else ""
+        note = PageUpdate(action.incident_id, action.node, "QUARANTINED", f"Done{latency}: {detail}")
+        if self.store.add_action(note, self.clock()):
+            self.runner.schedule(PendingAction(note.incident_id, note, 0))
 
     async def drain(self) -> None:
         """Wait for the actions under way to finish."""
-        while self._tasks:
-            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+        await self.runner.drain()
 
     async def shutdown(self) -> None:
         """Stop now: actions still under way stay PENDING in the store and resume at the next start."""
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*list(self._tasks), return_exceptions=True)
+        if self._breaker_page_task is not None:
+            self._breaker_page_task.cancel()
+        await self.runner.shutdown()
+
+    async def adopt_cluster_state(self) -> int:
+        """A new leader: take over the quarantines and pages that an earlier leader made."""
+        found = await asyncio.to_thread(self.actuator.adopt)
+        now, adopted = self.clock(), 0
+        for q in found:
+            adopted += self.store.adopt_quarantine(q.node, q.incident_id, q.reason, q.at, now)
+            entry = self.nodes.get(q.node)
+            if entry is None:
+                entry = NodeEntry(NodeState(node=q.node), "", 0, now, 0)
+                self.nodes[q.node] = entry
+                self.store.register_node(entry.state, "", 0, 0, now)
+            if entry.state.health is not Health.QUARANTINED:
+                entry.state = replace(entry.state, health=Health.QUARANTINED)
+                self.store.save_states([entry.state])
+        threads = await asyncio.to_thread(self.pager.resync)
+        log.info("cluster_state_adopted", quarantines_found=len(found), new_here=adopted, paged_incidents=threads)
+        return adopted
 
     # Time-driven ---------------------------------------------------------------------------
 
@@ -255,6 +322,7 @@ class Engine:
         for health, count in counts.items():
             self.metrics.nodes.labels(health.value).set(count)
         self.metrics.connected_agents.set(sum(e.connected for e in self.nodes.values()))
+        self.metrics.automation_paused.set(1 if self.breaker.tripped else 0)
 
     async def watch(self, stop: asyncio.Event, every_s: float = 1.0) -> None:
         ticks = 0
@@ -268,18 +336,42 @@ class Engine:
 
     # Operators -----------------------------------------------------------------------------
 
-    def uncordon(self, node: str, requested_by: str, reason: str) -> tuple[Health, str]:
-        """Return a node Vigil quarantined to service. A person asks; the local actuator obeys."""
+    async def uncordon(self, node: str, requested_by: str, reason: str) -> tuple[Health, str]:
+        """Return a node to service, at a person's request: only what Vigil quarantined is released."""
         entry = self._entry(node)
-        owner = self.store.release_quarantine(node)
-        if owner is None and entry.state.health is not Health.UNHEALTHY:
-            return entry.state.health, "not quarantined by Vigil: left as it is"
+        release = await asyncio.to_thread(self.actuator.release, node, reason or f"requested by {requested_by}")
         now = self.clock()
+        self.store.record_operator_action("uncordon", node, requested_by, reason, release.detail, now)
+        if not release.released and entry.state.health not in (Health.UNHEALTHY, Health.QUARANTINED):
+            return entry.state.health, release.detail
+        open_incidents = self.store.incidents(open_only=True, node=node, limit=10000)
         resolved = self.store.resolve_incidents(node, now)
         entry.state = recovered(entry.state)
         self.store.save_states([entry.state])
+        for incident in open_incidents:
+            text = f"Resolved: {node} returned to service by {requested_by}" + (f" ({reason})" if reason else "")
+            note = PageUpdate(incident.id, node, "RESOLVED", text, resolve=True)
+            if self.store.add_action(note, now):
+                self.runner.schedule(PendingAction(note.incident_id, note, 0))
         log.info("node_uncordoned", node=node, by=requested_by, reason=reason, incidents_resolved=resolved)
-        return entry.state.health, f"back in service; {resolved} incident(s) resolved"
+        return entry.state.health, f"{release.detail}; back in service; {resolved} incident(s) resolved"
+
+    async def resume(self, requested_by: str, reason: str, apply_held: bool) -> tuple[int, int]:
+        """A person resumes automation after the breaker tripped; returns (applied, dropped) held actions."""
+        held = self.store.held_actions()
+        self.breaker = resumed(self.breaker)
+        self.store.set_meta(_BREAKER_KEY, _dump_breaker(self.breaker))
+        keys = [(h.incident_id, action_kind(h.action)) for h in held]
+        if apply_held:
+            self.store.set_status(keys, "PENDING", f"released by {requested_by}")
+            for h in held:
+                self.runner.schedule(h)
+        else:
+            self.store.set_status(keys, "SKIPPED", f"dropped when {requested_by} resumed automation")
+        detail = f"{'applied' if apply_held else 'dropped'} {len(held)} held action(s)"
+        self.store.record_operator_action("resume", "", requested_by, reason, detail, self.clock())
+        log.warning("automation_resumed", by=requested_by, reason=reason, apply_held=apply_held, held=len(held))
+        return (len(held), 0) if apply_held else (0, len(held))
 
     def record_check_result(self, node: str, r: common_pb2.CheckResult) -> None:
         self.store.record_check_result(
@@ -292,3 +384,14 @@ class Engine:
             r.started_at,
             r.finished_at,
         )
+
+
+def _dump_breaker(state: BreakerState) -> str:
+    return json.dumps({"tripped_at": state.tripped_at, "recent": state.recent, "held": state.held})
+
+
+def _load_breaker(text: str | None) -> BreakerState:
+    if not text:
+        return BreakerState()
+    d = json.loads(text)
+    return BreakerState(d["tripped_at"], tuple((n, t) for n, t in d["recent"]), tuple(d["held"]))

@@ -32,3 +32,10 @@ class ControllerMetrics:
             registry=r,
         )
         self.connected_agents = Gauge("vigil_controller_connected_agents", "Agents with an open stream", registry=r)
+        self.breaker_trips = Counter(
+            "vigil_controller_circuit_breaker_trips_total", "Times the circuit breaker paused automation", registry=r
+        )
+        self.automation_paused = Gauge(
+            "vigil_controller_automation_paused", "1 while the circuit breaker holds quarantines back", registry=r
+        )
+        self.leader = Gauge("vigil_controller_leader", "1 while this replica holds the leader Lease", registry=r)

@@ -27,6 +27,13 @@ class AgentGateway(agent_pb2_grpc.AgentGatewayServicer):
     def __init__(self, engine: Engine) -> None:
         self._engine = engine
         self.outboxes: dict[str, asyncio.Queue[agent_pb2.ControllerMessage]] = {}
+        engine.on_ack = self._send_ack
+
+    def _send_ack(self, node: str, seq: int) -> None:
+        """An action finished: the agent may now drop the signals that asked for it."""
+        outbox = self.outboxes.get(node)
+        if outbox is not None:
+            outbox.put_nowait(agent_pb2.ControllerMessage(ack=agent_pb2.Ack(acked_seq=seq)))
 
     async def Connect(  # noqa: N802 (gRPC method name)
         self, request_iterator: AsyncIterator[agent_pb2.AgentMessage], context: grpc.aio.ServicerContext
@@ -97,8 +104,9 @@ class AgentGateway(agent_pb2_grpc.AgentGatewayServicer):
 
 
 class Admin(admin_pb2_grpc.AdminServicer):
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, replica: str = "") -> None:
         self._engine = engine
+        self._replica = replica
 
     async def GetStatus(  # noqa: N802
         self, request: admin_pb2.StatusRequest, context: grpc.aio.ServicerContext
@@ -115,7 +123,14 @@ class Admin(admin_pb2_grpc.AdminServicer):
             )
             for name, e in sorted(self._engine.nodes.items())
         ]
-        return admin_pb2.StatusReply(nodes=nodes, now=self._engine.clock())
+        return admin_pb2.StatusReply(
+            nodes=nodes,
+            now=self._engine.clock(),
+            automation=self._engine.automation,
+            held_nodes=list(self._engine.breaker.held),
+            replica=self._replica,
+            leader=True,  # only the leader serves: a standby replica has not opened its port
+        )
 
     async def ListIncidents(  # noqa: N802
         self, request: admin_pb2.IncidentsRequest, context: grpc.aio.ServicerContext
@@ -156,7 +171,22 @@ class Admin(admin_pb2_grpc.AdminServicer):
         self, request: admin_pb2.UncordonRequest, context: grpc.aio.ServicerContext
     ) -> admin_pb2.UncordonReply:
         try:
-            health, detail = self._engine.uncordon(request.node, request.requested_by or "unknown", request.reason)
+            health, detail = await self._engine.uncordon(
+                request.node, request.requested_by or "unknown", request.reason
+            )
         except UnknownNode:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"no node named {request.node!r}")
+        except Exception as exc:  # the API server refused or is down: say so, keep serving
+            log.warning("uncordon_failed", node=request.node, error=repr(exc))
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"could not release {request.node!r}: {exc}")
         return admin_pb2.UncordonReply(node=request.node, health=health.value, detail=detail)
+
+    async def Resume(  # noqa: N802
+        self, request: admin_pb2.ResumeRequest, context: grpc.aio.ServicerContext
+    ) -> admin_pb2.ResumeReply:
+        if not self._engine.breaker.tripped:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"automation is {self._engine.automation}")
+        applied, dropped = await self._engine.resume(
+            request.requested_by or "unknown", request.reason, request.apply_held
+        )
+        return admin_pb2.ResumeReply(automation=self._engine.automation, applied=applied, dropped=dropped)

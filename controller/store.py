@@ -19,12 +19,14 @@ from pathlib import Path
 from controller.decide import (
     Action,
     EscalateIncident,
+    ExternalAction,
     FoldIntoIncident,
     Health,
     IncidentRef,
     NodeState,
     OpenIncident,
     Page,
+    PageUpdate,
     Quarantine,
 )
 from controller.policy import Severity
@@ -47,7 +49,11 @@ CREATE INDEX IF NOT EXISTS incidents_node ON incidents (node, status);
 CREATE TABLE IF NOT EXISTS actions (
   incident_id TEXT NOT NULL, kind TEXT NOT NULL, status TEXT NOT NULL, payload TEXT NOT NULL,
   requested_at REAL NOT NULL, done_at REAL, attempts INTEGER NOT NULL DEFAULT 0, detail TEXT DEFAULT '',
-  PRIMARY KEY (incident_id, kind));
+  seq INTEGER NOT NULL DEFAULT 0, PRIMARY KEY (incident_id, kind));
+CREATE INDEX IF NOT EXISTS actions_status ON actions (status);
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS operator_actions (
+  at REAL NOT NULL, what TEXT NOT NULL, node TEXT, requested_by TEXT, reason TEXT, detail TEXT);
 CREATE TABLE IF NOT EXISTS quarantines (
   node TEXT PRIMARY KEY, incident_id TEXT NOT NULL, reason TEXT, at REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS check_results (
@@ -55,7 +61,7 @@ CREATE TABLE IF NOT EXISTS check_results (
   started_at REAL, finished_at REAL);
 """
 
-EXTERNAL_ACTIONS = (Quarantine, Page)
+EXTERNAL_ACTIONS = (Quarantine, Page, PageUpdate)
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,8 +76,9 @@ class NodeRow:
 @dataclass(frozen=True, slots=True)
 class PendingAction:
     incident_id: str
-    action: Quarantine | Page
+    action: ExternalAction
     attempts: int
+    seq: int = 0  # the signal that asked for it: the agent's ack waits until the action is done
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +88,7 @@ class Received:
     signal: Signal
     incident_id: str
     actions: tuple[Action, ...]
+    held: frozenset[str] = frozenset()  # kinds of its actions that the guardrails hold back
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,7 +126,14 @@ class Store:
         self._lock = threading.RLock()
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")
+        self._migrate()
         self._db.executescript(_SCHEMA)
+
+    def _migrate(self) -> None:
+        """Bring a database written by an older controller up to this schema."""
+        columns = {r[1] for r in self._db.execute("PRAGMA table_info(actions)")}
+        if columns and "seq" not in columns:
+            self._db.execute("ALTER TABLE actions ADD COLUMN seq INTEGER NOT NULL DEFAULT 0")
 
     @contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:
@@ -183,13 +198,15 @@ class Store:
                     ),
                 )
                 for action in item.actions:
-                    self._apply(db, action, now)
+                    self._apply(db, action, now, s.seq, item.held)
             db.execute(
                 "UPDATE nodes SET health = ?, state = ?, last_seq = ?, last_heartbeat = ? WHERE node = ?",
                 (state.health.value, state_to_json(state), last_seq, now, node),
             )
 
-    def _apply(self, db: sqlite3.Connection, action: Action, now: float) -> None:
+    def _apply(
+        self, db: sqlite3.Connection, action: Action, now: float, seq: int = 0, held: frozenset[str] = frozenset()
+    ) -> None:
         if isinstance(action, OpenIncident):
             i = action.incident
             db.execute(
@@ -226,18 +243,90 @@ class Store:
                 (action.at, action.severity.value, _status_for(action.severity), action.incident_id),
             )
         else:
+            kind = action_kind(action)
             db.execute(
-                "INSERT OR IGNORE INTO actions (incident_id, kind, status, payload, requested_at) "
-                "VALUES (?, ?, 'PENDING', ?, ?)",
-                (action.incident_id, action_kind(action), action_to_json(action), now),
+                "INSERT OR IGNORE INTO actions (incident_id, kind, status, payload, requested_at, seq) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
+                (action.incident_id, kind, "HELD" if kind in held else "PENDING", action_to_json(action), now, seq),
             )
 
+    def add_action(self, action: ExternalAction, now: float, seq: int = 0) -> bool:
+        """Record an action the engine itself asks for; False when that incident already has it."""
+        with self._tx() as db:
+            before = db.total_changes
+            self._apply(db, action, now, seq)
+            return db.total_changes > before
+
     def pending_actions(self) -> list[PendingAction]:
+        return self._actions_with_status("PENDING")
+
+    def held_actions(self) -> list[PendingAction]:
+        return self._actions_with_status("HELD")
+
+    def _actions_with_status(self, status: str) -> list[PendingAction]:
         with self._lock:
             rows = self._db.execute(
-                "SELECT incident_id, payload, attempts FROM actions WHERE status = 'PENDING' ORDER BY requested_at"
+                "SELECT incident_id, payload, attempts, seq FROM actions WHERE status = ? ORDER BY requested_at",
+                (status,),
             ).fetchall()
-        return [PendingAction(r[0], action_from_json(r[1]), r[2]) for r in rows]
+        return [PendingAction(r[0], action_from_json(r[1]), r[2], r[3]) for r in rows]
+
+    def set_status(self, keys: Sequence[tuple[str, str]], status: str, detail: str) -> None:
+        with self._tx() as db:
+            db.executemany(
+                "UPDATE actions SET status = ?, detail = ? WHERE incident_id = ? AND kind = ?",
+                [(status, detail, i, k) for i, k in keys],
+            )
+
+    def action_status(self, incident_id: str, kind: str) -> str | None:
+        with self._lock:
+            row = self._db.execute(
+                "SELECT status FROM actions WHERE incident_id = ? AND kind = ?", (incident_id, kind)
+            ).fetchone()
+        return str(row[0]) if row else None
+
+    # Small durable facts: the breaker's state, the pager's thread ids --------------------------
+
+    def get_meta(self, key: str) -> str | None:
+        with self._lock:
+            row = self._db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return str(row[0]) if row else None
+
+    def set_meta(self, key: str, value: str) -> None:
+        with self._tx() as db:
+            db.execute(
+                "INSERT INTO meta VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value", (key, value)
+            )
+
+    def record_operator_action(
+        self, what: str, node: str, requested_by: str, reason: str, detail: str, now: float
+    ) -> None:
+        with self._tx() as db:
+            db.execute(
+                "INSERT INTO operator_actions VALUES (?, ?, ?, ?, ?, ?)",
+                (now, what, node, requested_by, reason, detail),
+            )
+
+    def operator_actions(self) -> list[tuple[float, str, str, str, str, str]]:
+        with self._lock:
+            return list(self._db.execute("SELECT * FROM operator_actions ORDER BY at").fetchall())
+
+    def adopt_quarantine(self, node: str, incident_id: str, reason: str, at: float, now: float) -> bool:
+        """Record a quarantine found on the cluster (made by an earlier leader); True if it was new here."""
+        with self._tx() as db:
+            new = db.execute(
+                "INSERT OR IGNORE INTO incidents (id, node, gpu_index, gpu_uuid, pci_bus_id, kind, code, severity, "
+                "meaning, remedy, status, signal_count, first_message, first_seq, first_observed_at, received_at, "
+                "opened_at, last_at) "
+                "VALUES (?, ?, -1, '', '', 'XID', 0, 'QUARANTINE', ?, '', 'OPEN', 1, ?, 0, ?, ?, ?, ?)",
+                (incident_id, node, reason, "adopted from the node's Vigil annotations", at, now, at, at),
+            ).rowcount
+            db.execute(
+                "INSERT OR IGNORE INTO actions (incident_id, kind, status, payload, requested_at, done_at, detail) "
+                "VALUES (?, 'QUARANTINE', 'DONE', ?, ?, ?, 'found on the node at leader start')",
+                (incident_id, action_to_json(Quarantine(incident_id, node, reason, "")), at, now),
+            )
+        return new == 1
 
     def finish_action(self, incident_id: str, kind: str, status: str, detail: str, now: float) -> None:
         with self._tx() as db:
@@ -338,8 +427,13 @@ def _status_for(severity: Severity) -> str:
     return "RECORDED" if severity is Severity.RECORD else "OPEN"
 
 
-def action_kind(action: Quarantine | Page) -> str:
-    return "QUARANTINE" if isinstance(action, Quarantine) else "PAGE"
+def action_kind(action: ExternalAction) -> str:
+    """The action's name within its incident: each is carried out once per incident."""
+    if isinstance(action, Quarantine):
+        return "QUARANTINE"
+    if isinstance(action, Page):
+        return f"PAGE:{action.severity.value}"
+    return f"NOTE:{action.tag}"
 
 
 # JSON forms of what the store keeps ---------------------------------------------------------
@@ -369,13 +463,16 @@ def state_from_json(text: str, node: str | None = None) -> NodeState:
     )
 
 
-def action_to_json(action: Quarantine | Page) -> str:
+def action_to_json(action: ExternalAction) -> str:
     fields = {f: getattr(action, f) for f in action.__dataclass_fields__}
     return json.dumps({"kind": action_kind(action), **fields})
 
 
-def action_from_json(text: str) -> Quarantine | Page:
+def action_from_json(text: str) -> ExternalAction:
     d = json.loads(text)
-    if d.pop("kind") == "QUARANTINE":
+    kind = d.pop("kind")
+    if kind == "QUARANTINE":
         return Quarantine(**d)
+    if kind.startswith("NOTE:"):
+        return PageUpdate(**d)
     return Page(**{**d, "severity": Severity(d["severity"])})

@@ -216,7 +216,7 @@ def _all_healthy(admin: AdminClient, nodes: list[str]) -> bool:
 
 def _acted_on(admin: AdminClient, node: str) -> admin_pb2.Incident | None:
     for incident in admin.incidents(node=node):
-        done = {a.kind for a in incident.actions if a.status == "DONE"}
+        done = {a.kind.split(":")[0] for a in incident.actions if a.status == "DONE"}
         if {"QUARANTINE", "PAGE"} <= done:
             return incident
     return None
@@ -225,7 +225,7 @@ def _acted_on(admin: AdminClient, node: str) -> admin_pb2.Incident | None:
 def _summarise(
     incident: admin_pb2.Incident, injected_at: float, health: dict[str, str], other_incidents: list[admin_pb2.Incident]
 ) -> dict[str, Any]:
-    done = {a.kind: a.done_at for a in incident.actions}
+    done = {a.kind.split(":")[0]: a.done_at for a in incident.actions if not a.kind.startswith("NOTE:")}
     stamps = {
         "observed": incident.first_observed_at,
         "received": incident.received_at,

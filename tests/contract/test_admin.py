@@ -16,7 +16,7 @@ from tests.helpers import start_controller, stop_controller
 def test_status_incidents_and_uncordon(tmp_path: Path) -> None:
     async def scenario() -> None:
         controller = await start_controller(tmp_path / "ctl.db")
-        await send_raw(controller.port, raw_batch("s1", [1], code=79), replies=2)  # node-a: XID 79
+        await send_raw(controller.port, raw_batch("s1", [1], code=79), until_ack=1)  # node-a: XID 79
         await controller.engine.drain()
         async with grpc.aio.insecure_channel(f"127.0.0.1:{controller.port}") as channel:
             admin = admin_pb2_grpc.AdminStub(channel)
@@ -27,7 +27,11 @@ def test_status_incidents_and_uncordon(tmp_path: Path) -> None:
 
             (incident,) = (await admin.ListIncidents(admin_pb2.IncidentsRequest(open_only=True))).incidents
             assert incident.code == 79 and incident.status == "OPEN" and "bus" in incident.reason
-            assert sorted(a.kind for a in incident.actions if a.status == "DONE") == ["PAGE", "QUARANTINE"]
+            assert sorted(a.kind for a in incident.actions if a.status == "DONE") == [
+                "NOTE:QUARANTINED",
+                "PAGE:quarantine",
+                "QUARANTINE",
+            ]
 
             reply = await admin.Uncordon(admin_pb2.UncordonRequest(node="node-a", requested_by="sre", reason="rma"))
             assert reply.health == "HEALTHY" and "1 incident(s) resolved" in reply.detail

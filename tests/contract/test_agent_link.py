@@ -84,13 +84,16 @@ def raw_batch(spool_id: str, seqs: list[int], code: int = 45) -> list[agent_pb2.
 
 
 async def send_raw(
-    port: int, messages: list[agent_pb2.AgentMessage], replies: int
+    port: int, messages: list[agent_pb2.AgentMessage], replies: int = 0, until_ack: int | None = None
 ) -> list[agent_pb2.ControllerMessage]:
+    """Send raw messages; read ``replies`` answers, or answers until an Ack reaches ``until_ack``."""
     async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
         call = agent_pb2_grpc.AgentGatewayStub(channel).Connect()
         for m in messages:
             await call.write(m)
         out = [await call.read() for _ in range(replies)]
+        while until_ack is not None and (not out or out[-1].ack.acked_seq < until_ack):
+            out.append(await asyncio.wait_for(call.read(), 10))
         await call.done_writing()
         return out
 
@@ -98,8 +101,11 @@ async def send_raw(
 def test_controller_ignores_duplicates(tmp_path: Path) -> None:
     async def scenario() -> None:
         controller = await start_controller(tmp_path / "ctl.db")
-        replies = await send_raw(controller.port, raw_batch("spool1", [1, 2, 3], code=79), replies=2)
-        assert [r.ack.acked_seq for r in replies] == [0, 3]
+        replies = await send_raw(controller.port, raw_batch("spool1", [1, 2, 3], code=79), until_ack=3)
+        acks = [r.ack.acked_seq for r in replies]
+        # Hello's ack, then the batch's: held at 0 while the quarantine and page that signal 1 asked
+        # for are under way; 3 once they are done.
+        assert acks[:2] == [0, 0] and acks[-1] == 3 and set(acks) == {0, 3}
         # The ack was "lost": the same three again, plus one new, on a new stream.
         replies = await send_raw(controller.port, raw_batch("spool1", [1, 2, 3, 4], code=79), replies=2)
         assert [r.ack.acked_seq for r in replies] == [3, 4]
@@ -108,7 +114,7 @@ def test_controller_ignores_duplicates(tmp_path: Path) -> None:
         await controller.engine.drain()
         (incident,) = controller.store.incidents(node=NODE)
         assert incident.signal_count == 4  # folded: one incident, one quarantine, one page
-        assert sorted(a.kind for a in incident.actions) == ["PAGE", "QUARANTINE"]
+        assert sorted(a.kind for a in incident.actions) == ["NOTE:QUARANTINED", "PAGE:quarantine", "QUARANTINE"]
         await stop_controller(controller)
 
     asyncio.run(scenario())

@@ -11,7 +11,7 @@ import pytest
 
 from agent.simulated import simulated_gpus
 from controller.actuators import LocalActuator
-from controller.decide import Page, Quarantine
+from controller.decide import Page, PageUpdate, Quarantine
 from controller.engine import Engine
 from controller.policy import Policy
 from controller.store import Store
@@ -55,7 +55,7 @@ def test_sigkill_after_acting_then_restart_repeats_nothing(tmp_path: Path) -> No
 
         def acted() -> bool:
             return any(
-                {a.status for a in i.actions} == {"DONE"} and len(i.actions) == 2
+                {a.status for a in i.actions} == {"DONE"} and len(i.actions) == 3
                 for i in admin.incidents(node="node-a")
             )
 
@@ -75,7 +75,11 @@ def test_sigkill_after_acting_then_restart_repeats_nothing(tmp_path: Path) -> No
         poll_until(lambda: len(admin.incidents(node="node-a")) == 2, what="the second signal recorded")
         incidents = admin.incidents(node="node-a")
         (xid79,) = [i for i in incidents if i.code == 79]
-        assert sorted((a.kind, a.status) for a in xid79.actions) == [("PAGE", "DONE"), ("QUARANTINE", "DONE")]
+        assert sorted((a.kind, a.status) for a in xid79.actions) == [
+            ("NOTE:QUARANTINED", "DONE"),
+            ("PAGE:quarantine", "DONE"),
+            ("QUARANTINE", "DONE"),
+        ]
         assert {n.node: n.health for n in admin.status().nodes} == {"node-a": "QUARANTINED"}
         pages = (tmp_path / "controller1.out").read_text() + (tmp_path / "controller2.out").read_text()
         assert pages.count("PAGE [QUARANTINE]") == 1
@@ -108,6 +112,12 @@ class CountingPager:
     def page(self, action: Page) -> str:
         self.pages.append(action.incident_id)
         return "counted"
+
+    def update(self, action: PageUpdate) -> str:
+        return "noted"
+
+    def resync(self) -> int:
+        return 0
 
 
 def test_actions_pending_at_a_crash_run_once_after_restart(tmp_path: Path) -> None:

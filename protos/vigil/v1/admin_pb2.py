@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from protos.vigil.v1 import common_pb2 as protos_dot_vigil_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bprotos/vigil/v1/admin.proto\x12\x08vigil.v1\x1a\x1cprotos/vigil/v1/common.proto\"\x0f\n\rStatusRequest\"y\n\nNodeStatus\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\x0e\n\x06health\x18\x02 \x01(\t\x12\x16\n\x0elast_heartbeat\x18\x03 \x01(\x01\x12\x10\n\x08last_seq\x18\x04 \x01(\x03\x12\x0c\n\x04gpus\x18\x05 \x01(\x05\x12\x15\n\ropen_incident\x18\x06 \x01(\t\"?\n\x0bStatusReply\x12#\n\x05nodes\x18\x01 \x03(\x0b\x32\x14.vigil.v1.NodeStatus\x12\x0b\n\x03now\x18\x02 \x01(\x01\"B\n\x10IncidentsRequest\x12\x11\n\topen_only\x18\x01 \x01(\x08\x12\x0c\n\x04node\x18\x02 \x01(\t\x12\r\n\x05limit\x18\x03 \x01(\x05\"c\n\x0c\x41\x63tionRecord\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x0e\n\x06status\x18\x02 \x01(\t\x12\x14\n\x0crequested_at\x18\x03 \x01(\x01\x12\x0f\n\x07\x64one_at\x18\x04 \x01(\x01\x12\x0e\n\x06\x64\x65tail\x18\x05 \x01(\t\"\xbe\x02\n\x08Incident\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04node\x18\x02 \x01(\t\x12\x1d\n\x03gpu\x18\x03 \x01(\x0b\x32\x10.vigil.v1.GpuRef\x12\"\n\x04kind\x18\x04 \x01(\x0e\x32\x14.vigil.v1.SignalKind\x12\x0c\n\x04\x63ode\x18\x05 \x01(\x03\x12\x0e\n\x06reason\x18\x06 \x01(\t\x12\x0e\n\x06status\x18\x07 \x01(\t\x12\x14\n\x0csignal_count\x18\x08 \x01(\x03\x12\x19\n\x11\x66irst_observed_at\x18\t \x01(\x01\x12\x13\n\x0breceived_at\x18\n \x01(\x01\x12\x11\n\topened_at\x18\x0b \x01(\x01\x12\'\n\x07\x61\x63tions\x18\x0c \x03(\x0b\x32\x16.vigil.v1.ActionRecord\x12\x0e\n\x06remedy\x18\r \x01(\t\x12\x15\n\rfirst_message\x18\x0e \x01(\t\"7\n\x0eIncidentsReply\x12%\n\tincidents\x18\x01 \x03(\x0b\x32\x12.vigil.v1.Incident\"E\n\x0fUncordonRequest\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\x14\n\x0crequested_by\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\"=\n\rUncordonReply\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\x0e\n\x06health\x18\x02 \x01(\t\x12\x0e\n\x06\x64\x65tail\x18\x03 \x01(\t\"A\n\x0cSweepRequest\x12\r\n\x05nodes\x18\x01 \x03(\t\x12\x0e\n\x06\x63hecks\x18\x02 \x03(\t\x12\x12\n\nquarantine\x18\x03 \x01(\x08\"Q\n\x0bSweepUpdate\x12%\n\x06result\x18\x01 \x01(\x0b\x32\x15.vigil.v1.CheckResult\x12\x0c\n\x04\x64one\x18\x02 \x01(\x05\x12\r\n\x05total\x18\x03 \x01(\x05\x32\x85\x02\n\x05\x41\x64min\x12;\n\tGetStatus\x12\x17.vigil.v1.StatusRequest\x1a\x15.vigil.v1.StatusReply\x12\x45\n\rListIncidents\x12\x1a.vigil.v1.IncidentsRequest\x1a\x18.vigil.v1.IncidentsReply\x12>\n\x08Uncordon\x12\x19.vigil.v1.UncordonRequest\x1a\x17.vigil.v1.UncordonReply\x12\x38\n\x05Sweep\x12\x16.vigil.v1.SweepRequest\x1a\x15.vigil.v1.SweepUpdate0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bprotos/vigil/v1/admin.proto\x12\x08vigil.v1\x1a\x1cprotos/vigil/v1/common.proto\"\x0f\n\rStatusRequest\"y\n\nNodeStatus\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\x0e\n\x06health\x18\x02 \x01(\t\x12\x16\n\x0elast_heartbeat\x18\x03 \x01(\x01\x12\x10\n\x08last_seq\x18\x04 \x01(\x03\x12\x0c\n\x04gpus\x18\x05 \x01(\x05\x12\x15\n\ropen_incident\x18\x06 \x01(\t\"\x88\x01\n\x0bStatusReply\x12#\n\x05nodes\x18\x01 \x03(\x0b\x32\x14.vigil.v1.NodeStatus\x12\x0b\n\x03now\x18\x02 \x01(\x01\x12\x12\n\nautomation\x18\x03 \x01(\t\x12\x12\n\nheld_nodes\x18\x04 \x03(\t\x12\x0f\n\x07replica\x18\x05 \x01(\t\x12\x0e\n\x06leader\x18\x06 \x01(\x08\"B\n\x10IncidentsRequest\x12\x11\n\topen_only\x18\x01 \x01(\x08\x12\x0c\n\x04node\x18\x02 \x01(\t\x12\r\n\x05limit\x18\x03 \x01(\x05\"c\n\x0c\x41\x63tionRecord\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x0e\n\x06status\x18\x02 \x01(\t\x12\x14\n\x0crequested_at\x18\x03 \x01(\x01\x12\x0f\n\x07\x64one_at\x18\x04 \x01(\x01\x12\x0e\n\x06\x64\x65tail\x18\x05 \x01(\t\"\xbe\x02\n\x08Incident\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04node\x18\x02 \x01(\t\x12\x1d\n\x03gpu\x18\x03 \x01(\x0b\x32\x10.vigil.v1.GpuRef\x12\"\n\x04kind\x18\x04 \x01(\x0e\x32\x14.vigil.v1.SignalKind\x12\x0c\n\x04\x63ode\x18\x05 \x01(\x03\x12\x0e\n\x06reason\x18\x06 \x01(\t\x12\x0e\n\x06status\x18\x07 \x01(\t\x12\x14\n\x0csignal_count\x18\x08 \x01(\x03\x12\x19\n\x11\x66irst_observed_at\x18\t \x01(\x01\x12\x13\n\x0breceived_at\x18\n \x01(\x01\x12\x11\n\topened_at\x18\x0b \x01(\x01\x12\'\n\x07\x61\x63tions\x18\x0c \x03(\x0b\x32\x16.vigil.v1.ActionRecord\x12\x0e\n\x06remedy\x18\r \x01(\t\x12\x15\n\rfirst_message\x18\x0e \x01(\t\"7\n\x0eIncidentsReply\x12%\n\tincidents\x18\x01 \x03(\x0b\x32\x12.vigil.v1.Incident\"E\n\x0fUncordonRequest\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\x14\n\x0crequested_by\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\"=\n\rUncordonReply\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\x0e\n\x06health\x18\x02 \x01(\t\x12\x0e\n\x06\x64\x65tail\x18\x03 \x01(\t\"I\n\rResumeRequest\x12\x14\n\x0crequested_by\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x12\n\napply_held\x18\x03 \x01(\x08\"C\n\x0bResumeReply\x12\x12\n\nautomation\x18\x01 \x01(\t\x12\x0f\n\x07\x61pplied\x18\x02 \x01(\x05\x12\x0f\n\x07\x64ropped\x18\x03 \x01(\x05\"A\n\x0cSweepRequest\x12\r\n\x05nodes\x18\x01 \x03(\t\x12\x0e\n\x06\x63hecks\x18\x02 \x03(\t\x12\x12\n\nquarantine\x18\x03 \x01(\x08\"Q\n\x0bSweepUpdate\x12%\n\x06result\x18\x01 \x01(\x0b\x32\x15.vigil.v1.CheckResult\x12\x0c\n\x04\x64one\x18\x02 \x01(\x05\x12\r\n\x05total\x18\x03 \x01(\x05\x32\xbf\x02\n\x05\x41\x64min\x12;\n\tGetStatus\x12\x17.vigil.v1.StatusRequest\x1a\x15.vigil.v1.StatusReply\x12\x45\n\rListIncidents\x12\x1a.vigil.v1.IncidentsRequest\x1a\x18.vigil.v1.IncidentsReply\x12>\n\x08Uncordon\x12\x19.vigil.v1.UncordonRequest\x1a\x17.vigil.v1.UncordonReply\x12\x38\n\x06Resume\x12\x17.vigil.v1.ResumeRequest\x1a\x15.vigil.v1.ResumeReply\x12\x38\n\x05Sweep\x12\x16.vigil.v1.SweepRequest\x1a\x15.vigil.v1.SweepUpdate0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,24 +36,28 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_STATUSREQUEST']._serialized_end=86
   _globals['_NODESTATUS']._serialized_start=88
   _globals['_NODESTATUS']._serialized_end=209
-  _globals['_STATUSREPLY']._serialized_start=211
-  _globals['_STATUSREPLY']._serialized_end=274
-  _globals['_INCIDENTSREQUEST']._serialized_start=276
-  _globals['_INCIDENTSREQUEST']._serialized_end=342
-  _globals['_ACTIONRECORD']._serialized_start=344
-  _globals['_ACTIONRECORD']._serialized_end=443
-  _globals['_INCIDENT']._serialized_start=446
-  _globals['_INCIDENT']._serialized_end=764
-  _globals['_INCIDENTSREPLY']._serialized_start=766
-  _globals['_INCIDENTSREPLY']._serialized_end=821
-  _globals['_UNCORDONREQUEST']._serialized_start=823
-  _globals['_UNCORDONREQUEST']._serialized_end=892
-  _globals['_UNCORDONREPLY']._serialized_start=894
-  _globals['_UNCORDONREPLY']._serialized_end=955
-  _globals['_SWEEPREQUEST']._serialized_start=957
-  _globals['_SWEEPREQUEST']._serialized_end=1022
-  _globals['_SWEEPUPDATE']._serialized_start=1024
-  _globals['_SWEEPUPDATE']._serialized_end=1105
-  _globals['_ADMIN']._serialized_start=1108
-  _globals['_ADMIN']._serialized_end=1369
+  _globals['_STATUSREPLY']._serialized_start=212
+  _globals['_STATUSREPLY']._serialized_end=348
+  _globals['_INCIDENTSREQUEST']._serialized_start=350
+  _globals['_INCIDENTSREQUEST']._serialized_end=416
+  _globals['_ACTIONRECORD']._serialized_start=418
+  _globals['_ACTIONRECORD']._serialized_end=517
+  _globals['_INCIDENT']._serialized_start=520
+  _globals['_INCIDENT']._serialized_end=838
+  _globals['_INCIDENTSREPLY']._serialized_start=840
+  _globals['_INCIDENTSREPLY']._serialized_end=895
+  _globals['_UNCORDONREQUEST']._serialized_start=897
+  _globals['_UNCORDONREQUEST']._serialized_end=966
+  _globals['_UNCORDONREPLY']._serialized_start=968
+  _globals['_UNCORDONREPLY']._serialized_end=1029
+  _globals['_RESUMEREQUEST']._serialized_start=1031
+  _globals['_RESUMEREQUEST']._serialized_end=1104
+  _globals['_RESUMEREPLY']._serialized_start=1106
+  _globals['_RESUMEREPLY']._serialized_end=1173
+  _globals['_SWEEPREQUEST']._serialized_start=1175
+  _globals['_SWEEPREQUEST']._serialized_end=1240
+  _globals['_SWEEPUPDATE']._serialized_start=1242
+  _globals['_SWEEPUPDATE']._serialized_end=1323
+  _globals['_ADMIN']._serialized_start=1326
+  _globals['_ADMIN']._serialized_end=1645
 # @@protoc_insertion_point(module_scope)

@@ -28,12 +28,20 @@ class NodeStatus(_message.Message):
     def __init__(self, node: _Optional[str] = ..., health: _Optional[str] = ..., last_heartbeat: _Optional[float] = ..., last_seq: _Optional[int] = ..., gpus: _Optional[int] = ..., open_incident: _Optional[str] = ...) -> None: ...
 
 class StatusReply(_message.Message):
-    __slots__ = ("nodes", "now")
+    __slots__ = ("nodes", "now", "automation", "held_nodes", "replica", "leader")
     NODES_FIELD_NUMBER: _ClassVar[int]
     NOW_FIELD_NUMBER: _ClassVar[int]
+    AUTOMATION_FIELD_NUMBER: _ClassVar[int]
+    HELD_NODES_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_FIELD_NUMBER: _ClassVar[int]
+    LEADER_FIELD_NUMBER: _ClassVar[int]
     nodes: _containers.RepeatedCompositeFieldContainer[NodeStatus]
     now: float
-    def __init__(self, nodes: _Optional[_Iterable[_Union[NodeStatus, _Mapping]]] = ..., now: _Optional[float] = ...) -> None: ...
+    automation: str
+    held_nodes: _containers.RepeatedScalarFieldContainer[str]
+    replica: str
+    leader: bool
+    def __init__(self, nodes: _Optional[_Iterable[_Union[NodeStatus, _Mapping]]] = ..., now: _Optional[float] = ..., automation: _Optional[str] = ..., held_nodes: _Optional[_Iterable[str]] = ..., replica: _Optional[str] = ..., leader: _Optional[bool] = ...) -> None: ...
 
 class IncidentsRequest(_message.Message):
     __slots__ = ("open_only", "node", "limit")
@@ -116,6 +124,26 @@ class UncordonReply(_message.Message):
     health: str
     detail: str
     def __init__(self, node: _Optional[str] = ..., health: _Optional[str] = ..., detail: _Optional[str] = ...) -> None: ...
+
+class ResumeRequest(_message.Message):
+    __slots__ = ("requested_by", "reason", "apply_held")
+    REQUESTED_BY_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    APPLY_HELD_FIELD_NUMBER: _ClassVar[int]
+    requested_by: str
+    reason: str
+    apply_held: bool
+    def __init__(self, requested_by: _Optional[str] = ..., reason: _Optional[str] = ..., apply_held: _Optional[bool] = ...) -> None: ...
+
+class ResumeReply(_message.Message):
+    __slots__ = ("automation", "applied", "dropped")
+    AUTOMATION_FIELD_NUMBER: _ClassVar[int]
+    APPLIED_FIELD_NUMBER: _ClassVar[int]
+    DROPPED_FIELD_NUMBER: _ClassVar[int]
+    automation: str
+    applied: int
+    dropped: int
+    def __init__(self, automation: _Optional[str] = ..., applied: _Optional[int] = ..., dropped: _Optional[int] = ...) -> None: ...
 
 class SweepRequest(_message.Message):
     __slots__ = ("nodes", "checks", "quarantine")

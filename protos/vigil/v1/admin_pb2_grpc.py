@@ -49,6 +49,11 @@ class AdminStub:
                 request_serializer=protos_dot_vigil_dot_v1_dot_admin__pb2.UncordonRequest.SerializeToString,
                 response_deserializer=protos_dot_vigil_dot_v1_dot_admin__pb2.UncordonReply.FromString,
                 _registered_method=True)
+        self.Resume = channel.unary_unary(
+                '/vigil.v1.Admin/Resume',
+                request_serializer=protos_dot_vigil_dot_v1_dot_admin__pb2.ResumeRequest.SerializeToString,
+                response_deserializer=protos_dot_vigil_dot_v1_dot_admin__pb2.ResumeReply.FromString,
+                _registered_method=True)
         self.Sweep = channel.unary_stream(
                 '/vigil.v1.Admin/Sweep',
                 request_serializer=protos_dot_vigil_dot_v1_dot_admin__pb2.SweepRequest.SerializeToString,
@@ -77,6 +82,13 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Resume(self, request, context):
+        """Resume automation after the circuit breaker tripped.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Sweep(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -100,6 +112,11 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.Uncordon,
                     request_deserializer=protos_dot_vigil_dot_v1_dot_admin__pb2.UncordonRequest.FromString,
                     response_serializer=protos_dot_vigil_dot_v1_dot_admin__pb2.UncordonReply.SerializeToString,
+            ),
+            'Resume': grpc.unary_unary_rpc_method_handler(
+                    servicer.Resume,
+                    request_deserializer=protos_dot_vigil_dot_v1_dot_admin__pb2.ResumeRequest.FromString,
+                    response_serializer=protos_dot_vigil_dot_v1_dot_admin__pb2.ResumeReply.SerializeToString,
             ),
             'Sweep': grpc.unary_stream_rpc_method_handler(
                     servicer.Sweep,
@@ -188,6 +205,33 @@ class Admin:
             '/vigil.v1.Admin/Uncordon',
             protos_dot_vigil_dot_v1_dot_admin__pb2.UncordonRequest.SerializeToString,
             protos_dot_vigil_dot_v1_dot_admin__pb2.UncordonReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Resume(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/vigil.v1.Admin/Resume',
+            protos_dot_vigil_dot_v1_dot_admin__pb2.ResumeRequest.SerializeToString,
+            protos_dot_vigil_dot_v1_dot_admin__pb2.ResumeReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,141 @@
+"""Carries out the actions the engine committed: each once per incident, retried with backoff.
+
+Actions run in threads (actuators make blocking HTTP calls) under the quarantine rate limit. The
+agent's acknowledgement of a signal waits until the actions that signal asked for are done (or
+given up): a controller that dies with an action under way has not acknowledged its signal, so the
+agent replays it to the next controller, which carries the action out (idempotently) instead of
+losing it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+
+import structlog
+
+from controller.actuators import Actuator, NotReadyYet, Pager, PermanentActionError
+from controller.decide import ExternalAction, Page, PageUpdate, Quarantine
+from controller.guardrails import TokenBucket
+from controller.metrics import ControllerMetrics
+from controller.store import PendingAction, Store, action_kind
+
+log = structlog.get_logger(__name__)
+
+MAX_ACTION_ATTEMPTS = 8
+
+ActionKey = tuple[str, str]  # (incident id, action kind)
+
+
+def retry_delay(attempt: int) -> float:
+    return min(30.0, 0.5 * 2.0**attempt)
+
+
+class ActionRunner:
+    def __init__(
+        self,
+        store: Store,
+        actuator: Actuator,
+        pager: Pager,
+        metrics: ControllerMetrics,
+        bucket: TokenBucket,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.store = store
+        self.actuator = actuator
+        self.pager = pager
+        self.metrics = metrics
+        self.bucket = bucket
+        self.clock = clock
+        self.on_done: Callable[[PendingAction, str], None] = lambda pending, detail: None
+        self.on_ack: Callable[[str], None] = lambda node: None  # the node's ackable seq moved
+        self._in_flight: set[ActionKey] = set()
+        self._unfinished: dict[str, dict[ActionKey, int]] = {}  # node -> action -> the signal's seq
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def held_back_seq(self, node: str) -> int | None:
+        """The lowest seq of the node's signals whose actions are not done yet, if any."""
+        waiting = self._unfinished.get(node)
+        return min(waiting.values()) if waiting else None
+
+    def schedule(self, pending: PendingAction) -> None:
+        key = (pending.incident_id, action_kind(pending.action))
+        if key in self._in_flight:
+            return
+        self._in_flight.add(key)
+        if pending.seq > 0:
+            self._unfinished.setdefault(pending.action.node, {})[key] = pending.seq
+        task = asyncio.get_running_loop().create_task(self._run(pending, key))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _run(self, pending: PendingAction, key: ActionKey) -> None:
+        action, kind = pending.action, key[1]
+        bound = log.bind(incident=pending.incident_id, node=action.node, action=kind)
+        try:
+            for attempt in range(pending.attempts, MAX_ACTION_ATTEMPTS):
+                if isinstance(action, Quarantine) and not action.dry_run:
+                    await asyncio.sleep(self.bucket.reserve(time.monotonic()))
+                try:
+                    detail = await asyncio.to_thread(self._carry_out, action)
+                except PermanentActionError as exc:
+                    bound.error("action_failed_permanently", error=str(exc))
+                    self._finish(pending, kind, "FAILED", str(exc)[:500])
+                    return
+                except NotReadyYet as exc:
+                    bound.info("action_waits", reason=str(exc))
+                    await asyncio.sleep(0.2)
+                    continue
+                except Exception as exc:  # the actuator's failure is retried, never fatal
+                    bound.warning("action_failed", attempt=attempt, error=repr(exc))
+                    self.store.count_attempt(pending.incident_id, kind, repr(exc)[:500])
+                    await asyncio.sleep(retry_delay(attempt))
+                    continue
+                latency = self._finish(pending, kind, "DONE", detail)
+                bound.info("action_done", detail=detail, latency_s=round(latency, 4))
+                self.on_done(pending, detail)
+                return
+            self._finish(pending, kind, "FAILED", "gave up after retries")
+            bound.error("action_gave_up", attempts=MAX_ACTION_ATTEMPTS)
+        finally:
+            self._in_flight.discard(key)
+            self._release_ack(action.node, key)
+
+    def _carry_out(self, action: ExternalAction) -> str:
+        if isinstance(action, Quarantine):
+            if action.dry_run:
+                return "dry run: would quarantine (taint, cordon, condition); nothing changed"
+            return self.actuator.quarantine(action)
+        if isinstance(action, Page):
+            return self.pager.page(action)
+        return self.pager.update(action)
+
+    def _finish(self, pending: PendingAction, kind: str, status: str, detail: str) -> float:
+        now = self.clock()
+        self.store.finish_action(pending.incident_id, kind, status, detail, now)
+        family = kind.split(":")[0]
+        self.metrics.actions.labels(family, status).inc()
+        observed_at = pending.action.observed_at
+        if status == "DONE" and observed_at > 0 and not isinstance(pending.action, PageUpdate):
+            self.metrics.fault_to_action.labels(family).observe(now - observed_at)
+        return now - observed_at if observed_at > 0 else 0.0
+
+    def _release_ack(self, node: str, key: ActionKey) -> None:
+        waiting = self._unfinished.get(node)
+        if waiting is None or waiting.pop(key, None) is None:
+            return
+        if not waiting:
+            del self._unfinished[node]
+        self.on_ack(node)
+
+    async def drain(self) -> None:
+        """Wait for the actions under way to finish."""
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
+    async def shutdown(self) -> None:
+        """Stop now: actions still under way stay PENDING in the store and resume at the next start."""
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*list(self._tasks), return_exceptions=True)
