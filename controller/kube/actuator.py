@@ -1,0 +1,215 @@
+"""The Kubernetes actuator: quarantine (taint + cordon + condition + Event + ownership annotations),
+release (only what Vigil quarantined), optional drain, and adoption of existing quarantines.
+
+Each call is idempotent: it reads the node, plans the writes (``controller.kube.plans``, pure) and
+sends them; a 409 (the node changed under us) means read again and plan again. The cordon is
+written first, being what the scheduler acts on; the condition and the Event follow.
+
+Bursts: while many quarantines are under way at once, nodes are read from one shared LIST
+(refreshed at most every ``list_ttl_s``) instead of one GET each; a stale read costs a 409 and a
+GET for that node only. The rate of quarantines is limited upstream (the engine's token bucket).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from typing import Any, cast
+
+import structlog
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from controller.actuators import FoundQuarantine, PermanentActionError, Release
+from controller.decide import Quarantine
+from controller.kube.plans import Json, found_quarantine, plan_quarantine, plan_release
+
+log = structlog.get_logger(__name__)
+
+MERGE_PATCH = "application/merge-patch+json"
+STRATEGIC_PATCH = "application/strategic-merge-patch+json"
+_CONFLICT_RETRIES = 5
+
+
+class KubeActuator:
+    def __init__(
+        self,
+        api: client.ApiClient,
+        events_namespace: str = "default",
+        drain: bool = False,
+        batch_threshold: int = 8,
+        list_ttl_s: float = 1.0,
+        timeout_s: float = 10.0,
+    ) -> None:
+        self._core = client.CoreV1Api(api)
+        self._namespace = events_namespace
+        self._drain = drain
+        self._timeout = timeout_s
+        self._batch_threshold = batch_threshold
+        self._list_ttl = list_ttl_s
+        self._lock = threading.Lock()
+        self._under_way = 0
+        self._listing: dict[str, Json] = {}
+        self._listed_at = float("-inf")
+        self.lists = 0  # LIST calls made (the burst path)
+
+    # Reading ----------------------------------------------------------------------------------
+
+    def _get(self, name: str) -> Json:
+        try:
+            resp = self._core.read_node(name, _preload_content=False, _request_timeout=self._timeout)
+        except ApiException as exc:
+            if exc.status in (403, 404):
+                raise PermanentActionError(f"cannot read node {name!r}: {exc.status} {exc.reason}") from None
+            raise
+        return _json(resp)
+
+    def _read(self, name: str, fresh: bool) -> Json:
+        with self._lock:
+            burst = self._under_way > self._batch_threshold
+        if fresh or not burst:
+            return self._get(name)
+        with self._lock:
+            if time.monotonic() - self._listed_at > self._list_ttl:
+                resp = self._core.list_node(_preload_content=False, _request_timeout=self._timeout)
+                self._listing = {n["metadata"]["name"]: n for n in _json(resp)["items"]}
+                self._listed_at = time.monotonic()
+                self.lists += 1
+            node = self._listing.get(name)
+        return node if node is not None else self._get(name)
+
+    # Quarantine -------------------------------------------------------------------------------
+
+    def quarantine(self, action: Quarantine) -> str:
+        with self._lock:
+            self._under_way += 1
+        try:
+            return self._quarantine(action)
+        finally:
+            with self._lock:
+                self._under_way -= 1
+
+    def _quarantine(self, action: Quarantine) -> str:
+        fresh = False
+        for _ in range(_CONFLICT_RETRIES):
+            node = self._read(action.node, fresh)
+            plan = plan_quarantine(node, action.incident_id, action.reason, time.time(), self._namespace)
+            if isinstance(plan, str):
+                return f"already quarantined by Vigil (incident {plan}); left as it is"
+            if plan.node_patch is not None and not self._patch_node(action.node, plan.node_patch):
+                fresh = True
+                continue
+            self._patch_status(action.node, plan.status_patch)
+            self._create_event(plan.event)
+            done = "tainted, cordoned, condition and Event written"
+            if plan.node_patch is None:
+                done = "already tainted and cordoned; condition and Event ensured"
+            if self._drain:
+                done += "; " + self._evict_pods(action.node)
+            return done
+        raise RuntimeError(f"node {action.node!r} kept changing: {_CONFLICT_RETRIES} conflicts in a row")
+
+    def _patch_node(self, name: str, body: Json) -> bool:
+        """False on 409 (the node changed since it was read)."""
+        try:
+            self._core.patch_node(name, body, _content_type=MERGE_PATCH, _request_timeout=self._timeout)
+        except ApiException as exc:
+            if exc.status == 409:
+                log.info("node_conflict", node=name)
+                return False
+            _raise_permanent(exc, f"patch node {name!r}")
+            raise
+        return True
+
+    def _patch_status(self, name: str, body: Json) -> None:
+        try:
+            self._core.patch_node_status(name, body, _content_type=STRATEGIC_PATCH, _request_timeout=self._timeout)
+        except ApiException as exc:
+            _raise_permanent(exc, f"patch node {name!r} status")
+            raise
+
+    def _create_event(self, event: Json) -> None:
+        try:
+            self._core.create_namespaced_event(self._namespace, cast(Any, event), _request_timeout=self._timeout)
+        except ApiException as exc:
+            if exc.status == 409:
+                return  # an earlier attempt wrote it
+            _raise_permanent(exc, "create event")
+            raise
+
+    # Drain (opt-in) ---------------------------------------------------------------------------
+
+    def _evict_pods(self, node: str) -> str:
+        """Evict the node's pods through the Eviction API, which honours PodDisruptionBudgets.
+
+        DaemonSet pods (Vigil's agent among them) and mirror pods stay. A pod whose budget forbids
+        eviction now (429) is left for the next attempt and named in the account.
+        """
+        pods = self._core.list_pod_for_all_namespaces(
+            field_selector=f"spec.nodeName={node}", _preload_content=False, _request_timeout=self._timeout
+        )
+        evicted, blocked = 0, []
+        for pod in _json(pods)["items"]:
+            meta = pod["metadata"]
+            owners = {o.get("kind") for o in meta.get("ownerReferences") or []}
+            if "DaemonSet" in owners or "kubernetes.io/config.mirror" in (meta.get("annotations") or {}):
+                continue
+            body: dict[str, Any] = {
+                "apiVersion": "policy/v1",
+                "kind": "Eviction",
+                "metadata": {"name": meta["name"], "namespace": meta["namespace"]},
+            }
+            try:
+                self._core.create_namespaced_pod_eviction(
+                    meta["name"], meta["namespace"], cast(Any, body), _request_timeout=self._timeout
+                )
+                evicted += 1
+            except ApiException as exc:
+                if exc.status == 404:
+                    continue
+                if exc.status == 429:
+                    blocked.append(f"{meta['namespace']}/{meta['name']}")
+                    continue
+                raise
+        text = f"drain: {evicted} pod(s) evicted"
+        return text + (f", {len(blocked)} blocked by PodDisruptionBudgets: {', '.join(blocked)}" if blocked else "")
+
+    # Release and adoption ---------------------------------------------------------------------
+
+    def release(self, node: str, reason: str) -> Release:
+        for _ in range(_CONFLICT_RETRIES):
+            current = self._get(node)
+            plan = plan_release(current, reason, time.time(), self._namespace)
+            if plan is None:
+                cordoned = bool(current.get("spec", {}).get("unschedulable"))
+                note = " (it is cordoned, by someone else)" if cordoned else ""
+                return Release(False, f"not quarantined by Vigil{note}: left as it is")
+            if not self._patch_node(node, plan.node_patch):
+                continue
+            self._patch_status(node, plan.status_patch)
+            self._create_event(plan.event)
+            kept = "; it stays cordoned, as it was before Vigil" if plan.keeps_cordon else ""
+            return Release(True, f"taint removed, uncordoned{kept}")
+        raise RuntimeError(f"node {node!r} kept changing: {_CONFLICT_RETRIES} conflicts in a row")
+
+    def adopt(self) -> list[FoundQuarantine]:
+        resp = self._core.list_node(_preload_content=False, _request_timeout=self._timeout)
+        found = []
+        for node in _json(resp)["items"]:
+            q = found_quarantine(node)
+            if q is not None:
+                found.append(FoundQuarantine(node["metadata"]["name"], *q))
+        return found
+
+
+def _raise_permanent(exc: ApiException, what: str) -> None:
+    if exc.status in (400, 403, 404, 422):
+        raise PermanentActionError(f"{what}: {exc.status} {exc.reason}: {str(exc.body)[:300]}") from None
+
+
+def _json(response: object) -> Json:
+    """The body of a call made with ``_preload_content=False`` (skipping the model classes: a LIST of
+    thousands of nodes parses several times faster as plain JSON)."""
+    data: Json = json.loads(cast(Any, response).data)
+    return data

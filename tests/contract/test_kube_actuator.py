@@ -1,0 +1,198 @@
+"""The Kubernetes actuator, through the real ``kubernetes`` client, against an API server on loopback."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from controller.decide import Quarantine
+from controller.kube.actuator import MERGE_PATCH, STRATEGIC_PATCH, KubeActuator
+from controller.kube.client import api_client
+from controller.kube.plans import CONDITION_TYPE, INCIDENT, OWNER, TAINT_KEY, WAS_UNSCHEDULABLE, event_name
+from tests.fakes.kube_api import KubeApiServer
+
+REASON = "XID 79 on GPU 3: GPU has fallen off the bus"
+
+
+@pytest.fixture
+def kube(tmp_path: Path) -> Iterator[KubeApiServer]:
+    with KubeApiServer() as server:
+        yield server
+
+
+def actuator(kube: KubeApiServer, tmp_path: Path, **kw: object) -> KubeActuator:
+    return KubeActuator(api_client(kube.kubeconfig(tmp_path / "kubeconfig")), **kw)  # type: ignore[arg-type]
+
+
+def quarantine(node: str, incident: str = "inc-1") -> Quarantine:
+    return Quarantine(incident, node, REASON, "reboot the node", 1.0)
+
+
+def test_quarantine_sends_exactly_the_expected_writes(kube: KubeApiServer, tmp_path: Path) -> None:
+    kube.add_node("gpu-1", taints=[{"key": "nvidia.com/gpu", "effect": "NoSchedule", "value": "present"}])
+    detail = actuator(kube, tmp_path).quarantine(quarantine("gpu-1"))
+    assert detail.startswith("tainted, cordoned")
+
+    (patch,) = kube.requests("PATCH", r"/api/v1/nodes/gpu-1$")
+    assert patch.content_type == MERGE_PATCH
+    assert patch.body["metadata"]["resourceVersion"] == "1"
+    assert patch.body["metadata"]["annotations"][OWNER] == "vigil"
+    assert patch.body["metadata"]["annotations"][INCIDENT] == "inc-1"
+    assert patch.body["metadata"]["annotations"][WAS_UNSCHEDULABLE] == "false"
+    assert patch.body["spec"]["unschedulable"] is True
+    taints = patch.body["spec"]["taints"]
+    assert taints[0] == {"key": "nvidia.com/gpu", "effect": "NoSchedule", "value": "present"}  # kept
+    assert {k: taints[1][k] for k in ("key", "effect", "value")} == {
+        "key": TAINT_KEY,
+        "effect": "NoSchedule",
+        "value": "XID-79-on-GPU-3-GPU-has-fallen-off-the-bus",
+    }
+
+    (status,) = kube.requests("PATCH", r"/api/v1/nodes/gpu-1/status$")
+    assert status.content_type == STRATEGIC_PATCH
+    (condition,) = status.body["status"]["conditions"]
+    assert (condition["type"], condition["status"], condition["reason"]) == (CONDITION_TYPE, "True", "VigilQuarantine")
+    assert condition["message"] == REASON
+
+    (event,) = kube.requests("POST", r"/api/v1/namespaces/default/events$")
+    assert event.body["involvedObject"] == {"apiVersion": "v1", "kind": "Node", "name": "gpu-1", "uid": "uid-gpu-1"}
+    assert (event.body["type"], event.body["reason"]) == ("Warning", "VigilQuarantine")
+    assert event.body["metadata"]["name"] == event_name("gpu-1", "inc-1")
+
+    node = kube.node("gpu-1")
+    assert node["spec"]["unschedulable"] is True
+    assert {c["type"]: c["status"] for c in node["status"]["conditions"]} == {"Ready": "True", CONDITION_TYPE: "True"}
+
+
+def test_quarantine_is_idempotent(kube: KubeApiServer, tmp_path: Path) -> None:
+    kube.add_node("gpu-1")
+    act = actuator(kube, tmp_path)
+    act.quarantine(quarantine("gpu-1"))
+    again = act.quarantine(quarantine("gpu-1"))
+    assert again.startswith("already tainted and cordoned")
+    assert len(kube.requests("PATCH", r"/nodes/gpu-1$")) == 1  # the node is not written twice
+    assert len(kube.objects_of("events")) == 1  # the repeated Event met 409 AlreadyExists
+    other = act.quarantine(quarantine("gpu-1", "inc-2"))
+    assert "already quarantined by Vigil (incident inc-1)" in other
+    assert len(kube.requests("PATCH", r"/nodes/gpu-1$")) == 1
+
+
+def test_conflict_and_server_errors_are_survived(kube: KubeApiServer, tmp_path: Path) -> None:
+    kube.add_node("gpu-1")
+    kube.fail("PATCH", r"/nodes/gpu-1$", 409)  # someone else wrote the node in between
+    kube.fail("PATCH", r"/nodes/gpu-1/status$", 500, times=2)  # the API server hiccups
+    kube.fail("POST", r"/events$", 503)
+    detail = actuator(kube, tmp_path).quarantine(quarantine("gpu-1"))
+    assert detail.startswith("tainted, cordoned")
+    assert len(kube.requests("PATCH", r"/nodes/gpu-1$")) == 2
+    assert len(kube.requests("GET", r"/nodes/gpu-1$")) == 2  # read again after the 409
+    assert len(kube.requests("PATCH", r"/nodes/gpu-1/status$")) == 3
+    node = kube.node("gpu-1")
+    assert node["spec"]["unschedulable"] is True and node["metadata"]["annotations"][INCIDENT] == "inc-1"
+    assert len(kube.objects_of("events")) == 1
+
+
+def test_a_stale_read_meets_a_real_conflict(kube: KubeApiServer, tmp_path: Path) -> None:
+    """The emulator enforces resourceVersion: a write planned on an old read is refused, re-planned."""
+    kube.add_node("gpu-1")
+    act = actuator(kube, tmp_path)
+    original_get = act._get
+    calls = {"n": 0}
+
+    def get_then_someone_writes(name: str) -> dict[str, object]:
+        node = original_get(name)
+        calls["n"] += 1
+        if calls["n"] == 1:  # a person labels the node right after Vigil read it
+            act._core.patch_node(name, {"metadata": {"labels": {"team": "a"}}}, _content_type=MERGE_PATCH)
+        return node
+
+    act._get = get_then_someone_writes  # type: ignore[method-assign]
+    act.quarantine(quarantine("gpu-1"))
+    node = kube.node("gpu-1")
+    assert node["metadata"]["labels"] == {"team": "a"}  # the person's write survived
+    assert node["metadata"]["annotations"][INCIDENT] == "inc-1"
+    assert calls["n"] == 2
+
+
+def test_a_node_cordoned_by_a_person_is_never_uncordoned(kube: KubeApiServer, tmp_path: Path) -> None:
+    kube.add_node("gpu-1", unschedulable=True)  # cordoned by a person, no Vigil annotations
+    act = actuator(kube, tmp_path)
+    release = act.release("gpu-1", "checks passed")
+    assert not release.released and "by someone else" in release.detail
+    assert kube.requests("PATCH") == []
+    # Vigil quarantines it on top, then releases: the person's cordon stays.
+    act.quarantine(quarantine("gpu-1"))
+    release = act.release("gpu-1", "checks passed")
+    assert release.released and "stays cordoned" in release.detail
+    node = kube.node("gpu-1")
+    assert node["spec"]["unschedulable"] is True
+    assert not node["spec"].get("taints")
+    assert not any(k.startswith("vigil.dev/") for k in node["metadata"]["annotations"])
+    assert {c["type"]: c["status"] for c in node["status"]["conditions"]}[CONDITION_TYPE] == "False"
+
+
+def test_release_undoes_exactly_what_vigil_did(kube: KubeApiServer, tmp_path: Path) -> None:
+    kube.add_node("gpu-1", taints=[{"key": "nvidia.com/gpu", "effect": "NoSchedule", "value": "present"}])
+    act = actuator(kube, tmp_path)
+    act.quarantine(quarantine("gpu-1"))
+    assert act.release("gpu-1", "RMA done").released
+    node = kube.node("gpu-1")
+    assert "unschedulable" not in node["spec"]
+    assert node["spec"]["taints"] == [{"key": "nvidia.com/gpu", "effect": "NoSchedule", "value": "present"}]
+    assert [e["reason"] for e in kube.objects_of("events")] == ["VigilQuarantine", "VigilRelease"]
+
+
+def test_adopt_finds_vigils_quarantines_only(kube: KubeApiServer, tmp_path: Path) -> None:
+    for name in ("gpu-1", "gpu-2", "gpu-3"):
+        kube.add_node(name)
+    kube.add_node("gpu-4", unschedulable=True)
+    act = actuator(kube, tmp_path)
+    act.quarantine(quarantine("gpu-2", "inc-7"))
+    (found,) = act.adopt()
+    assert (found.node, found.incident_id, found.reason) == ("gpu-2", "inc-7", REASON)
+    assert found.at > 0
+
+
+def test_a_burst_reads_nodes_from_one_list(kube: KubeApiServer, tmp_path: Path) -> None:
+    names = [f"gpu-{i}" for i in range(40)]
+    for name in names:
+        kube.add_node(name)
+    act = actuator(kube, tmp_path, batch_threshold=4, list_ttl_s=30.0)
+    barrier = threading.Barrier(20)
+
+    def run(name: str) -> None:
+        barrier.wait()
+        act.quarantine(quarantine(name, f"inc-{name}"))
+
+    threads = [threading.Thread(target=run, args=(n,)) for n in names[:20]]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert all(kube.node(n)["spec"].get("unschedulable") for n in names[:20])
+    assert not any(kube.node(n)["spec"].get("unschedulable") for n in names[20:])
+    gets = len(kube.requests("GET", r"/api/v1/nodes/gpu-\d+$"))
+    assert act.lists >= 1 and gets < 20  # fewer reads than nodes
+
+
+def test_missing_node_is_a_permanent_failure(kube: KubeApiServer, tmp_path: Path) -> None:
+    from controller.actuators import PermanentActionError
+
+    with pytest.raises(PermanentActionError, match="404"):
+        actuator(kube, tmp_path).quarantine(quarantine("no-such-node"))
+
+
+def test_credentials_errors_name_the_source(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from controller.kube.client import KubeConfigError
+
+    bad = tmp_path / "kubeconfig"
+    bad.write_text("apiVersion: v1\nkind: Config\nclusters: []\n")
+    with pytest.raises(KubeConfigError, match="kubeconfig"):
+        api_client(bad)
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.0.0.1")
+    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", "443")
+    with pytest.raises(KubeConfigError, match="in-cluster"):
+        api_client(None)  # no service-account token mounted here

@@ -1,0 +1,226 @@
+"""A Kubernetes API server on loopback, for the real ``kubernetes`` client: kmock's emulator, taught
+the parts of the API server's behaviour that Vigil's correctness depends on.
+
+- ``resourceVersion``: every write bumps it; a write that names an older one gets 409 Conflict
+  (optimistic concurrency: what the actuator's node writes and the Lease election rely on).
+- PATCH by content type: JSON merge patch (RFC 7386: null deletes a key, lists are replaced) and
+  strategic merge patch for node conditions (merged by ``type``); PUT replaces the object.
+- Faults on demand: ``fail("PATCH", r"/nodes/node-1$", 409, times=1)``.
+- A log of every request with its method, path, content type and JSON body, for exact assertions.
+
+It runs its own event loop in a thread, so synchronous code and other processes can talk to it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import re
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import kmock
+import yaml
+from kmock._internal import apps, enums, k8s_dicts, rendering
+
+
+@dataclass
+class Logged:
+    method: str
+    path: str
+    content_type: str
+    body: Any
+
+
+@dataclass
+class _Fault:
+    method: str
+    path: re.Pattern[str]
+    status: int
+    times: int
+
+
+@dataclass
+class _Rules:
+    faults: list[_Fault] = field(default_factory=list)
+    log: list[Logged] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    result = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            result.pop(key, None)
+        else:
+            result[key] = merge_patch(result.get(key), value)
+    return result
+
+
+def strategic_merge(target: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
+    """Merge patch, except that ``status.conditions`` merge by ``type`` as the API server does."""
+    conditions = patch.get("status", {}).get("conditions")
+    result = merge_patch(target, {k: v for k, v in patch.items() if k != "status"})
+    if "status" in patch:
+        status_rest = {k: v for k, v in patch["status"].items() if k != "conditions"}
+        result["status"] = merge_patch(result.get("status", {}), status_rest)
+    if conditions is not None:
+        merged = {c["type"]: c for c in result.get("status", {}).get("conditions", [])}
+        for c in conditions:
+            merged[c["type"]] = {**merged.get(c["type"], {}), **c}
+        result.setdefault("status", {})["conditions"] = list(merged.values())
+    return result
+
+
+class VigilKubeEmulator(kmock.KubernetesEmulator):
+    rules: _Rules
+
+    async def _handle(self, request: rendering.Request) -> Any:
+        path = request.url.path
+        body = request.data if request.body else None
+        with self.rules.lock:
+            self.rules.log.append(
+                Logged(str(request.method.value).upper(), path, request.headers.get("Content-Type", ""), body)
+            )
+            fault = next(
+                (
+                    f
+                    for f in self.rules.faults
+                    if f.method == str(request.method.value).upper() and f.path.search(path) and f.times > 0
+                ),
+                None,
+            )
+            if fault is not None:
+                fault.times -= 1
+        if fault is not None:
+            raise kmock.KubernetesError(status=fault.status, reason="Injected", message=f"injected {fault.status}")
+        if request.resource is not None and request.action == enums.action.UPDATE and request.name is not None:
+            await self._update(request, body or {})
+            return await apps.RawHandler._handle(self, request)
+        if request.resource is not None and request.action == enums.action.CREATE and isinstance(request.data, dict):
+            request.data.setdefault("metadata", {})["resourceVersion"] = self._next_version()
+        return await super()._handle(request)
+
+    async def _update(self, request: rendering.Request, body: dict[str, Any]) -> None:
+        key = (request.resource, request.namespace, request.name)
+        async with self._lock:
+            if key not in self.objects or self.objects[key].deleted:
+                raise kmock.KubernetesObjectNotFoundError()
+            current = self.objects[key].raw
+            wanted = (body.get("metadata") or {}).get("resourceVersion")
+            if wanted and wanted != current["metadata"].get("resourceVersion"):
+                raise kmock.KubernetesError(
+                    status=409,
+                    reason="Conflict",
+                    message="the object has been modified; please apply your changes to the latest version",
+                )
+            content_type = request.headers.get("Content-Type", "")
+            if request.method.value.upper() == "PUT":
+                new = copy.deepcopy(body)
+            elif "strategic" in content_type:
+                new = strategic_merge(current, body)
+            else:
+                new = merge_patch(current, body)
+            new.setdefault("metadata", {})["resourceVersion"] = self._next_version()
+            self.objects[key].history.append(k8s_dicts.ObjectVersion(new))
+
+    def _next_version(self) -> str:
+        self._version = getattr(self, "_version", 100) + 1
+        return str(self._version)
+
+
+class KubeApiServer:
+    """The emulator on 127.0.0.1 in a background thread, with a kubeconfig pointing at it."""
+
+    def __init__(self) -> None:
+        self.rules = _Rules()
+        self._loop = asyncio.new_event_loop()
+        self._ready = threading.Event()
+        self._stop: asyncio.Event | None = None
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self.url = ""
+        self.handler: VigilKubeEmulator | None = None
+
+    def __enter__(self) -> KubeApiServer:
+        self._thread.start()
+        if not self._ready.wait(10):
+            raise RuntimeError("the Kubernetes API emulator did not start")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        assert self._stop is not None
+        self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(10)
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        self._loop.run_until_complete(self._serve())
+
+    async def _serve(self) -> None:
+        self._stop = asyncio.Event()
+        handler = VigilKubeEmulator()
+        handler.rules = self.rules
+        async with handler, apps.Server(handler) as server:
+            self.handler = handler
+            self.url = str(server.url).rstrip("/")
+            self._ready.set()
+            await self._stop.wait()
+
+    # Test-side helpers (thread-safe enough: they run between the client's calls) ---------------
+
+    def add_node(self, name: str, **spec: Any) -> None:
+        node = {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {"name": name, "uid": f"uid-{name}", "resourceVersion": "1", "annotations": {}},
+            "spec": spec,
+            "status": {"conditions": [{"type": "Ready", "status": "True"}]},
+        }
+        self._call(self._put_object, kmock.resource("v1/nodes"), None, name, node)
+
+    def node(self, name: str) -> dict[str, Any]:
+        return self._call(self._get_object, kmock.resource("v1/nodes"), None, name)
+
+    def objects_of(self, plural: str) -> list[dict[str, Any]]:
+        assert self.handler is not None
+        return [o.raw for (r, _, _), o in list(self.handler.objects.items()) if r.plural == plural and not o.deleted]
+
+    def fail(self, method: str, path: str, status: int, times: int = 1) -> None:
+        with self.rules.lock:
+            self.rules.faults.append(_Fault(method, re.compile(path), status, times))
+
+    def requests(self, method: str | None = None, path: str = "") -> list[Logged]:
+        with self.rules.lock:
+            return [r for r in self.rules.log if (method is None or r.method == method) and re.search(path, r.path)]
+
+    def kubeconfig(self, path: Path) -> Path:
+        path.write_text(
+            yaml.safe_dump(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Config",
+                    "clusters": [{"name": "loopback", "cluster": {"server": self.url}}],
+                    "users": [{"name": "vigil", "user": {"token": "test-token"}}],
+                    "contexts": [{"name": "loopback", "context": {"cluster": "loopback", "user": "vigil"}}],
+                    "current-context": "loopback",
+                }
+            )
+        )
+        return path
+
+    def _call(self, fn: Any, *args: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(fn(*args), self._loop).result(10)
+
+    async def _put_object(self, resource: Any, namespace: str | None, name: str, obj: dict[str, Any]) -> None:
+        assert self.handler is not None
+        self.handler.objects[resource, namespace, name] = obj
+
+    async def _get_object(self, resource: Any, namespace: str | None, name: str) -> dict[str, Any]:
+        assert self.handler is not None
+        raw: dict[str, Any] = self.handler.objects[resource, namespace, name].raw
+        return copy.deepcopy(raw)
