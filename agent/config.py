@@ -62,9 +62,11 @@ class AgentConfig(BaseModel):
     @field_validator("controller")
     @classmethod
     def _host_port(cls, value: str) -> str:
-        host, sep, port = value.rpartition(":")
-        if not sep or not host or not port.isdigit():
-            raise ValueError(f"expected HOST:PORT, got {value!r}")
+        """HOST:PORT, or several separated by commas (the controller replicas; the agent finds the leader)."""
+        for target in value.split(","):
+            host, sep, port = target.strip().rpartition(":")
+            if not sep or not host or not port.isdigit():
+                raise ValueError(f"expected HOST:PORT[,HOST:PORT...], got {value!r}")
         return value
 
     @field_validator("dcgm_exporter_url")

@@ -1,5 +1,8 @@
 """The agent's link to the controller: one bidirectional gRPC stream, re-opened with backoff.
 
+``target`` may name several controller replicas, comma-separated: only the leader serves (a
+standby has not opened its port), so the agent moves to the next address whenever a session fails.
+
 On every (re)connection the agent says Hello and waits for the controller's first Ack, which
 names the highest sequence number the controller holds for this node and spool. The agent drops
 those from its spool and replays exactly the rest, in order. Signals are sent as soon as they are
@@ -45,7 +48,8 @@ class ControllerLink:
         heartbeat_s: float = 5.0,
         channel_factory: Callable[[str], grpc.aio.Channel] = grpc.aio.insecure_channel,
     ) -> None:
-        self._target = target
+        self._targets = [t.strip() for t in target.split(",") if t.strip()]
+        self._target = self._targets[0]
         self._spool = spool
         self._hello = hello
         self._run_check = run_check
@@ -75,7 +79,8 @@ class ControllerLink:
                 self.connected = False
             if stop.is_set():
                 break
-            delay = backoff_delay(attempt)
+            self._target = self._targets[(self._targets.index(self._target) + 1) % len(self._targets)]
+            delay = backoff_delay(attempt) if self._target == self._targets[0] else 0.05
             attempt = min(attempt + 1, 16)
             await wait_event(stop, delay)
 

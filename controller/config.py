@@ -2,25 +2,89 @@
 
 from __future__ import annotations
 
+import os
+import socket
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from controller.guardrails import GuardrailConfig
 from vigil.config_file import load_yaml_model
+
+
+class KubernetesConfig(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    kubeconfig: Path | None = Field(default=None, description="default: in-cluster, else ~/.kube/config")
+    context: str | None = None
+    events_namespace: str = "default"
+    drain: bool = Field(default=False, description="also evict the node's pods (honouring PodDisruptionBudgets)")
+
+
+class SlackConfig(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    channel: str
+    token_env: str = Field(default="VIGIL_SLACK_TOKEN", description="environment variable holding the bot token")
+    base_url: str = "https://slack.com/api/"
+
+    def token(self) -> str:
+        token = os.environ.get(self.token_env, "")
+        if not token:
+            raise ValueError(f"the Slack pager needs a bot token in ${self.token_env}")
+        return token
+
+
+class WebhookConfig(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    url: str
+    headers: dict[str, str] = Field(default_factory=dict)
+
+
+class LeaderElectionConfig(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    enabled: bool = False
+    namespace: str = "vigil"
+    lease_name: str = "vigil-controller"
+    identity: str = Field(default_factory=lambda: os.environ.get("POD_NAME") or socket.gethostname())
+    lease_duration_s: int = Field(default=15, ge=2)
+    renew_deadline_s: int = Field(default=10, ge=1)
+    retry_period_s: int = Field(default=2, ge=1)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> LeaderElectionConfig:
+        if not self.lease_duration_s > self.renew_deadline_s > 1.2 * self.retry_period_s:
+            raise ValueError("need lease_duration_s > renew_deadline_s > 1.2 * retry_period_s")
+        return self
 
 
 class ControllerConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     listen: str = "0.0.0.0"
-    port: int = Field(7070, ge=0, le=65535)
-    port_file: Path | None = Field(None, description="write the bound port here (for port 0)")
+    port: int = Field(default=7070, ge=0, le=65535)
+    port_file: Path | None = Field(default=None, description="write the bound port here (for port 0)")
     database: Path = Path("/var/lib/vigil/controller.db")
     policy: Path | None = None
-    actuator: Literal["local"] = "local"
-    pager: Literal["console", "none"] = "console"
-    metrics_port: int | None = Field(None, ge=0, le=65535)
+    actuator: Literal["local", "kubernetes"] = "local"
+    pager: Literal["console", "none", "slack", "webhook"] = "console"
+    metrics_port: int | None = Field(default=None, ge=0, le=65535)
+    kubernetes: KubernetesConfig = Field(default_factory=KubernetesConfig)
+    slack: SlackConfig | None = None
+    webhook: WebhookConfig | None = None
+    guardrails: GuardrailConfig = Field(default_factory=GuardrailConfig)
+    leader_election: LeaderElectionConfig = Field(default_factory=LeaderElectionConfig)
+
+    @model_validator(mode="after")
+    def _pager_settings(self) -> ControllerConfig:
+        if self.pager == "slack" and self.slack is None:
+            raise ValueError("pager 'slack' needs a slack: section (channel, token_env)")
+        if self.pager == "webhook" and self.webhook is None:
+            raise ValueError("pager 'webhook' needs a webhook: section (url)")
+        return self
 
 
 def load_controller_config(path: Path | None, overrides: dict[str, Any]) -> ControllerConfig:

@@ -1,15 +1,23 @@
-"""``vigil controller``: the gRPC server around the engine."""
+"""``vigil controller``: the gRPC server around the engine, and the leader election around both.
+
+With leader election on, a replica starts as a standby: it opens nothing but its metrics port
+until it holds the Lease. Once leader, it adopts what an earlier leader left on the cluster
+(quarantined nodes, Slack threads), resumes the actions its own store holds PENDING, then opens
+the gRPC port; agents that tried the other replicas find it. A leader that loses the Lease exits
+at once with status 1 (its actions stop with it; Kubernetes restarts it as a standby).
+"""
 
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 
 import grpc
 import structlog
 from prometheus_client import start_http_server
 
-from controller.actuators import ConsolePager, LocalActuator, NullPager, Pager
+from controller.actuators import Actuator, ConsolePager, LocalActuator, NullPager, Pager
 from controller.config import ControllerConfig
 from controller.engine import Engine
 from controller.policy import load_policy
@@ -19,21 +27,56 @@ from protos.vigil.v1 import admin_pb2_grpc, agent_pb2_grpc
 
 log = structlog.get_logger(__name__)
 
+LOST_LEADERSHIP_EXIT = 1
+
+
+def build_actuator(config: ControllerConfig, store: Store) -> Actuator:
+    if config.actuator == "local":
+        return LocalActuator(store)
+    from controller.kube.actuator import KubeActuator
+    from controller.kube.client import api_client
+
+    k = config.kubernetes
+    return KubeActuator(api_client(k.kubeconfig, k.context), events_namespace=k.events_namespace, drain=k.drain)
+
+
+def build_pager(config: ControllerConfig, store: Store) -> Pager:
+    if config.pager == "slack":
+        from controller.pagers.slack import SlackPager
+
+        assert config.slack is not None
+        return SlackPager(config.slack.token(), config.slack.channel, store, base_url=config.slack.base_url)
+    if config.pager == "webhook":
+        from controller.pagers.webhook import WebhookPager
+
+        assert config.webhook is not None
+        return WebhookPager(config.webhook.url, config.webhook.headers)
+    return ConsolePager() if config.pager == "console" else NullPager()
+
 
 class Controller:
     def __init__(self, config: ControllerConfig) -> None:
         self.config = config
         self.store = Store(config.database)
-        pager: Pager = ConsolePager() if config.pager == "console" else NullPager()
-        self.engine = Engine(self.store, load_policy(config.policy), LocalActuator(self.store), pager)
+        self.engine = Engine(
+            self.store,
+            load_policy(config.policy),
+            build_actuator(config, self.store),
+            build_pager(config, self.store),
+            guardrails=config.guardrails,
+        )
         self.gateway = AgentGateway(self.engine)
         self.server: grpc.aio.Server | None = None
         self.port = 0
 
     async def start(self) -> int:
+        """Serve as the leader (or as the only replica)."""
+        if self.config.leader_election.enabled:
+            await self.engine.adopt_cluster_state()
         self.server = grpc.aio.server()
         agent_pb2_grpc.add_AgentGatewayServicer_to_server(self.gateway, self.server)
-        admin_pb2_grpc.add_AdminServicer_to_server(Admin(self.engine), self.server)
+        identity = self.config.leader_election.identity
+        admin_pb2_grpc.add_AdminServicer_to_server(Admin(self.engine, identity), self.server)
         address = f"{self.config.listen}:{self.config.port}"
         try:
             self.port = self.server.add_insecure_port(address)
@@ -41,18 +84,27 @@ class Controller:
             raise OSError(f"cannot listen on {address}: {exc}") from None
         if self.port == 0:
             raise OSError(f"cannot listen on {address}")
-        await self.server.start()
-        if self.config.metrics_port is not None:
-            start_http_server(self.config.metrics_port, registry=self.engine.metrics.registry)
         self.engine.resume_pending()
+        await self.server.start()
         if self.config.port_file is not None:
             tmp = self.config.port_file.with_suffix(".tmp")
             tmp.write_text(str(self.port))
             tmp.replace(self.config.port_file)
-        log.info("controller_started", port=self.port, nodes=len(self.engine.nodes), database=str(self.config.database))
+        log.info(
+            "controller_started",
+            port=self.port,
+            nodes=len(self.engine.nodes),
+            database=str(self.config.database),
+            automation=self.engine.automation,
+        )
         return self.port
 
     async def run(self, stop: asyncio.Event) -> None:
+        if self.config.metrics_port is not None:
+            start_http_server(self.config.metrics_port, registry=self.engine.metrics.registry)
+        if self.config.leader_election.enabled and not await self._wait_for_leadership(stop):
+            self.store.close()
+            return
         await self.start()
         watcher = asyncio.create_task(self.engine.watch(stop))
         await stop.wait()
@@ -62,6 +114,44 @@ class Controller:
         await self.engine.shutdown()
         self.engine.persist_heartbeats()
         self.store.close()
+
+    async def _wait_for_leadership(self, stop: asyncio.Event) -> bool:
+        from controller.kube.client import api_client
+        from controller.kube.lease import LeaderElector
+
+        loop = asyncio.get_running_loop()
+        leading = asyncio.Event()
+        le, k = self.config.leader_election, self.config.kubernetes
+
+        def won() -> None:
+            loop.call_soon_threadsafe(leading.set)
+
+        def lost() -> None:
+            # Stop acting now: another replica may already lead. No graceful drain of actions.
+            log.error("exiting_after_losing_leadership", identity=le.identity)
+            os._exit(LOST_LEADERSHIP_EXIT)
+
+        elector = LeaderElector(
+            api_client(k.kubeconfig, k.context),
+            le.namespace,
+            le.lease_name,
+            le.identity,
+            on_started=won,
+            on_stopped=lost,
+            lease_duration_s=le.lease_duration_s,
+            renew_deadline_s=le.renew_deadline_s,
+            retry_period_s=le.retry_period_s,
+        )
+        elector.start()
+        self.engine.metrics.leader.set(0)
+        waiter = asyncio.create_task(leading.wait())
+        stopper = asyncio.create_task(stop.wait())
+        await asyncio.wait({waiter, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        waiter.cancel()
+        stopper.cancel()
+        if leading.is_set():
+            self.engine.metrics.leader.set(1)
+        return leading.is_set()
 
 
 def run_controller(config: ControllerConfig) -> None:

@@ -91,7 +91,9 @@ def controller(
     port_file: Annotated[Optional[Path], typer.Option(help="write the bound port to this file")] = None,
     database: Annotated[Optional[Path], typer.Option(help="incident store (SQLite) path")] = None,
     policy: Annotated[Optional[Path], typer.Option(help="policy YAML file")] = None,
-    pager: Annotated[Optional[str], typer.Option(help="console or none")] = None,
+    pager: Annotated[Optional[str], typer.Option(help="console, none, slack or webhook")] = None,
+    actuator: Annotated[Optional[str], typer.Option(help="local or kubernetes")] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="decide and page, change nothing")] = False,
     log_format: LogFormatOpt = "auto",
 ) -> None:
     """Run the controller: receive signals, decide, quarantine, page."""
@@ -99,17 +101,26 @@ def controller(
     from controller.policy import load_policy
 
     _setup_logs(log_format)
-    overrides = {"port": port, "port_file": port_file, "database": database, "policy": policy, "pager": pager}
+    overrides = {
+        "port": port,
+        "port_file": port_file,
+        "database": database,
+        "policy": policy,
+        "pager": pager,
+        "actuator": actuator,
+    }
     try:
         cfg = load_controller_config(config, overrides)
         load_policy(cfg.policy)  # fail now, with the policy's own error, not inside the server
     except ConfigError as exc:
         _fail(str(exc))
+    if dry_run:
+        cfg = cfg.model_copy(update={"guardrails": cfg.guardrails.model_copy(update={"dry_run": True})})
     from controller.daemon import run_controller
 
     try:
         run_controller(cfg)
-    except (OSError, sqlite3.Error) as exc:
+    except (OSError, sqlite3.Error, ValueError) as exc:  # ValueError: a missing token, bad credentials
         _fail(f"the controller cannot start: {exc}")
 
 
@@ -161,6 +172,20 @@ def uncordon(
     from vigil.operator_views import request_uncordon
 
     raise typer.Exit(request_uncordon(controller, node, getpass.getuser(), reason))
+
+
+@app.command()
+def resume(
+    controller: ControllerOpt = "127.0.0.1:7070",
+    reason: Annotated[str, typer.Option(help="why (recorded)")] = "",
+    apply_held: Annotated[
+        bool, typer.Option("--apply-held", help="carry out the quarantines the circuit breaker held back")
+    ] = False,
+) -> None:
+    """Resume automation after the circuit breaker tripped (held quarantines are dropped unless --apply-held)."""
+    from vigil.operator_views import request_resume
+
+    raise typer.Exit(request_resume(controller, getpass.getuser(), reason, apply_held))
 
 
 def main() -> None:

@@ -30,6 +30,14 @@ def print_status(target: str, as_json: bool) -> int:
     if as_json:
         print(json.dumps(MessageToDict(reply, preserving_proto_field_name=True), indent=2))
         return 0
+    counts: dict[str, int] = {}
+    for n in reply.nodes:
+        counts[n.health] = counts.get(n.health, 0) + 1
+    by_state = ", ".join(f"{k} {v}" for k, v in sorted(counts.items())) or "no nodes"
+    style = "red" if reply.automation.startswith("paused") else "yellow" if reply.automation == "dry-run" else "green"
+    _console.print(f"automation: [{style}]{reply.automation or 'active'}[/]   nodes: {by_state}")
+    if reply.held_nodes:
+        _console.print(f"held by the circuit breaker: {', '.join(reply.held_nodes)}  (vigil resume [--apply-held])")
     table = Table(title=f"Vigil nodes ({len(reply.nodes)})")
     for column in ("node", "health", "GPUs", "last heartbeat", "open incident"):
         table.add_column(column)
@@ -69,4 +77,16 @@ def request_uncordon(target: str, node: str, who: str, reason: str) -> int:
     except grpc.RpcError as exc:
         return _unreachable(target, exc)
     _console.print(f"{reply.node}: {reply.health} ({reply.detail})")
+    return 0
+
+
+def request_resume(target: str, who: str, reason: str, apply_held: bool) -> int:
+    try:
+        with AdminClient(target) as client:
+            reply = client.resume(who, reason, apply_held)
+    except grpc.RpcError as exc:
+        return _unreachable(target, exc)
+    _console.print(
+        f"automation: {reply.automation} (held quarantines applied {reply.applied}, dropped {reply.dropped})"
+    )
     return 0
