@@ -165,6 +165,7 @@ class Engine:
         entry = self._entry(node)
         now = self.clock()
         state, last_seq, received = entry.state, entry.last_seq, []
+        breaker_before = self.breaker
         for signal in sorted(signals, key=lambda s: s.seq):
             if signal.seq <= last_seq:
                 self.metrics.duplicates.inc()
@@ -176,7 +177,6 @@ class Engine:
             received.append(Received(signal, incident_id, actions, held))
         if not received:
             return self.ack_seq(node)
-        breaker_before = self.breaker
         self.store.commit_batch(node, entry.spool_id, received, state, last_seq, now)
         if self.breaker != breaker_before:
             self.store.set_meta(_BREAKER_KEY, _dump_breaker(self.breaker))
@@ -294,6 +294,20 @@ class Engine:
                 entry.state = replace(entry.state, health=Health.QUARANTINED)
                 self.store.save_states([entry.state])
         threads = await asyncio.to_thread(self.pager.resync)
+        for q in found:
+            # The previous leader may have died before its page went out: page again; the pager knows
+            # (Slack: from the channel's history; webhook: by idempotency key) whether it already did.
+            page = Page(
+                q.incident_id,
+                q.node,
+                Severity.QUARANTINE,
+                q.reason,
+                "see the incident's signals; the node stays quarantined until released",
+                observed_at=0.0,
+                did="quarantined the node (taint, cordon, node condition), by the previous leader replica",
+            )
+            if self.store.add_action(page, now):
+                self.runner.schedule(PendingAction(page.incident_id, page, 0))
         log.info("cluster_state_adopted", quarantines_found=len(found), new_here=adopted, paged_incidents=threads)
         return adopted
 

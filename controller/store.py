@@ -210,7 +210,13 @@ class Store:
         if isinstance(action, OpenIncident):
             i = action.incident
             db.execute(
-                "INSERT OR IGNORE INTO incidents VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 1, ?, ?, ?, ?, ?, ?)",
+                "INSERT INTO incidents VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 1, ?, ?, ?, ?, ?, ?) "
+                # An incident adopted from a node's annotations (first_seq 0) learns its facts from the
+                # replayed signal; its severity and status stay those of the quarantine.
+                "ON CONFLICT (id) DO UPDATE SET gpu_index = excluded.gpu_index, gpu_uuid = excluded.gpu_uuid, "
+                "pci_bus_id = excluded.pci_bus_id, kind = excluded.kind, code = excluded.code, "
+                "first_message = excluded.first_message, first_seq = excluded.first_seq, "
+                "remedy = excluded.remedy WHERE incidents.first_seq = 0",
                 (
                     i.id,
                     i.node,
