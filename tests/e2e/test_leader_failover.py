@@ -1,0 +1,151 @@
+"""Two controller replicas with Lease leader election; the leader is SIGKILLed in the middle of
+acting. The standby takes over: no action is repeated and no incident is lost."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from agent.simulated import simulated_gpus
+from tests.e2e.processes import vigil
+from tests.fakes.kube_api import KubeApiServer
+from tests.fakes.slack_api import CHANNEL, TOKEN, FakeSlack
+from tests.helpers import poll_until
+from vigil.admin_client import AdminClient
+from vigil.demo import xid_line
+
+pytestmark = pytest.mark.e2e
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def controller(tmp: Path, name: str, port: int, kube: KubeApiServer, slack: FakeSlack) -> subprocess.Popen[bytes]:
+    config = {
+        "listen": "127.0.0.1",
+        "port": port,
+        "port_file": str(tmp / f"{name}.port"),
+        "database": str(tmp / f"{name}.db"),
+        "actuator": "kubernetes",
+        "kubernetes": {"kubeconfig": str(kube.kubeconfig(tmp / "kubeconfig"))},
+        "pager": "slack",
+        "slack": {"channel": CHANNEL, "base_url": slack.base_url},
+        "leader_election": {
+            "enabled": True,
+            "namespace": "vigil",
+            "identity": name,
+            "lease_duration_s": 3,
+            "renew_deadline_s": 2,
+            "retry_period_s": 1,
+        },
+    }
+    path = tmp / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return vigil("controller", "--config", str(path), "--log-format", "json", out=tmp / f"{name}.out")
+
+
+def agent(tmp: Path, node: str, targets: str) -> tuple[subprocess.Popen[bytes], Path]:
+    kmsg = tmp / f"{node}.kmsg"
+    kmsg.write_text("")
+    proc = vigil(
+        "agent",
+        "--gpu-backend",
+        "simulated",
+        "--node",
+        node,
+        "--controller",
+        targets,
+        "--kernel-log",
+        str(kmsg),
+        "--spool",
+        str(tmp / f"{node}.spool"),
+        "--metrics-port",
+        "0",
+        "--log-format",
+        "json",
+        out=tmp / f"{node}.out",
+    )
+    return proc, kmsg
+
+
+def inject_xid79(kmsg: Path, node: str, seq: int) -> None:
+    gpu = simulated_gpus(node, 8)[2]
+    with open(kmsg, "a") as f:
+        f.write(xid_line(gpu.pci_bus_id, 79, "GPU has fallen off the bus.", seq))
+
+
+def cordoned(kube: KubeApiServer, node: str) -> bool:
+    return bool(kube.node(node)["spec"].get("unschedulable"))
+
+
+def test_leader_killed_mid_action_standby_finishes_without_repeating(tmp_path: Path) -> None:
+    os.environ["VIGIL_SLACK_TOKEN"] = TOKEN
+    procs: list[subprocess.Popen[bytes]] = []
+    with KubeApiServer() as kube, FakeSlack() as slack:
+        for node in ("node-a", "node-b"):
+            kube.add_node(node)
+        port_a, port_b = free_port(), free_port()
+        try:
+            ctl_a = controller(tmp_path, "ctl-a", port_a, kube, slack)
+            procs.append(ctl_a)
+            poll_until(lambda: (tmp_path / "ctl-a.port").exists(), what="ctl-a leads")
+            ctl_b = controller(tmp_path, "ctl-b", port_b, kube, slack)
+            procs.append(ctl_b)
+            targets = f"127.0.0.1:{port_a},127.0.0.1:{port_b}"
+            agent_a, kmsg_a = agent(tmp_path, "node-a", targets)
+            agent_b, kmsg_b = agent(tmp_path, "node-b", targets)
+            procs += [agent_a, agent_b]
+            with AdminClient(f"127.0.0.1:{port_a}") as admin:
+                poll_until(lambda: len(admin.status().nodes) == 2, what="both agents on the leader")
+            assert not (tmp_path / "ctl-b.port").exists()  # the standby serves nothing
+
+            # Slack makes the leader wait a minute; it is killed after cordoning, before paging.
+            slack.rate_limit("chat.postMessage", times=1, retry_after=60)
+            inject_xid79(kmsg_a, "node-a", 1)
+            poll_until(lambda: cordoned(kube, "node-a"), what="node-a cordoned by ctl-a")
+            poll_until(lambda: slack.calls("chat.postMessage"), what="ctl-a trying to page")
+            ctl_a.send_signal(signal.SIGKILL)
+            ctl_a.wait()
+
+            poll_until(lambda: (tmp_path / "ctl-b.port").exists(), timeout=30, what="ctl-b takes over")
+            poll_until(lambda: len(slack.state.top_level()) == 1, timeout=30, what="the page, by ctl-b")
+            lease = next(o for o in kube.objects_of("leases"))
+            assert lease["spec"]["holderIdentity"] == "ctl-b"
+
+            # A second fault, after the take-over, is handled by the new leader.
+            inject_xid79(kmsg_b, "node-b", 1)
+            poll_until(lambda: cordoned(kube, "node-b"), timeout=30, what="node-b cordoned by ctl-b")
+            poll_until(lambda: len(slack.state.top_level()) == 2, what="node-b paged")
+
+            with AdminClient(f"127.0.0.1:{port_b}") as admin:
+                poll_until(lambda: len(admin.status().nodes) == 2, what="both agents on the new leader")
+                incidents = {i.node: i for i in admin.incidents()}
+                health = {n.node: n.health for n in admin.status().nodes}
+            assert set(incidents) == {"node-a", "node-b"}  # none lost
+            assert incidents["node-a"].code == 79  # the adopted incident learned its facts from the replay
+            assert health == {"node-a": "QUARANTINED", "node-b": "QUARANTINED"}
+
+            # Nothing repeated: one cordon write per node, one message per incident.
+            assert len(kube.requests("PATCH", r"/api/v1/nodes/node-a$")) == 1
+            assert len(kube.requests("PATCH", r"/api/v1/nodes/node-b$")) == 1
+            assert len(kube.objects_of("events")) == 2
+            ids = sorted(m["metadata"]["event_payload"]["incident_id"] for m in slack.state.top_level())
+            assert ids == sorted(i.id for i in incidents.values())
+        finally:
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.send_signal(signal.SIGTERM)
+            for proc in procs:
+                try:
+                    proc.wait(10)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
