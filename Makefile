@@ -35,9 +35,10 @@ lint: $(VENV)/.dev  ## style, types, and the layering contracts (pyproject.toml 
 protos: $(VENV)/.dev  ## regenerate the committed protobuf/gRPC code from protos/vigil/v1/*.proto
 	$(BIN)/python -m protos.generate
 
-bench: $(VENV)/.runtime  ## benchmarks; each prints its figures and appends them to bench/results/
+bench: $(VENV)/.dev  ## benchmarks; each prints its figures and appends them to bench/results/
 	$(BIN)/python -m bench.demo_latency
 	$(BIN)/python -m bench.agent_footprint
+	$(BIN)/python -m bench.fault_to_action
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -18,7 +18,6 @@ line to bench/results/agent_footprint.jsonl with the command that produced them.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import subprocess
@@ -29,7 +28,7 @@ from pathlib import Path
 
 import psutil
 
-RESULTS = Path(__file__).parent / "results" / "agent_footprint.jsonl"
+from bench.record import append_result
 
 
 def _cpu_seconds(proc: psutil.Process) -> float:
@@ -111,9 +110,7 @@ def main() -> int:
     ratio = result["rss_ratio_vs_idle_python"]
     print(f"  RSS  {mb['agent']:.1f} MB peak (idle Python: {mb['idle_python']:.1f} MB, ratio {ratio})  target <= 80 MB")
     print(f"  torch loaded: {torch_loaded}")
-    RESULTS.parent.mkdir(exist_ok=True)
-    with open(RESULTS, "a") as f:
-        f.write(json.dumps(result) + "\n")
+    append_result("agent_footprint", result)
     return 0 if result["targets_met"] else 1
 
 

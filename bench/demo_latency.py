@@ -17,14 +17,8 @@ import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
 
-RESULTS = Path(__file__).parent / "results" / "demo_latency.jsonl"
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+from bench.record import append_result, percentile
 
 
 def main() -> int:
@@ -56,9 +50,7 @@ def main() -> int:
     print(f"{'step':<12}{'p50':>10}{'p99':>10}{'max':>10}   (seconds after the fault, {args.runs} demo runs)")
     for key, f in figures.items():
         print(f"{key:<12}{f['p50']:>10.3f}{f['p99']:>10.3f}{f['max']:>10.3f}")
-    RESULTS.parent.mkdir(exist_ok=True)
-    with RESULTS.open("a") as out:
-        out.write(json.dumps(record) + "\n")
+    append_result("demo_latency", record)
     return 0
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 import structlog
 
@@ -24,6 +25,9 @@ from controller.store import PendingAction, Store, action_kind
 log = structlog.get_logger(__name__)
 
 MAX_ACTION_ATTEMPTS = 8
+# Actions block on HTTP: a burst needs more of them under way than the default executor's few threads
+# (the rate limit, not the thread count, is what paces the writes).
+ACTION_THREADS = 32
 
 ActionKey = tuple[str, str]  # (incident id, action kind)
 
@@ -53,6 +57,7 @@ class ActionRunner:
         self._in_flight: set[ActionKey] = set()
         self._unfinished: dict[str, dict[ActionKey, int]] = {}  # node -> action -> the signal's seq
         self._tasks: set[asyncio.Task[None]] = set()
+        self._executor = ThreadPoolExecutor(ACTION_THREADS, thread_name_prefix="action")
 
     def held_back_seq(self, node: str) -> int | None:
         """The lowest seq of the node's signals whose actions are not done yet, if any."""
@@ -78,7 +83,8 @@ class ActionRunner:
                 if isinstance(action, Quarantine) and not action.dry_run:
                     await asyncio.sleep(self.bucket.reserve(time.monotonic()))
                 try:
-                    detail = await asyncio.to_thread(self._carry_out, action)
+                    loop = asyncio.get_running_loop()
+                    detail = await loop.run_in_executor(self._executor, self._carry_out, action)
                 except PermanentActionError as exc:
                     bound.error("action_failed_permanently", error=str(exc))
                     self._finish(pending, kind, "FAILED", str(exc)[:500])

@@ -295,8 +295,12 @@ class Engine:
                 self.store.save_states([entry.state])
         threads = await asyncio.to_thread(self.pager.resync)
         for q in found:
-            # The previous leader may have died before its page went out: page again; the pager knows
-            # (Slack: from the channel's history; webhook: by idempotency key) whether it already did.
+            # The previous leader may have died half-way: after the cordon, before the condition, the
+            # Event or the page. Ask for both again; the actuator finishes only what is missing, and the
+            # pager knows (Slack: the channel's history; webhook: idempotency key) what already went out.
+            quarantine = Quarantine(q.incident_id, q.node, q.reason, "")
+            if self.store.add_action(quarantine, now):
+                self.runner.schedule(PendingAction(q.incident_id, quarantine, 0))
             page = Page(
                 q.incident_id,
                 q.node,

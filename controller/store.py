@@ -318,7 +318,10 @@ class Store:
             return list(self._db.execute("SELECT * FROM operator_actions ORDER BY at").fetchall())
 
     def adopt_quarantine(self, node: str, incident_id: str, reason: str, at: float, now: float) -> bool:
-        """Record a quarantine found on the cluster (made by an earlier leader); True if it was new here."""
+        """Record a quarantine found on the cluster (made by an earlier leader); True if it was new here.
+
+        Its actions are not recorded here: the engine asks for them again (idempotently), which also
+        finishes a quarantine that the earlier leader left half-written."""
         with self._tx() as db:
             new = db.execute(
                 "INSERT OR IGNORE INTO incidents (id, node, gpu_index, gpu_uuid, pci_bus_id, kind, code, severity, "
@@ -327,11 +330,6 @@ class Store:
                 "VALUES (?, ?, -1, '', '', 'XID', 0, 'QUARANTINE', ?, '', 'OPEN', 1, ?, 0, ?, ?, ?, ?)",
                 (incident_id, node, reason, "adopted from the node's Vigil annotations", at, now, at, at),
             ).rowcount
-            db.execute(
-                "INSERT OR IGNORE INTO actions (incident_id, kind, status, payload, requested_at, done_at, detail) "
-                "VALUES (?, 'QUARANTINE', 'DONE', ?, ?, ?, 'found on the node at leader start')",
-                (incident_id, action_to_json(Quarantine(incident_id, node, reason, "")), at, now),
-            )
         return new == 1
 
     def finish_action(self, incident_id: str, kind: str, status: str, detail: str, now: float) -> None:

@@ -108,13 +108,18 @@ def test_leader_killed_mid_action_standby_finishes_without_repeating(tmp_path: P
                 poll_until(lambda: len(admin.status().nodes) == 2, what="both agents on the leader")
             assert not (tmp_path / "ctl-b.port").exists()  # the standby serves nothing
 
-            # Slack makes the leader wait a minute; it is killed after cordoning, before paging.
+            # The leader is killed half-way: node cordoned, but its condition write failing and Slack
+            # making it wait a minute, so neither the condition, the Event nor the page is out.
             slack.rate_limit("chat.postMessage", times=1, retry_after=60)
+            kube.fail("PATCH", r"/nodes/node-a/status$", 503, times=1000)
             inject_xid79(kmsg_a, "node-a", 1)
             poll_until(lambda: cordoned(kube, "node-a"), what="node-a cordoned by ctl-a")
             poll_until(lambda: slack.calls("chat.postMessage"), what="ctl-a trying to page")
+            poll_until(lambda: kube.requests("PATCH", r"/nodes/node-a/status$"), what="ctl-a failing to write")
             ctl_a.send_signal(signal.SIGKILL)
             ctl_a.wait()
+            kube.clear_faults()
+            assert not kube.objects_of("events")
 
             poll_until(lambda: (tmp_path / "ctl-b.port").exists(), timeout=30, what="ctl-b takes over")
             poll_until(lambda: len(slack.state.top_level()) == 1, timeout=30, what="the page, by ctl-b")
@@ -127,7 +132,11 @@ def test_leader_killed_mid_action_standby_finishes_without_repeating(tmp_path: P
             poll_until(lambda: len(slack.state.top_level()) == 2, what="node-b paged")
 
             with AdminClient(f"127.0.0.1:{port_b}") as admin:
-                poll_until(lambda: len(admin.status().nodes) == 2, what="both agents on the new leader")
+                # node-a is known from the adoption at once; its agent's replay of the fault follows.
+                poll_until(
+                    lambda: {n.node: n.last_seq for n in admin.status().nodes} == {"node-a": 1, "node-b": 1},
+                    what="both agents replayed to the new leader",
+                )
                 incidents = {i.node: i for i in admin.incidents()}
                 health = {n.node: n.health for n in admin.status().nodes}
             assert set(incidents) == {"node-a", "node-b"}  # none lost
@@ -138,6 +147,8 @@ def test_leader_killed_mid_action_standby_finishes_without_repeating(tmp_path: P
             assert len(kube.requests("PATCH", r"/api/v1/nodes/node-a$")) == 1
             assert len(kube.requests("PATCH", r"/api/v1/nodes/node-b$")) == 1
             assert len(kube.objects_of("events")) == 2
+            conditions = {c["type"]: c["status"] for c in kube.node("node-a")["status"]["conditions"]}
+            assert conditions["VigilQuarantined"] == "True"  # the new leader finished the quarantine
             ids = sorted(m["metadata"]["event_payload"]["incident_id"] for m in slack.state.top_level())
             assert ids == sorted(i.id for i in incidents.values())
         finally:

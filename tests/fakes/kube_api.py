@@ -17,6 +17,7 @@ import asyncio
 import copy
 import re
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,7 @@ class Logged:
     path: str
     content_type: str
     body: Any
+    at: float = field(default_factory=time.time)  # when the server received it
 
 
 @dataclass
@@ -99,8 +101,38 @@ class VigilKubeEmulator(kmock.KubernetesEmulator):
             # kmock merges PATCHes naively and routes no PUT: both are done here, as the API server does.
             return web.json_response(await self._update(request, body or {}))
         if request.resource is not None and request.action == enums.action.CREATE and isinstance(request.data, dict):
-            request.data.setdefault("metadata", {})["resourceVersion"] = self._next_version()
+            return web.json_response(await self._create(request, request.data))
+        if request.resource is not None and request.action in (enums.action.FETCH, enums.action.LIST):
+            # Served here rather than by kmock's reaction routing, which grows slower with every
+            # request it has seen (it matters for the benchmark's thousands of requests).
+            return web.json_response(await self._read(request))
         return await super()._handle(request)
+
+    async def _create(self, request: rendering.Request, body: dict[str, Any]) -> dict[str, Any]:
+        meta = body.setdefault("metadata", {})
+        key = (request.resource, request.namespace or meta.get("namespace"), meta.get("name"))
+        async with self._lock:
+            if key in self.objects and not self.objects[key].deleted:
+                raise kmock.KubernetesError(status=409, reason="AlreadyExists", message=f"{meta.get('name')} exists")
+            meta["resourceVersion"] = self._next_version()
+            self.objects[key] = body
+            await self._buses[request.resource].put({"type": "ADDED", "object": body})
+            return body
+
+    async def _read(self, request: rendering.Request) -> dict[str, Any]:
+        async with self._lock:
+            if request.name is not None:
+                key = (request.resource, request.namespace, request.name)
+                if key not in self.objects or self.objects[key].deleted:
+                    raise kmock.KubernetesObjectNotFoundError()
+                found: dict[str, Any] = self.objects[key].raw
+                return found
+            items = [
+                o.raw
+                for (r, ns, _), o in self.objects.items()
+                if r == request.resource and (request.namespace is None or ns == request.namespace) and not o.deleted
+            ]
+        return {"kind": "List", "apiVersion": "v1", "metadata": {"resourceVersion": str(self._version)}, "items": items}
 
     async def _update(self, request: rendering.Request, body: dict[str, Any]) -> dict[str, Any]:
         key = (request.resource, request.namespace, request.name)
@@ -127,8 +159,10 @@ class VigilKubeEmulator(kmock.KubernetesEmulator):
             await self._buses[request.resource].put({"type": "MODIFIED", "object": new})
             return new
 
+    _version: int = 100
+
     def _next_version(self) -> str:
-        self._version = getattr(self, "_version", 100) + 1
+        self._version += 1
         return str(self._version)
 
 
@@ -192,9 +226,14 @@ class KubeApiServer:
         with self.rules.lock:
             self.rules.faults.append(_Fault(method, re.compile(path), status, times))
 
+    def clear_faults(self) -> None:
+        with self.rules.lock:
+            self.rules.faults.clear()
+
     def requests(self, method: str | None = None, path: str = "") -> list[Logged]:
         with self.rules.lock:
-            return [r for r in self.rules.log if (method is None or r.method == method) and re.search(path, r.path)]
+            log = list(self.rules.log)  # copy under the lock, filter outside it: the server keeps serving
+        return [r for r in log if (method is None or r.method == method) and re.search(path, r.path)]
 
     def kubeconfig(self, path: Path) -> Path:
         path.write_text(

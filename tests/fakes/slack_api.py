@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,7 +34,7 @@ class _Fault:
 @dataclass
 class SlackState:
     messages: list[dict[str, Any]] = field(default_factory=list)  # every message, replies included
-    calls: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    calls: list[tuple[str, dict[str, Any], float]] = field(default_factory=list)  # method, args, received at
     faults: list[_Fault] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
     clock: float = 1_800_000_000.0
@@ -121,7 +122,11 @@ class FakeSlack:
 
     def calls(self, method: str) -> list[dict[str, Any]]:
         with self.state.lock:
-            return [args for m, args in self.state.calls if m == method]
+            return [args for m, args, _ in self.state.calls if m == method]
+
+    def timed_calls(self, method: str) -> list[tuple[dict[str, Any], float]]:
+        with self.state.lock:
+            return [(args, at) for m, args, at in self.state.calls if m == method]
 
     # The API -----------------------------------------------------------------------------------
 
@@ -136,7 +141,7 @@ class FakeSlack:
         if request.headers.get("Authorization") != f"Bearer {TOKEN}" and args.get("token") != TOKEN:
             return web.json_response({"ok": False, "error": "invalid_auth"})
         with self.state.lock:
-            self.state.calls.append((method, args))
+            self.state.calls.append((method, args, time.time()))
             fault = next((f for f in self.state.faults if f.method == method and f.times > 0), None)
             if fault is not None:
                 fault.times -= 1

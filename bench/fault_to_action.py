@@ -1,0 +1,225 @@
+"""Fault → cordon PATCH at the API server, and fault → Slack message at Slack: single faults and a burst.
+
+    python -m bench.fault_to_action [--nodes 2000] [--single 200] [--burst 375] [--heartbeat-s 5]
+
+A real ``vigil controller`` process (Kubernetes actuator, Slack pager) serves a fleet of simulated
+agents (one real gRPC stream per node, heartbeating) and talks to a Kubernetes API server and a
+Slack API on loopback (the test suite's emulators), which stamp each request as it arrives. The
+clock starts when the agent stamps the signal (``observed_at``) and sends it.
+
+- single: ``--single`` faults one after another, each on a fresh node (the next once the previous
+  one's cordon and message have arrived);
+- burst: ``--burst`` nodes fail at the same moment.
+
+The circuit breaker is set wide open for this run (it would rightly hold back 375 of 2,000), and
+the rate limit is the default (100 quarantines/s, burst 200). Baseline: a bare PATCH round trip
+from this process to the same API server. Figures are printed and appended to
+bench/results/fault_to_action.jsonl with the command that produced them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from bench.fleet import Fleet
+from bench.record import append_result, percentile
+from tests.fakes.kube_api import KubeApiServer
+from tests.fakes.slack_api import CHANNEL, TOKEN, FakeSlack
+
+
+def summary(values: list[float]) -> dict[str, float]:
+    return {
+        "n": len(values),
+        "p50_s": round(percentile(values, 0.5), 4),
+        "p99_s": round(percentile(values, 0.99), 4),
+        "max_s": round(max(values), 4),
+        "mean_s": round(statistics.fmean(values), 4),
+    }
+
+
+class Arrivals:
+    """When the cordon PATCH and the incident's Slack message of each node arrived (read incrementally,
+    so watching does not slow the emulators it watches)."""
+
+    def __init__(self, kube: KubeApiServer, slack: FakeSlack) -> None:
+        self._kube, self._slack = kube, slack
+        self._k_seen = self._s_seen = 0
+        self.cordon_at: dict[str, float] = {}
+        self.message_at: dict[str, float] = {}
+
+    def update(self) -> None:
+        with self._kube.rules.lock:
+            new_requests = self._kube.rules.log[self._k_seen :]
+            self._k_seen += len(new_requests)
+        for r in new_requests:
+            if r.method == "PATCH" and r.path.count("/") == 4 and (r.body or {}).get("spec", {}).get("unschedulable"):
+                self.cordon_at.setdefault(r.path.rsplit("/", 1)[1], r.at)
+        with self._slack.state.lock:
+            new_calls = self._slack.state.calls[self._s_seen :]
+            self._s_seen += len(new_calls)
+        for method, args, at in new_calls:
+            meta = args.get("metadata")
+            if isinstance(meta, str):
+                meta = json.loads(meta)
+            if method == "chat.postMessage" and meta and not args.get("thread_ts"):
+                self.message_at.setdefault(meta["event_payload"]["incident_id"].split("-bench-")[0], at)
+
+
+async def wait_for(arrivals: Arrivals, nodes: list[str], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        arrivals.update()
+        if all(n in arrivals.cordon_at and n in arrivals.message_at for n in nodes):
+            return
+        await asyncio.sleep(0.005)
+    raise TimeoutError(f"not every node was cordoned and paged within {timeout_s} s")
+
+
+def baseline_patch_rtt(kube: KubeApiServer, workdir: Path, rounds: int = 200) -> dict[str, float]:
+    from kubernetes import client
+
+    from controller.kube.client import api_client
+
+    core = client.CoreV1Api(api_client(kube.kubeconfig(workdir / "kubeconfig-baseline")))
+    kube.add_node("baseline-node")
+    samples = []
+    for i in range(rounds):
+        t0 = time.time()
+        core.patch_node(
+            "baseline-node",
+            {"metadata": {"labels": {"round": str(i)}}},
+            _content_type="application/merge-patch+json",
+            _preload_content=False,
+        )
+        samples.append(time.time() - t0)
+    return summary(samples)
+
+
+def start_controller(workdir: Path, kube: KubeApiServer, slack: FakeSlack, nodes: int) -> subprocess.Popen[bytes]:
+    config = {
+        "listen": "127.0.0.1",
+        "port": 0,
+        "port_file": str(workdir / "port"),
+        "database": str(workdir / "ctl.db"),
+        "actuator": "kubernetes",
+        "kubernetes": {"kubeconfig": str(kube.kubeconfig(workdir / "kubeconfig"))},
+        "pager": "slack",
+        "slack": {"channel": CHANNEL, "base_url": slack.base_url},
+        "guardrails": {"breaker_max_nodes": nodes, "breaker_max_fraction": 1.0},
+    }
+    (workdir / "controller.yaml").write_text(yaml.safe_dump(config))
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "vigil",
+            "controller",
+            "--config",
+            str(workdir / "controller.yaml"),
+            "--log-format",
+            "json",
+        ],
+        stdout=open(workdir / "controller.out", "wb"),
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "VIGIL_SLACK_TOKEN": TOKEN},
+    )
+
+
+async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+    with KubeApiServer() as kube, FakeSlack() as slack:
+        names = [f"gpu-{i:05d}" for i in range(args.nodes)]
+        for name in names:
+            kube.add_node(name)
+        baseline = baseline_patch_rtt(kube, workdir)
+        controller = start_controller(workdir, kube, slack, args.nodes)
+        try:
+            while not (workdir / "port").exists():
+                if controller.poll() is not None:
+                    raise RuntimeError((workdir / "controller.out").read_text()[-2000:])
+                await asyncio.sleep(0.05)
+            fleet = Fleet(f"127.0.0.1:{(workdir / 'port').read_text()}", names, args.heartbeat_s)
+            t0 = time.monotonic()
+            await fleet.start()
+            connect_s = time.monotonic() - t0
+            arrivals = Arrivals(kube, slack)
+
+            single_nodes = names[: args.single]
+            sent: dict[str, float] = {}
+            for name in single_nodes:
+                sent[name] = fleet.nodes[name].fault()
+                await wait_for(arrivals, [name], 30)
+            cordons, messages = arrivals.cordon_at, arrivals.message_at
+            single = {
+                "cordon": summary([cordons[n] - sent[n] for n in single_nodes]),
+                "slack": summary([messages[n] - sent[n] for n in single_nodes]),
+            }
+
+            burst_nodes = names[args.single : args.single + args.burst]
+            for name in burst_nodes:
+                sent[name] = fleet.nodes[name].fault()
+            await wait_for(arrivals, burst_nodes, 300)
+            burst = {
+                "cordon": summary([cordons[n] - sent[n] for n in burst_nodes]),
+                "slack": summary([messages[n] - sent[n] for n in burst_nodes]),
+                "node_lists": len(kube.requests("GET", r"^/api/v1/nodes$")),
+                "node_gets": len(kube.requests("GET", r"^/api/v1/nodes/gpu-")),
+            }
+            await fleet.close()
+        finally:
+            controller.terminate()
+            controller.wait(30)
+    return {"connect_s": round(connect_s, 2), "single": single, "burst": burst, "baseline_patch_rtt": baseline}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--nodes", type=int, default=2000)
+    parser.add_argument("--single", type=int, default=200)
+    parser.add_argument("--burst", type=int, default=375)
+    parser.add_argument("--heartbeat-s", type=float, default=5.0)
+    args = parser.parse_args()
+    if args.single + args.burst > args.nodes:
+        parser.error("--single + --burst must not exceed --nodes (each fault gets a fresh node)")
+    with tempfile.TemporaryDirectory(prefix="vigil-bench-") as tmp:
+        try:
+            figures = asyncio.run(run(args, Path(tmp)))
+        except (TimeoutError, RuntimeError) as exc:
+            print(f"bench failed: {exc!r}; the controller's last words:", file=sys.stderr)
+            print((Path(tmp) / "controller.out").read_text()[-3000:], file=sys.stderr)
+            return 1
+    record = {
+        "bench": "fault_to_action",
+        "command": "python -m bench.fault_to_action " + " ".join(sys.argv[1:]),
+        "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+        "nodes": args.nodes,
+        **figures,
+    }
+    print(json.dumps(record, indent=2))
+    base = figures["baseline_patch_rtt"]["p50_s"]
+    for phase in ("single", "burst"):
+        for what in ("cordon", "slack"):
+            s = figures[phase][what]
+            print(
+                f"{phase:6} fault→{what:6}: p50 {s['p50_s']:.3f} s  p99 {s['p99_s']:.3f} s  "
+                f"(p50 = {s['p50_s'] / base:.0f}× a bare PATCH round trip)"
+            )
+    append_result("fault_to_action", record)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

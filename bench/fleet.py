@@ -1,0 +1,96 @@
+"""A fleet of simulated agents in one process: one real gRPC stream per node to a real controller.
+
+Each node says Hello, heartbeats every ``heartbeat_s`` (jittered) and, when asked, sends a signal
+stamped with the time it is sent (``observed_at``), so the controller's fault-to-action clock starts
+exactly there. Streams are spread over several channels (HTTP/2 connections), as real agents would
+be spread over many.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+
+import grpc
+
+from protos.vigil.v1 import agent_pb2, agent_pb2_grpc, common_pb2
+
+NODES_PER_CHANNEL = 100
+
+
+class FleetNode:
+    def __init__(self, name: str, stub: agent_pb2_grpc.AgentGatewayStub) -> None:
+        self.name = name
+        self._stub = stub
+        self._queue: asyncio.Queue[agent_pb2.AgentMessage] = asyncio.Queue()
+        self.seq = 0
+        self.acked = 0
+        self.ready = asyncio.Event()
+        self.reconnects = 0
+
+    async def run(self, heartbeat_s: float, stop: asyncio.Event) -> None:
+        """Like an agent: a broken stream is opened again (a few of thousands break while connecting)."""
+        while not stop.is_set():
+            try:
+                call = self._stub.Connect(self._messages(heartbeat_s, stop))
+                async for msg in call:
+                    if msg.HasField("ack"):
+                        self.acked = max(self.acked, msg.ack.acked_seq)
+                        self.ready.set()
+            except grpc.aio.AioRpcError:
+                self.reconnects += 1
+                await asyncio.sleep(random.uniform(0.05, 0.5))
+
+    async def _messages(self, heartbeat_s: float, stop: asyncio.Event):  # type: ignore[no-untyped-def]
+        gpus = [common_pb2.GpuRef(index=i, uuid=f"GPU-{self.name}-{i}") for i in range(8)]
+        yield agent_pb2.AgentMessage(hello=agent_pb2.Hello(node=self.name, spool_id=f"bench-{self.name}", gpus=gpus))
+        next_beat = time.monotonic() + random.uniform(0, heartbeat_s)
+        while not stop.is_set():
+            try:
+                msg = await asyncio.wait_for(self._queue.get(), max(0.0, next_beat - time.monotonic()))
+                yield msg
+            except TimeoutError:
+                yield agent_pb2.AgentMessage(heartbeat=agent_pb2.Heartbeat(sent_at=time.time()))
+                next_beat = time.monotonic() + heartbeat_s
+
+    def fault(self, code: int = 79) -> float:
+        """Send an XID now; returns its observed_at."""
+        self.seq += 1
+        now = time.time()
+        signal = common_pb2.Signal(
+            node=self.name,
+            gpu=common_pb2.GpuRef(index=2, uuid=f"GPU-{self.name}-2"),
+            kind=common_pb2.XID,
+            code=code,
+            message="GPU has fallen off the bus.",
+            source="bench",
+            observed_at=now,
+            seq=self.seq,
+        )
+        self._queue.put_nowait(agent_pb2.AgentMessage(signals=agent_pb2.SignalBatch(signals=[signal])))
+        return now
+
+
+class Fleet:
+    def __init__(self, target: str, names: list[str], heartbeat_s: float = 5.0) -> None:
+        self._channels = [grpc.aio.insecure_channel(target) for _ in range(max(1, len(names) // NODES_PER_CHANNEL + 1))]
+        self.nodes = {
+            name: FleetNode(name, agent_pb2_grpc.AgentGatewayStub(self._channels[i % len(self._channels)]))
+            for i, name in enumerate(names)
+        }
+        self._heartbeat_s = heartbeat_s
+        self._stop = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+
+    async def start(self, timeout_s: float = 120.0) -> None:
+        self._tasks = [asyncio.create_task(n.run(self._heartbeat_s, self._stop)) for n in self.nodes.values()]
+        await asyncio.wait_for(asyncio.gather(*(n.ready.wait() for n in self.nodes.values())), timeout_s)
+
+    async def close(self) -> None:
+        self._stop.set()
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        for channel in self._channels:
+            await channel.close()
