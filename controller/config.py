@@ -10,6 +10,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from controller.guardrails import GuardrailConfig
+from controller.recovery import RecoveryConfig
 from vigil.config_file import load_yaml_model
 
 
@@ -76,6 +77,7 @@ class ControllerConfig(BaseModel):
     slack: SlackConfig | None = None
     webhook: WebhookConfig | None = None
     guardrails: GuardrailConfig = Field(default_factory=GuardrailConfig)
+    recovery: RecoveryConfig = Field(default_factory=RecoveryConfig)
     leader_election: LeaderElectionConfig = Field(default_factory=LeaderElectionConfig)
 
     @model_validator(mode="after")

@@ -64,6 +64,7 @@ class Controller:
             build_actuator(config, self.store),
             build_pager(config, self.store),
             guardrails=config.guardrails,
+            recovery=config.recovery,
         )
         self.gateway = AgentGateway(self.engine)
         self.server: grpc.aio.Server | None = None

@@ -48,6 +48,7 @@ class NodeState:
     health: Health = Health.HEALTHY
     health_before_unknown: Health = Health.HEALTHY
     hung_collectors: frozenset[str] = frozenset()  # the agent's collectors that are stuck now
+    quarantined_at: float = 0.0  # when the actuator took it out of service (the hold-down counts from here)
     recent: dict[str, tuple[float, ...]] = field(default_factory=dict)  # key -> observation times
     incidents: tuple[IncidentRef, ...] = ()
 
@@ -207,11 +208,11 @@ def decide(state: NodeState, signal: Signal, policy: Policy, now: float, inciden
     return Decision(new_state, tuple(actions))
 
 
-def quarantine_confirmed(state: NodeState) -> NodeState:
+def quarantine_confirmed(state: NodeState, at: float) -> NodeState:
     """The actuator took the node out of service."""
     if state.health is Health.QUARANTINED:
         return state
-    return replace(state, health=Health.QUARANTINED)
+    return replace(state, health=Health.QUARANTINED, quarantined_at=at)
 
 
 def heartbeat_silence(state: NodeState, silent_for: float, policy: Policy) -> NodeState:

@@ -43,8 +43,9 @@ from controller.guardrails import (
 )
 from controller.metrics import ControllerMetrics
 from controller.policy import Policy, Severity
+from controller.recovery import RecoveryConfig, check_releases, release_check_due
 from controller.store import EXTERNAL_ACTIONS, PendingAction, Received, Store, action_kind
-from protos.vigil.v1 import common_pb2
+from protos.vigil.v1 import agent_pb2, common_pb2
 from vigil.signals import Signal
 from vigil.waiting import wait_event
 
@@ -83,12 +84,19 @@ class Engine:
         metrics: ControllerMetrics | None = None,
         clock: Callable[[], float] = time.time,
         guardrails: GuardrailConfig | None = None,
+        recovery: RecoveryConfig | None = None,
     ) -> None:
         self.store = store
         self.policy = policy
         self.metrics = metrics or ControllerMetrics()
         self.clock = clock
         self.guardrails = guardrails or GuardrailConfig()
+        self.recovery = recovery or RecoveryConfig()
+        # The gateway delivers commands to a connected agent; False when that agent is not connected.
+        self.send_to_agent: Callable[[str, agent_pb2.ControllerMessage], bool] = lambda node, msg: False
+        self._release_checks: dict[str, str] = {}  # request id -> node
+        self._last_release_check: dict[str, float] = {}
+        self._release_tasks: set[asyncio.Task[object]] = set()
         self.nodes: dict[str, NodeEntry] = {
             name: NodeEntry(row.state, row.spool_id, row.last_seq, row.last_heartbeat, row.gpus)
             for name, row in store.load_nodes().items()
@@ -262,7 +270,7 @@ class Engine:
             return
         entry = self.nodes.get(action.node)
         if entry is not None and entry.state.health is Health.UNHEALTHY:
-            entry.state = quarantine_confirmed(entry.state)
+            entry.state = quarantine_confirmed(entry.state, self.clock())
             self.store.save_states([entry.state])
         latency = f" {self.clock() - action.observed_at:.2f} s after the fault" if action.observed_at > 0 else ""
         note = PageUpdate(action.incident_id, action.node, "QUARANTINED", f"Done{latency}: {detail}")
@@ -291,7 +299,7 @@ class Engine:
                 self.nodes[q.node] = entry
                 self.store.register_node(entry.state, "", 0, 0, now)
             if entry.state.health is not Health.QUARANTINED:
-                entry.state = replace(entry.state, health=Health.QUARANTINED)
+                entry.state = replace(entry.state, health=Health.QUARANTINED, quarantined_at=q.at or now)
                 self.store.save_states([entry.state])
         threads = await asyncio.to_thread(self.pager.resync)
         for q in found:
@@ -342,10 +350,28 @@ class Engine:
         self.metrics.connected_agents.set(sum(e.connected for e in self.nodes.values()))
         self.metrics.automation_paused.set(1 if self.breaker.tripped else 0)
 
+    def ask_release_checks(self) -> list[str]:
+        """Ask the agents of quarantined nodes past their hold-down for their health check."""
+        now, asked = self.clock(), []
+        for name, entry in self.nodes.items():
+            if not release_check_due(entry.state, self._last_release_check.get(name), self.recovery, now):
+                continue
+            request_id = f"release-{name}-{int(now * 1000)}"
+            run = agent_pb2.RunCheck(
+                request_id=request_id, check=self.recovery.check, deadline_s=self.recovery.check_deadline_s
+            )
+            if self.send_to_agent(name, agent_pb2.ControllerMessage(run_check=run)):
+                self._release_checks[request_id] = name
+                self._last_release_check[name] = now
+                asked.append(name)
+                log.info("release_check_sent", node=name, check=self.recovery.check, request=request_id)
+        return asked
+
     async def watch(self, stop: asyncio.Event, every_s: float = 1.0) -> None:
         ticks = 0
         while not stop.is_set():
             self.check_silence()
+            self.ask_release_checks()
             self.update_gauges()
             ticks += 1
             if ticks % 30 == 0:
@@ -392,6 +418,21 @@ class Engine:
         return (len(held), 0) if apply_held else (0, len(held))
 
     def record_check_result(self, node: str, r: common_pb2.CheckResult) -> None:
+        self._store_check_result(node, r)
+        if self._release_checks.get(r.request_id) != node:
+            return
+        del self._release_checks[r.request_id]
+        entry = self._entry(node)
+        verdict = common_pb2.Verdict.Name(r.verdict)
+        if check_releases(entry.state, verdict, r.started_at, self.recovery):
+            reason = f"{r.check} passed after the hold-down: {r.reason}"
+            task = asyncio.get_running_loop().create_task(self.uncordon(node, "vigil (automatic)", reason))
+            self._release_tasks.add(task)
+            task.add_done_callback(self._release_tasks.discard)
+        else:
+            log.warning("release_check_not_passed", node=node, check=r.check, verdict=verdict, reason=r.reason)
+
+    def _store_check_result(self, node: str, r: common_pb2.CheckResult) -> None:
         self.store.record_check_result(
             r.request_id,
             node,

@@ -28,12 +28,18 @@ class AgentGateway(agent_pb2_grpc.AgentGatewayServicer):
         self._engine = engine
         self.outboxes: dict[str, asyncio.Queue[agent_pb2.ControllerMessage]] = {}
         engine.on_ack = self._send_ack
+        engine.send_to_agent = self._send
+
+    def _send(self, node: str, message: agent_pb2.ControllerMessage) -> bool:
+        outbox = self.outboxes.get(node)
+        if outbox is None:
+            return False
+        outbox.put_nowait(message)
+        return True
 
     def _send_ack(self, node: str, seq: int) -> None:
         """An action finished: the agent may now drop the signals that asked for it."""
-        outbox = self.outboxes.get(node)
-        if outbox is not None:
-            outbox.put_nowait(agent_pb2.ControllerMessage(ack=agent_pb2.Ack(acked_seq=seq)))
+        self._send(node, agent_pb2.ControllerMessage(ack=agent_pb2.Ack(acked_seq=seq)))
 
     async def Connect(  # noqa: N802 (gRPC method name)
         self, request_iterator: AsyncIterator[agent_pb2.AgentMessage], context: grpc.aio.ServicerContext

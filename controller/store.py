@@ -449,6 +449,7 @@ def state_to_json(state: NodeState) -> str:
             "health": state.health.value,
             "before_unknown": state.health_before_unknown.value,
             "hung": sorted(state.hung_collectors),
+            "quarantined_at": state.quarantined_at,
             "recent": state.recent,
             "incidents": [[r.id, r.key, r.severity.value, r.last_at] for r in state.incidents],
         }
@@ -462,6 +463,7 @@ def state_from_json(text: str, node: str | None = None) -> NodeState:
         health=Health(data["health"]),
         health_before_unknown=Health(data["before_unknown"]),
         hung_collectors=frozenset(data.get("hung", ())),
+        quarantined_at=float(data.get("quarantined_at", 0.0)),
         recent={k: tuple(v) for k, v in data["recent"].items()},
         incidents=tuple(IncidentRef(i, k, Severity(s), t) for i, k, s, t in data["incidents"]),
     )

@@ -176,7 +176,7 @@ def test_silence_makes_a_node_unknown_and_a_heartbeat_restores_it() -> None:
 
 
 def test_silence_never_hides_a_quarantine() -> None:
-    quarantined = quarantine_confirmed(NodeState("n1", Health.UNHEALTHY))
+    quarantined = quarantine_confirmed(NodeState("n1", Health.UNHEALTHY), 5.0)
     assert quarantined.health is Health.QUARANTINED
     assert heartbeat_silence(quarantined, 1e6, POLICY).health is Health.QUARANTINED
 

@@ -1,0 +1,41 @@
+"""When a quarantined node goes back into service on its own. Pure.
+
+Only after a hold-down (a node that faulted often faults again soon after a reboot) and only when
+the node's own health check, run by its agent after the hold-down, passes. Vigil releases only
+nodes it quarantined itself (the actuator checks the ownership it recorded on the node); a node a
+person cordoned stays as the person left it.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from controller.decide import Health, NodeState
+
+
+class RecoveryConfig(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    auto_release: bool = Field(default=True, description="release quarantined nodes whose checks pass")
+    hold_down_s: float = Field(default=1800.0, ge=0, description="time out of service before any check")
+    check: str = Field(default="gpu_health", description="the agent check that must pass")
+    check_every_s: float = Field(default=300.0, gt=0, description="how often to re-check a node that failed")
+    check_deadline_s: float = Field(default=60.0, gt=0)
+
+
+def release_check_due(state: NodeState, last_check_at: float | None, config: RecoveryConfig, now: float) -> bool:
+    """Whether to ask the node's agent for its release check now."""
+    if not config.auto_release or state.health is not Health.QUARANTINED or state.quarantined_at <= 0:
+        return False
+    if now - state.quarantined_at < config.hold_down_s:
+        return False
+    return last_check_at is None or now - last_check_at >= config.check_every_s
+
+
+def check_releases(state: NodeState, verdict: str, started_at: float, config: RecoveryConfig) -> bool:
+    """A check result releases the node only if it passed, ran after the hold-down, and the node is still out."""
+    return (
+        state.health is Health.QUARANTINED
+        and verdict == "OK"
+        and started_at >= state.quarantined_at + config.hold_down_s
+    )

@@ -1,0 +1,67 @@
+"""A quarantined node comes back on its own: hold-down, then its agent's health check, over real gRPC."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+import pytest
+import yaml
+
+from agent.simulated import simulated_gpus
+from tests.e2e.processes import vigil
+from tests.helpers import poll_until
+from vigil.admin_client import AdminClient
+from vigil.demo import xid_line
+
+pytestmark = pytest.mark.e2e
+
+
+def test_released_after_hold_down_and_a_passing_check(tmp_path: Path) -> None:
+    config = {
+        "listen": "127.0.0.1",
+        "port": 0,
+        "port_file": str(tmp_path / "port"),
+        "database": str(tmp_path / "ctl.db"),
+        "pager": "none",
+        "recovery": {"hold_down_s": 1.5, "check_every_s": 1},
+    }
+    (tmp_path / "ctl.yaml").write_text(yaml.safe_dump(config))
+    ctl = vigil("controller", "--config", str(tmp_path / "ctl.yaml"), "--log-format", "json", out=tmp_path / "ctl.out")
+    poll_until(lambda: (tmp_path / "port").exists(), what="controller port")
+    port = int((tmp_path / "port").read_text())
+    kmsg = tmp_path / "node-a.kmsg"
+    kmsg.write_text("")
+    agent = vigil(
+        "agent",
+        "--gpu-backend",
+        "simulated",
+        "--node",
+        "node-a",
+        "--controller",
+        f"127.0.0.1:{port}",
+        "--kernel-log",
+        str(kmsg),
+        "--spool",
+        str(tmp_path / "spool.db"),
+        "--metrics-port",
+        "0",
+        "--log-format",
+        "json",
+        out=tmp_path / "agent.out",
+    )
+    try:
+        with AdminClient(f"127.0.0.1:{port}") as admin:
+            poll_until(lambda: admin.status().nodes, what="agent registered")
+            with open(kmsg, "a") as f:
+                f.write(xid_line(simulated_gpus("node-a", 8)[1].pci_bus_id, 79, "GPU has fallen off the bus.", 1))
+            poll_until(lambda: admin.status().nodes[0].health == "QUARANTINED", what="quarantined")
+            poll_until(lambda: admin.status().nodes[0].health == "HEALTHY", what="released", timeout=30)
+            (incident,) = admin.incidents(node="node-a")
+            assert incident.status == "RESOLVED"
+        log = (tmp_path / "ctl.log").read_text()
+        assert "release_check_sent" in log and "vigil (automatic)" in log
+    finally:
+        for proc in (agent, ctl):
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(10)

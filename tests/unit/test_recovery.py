@@ -1,0 +1,87 @@
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from controller.actuators import LocalActuator, NullPager
+from controller.decide import Health, NodeState
+from controller.engine import Engine
+from controller.policy import Policy
+from controller.recovery import RecoveryConfig, check_releases, release_check_due
+from controller.store import Store
+from protos.vigil.v1 import agent_pb2, common_pb2
+from vigil.signals import GpuRef, Signal, SignalKind
+
+CFG = RecoveryConfig(hold_down_s=600, check_every_s=60)
+OUT = NodeState("n1", Health.QUARANTINED, quarantined_at=1000.0)
+
+
+def test_no_check_before_the_hold_down() -> None:
+    assert not release_check_due(OUT, None, CFG, 1599.0)
+    assert release_check_due(OUT, None, CFG, 1600.0)
+    assert not release_check_due(OUT, 1600.0, CFG, 1630.0)  # asked recently
+    assert release_check_due(OUT, 1600.0, CFG, 1660.0)
+
+
+def test_only_quarantined_nodes_and_only_when_enabled() -> None:
+    assert not release_check_due(NodeState("n1", Health.UNHEALTHY), None, CFG, 1e9)
+    assert not release_check_due(OUT, None, RecoveryConfig(auto_release=False), 1e9)
+
+
+def test_a_result_releases_only_if_it_passed_after_the_hold_down() -> None:
+    assert check_releases(OUT, "OK", 1600.0, CFG)
+    assert not check_releases(OUT, "OK", 1599.0, CFG)  # ran too early (a stale result)
+    assert not check_releases(OUT, "FAIL", 1700.0, CFG)
+    assert not check_releases(OUT, "UNKNOWN", 1700.0, CFG)  # a check that could not run never releases
+
+
+def test_engine_asks_the_agent_and_releases_on_a_pass(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        now = [1000.0]
+        store = Store(tmp_path / "ctl.db")
+        e = Engine(store, Policy(), LocalActuator(store), NullPager(), clock=lambda: now[0], recovery=CFG)
+        sent: list[tuple[str, agent_pb2.ControllerMessage]] = []
+        e.send_to_agent = lambda node, msg: sent.append((node, msg)) is None
+        e.hello("n1", "s", 8)
+        e.receive("n1", [Signal("n1", SignalKind.XID, GpuRef(0), code=79, observed_at=now[0], seq=1)])
+        await e.drain()
+        assert e.nodes["n1"].state.health is Health.QUARANTINED
+        assert e.ask_release_checks() == []
+        now[0] += 601
+        assert e.ask_release_checks() == ["n1"]
+        ((node, msg),) = sent
+        request = msg.run_check
+        assert node == "n1" and request.check == "gpu_health"
+
+        failed = common_pb2.CheckResult(
+            request_id=request.request_id,
+            node="n1",
+            check="gpu_health",
+            verdict=common_pb2.FAIL,
+            reason="GPU 0 lost",
+            started_at=now[0],
+        )
+        e.record_check_result("n1", failed)
+        await asyncio.sleep(0.05)
+        assert e.nodes["n1"].state.health is Health.QUARANTINED
+        assert e.ask_release_checks() == []  # not again before check_every_s
+        now[0] += 61
+        assert e.ask_release_checks() == ["n1"]
+        passed = common_pb2.CheckResult(
+            request_id=sent[-1][1].run_check.request_id,
+            node="n1",
+            check="gpu_health",
+            verdict=common_pb2.OK,
+            reason="8 GPUs healthy",
+            started_at=now[0],
+        )
+        e.record_check_result("n1", passed)
+        await asyncio.sleep(0.05)
+        await e.drain()
+        assert e.nodes["n1"].state.health is Health.HEALTHY
+        assert store.quarantined_nodes() == {}
+        (record,) = store.operator_actions()
+        assert record[1:4] == ("uncordon", "n1", "vigil (automatic)")
+        store.close()
+
+    asyncio.run(scenario())
