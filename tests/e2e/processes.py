@@ -35,3 +35,30 @@ def start_controller(tmp: Path, run: int, port: int = 0) -> tuple[subprocess.Pop
     poll_until(lambda: port_file.exists() or proc.poll() is not None, what="controller port")
     assert proc.poll() is None, (tmp / f"controller{run}.log").read_text()
     return proc, int(port_file.read_text())
+
+
+def start_agent(
+    tmp: Path, node: str, controller: str, spool: Path | None = None
+) -> tuple[subprocess.Popen[bytes], Path]:
+    """A simulated-GPU agent tailing its own kmsg-format file (returned, for injecting lines)."""
+    kmsg = tmp / f"{node}.kmsg"
+    kmsg.write_text("")
+    proc = vigil(
+        "agent",
+        "--gpu-backend",
+        "simulated",
+        "--node",
+        node,
+        "--controller",
+        controller,
+        "--kernel-log",
+        str(kmsg),
+        "--spool",
+        str(spool or tmp / f"{node}.spool"),
+        "--metrics-port",
+        "0",
+        "--log-format",
+        "json",
+        out=tmp / f"{node}.out",
+    )
+    return proc, kmsg

@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from agent.simulated import simulated_gpus
-from tests.e2e.processes import vigil
+from tests.e2e.processes import start_agent, vigil
 from tests.helpers import poll_until
 from vigil.admin_client import AdminClient
 from vigil.demo import xid_line
@@ -30,26 +30,7 @@ def test_released_after_hold_down_and_a_passing_check(tmp_path: Path) -> None:
     ctl = vigil("controller", "--config", str(tmp_path / "ctl.yaml"), "--log-format", "json", out=tmp_path / "ctl.out")
     poll_until(lambda: (tmp_path / "port").exists(), what="controller port")
     port = int((tmp_path / "port").read_text())
-    kmsg = tmp_path / "node-a.kmsg"
-    kmsg.write_text("")
-    agent = vigil(
-        "agent",
-        "--gpu-backend",
-        "simulated",
-        "--node",
-        "node-a",
-        "--controller",
-        f"127.0.0.1:{port}",
-        "--kernel-log",
-        str(kmsg),
-        "--spool",
-        str(tmp_path / "spool.db"),
-        "--metrics-port",
-        "0",
-        "--log-format",
-        "json",
-        out=tmp_path / "agent.out",
-    )
+    agent, kmsg = start_agent(tmp_path, "node-a", f"127.0.0.1:{port}")
     try:
         with AdminClient(f"127.0.0.1:{port}") as admin:
             poll_until(lambda: admin.status().nodes, what="agent registered")

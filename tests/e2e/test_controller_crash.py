@@ -15,7 +15,7 @@ from controller.decide import Page, PageUpdate, Quarantine
 from controller.engine import Engine
 from controller.policy import Policy
 from controller.store import Store
-from tests.e2e.processes import start_controller, vigil
+from tests.e2e.processes import start_agent, start_controller
 from tests.helpers import poll_until
 from vigil.admin_client import AdminClient
 from vigil.demo import xid_line
@@ -26,26 +26,7 @@ pytestmark = pytest.mark.e2e
 
 def test_sigkill_after_acting_then_restart_repeats_nothing(tmp_path: Path) -> None:
     ctl, port = start_controller(tmp_path, 1)
-    kmsg = tmp_path / "node-a.kmsg"
-    kmsg.write_text("")
-    agent = vigil(
-        "agent",
-        "--gpu-backend",
-        "simulated",
-        "--node",
-        "node-a",
-        "--controller",
-        f"127.0.0.1:{port}",
-        "--kernel-log",
-        str(kmsg),
-        "--spool",
-        str(tmp_path / "spool.db"),
-        "--metrics-port",
-        "0",
-        "--log-format",
-        "json",
-        out=tmp_path / "agent.out",
-    )
+    agent, kmsg = start_agent(tmp_path, "node-a", f"127.0.0.1:{port}", spool=tmp_path / "spool.db")
     try:
         admin = AdminClient(f"127.0.0.1:{port}")
         poll_until(lambda: any(n.node == "node-a" for n in admin.status().nodes), what="agent registered")

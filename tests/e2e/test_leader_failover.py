@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from agent.simulated import simulated_gpus
-from tests.e2e.processes import vigil
+from tests.e2e.processes import start_agent, vigil
 from tests.fakes.kube_api import KubeApiServer
 from tests.fakes.slack_api import CHANNEL, TOKEN, FakeSlack
 from tests.helpers import poll_until
@@ -53,30 +53,6 @@ def controller(tmp: Path, name: str, port: int, kube: KubeApiServer, slack: Fake
     return vigil("controller", "--config", str(path), "--log-format", "json", out=tmp / f"{name}.out")
 
 
-def agent(tmp: Path, node: str, targets: str) -> tuple[subprocess.Popen[bytes], Path]:
-    kmsg = tmp / f"{node}.kmsg"
-    kmsg.write_text("")
-    proc = vigil(
-        "agent",
-        "--gpu-backend",
-        "simulated",
-        "--node",
-        node,
-        "--controller",
-        targets,
-        "--kernel-log",
-        str(kmsg),
-        "--spool",
-        str(tmp / f"{node}.spool"),
-        "--metrics-port",
-        "0",
-        "--log-format",
-        "json",
-        out=tmp / f"{node}.out",
-    )
-    return proc, kmsg
-
-
 def inject_xid79(kmsg: Path, node: str, seq: int) -> None:
     gpu = simulated_gpus(node, 8)[2]
     with open(kmsg, "a") as f:
@@ -101,8 +77,8 @@ def test_leader_killed_mid_action_standby_finishes_without_repeating(tmp_path: P
             ctl_b = controller(tmp_path, "ctl-b", port_b, kube, slack)
             procs.append(ctl_b)
             targets = f"127.0.0.1:{port_a},127.0.0.1:{port_b}"
-            agent_a, kmsg_a = agent(tmp_path, "node-a", targets)
-            agent_b, kmsg_b = agent(tmp_path, "node-b", targets)
+            agent_a, kmsg_a = start_agent(tmp_path, "node-a", targets)
+            agent_b, kmsg_b = start_agent(tmp_path, "node-b", targets)
             procs += [agent_a, agent_b]
             with AdminClient(f"127.0.0.1:{port_a}") as admin:
                 poll_until(lambda: len(admin.status().nodes) == 2, what="both agents on the leader")
