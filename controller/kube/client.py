@@ -27,7 +27,7 @@ RETRY = Retry(
 )
 
 
-class KubeConfigError(Exception):
+class KubeConfigError(ValueError):
     pass
 
 

@@ -15,7 +15,7 @@ def vigil(*args: str) -> subprocess.CompletedProcess[str]:
 def test_help_lists_the_subcommands() -> None:
     out = vigil("--help")
     assert out.returncode == 0
-    for name in ("agent", "controller", "demo", "status", "incidents", "uncordon"):
+    for name in ("agent", "controller", "demo", "status", "incidents", "uncordon", "resume"):
         assert name in out.stdout
 
 
@@ -64,3 +64,31 @@ def test_agent_without_a_gpu_driver_says_so(tmp_path: Path) -> None:
 def test_unknown_gpu_backend_is_named(tmp_path: Path) -> None:
     out = vigil("agent", "--gpu-backend", "rocm", "--spool", str(tmp_path / "s.db"))
     assert out.returncode == 2 and "gpu_backend" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_slack_pager_without_its_token_says_so(tmp_path: Path) -> None:
+    config = tmp_path / "ctl.yaml"
+    config.write_text(
+        f"pager: slack\nslack: {{channel: C123, token_env: VIGIL_TEST_NO_SUCH_TOKEN}}\ndatabase: {tmp_path}/c.db\n"
+    )
+    out = vigil("controller", "--config", str(config), "--port", "0")
+    assert out.returncode == 2 and "$VIGIL_TEST_NO_SUCH_TOKEN" in out.stderr and "Traceback" not in out.stderr
+    config.write_text("pager: slack\n")
+    out = vigil("controller", "--config", str(config))
+    assert out.returncode == 2 and "needs a slack: section" in out.stderr
+
+
+def test_kubernetes_actuator_without_credentials_says_so(tmp_path: Path) -> None:
+    missing = tmp_path / "no-kubeconfig"
+    config = tmp_path / "ctl.yaml"
+    config.write_text(f"actuator: kubernetes\nkubernetes: {{kubeconfig: {missing}}}\ndatabase: {tmp_path}/c.db\n")
+    out = vigil("controller", "--config", str(config), "--port", "0")
+    assert out.returncode == 2 and "no usable Kubernetes credentials" in out.stderr and str(missing) in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_leader_election_timings_are_checked(tmp_path: Path) -> None:
+    config = tmp_path / "ctl.yaml"
+    config.write_text("leader_election: {enabled: true, lease_duration_s: 5, renew_deadline_s: 10}\n")
+    out = vigil("controller", "--config", str(config))
+    assert out.returncode == 2 and "lease_duration_s > renew_deadline_s" in out.stderr

@@ -1,0 +1,90 @@
+"""The operator's commands against a running controller: status, incidents, resume, uncordon."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from agent.simulated import simulated_gpus
+from tests.e2e.processes import start_agent, vigil
+from tests.helpers import poll_until
+from vigil.admin_client import AdminClient
+from vigil.demo import xid_line
+
+pytestmark = pytest.mark.e2e
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    wide = {**os.environ, "COLUMNS": "200"}  # rich wraps tables to the terminal's width
+    return subprocess.run([sys.executable, "-m", "vigil", *args], capture_output=True, text=True, timeout=60, env=wide)
+
+
+def test_operator_commands(tmp_path: Path) -> None:
+    config = {
+        "listen": "127.0.0.1",
+        "port": 0,
+        "port_file": str(tmp_path / "port"),
+        "database": str(tmp_path / "ctl.db"),
+        "pager": "none",
+        "guardrails": {"breaker_max_nodes": 1, "breaker_max_fraction": 1.0, "breaker_page_delay_s": 0},
+        "recovery": {"auto_release": False},
+    }
+    (tmp_path / "ctl.yaml").write_text(yaml.safe_dump(config))
+    ctl = vigil("controller", "--config", str(tmp_path / "ctl.yaml"), "--log-format", "json", out=tmp_path / "ctl.out")
+    procs = [ctl]
+    try:
+        poll_until(lambda: (tmp_path / "port").exists(), what="controller port")
+        target = f"127.0.0.1:{(tmp_path / 'port').read_text()}"
+        kmsgs = {}
+        for node in ("node-a", "node-b", "node-c"):
+            proc, kmsgs[node] = start_agent(tmp_path, node, target)
+            procs.append(proc)
+        with AdminClient(target) as admin:
+            poll_until(lambda: len(admin.status().nodes) == 3, what="three agents")
+            for node in ("node-a", "node-b"):
+                with open(kmsgs[node], "a") as f:
+                    f.write(xid_line(simulated_gpus(node, 8)[0].pci_bus_id, 79, "GPU has fallen off the bus.", 1))
+                poll_until(lambda n=node: admin.incidents(node=n), what=f"{node}'s incident")
+            poll_until(lambda: admin.status().held_nodes, what="the breaker holding node-b")
+
+        status = cli("status", "--controller", target)
+        assert status.returncode == 0, status.stderr
+        assert "paused" in status.stdout and "held by the circuit breaker: node-b" in status.stdout
+        assert "QUARANTINED 1" in status.stdout
+
+        resumed = cli("resume", "--controller", target, "--apply-held", "--reason", "two bad GPUs, checked")
+        assert resumed.returncode == 0 and "automation: active" in resumed.stdout and "applied 2" in resumed.stdout
+        again = cli("resume", "--controller", target)
+        assert again.returncode == 2 and "FAILED_PRECONDITION" in again.stdout + again.stderr
+
+        with AdminClient(target) as admin:
+            poll_until(
+                lambda: (
+                    {n.node: n.health for n in admin.status().nodes}
+                    == {"node-a": "QUARANTINED", "node-b": "QUARANTINED", "node-c": "HEALTHY"}
+                ),
+                what="node-b quarantined after the resume",
+            )
+        incidents = cli("incidents", "--controller", target, "--json")
+        listed = json.loads(incidents.stdout)
+        assert sorted(i["node"] for i in listed) == ["node-a", "node-b"]
+        assert all(i["status"] == "OPEN" for i in listed)
+
+        released = cli("uncordon", "node-a", "--controller", target, "--reason", "GPU replaced")
+        assert released.returncode == 0 and "node-a: HEALTHY" in released.stdout
+        unknown = cli("uncordon", "no-such-node", "--controller", target)
+        assert unknown.returncode == 2 and "NOT_FOUND" in unknown.stdout + unknown.stderr
+        table = cli("incidents", "--controller", target)
+        assert "RESOLVED" in table.stdout and "node-b" in table.stdout
+    finally:
+        for proc in procs:
+            proc.send_signal(signal.SIGTERM)
+        for proc in procs:
+            proc.wait(10)
