@@ -32,12 +32,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+import psutil
 import yaml
 
 from bench.fleet import Fleet
 from bench.record import append_result, percentile
 from tests.fakes.kube_api import KubeApiServer
 from tests.fakes.slack_api import CHANNEL, TOKEN, FakeSlack
+from vigil.admin_client import AdminClient
 
 
 def summary(values: list[float]) -> dict[str, float]:
@@ -155,40 +157,65 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             await fleet.start()
             connect_s = time.monotonic() - t0
             arrivals = Arrivals(kube, slack)
+            await asyncio.sleep(args.heartbeat_s)  # a full heartbeat period: the steady load is on
+            ctl_proc = psutil.Process(controller.pid)
+            ctl_proc.cpu_percent()
+            single_started = time.monotonic()
 
             single_nodes = names[: args.single]
             sent: dict[str, float] = {}
             for name in single_nodes:
                 sent[name] = fleet.nodes[name].fault()
                 await wait_for(arrivals, [name], 30)
+            controller_cpu = ctl_proc.cpu_percent()  # % of one core, over the single-fault phase
+            single_s = time.monotonic() - single_started
             cordons, messages = arrivals.cordon_at, arrivals.message_at
             single = {
+                "phase_s": round(single_s, 2),
+                "controller_cpu_percent_of_one_core": round(controller_cpu, 1),
                 "cordon": summary([cordons[n] - sent[n] for n in single_nodes]),
                 "slack": summary([messages[n] - sent[n] for n in single_nodes]),
             }
 
+            burst: dict[str, Any] = {}
             burst_nodes = names[args.single : args.single + args.burst]
             for name in burst_nodes:
                 sent[name] = fleet.nodes[name].fault()
-            await wait_for(arrivals, burst_nodes, 300)
-            burst = {
-                "cordon": summary([cordons[n] - sent[n] for n in burst_nodes]),
-                "slack": summary([messages[n] - sent[n] for n in burst_nodes]),
-                "node_lists": len(kube.requests("GET", r"^/api/v1/nodes$")),
-                "node_gets": len(kube.requests("GET", r"^/api/v1/nodes/gpu-")),
-            }
+            if burst_nodes:
+                await wait_for(arrivals, burst_nodes, 300)
+                burst = {
+                    "cordon": summary([cordons[n] - sent[n] for n in burst_nodes]),
+                    "slack": summary([messages[n] - sent[n] for n in burst_nodes]),
+                    "node_lists": len(kube.requests("GET", r"^/api/v1/nodes$")),
+                    "node_gets": len(kube.requests("GET", r"^/api/v1/nodes/gpu-")),
+                }
+            reconnects = sum(n.reconnects for n in fleet.nodes.values())
+            # Split each single fault's time: delivery (agent stamp → the controller's receipt, which
+            # includes this process's own queueing with thousands of streams) and the controller's part
+            # (receipt → the cordon PATCH arriving at the API server).
+            target = f"127.0.0.1:{(workdir / 'port').read_text()}"
+            with AdminClient(target, timeout_s=60) as admin:
+                received = {i.node: i.received_at for i in admin.incidents(limit=10000)}
+            single["delivery"] = summary([received[n] - sent[n] for n in single_nodes])
+            single["controller_to_cordon"] = summary([cordons[n] - received[n] for n in single_nodes])
             await fleet.close()
         finally:
             controller.terminate()
             controller.wait(30)
-    return {"connect_s": round(connect_s, 2), "single": single, "burst": burst, "baseline_patch_rtt": baseline}
+    return {
+        "connect_s": round(connect_s, 2),
+        "stream_reconnects": reconnects,
+        "single": single,
+        "burst": burst,
+        "baseline_patch_rtt": baseline,
+    }
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--nodes", type=int, default=2000)
     parser.add_argument("--single", type=int, default=200)
-    parser.add_argument("--burst", type=int, default=375)
+    parser.add_argument("--burst", type=int, default=375, help="0: single faults only (e.g. with --nodes 20000)")
     parser.add_argument("--heartbeat-s", type=float, default=5.0)
     args = parser.parse_args()
     if args.single + args.burst > args.nodes:
@@ -211,10 +238,12 @@ def main() -> int:
     print(json.dumps(record, indent=2))
     base = figures["baseline_patch_rtt"]["p50_s"]
     for phase in ("single", "burst"):
-        for what in ("cordon", "slack"):
+        for what in ("cordon", "slack", "delivery", "controller_to_cordon") if figures[phase] else ():
+            if what not in figures[phase]:
+                continue
             s = figures[phase][what]
             print(
-                f"{phase:6} fault→{what:6}: p50 {s['p50_s']:.3f} s  p99 {s['p99_s']:.3f} s  "
+                f"{phase:6} {what:20}: p50 {s['p50_s']:.3f} s  p99 {s['p99_s']:.3f} s  "
                 f"(p50 = {s['p50_s'] / base:.0f}× a bare PATCH round trip)"
             )
     append_result("fault_to_action", record)
