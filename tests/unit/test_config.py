@@ -77,6 +77,21 @@ def test_the_example_agent_config_loads() -> None:
         assert getattr(cfg, key) == getattr(defaults, key), key
 
 
+def test_the_example_controller_config_loads() -> None:
+    from controller.config import ControllerConfig, load_controller_config
+
+    example = Path(__file__).parents[2] / "deploy" / "controller.example.yaml"
+    cfg = load_controller_config(example, {})
+    assert (cfg.actuator, cfg.pager, cfg.leader_election.enabled) == ("kubernetes", "slack", True)
+    assert cfg.slack is not None and cfg.slack.channel == "C0123456789"
+    # Every default the file states is the model's default.
+    defaults = ControllerConfig()
+    for section in ("guardrails", "recovery", "kubernetes"):
+        assert getattr(cfg, section) == getattr(defaults, section), section
+    for key in ("lease_duration_s", "renew_deadline_s", "retry_period_s", "namespace", "lease_name"):
+        assert getattr(cfg.leader_election, key) == getattr(defaults.leader_election, key), key
+
+
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
