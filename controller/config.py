@@ -72,6 +72,7 @@ class ControllerConfig(BaseModel):
     policy: Path | None = None
     actuator: Literal["local", "kubernetes"] = "local"
     pager: Literal["console", "none", "slack", "webhook"] = "console"
+    fold_report_s: float = Field(default=300.0, gt=0, description="a flooding incident's count: at most this often")
     metrics_port: int | None = Field(default=None, ge=0, le=65535)
     kubernetes: KubernetesConfig = Field(default_factory=KubernetesConfig)
     slack: SlackConfig | None = None

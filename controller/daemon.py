@@ -65,6 +65,7 @@ class Controller:
             build_pager(config, self.store),
             guardrails=config.guardrails,
             recovery=config.recovery,
+            fold_report_s=config.fold_report_s,
         )
         self.gateway = AgentGateway(self.engine)
         self.server: grpc.aio.Server | None = None

@@ -20,6 +20,7 @@ from controller.action_runner import ActionRunner
 from controller.actuators import Actuator, Pager
 from controller.decide import (
     Action,
+    FoldIntoIncident,
     Health,
     NodeState,
     OpenIncident,
@@ -40,6 +41,7 @@ from controller.guardrails import (
     admit_quarantine,
     breaker_summary,
     resumed,
+    with_adopted,
 )
 from controller.metrics import ControllerMetrics
 from controller.policy import Policy, Severity
@@ -85,6 +87,7 @@ class Engine:
         clock: Callable[[], float] = time.time,
         guardrails: GuardrailConfig | None = None,
         recovery: RecoveryConfig | None = None,
+        fold_report_s: float = 300.0,
     ) -> None:
         self.store = store
         self.policy = policy
@@ -97,6 +100,12 @@ class Engine:
         self._release_checks: dict[str, str] = {}  # request id -> node
         self._last_release_check: dict[str, float] = {}
         self._release_tasks: set[asyncio.Task[object]] = set()
+        # Floods: a paged incident that keeps folding signals gets its count in its thread, at most
+        # once per fold_report_s (best effort, not persisted: the count is in the store either way).
+        self.fold_report_s = fold_report_s
+        self._paged: dict[str, str] = {}  # incident id -> node, for incidents paged by this process
+        self._folded: set[str] = set()
+        self._last_fold_report = clock()
         # Heartbeats are not persisted as they come (20,000 nodes beat 4,000 times a second): after a
         # start every known node gets a full heartbeat timeout to reconnect before it counts as silent.
         started = clock()
@@ -197,6 +206,10 @@ class Engine:
             for action in item.actions:
                 if isinstance(action, EXTERNAL_ACTIONS) and action_kind(action) not in item.held:
                     self.runner.schedule(PendingAction(action.incident_id, action, 0, item.signal.seq))
+                    if isinstance(action, Page):
+                        self._paged[action.incident_id] = node
+                elif isinstance(action, FoldIntoIncident) and action.incident_id in self._paged:
+                    self._folded.add(action.incident_id)
                 elif isinstance(action, OpenIncident):
                     self.metrics.incidents.labels(action.incident.severity.value).inc()
                     log.info(
@@ -304,6 +317,8 @@ class Engine:
             if entry.state.health is not Health.QUARANTINED:
                 entry.state = replace(entry.state, health=Health.QUARANTINED, quarantined_at=q.at or now)
                 self.store.save_states([entry.state])
+        self.breaker = with_adopted(self.breaker, [(q.node, q.at) for q in found], self.guardrails, now)
+        self.store.set_meta(_BREAKER_KEY, _dump_breaker(self.breaker))
         threads = await asyncio.to_thread(self.pager.resync)
         for q in found:
             # The previous leader may have died half-way: after the cordon, before the condition, the
@@ -370,10 +385,25 @@ class Engine:
                 log.info("release_check_sent", node=name, check=self.recovery.check, request=request_id)
         return asked
 
+    def report_folds(self) -> int:
+        """Tell the pager how many signals each flooding incident has folded since it was paged."""
+        now = self.clock()
+        if now - self._last_fold_report < self.fold_report_s or not self._folded:
+            return 0
+        self._last_fold_report = now
+        counts = self.store.signal_counts(sorted(self._folded))
+        for incident_id, count in counts.items():
+            text = f"Still happening: {count} signals folded into this incident so far"
+            note = PageUpdate(incident_id, self._paged[incident_id], "COUNT", text)
+            self.runner.schedule(PendingAction(incident_id, note, 0))
+        self._folded.clear()
+        return len(counts)
+
     async def watch(self, stop: asyncio.Event, every_s: float = 1.0) -> None:
         while not stop.is_set():
             self.check_silence()
             self.ask_release_checks()
+            self.report_folds()
             self.update_gauges()
             await wait_event(stop, every_s)
 

@@ -69,6 +69,16 @@ def admit_quarantine(
     return replace(state, recent=(*recent, (node, now))), Admission.GO
 
 
+def with_adopted(
+    state: BreakerState, quarantines: list[tuple[str, float]], config: GuardrailConfig, now: float
+) -> BreakerState:
+    """A new leader counts the quarantines it found on the cluster (made by the previous leader within
+    the window) against the same limit, so a failover does not grant a fresh allowance."""
+    known = {n for n, _ in state.recent}
+    found = tuple((n, t) for n, t in quarantines if t > now - config.breaker_window_s and n not in known)
+    return replace(state, recent=(*state.recent, *found))
+
+
 def resumed(state: BreakerState) -> BreakerState:
     """A person resumed automation: the window starts afresh (they have seen what tripped it)."""
     return BreakerState()

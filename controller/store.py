@@ -418,6 +418,15 @@ class Store:
                     view.actions.append(ActionView(a[0], a[1], a[2], a[3], a[4] or ""))
         return views
 
+    def signal_counts(self, incident_ids: Sequence[str]) -> dict[str, int]:
+        """How many signals each of these incidents has folded in (the first one included)."""
+        with self._lock:
+            rows = self._db.execute(
+                f"SELECT id, signal_count FROM incidents WHERE id IN ({', '.join('?' * len(incident_ids))})",
+                tuple(incident_ids),
+            ).fetchall()
+        return {r[0]: int(r[1]) for r in rows}
+
     def signal_count(self, node: str) -> int:
         with self._lock:
             return int(self._db.execute("SELECT COUNT(*) FROM signals WHERE node = ?", (node,)).fetchone()[0])

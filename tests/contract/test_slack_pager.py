@@ -132,3 +132,35 @@ def test_a_new_leader_learns_the_threads_from_history(slack: FakeSlack, tmp_path
     assert len(slack.state.top_level()) == 250
     parent = next(m for m in slack.state.top_level() if m["metadata"]["event_payload"]["incident_id"] == "inc-3")
     assert [m["text"] for m in slack.state.replies(parent["ts"])] == ["done"]
+
+
+def test_a_flood_is_one_message_with_its_count_in_the_thread(slack: FakeSlack, tmp_path: Path) -> None:
+    import asyncio
+
+    from controller.actuators import LocalActuator
+    from controller.engine import Engine
+    from controller.policy import Policy
+    from vigil.signals import GpuRef, Signal, SignalKind
+
+    async def scenario() -> None:
+        now = [1000.0]
+        store = Store(tmp_path / "ctl.db")
+        slack_pager = SlackPager(TOKEN, CHANNEL, store, base_url=slack.base_url)
+        e = Engine(store, Policy(), LocalActuator(store), slack_pager, clock=lambda: now[0], fold_report_s=60)
+        e.hello("gpu-7", "s", 8)
+        for seq in range(1, 52):  # XID 13 (the application's fault) flooding one GPU
+            sig = Signal("gpu-7", SignalKind.XID, GpuRef(3, "GPU-3"), code=13, observed_at=now[0] + seq, seq=seq)
+            e.receive("gpu-7", [sig])
+        await e.drain()
+        assert e.report_folds() == 0  # not before fold_report_s
+        now[0] += 61
+        assert e.report_folds() == 1
+        await e.drain()
+        (parent,) = slack.state.top_level()
+        (reply,) = slack.state.replies(parent["ts"])
+        assert reply["text"] == "Still happening: 51 signals folded into this incident so far"
+        now[0] += 61
+        assert e.report_folds() == 0  # nothing new folded since
+        store.close()
+
+    asyncio.run(scenario())

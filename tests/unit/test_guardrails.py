@@ -3,7 +3,15 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from controller.guardrails import Admission, BreakerState, GuardrailConfig, TokenBucket, admit_quarantine, breaker_limit
+from controller.guardrails import (
+    Admission,
+    BreakerState,
+    GuardrailConfig,
+    TokenBucket,
+    admit_quarantine,
+    breaker_limit,
+    with_adopted,
+)
 
 
 def test_limit_is_the_smaller_of_count_and_fraction() -> None:
@@ -68,3 +76,11 @@ def test_token_bucket_spreads_a_burst() -> None:
     assert waits[:5] == [0.0] * 5
     assert [round(w, 6) for w in waits[5:]] == [0.1, 0.2, 0.3]  # queued behind each other, not all at 0.1
     assert bucket.reserve(10.0) == 0.0  # refilled
+
+
+def test_a_new_leader_counts_the_adopted_quarantines() -> None:
+    cfg = GuardrailConfig(breaker_max_nodes=2, breaker_max_fraction=1.0, breaker_window_s=60)
+    state = with_adopted(BreakerState(), [("a", 950.0), ("b", 990.0), ("old", 100.0)], cfg, 1000.0)
+    assert {n for n, _ in state.recent} == {"a", "b"}  # the old one is outside the window
+    state, verdict = admit_quarantine(state, "c", 10, cfg, 1000.0)
+    assert verdict is Admission.TRIP  # no fresh allowance after a failover
