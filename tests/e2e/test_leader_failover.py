@@ -39,6 +39,9 @@ def controller(tmp: Path, name: str, port: int, kube: KubeApiServer, slack: Fake
         "kubernetes": {"kubeconfig": str(kube.kubeconfig(tmp / "kubeconfig"))},
         "pager": "slack",
         "slack": {"channel": CHANNEL, "base_url": slack.base_url},
+        # Two nodes: the default 5 % would let one quarantine through per window (the new leader counts
+        # the one it adopts), and this test is about failover, not the breaker.
+        "guardrails": {"breaker_max_nodes": 10, "breaker_max_fraction": 1.0},
         "leader_election": {
             "enabled": True,
             "namespace": "vigil",
