@@ -28,6 +28,7 @@ MAX_ACTION_ATTEMPTS = 8
 # Actions block on HTTP: a burst needs more of them under way than the default executor's few threads
 # (the rate limit, not the thread count, is what paces the writes).
 ACTION_THREADS = 32
+MAX_WAIT_FOR_OTHER_S = 600.0  # a thread reply waits this long for its message (Slack may rate-limit it)
 
 ActionKey = tuple[str, str]  # (incident id, action kind)
 
@@ -79,7 +80,8 @@ class ActionRunner:
         action, kind = pending.action, key[1]
         bound = log.bind(incident=pending.incident_id, node=action.node, action=kind)
         try:
-            for attempt in range(pending.attempts, MAX_ACTION_ATTEMPTS):
+            attempt, waited_s = pending.attempts, 0.0
+            while attempt < MAX_ACTION_ATTEMPTS:
                 if isinstance(action, Quarantine) and not action.dry_run:
                     await asyncio.sleep(self.bucket.reserve(time.monotonic()))
                 try:
@@ -89,14 +91,18 @@ class ActionRunner:
                     bound.error("action_failed_permanently", error=str(exc))
                     self._finish(pending, kind, "FAILED", str(exc)[:500])
                     return
-                except NotReadyYet as exc:
-                    bound.info("action_waits", reason=str(exc))
+                except NotReadyYet as exc:  # waiting on another action is not a failed attempt
+                    if waited_s >= MAX_WAIT_FOR_OTHER_S:
+                        self._finish(pending, kind, "FAILED", f"gave up waiting: {exc}")
+                        return
                     await asyncio.sleep(0.2)
+                    waited_s += 0.2
                     continue
                 except Exception as exc:  # the actuator's failure is retried, never fatal
                     bound.warning("action_failed", attempt=attempt, error=repr(exc))
                     self.store.count_attempt(pending.incident_id, kind, repr(exc)[:500])
                     await asyncio.sleep(retry_delay(attempt))
+                    attempt += 1
                     continue
                 latency = self._finish(pending, kind, "DONE", detail)
                 bound.info("action_done", detail=detail, latency_s=round(latency, 4))
