@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 import structlog
 
 from controller.actuators import Actuator, NotReadyYet, Pager, PermanentActionError
-from controller.decide import ExternalAction, Page, PageUpdate, Quarantine
+from controller.decide import Drain, ExternalAction, Page, Quarantine
 from controller.guardrails import TokenBucket
 from controller.metrics import ControllerMetrics
 from controller.store import PendingAction, Store, action_kind
@@ -119,6 +119,8 @@ class ActionRunner:
             if action.dry_run:
                 return "dry run: would quarantine (taint, cordon, condition); nothing changed"
             return self.actuator.quarantine(action)
+        if isinstance(action, Drain):
+            return self.actuator.drain(action)
         if isinstance(action, Page):
             return self.pager.page(action)
         return self.pager.update(action)
@@ -129,7 +131,7 @@ class ActionRunner:
         family = kind.split(":")[0]
         self.metrics.actions.labels(family, status).inc()
         observed_at = pending.action.observed_at
-        if status == "DONE" and observed_at > 0 and not isinstance(pending.action, PageUpdate):
+        if status == "DONE" and observed_at > 0 and isinstance(pending.action, (Quarantine, Page)):
             self.metrics.fault_to_action.labels(family).observe(now - observed_at)
         return now - observed_at if observed_at > 0 else 0.0
 

@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 from typing import Protocol, TextIO
 
-from controller.decide import Page, PageUpdate, Quarantine
+from controller.decide import Drain, Page, PageUpdate, Quarantine
 from controller.store import Store
 
 
@@ -50,6 +50,10 @@ class Actuator(Protocol):
         """Return the node to service, only if Vigil quarantined it."""
         ...
 
+    def drain(self, action: Drain) -> str:
+        """Evict the node's workload pods; raises while some cannot be evicted yet (a budget forbids it)."""
+        ...
+
     def adopt(self) -> list[FoundQuarantine]:
         """The quarantines Vigil made that the cluster records (empty where the store is the record)."""
         ...
@@ -81,6 +85,9 @@ class LocalActuator:
 
     def adopt(self) -> list[FoundQuarantine]:
         return []
+
+    def drain(self, action: Drain) -> str:
+        return "nothing to drain (local actuator: no pods)"
 
 
 class ConsolePager:

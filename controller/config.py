@@ -20,7 +20,9 @@ class KubernetesConfig(BaseModel):
     kubeconfig: Path | None = Field(default=None, description="default: in-cluster, else ~/.kube/config")
     context: str | None = None
     events_namespace: str = "default"
-    drain: bool = Field(default=False, description="also evict the node's pods (honouring PodDisruptionBudgets)")
+    drain: bool = Field(
+        default=False, description="after a quarantine, evict the node's pods (honouring PodDisruptionBudgets)"
+    )
 
 
 class SlackConfig(BaseModel):

@@ -37,7 +37,7 @@ def build_actuator(config: ControllerConfig, store: Store) -> Actuator:
     from controller.kube.client import api_client
 
     k = config.kubernetes
-    return KubeActuator(api_client(k.kubeconfig, k.context), events_namespace=k.events_namespace, drain=k.drain)
+    return KubeActuator(api_client(k.kubeconfig, k.context), events_namespace=k.events_namespace)
 
 
 def build_pager(config: ControllerConfig, store: Store) -> Pager:
@@ -66,6 +66,7 @@ class Controller:
             guardrails=config.guardrails,
             recovery=config.recovery,
             fold_report_s=config.fold_report_s,
+            drain=config.actuator == "kubernetes" and config.kubernetes.drain,
         )
         self.gateway = AgentGateway(self.engine)
         self.server: grpc.aio.Server | None = None

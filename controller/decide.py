@@ -123,8 +123,17 @@ class PageUpdate:
     observed_at: float = 0.0
 
 
-ExternalAction = Quarantine | Page | PageUpdate
-Action = OpenIncident | FoldIntoIncident | EscalateIncident | Quarantine | Page | PageUpdate
+@dataclass(frozen=True, slots=True)
+class Drain:
+    """Evict the quarantined node's pods (opt-in; after the quarantine is done)."""
+
+    incident_id: str
+    node: str
+    observed_at: float = 0.0
+
+
+ExternalAction = Quarantine | Page | PageUpdate | Drain
+Action = OpenIncident | FoldIntoIncident | EscalateIncident | Quarantine | Page | PageUpdate | Drain
 
 
 @dataclass(frozen=True, slots=True)

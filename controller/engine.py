@@ -20,6 +20,7 @@ from controller.action_runner import ActionRunner
 from controller.actuators import Actuator, Pager
 from controller.decide import (
     Action,
+    Drain,
     FoldIntoIncident,
     Health,
     NodeState,
@@ -88,6 +89,7 @@ class Engine:
         guardrails: GuardrailConfig | None = None,
         recovery: RecoveryConfig | None = None,
         fold_report_s: float = 300.0,
+        drain: bool = False,
     ) -> None:
         self.store = store
         self.policy = policy
@@ -95,6 +97,7 @@ class Engine:
         self.clock = clock
         self.guardrails = guardrails or GuardrailConfig()
         self.recovery = recovery or RecoveryConfig()
+        self.drain_after_quarantine = drain
         # The gateway delivers commands to a connected agent; False when that agent is not connected.
         self.send_to_agent: Callable[[str, agent_pb2.ControllerMessage], bool] = lambda node, msg: False
         self._release_checks: dict[str, str] = {}  # request id -> node
@@ -288,6 +291,10 @@ class Engine:
         if entry is not None and entry.state.health is Health.UNHEALTHY:
             entry.state = quarantine_confirmed(entry.state, self.clock())
             self.store.save_states([entry.state])
+        if self.drain_after_quarantine:
+            drain = Drain(action.incident_id, action.node)
+            if self.store.add_action(drain, self.clock()):
+                self.runner.schedule(PendingAction(drain.incident_id, drain, 0))
         latency = f" {self.clock() - action.observed_at:.2f} s after the fault" if action.observed_at > 0 else ""
         note = PageUpdate(action.incident_id, action.node, "QUARANTINED", f"Done{latency}: {detail}")
         if self.store.add_action(note, self.clock()):

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from controller.decide import (
     Action,
+    Drain,
     EscalateIncident,
     ExternalAction,
     FoldIntoIncident,
@@ -61,7 +62,7 @@ CREATE TABLE IF NOT EXISTS check_results (
   started_at REAL, finished_at REAL);
 """
 
-EXTERNAL_ACTIONS = (Quarantine, Page, PageUpdate)
+EXTERNAL_ACTIONS = (Quarantine, Page, PageUpdate, Drain)
 
 
 @dataclass(frozen=True, slots=True)
@@ -446,6 +447,8 @@ def action_kind(action: ExternalAction) -> str:
         return "QUARANTINE"
     if isinstance(action, Page):
         return f"PAGE:{action.severity.value}"
+    if isinstance(action, Drain):
+        return "DRAIN"
     return f"NOTE:{action.tag}"
 
 
@@ -490,4 +493,6 @@ def action_from_json(text: str) -> ExternalAction:
         return Quarantine(**d)
     if kind.startswith("NOTE:"):
         return PageUpdate(**d)
+    if kind == "DRAIN":
+        return Drain(**d)
     return Page(**{**d, "severity": Severity(d["severity"])})

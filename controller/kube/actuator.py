@@ -22,7 +22,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from controller.actuators import FoundQuarantine, PermanentActionError, Release
-from controller.decide import Quarantine
+from controller.decide import Drain, Quarantine
 from controller.kube.plans import Json, found_quarantine, plan_quarantine, plan_release
 
 log = structlog.get_logger(__name__)
@@ -32,19 +32,21 @@ STRATEGIC_PATCH = "application/strategic-merge-patch+json"
 _CONFLICT_RETRIES = 5
 
 
+class DrainBlocked(Exception):
+    """Some pods may not be evicted yet: their PodDisruptionBudget forbids it for now."""
+
+
 class KubeActuator:
     def __init__(
         self,
         api: client.ApiClient,
         events_namespace: str = "default",
-        drain: bool = False,
         batch_threshold: int = 8,
         list_ttl_s: float = 1.0,
         timeout_s: float = 10.0,
     ) -> None:
         self._core = client.CoreV1Api(api)
         self._namespace = events_namespace
-        self._drain = drain
         self._timeout = timeout_s
         self._batch_threshold = batch_threshold
         self._list_ttl = list_ttl_s
@@ -102,12 +104,9 @@ class KubeActuator:
                 continue
             self._patch_status(action.node, plan.status_patch)
             self._create_event(plan.event)
-            done = "tainted, cordoned, condition and Event written"
             if plan.node_patch is None:
-                done = "already tainted and cordoned; condition and Event ensured"
-            if self._drain:
-                done += "; " + self._evict_pods(action.node)
-            return done
+                return "already tainted and cordoned; condition and Event ensured"
+            return "tainted, cordoned, condition and Event written"
         raise RuntimeError(f"node {action.node!r} kept changing: {_CONFLICT_RETRIES} conflicts in a row")
 
     def _patch_node(self, name: str, body: Json) -> bool:
@@ -140,12 +139,13 @@ class KubeActuator:
 
     # Drain (opt-in) ---------------------------------------------------------------------------
 
-    def _evict_pods(self, node: str) -> str:
+    def drain(self, action: Drain) -> str:
         """Evict the node's pods through the Eviction API, which honours PodDisruptionBudgets.
 
-        DaemonSet pods (Vigil's agent among them) and mirror pods stay. A pod whose budget forbids
-        eviction now (429) is left for the next attempt and named in the account.
+        DaemonSet pods (Vigil's agent among them) and mirror pods stay. While a budget forbids an
+        eviction (429), this raises, naming the pods, and the action runner tries again later.
         """
+        node = action.node
         pods = self._core.list_pod_for_all_namespaces(
             field_selector=f"spec.nodeName={node}", _preload_content=False, _request_timeout=self._timeout
         )
@@ -172,8 +172,9 @@ class KubeActuator:
                     blocked.append(f"{meta['namespace']}/{meta['name']}")
                     continue
                 raise
-        text = f"drain: {evicted} pod(s) evicted"
-        return text + (f", {len(blocked)} blocked by PodDisruptionBudgets: {', '.join(blocked)}" if blocked else "")
+        if blocked:
+            raise DrainBlocked(f"{evicted} pod(s) evicted; blocked by PodDisruptionBudgets: {', '.join(blocked)}")
+        return f"drained: {evicted} pod(s) evicted"
 
     # Release and adoption ---------------------------------------------------------------------
 

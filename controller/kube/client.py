@@ -31,7 +31,7 @@ class KubeConfigError(ValueError):
     pass
 
 
-def api_client(kubeconfig: Path | None = None, context: str | None = None) -> client.ApiClient:
+def api_client(kubeconfig: Path | None = None, context: str | None = None, retry: Retry = RETRY) -> client.ApiClient:
     """In-cluster service-account credentials when running in a pod, else the kubeconfig."""
     configuration = client.Configuration()
     try:
@@ -47,5 +47,5 @@ def api_client(kubeconfig: Path | None = None, context: str | None = None) -> cl
     except (config.ConfigException, OSError) as exc:
         where = str(kubeconfig) if kubeconfig else "in-cluster or ~/.kube/config"
         raise KubeConfigError(f"no usable Kubernetes credentials ({where}): {exc}") from None
-    configuration.retries = RETRY
+    configuration.retries = retry
     return client.ApiClient(configuration)

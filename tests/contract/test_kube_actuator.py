@@ -10,7 +10,7 @@ import pytest
 
 from controller.decide import Quarantine
 from controller.kube.actuator import MERGE_PATCH, STRATEGIC_PATCH, KubeActuator
-from controller.kube.client import api_client
+from controller.kube.client import RETRY, api_client
 from controller.kube.plans import CONDITION_TYPE, INCIDENT, OWNER, TAINT_KEY, WAS_UNSCHEDULABLE, event_name
 from tests.fakes.kube_api import KubeApiServer
 
@@ -24,7 +24,8 @@ def kube(tmp_path: Path) -> Iterator[KubeApiServer]:
 
 
 def actuator(kube: KubeApiServer, tmp_path: Path, **kw: object) -> KubeActuator:
-    return KubeActuator(api_client(kube.kubeconfig(tmp_path / "kubeconfig")), **kw)  # type: ignore[arg-type]
+    fast = RETRY.new(backoff_factor=0.01)  # the production retry policy, with short waits
+    return KubeActuator(api_client(kube.kubeconfig(tmp_path / "kubeconfig"), retry=fast), **kw)  # type: ignore[arg-type]
 
 
 def quarantine(node: str, incident: str = "inc-1") -> Quarantine:
@@ -196,3 +197,56 @@ def test_credentials_errors_name_the_source(tmp_path: Path, monkeypatch: pytest.
     monkeypatch.setenv("KUBERNETES_SERVICE_PORT", "443")
     with pytest.raises(KubeConfigError, match="in-cluster"):
         api_client(None)  # no service-account token mounted here
+
+
+def test_drain_evicts_workloads_and_waits_for_budgets(kube: KubeApiServer, tmp_path: Path) -> None:
+    from controller.decide import Drain
+    from controller.kube.actuator import DrainBlocked
+
+    kube.add_node("gpu-1")
+    kube.add_node("gpu-2")
+    kube.add_pod("train", "worker-0", "gpu-1")
+    kube.add_pod("train", "worker-1", "gpu-1")  # its budget allows no disruption right now
+    kube.add_pod("vigil", "vigil-agent-x", "gpu-1", owner_kind="DaemonSet")
+    kube.add_pod("train", "worker-2", "gpu-2")
+    # The client retries a 429 a few times itself (RETRY in controller.kube.client); a budget that
+    # keeps refusing outlasts that, and the drain reports the pod and is tried again later.
+    kube.fail("POST", r"/pods/worker-1/eviction$", 429, times=100)
+    act = actuator(kube, tmp_path)
+    with pytest.raises(DrainBlocked, match="train/worker-1"):
+        act.drain(Drain("inc-1", "gpu-1"))
+    remaining = {p["metadata"]["name"] for p in kube.objects_of("pods")}
+    assert remaining == {"worker-1", "vigil-agent-x", "worker-2"}  # the DaemonSet's pod and other nodes stay
+    kube.clear_faults()  # the budget allows it now
+    assert act.drain(Drain("inc-1", "gpu-1")) == "drained: 1 pod(s) evicted"
+    assert {p["metadata"]["name"] for p in kube.objects_of("pods")} == {"vigil-agent-x", "worker-2"}
+    evictions = kube.requests("POST", r"/eviction$")
+    assert evictions[0].body["kind"] == "Eviction" and evictions[0].body["apiVersion"] == "policy/v1"
+
+
+def test_drain_is_a_separate_action_after_the_quarantine(kube: KubeApiServer, tmp_path: Path) -> None:
+    import asyncio
+
+    from controller.actuators import NullPager
+    from controller.engine import Engine
+    from controller.policy import Policy
+    from controller.store import Store
+    from vigil.signals import GpuRef, Signal, SignalKind
+
+    kube.add_node("gpu-1")
+    kube.add_pod("train", "worker-0", "gpu-1")
+
+    async def scenario() -> None:
+        store = Store(tmp_path / "ctl.db")
+        e = Engine(store, Policy(), actuator(kube, tmp_path), NullPager(), drain=True)
+        e.hello("gpu-1", "s", 8)
+        e.receive("gpu-1", [Signal("gpu-1", SignalKind.XID, GpuRef(0), code=79, seq=1)])
+        await e.drain()
+        (incident,) = store.incidents(node="gpu-1")
+        actions = {a.kind: (a.status, a.detail) for a in incident.actions}
+        assert actions["QUARANTINE"][0] == "DONE"
+        assert actions["DRAIN"] == ("DONE", "drained: 1 pod(s) evicted")
+        assert kube.objects_of("pods") == []
+        store.close()
+
+    asyncio.run(scenario())

@@ -97,6 +97,8 @@ class VigilKubeEmulator(kmock.KubernetesEmulator):
                 fault.times -= 1
         if fault is not None:
             raise kmock.KubernetesError(status=fault.status, reason="Injected", message=f"injected {fault.status}")
+        if request.resource is not None and method == "POST" and request.subresource == "eviction":
+            return web.json_response(await self._evict(request), status=201)
         if request.resource is not None and request.name is not None and method in ("PATCH", "PUT"):
             # kmock merges PATCHes naively and routes no PUT: both are done here, as the API server does.
             return web.json_response(await self._update(request, body or {}))
@@ -132,6 +134,9 @@ class VigilKubeEmulator(kmock.KubernetesEmulator):
                 for (r, ns, _), o in self.objects.items()
                 if r == request.resource and (request.namespace is None or ns == request.namespace) and not o.deleted
             ]
+        for selector in filter(None, request.params.get("fieldSelector", "").split(",")):
+            path, _, value = selector.partition("=")
+            items = [o for o in items if _field(o, path) == value]
         return {"kind": "List", "apiVersion": "v1", "metadata": {"resourceVersion": str(self._version)}, "items": items}
 
     async def _update(self, request: rendering.Request, body: dict[str, Any]) -> dict[str, Any]:
@@ -159,11 +164,29 @@ class VigilKubeEmulator(kmock.KubernetesEmulator):
             await self._buses[request.resource].put({"type": "MODIFIED", "object": new})
             return new
 
+    async def _evict(self, request: rendering.Request) -> dict[str, Any]:
+        """The Eviction API: the pod goes (a PodDisruptionBudget's refusal is injected as a 429 fault)."""
+        key = (request.resource, request.namespace, request.name)
+        async with self._lock:
+            if key not in self.objects or self.objects[key].deleted:
+                raise kmock.KubernetesObjectNotFoundError()
+            raw = self.objects[key].raw
+            self.objects[key].delete()
+            await self._buses[request.resource].put({"type": "DELETED", "object": raw})
+        return {"kind": "Status", "apiVersion": "v1", "status": "Success", "code": 201}
+
     _version: int = 100
 
     def _next_version(self) -> str:
         self._version += 1
         return str(self._version)
+
+
+def _field(obj: dict[str, Any], dotted: str) -> str:
+    value: Any = obj
+    for part in dotted.split("."):
+        value = value.get(part, {}) if isinstance(value, dict) else {}
+    return value if isinstance(value, str) else ""
 
 
 class KubeApiServer:
@@ -214,6 +237,20 @@ class KubeApiServer:
             "status": {"conditions": [{"type": "Ready", "status": "True"}]},
         }
         self._call(self._put_object, kmock.resource("v1/nodes"), None, name, node)
+
+    def add_pod(self, namespace: str, name: str, node: str, owner_kind: str = "ReplicaSet") -> None:
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": name,
+                "namespace": namespace,
+                "resourceVersion": "1",
+                "ownerReferences": [{"kind": owner_kind, "name": f"{name}-owner", "apiVersion": "apps/v1"}],
+            },
+            "spec": {"nodeName": node},
+        }
+        self._call(self._put_object, kmock.resource("v1/pods"), namespace, name, pod)
 
     def node(self, name: str) -> dict[str, Any]:
         return self._call(self._get_object, kmock.resource("v1/nodes"), None, name)
