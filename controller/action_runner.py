@@ -20,7 +20,8 @@ from controller.actuators import Actuator, NotReadyYet, Pager, PermanentActionEr
 from controller.decide import Drain, ExternalAction, Page, Quarantine
 from controller.guardrails import TokenBucket
 from controller.metrics import ControllerMetrics
-from controller.store import PendingAction, Store, action_kind
+from controller.records import action_kind
+from controller.store import PendingAction, Store
 
 log = structlog.get_logger(__name__)
 

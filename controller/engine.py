@@ -9,7 +9,6 @@ the actions out; the agent's ack for a signal waits until its actions are done.
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -19,7 +18,6 @@ import structlog
 from controller.action_runner import ActionRunner
 from controller.actuators import Actuator, Pager
 from controller.decide import (
-    Action,
     Drain,
     FoldIntoIncident,
     Health,
@@ -34,27 +32,18 @@ from controller.decide import (
     quarantine_confirmed,
     recovered,
 )
-from controller.guardrails import (
-    Admission,
-    BreakerState,
-    GuardrailConfig,
-    TokenBucket,
-    admit_quarantine,
-    breaker_summary,
-    resumed,
-    with_adopted,
-)
+from controller.guard import Guard
+from controller.guardrails import BreakerState, GuardrailConfig, TokenBucket
 from controller.metrics import ControllerMetrics
 from controller.policy import Policy, Severity
+from controller.records import action_kind
 from controller.recovery import RecoveryConfig, check_releases, release_check_due
-from controller.store import EXTERNAL_ACTIONS, PendingAction, Received, Store, action_kind
+from controller.store import EXTERNAL_ACTIONS, PendingAction, Received, Store
 from protos.vigil.v1 import agent_pb2, common_pb2
 from vigil.signals import Signal
 from vigil.waiting import wait_event
 
 log = structlog.get_logger(__name__)
-
-_BREAKER_KEY = "circuit_breaker"
 
 
 @dataclass
@@ -121,8 +110,7 @@ class Engine:
         self.runner.on_done = self._action_done
         self.on_ack: Callable[[str, int], None] = lambda node, seq: None  # the gateway sends it
         self.runner.on_ack = lambda node: self.on_ack(node, self.ack_seq(node))
-        self.breaker = _load_breaker(store.get_meta(_BREAKER_KEY))
-        self._breaker_page_task: asyncio.Task[None] | None = None
+        self.guard = Guard(self.guardrails, store, self.runner, self.metrics, lambda: len(self.nodes), clock)
 
     @property
     def actuator(self) -> Actuator:
@@ -134,9 +122,11 @@ class Engine:
 
     @property
     def automation(self) -> str:
-        if self.breaker.tripped:
-            return f"paused: circuit breaker tripped, {len(self.breaker.held)} quarantine(s) held"
-        return "dry-run" if self.guardrails.dry_run else "active"
+        return self.guard.automation
+
+    @property
+    def breaker(self) -> BreakerState:
+        return self.guard.breaker
 
     # Agents --------------------------------------------------------------------------------
 
@@ -196,13 +186,13 @@ class Engine:
             incident_id = incident_id_for(node, entry.spool_id, signal.seq)
             decision = decide(state, signal, self.policy, now, incident_id)
             state, last_seq = decision.state, signal.seq
-            actions, held = self._guard(decision.actions, now)
+            actions, held = self.guard.apply(decision.actions, now)
             received.append(Received(signal, incident_id, actions, held))
         if not received:
             return self.ack_seq(node)
         self.store.commit_batch(node, entry.spool_id, received, state, last_seq, now)
         if self.breaker != breaker_before:
-            self.store.set_meta(_BREAKER_KEY, _dump_breaker(self.breaker))
+            self.guard.save()
         entry.state, entry.last_seq, entry.last_heartbeat = state, last_seq, now
         for item in received:
             self.metrics.signals.labels(item.signal.kind.value).inc()
@@ -225,47 +215,6 @@ class Engine:
                         gpu=action.incident.gpu.index,
                     )
         return self.ack_seq(node)
-
-    def _guard(self, actions: tuple[Action, ...], now: float) -> tuple[tuple[Action, ...], frozenset[str]]:
-        """Dry-run and the circuit breaker, applied to one decision's actions."""
-        quarantine = next((a for a in actions if isinstance(a, Quarantine)), None)
-        if quarantine is None:
-            return actions, frozenset()
-        if self.guardrails.dry_run:
-            did = "DRY RUN: would quarantine the node (taint, cordon, condition); nothing was changed"
-            return tuple(
-                replace(a, dry_run=True)
-                if isinstance(a, Quarantine)
-                else replace(a, did=did)
-                if isinstance(a, Page)
-                else a
-                for a in actions
-            ), frozenset()
-        self.breaker, admission = admit_quarantine(self.breaker, quarantine.node, len(self.nodes), self.guardrails, now)
-        if admission is Admission.GO:
-            return actions, frozenset()
-        if admission is Admission.TRIP:
-            log.error("circuit_breaker_tripped", node=quarantine.node, fleet=len(self.nodes))
-            self.metrics.breaker_trips.inc()
-            self._breaker_page_task = asyncio.get_running_loop().create_task(self._page_breaker())
-        log.warning("quarantine_held", node=quarantine.node, incident=quarantine.incident_id)
-        # Its page is held too: one page for the breaker, not one per node of a mass failure.
-        return actions, frozenset(action_kind(a) for a in actions if isinstance(a, (Quarantine, Page)))
-
-    async def _page_breaker(self) -> None:
-        await asyncio.sleep(self.guardrails.breaker_page_delay_s)  # gather the rest of the burst
-        tripped_at = self.breaker.tripped_at or self.clock()
-        page = Page(
-            incident_id=f"breaker-{int(tripped_at * 1000)}",
-            node="",
-            severity=Severity.QUARANTINE,
-            summary=breaker_summary(self.breaker, len(self.nodes), self.guardrails),
-            remedy="check what the held nodes have in common (driver, switch, rack); "
-            "then `vigil resume` (add --apply-held to quarantine them after all)",
-            did="paused automation: no node was quarantined past the limit",
-        )
-        if self.store.add_action(page, self.clock()):
-            self.runner.schedule(PendingAction(page.incident_id, page, 0))
 
     def _entry(self, node: str) -> NodeEntry:
         entry = self.nodes.get(node)
@@ -306,8 +255,7 @@ class Engine:
 
     async def shutdown(self) -> None:
         """Stop now: actions still under way stay PENDING in the store and resume at the next start."""
-        if self._breaker_page_task is not None:
-            self._breaker_page_task.cancel()
+        self.guard.cancel()
         await self.runner.shutdown()
 
     async def adopt_cluster_state(self) -> int:
@@ -324,8 +272,7 @@ class Engine:
             if entry.state.health is not Health.QUARANTINED:
                 entry.state = replace(entry.state, health=Health.QUARANTINED, quarantined_at=q.at or now)
                 self.store.save_states([entry.state])
-        self.breaker = with_adopted(self.breaker, [(q.node, q.at) for q in found], self.guardrails, now)
-        self.store.set_meta(_BREAKER_KEY, _dump_breaker(self.breaker))
+        self.guard.count_adopted([(q.node, q.at) for q in found])
         threads = await asyncio.to_thread(self.pager.resync)
         for q in found:
             # The previous leader may have died half-way: after the cordon, before the condition, the
@@ -439,8 +386,7 @@ class Engine:
     async def resume(self, requested_by: str, reason: str, apply_held: bool) -> tuple[int, int]:
         """A person resumes automation after the breaker tripped; returns (applied, dropped) held actions."""
         held = self.store.held_actions()
-        self.breaker = resumed(self.breaker)
-        self.store.set_meta(_BREAKER_KEY, _dump_breaker(self.breaker))
+        self.guard.resume()
         keys = [(h.incident_id, action_kind(h.action)) for h in held]
         if apply_held:
             self.store.set_status(keys, "PENDING", f"released by {requested_by}")
@@ -479,14 +425,3 @@ class Engine:
             r.started_at,
             r.finished_at,
         )
-
-
-def _dump_breaker(state: BreakerState) -> str:
-    return json.dumps({"tripped_at": state.tripped_at, "recent": state.recent, "held": state.held})
-
-
-def _load_breaker(text: str | None) -> BreakerState:
-    if not text:
-        return BreakerState()
-    d = json.loads(text)
-    return BreakerState(d["tripped_at"], tuple((n, t) for n, t in d["recent"]), tuple(d["held"]))

@@ -22,8 +22,6 @@ from controller.decide import (
     EscalateIncident,
     ExternalAction,
     FoldIntoIncident,
-    Health,
-    IncidentRef,
     NodeState,
     OpenIncident,
     Page,
@@ -31,6 +29,7 @@ from controller.decide import (
     Quarantine,
 )
 from controller.policy import Severity
+from controller.records import action_from_json, action_kind, action_to_json, state_from_json, state_to_json
 from vigil.signals import GpuRef, Signal
 
 _SCHEMA = """
@@ -439,60 +438,3 @@ class Store:
 
 def _status_for(severity: Severity) -> str:
     return "RECORDED" if severity is Severity.RECORD else "OPEN"
-
-
-def action_kind(action: ExternalAction) -> str:
-    """The action's name within its incident: each is carried out once per incident."""
-    if isinstance(action, Quarantine):
-        return "QUARANTINE"
-    if isinstance(action, Page):
-        return f"PAGE:{action.severity.value}"
-    if isinstance(action, Drain):
-        return "DRAIN"
-    return f"NOTE:{action.tag}"
-
-
-# JSON forms of what the store keeps ---------------------------------------------------------
-
-
-def state_to_json(state: NodeState) -> str:
-    return json.dumps(
-        {
-            "health": state.health.value,
-            "before_unknown": state.health_before_unknown.value,
-            "hung": sorted(state.hung_collectors),
-            "quarantined_at": state.quarantined_at,
-            "recent": state.recent,
-            "incidents": [[r.id, r.key, r.severity.value, r.last_at] for r in state.incidents],
-        }
-    )
-
-
-def state_from_json(text: str, node: str | None = None) -> NodeState:
-    data = json.loads(text)
-    return NodeState(
-        node=node or "",
-        health=Health(data["health"]),
-        health_before_unknown=Health(data["before_unknown"]),
-        hung_collectors=frozenset(data.get("hung", ())),
-        quarantined_at=float(data.get("quarantined_at", 0.0)),
-        recent={k: tuple(v) for k, v in data["recent"].items()},
-        incidents=tuple(IncidentRef(i, k, Severity(s), t) for i, k, s, t in data["incidents"]),
-    )
-
-
-def action_to_json(action: ExternalAction) -> str:
-    fields = {f: getattr(action, f) for f in action.__dataclass_fields__}
-    return json.dumps({"kind": action_kind(action), **fields})
-
-
-def action_from_json(text: str) -> ExternalAction:
-    d = json.loads(text)
-    kind = d.pop("kind")
-    if kind == "QUARANTINE":
-        return Quarantine(**d)
-    if kind.startswith("NOTE:"):
-        return PageUpdate(**d)
-    if kind == "DRAIN":
-        return Drain(**d)
-    return Page(**{**d, "severity": Severity(d["severity"])})

@@ -251,7 +251,7 @@ def test_a_fault_while_blind_still_quarantines() -> None:
 
 
 def test_hung_collectors_survive_the_store_round_trip() -> None:
-    from controller.store import state_from_json, state_to_json
+    from controller.records import state_from_json, state_to_json
 
     state = run([hung(1, 100.0)])[-1].state
     assert state_from_json(state_to_json(state), "n1") == state

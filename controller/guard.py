@@ -1,0 +1,126 @@
+"""The guardrails' effectful side: applies dry-run and the circuit breaker to each decision, keeps
+the breaker's state in the incident store (a restart stays paused), and pages a person once when
+the breaker trips. The rules themselves are pure, in ``controller.guardrails``."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from dataclasses import replace
+
+import structlog
+
+from controller.action_runner import ActionRunner
+from controller.decide import Action, Page, Quarantine
+from controller.guardrails import (
+    Admission,
+    BreakerState,
+    GuardrailConfig,
+    admit_quarantine,
+    breaker_summary,
+    resumed,
+    with_adopted,
+)
+from controller.metrics import ControllerMetrics
+from controller.policy import Severity
+from controller.records import action_kind
+from controller.store import PendingAction, Store
+
+log = structlog.get_logger(__name__)
+
+_BREAKER_KEY = "circuit_breaker"
+DRY_RUN_DID = "DRY RUN: would quarantine the node (taint, cordon, condition); nothing was changed"
+
+
+class Guard:
+    def __init__(
+        self,
+        config: GuardrailConfig,
+        store: Store,
+        runner: ActionRunner,
+        metrics: ControllerMetrics,
+        fleet_size: Callable[[], int],
+        clock: Callable[[], float],
+    ) -> None:
+        self.config = config
+        self._store = store
+        self._runner = runner
+        self._metrics = metrics
+        self._fleet_size = fleet_size
+        self._clock = clock
+        self.breaker = _load(store.get_meta(_BREAKER_KEY))
+        self._page_task: asyncio.Task[None] | None = None
+
+    @property
+    def automation(self) -> str:
+        if self.breaker.tripped:
+            return f"paused: circuit breaker tripped, {len(self.breaker.held)} quarantine(s) held"
+        return "dry-run" if self.config.dry_run else "active"
+
+    def apply(self, actions: tuple[Action, ...], now: float) -> tuple[tuple[Action, ...], frozenset[str]]:
+        """One decision's actions, and the kinds among them that are held back (not carried out)."""
+        quarantine = next((a for a in actions if isinstance(a, Quarantine)), None)
+        if quarantine is None:
+            return actions, frozenset()
+        if self.config.dry_run:
+            return tuple(_dry(a) for a in actions), frozenset()
+        self.breaker, admission = admit_quarantine(self.breaker, quarantine.node, self._fleet_size(), self.config, now)
+        if admission is Admission.GO:
+            return actions, frozenset()
+        if admission is Admission.TRIP:
+            log.error("circuit_breaker_tripped", node=quarantine.node, fleet=self._fleet_size())
+            self._metrics.breaker_trips.inc()
+            self._page_task = asyncio.get_running_loop().create_task(self._page())
+        log.warning("quarantine_held", node=quarantine.node, incident=quarantine.incident_id)
+        # Its page is held too: one page for the breaker, not one per node of a mass failure.
+        return actions, frozenset(action_kind(a) for a in actions if isinstance(a, (Quarantine, Page)))
+
+    def save(self) -> None:
+        self._store.set_meta(_BREAKER_KEY, _dump(self.breaker))
+
+    def count_adopted(self, quarantines: list[tuple[str, float]]) -> None:
+        self.breaker = with_adopted(self.breaker, quarantines, self.config, self._clock())
+        self.save()
+
+    def resume(self) -> None:
+        self.breaker = resumed(self.breaker)
+        self.save()
+
+    def cancel(self) -> None:
+        if self._page_task is not None:
+            self._page_task.cancel()
+
+    async def _page(self) -> None:
+        await asyncio.sleep(self.config.breaker_page_delay_s)  # gather the rest of the burst
+        tripped_at = self.breaker.tripped_at or self._clock()
+        page = Page(
+            incident_id=f"breaker-{int(tripped_at * 1000)}",
+            node="",
+            severity=Severity.QUARANTINE,
+            summary=breaker_summary(self.breaker, self._fleet_size(), self.config),
+            remedy="check what the held nodes have in common (driver, switch, rack); "
+            "then `vigil resume` (add --apply-held to quarantine them after all)",
+            did="paused automation: no node was quarantined past the limit",
+        )
+        if self._store.add_action(page, self._clock()):
+            self._runner.schedule(PendingAction(page.incident_id, page, 0))
+
+
+def _dry(action: Action) -> Action:
+    if isinstance(action, Quarantine):
+        return replace(action, dry_run=True)
+    if isinstance(action, Page):
+        return replace(action, did=DRY_RUN_DID)
+    return action
+
+
+def _dump(state: BreakerState) -> str:
+    return json.dumps({"tripped_at": state.tripped_at, "recent": state.recent, "held": state.held})
+
+
+def _load(text: str | None) -> BreakerState:
+    if not text:
+        return BreakerState()
+    d = json.loads(text)
+    return BreakerState(d["tripped_at"], tuple((n, t) for n, t in d["recent"]), tuple(d["held"]))
