@@ -196,8 +196,10 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             target = f"127.0.0.1:{(workdir / 'port').read_text()}"
             with AdminClient(target, timeout_s=60) as admin:
                 received = {i.node: i.received_at for i in admin.incidents(limit=10000)}
-            single["delivery"] = summary([received[n] - sent[n] for n in single_nodes])
-            single["controller_to_cordon"] = summary([cordons[n] - received[n] for n in single_nodes])
+            for phase, nodes in ((single, single_nodes), (burst, burst_nodes)):
+                if nodes:
+                    phase["delivery"] = summary([received[n] - sent[n] for n in nodes])
+                    phase["controller_to_cordon"] = summary([cordons[n] - received[n] for n in nodes])
             await fleet.close()
         finally:
             controller.terminate()
