@@ -203,7 +203,7 @@ def decide(state: NodeState, signal: Signal, policy: Policy, now: float, inciden
     did = "recorded; nothing changed on the node"
     if severity is Severity.QUARANTINE:
         health = Health.UNHEALTHY
-        did = "quarantining the node: taint, cordon, node condition"
+        did = "taking the node out of service (quarantine); an update follows when it is done"
         actions.append(Quarantine(target, signal.node, summary, rule.remedy, at))
     elif severity is Severity.SUSPECT and state.hung_collectors and health is Health.UNKNOWN:
         # Blind is worse than suspect: stay UNKNOWN, and come back as SUSPECT once it recovers.

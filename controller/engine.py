@@ -244,7 +244,11 @@ class Engine:
             drain = Drain(action.incident_id, action.node)
             if self.store.add_action(drain, self.clock()):
                 self.runner.schedule(PendingAction(drain.incident_id, drain, 0))
-        latency = f" {self.clock() - action.observed_at:.2f} s after the fault" if action.observed_at > 0 else ""
+        latency = (
+            f" {self.clock() - action.observed_at:.2f} s after the agent saw the fault"
+            if action.observed_at > 0
+            else ""
+        )
         note = PageUpdate(action.incident_id, action.node, "QUARANTINED", f"Done{latency}: {detail}")
         if self.store.add_action(note, self.clock()):
             self.runner.schedule(PendingAction(note.incident_id, note, 0))
