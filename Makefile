@@ -15,9 +15,12 @@ $(VENV)/.runtime: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install -q -e .
 	touch $@
 
-# Runtime plus the test, lint and code-generation tools.
+# Runtime plus the checks' workloads, and the test, lint and code-generation tools. torch is pinned
+# to the CPU build first, on purpose: an unpinned torch would pull several GB of CUDA packages.
+TORCH ?= torch==2.13.0
 $(VENV)/.dev: pyproject.toml | $(BIN)/python
-	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q '$(TORCH)'
+	$(BIN)/pip install -q -e '.[dev,checks]'
 	touch $@ $(VENV)/.runtime
 
 demo: $(VENV)/.runtime  ## a local cluster: controller + 4 agents, an XID 79, Vigil acting on it

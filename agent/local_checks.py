@@ -1,7 +1,10 @@
-"""Checks the agent answers itself when the controller sends RunCheck.
+"""Checks the agent runs when the controller sends RunCheck.
 
-This first cut has the GPU health snapshot; the diagnostic workloads (burn, bandwidth,
-all-reduce) live in ``checks/`` and run as subprocesses. An unknown check is UNKNOWN, never OK.
+The GPU health snapshot it answers itself, from the backend it already holds. The diagnostic
+workloads (burn, bandwidth, all-reduce) live in ``checks/`` and run as subprocesses under the
+request's deadline (``checks.runner``), so torch never enters the agent's process; where torch is
+not installed (the agent's own image) they answer UNKNOWN with that reason. An unknown check is
+UNKNOWN, never OK.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ import time
 
 from agent.backend import GpuBackend, GpuReading
 from agent.faults import pcie_degradation
+from checks.runner import run_check
 from protos.vigil.v1 import agent_pb2, common_pb2
 from vigil.signals import THROTTLE_HARMFUL_MASK, throttle_reason_names
 
@@ -50,8 +54,11 @@ class LocalChecks:
             request_id=request.request_id, node=self._node, check=request.check, started_at=started
         )
         if request.check != "gpu_health":
-            result.verdict = common_pb2.UNKNOWN
-            result.reason = f"check {request.check!r} is not available on this agent"
+            args = [a for key, value in sorted(request.params.items()) for a in (f"--{key}", value)]
+            answer = await asyncio.to_thread(run_check, request.check, args, request.deadline_s or 120.0)
+            result.verdict = common_pb2.Verdict.Value(answer.verdict.value)  # type: ignore[assignment]
+            result.reason = answer.reason
+            result.figures.update(answer.figures)
         else:
             try:
                 readings = await asyncio.wait_for(

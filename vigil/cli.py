@@ -174,6 +174,28 @@ def uncordon(
     raise typer.Exit(request_uncordon(controller, node, getpass.getuser(), reason))
 
 
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def check(
+    ctx: typer.Context,
+    name: Annotated[str, typer.Argument(help="gpu_health, matmul, membw or allreduce ('list' to list them)")],
+    deadline: Annotated[float, typer.Option(help="seconds before the check counts as hung (UNKNOWN)")] = 600.0,
+    as_json: Annotated[bool, typer.Option("--json", help="print the result as one JSON line")] = False,
+) -> None:
+    """Run one diagnostic check on this machine (extra arguments go to the check: vigil check matmul --seconds 5).
+
+    Exit code: 0 OK, 1 FAIL, 2 UNKNOWN (crashed, hung, or could not run)."""
+    from checks.program import describe_result
+    from checks.runner import CHECKS, run_check
+
+    if name == "list":
+        for check_name, what in CHECKS.items():
+            typer.echo(f"{check_name:12} {what}")
+        raise typer.Exit(0)
+    result = run_check(name, list(ctx.args), deadline)
+    typer.echo(result.to_json() if as_json else describe_result(result))
+    raise typer.Exit(result.verdict.exit_code)
+
+
 @app.command()
 def resume(
     controller: ControllerOpt = "127.0.0.1:7070",

@@ -1,0 +1,161 @@
+"""All-reduce bandwidth with torch.distributed: NCCL between GPUs, gloo between CPU processes.
+
+    python -m checks.allreduce [--nproc N]                      # N processes on this machine
+    python -m checks.allreduce --rank R --world-size W --master HOST:PORT   # one member of a group
+
+Reported as nccl-tests does: algorithm bandwidth = bytes / time, bus bandwidth = algbw · 2(n−1)/n
+(what each link carries in a ring all-reduce, comparable across group sizes). Each size's time is
+the slowest rank's, averaged over ``--iters`` calls after warm-up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import time
+from datetime import timedelta
+
+from checks.program import check_main
+from checks.result import CheckResult, Verdict
+
+CPU_SIZES = [2**k for k in range(10, 25, 2)]  # 1 KiB .. 16 MiB
+GPU_SIZES = [2**k for k in range(20, 31, 2)]  # 1 MiB .. 1 GiB
+
+
+def alg_bandwidth_gbps(nbytes: int, seconds: float) -> float:
+    return nbytes / seconds / 1e9
+
+
+def bus_bandwidth_gbps(algbw_gbps: float, world_size: int) -> float:
+    return algbw_gbps * 2 * (world_size - 1) / world_size
+
+
+def measure(sizes: list[int], iters: int, device: str) -> list[tuple[int, float]]:
+    """Inside an initialised process group: (bytes, seconds per all-reduce) for each size."""
+    import torch
+    import torch.distributed as dist
+
+    def sync() -> None:
+        if device.startswith("cuda"):
+            torch.cuda.synchronize(device)
+
+    out = []
+    for nbytes in sizes:
+        buf = torch.ones(max(1, nbytes // 4), dtype=torch.float32, device=device)
+        for _ in range(2):
+            dist.all_reduce(buf)
+        sync()
+        dist.barrier()
+        start = time.perf_counter()
+        for _ in range(iters):
+            dist.all_reduce(buf)
+        sync()
+        elapsed = torch.tensor([(time.perf_counter() - start) / iters], dtype=torch.float64, device=device)
+        dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)  # the slowest rank sets the pace
+        out.append((nbytes, float(elapsed.item())))
+    return out
+
+
+def figures_for(timings: list[tuple[int, float]], world_size: int) -> dict[str, float]:
+    figures: dict[str, float] = {"world_size": float(world_size)}
+    for nbytes, seconds in timings:
+        algbw = alg_bandwidth_gbps(nbytes, seconds)
+        figures[f"algbw_gbps_{nbytes}"] = algbw
+        figures[f"busbw_gbps_{nbytes}"] = bus_bandwidth_gbps(algbw, world_size)
+        figures[f"us_{nbytes}"] = seconds * 1e6
+    return figures
+
+
+def judge(figures: dict[str, float], largest: int, min_busbw_gbps: float) -> tuple[Verdict, str]:
+    busbw = figures[f"busbw_gbps_{largest}"]
+    n = int(figures["world_size"])
+    summary = f"{n} ranks: bus bandwidth {busbw:.2f} GB/s at {largest / 2**20:g} MiB"
+    if min_busbw_gbps and busbw < min_busbw_gbps:
+        return Verdict.FAIL, f"{summary}, below the {min_busbw_gbps:g} GB/s required"
+    return Verdict.OK, summary
+
+
+def member(
+    rank: int, world_size: int, master: str, sizes: list[int], iters: int, gpu: int | None
+) -> list[tuple[int, float]]:
+    import torch
+    import torch.distributed as dist
+
+    host, _, port = master.rpartition(":")
+    backend = "nccl" if gpu is not None else "gloo"
+    device = f"cuda:{gpu}" if gpu is not None else "cpu"
+    if gpu is not None:
+        torch.cuda.set_device(gpu)
+    store = dist.TCPStore(  # type: ignore[attr-defined]  # exported at runtime, not in the stubs
+        host, int(port), world_size, is_master=rank == 0, timeout=timedelta(seconds=60)
+    )
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timedelta(seconds=120))
+    try:
+        return measure(sizes, iters, device)
+    finally:
+        dist.destroy_process_group()
+
+
+def _local_member(
+    rank: int, world_size: int, master: str, sizes: list[int], iters: int, use_gpus: bool, queue: object
+) -> None:
+    timings = member(rank, world_size, master, sizes, iters, rank if use_gpus else None)
+    if rank == 0:
+        queue.put(timings)  # type: ignore[attr-defined]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def run(args: argparse.Namespace) -> CheckResult:
+    import torch
+    import torch.multiprocessing as mp
+
+    started = time.time()
+    use_gpus = torch.cuda.is_available()
+    sizes = args.sizes or (GPU_SIZES if use_gpus else CPU_SIZES)
+    if args.master:  # one member of a group another program started
+        gpu = args.gpu if use_gpus else None
+        timings = member(args.rank, args.world_size, args.master, sizes, args.iters, gpu)
+        world_size = args.world_size
+    else:
+        world_size = args.nproc or (torch.cuda.device_count() if use_gpus else 2)
+        ctx = mp.get_context("spawn")
+        queue = ctx.SimpleQueue()
+        master = f"127.0.0.1:{free_port()}"
+        mp.start_processes(  # type: ignore[attr-defined]
+            _local_member,
+            args=(world_size, master, sizes, args.iters, use_gpus, queue),
+            nprocs=world_size,
+            start_method="spawn",
+        )  # raises if any member failed: the check then reports UNKNOWN with the error
+        timings = queue.get()
+    figures = figures_for(timings, world_size)
+    verdict, reason = judge(figures, max(sizes), args.min_busbw_gbps)
+    return CheckResult(
+        "allreduce", verdict, f"{'nccl' if use_gpus else 'gloo'}, {reason}", figures, started, time.time()
+    )
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--nproc", type=int, default=0, help="processes on this machine (default: GPUs, or 2 on CPU)")
+    parser.add_argument("--rank", type=int, default=0)
+    parser.add_argument("--world-size", type=int, default=0)
+    parser.add_argument("--master", default="", help="HOST:PORT of rank 0's store: join a group instead")
+    parser.add_argument("--gpu", type=int, default=0, help="with --master: the GPU this member uses")
+    parser.add_argument(
+        "--sizes", type=lambda s: [int(x) for x in s.split(",")], default=None, help="bytes, comma-separated"
+    )
+    parser.add_argument("--iters", type=int, default=20)
+    parser.add_argument(
+        "--min-busbw-gbps", type=float, default=0.0, help="FAIL below this bus bandwidth at the largest size"
+    )
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    check_main("allreduce", __doc__ or "", add_arguments, run)

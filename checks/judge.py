@@ -1,0 +1,45 @@
+"""Verdicts from figures: against the model's expected figure and against the device's peers. Pure."""
+
+from __future__ import annotations
+
+import statistics
+
+from checks.result import Verdict
+
+
+def judge_devices(
+    values: dict[str, float],
+    expected: float | None,
+    min_fraction: float,
+    max_below_median: float,
+    unit: str,
+) -> tuple[Verdict, str]:
+    """FAIL when a device reaches less than ``min_fraction`` of the expected figure, or falls more than
+    ``max_below_median`` below the median of the devices measured with it."""
+    if not values:
+        return Verdict.UNKNOWN, "nothing was measured"
+    median = statistics.median(values.values())
+    problems = []
+    for label, value in sorted(values.items()):
+        if expected is not None and value < min_fraction * expected:
+            problems.append(f"{label} at {value:.1f} {unit}, {value / expected:.0%} of the expected {expected:.0f}")
+        elif len(values) > 1 and value < (1 - max_below_median) * median:
+            problems.append(f"{label} at {value:.1f} {unit}, {1 - value / median:.0%} below the median {median:.1f}")
+    if problems:
+        return Verdict.FAIL, "; ".join(problems)
+    against = f", {median / expected:.0%} of the expected {expected:.0f}" if expected else " (no expected figure here)"
+    return Verdict.OK, f"{len(values)} device(s), median {median:.1f} {unit}{against}"
+
+
+def fleet_outliers(values: dict[str, float], max_below_median: float, min_spread_mads: float = 3.0) -> list[str]:
+    """Members far below the fleet: below (1 - max_below_median)·median and, where the fleet varies,
+    more than ``min_spread_mads`` median absolute deviations under the median."""
+    if len(values) < 3:
+        return []
+    median = statistics.median(values.values())
+    mad = statistics.median(abs(v - median) for v in values.values())
+    return sorted(
+        k
+        for k, v in values.items()
+        if v < (1 - max_below_median) * median and (mad == 0 or (median - v) > min_spread_mads * mad)
+    )

@@ -1,0 +1,87 @@
+"""The diagnostic checks as programs: real torch work on CPU, real gloo collectives across
+processes, and the runner's rule that a crash, a hang or a contradiction is UNKNOWN."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import sys
+
+import pytest
+
+from agent.local_checks import LocalChecks
+from agent.simulated import SimulatedBackend
+from checks.allreduce import bus_bandwidth_gbps
+from checks.result import Verdict
+from checks.runner import interpret, run_check
+from protos.vigil.v1 import agent_pb2, common_pb2
+
+# Not importorskip: importing torch here would hide whether the agent's side loads it.
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("torch") is None,
+    reason="the workload checks need torch (make test installs the CPU build)",
+)
+
+SIZES = "1024,65536,1048576"
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_allreduce_between_real_processes_reports_bus_bandwidth(world_size: int) -> None:
+    result = run_check("allreduce", ["--nproc", str(world_size), "--sizes", SIZES, "--iters", "3"], deadline_s=120)
+    assert result.verdict is Verdict.OK, result.reason
+    assert result.figures["world_size"] == world_size
+    for nbytes in map(int, SIZES.split(",")):
+        algbw = result.figures[f"algbw_gbps_{nbytes}"]
+        assert algbw > 0
+        assert algbw == pytest.approx(nbytes / (result.figures[f"us_{nbytes}"] / 1e6) / 1e9)
+        assert result.figures[f"busbw_gbps_{nbytes}"] == pytest.approx(algbw * 2 * (world_size - 1) / world_size)
+    assert f"{world_size} ranks" in result.reason
+
+
+def test_allreduce_below_the_required_bandwidth_fails() -> None:
+    args = ["--nproc", "2", "--sizes", "65536", "--iters", "2", "--min-busbw-gbps", "100000"]
+    result = run_check("allreduce", args, deadline_s=120)
+    assert result.verdict is Verdict.FAIL and "below the 100000 GB/s required" in result.reason
+
+
+def test_bus_bandwidth_as_nccl_tests_counts_it() -> None:
+    assert bus_bandwidth_gbps(10.0, 2) == 10.0
+    assert bus_bandwidth_gbps(10.0, 8) == 17.5
+    assert bus_bandwidth_gbps(10.0, 1) == 0.0  # one rank moves nothing over a link
+
+
+def test_matmul_and_membw_measure_the_cpu() -> None:
+    matmul = run_check("matmul", ["--seconds", "0.3", "--size", "256"], deadline_s=120)
+    assert matmul.verdict is Verdict.OK and matmul.figures["tflops_CPU"] > 0 and "fp32" in matmul.reason
+    membw = run_check("membw", ["--mib", "16", "--iters", "3"], deadline_s=120)
+    assert membw.verdict is Verdict.OK and membw.figures["gbps_CPU"] > 0
+
+
+def test_a_hang_past_the_deadline_is_unknown() -> None:
+    result = run_check("matmul", ["--seconds", "600", "--size", "64"], deadline_s=2)
+    assert result.verdict is Verdict.UNKNOWN and "did not finish within its 2 s deadline" in result.reason
+
+
+def test_a_crash_is_unknown_with_the_reason() -> None:
+    result = run_check("allreduce", ["--sizes", "not-a-number"], deadline_s=60)  # argparse refuses, exit 2
+    assert result.verdict is Verdict.UNKNOWN and "without an answer" in result.reason and "--sizes" in result.reason
+    result = run_check("allreduce", ["--master", "127.0.0.1:1", "--world-size", "2", "--rank", "1"], deadline_s=3)
+    assert result.verdict is Verdict.UNKNOWN  # the group never forms: hung, then killed
+
+
+def test_answers_that_contradict_themselves_are_unknown() -> None:
+    ok = '{"check": "matmul", "verdict": "OK", "reason": "fine", "figures": {}}'
+    assert interpret("matmul", 0, ok, "", 0.0).verdict is Verdict.OK
+    assert "exited 1" in interpret("matmul", 1, ok, "", 0.0).reason
+    assert "unreadable" in interpret("matmul", 0, '{"check": "matmul"}', "", 0.0).reason
+    assert interpret("matmul", -9, "", "Killed", 0.0).reason == "exited -9 without an answer: Killed"
+
+
+def test_the_agent_runs_a_workload_check_as_a_subprocess() -> None:
+    torch_loaded_before = "torch" in sys.modules
+    request = agent_pb2.RunCheck(
+        request_id="r1", check="matmul", params={"seconds": "0.2", "size": "128"}, deadline_s=120
+    )
+    result = asyncio.run(LocalChecks("n1", SimulatedBackend("n1", 1)).run(request))
+    assert result.verdict == common_pb2.OK and result.figures["tflops_CPU"] > 0
+    assert torch_loaded_before or "torch" not in sys.modules  # the work happened in another process

@@ -1,0 +1,47 @@
+"""The workload checks on real GPUs (skipped elsewhere): `pytest -m gpu -s tests/gpu`.
+
+Each prints its figures against the model's peak, for the record: matmul TFLOP/s (bf16) per GPU,
+copy bandwidth per GPU, and NCCL all-reduce bus bandwidth across the node's GPUs.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+import pytest
+
+from checks.result import Verdict
+from checks.runner import run_check
+
+pytestmark = pytest.mark.gpu
+
+
+def gpus() -> int:
+    if shutil.which("nvidia-smi") is None:
+        return 0
+    out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True)
+    return len(out.stdout.splitlines()) if out.returncode == 0 else 0
+
+
+@pytest.fixture(scope="module", autouse=True)
+def need_a_gpu() -> None:
+    if gpus() == 0:
+        pytest.skip("no NVIDIA GPU here (nvidia-smi -L lists none)")
+
+
+@pytest.mark.parametrize(("check", "args"), [("matmul", ["--seconds", "10"]), ("membw", ["--iters", "100"])])
+def test_workload_reaches_its_figure(check: str, args: list[str]) -> None:
+    result = run_check(check, args, deadline_s=300)
+    print(f"\n{check}: {result.verdict.value} {result.reason}")
+    for key, value in sorted(result.figures.items()):
+        print(f"  {key} = {value:.1f}")
+    assert result.verdict is Verdict.OK, result.reason
+
+
+def test_nccl_allreduce() -> None:
+    if gpus() < 2:
+        pytest.skip("one GPU: no all-reduce between GPUs to measure")
+    result = run_check("allreduce", [], deadline_s=300)
+    print(f"\nallreduce: {result.reason}")
+    assert result.verdict is Verdict.OK and "nccl" in result.reason
