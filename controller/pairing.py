@@ -1,0 +1,106 @@
+"""Pairwise inter-node all-reduce: pair the nodes, flag the slow pairs, and isolate the culprit. Pure.
+
+Round 1 pairs every node with another (a perfect matching; with an odd count the last node also
+joins a pair of the round, as a third run later). All pairs of a round run at once, so a round
+costs one all-reduce's time whatever the node count. A pair is slow when its bus bandwidth is
+below the threshold, or far below the fleet (``checks.judge.fleet_outliers``: median and spread).
+Round 2 re-pairs each member of a slow pair with a different known-good node (a member of a fast
+pair): the member whose new pair is slow again is the culprit; its partner is cleared. A member
+that is slow with every partner is the culprit even if both are; a slow pair whose members are
+both fast with good partners is reported as the link between them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from checks.judge import fleet_outliers
+
+Pair = tuple[str, str]
+
+
+def pair_up(nodes: Sequence[str]) -> list[Pair]:
+    """Round 1: (n0, n1), (n2, n3), ...; an odd last node is paired with n0 (run in a later batch)."""
+    pairs = [(nodes[i], nodes[i + 1]) for i in range(0, len(nodes) - 1, 2)]
+    if len(nodes) % 2 == 1 and len(nodes) > 1:
+        pairs.append((nodes[-1], nodes[0]))
+    return pairs
+
+
+def batches(pairs: Sequence[Pair]) -> list[list[Pair]]:
+    """Split pairs into batches in which no node appears twice (each batch runs at once)."""
+    out: list[list[Pair]] = []
+    for pair in pairs:
+        for batch in out:
+            if not any(n in p for p in batch for n in pair):
+                batch.append(pair)
+                break
+        else:
+            out.append([pair])
+    return out
+
+
+def slow_pairs(busbw: Mapping[Pair, float], min_busbw_gbps: float, max_below_median: float) -> list[Pair]:
+    """Pairs below the fixed threshold, or far below the fleet of pairs."""
+    named = {f"{a}|{b}": v for (a, b), v in busbw.items()}
+    outliers = set(fleet_outliers(named, max_below_median))
+    return [p for p, v in busbw.items() if v < min_busbw_gbps or f"{p[0]}|{p[1]}" in outliers]
+
+
+@dataclass(frozen=True, slots=True)
+class IsolationPlan:
+    pairs: list[Pair]  # (suspect, known-good partner)
+    untestable: list[str]  # suspects left without a good partner (too few good nodes)
+
+
+def plan_isolation(slow: Sequence[Pair], all_pairs: Sequence[Pair]) -> IsolationPlan:
+    suspects = list(dict.fromkeys(n for p in slow for n in p))
+    good = [n for p in all_pairs if p not in slow for n in p if n not in suspects]
+    good = list(dict.fromkeys(good))
+    pairs, untestable = [], []
+    for i, suspect in enumerate(suspects):
+        if good:
+            pairs.append((suspect, good[i % len(good)]))
+        else:
+            untestable.append(suspect)
+    return IsolationPlan(pairs, untestable)
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    node: str  # the culprit, or "a|b" for a link between two nodes that are each fine
+    reason: str
+
+
+def culprits(
+    slow: Sequence[Pair],
+    retest: Mapping[Pair, float],
+    first: Mapping[Pair, float],
+    min_busbw_gbps: float,
+    max_below_median: float,
+) -> list[Finding]:
+    """Who is to blame for each slow pair, from the re-pairing round."""
+    good_level = [v for p, v in first.items() if p not in slow]
+    reference = sorted(good_level)[len(good_level) // 2] if good_level else 0.0
+
+    def is_slow(value: float) -> bool:
+        return value < min_busbw_gbps or (reference > 0 and value < (1 - max_below_median) * reference)
+
+    slow_alone = {s: v for (s, _), v in retest.items() if is_slow(v)}
+    findings: list[Finding] = []
+    for a, b in slow:
+        blamed = [n for n in (a, b) if n in slow_alone]
+        for n in blamed:
+            findings.append(
+                Finding(n, f"slow with a known-good partner too: {slow_alone[n]:.2f} GB/s (fleet {reference:.2f})")
+            )
+        if not blamed and all((n, g) in retest for n in (a, b) for g in _partners(retest, n)):
+            findings.append(
+                Finding(f"{a}|{b}", f"each is fast with another node: the link between them, {first[(a, b)]:.2f} GB/s")
+            )
+    return list({f.node: f for f in findings}.values())
+
+
+def _partners(retest: Mapping[Pair, float], node: str) -> list[str]:
+    return [g for (s, g) in retest if s == node]

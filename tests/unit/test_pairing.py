@@ -1,0 +1,74 @@
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from controller.pairing import batches, culprits, pair_up, plan_isolation, slow_pairs
+
+
+def simulate(nodes: list[str], speed: dict[str, float], pairs: list[tuple[str, str]]) -> dict[tuple[str, str], float]:
+    """A pair runs at the speed of its slower member (a throttled NIC caps the link)."""
+    return {(a, b): min(speed[a], speed[b]) for a, b in pairs}
+
+
+def sweep(nodes: list[str], speed: dict[str, float], threshold: float = 1.0) -> tuple[list[str], int]:
+    first_pairs = pair_up(nodes)
+    first = simulate(nodes, speed, first_pairs)
+    slow = slow_pairs(first, min_busbw_gbps=threshold, max_below_median=0.3)
+    plan = plan_isolation(slow, first_pairs)
+    retest = simulate(nodes, speed, plan.pairs)
+    rounds = len(batches(first_pairs)) + len(batches(plan.pairs))
+    return sorted(f.node for f in culprits(slow, retest, first, threshold, 0.3)), rounds
+
+
+def test_pairs_cover_every_node_once_per_batch() -> None:
+    assert pair_up(["a", "b", "c", "d"]) == [("a", "b"), ("c", "d")]
+    assert pair_up(["a", "b", "c"]) == [("a", "b"), ("c", "a")]
+    assert batches(pair_up(["a", "b", "c"])) == [[("a", "b")], [("c", "a")]]
+
+
+def test_the_slow_node_is_named_not_its_partner() -> None:
+    nodes = [f"n{i}" for i in range(8)]
+    speed = dict.fromkeys(nodes, 10.0) | {"n5": 2.0}
+    found, rounds = sweep(nodes, speed)
+    assert found == ["n5"] and rounds == 2
+
+
+def test_a_bad_link_between_two_good_nodes_is_named_as_the_link() -> None:
+    nodes = ["a", "b", "c", "d", "e", "f"]
+    first_pairs = pair_up(nodes)
+    first = {p: 10.0 for p in first_pairs} | {("a", "b"): 2.0}
+    slow = slow_pairs(first, 1.0, 0.3)
+    plan = plan_isolation(slow, first_pairs)
+    retest = dict.fromkeys(plan.pairs, 10.0)
+    (finding,) = culprits(slow, retest, first, 1.0, 0.3)
+    assert finding.node == "a|b" and "link between them" in finding.reason
+
+
+def test_without_good_nodes_nothing_can_be_isolated() -> None:
+    plan = plan_isolation([("a", "b")], [("a", "b")])
+    assert plan.pairs == [] and plan.untestable == ["a", "b"]
+
+
+def fleet(n: int, data: st.DataObject, bad_speed: st.SearchStrategy[float]) -> tuple[list[str], str, dict[str, float]]:
+    nodes = [f"n{i:03d}" for i in range(n)]
+    bad = data.draw(st.sampled_from(nodes))
+    noise = data.draw(st.lists(st.floats(9.0, 11.0), min_size=n, max_size=n))
+    return nodes, bad, dict(zip(nodes, noise, strict=True)) | {bad: data.draw(bad_speed)}
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(4, 300), st.data())
+def test_one_node_below_the_threshold_is_found_in_a_fixed_number_of_rounds(n: int, data: st.DataObject) -> None:
+    nodes, bad, speed = fleet(n, data, st.floats(0.5, 7.9))
+    found, rounds = sweep(nodes, speed, threshold=8.0)
+    assert found == [bad]
+    assert rounds <= 4  # two batches a round at most (an odd count adds one): never more with more nodes
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(8, 300), st.data())
+def test_one_node_far_below_the_fleet_is_found_without_a_threshold(n: int, data: st.DataObject) -> None:
+    nodes, bad, speed = fleet(n, data, st.floats(0.5, 5.0))
+    found, _ = sweep(nodes, speed, threshold=0.0)
+    assert found == [bad]
