@@ -154,3 +154,4 @@ class ActionRunner:
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*list(self._tasks), return_exceptions=True)
+        self._executor.shutdown(wait=False, cancel_futures=True)  # a call already in an actuator finishes alone
