@@ -19,6 +19,7 @@ from controller.action_runner import ActionRunner
 from controller.actuators import Actuator, Pager
 from controller.decide import (
     Drain,
+    EscalateIncident,
     FoldIntoIncident,
     Health,
     NodeState,
@@ -110,6 +111,10 @@ class Engine:
         self.runner.on_done = self._action_done
         self.on_ack: Callable[[str, int], None] = lambda node, seq: None  # the gateway sends it
         self.runner.on_ack = lambda node: self.on_ack(node, self.ack_seq(node))
+        # The latest open incident of each node, for status views (kept here, not read per request).
+        self.open_incident: dict[str, str] = {
+            i.node: i.id for i in reversed(store.incidents(open_only=True, limit=1_000_000))
+        }
         self.guard = Guard(self.guardrails, store, self.runner, self.metrics, lambda: len(self.nodes), clock)
 
     @property
@@ -203,7 +208,11 @@ class Engine:
                         self._paged[action.incident_id] = node
                 elif isinstance(action, FoldIntoIncident) and action.incident_id in self._paged:
                     self._folded.add(action.incident_id)
+                elif isinstance(action, EscalateIncident) and action.severity is not Severity.RECORD:
+                    self.open_incident[node] = action.incident_id
                 elif isinstance(action, OpenIncident):
+                    if action.incident.severity is not Severity.RECORD:
+                        self.open_incident[node] = action.incident.id
                     self.metrics.incidents.labels(action.incident.severity.value).inc()
                     log.info(
                         "incident_opened",
@@ -268,6 +277,7 @@ class Engine:
         now, adopted = self.clock(), 0
         for q in found:
             adopted += self.store.adopt_quarantine(q.node, q.incident_id, q.reason, q.at, now)
+            self.open_incident.setdefault(q.node, q.incident_id)
             entry = self.nodes.get(q.node)
             if entry is None:
                 entry = NodeEntry(NodeState(node=q.node), "", 0, now, 0)
@@ -377,6 +387,7 @@ class Engine:
             return entry.state.health, release.detail
         open_incidents = self.store.incidents(open_only=True, node=node, limit=10000)
         resolved = self.store.resolve_incidents(node, now)
+        self.open_incident.pop(node, None)
         entry.state = recovered(entry.state)
         self.store.save_states([entry.state])
         for incident in open_incidents:

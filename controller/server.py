@@ -117,7 +117,6 @@ class Admin(admin_pb2_grpc.AdminServicer):
     async def GetStatus(  # noqa: N802
         self, request: admin_pb2.StatusRequest, context: grpc.aio.ServicerContext
     ) -> admin_pb2.StatusReply:
-        open_by_node = {i.node: i.id for i in reversed(self._engine.store.incidents(open_only=True, limit=100000))}
         nodes = [
             admin_pb2.NodeStatus(
                 node=name,
@@ -125,7 +124,7 @@ class Admin(admin_pb2_grpc.AdminServicer):
                 last_heartbeat=e.last_heartbeat,
                 last_seq=e.last_seq,
                 gpus=e.gpus,
-                open_incident=open_by_node.get(name, ""),
+                open_incident=self._engine.open_incident.get(name, ""),
             )
             for name, e in sorted(self._engine.nodes.items())
         ]

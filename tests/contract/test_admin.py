@@ -36,6 +36,7 @@ def test_status_incidents_and_uncordon(tmp_path: Path) -> None:
             reply = await admin.Uncordon(admin_pb2.UncordonRequest(node="node-a", requested_by="sre", reason="rma"))
             assert reply.health == "HEALTHY" and "1 incident(s) resolved" in reply.detail
             assert not (await admin.ListIncidents(admin_pb2.IncidentsRequest(open_only=True))).incidents
+            assert (await admin.GetStatus(admin_pb2.StatusRequest())).nodes[0].open_incident == ""
             assert controller.store.quarantined_nodes() == {}
 
             again = await admin.Uncordon(admin_pb2.UncordonRequest(node="node-a"))
@@ -45,5 +46,19 @@ def test_status_incidents_and_uncordon(tmp_path: Path) -> None:
                 await admin.Uncordon(admin_pb2.UncordonRequest(node="no-such-node"))
             assert err.value.code() == grpc.StatusCode.NOT_FOUND
         await stop_controller(controller)
+
+    asyncio.run(scenario())
+
+
+def test_open_incidents_in_status_survive_a_restart(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        controller = await start_controller(tmp_path / "ctl.db")
+        await send_raw(controller.port, raw_batch("s1", [1], code=79), until_ack=1)
+        await stop_controller(controller)
+        again = await start_controller(tmp_path / "ctl.db")
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{again.port}") as channel:
+            status = await admin_pb2_grpc.AdminStub(channel).GetStatus(admin_pb2.StatusRequest())
+        assert [(n.node, n.open_incident) for n in status.nodes] == [("node-a", "node-a-s1-1")]
+        await stop_controller(again)
 
     asyncio.run(scenario())
