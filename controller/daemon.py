@@ -115,7 +115,6 @@ class Controller:
         await self.server.stop(grace=1.0)
         await watcher
         await self.engine.shutdown()
-        self.engine.persist_heartbeats()
         self.store.close()
 
     async def _wait_for_leadership(self, stop: asyncio.Event) -> bool:

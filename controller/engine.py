@@ -324,9 +324,6 @@ class Engine:
             self.store.save_states(changed)
         return [s.node for s in changed]
 
-    def persist_heartbeats(self) -> None:
-        self.store.save_states([], {n: e.last_heartbeat for n, e in self.nodes.items()})
-
     def update_gauges(self) -> None:
         counts = {h: 0 for h in Health}
         for entry in self.nodes.values():

@@ -69,7 +69,6 @@ class NodeRow:
     state: NodeState
     spool_id: str
     last_seq: int
-    last_heartbeat: float
     gpus: int
 
 
@@ -145,10 +144,8 @@ class Store:
 
     def load_nodes(self) -> dict[str, NodeRow]:
         with self._lock:
-            rows = self._db.execute(
-                "SELECT node, state, spool_id, last_seq, last_heartbeat, gpus FROM nodes"
-            ).fetchall()
-        return {r[0]: NodeRow(state_from_json(r[1], r[0]), r[2], r[3], r[4], r[5]) for r in rows}
+            rows = self._db.execute("SELECT node, state, spool_id, last_seq, gpus FROM nodes").fetchall()
+        return {r[0]: NodeRow(state_from_json(r[1], r[0]), r[2], r[3], r[4]) for r in rows}
 
     def register_node(self, state: NodeState, spool_id: str, last_seq: int, gpus: int, now: float) -> None:
         with self._tx() as db:
@@ -160,14 +157,11 @@ class Store:
                 (state.node, state.health.value, state_to_json(state), spool_id, last_seq, now, gpus),
             )
 
-    def save_states(self, states: Sequence[NodeState], heartbeats: dict[str, float] | None = None) -> None:
+    def save_states(self, states: Sequence[NodeState]) -> None:
         with self._tx() as db:
             db.executemany(
                 "UPDATE nodes SET health = ?, state = ? WHERE node = ?",
                 [(s.health.value, state_to_json(s), s.node) for s in states],
-            )
-            db.executemany(
-                "UPDATE nodes SET last_heartbeat = ? WHERE node = ?", [(t, n) for n, t in (heartbeats or {}).items()]
             )
 
     # Signals, incidents, actions -------------------------------------------------------------
