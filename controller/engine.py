@@ -112,9 +112,7 @@ class Engine:
         self.on_ack: Callable[[str, int], None] = lambda node, seq: None  # the gateway sends it
         self.runner.on_ack = lambda node: self.on_ack(node, self.ack_seq(node))
         # The latest open incident of each node, for status views (kept here, not read per request).
-        self.open_incident: dict[str, str] = {
-            i.node: i.id for i in reversed(store.incidents(open_only=True, limit=1_000_000))
-        }
+        self.open_incident: dict[str, str] = store.latest_open_incidents()
         self.guard = Guard(self.guardrails, store, self.runner, self.metrics, lambda: len(self.nodes), clock)
 
     @property

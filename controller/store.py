@@ -412,6 +412,14 @@ class Store:
                     view.actions.append(ActionView(a[0], a[1], a[2], a[3], a[4] or ""))
         return views
 
+    def latest_open_incidents(self) -> dict[str, str]:
+        """node -> the id of its most recently opened OPEN incident."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT node, id FROM incidents WHERE status = 'OPEN' ORDER BY opened_at"
+            ).fetchall()
+        return {node: incident for node, incident in rows}  # later rows win
+
     def signal_counts(self, incident_ids: Sequence[str]) -> dict[str, int]:
         """How many signals each of these incidents has folded in (the first one included)."""
         with self._lock:
