@@ -128,6 +128,10 @@ class SlackPager:
         return f"posted to Slack {self._channel} (ts {ts})"
 
     def update(self, action: PageUpdate) -> str:
+        if self._memory.get_meta(_key(action.incident_id)) == "posting":
+            # The page's own retry settles whether it landed (it looks in the history); a reply
+            # waiting here must not poll the history, a rate-limited call, while it does.
+            raise NotReadyYet("the incident's Slack message is being posted")
         known = self._thread_of(action.incident_id)
         if known is None:
             if action.resolve:

@@ -164,3 +164,17 @@ def test_a_flood_is_one_message_with_its_count_in_the_thread(slack: FakeSlack, t
         store.close()
 
     asyncio.run(scenario())
+
+
+def test_a_reply_waits_for_an_uncertain_post_without_polling_history(slack: FakeSlack, tmp_path: Path) -> None:
+    slack.drop_after_accept("chat.postMessage")
+    p = pager(slack, tmp_path)
+    with pytest.raises(Exception):  # noqa: B017 (the lost answer)
+        p.page(page())
+    for _ in range(3):
+        with pytest.raises(NotReadyYet):
+            p.update(PageUpdate("gpu-7-abc-12", "gpu-7", "QUARANTINED", "done"))
+    assert slack.calls("conversations.history") == []
+    assert p.page(page()).startswith("already in Slack")  # the page's retry looks, once
+    p.update(PageUpdate("gpu-7-abc-12", "gpu-7", "QUARANTINED", "done"))
+    assert len(slack.calls("conversations.history")) == 1
