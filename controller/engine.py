@@ -386,6 +386,8 @@ class Engine:
         entry.state = recovered(entry.state)
         self.store.save_states([entry.state])
         for incident in open_incidents:
+            self._paged.pop(incident.id, None)  # resolved: no more flood counts for it
+            self._folded.discard(incident.id)
             text = f"Resolved: {node} returned to service by {requested_by}" + (f" ({reason})" if reason else "")
             note = PageUpdate(incident.id, node, "RESOLVED", text, resolve=True)
             if self.store.add_action(note, now):
