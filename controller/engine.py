@@ -134,7 +134,7 @@ class Engine:
     # Agents --------------------------------------------------------------------------------
 
     def hello(self, node: str, spool_id: str, gpus: int) -> int:
-        """Register a (re)connecting agent; returns the highest seq held for its spool."""
+        """Register a (re)connecting agent; returns the seq it may drop its spool up to (``ack_seq``)."""
         now = self.clock()
         entry = self.nodes.get(node)
         if entry is None:
