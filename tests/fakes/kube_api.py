@@ -13,11 +13,12 @@ It runs its own event loop in a thread, so synchronous code and other processes 
 
 from __future__ import annotations
 
-import asyncio
+import contextlib
 import copy
 import re
 import threading
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,8 @@ import kmock
 import yaml
 from aiohttp import web
 from kmock._internal import apps, enums, k8s_dicts, rendering
+
+from tests.fakes.server_thread import ServerThread
 
 
 @dataclass
@@ -189,42 +192,25 @@ def _field(obj: dict[str, Any], dotted: str) -> str:
     return value if isinstance(value, str) else ""
 
 
-class KubeApiServer:
+class KubeApiServer(ServerThread):
     """The emulator on 127.0.0.1 in a background thread, with a kubeconfig pointing at it."""
 
+    what = "Kubernetes API emulator"
+
     def __init__(self) -> None:
+        super().__init__()
         self.rules = _Rules()
-        self._loop = asyncio.new_event_loop()
-        self._ready = threading.Event()
-        self._stop: asyncio.Event | None = None
-        self._thread = threading.Thread(target=self._run, daemon=True)
         self.url = ""
         self.handler: VigilKubeEmulator | None = None
 
-    def __enter__(self) -> KubeApiServer:
-        self._thread.start()
-        if not self._ready.wait(10):
-            raise RuntimeError("the Kubernetes API emulator did not start")
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        assert self._stop is not None
-        self._loop.call_soon_threadsafe(self._stop.set)
-        self._thread.join(10)
-
-    def _run(self) -> None:
-        asyncio.set_event_loop(self._loop)
-        self._loop.run_until_complete(self._serve())
-
-    async def _serve(self) -> None:
-        self._stop = asyncio.Event()
+    @contextlib.asynccontextmanager
+    async def serving(self) -> AsyncIterator[None]:
         handler = VigilKubeEmulator()
         handler.rules = self.rules
         async with handler, apps.Server(handler) as server:
             self.handler = handler
             self.url = str(server.url).rstrip("/")
-            self._ready.set()
-            await self._stop.wait()
+            yield
 
     # Test-side helpers (thread-safe enough: they run between the client's calls) ---------------
 
@@ -236,7 +222,7 @@ class KubeApiServer:
             "spec": spec,
             "status": {"conditions": [{"type": "Ready", "status": "True"}]},
         }
-        self._call(self._put_object, kmock.resource("v1/nodes"), None, name, node)
+        self.call(self._put_object(kmock.resource("v1/nodes"), None, name, node))
 
     def add_pod(self, namespace: str, name: str, node: str, owner_kind: str = "ReplicaSet") -> None:
         pod = {
@@ -250,10 +236,10 @@ class KubeApiServer:
             },
             "spec": {"nodeName": node},
         }
-        self._call(self._put_object, kmock.resource("v1/pods"), namespace, name, pod)
+        self.call(self._put_object(kmock.resource("v1/pods"), namespace, name, pod))
 
     def node(self, name: str) -> dict[str, Any]:
-        return self._call(self._get_object, kmock.resource("v1/nodes"), None, name)
+        return self.call(self._get_object(kmock.resource("v1/nodes"), None, name))
 
     def objects_of(self, plural: str) -> list[dict[str, Any]]:
         assert self.handler is not None
@@ -286,9 +272,6 @@ class KubeApiServer:
             )
         )
         return path
-
-    def _call(self, fn: Any, *args: Any) -> Any:
-        return asyncio.run_coroutine_threadsafe(fn(*args), self._loop).result(10)
 
     async def _put_object(self, resource: Any, namespace: str | None, name: str, obj: dict[str, Any]) -> None:
         assert self.handler is not None

@@ -9,14 +9,17 @@ never arrives (the connection is closed), which is what makes naive retries post
 
 from __future__ import annotations
 
-import asyncio
+import contextlib
 import json
 import threading
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
+
+from tests.fakes.server_thread import ServerThread
 
 TOKEN = "xoxb-test-token"
 CHANNEL = "C0VIGIL"
@@ -66,45 +69,26 @@ def _check_blocks(blocks: Any) -> str | None:
     return None
 
 
-class FakeSlack:
+class FakeSlack(ServerThread):
+    what = "Slack emulator"
+
     def __init__(self) -> None:
+        super().__init__()
         self.state = SlackState()
-        self._loop = asyncio.new_event_loop()
-        self._ready = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._runner: web.AppRunner | None = None
         self.base_url = ""
 
-    def __enter__(self) -> FakeSlack:
-        self._thread.start()
-        if not self._ready.wait(10):
-            raise RuntimeError("the Slack emulator did not start")
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        asyncio.run_coroutine_threadsafe(self._stop(), self._loop).result(10)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(10)
-
-    def _run(self) -> None:
-        asyncio.set_event_loop(self._loop)
-        self._loop.run_until_complete(self._start())
-        self._ready.set()
-        self._loop.run_forever()
-
-    async def _start(self) -> None:
+    @contextlib.asynccontextmanager
+    async def serving(self) -> AsyncIterator[None]:
         app = web.Application()
         app.router.add_route("*", "/api/{method}", self._handle)
-        self._runner = web.AppRunner(app)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        port = self._runner.addresses[0][1]
-        self.base_url = f"http://127.0.0.1:{port}/api/"
-
-    async def _stop(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
+        runner = web.AppRunner(app)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        self.base_url = f"http://127.0.0.1:{runner.addresses[0][1]}/api/"
+        try:
+            yield
+        finally:
+            await runner.cleanup()
 
     # Faults and assertions -------------------------------------------------------------------
 
