@@ -5,6 +5,9 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
+
+import yaml
 
 from tests.helpers import poll_until
 
@@ -62,3 +65,23 @@ def start_agent(
         out=tmp / f"{node}.out",
     )
     return proc, kmsg
+
+
+def configured_controller(tmp: Path, name: str, **settings: Any) -> subprocess.Popen[bytes]:
+    """``vigil controller --config NAME.yaml`` on loopback, its port file and database named after it."""
+    config = {
+        "listen": "127.0.0.1",
+        "port": 0,
+        "port_file": str(tmp / f"{name}.port"),
+        "database": str(tmp / f"{name}.db"),
+        **settings,
+    }
+    path = tmp / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return vigil("controller", "--config", str(path), "--log-format", "json", out=tmp / f"{name}.out")
+
+
+def port_of(tmp: Path, name: str) -> int:
+    """The port a configured controller bound, once it writes it (a standby writes it when it leads)."""
+    poll_until(lambda: (tmp / f"{name}.port").exists(), what=f"{name}'s port")
+    return int((tmp / f"{name}.port").read_text())

@@ -6,10 +6,9 @@ import signal
 from pathlib import Path
 
 import pytest
-import yaml
 
 from agent.simulated import simulated_gpus
-from tests.e2e.processes import start_agent, vigil
+from tests.e2e.processes import configured_controller, port_of, start_agent
 from tests.helpers import poll_until
 from vigil.admin_client import AdminClient
 from vigil.demo import xid_line
@@ -18,18 +17,8 @@ pytestmark = pytest.mark.e2e
 
 
 def test_released_after_hold_down_and_a_passing_check(tmp_path: Path) -> None:
-    config = {
-        "listen": "127.0.0.1",
-        "port": 0,
-        "port_file": str(tmp_path / "port"),
-        "database": str(tmp_path / "ctl.db"),
-        "pager": "none",
-        "recovery": {"hold_down_s": 1.5, "check_every_s": 1},
-    }
-    (tmp_path / "ctl.yaml").write_text(yaml.safe_dump(config))
-    ctl = vigil("controller", "--config", str(tmp_path / "ctl.yaml"), "--log-format", "json", out=tmp_path / "ctl.out")
-    poll_until(lambda: (tmp_path / "port").exists(), what="controller port")
-    port = int((tmp_path / "port").read_text())
+    ctl = configured_controller(tmp_path, "ctl", pager="none", recovery={"hold_down_s": 1.5, "check_every_s": 1})
+    port = port_of(tmp_path, "ctl")
     agent, kmsg = start_agent(tmp_path, "node-a", f"127.0.0.1:{port}")
     try:
         with AdminClient(f"127.0.0.1:{port}") as admin:

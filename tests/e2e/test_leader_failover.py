@@ -10,10 +10,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
-import yaml
 
 from agent.simulated import simulated_gpus
-from tests.e2e.processes import start_agent, vigil
+from tests.e2e.processes import configured_controller, start_agent
 from tests.fakes.kube_api import KubeApiServer
 from tests.fakes.slack_api import CHANNEL, TOKEN, FakeSlack
 from tests.helpers import poll_until
@@ -30,19 +29,18 @@ def free_port() -> int:
 
 
 def controller(tmp: Path, name: str, port: int, kube: KubeApiServer, slack: FakeSlack) -> subprocess.Popen[bytes]:
-    config = {
-        "listen": "127.0.0.1",
-        "port": port,
-        "port_file": str(tmp / f"{name}.port"),
-        "database": str(tmp / f"{name}.db"),
-        "actuator": "kubernetes",
-        "kubernetes": {"kubeconfig": str(kube.kubeconfig(tmp / "kubeconfig"))},
-        "pager": "slack",
-        "slack": {"channel": CHANNEL, "base_url": slack.base_url},
+    return configured_controller(
+        tmp,
+        name,
+        port=port,
+        actuator="kubernetes",
+        kubernetes={"kubeconfig": str(kube.kubeconfig(tmp / "kubeconfig"))},
+        pager="slack",
+        slack={"channel": CHANNEL, "base_url": slack.base_url},
         # Two nodes: the default 5 % would let one quarantine through per window (the new leader counts
         # the one it adopts), and this test is about failover, not the breaker.
-        "guardrails": {"breaker_max_nodes": 10, "breaker_max_fraction": 1.0},
-        "leader_election": {
+        guardrails={"breaker_max_nodes": 10, "breaker_max_fraction": 1.0},
+        leader_election={
             "enabled": True,
             "namespace": "vigil",
             "identity": name,
@@ -50,10 +48,7 @@ def controller(tmp: Path, name: str, port: int, kube: KubeApiServer, slack: Fake
             "renew_deadline_s": 2,
             "retry_period_s": 1,
         },
-    }
-    path = tmp / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(config))
-    return vigil("controller", "--config", str(path), "--log-format", "json", out=tmp / f"{name}.out")
+    )
 
 
 def inject_xid79(kmsg: Path, node: str, seq: int) -> None:

@@ -10,10 +10,9 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
 
 from agent.simulated import simulated_gpus
-from tests.e2e.processes import start_agent, vigil
+from tests.e2e.processes import configured_controller, port_of, start_agent
 from tests.helpers import poll_until
 from vigil.admin_client import AdminClient
 from vigil.demo import xid_line
@@ -27,21 +26,16 @@ def cli(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_operator_commands(tmp_path: Path) -> None:
-    config = {
-        "listen": "127.0.0.1",
-        "port": 0,
-        "port_file": str(tmp_path / "port"),
-        "database": str(tmp_path / "ctl.db"),
-        "pager": "none",
-        "guardrails": {"breaker_max_nodes": 1, "breaker_max_fraction": 1.0, "breaker_page_delay_s": 0},
-        "recovery": {"auto_release": False},
-    }
-    (tmp_path / "ctl.yaml").write_text(yaml.safe_dump(config))
-    ctl = vigil("controller", "--config", str(tmp_path / "ctl.yaml"), "--log-format", "json", out=tmp_path / "ctl.out")
+    ctl = configured_controller(
+        tmp_path,
+        "ctl",
+        pager="none",
+        guardrails={"breaker_max_nodes": 1, "breaker_max_fraction": 1.0, "breaker_page_delay_s": 0},
+        recovery={"auto_release": False},
+    )
     procs = [ctl]
     try:
-        poll_until(lambda: (tmp_path / "port").exists(), what="controller port")
-        target = f"127.0.0.1:{(tmp_path / 'port').read_text()}"
+        target = f"127.0.0.1:{port_of(tmp_path, 'ctl')}"
         kmsgs = {}
         for node in ("node-a", "node-b", "node-c"):
             proc, kmsgs[node] = start_agent(tmp_path, node, target)
