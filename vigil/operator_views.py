@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections import Counter
 
 import grpc
 from google.protobuf.json_format import MessageToDict
@@ -30,9 +31,7 @@ def print_status(target: str, as_json: bool) -> int:
     if as_json:
         print(json.dumps(MessageToDict(reply, preserving_proto_field_name=True), indent=2))
         return 0
-    counts: dict[str, int] = {}
-    for n in reply.nodes:
-        counts[n.health] = counts.get(n.health, 0) + 1
+    counts = Counter(n.health for n in reply.nodes)
     by_state = ", ".join(f"{k} {v}" for k, v in sorted(counts.items())) or "no nodes"
     style = "red" if reply.automation.startswith("paused") else "yellow" if reply.automation == "dry-run" else "green"
     _console.print(f"automation: [{style}]{reply.automation or 'active'}[/]   nodes: {by_state}")
