@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from checks.devices import Device, devices
+from checks.devices import Device
 from checks.per_device import per_device_check
 from checks.program import check_main
 from checks.result import CheckResult
@@ -44,11 +44,10 @@ def run(args: argparse.Namespace) -> CheckResult:
     def size(on_cpu: bool) -> int:
         return int(args.size or (1024 if on_cpu else 8192))
 
-    on_cpu = devices()[0].index < 0
     return per_device_check(
         "matmul",
         args,
-        lambda d: matmul_tflops(d, size(on_cpu), args.seconds),
+        lambda d: matmul_tflops(d, size(d.index < 0), args.seconds),
         0,
         "TFLOP/s",
         "tflops",

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from checks.devices import Device, devices
+from checks.devices import Device
 from checks.per_device import per_device_check
 from checks.program import check_main
 from checks.result import CheckResult
@@ -38,11 +38,10 @@ def run(args: argparse.Namespace) -> CheckResult:
     def mib(on_cpu: bool) -> int:
         return int(args.mib or (256 if on_cpu else 1024))
 
-    on_cpu = devices()[0].index < 0
     return per_device_check(
         "membw",
         args,
-        lambda d: copy_gbps(d, mib(on_cpu) * 2**20, args.iters),
+        lambda d: copy_gbps(d, mib(d.index < 0) * 2**20, args.iters),
         1,
         "GB/s",
         "gbps",
