@@ -58,6 +58,9 @@ class AgentConfig(BaseModel):
     metrics_port: int | None = Field(9402, ge=0, le=65535)  # 9400 is dcgm-exporter's
     metrics_address: str = "0.0.0.0"
     heartbeat_s: float = Field(5.0, gt=0, le=300)
+    # Where this node's peers reach it for the sweep's pairwise all-reduce (the DaemonSet passes the
+    # node's IP); empty: the address the controller sees this agent's connection come from.
+    advertise_address: str = Field("", pattern=r"^[A-Za-z0-9.:\-]*$", max_length=253)
 
     @field_validator("controller")
     @classmethod

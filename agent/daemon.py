@@ -126,6 +126,7 @@ class Agent:
             gpus=[gpu_to_proto(g) for g in self.backend.gpus()],
             last_acked_seq=self.spool.acked_seq,
             spool_id=self.spool.spool_id,
+            address=self.config.advertise_address,
         )
 
     def record(self, signals: list[Signal], cursors: Mapping[str, str] | None = None) -> None:

@@ -35,8 +35,8 @@ from typing import Any
 import psutil
 import yaml
 
-from bench.fleet import Fleet
 from bench.record import append_result, percentile
+from tests.fakes.fleet import Fleet
 from tests.fakes.kube_api import KubeApiServer
 from tests.fakes.slack_api import CHANNEL, TOKEN, FakeSlack
 from vigil.admin_client import AdminClient

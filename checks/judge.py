@@ -22,13 +22,13 @@ def judge_devices(
     problems = []
     for label, value in sorted(values.items()):
         if expected is not None and value < min_fraction * expected:
-            problems.append(f"{label} at {value:.1f} {unit}, {value / expected:.0%} of the expected {expected:.0f}")
+            problems.append(f"{label} at {value:.4g} {unit}, {value / expected:.0%} of the expected {expected:.0f}")
         elif len(values) > 1 and value < (1 - max_below_median) * median:
-            problems.append(f"{label} at {value:.1f} {unit}, {1 - value / median:.0%} below the median {median:.1f}")
+            problems.append(f"{label} at {value:.4g} {unit}, {1 - value / median:.0%} below the median {median:.4g}")
     if problems:
         return Verdict.FAIL, "; ".join(problems)
     against = f", {median / expected:.0%} of the expected {expected:.0f}" if expected else " (no expected figure here)"
-    return Verdict.OK, f"{len(values)} device(s), median {median:.1f} {unit}{against}"
+    return Verdict.OK, f"{len(values)} device(s), median {median:.4g} {unit}{against}"
 
 
 def fleet_outliers(values: dict[str, float], max_below_median: float, min_spread_mads: float = 3.0) -> list[str]:

@@ -21,6 +21,10 @@ class PermanentActionError(Exception):
     """The action cannot succeed by trying again (the node does not exist, access is denied)."""
 
 
+class SelectionError(ValueError):
+    """Nodes could not be chosen as asked (a bad label selector, a Job with no pods, no Kubernetes)."""
+
+
 class NotReadyYet(Exception):
     """The action depends on another still under way (a thread reply before its message): try later."""
 
@@ -58,6 +62,14 @@ class Actuator(Protocol):
         """The quarantines Vigil made that the cluster records (empty where the store is the record)."""
         ...
 
+    def nodes_matching(self, selector: str) -> list[str]:
+        """The nodes a label selector picks; raises SelectionError."""
+        ...
+
+    def job_nodes(self, namespace: str, job: str) -> list[str]:
+        """The nodes that a Job's pods run on; raises SelectionError."""
+        ...
+
 
 class Pager(Protocol):
     def page(self, action: Page) -> str: ...
@@ -67,6 +79,9 @@ class Pager(Protocol):
     def resync(self) -> int:
         """Learn which incidents were paged already (a new leader); returns how many were found."""
         ...
+
+
+_NEED_KUBE = "needs the kubernetes actuator (this controller runs the local one: no labels, no pods)"
 
 
 class LocalActuator:
@@ -88,6 +103,12 @@ class LocalActuator:
 
     def drain(self, action: Drain) -> str:
         return "nothing to drain (local actuator: no pods)"
+
+    def nodes_matching(self, selector: str) -> list[str]:
+        raise SelectionError(f"label selectors {_NEED_KUBE}")
+
+    def job_nodes(self, namespace: str, job: str) -> list[str]:
+        raise SelectionError(f"choosing a Job's nodes {_NEED_KUBE}")
 
 
 class ConsolePager:

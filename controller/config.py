@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from controller.guardrails import GuardrailConfig
 from controller.recovery import RecoveryConfig
+from controller.sweep_plan import SweepConfig
 from vigil.config_file import load_yaml_model
 
 
@@ -82,6 +83,7 @@ class ControllerConfig(BaseModel):
     guardrails: GuardrailConfig = Field(default_factory=GuardrailConfig)
     recovery: RecoveryConfig = Field(default_factory=RecoveryConfig)
     leader_election: LeaderElectionConfig = Field(default_factory=LeaderElectionConfig)
+    sweep: SweepConfig = Field(default_factory=SweepConfig)
 
     @model_validator(mode="after")
     def _pager_settings(self) -> ControllerConfig:

@@ -23,6 +23,7 @@ from controller.engine import Engine
 from controller.policy import load_policy
 from controller.server import Admin, AgentGateway
 from controller.store import Store
+from controller.sweep import Sweeper
 from protos.vigil.v1 import admin_pb2_grpc, agent_pb2_grpc
 
 log = structlog.get_logger(__name__)
@@ -69,6 +70,7 @@ class Controller:
             drain=config.actuator == "kubernetes" and config.kubernetes.drain,
         )
         self.gateway = AgentGateway(self.engine)
+        self.sweeper = Sweeper(self.engine, config.sweep)
         self.server: grpc.aio.Server | None = None
         self.port = 0
 
@@ -79,7 +81,7 @@ class Controller:
         self.server = grpc.aio.server()
         agent_pb2_grpc.add_AgentGatewayServicer_to_server(self.gateway, self.server)
         identity = self.config.leader_election.identity
-        admin_pb2_grpc.add_AdminServicer_to_server(Admin(self.engine, identity), self.server)
+        admin_pb2_grpc.add_AdminServicer_to_server(Admin(self.engine, self.sweeper, identity), self.server)
         address = f"{self.config.listen}:{self.config.port}"
         try:
             self.port = self.server.add_insecure_port(address)
@@ -113,6 +115,7 @@ class Controller:
         await stop.wait()
         assert self.server is not None
         await self.server.stop(grace=1.0)
+        await self.sweeper.stop()
         await watcher
         await self.engine.shutdown()
         self.store.close()

@@ -41,7 +41,7 @@ from controller.records import action_kind
 from controller.recovery import RecoveryConfig, check_releases, release_check_due
 from controller.store import EXTERNAL_ACTIONS, PendingAction, Received, Store
 from protos.vigil.v1 import agent_pb2, common_pb2
-from vigil.signals import Signal
+from vigil.signals import Signal, SignalKind
 from vigil.waiting import wait_event
 
 log = structlog.get_logger(__name__)
@@ -56,6 +56,7 @@ class NodeEntry:
     gpus: int
     connected: bool = False
     dropped_faults: int = 0  # as the agent last reported it
+    address: str = ""  # where the node's peers reach it (pairwise checks); known once its agent connects
 
 
 class UnknownNode(Exception):
@@ -91,6 +92,8 @@ class Engine:
         # The gateway delivers commands to a connected agent; False when that agent is not connected.
         self.send_to_agent: Callable[[str, agent_pb2.ControllerMessage], bool] = lambda node, msg: False
         self._release_checks: dict[str, str] = {}  # request id -> node
+        # Checks someone awaits (a sweep): request id -> (node, the future its result resolves).
+        self._check_waiters: dict[str, tuple[str, asyncio.Future[common_pb2.CheckResult]]] = {}
         self._last_release_check: dict[str, float] = {}
         self._release_tasks: set[asyncio.Task[object]] = set()
         # Floods: a paged incident that keeps folding signals gets its count in its thread, at most
@@ -133,7 +136,7 @@ class Engine:
 
     # Agents --------------------------------------------------------------------------------
 
-    def hello(self, node: str, spool_id: str, gpus: int) -> int:
+    def hello(self, node: str, spool_id: str, gpus: int, address: str = "") -> int:
         """Register a (re)connecting agent; returns the seq it may drop its spool up to (``ack_seq``)."""
         now = self.clock()
         entry = self.nodes.get(node)
@@ -144,7 +147,7 @@ class Engine:
             log.info("agent_new_spool", node=node, old=entry.spool_id, new=spool_id, old_last_seq=entry.last_seq)
             entry.spool_id, entry.last_seq = spool_id, 0
         entry.state = heartbeat_returned(entry.state)
-        entry.last_heartbeat, entry.gpus, entry.connected = now, gpus, True
+        entry.last_heartbeat, entry.gpus, entry.connected, entry.address = now, gpus, True, address
         self.store.register_node(entry.state, spool_id, entry.last_seq, gpus, now)
         return self.ack_seq(node)
 
@@ -197,6 +200,11 @@ class Engine:
         if self.breaker != breaker_before:
             self.guard.save()
         entry.state, entry.last_seq, entry.last_heartbeat = state, last_seq, now
+        self._carry_out(node, received)
+        return self.ack_seq(node)
+
+    def _carry_out(self, node: str, received: Sequence[Received]) -> None:
+        """After the commit: schedule the external actions, and keep the in-memory views current."""
         for item in received:
             self.metrics.signals.labels(item.signal.kind.value).inc()
             for action in item.actions:
@@ -221,7 +229,6 @@ class Engine:
                         code=action.incident.code,
                         gpu=action.incident.gpu.index,
                     )
-        return self.ack_seq(node)
 
     def _entry(self, node: str) -> NodeEntry:
         entry = self.nodes.get(node)
@@ -411,8 +418,55 @@ class Engine:
         log.warning("automation_resumed", by=requested_by, reason=reason, apply_held=apply_held, held=len(held))
         return (len(held), 0) if apply_held else (0, len(held))
 
+    # Checks --------------------------------------------------------------------------------
+
+    def ask_check(self, node: str, run: agent_pb2.RunCheck) -> asyncio.Future[common_pb2.CheckResult] | None:
+        """Send a check to a node's agent; the future gets its result. None: the agent is not connected."""
+        future: asyncio.Future[common_pb2.CheckResult] = asyncio.get_running_loop().create_future()
+        self._check_waiters[run.request_id] = (node, future)
+        if not self.send_to_agent(node, agent_pb2.ControllerMessage(run_check=run)):
+            del self._check_waiters[run.request_id]
+            return None
+        return future
+
+    def forget_check(self, request_id: str) -> None:
+        """Stop waiting for a check (it overran); a late result is still recorded."""
+        self._check_waiters.pop(request_id, None)
+
+    def check_failed(self, node: str, key: str, reason: str) -> str:
+        """A failure the controller found itself (a sweep's check), decided and acted on like an agent's
+        CHECK_FAILED signal: through the policy and the guardrails. Returns what became of it."""
+        entry = self._entry(node)
+        now = self.clock()
+        signal = Signal(node, SignalKind.CHECK_FAILED, message=reason, source="sweep", observed_at=now)
+        incident_id = f"{node}-{key}"
+        decision = decide(entry.state, signal, self.policy, now, incident_id)
+        breaker_before = self.breaker
+        actions, held = self.guard.apply(decision.actions, now)
+        item = Received(signal, incident_id, actions, held)
+        # The signal is filed under the sweep, not the agent's spool: the agent's sequence stays its own.
+        self.store.commit_batch(node, key, [item], decision.state, entry.last_seq, now)
+        if self.breaker != breaker_before:
+            self.guard.save()
+        entry.state = decision.state
+        self._carry_out(node, [item])
+        quarantine = next((a for a in actions if isinstance(a, Quarantine)), None)
+        if quarantine is None:
+            return f"not quarantined: the node is {entry.state.health.value} (incident {incident_id})"
+        if action_kind(quarantine) in held:
+            return f"held by the circuit breaker (incident {incident_id})"
+        if quarantine.dry_run:
+            return f"dry-run: would quarantine (incident {incident_id})"
+        return f"quarantine requested (incident {incident_id})"
+
     def record_check_result(self, node: str, r: common_pb2.CheckResult) -> None:
         self._store_check_result(node, r)
+        waiter = self._check_waiters.get(r.request_id)
+        if waiter is not None and waiter[0] == node:
+            del self._check_waiters[r.request_id]
+            if not waiter[1].done():
+                waiter[1].set_result(r)
+            return
         if self._release_checks.get(r.request_id) != node:
             return
         del self._release_checks[r.request_id]

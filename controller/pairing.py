@@ -79,22 +79,29 @@ def culprits(
     first: Mapping[Pair, float],
     min_busbw_gbps: float,
     max_below_median: float,
+    errors: Mapping[Pair, str] | None = None,
 ) -> list[Finding]:
-    """Who is to blame for each slow pair, from the re-pairing round."""
+    """Who is to blame for each slow pair, from the re-pairing round. ``errors``: why a pair that
+    counts as 0 GB/s could not run at all."""
     good_level = [v for p, v in first.items() if p not in slow]
     reference = sorted(good_level)[len(good_level) // 2] if good_level else 0.0
 
     def is_slow(value: float) -> bool:
         return value < min_busbw_gbps or (reference > 0 and value < (1 - max_below_median) * reference)
 
-    slow_alone = {s: v for (s, _), v in retest.items() if is_slow(v)}
+    errors = errors or {}
+    slow_alone = {pair: v for pair, v in retest.items() if is_slow(v)}
     findings: list[Finding] = []
     for a, b in slow:
-        blamed = [n for n in (a, b) if n in slow_alone]
-        for n in blamed:
-            findings.append(
-                Finding(n, f"slow with a known-good partner too: {slow_alone[n]:.2f} GB/s (fleet {reference:.2f})")
-            )
+        for (n, good), value in slow_alone.items():
+            if n not in (a, b):
+                continue
+            if error := errors.get((n, good)):
+                findings.append(Finding(n, f"all-reduce with known-good {good} failed too: {error}"))
+            else:
+                why = f"slow with known-good {good} too: {value:.2f} GB/s (fleet {reference:.2f})"
+                findings.append(Finding(n, why))
+        blamed = [n for n in (a, b) if any(s == n for s, _ in slow_alone)]
         if not blamed and all((n, g) in retest for n in (a, b) for g in _partners(retest, n)):
             findings.append(
                 Finding(f"{a}|{b}", f"each is fast with another node: the link between them, {first[(a, b)]:.2f} GB/s")

@@ -1,8 +1,8 @@
 """The controller's gRPC services: the agent gateway and the admin service.
 
 Bad input gets a gRPC status that names the problem (and a log line); it never takes the server
-down. The trainer gateway and the admin ``Sweep`` are defined in the protocol but not served yet:
-calls to them get UNIMPLEMENTED.
+down. The trainer gateway is defined in the protocol but not served yet:
+calls to it get UNIMPLEMENTED.
 """
 
 from __future__ import annotations
@@ -10,17 +10,30 @@ from __future__ import annotations
 import asyncio
 import re
 from collections.abc import AsyncIterator
+from urllib.parse import unquote
 
 import grpc
 import structlog
 
+from controller.actuators import SelectionError
 from controller.engine import Engine, UnknownNode
+from controller.sweep import SweepBusy, Sweeper
+from controller.sweep_plan import SweepError, sweep_spec
 from protos.codec import BadSignal, gpu_to_proto, signal_from_proto
 from protos.vigil.v1 import admin_pb2, admin_pb2_grpc, agent_pb2, agent_pb2_grpc
 
 log = structlog.get_logger(__name__)
 
 _NODE_RE = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
+
+
+def peer_host(peer: str) -> str:
+    """The host part of a gRPC peer ("ipv4:10.0.0.7:41234", "ipv6:[fd00::7]:41234"); "" for others."""
+    kind, _, rest = peer.partition(":")
+    if kind not in ("ipv4", "ipv6"):
+        return ""
+    host = unquote(rest).rpartition(":")[0]
+    return host.strip("[]")
 
 
 class AgentGateway(agent_pb2_grpc.AgentGatewayServicer):
@@ -54,7 +67,8 @@ class AgentGateway(agent_pb2_grpc.AgentGatewayServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"Hello.node {node!r} is not a valid node name")
         if not hello.spool_id:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "Hello.spool_id is empty")
-        acked = self._engine.hello(node, hello.spool_id, len(hello.gpus))
+        address = hello.address or peer_host(context.peer())
+        acked = self._engine.hello(node, hello.spool_id, len(hello.gpus), address)
         log.info("agent_connected", node=node, peer=context.peer(), acked_seq=acked, gpus=len(hello.gpus))
         outbox: asyncio.Queue[agent_pb2.ControllerMessage] = asyncio.Queue()
         self.outboxes[node] = outbox
@@ -110,8 +124,9 @@ class AgentGateway(agent_pb2_grpc.AgentGatewayServicer):
 
 
 class Admin(admin_pb2_grpc.AdminServicer):
-    def __init__(self, engine: Engine, replica: str = "") -> None:
+    def __init__(self, engine: Engine, sweeper: Sweeper, replica: str = "") -> None:
         self._engine = engine
+        self._sweeper = sweeper
         self._replica = replica
 
     async def GetStatus(  # noqa: N802
@@ -195,3 +210,35 @@ class Admin(admin_pb2_grpc.AdminServicer):
             request.requested_by or "unknown", request.reason, request.apply_held
         )
         return admin_pb2.ResumeReply(automation=self._engine.automation, applied=applied, dropped=dropped)
+
+    async def Sweep(  # noqa: N802
+        self, request: admin_pb2.SweepRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[admin_pb2.SweepUpdate]:
+        bad = [n for n in request.nodes if not _NODE_RE.match(n)]
+        if bad:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"not a node name: {bad[0]!r}")
+        try:
+            spec = sweep_spec(
+                self._sweeper.config,
+                list(request.checks),
+                dict(request.params),
+                request.quarantine,
+                request.min_busbw_gbps,
+                request.requested_by,
+            )
+            nodes = await self._sweeper.select(list(request.nodes), request.selector, request.job, request.namespace)
+        except (SweepError, SelectionError) as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        updates: asyncio.Queue[admin_pb2.SweepUpdate] = asyncio.Queue()
+        try:
+            sweep_id = self._sweeper.start(spec, nodes, updates.put_nowait)
+        except SweepBusy as exc:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+        await context.send_initial_metadata((("sweep-id", sweep_id),))
+        while True:
+            update = await updates.get()
+            if update.error:
+                await context.abort(grpc.StatusCode.INTERNAL, f"sweep {sweep_id} broke: {update.error}")
+            yield update
+            if update.phase == "done":
+                return

@@ -56,6 +56,9 @@ CREATE TABLE IF NOT EXISTS operator_actions (
   at REAL NOT NULL, what TEXT NOT NULL, node TEXT, requested_by TEXT, reason TEXT, detail TEXT);
 CREATE TABLE IF NOT EXISTS quarantines (
   node TEXT PRIMARY KEY, incident_id TEXT NOT NULL, reason TEXT, at REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS sweeps (
+  id TEXT PRIMARY KEY, requested_by TEXT, started_at REAL NOT NULL, finished_at REAL NOT NULL,
+  summary TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS check_results (
   request_id TEXT, node TEXT, check_name TEXT, verdict TEXT, reason TEXT, figures TEXT,
   started_at REAL, finished_at REAL);
@@ -385,6 +388,19 @@ class Store:
                 "INSERT INTO check_results VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                 (request_id, node, check, verdict, reason, json.dumps(figures), started_at, finished_at),
             )
+
+    def record_sweep(self, sweep_id: str, requested_by: str, started: float, finished: float, summary: str) -> None:
+        """A finished sweep: its summary (JSON), next to its checks' results in check_results."""
+        with self._tx() as db:
+            db.execute(
+                "INSERT OR REPLACE INTO sweeps VALUES (?, ?, ?, ?, ?)",
+                (sweep_id, requested_by, started, finished, summary),
+            )
+
+    def sweep_summary(self, sweep_id: str) -> str | None:
+        with self._lock:
+            row = self._db.execute("SELECT summary FROM sweeps WHERE id = ?", (sweep_id,)).fetchone()
+        return str(row[0]) if row else None
 
     # Reading --------------------------------------------------------------------------------
 

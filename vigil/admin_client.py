@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import grpc
 
 from protos.vigil.v1 import admin_pb2, admin_pb2_grpc
@@ -30,6 +32,11 @@ class AdminClient:
         request = admin_pb2.ResumeRequest(requested_by=requested_by, reason=reason, apply_held=apply_held)
         reply: admin_pb2.ResumeReply = self._stub.Resume(request, timeout=self._timeout)
         return reply
+
+    def sweep(self, request: admin_pb2.SweepRequest) -> Iterator[admin_pb2.SweepUpdate]:
+        """The sweep's updates as they come; a sweep takes as long as its checks (no deadline here)."""
+        updates: Iterator[admin_pb2.SweepUpdate] = self._stub.Sweep(request)
+        return updates
 
     def close(self) -> None:
         self._channel.close()

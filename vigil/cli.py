@@ -197,6 +197,54 @@ def check(
 
 
 @app.command()
+def sweep(
+    nodes: Annotated[Optional[list[str]], typer.Argument(help="nodes (default: every connected agent's)")] = None,
+    controller: ControllerOpt = "127.0.0.1:7070",
+    selector: Annotated[str, typer.Option("--selector", "-l", help="Kubernetes label selector on nodes")] = "",
+    job: Annotated[str, typer.Option(help="the nodes of this Kubernetes Job's pods")] = "",
+    namespace: Annotated[str, typer.Option(help="the Job's namespace")] = "default",
+    checks: Annotated[
+        str, typer.Option(help="comma-separated, in order: gpu_health,matmul,membw,allreduce,pairs (default: all)")
+    ] = "",
+    param: Annotated[
+        Optional[list[str]], typer.Option("--param", "-p", help="CHECK.ARG=VALUE for a check (repeatable)")
+    ] = None,
+    min_busbw_gbps: Annotated[float, typer.Option(min=0, help="pairs below this bus bandwidth are slow")] = 0.0,
+    quarantine: Annotated[
+        bool, typer.Option("--quarantine", help="quarantine failing nodes (through the guardrails)")
+    ] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="print the summary as JSON, no progress bar")] = False,
+    show_all: Annotated[bool, typer.Option("--all", help="list passing nodes too, however many")] = False,
+) -> None:
+    """Run checks on many nodes through their agents, then pairwise all-reduce to find a slow node or link.
+
+    Exit code: 0 every node passed, 1 a node failed or a link is slow, 2 something could not be judged."""
+    from protos.vigil.v1 import admin_pb2
+    from vigil.sweep_view import run_sweep
+
+    params = {}
+    for item in param or []:
+        key, eq, value = item.partition("=")
+        if not eq or "." not in key:
+            _fail(f"--param {item!r}: expected CHECK.ARG=VALUE, e.g. matmul.seconds=5")
+        params[key] = value
+    if sum(map(bool, (nodes, selector, job))) > 1:
+        _fail("choose nodes one way: names, --selector or --job")
+    request = admin_pb2.SweepRequest(
+        nodes=nodes or [],
+        checks=[c.strip() for c in checks.split(",") if c.strip()],
+        quarantine=quarantine,
+        selector=selector,
+        job=job,
+        namespace=namespace,
+        requested_by=getpass.getuser(),
+        params=params,
+        min_busbw_gbps=min_busbw_gbps,
+    )
+    raise typer.Exit(run_sweep(controller, request, as_json, show_all))
+
+
+@app.command()
 def resume(
     controller: ControllerOpt = "127.0.0.1:7070",
     reason: Annotated[str, typer.Option(help="why (recorded)")] = "",

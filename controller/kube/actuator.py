@@ -15,13 +15,14 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Callable
 from typing import Any, cast
 
 import structlog
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from controller.actuators import FoundQuarantine, PermanentActionError, Release
+from controller.actuators import FoundQuarantine, PermanentActionError, Release, SelectionError
 from controller.decide import Drain, Quarantine
 from controller.kube.plans import Json, found_quarantine, plan_quarantine, plan_release
 
@@ -202,6 +203,46 @@ class KubeActuator:
             if q is not None:
                 found.append(FoundQuarantine(node["metadata"]["name"], *q))
         return found
+
+    # Choosing nodes (sweeps) -------------------------------------------------------------------
+
+    def nodes_matching(self, selector: str) -> list[str]:
+        items = self._list(
+            f"label selector {selector!r}",
+            lambda: self._core.list_node(
+                label_selector=selector, _preload_content=False, _request_timeout=self._timeout
+            ),
+        )
+        return sorted(n["metadata"]["name"] for n in items)
+
+    def job_nodes(self, namespace: str, job: str) -> list[str]:
+        """Nodes of the Job's pods that have not finished. Pods carry ``batch.kubernetes.io/job-name``
+        since Kubernetes 1.27, ``job-name`` before."""
+        pods: list[Json] = []
+        for label in ("batch.kubernetes.io/job-name", "job-name"):
+            pods = self._list(
+                f"Job {namespace}/{job}",
+                lambda label=label: self._core.list_namespaced_pod(  # type: ignore[misc]
+                    namespace, label_selector=f"{label}={job}", _preload_content=False, _request_timeout=self._timeout
+                ),
+            )
+            if pods:
+                break
+        nodes = {
+            p["spec"]["nodeName"]
+            for p in pods
+            if p.get("spec", {}).get("nodeName") and p.get("status", {}).get("phase") not in ("Succeeded", "Failed")
+        }
+        if not nodes:
+            raise SelectionError(f"Job {namespace}/{job} has no running pods on any node")
+        return sorted(nodes)
+
+    def _list(self, what: str, call: Callable[[], object]) -> list[Json]:
+        try:
+            items: list[Json] = _json(call())["items"]
+        except ApiException as exc:
+            raise SelectionError(f"{what}: the API server answered {exc.status} {exc.reason}") from None
+        return items
 
 
 def _raise_permanent(exc: ApiException, what: str) -> None:

@@ -146,21 +146,101 @@ class ResumeReply(_message.Message):
     def __init__(self, automation: _Optional[str] = ..., applied: _Optional[int] = ..., dropped: _Optional[int] = ...) -> None: ...
 
 class SweepRequest(_message.Message):
-    __slots__ = ("nodes", "checks", "quarantine")
+    __slots__ = ("nodes", "checks", "quarantine", "selector", "job", "namespace", "requested_by", "params", "min_busbw_gbps")
+    class ParamsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     NODES_FIELD_NUMBER: _ClassVar[int]
     CHECKS_FIELD_NUMBER: _ClassVar[int]
     QUARANTINE_FIELD_NUMBER: _ClassVar[int]
+    SELECTOR_FIELD_NUMBER: _ClassVar[int]
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    REQUESTED_BY_FIELD_NUMBER: _ClassVar[int]
+    PARAMS_FIELD_NUMBER: _ClassVar[int]
+    MIN_BUSBW_GBPS_FIELD_NUMBER: _ClassVar[int]
     nodes: _containers.RepeatedScalarFieldContainer[str]
     checks: _containers.RepeatedScalarFieldContainer[str]
     quarantine: bool
-    def __init__(self, nodes: _Optional[_Iterable[str]] = ..., checks: _Optional[_Iterable[str]] = ..., quarantine: _Optional[bool] = ...) -> None: ...
+    selector: str
+    job: str
+    namespace: str
+    requested_by: str
+    params: _containers.ScalarMap[str, str]
+    min_busbw_gbps: float
+    def __init__(self, nodes: _Optional[_Iterable[str]] = ..., checks: _Optional[_Iterable[str]] = ..., quarantine: _Optional[bool] = ..., selector: _Optional[str] = ..., job: _Optional[str] = ..., namespace: _Optional[str] = ..., requested_by: _Optional[str] = ..., params: _Optional[_Mapping[str, str]] = ..., min_busbw_gbps: _Optional[float] = ...) -> None: ...
 
 class SweepUpdate(_message.Message):
-    __slots__ = ("result", "done", "total")
+    __slots__ = ("result", "done", "total", "phase", "summary", "error")
     RESULT_FIELD_NUMBER: _ClassVar[int]
     DONE_FIELD_NUMBER: _ClassVar[int]
     TOTAL_FIELD_NUMBER: _ClassVar[int]
+    PHASE_FIELD_NUMBER: _ClassVar[int]
+    SUMMARY_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
     result: _common_pb2.CheckResult
     done: int
     total: int
-    def __init__(self, result: _Optional[_Union[_common_pb2.CheckResult, _Mapping]] = ..., done: _Optional[int] = ..., total: _Optional[int] = ...) -> None: ...
+    phase: str
+    summary: SweepSummary
+    error: str
+    def __init__(self, result: _Optional[_Union[_common_pb2.CheckResult, _Mapping]] = ..., done: _Optional[int] = ..., total: _Optional[int] = ..., phase: _Optional[str] = ..., summary: _Optional[_Union[SweepSummary, _Mapping]] = ..., error: _Optional[str] = ...) -> None: ...
+
+class SweepRow(_message.Message):
+    __slots__ = ("node", "check", "verdict", "figure", "reason")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    CHECK_FIELD_NUMBER: _ClassVar[int]
+    VERDICT_FIELD_NUMBER: _ClassVar[int]
+    FIGURE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    check: str
+    verdict: _common_pb2.Verdict
+    figure: str
+    reason: str
+    def __init__(self, node: _Optional[str] = ..., check: _Optional[str] = ..., verdict: _Optional[_Union[_common_pb2.Verdict, str]] = ..., figure: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class SweepFinding(_message.Message):
+    __slots__ = ("node", "reason")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    reason: str
+    def __init__(self, node: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class SweepSummary(_message.Message):
+    __slots__ = ("sweep_id", "rows", "findings", "nodes", "failed_nodes", "unknown_nodes", "rounds", "pairs", "wall_s", "quarantine", "verdict")
+    class QuarantineEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    SWEEP_ID_FIELD_NUMBER: _ClassVar[int]
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    FINDINGS_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    FAILED_NODES_FIELD_NUMBER: _ClassVar[int]
+    UNKNOWN_NODES_FIELD_NUMBER: _ClassVar[int]
+    ROUNDS_FIELD_NUMBER: _ClassVar[int]
+    PAIRS_FIELD_NUMBER: _ClassVar[int]
+    WALL_S_FIELD_NUMBER: _ClassVar[int]
+    QUARANTINE_FIELD_NUMBER: _ClassVar[int]
+    VERDICT_FIELD_NUMBER: _ClassVar[int]
+    sweep_id: str
+    rows: _containers.RepeatedCompositeFieldContainer[SweepRow]
+    findings: _containers.RepeatedCompositeFieldContainer[SweepFinding]
+    nodes: int
+    failed_nodes: int
+    unknown_nodes: int
+    rounds: int
+    pairs: int
+    wall_s: float
+    quarantine: _containers.ScalarMap[str, str]
+    verdict: _common_pb2.Verdict
+    def __init__(self, sweep_id: _Optional[str] = ..., rows: _Optional[_Iterable[_Union[SweepRow, _Mapping]]] = ..., findings: _Optional[_Iterable[_Union[SweepFinding, _Mapping]]] = ..., nodes: _Optional[int] = ..., failed_nodes: _Optional[int] = ..., unknown_nodes: _Optional[int] = ..., rounds: _Optional[int] = ..., pairs: _Optional[int] = ..., wall_s: _Optional[float] = ..., quarantine: _Optional[_Mapping[str, str]] = ..., verdict: _Optional[_Union[_common_pb2.Verdict, str]] = ...) -> None: ...

@@ -3,7 +3,7 @@
 Each node says Hello, heartbeats every ``heartbeat_s`` (jittered) and, when asked, sends a signal
 stamped with the time it is sent (``observed_at``), so the controller's fault-to-action clock starts
 exactly there. Streams are spread over several channels (HTTP/2 connections), as real agents would
-be spread over many.
+be spread over many. With ``checks`` (``tests.fakes.sim_checks``) the nodes answer RunCheck too.
 """
 
 from __future__ import annotations
@@ -15,14 +15,17 @@ import time
 import grpc
 
 from protos.vigil.v1 import agent_pb2, agent_pb2_grpc, common_pb2
+from tests.fakes.sim_checks import SimulatedChecks
 
 NODES_PER_CHANNEL = 100
 
 
 class FleetNode:
-    def __init__(self, name: str, stub: agent_pb2_grpc.AgentGatewayStub) -> None:
+    def __init__(self, name: str, stub: agent_pb2_grpc.AgentGatewayStub, checks: SimulatedChecks | None = None) -> None:
         self.name = name
         self._stub = stub
+        self._checks = checks
+        self._answering: set[asyncio.Task[None]] = set()
         self._queue: asyncio.Queue[agent_pb2.AgentMessage] = asyncio.Queue()
         self.seq = 0
         self.acked = 0
@@ -38,13 +41,28 @@ class FleetNode:
                     if msg.HasField("ack"):
                         self.acked = max(self.acked, msg.ack.acked_seq)
                         self.ready.set()
+                    elif msg.HasField("run_check") and self._checks is not None:
+                        task = asyncio.create_task(self._answer(msg.run_check))
+                        self._answering.add(task)
+                        task.add_done_callback(self._answering.discard)
             except grpc.aio.AioRpcError:
                 self.reconnects += 1
                 await asyncio.sleep(random.uniform(0.05, 0.5))
 
+    def cancel_checks(self) -> None:
+        for task in self._answering:
+            task.cancel()
+
+    async def _answer(self, run: agent_pb2.RunCheck) -> None:
+        assert self._checks is not None
+        result = await self._checks.answer(self.name, run)
+        if result is not None:  # None: the check hangs, and its agent never answers
+            self._queue.put_nowait(agent_pb2.AgentMessage(check_result=result))
+
     async def _messages(self, heartbeat_s: float, stop: asyncio.Event):  # type: ignore[no-untyped-def]
         gpus = [common_pb2.GpuRef(index=i, uuid=f"GPU-{self.name}-{i}") for i in range(8)]
-        yield agent_pb2.AgentMessage(hello=agent_pb2.Hello(node=self.name, spool_id=f"bench-{self.name}", gpus=gpus))
+        hello = agent_pb2.Hello(node=self.name, spool_id=f"bench-{self.name}", gpus=gpus, address=f"{self.name}.sim")
+        yield agent_pb2.AgentMessage(hello=hello)
         next_beat = time.monotonic() + random.uniform(0, heartbeat_s)
         while not stop.is_set():
             try:
@@ -73,10 +91,12 @@ class FleetNode:
 
 
 class Fleet:
-    def __init__(self, target: str, names: list[str], heartbeat_s: float = 5.0) -> None:
+    def __init__(
+        self, target: str, names: list[str], heartbeat_s: float = 5.0, checks: SimulatedChecks | None = None
+    ) -> None:
         self._channels = [grpc.aio.insecure_channel(target) for _ in range(max(1, len(names) // NODES_PER_CHANNEL + 1))]
         self.nodes = {
-            name: FleetNode(name, agent_pb2_grpc.AgentGatewayStub(self._channels[i % len(self._channels)]))
+            name: FleetNode(name, agent_pb2_grpc.AgentGatewayStub(self._channels[i % len(self._channels)]), checks)
             for i, name in enumerate(names)
         }
         self._heartbeat_s = heartbeat_s
@@ -91,6 +111,8 @@ class Fleet:
         self._stop.set()
         for task in self._tasks:
             task.cancel()
+        for node in self.nodes.values():
+            node.cancel_checks()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         for channel in self._channels:
             await channel.close()

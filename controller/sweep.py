@@ -1,0 +1,308 @@
+"""Sweeps: checks on many nodes at once through their agents, then pairwise all-reduce between them.
+
+The shell around ``controller.sweep_plan`` and ``controller.pairing`` (pure): it sends ``RunCheck``
+to the agents, waits for their results under each check's deadline, runs the pairing rounds, and
+files everything in the incident store. A sweep runs as its own task: the operator's terminal
+going away does not stop it, and its failures are quarantined (with ``quarantine``) all the same.
+One sweep runs at a time; two would measure each other.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import structlog
+from google.protobuf.json_format import MessageToJson
+
+from checks.result import CheckResult, Verdict, unknown
+from controller.engine import Engine, UnknownNode
+from controller.pairing import Finding, Pair, batches, culprits, pair_up, plan_isolation, slow_pairs
+from controller.sweep_plan import (
+    PAIR_PROGRAM,
+    PAIRS,
+    NodeCheck,
+    PairRun,
+    Row,
+    SweepConfig,
+    SweepError,
+    SweepSpec,
+    failure_reasons,
+    judge_fleet,
+    master_address,
+    outcome,
+    pair_basis,
+    pair_params,
+    pair_result,
+    pair_rows,
+    pair_run,
+    row_for,
+)
+from protos.vigil.v1 import admin_pb2, agent_pb2, common_pb2
+
+log = structlog.get_logger(__name__)
+
+Emit = Callable[[admin_pb2.SweepUpdate], None]
+
+
+class SweepBusy(Exception):
+    pass
+
+
+@dataclass
+class _PairStage:
+    rows: list[Row]
+    findings: list[Finding] = field(default_factory=list)
+    rounds: int = 0
+    pairs: int = 0
+
+
+def result_from_proto(msg: common_pb2.CheckResult) -> CheckResult:
+    verdict = common_pb2.Verdict.Name(msg.verdict)
+    return CheckResult(
+        check=msg.check,
+        verdict=Verdict(verdict) if verdict in Verdict.__members__ else Verdict.UNKNOWN,
+        reason=msg.reason if verdict in Verdict.__members__ else f"unreadable verdict {verdict}: {msg.reason}",
+        figures=dict(msg.figures),
+        started_at=msg.started_at,
+        finished_at=msg.finished_at,
+    )
+
+
+def result_to_proto(node: str, result: CheckResult, request_id: str = "") -> common_pb2.CheckResult:
+    return common_pb2.CheckResult(
+        request_id=request_id,
+        node=node,
+        check=result.check,
+        verdict=result.verdict.value,  # enum fields take the value's name
+        reason=result.reason,
+        figures=result.figures,
+        started_at=result.started_at,
+        finished_at=result.finished_at,
+    )
+
+
+def row_to_proto(row: Row) -> admin_pb2.SweepRow:
+    return admin_pb2.SweepRow(
+        node=row.node, check=row.check, verdict=row.verdict.value, figure=row.figure, reason=row.reason
+    )
+
+
+class _Progress:
+    def __init__(self, emit: Emit, total: int) -> None:
+        self._emit = emit
+        self.done, self.total = 0, total
+
+    def report(self, phase: str, node: str, result: CheckResult, request_id: str = "") -> None:
+        self.done += 1
+        msg = result_to_proto(node, result, request_id)
+        self._emit(admin_pb2.SweepUpdate(result=msg, done=self.done, total=self.total, phase=phase))
+
+
+class Sweeper:
+    def __init__(self, engine: Engine, config: SweepConfig) -> None:
+        self._engine = engine
+        self.config = config
+        self.current = ""  # the running sweep's id
+        self._tasks: set[asyncio.Task[admin_pb2.SweepSummary | None]] = set()
+
+    async def select(self, nodes: Sequence[str], selector: str, job: str, namespace: str) -> list[str]:
+        """The nodes to sweep: as named, by label selector, by Job, or every connected agent's."""
+        if nodes:
+            chosen = list(dict.fromkeys(nodes))
+        elif selector:
+            chosen = await asyncio.to_thread(self._engine.actuator.nodes_matching, selector)
+        elif job:
+            chosen = await asyncio.to_thread(self._engine.actuator.job_nodes, namespace or "default", job)
+        else:
+            chosen = sorted(n for n, e in self._engine.nodes.items() if e.connected)
+        if not chosen:
+            raise SweepError("no nodes to sweep: none named, none matched, or no agent is connected")
+        return chosen
+
+    def start(self, spec: SweepSpec, nodes: Sequence[str], emit: Emit) -> str:
+        """Start a sweep as its own task; ``emit`` gets every update, the summary last. Returns its id."""
+        if self.current:
+            raise SweepBusy(f"sweep {self.current} is running; one sweep at a time")
+        sweep_id = f"sweep-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+        self.current = sweep_id
+        task = asyncio.get_running_loop().create_task(self._guarded(sweep_id, spec, list(nodes), emit))
+        self._tasks.add(task)
+        task.add_done_callback(self._finished)
+        return sweep_id
+
+    def _finished(self, task: asyncio.Task[admin_pb2.SweepSummary | None]) -> None:
+        self._tasks.discard(task)
+        self.current = ""
+
+    async def wait(self) -> None:
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await self.wait()
+
+    async def _guarded(
+        self, sweep_id: str, spec: SweepSpec, nodes: list[str], emit: Emit
+    ) -> admin_pb2.SweepSummary | None:
+        """A sweep that breaks says so to whoever watches it, rather than leaving them waiting."""
+        try:
+            return await self._run(sweep_id, spec, nodes, emit)
+        except Exception as exc:
+            log.exception("sweep_crashed", sweep=sweep_id)
+            emit(admin_pb2.SweepUpdate(phase="done", error=repr(exc)))
+            return None
+
+    async def _run(self, sweep_id: str, spec: SweepSpec, nodes: list[str], emit: Emit) -> admin_pb2.SweepSummary:
+        started = time.time()
+        log.info("sweep_started", sweep=sweep_id, nodes=len(nodes), checks=list(spec.checks), by=spec.requested_by)
+        progress = _Progress(emit, len(nodes) * len(spec.local_checks))
+        local = await self._local_checks(sweep_id, spec, nodes, progress)
+        rows = [row_for(nc.node, nc.result) for nc in judge_fleet(local, self.config.fleet_max_below_median)]
+        findings: list[Finding] = []
+        rounds = pairs = 0
+        if spec.pairs:
+            pair_result = await self._pairwise(sweep_id, spec, nodes, progress)
+            rows += pair_result.rows
+            findings, rounds, pairs = pair_result.findings, pair_result.rounds, pair_result.pairs
+        order = {n: i for i, n in enumerate(nodes)}
+        rows.sort(key=lambda r: (order.get(r.node, len(order)), spec.checks.index(r.check)))
+        result = outcome(rows, findings)
+        quarantine = {}
+        if spec.quarantine:
+            for node in result.failed:
+                try:
+                    quarantine[node] = self._engine.check_failed(node, sweep_id, failure_reasons(rows, node))
+                except UnknownNode:
+                    quarantine[node] = "not quarantined: no agent of that name has ever connected"
+        summary = admin_pb2.SweepSummary(
+            sweep_id=sweep_id,
+            rows=[row_to_proto(r) for r in rows],
+            findings=[admin_pb2.SweepFinding(node=f.node, reason=f.reason) for f in findings],
+            nodes=len(nodes),
+            failed_nodes=len(result.failed),
+            unknown_nodes=len(result.unknown),
+            rounds=rounds,
+            pairs=pairs,
+            wall_s=time.time() - started,
+            quarantine=quarantine,
+            verdict=result.verdict.value,
+        )
+        record = MessageToJson(summary, preserving_proto_field_name=True, indent=None)
+        await asyncio.to_thread(
+            self._engine.store.record_sweep, sweep_id, spec.requested_by, started, time.time(), record
+        )
+        log.info(
+            "sweep_finished",
+            sweep=sweep_id,
+            nodes=len(nodes),
+            failed=result.failed,
+            unknown=len(result.unknown),
+            findings=[f.node for f in findings],
+            rounds=rounds,
+            wall_s=round(summary.wall_s, 2),
+        )
+        emit(admin_pb2.SweepUpdate(done=progress.done, total=progress.total, phase="done", summary=summary))
+        return summary
+
+    # Local checks ----------------------------------------------------------------------------
+
+    async def _local_checks(
+        self, sweep_id: str, spec: SweepSpec, nodes: list[str], progress: _Progress
+    ) -> list[NodeCheck]:
+        results: list[NodeCheck] = []
+
+        async def on(node: str) -> None:
+            for check in spec.local_checks:  # one at a time: two invasive checks never share a GPU
+                request_id = f"{sweep_id}/{node}/{check}"
+                params = spec.params.get(check, {})
+                result = await self._ask(node, check, params, spec.deadline_s[check], request_id)
+                results.append(NodeCheck(node, result))
+                progress.report("checks", node, result, request_id)
+
+        await asyncio.gather(*(on(n) for n in nodes))
+        return results
+
+    async def _ask(
+        self, node: str, check: str, params: dict[str, str], deadline_s: float, request_id: str
+    ) -> CheckResult:
+        run = agent_pb2.RunCheck(request_id=request_id, check=check, params=params, deadline_s=deadline_s)
+        future = self._engine.ask_check(node, run)
+        if future is None:
+            return unknown(check, "the node's agent is not connected")
+        wait_s = deadline_s + self.config.answer_grace_s
+        try:
+            answer = await asyncio.wait_for(future, wait_s)
+        except TimeoutError:
+            self._engine.forget_check(request_id)
+            return unknown(check, f"no answer from the node's agent within {wait_s:g} s")
+        return result_from_proto(answer)
+
+    # Pairwise all-reduce --------------------------------------------------------------------
+
+    async def _pairwise(self, sweep_id: str, spec: SweepSpec, nodes: list[str], progress: _Progress) -> _PairStage:
+        reachable = [n for n in nodes if (e := self._engine.nodes.get(n)) is not None and e.connected and e.address]
+        left_out = [
+            Row(n, PAIRS, Verdict.UNKNOWN, "", "not paired: the node's agent is not connected")
+            for n in nodes
+            if n not in reachable
+        ]
+        if len(reachable) < 2:
+            why = "pairwise all-reduce needs at least two nodes with connected agents"
+            return _PairStage(left_out + [Row(n, PAIRS, Verdict.UNKNOWN, "", why) for n in reachable])
+        stage = _PairStage(left_out)
+        first_pairs = pair_up(reachable)
+        progress.total += len(first_pairs)
+        first = await self._round(sweep_id, "pairs", spec, first_pairs, progress, stage)
+        busbw = {p: run.busbw_gbps for p, run in first.items()}
+        cfg = self.config
+        failed = [p for p, run in first.items() if run.error]
+        slow = list(dict.fromkeys(failed + slow_pairs(busbw, spec.min_busbw_gbps, cfg.pair_max_below_median)))
+        plan = plan_isolation(slow, first_pairs)
+        retest: dict[Pair, PairRun] = {}
+        if plan.pairs:
+            progress.total += len(plan.pairs)
+            retest = await self._round(sweep_id, "isolation", spec, plan.pairs, progress, stage)
+        errors = {p: run.error for p, run in retest.items() if run.error}
+        again = {p: run.busbw_gbps for p, run in retest.items()}
+        stage.findings = culprits(slow, again, busbw, spec.min_busbw_gbps, cfg.pair_max_below_median, errors)
+        basis = pair_basis(first, spec.min_busbw_gbps, cfg.pair_max_below_median)
+        stage.rows += pair_rows(reachable, first, retest, slow, plan.untestable, stage.findings, basis)
+        return stage
+
+    async def _round(
+        self,
+        sweep_id: str,
+        phase: str,
+        spec: SweepSpec,
+        pairs: list[Pair],
+        progress: _Progress,
+        stage: _PairStage,
+    ) -> dict[Pair, PairRun]:
+        """Run the pairs, each batch at once (no node twice in a batch); one batch is one round."""
+        out: dict[Pair, PairRun] = {}
+        for batch in batches(pairs):
+            stage.rounds += 1
+            prefix = f"{sweep_id}/r{stage.rounds}"
+            runs = await asyncio.gather(*(self._pair(prefix, spec, k, p) for k, p in enumerate(batch)))
+            for pair, (run, rank0, request_id) in zip(batch, runs, strict=True):
+                out[pair] = run
+                stage.pairs += 1
+                progress.report(phase, f"{pair[0]}|{pair[1]}", pair_result(run, rank0), request_id)
+        return out
+
+    async def _pair(self, prefix: str, spec: SweepSpec, k: int, pair: Pair) -> tuple[PairRun, CheckResult, str]:
+        """The k-th pair of a round: rank 0 listens on the k-th port, so pairs never collide."""
+        a, b = pair
+        master = master_address(self._engine.nodes[a].address, self.config.pair_port_base + k)
+        deadline = spec.deadline_s[PAIRS]
+        ids = [f"{prefix}/{a}|{b}/{rank}" for rank in (0, 1)]
+        ra, rb = await asyncio.gather(
+            self._ask(a, PAIR_PROGRAM, pair_params(spec, master, 0), deadline, ids[0]),
+            self._ask(b, PAIR_PROGRAM, pair_params(spec, master, 1), deadline, ids[1]),
+        )
+        return pair_run(pair, ra, rb), ra, ids[0]

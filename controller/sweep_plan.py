@@ -1,0 +1,320 @@
+"""What a sweep runs and how its results are judged. Pure.
+
+A sweep runs the local checks on each node (in order, one at a time, so that two invasive checks
+never share a GPU), then pairwise all-reduce between nodes (``controller.pairing``). The figures of
+the per-device checks are then judged once more, against every device of the same model in the
+sweep: a GPU that passed its own node's comparison can still be far below the fleet.
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from checks.judge import fleet_outliers
+from checks.result import CheckResult, Verdict
+from controller.pairing import Finding, Pair
+
+LOCAL_CHECKS = ("gpu_health", "matmul", "membw", "allreduce")
+PAIRS = "pairs"
+ALL_CHECKS = (*LOCAL_CHECKS, PAIRS)
+# The program behind the pairwise stage, and the arguments the sweep sets itself.
+PAIR_PROGRAM = "allreduce"
+_PAIR_OWN_ARGS = frozenset({"master", "rank", "world-size", "nproc", "json"})
+_ARG_RE = re.compile(r"^[a-z][a-z0-9-]{0,40}$")
+_VALUE_RE = re.compile(r"^[A-Za-z0-9.,:_/+-]{0,200}$")
+# Per-device figures: the check, the figure's key prefix, its unit.
+FLEET_JUDGED = (("matmul", "tflops", "TFLOP/s"), ("membw", "gbps", "GB/s"))
+
+
+DEFAULT_DEADLINES_S = {"gpu_health": 30.0, "matmul": 180.0, "membw": 180.0, "allreduce": 300.0, PAIRS: 180.0}
+
+
+class SweepError(ValueError):
+    """A sweep request that cannot run: the message names the problem."""
+
+
+class SweepConfig(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    checks: tuple[str, ...] = ALL_CHECKS
+    deadline_s: dict[str, float] = Field(default_factory=lambda: dict(DEFAULT_DEADLINES_S))
+    params: dict[str, dict[str, str]] = Field(
+        default_factory=dict, description="arguments per check, e.g. {matmul: {seconds: '10'}}"
+    )
+    answer_grace_s: float = Field(default=15.0, gt=0, description="past a check's deadline: the agent is gone")
+    pair_port_base: int = Field(default=29400, ge=1024, le=65000, description="a round's k-th pair uses base+k")
+    min_busbw_gbps: float = Field(default=0.0, ge=0, description="pairs below this bus bandwidth are slow")
+    pair_max_below_median: float = Field(default=0.5, gt=0, lt=1, description="pairs this far below the median")
+    fleet_max_below_median: float = Field(default=0.25, gt=0, lt=1, description="GPUs this far below the fleet's")
+
+    @field_validator("checks")
+    @classmethod
+    def _known_checks(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(_known(value))
+
+    @field_validator("deadline_s")
+    @classmethod
+    def _deadlines(cls, value: dict[str, float]) -> dict[str, float]:
+        _known(value)
+        if bad := [k for k, v in value.items() if not v > 0]:
+            raise ValueError(f"deadlines must be positive: {', '.join(bad)}")
+        return value
+
+    @field_validator("params")
+    @classmethod
+    def _params(cls, value: dict[str, dict[str, str]]) -> dict[str, dict[str, str]]:
+        for check, args in value.items():
+            _check_args(check, args)
+        return value
+
+
+def _known(names: Sequence[str] | Mapping[str, object]) -> list[str]:
+    unknown = [n for n in names if n not in ALL_CHECKS]
+    if unknown:
+        raise SweepError(f"no check named {', '.join(map(repr, unknown))}; a sweep runs: {', '.join(ALL_CHECKS)}")
+    return list(names)
+
+
+def _check_args(check: str, args: Mapping[str, str]) -> None:
+    _known([check])
+    for arg, value in args.items():
+        if not _ARG_RE.match(arg):
+            raise SweepError(f"{check}.{arg}: not an argument name (lower-case letters, digits, '-')")
+        if not _VALUE_RE.match(str(value)):
+            raise SweepError(f"{check}.{arg}: value {value!r} has characters a check argument never needs")
+        if check == PAIRS and arg in _PAIR_OWN_ARGS:
+            raise SweepError(f"{check}.{arg} is set by the sweep itself")
+
+
+@dataclass(frozen=True, slots=True)
+class SweepSpec:
+    checks: tuple[str, ...]
+    params: dict[str, dict[str, str]]  # check -> its arguments (configured, then the request's)
+    deadline_s: dict[str, float]
+    quarantine: bool
+    min_busbw_gbps: float
+    requested_by: str
+
+    @property
+    def local_checks(self) -> tuple[str, ...]:
+        return tuple(c for c in self.checks if c != PAIRS)
+
+    @property
+    def pairs(self) -> bool:
+        return PAIRS in self.checks
+
+
+def sweep_spec(
+    config: SweepConfig,
+    checks: Sequence[str],
+    params: Mapping[str, str],
+    quarantine: bool,
+    min_busbw_gbps: float,
+    requested_by: str,
+) -> SweepSpec:
+    """The request, completed from the configuration; raises SweepError naming what is wrong."""
+    chosen = tuple(dict.fromkeys(_known(list(checks)))) or config.checks
+    merged = {check: dict(args) for check, args in config.params.items()}
+    for key, value in params.items():
+        check, dot, arg = key.partition(".")
+        if not dot:
+            raise SweepError(f"parameter {key!r}: expected CHECK.ARG=VALUE, e.g. matmul.seconds=5")
+        _check_args(check, {arg: value})
+        merged.setdefault(check, {})[arg] = value
+    if min_busbw_gbps < 0:
+        raise SweepError(f"min_busbw_gbps must be >= 0, not {min_busbw_gbps}")
+    return SweepSpec(
+        checks=chosen,
+        params=merged,
+        deadline_s={c: config.deadline_s.get(c, 300.0) for c in ALL_CHECKS},
+        quarantine=quarantine,
+        min_busbw_gbps=min_busbw_gbps or config.min_busbw_gbps,
+        requested_by=requested_by or "unknown",
+    )
+
+
+def pair_params(spec: SweepSpec, master: str, rank: int) -> dict[str, str]:
+    """The all-reduce program's arguments for one member of a pair."""
+    return {**spec.params.get(PAIRS, {}), "master": master, "rank": str(rank), "world-size": "2"}
+
+
+def master_address(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+# Judging -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class NodeCheck:
+    node: str
+    result: CheckResult
+
+
+def device_figures(result: CheckResult, key: str) -> dict[str, float]:
+    """A per-device check's figures by device label: {"GPU0": 612.0, ...}."""
+    prefix = f"{key}_"
+    return {k[len(prefix) :]: v for k, v in result.figures.items() if k.startswith(prefix)}
+
+
+def judge_fleet(results: Sequence[NodeCheck], max_below_median: float) -> list[NodeCheck]:
+    """Mark FAIL each passing per-device result with a device far below the same model's devices
+    across the sweep (``checks.judge.fleet_outliers``: the median and the spread)."""
+    out = list(results)
+    for check, key, unit in FLEET_JUDGED:
+        by_model: dict[float, dict[str, float]] = {}  # expected peak -> {"node/GPU0": value}
+        where: dict[str, int] = {}  # "node/GPU0" -> its result's position in out
+        for i, nc in enumerate(out):
+            if nc.result.check == check and nc.result.verdict is Verdict.OK:
+                model = nc.result.figures.get(f"expected_peak_{key}", 0.0)
+                for label, value in device_figures(nc.result, key).items():
+                    by_model.setdefault(model, {})[f"{nc.node}/{label}"] = value
+                    where[f"{nc.node}/{label}"] = i
+        problems: dict[int, list[str]] = {}
+        for values in by_model.values():
+            median = statistics.median(values.values())
+            for name in fleet_outliers(values, max_below_median):
+                label, value = name.split("/", 1)[1], values[name]
+                problems.setdefault(where[name], []).append(
+                    f"{label} at {value:.4g} {unit}, {1 - value / median:.0%} below the fleet median {median:.4g}"
+                )
+        for i, found in problems.items():
+            out[i] = NodeCheck(out[i].node, replace(out[i].result, verdict=Verdict.FAIL, reason="; ".join(found)))
+    return out
+
+
+def headline(result: CheckResult) -> str:
+    """The one figure the sweep's table shows for a check's result."""
+    f = result.figures
+    if result.check == "gpu_health" and "gpus" in f:
+        return f"{f['gpus']:g} GPUs"
+    for check, key, unit in FLEET_JUDGED:
+        if result.check == check and (values := device_figures(result, key)):
+            label, value = min(values.items(), key=lambda kv: kv[1])
+            return f"{value:.4g} {unit} (slowest: {label})" if len(values) > 1 else f"{value:.4g} {unit}"
+    if result.check == "allreduce" and (busbw := largest_busbw(f)) is not None:
+        return f"{busbw:.2f} GB/s busbw"
+    return ""
+
+
+def largest_busbw(figures: Mapping[str, float]) -> float | None:
+    """Bus bandwidth at the largest message size an all-reduce measured."""
+    sizes = [int(k.rsplit("_", 1)[1]) for k in figures if k.startswith("busbw_gbps_")]
+    return figures[f"busbw_gbps_{max(sizes)}"] if sizes else None
+
+
+@dataclass(frozen=True, slots=True)
+class PairRun:
+    """One pair's all-reduce: its bus bandwidth, or 0 with the reason it could not run."""
+
+    busbw_gbps: float
+    error: str = ""
+
+
+def pair_run(pair: Pair, first: CheckResult, second: CheckResult) -> PairRun:
+    """One pair's measurement from its two members' answers; 0 GB/s with the reason when it failed."""
+    for node, r in zip(pair, (first, second), strict=True):
+        if r.verdict is Verdict.UNKNOWN:
+            return PairRun(0.0, f"{node}: {r.reason}")
+    values = [v for r in (first, second) if (v := largest_busbw(r.figures)) is not None]
+    if not values:
+        return PairRun(0.0, "the all-reduce reported no bus bandwidth")
+    return PairRun(min(values))
+
+
+def pair_result(run: PairRun, rank0: CheckResult) -> CheckResult:
+    """What the progress stream shows for a pair, before the fleet judges it."""
+    if run.error:
+        return CheckResult(PAIRS, Verdict.UNKNOWN, run.error, {}, rank0.started_at, rank0.finished_at)
+    figures = {"busbw_gbps": run.busbw_gbps}
+    reason = f"{run.busbw_gbps:.2f} GB/s bus bandwidth"
+    return CheckResult(PAIRS, Verdict.OK, reason, figures, rank0.started_at, rank0.finished_at)
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    node: str
+    check: str
+    verdict: Verdict
+    figure: str
+    reason: str
+
+
+def pair_rows(
+    nodes: Sequence[str],
+    first: Mapping[Pair, PairRun],
+    retest: Mapping[Pair, PairRun],
+    slow: Sequence[Pair],
+    untestable: Sequence[str],
+    findings: Sequence[Finding],
+    basis: str,
+) -> list[Row]:
+    """Each paired node's verdict for the pairwise stage, from both rounds and the findings.
+    ``basis``: what a pair that is not slow was judged against (``pair_basis``)."""
+    blamed = {f.node: f.reason for f in findings}
+    links = {n for f in findings if "|" in f.node for n in f.node.split("|")}
+    rows = []
+    for node in nodes:
+        mine = [(p, run) for p, run in first.items() if node in p]
+        if not mine:
+            continue
+        pair, run = mine[0]
+        partner = pair[1] if pair[0] == node else pair[0]
+        figure = f"{run.busbw_gbps:.2f} GB/s with {partner}"
+        if node in blamed:
+            rows.append(Row(node, PAIRS, Verdict.FAIL, figure, blamed[node]))
+        elif pair not in slow:
+            rows.append(Row(node, PAIRS, Verdict.OK, figure, basis))
+        elif node in untestable:
+            why = run.error or "slow"
+            rows.append(Row(node, PAIRS, Verdict.UNKNOWN, figure, f"{why}; no known-good node to re-pair with"))
+        elif again := [(p, r) for p, r in retest.items() if p[0] == node]:
+            (_suspect, good), rerun = again[0]
+            cleared = f"slow with {partner}, fast with {good} ({rerun.busbw_gbps:.2f} GB/s)"
+            link = f"; the link to {partner} is slow" if node in links else f": {partner} is to blame"
+            rows.append(Row(node, PAIRS, Verdict.OK, figure, cleared + link))
+        else:
+            rows.append(Row(node, PAIRS, Verdict.UNKNOWN, figure, "slow pair, not re-tested"))
+    return rows
+
+
+def pair_basis(first: Mapping[Pair, PairRun], min_busbw_gbps: float, max_below_median: float) -> str:
+    """What the first round's pairs were judged against, in words."""
+    values = [r.busbw_gbps for r in first.values()]
+    against = []
+    if min_busbw_gbps:
+        against.append(f"above the {min_busbw_gbps:g} GB/s threshold")
+    if len(values) >= 3:
+        against.append(f"within {max_below_median:.0%} of the median pair ({statistics.median(values):.2f} GB/s)")
+    if not against:
+        return "measured, not judged: too few pairs to compare (3+) and no min_busbw_gbps threshold"
+    return " and ".join(against)
+
+
+def row_for(node: str, result: CheckResult) -> Row:
+    return Row(node, result.check, result.verdict, headline(result), result.reason)
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    failed: list[str]  # nodes with a FAIL, in order
+    unknown: list[str]  # nodes with an UNKNOWN and no FAIL
+    verdict: Verdict  # FAIL: a node failed or a link is slow; UNKNOWN: something could not be judged
+
+
+def outcome(rows: Sequence[Row], findings: Sequence[Finding]) -> Outcome:
+    failed = list(dict.fromkeys(r.node for r in rows if r.verdict is Verdict.FAIL))
+    unknown = list(dict.fromkeys(r.node for r in rows if r.verdict is Verdict.UNKNOWN and r.node not in failed))
+    bad_link = any("|" in f.node for f in findings)
+    verdict = Verdict.FAIL if failed or bad_link else Verdict.UNKNOWN if unknown else Verdict.OK
+    return Outcome(failed, unknown, verdict)
+
+
+def failure_reasons(rows: Sequence[Row], node: str) -> str:
+    """What a failing node's quarantine says: every check it failed, with the reason."""
+    return "; ".join(f"{r.check}: {r.reason}" for r in rows if r.node == node and r.verdict is Verdict.FAIL)

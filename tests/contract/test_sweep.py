@@ -1,0 +1,213 @@
+"""Sweeps over real gRPC: a real controller, a fleet of simulated agents answering RunCheck.
+
+The checks' answers are scripted (``tests.fakes.sim_checks``); what is under test is the
+controller's side: fan-out, deadlines, fleet judgement, pairing rounds, culprit isolation, the
+incident store and the guarded quarantine path. Real all-reduce between processes and a real slow
+link are in ``tests/e2e/test_sweep_netns.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from controller.config import ControllerConfig
+from controller.daemon import Controller
+from controller.guardrails import GuardrailConfig
+from controller.sweep_plan import SweepConfig
+from protos.vigil.v1 import admin_pb2, admin_pb2_grpc, common_pb2
+from tests.fakes.fleet import Fleet
+from tests.fakes.sim_checks import SimulatedChecks
+from tests.helpers import stop_controller
+
+
+@dataclass
+class Cluster:
+    controller: Controller
+    fleet: Fleet
+    checks: SimulatedChecks
+    admin: admin_pb2_grpc.AdminStub
+
+    async def sweep(self, **request: Any) -> tuple[list[admin_pb2.SweepUpdate], admin_pb2.SweepSummary]:
+        updates = [u async for u in self.admin.Sweep(admin_pb2.SweepRequest(**request))]
+        assert updates[-1].phase == "done" and updates[-1].HasField("summary")
+        return updates[:-1], updates[-1].summary
+
+
+@asynccontextmanager
+async def cluster(tmp_path: Path, nodes: int, checks: SimulatedChecks, **config: Any) -> AsyncIterator[Cluster]:
+    cfg = ControllerConfig(listen="127.0.0.1", port=0, database=tmp_path / "ctl.db", pager="none", **config)
+    controller = Controller(cfg)
+    await controller.start()
+    fleet = Fleet(f"127.0.0.1:{controller.port}", [f"node-{i}" for i in range(nodes)], checks=checks)
+    await fleet.start(timeout_s=20)
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{controller.port}") as channel:
+            yield Cluster(controller, fleet, checks, admin_pb2_grpc.AdminStub(channel))
+    finally:
+        await fleet.close()
+        await controller.sweeper.stop()
+        await stop_controller(controller)
+
+
+def run(
+    tmp_path: Path, nodes: int, checks: SimulatedChecks, test: Callable[[Cluster], Awaitable[None]], **cfg: Any
+) -> None:
+    async def scenario() -> None:
+        async with cluster(tmp_path, nodes, checks, **cfg) as c:
+            await test(c)
+
+    asyncio.run(scenario())
+
+
+def rows(summary: admin_pb2.SweepSummary, check: str) -> dict[str, admin_pb2.SweepRow]:
+    return {r.node: r for r in summary.rows if r.check == check}
+
+
+def verdicts(summary: admin_pb2.SweepSummary, check: str) -> dict[str, str]:
+    return {n: common_pb2.Verdict.Name(r.verdict) for n, r in rows(summary, check).items()}
+
+
+def test_the_slow_node_is_named_not_its_partner_and_everything_is_filed(tmp_path: Path) -> None:
+    sim = SimulatedChecks(link_gbps={"node-5": 4.0})
+
+    async def test(c: Cluster) -> None:
+        updates, summary = await c.sweep(checks=["gpu_health", "pairs"], requested_by="sre")
+        assert [f.node for f in summary.findings] == ["node-5"]
+        assert "slow with known-good" in summary.findings[0].reason
+        pairs = verdicts(summary, "pairs")
+        assert pairs["node-5"] == "FAIL" and pairs["node-4"] == "OK"  # node-4 was node-5's partner
+        assert "node-5 is to blame" in rows(summary, "pairs")["node-4"].reason
+        assert set(pairs.values()) == {"OK", "FAIL"} and list(pairs.values()).count("FAIL") == 1
+        assert summary.rounds == 2 and summary.pairs == 4 + 2  # 8 nodes: 4 pairs, then 2 re-pairs
+        assert common_pb2.Verdict.Name(summary.verdict) == "FAIL" and summary.failed_nodes == 1
+        assert set(verdicts(summary, "gpu_health").values()) == {"OK"}
+        # Progress: one update per check and per pair, counting up to a total that grew.
+        assert [u.done for u in updates] == list(range(1, len(updates) + 1))
+        assert updates[-1].total == 8 + 4 + 2 and {u.phase for u in updates} == {"checks", "pairs", "isolation"}
+        # Rank 0 of a round's k-th pair listens on base + k, at the address its agent gave.
+        masters = sorted({r.params["master"] for _, r in c.checks.requests if "master" in r.params})
+        assert "node-0.sim:29400" in masters and "node-2.sim:29401" in masters
+        # Filed: the summary and every check's result, under the sweep's id.
+        stored = json.loads(c.controller.store.sweep_summary(summary.sweep_id) or "{}")
+        assert stored["findings"][0]["node"] == "node-5" and stored["rounds"] == 2
+        filed = c.controller.store._db.execute(
+            "SELECT count(*) FROM check_results WHERE request_id LIKE ?", (f"{summary.sweep_id}/%",)
+        ).fetchone()[0]
+        assert filed == 8 + 2 * (4 + 2)  # gpu_health per node, both members of every pair
+        assert c.controller.store.quarantined_nodes() == {}  # no --quarantine: nothing done to nodes
+
+    run(tmp_path, 8, sim, test)
+
+
+def test_a_crashed_hung_or_missing_check_is_unknown_and_the_others_finish(tmp_path: Path) -> None:
+    sim = SimulatedChecks(script={("node-1", "matmul"): "crash", ("node-2", "matmul"): "hang"})
+    fast = SweepConfig(deadline_s={"matmul": 0.5}, answer_grace_s=0.5)
+
+    async def test(c: Cluster) -> None:
+        nodes = ["node-0", "node-1", "node-2", "node-3", "ghost"]
+        _, summary = await c.sweep(nodes=nodes, checks=["matmul", "membw", "pairs"])
+        matmul = rows(summary, "matmul")
+        assert common_pb2.Verdict.Name(matmul["node-1"].verdict) == "UNKNOWN" and "crashed" in matmul["node-1"].reason
+        assert common_pb2.Verdict.Name(matmul["node-2"].verdict) == "UNKNOWN"
+        assert "no answer from the node's agent within 1 s" in matmul["node-2"].reason
+        assert "not connected" in matmul["ghost"].reason
+        assert verdicts(summary, "membw") == {
+            "node-0": "OK",
+            "node-1": "OK",
+            "node-2": "OK",
+            "node-3": "OK",
+            "ghost": "UNKNOWN",
+        }  # node-2's next check still ran after its matmul hung
+        assert verdicts(summary, "pairs")["ghost"] == "UNKNOWN"
+        assert {verdicts(summary, "pairs")[n] for n in nodes[:4]} == {"OK"}
+        assert common_pb2.Verdict.Name(summary.verdict) == "UNKNOWN" and summary.unknown_nodes == 3
+
+    run(tmp_path, 4, sim, test, sweep=fast)
+
+
+def test_a_node_far_below_the_fleet_fails_though_its_own_gpus_agree(tmp_path: Path) -> None:
+    sim = SimulatedChecks(script={("node-3", "matmul"): "slow"})
+
+    async def test(c: Cluster) -> None:
+        _, summary = await c.sweep(checks=["matmul"])
+        matmul = rows(summary, "matmul")
+        assert common_pb2.Verdict.Name(matmul["node-3"].verdict) == "FAIL"
+        assert "below the fleet median" in matmul["node-3"].reason and "GPU0" in matmul["node-3"].reason
+        assert {n: common_pb2.Verdict.Name(r.verdict) for n, r in matmul.items() if n != "node-3"} == dict.fromkeys(
+            ["node-0", "node-1", "node-2", "node-4", "node-5"], "OK"
+        )
+        assert matmul["node-0"].figure.startswith("790 TFLOP/s")
+
+    run(tmp_path, 6, sim, test)
+
+
+def test_quarantine_goes_through_the_policy_and_the_circuit_breaker(tmp_path: Path) -> None:
+    failing = ["node-1", "node-4", "node-6"]
+    sim = SimulatedChecks(script={(n, "gpu_health"): "fail" for n in failing})
+    guard = GuardrailConfig(breaker_max_nodes=2, breaker_max_fraction=1.0, breaker_page_delay_s=0.01)
+
+    async def test(c: Cluster) -> None:
+        _, summary = await c.sweep(checks=["gpu_health"], quarantine=True)
+        assert sorted(summary.quarantine) == failing
+        outcomes = sorted(summary.quarantine.values())
+        assert [o.split(" (")[0] for o in outcomes] == ["held by the circuit breaker"] + ["quarantine requested"] * 2
+        await c.controller.engine.drain()
+        assert len(c.controller.store.quarantined_nodes()) == 2
+        (incident,) = c.controller.store.incidents(node="node-1")
+        assert incident.kind == "CHECK_FAILED" and "gpu_health: GPU 3 row remap failure" in incident.first_message
+        assert incident.id == f"node-1-{summary.sweep_id}"
+        assert c.controller.engine.breaker.tripped
+
+    run(tmp_path, 8, sim, test, guardrails=guard)
+
+
+def test_one_sweep_at_a_time_and_bad_requests_are_named(tmp_path: Path) -> None:
+    sim = SimulatedChecks(script={("node-0", "gpu_health"): "hang"})
+    slow = SweepConfig(deadline_s={"gpu_health": 2.0}, answer_grace_s=0.5)
+
+    async def test(c: Cluster) -> None:
+        first = c.admin.Sweep(admin_pb2.SweepRequest(checks=["gpu_health"]))
+        await first.initial_metadata()
+        cases = [
+            ({"checks": ["gpu_health"]}, grpc.StatusCode.FAILED_PRECONDITION, "one sweep at a time"),
+            ({"checks": ["burn"]}, grpc.StatusCode.INVALID_ARGUMENT, "no check named 'burn'"),
+            ({"params": {"matmul": "5"}}, grpc.StatusCode.INVALID_ARGUMENT, "expected CHECK.ARG=VALUE"),
+            ({"params": {"pairs.master": "x:1"}}, grpc.StatusCode.INVALID_ARGUMENT, "set by the sweep itself"),
+            ({"params": {"matmul.size": "1; rm"}}, grpc.StatusCode.INVALID_ARGUMENT, "characters"),
+            ({"selector": "gpu=h100"}, grpc.StatusCode.INVALID_ARGUMENT, "needs the kubernetes actuator"),
+            ({"nodes": ["Bad_Name"]}, grpc.StatusCode.INVALID_ARGUMENT, "not a node name"),
+        ]
+        for request, code, words in cases:
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                async for _ in c.admin.Sweep(admin_pb2.SweepRequest(**request)):
+                    pass
+            assert err.value.code() == code and words in (err.value.details() or ""), request
+        updates = [u async for u in first]
+        assert updates[-1].summary.unknown_nodes == 1  # the first sweep finished despite the hang
+        _, again = await c.sweep(checks=["gpu_health"], nodes=["node-1"])  # and the next may start
+        assert verdicts(again, "gpu_health") == {"node-1": "OK"}
+
+    run(tmp_path, 2, sim, test, sweep=slow)
+
+
+def test_a_sweep_goes_on_when_its_watcher_leaves(tmp_path: Path) -> None:
+    sim = SimulatedChecks(duration_s=0.3, script={("node-2", "gpu_health"): "fail"})
+
+    async def test(c: Cluster) -> None:
+        call = c.admin.Sweep(admin_pb2.SweepRequest(checks=["gpu_health"], quarantine=True))
+        await call.initial_metadata()
+        call.cancel()  # the operator's terminal closed
+        await asyncio.sleep(1.0)
+        await c.controller.engine.drain()
+        assert list(c.controller.store.quarantined_nodes()) == ["node-2"]
+
+    run(tmp_path, 4, sim, test)
