@@ -83,10 +83,15 @@ def member(
     import torch.distributed as dist
 
     host, _, port = master.rpartition(":")
+    host = host.strip("[]")
     backend = "nccl" if gpu is not None else "gloo"
     device = f"cuda:{gpu}" if gpu is not None else "cpu"
     if gpu is not None:
         torch.cuda.set_device(gpu)
+    elif "GLOO_SOCKET_IFNAME" not in os.environ and (iface := route_interface(host)):
+        # Left to itself gloo binds the address the host name resolves to, often 127.0.1.1: the
+        # peer could not reach it. The interface that routes to rank 0 is the one to use.
+        os.environ["GLOO_SOCKET_IFNAME"] = iface
     store = dist.TCPStore(  # type: ignore[attr-defined]  # exported at runtime, not in the stubs
         host, int(port), world_size, is_master=rank == 0, timeout=timedelta(seconds=60)
     )
@@ -95,6 +100,23 @@ def member(
         return measure(sizes, iters, device)
     finally:
         dist.destroy_process_group()
+
+
+def route_interface(host: str) -> str | None:
+    """The network interface this machine would use to reach ``host``; None if none is found."""
+    import psutil
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_DGRAM) as s:
+            s.connect((host, 9))  # UDP: no packet is sent, the kernel just picks the route
+            local = s.getsockname()[0]
+    except OSError:
+        return None
+    for name, addresses in psutil.net_if_addrs().items():
+        if any(a.address.split("%")[0] == local for a in addresses):
+            return name
+    return None
 
 
 def _local_member(

@@ -31,15 +31,20 @@ def judge_devices(
     return Verdict.OK, f"{len(values)} device(s), median {median:.4g} {unit}{against}"
 
 
-def fleet_outliers(values: dict[str, float], max_below_median: float, min_spread_mads: float = 3.0) -> list[str]:
-    """Members far below the fleet: below (1 - max_below_median)·median and, where the fleet varies,
-    more than ``min_spread_mads`` median absolute deviations under the median."""
+def fleet_outliers(
+    values: dict[str, float], max_below_median: float, min_spread_mads: float = 3.0, min_for_spread: int = 8
+) -> list[str]:
+    """Members far below the fleet: below (1 - max_below_median)·median and, where the fleet is large
+    enough to show its own spread (``min_for_spread`` members), more than ``min_spread_mads`` median
+    absolute deviations under the median. A smaller fleet is judged by the ratio alone: three values
+    cannot tell a fleet's spread from one bad member."""
     if len(values) < 3:
         return []
     median = statistics.median(values.values())
     mad = statistics.median(abs(v - median) for v in values.values())
+    spread_known = len(values) >= min_for_spread and mad > 0
     return sorted(
         k
         for k, v in values.items()
-        if v < (1 - max_below_median) * median and (mad == 0 or (median - v) > min_spread_mads * mad)
+        if v < (1 - max_below_median) * median and (not spread_known or (median - v) > min_spread_mads * mad)
     )

@@ -12,6 +12,7 @@ both fast with good partners is reported as the link between them.
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -84,7 +85,7 @@ def culprits(
     """Who is to blame for each slow pair, from the re-pairing round. ``errors``: why a pair that
     counts as 0 GB/s could not run at all."""
     good_level = [v for p, v in first.items() if p not in slow]
-    reference = sorted(good_level)[len(good_level) // 2] if good_level else 0.0
+    reference = statistics.median(good_level) if good_level else 0.0
 
     def is_slow(value: float) -> bool:
         return value < min_busbw_gbps or (reference > 0 and value < (1 - max_below_median) * reference)

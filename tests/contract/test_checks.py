@@ -11,7 +11,7 @@ import pytest
 
 from agent.local_checks import LocalChecks
 from agent.simulated import SimulatedBackend
-from checks.allreduce import bus_bandwidth_gbps
+from checks.allreduce import bus_bandwidth_gbps, route_interface
 from checks.result import Verdict
 from checks.runner import interpret, run_check
 from protos.vigil.v1 import agent_pb2, common_pb2
@@ -48,6 +48,14 @@ def test_bus_bandwidth_as_nccl_tests_counts_it() -> None:
     assert bus_bandwidth_gbps(10.0, 2) == 10.0
     assert bus_bandwidth_gbps(10.0, 8) == 17.5
     assert bus_bandwidth_gbps(10.0, 1) == 0.0  # one rank moves nothing over a link
+
+
+def test_a_group_member_uses_the_interface_that_reaches_rank_0() -> None:
+    import psutil
+
+    loopback = route_interface("127.0.0.1")
+    assert loopback is not None and any(a.address == "127.0.0.1" for a in psutil.net_if_addrs()[loopback])
+    assert route_interface("not-an-address") is None
 
 
 def test_matmul_and_membw_measure_the_cpu() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -12,9 +13,10 @@ import yaml
 from tests.helpers import poll_until
 
 
-def vigil(*args: str, out: Path) -> subprocess.Popen[bytes]:
+def vigil(*args: str, out: Path, prefix: Sequence[str] = ()) -> subprocess.Popen[bytes]:
+    """``python -m vigil ARGS``; ``prefix`` runs it inside something (``ip netns exec NS``)."""
     return subprocess.Popen(
-        [sys.executable, "-m", "vigil", *args],
+        [*prefix, sys.executable, "-m", "vigil", *args],
         stdout=open(out, "wb"),
         stderr=open(out.with_suffix(".log"), "wb"),
         stdin=subprocess.DEVNULL,
@@ -41,7 +43,7 @@ def start_controller(tmp: Path, run: int, port: int = 0) -> tuple[subprocess.Pop
 
 
 def start_agent(
-    tmp: Path, node: str, controller: str, spool: Path | None = None
+    tmp: Path, node: str, controller: str, spool: Path | None = None, prefix: Sequence[str] = ()
 ) -> tuple[subprocess.Popen[bytes], Path]:
     """A simulated-GPU agent tailing its own kmsg-format file (returned, for injecting lines)."""
     kmsg = tmp / f"{node}.kmsg"
@@ -63,6 +65,7 @@ def start_agent(
         "--log-format",
         "json",
         out=tmp / f"{node}.out",
+        prefix=prefix,
     )
     return proc, kmsg
 

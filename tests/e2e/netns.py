@@ -1,0 +1,98 @@
+"""Several "nodes" on one machine: network namespaces joined by veth pairs through a bridge.
+
+Node i lives in namespace ``<prefix>n<i>`` with address 10.213.0.<i+1>/24 on its veth; the bridge
+(in the root namespace, 10.213.0.254) joins them, so the controller listens there and every node
+reaches every other. ``throttle`` caps a node's link with ``tc ... tbf`` (a token bucket on its
+egress: every all-reduce it is part of slows down, as with a degraded NIC or a bad cable).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+SUBNET = "10.213.0"
+HOST = f"{SUBNET}.254"
+
+
+def _ip(*args: str) -> None:
+    subprocess.run(["ip", *args], check=True, capture_output=True, text=True)
+
+
+def unavailable() -> str | None:
+    """Why namespaces cannot be made here, or None."""
+    if os.geteuid() != 0:
+        return "network namespaces need root (CI runs as root)"
+    if shutil.which("ip") is None or shutil.which("tc") is None:
+        return "needs iproute2 (ip, tc)"
+    probe = f"vgprobe{os.getpid() % 10000}"
+    try:
+        _ip("netns", "add", probe)
+    except subprocess.CalledProcessError as exc:
+        return f"cannot create a network namespace: {exc.stderr.strip()}"
+    _ip("netns", "del", probe)
+    return None
+
+
+class Nodes:
+    def __init__(self, count: int, prefix: str) -> None:
+        self.count, self.prefix = count, prefix
+        self.bridge = f"{prefix}br"
+
+    def namespace(self, i: int) -> str:
+        return f"{self.prefix}n{i}"
+
+    def address(self, i: int) -> str:
+        return f"{SUBNET}.{i + 1}"
+
+    def exec_prefix(self, i: int) -> list[str]:
+        return ["ip", "netns", "exec", self.namespace(i)]
+
+    def veth(self, i: int) -> str:
+        return f"{self.prefix}v{i}"
+
+    def throttle(self, i: int, rate: str = "100mbit") -> None:
+        _ip("-n", self.namespace(i), "link", "show", self.veth(i))
+        subprocess.run(
+            ["tc", "-n", self.namespace(i), "qdisc", "replace", "dev", self.veth(i), "root", "tbf",
+             "rate", rate, "burst", "64kb", "latency", "50ms"],
+            check=True, capture_output=True, text=True,
+        )  # fmt: skip
+
+    def unthrottle(self, i: int) -> None:
+        subprocess.run(
+            ["tc", "-n", self.namespace(i), "qdisc", "del", "dev", self.veth(i), "root"], capture_output=True
+        )
+
+    def _create(self) -> None:
+        _ip("link", "add", self.bridge, "type", "bridge")
+        _ip("addr", "add", f"{HOST}/24", "dev", self.bridge)
+        _ip("link", "set", self.bridge, "up")
+        for i in range(self.count):
+            ns, veth, host_end = self.namespace(i), self.veth(i), f"{self.prefix}h{i}"
+            _ip("netns", "add", ns)
+            _ip("link", "add", host_end, "type", "veth", "peer", "name", veth)
+            _ip("link", "set", veth, "netns", ns)
+            _ip("link", "set", host_end, "master", self.bridge, "up")
+            _ip("-n", ns, "addr", "add", f"{self.address(i)}/24", "dev", veth)
+            _ip("-n", ns, "link", "set", veth, "up")
+            _ip("-n", ns, "link", "set", "lo", "up")
+
+    def remove(self) -> None:
+        for i in range(self.count):
+            subprocess.run(["ip", "netns", "del", self.namespace(i)], capture_output=True)
+        subprocess.run(["ip", "link", "del", self.bridge], capture_output=True)
+
+
+@contextmanager
+def namespaced_nodes(count: int, prefix: str = "vg") -> Iterator[Nodes]:
+    nodes = Nodes(count, prefix)
+    nodes.remove()  # what a killed earlier run left behind
+    nodes._create()
+    try:
+        yield nodes
+    finally:
+        nodes.remove()
