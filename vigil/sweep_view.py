@@ -20,6 +20,7 @@ from protos.vigil.v1 import admin_pb2, common_pb2
 from vigil.admin_client import AdminClient
 
 _console = Console()
+_errors = Console(stderr=True, soft_wrap=True)
 _STYLE = {"OK": "green", "FAIL": "bold red", "UNKNOWN": "yellow"}
 FULL_TABLE_NODES = 50  # above this many nodes the table lists only the rows that did not pass
 
@@ -34,10 +35,10 @@ def run_sweep(target: str, request: admin_pb2.SweepRequest, as_json: bool, show_
             updates = client.sweep(request)
             summary = _collect(updates) if as_json else _follow(updates)
     except grpc.RpcError as exc:
-        _console.print(f"[red]error:[/] the sweep on {target} ended: {exc.code().name}: {exc.details()}")
+        _errors.print(f"[red]error:[/] the sweep on {target} ended: {exc.code().name}: {exc.details()}")
         return 2
     if summary is None:
-        _console.print("[red]error:[/] the controller ended the sweep without a summary")
+        _errors.print("[red]error:[/] the controller ended the sweep without a summary")
         return 2
     if as_json:
         print(json.dumps(MessageToDict(summary, preserving_proto_field_name=True), indent=2))

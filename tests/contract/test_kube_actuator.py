@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from controller.actuators import SelectionError
 from controller.decide import Quarantine
 from controller.kube.actuator import MERGE_PATCH, STRATEGIC_PATCH, KubeActuator
 from controller.kube.client import RETRY, api_client
@@ -250,3 +251,25 @@ def test_drain_is_a_separate_action_after_the_quarantine(kube: KubeApiServer, tm
         store.close()
 
     asyncio.run(scenario())
+
+
+def test_sweeps_choose_nodes_by_label_and_by_job(kube: KubeApiServer, tmp_path: Path) -> None:
+    for i in range(4):
+        kube.add_node(f"gpu-{i}", labels={"pool": "h100" if i < 3 else "a100", "zone": f"z{i % 2}"})
+    act = actuator(kube, tmp_path)
+    assert act.nodes_matching("pool=h100") == ["gpu-0", "gpu-1", "gpu-2"]
+    assert act.nodes_matching("pool=h100,zone!=z0") == ["gpu-1"]
+    assert act.nodes_matching("pool=tpu") == []
+    with pytest.raises(SelectionError, match="label selector 'pool in h100': the API server answered 400"):
+        act.nodes_matching("pool in h100")
+
+    job = "batch.kubernetes.io/job-name"
+    kube.add_pod("train", "moe-0", "gpu-2", owner_kind="Job", labels={job: "moe"})
+    kube.add_pod("train", "moe-1", "gpu-0", owner_kind="Job", labels={job: "moe"})
+    kube.add_pod("train", "moe-old", "gpu-3", owner_kind="Job", labels={job: "moe"}, phase="Failed")
+    kube.add_pod("other", "moe-0", "gpu-1", owner_kind="Job", labels={job: "moe"})  # another namespace's
+    assert act.job_nodes("train", "moe") == ["gpu-0", "gpu-2"]
+    kube.add_pod("train", "legacy-0", "gpu-1", owner_kind="Job", labels={"job-name": "legacy"})  # before 1.27
+    assert act.job_nodes("train", "legacy") == ["gpu-1"]
+    with pytest.raises(SelectionError, match="Job train/nope has no running pods"):
+        act.job_nodes("train", "nope")

@@ -25,6 +25,7 @@ from controller.guardrails import GuardrailConfig
 from controller.sweep_plan import SweepConfig
 from protos.vigil.v1 import admin_pb2, admin_pb2_grpc, common_pb2
 from tests.fakes.fleet import Fleet
+from tests.fakes.kube_api import KubeApiServer
 from tests.fakes.sim_checks import SimulatedChecks
 from tests.helpers import stop_controller
 
@@ -211,3 +212,50 @@ def test_a_sweep_goes_on_when_its_watcher_leaves(tmp_path: Path) -> None:
         assert list(c.controller.store.quarantined_nodes()) == ["node-2"]
 
     run(tmp_path, 4, sim, test)
+
+
+def test_a_label_selector_picks_the_nodes_through_the_kubernetes_api(tmp_path: Path) -> None:
+    with KubeApiServer() as kube:
+        for i in range(4):
+            kube.add_node(f"node-{i}", labels={"pool": "a" if i % 2 else "b"})
+        settings = {"actuator": "kubernetes", "kubernetes": {"kubeconfig": kube.kubeconfig(tmp_path / "kubeconfig")}}
+
+        async def test(c: Cluster) -> None:
+            _, summary = await c.sweep(selector="pool=a", checks=["gpu_health"])
+            assert verdicts(summary, "gpu_health") == {"node-1": "OK", "node-3": "OK"}
+            with pytest.raises(grpc.aio.AioRpcError, match="no nodes to sweep"):
+                await c.sweep(selector="pool=c")
+
+        run(tmp_path, 4, SimulatedChecks(), test, **settings)
+
+
+def test_vigil_sweep_prints_the_table_and_exits_by_the_verdict(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from vigil.sweep_view import run_sweep
+
+    sim = SimulatedChecks(script={("node-1", "gpu_health"): "fail"}, link_gbps={"node-6": 1.0})
+
+    async def test(c: Cluster) -> None:
+        target = f"127.0.0.1:{c.controller.port}"
+
+        def cli(as_json: bool, show_all: bool = False, **request: Any) -> int:
+            return run_sweep(target, admin_pb2.SweepRequest(**request), as_json, show_all)
+
+        assert await asyncio.to_thread(cli, False, checks=["gpu_health"], nodes=["node-0", "node-2"]) == 0
+        out = capsys.readouterr().out
+        assert "node-0" in out and "8 GPUs" in out and "OK: 2 node(s), 0 failed" in out
+
+        assert await asyncio.to_thread(cli, False, checks=["gpu_health", "pairs"]) == 1
+        out = capsys.readouterr().out
+        assert "GPU 3 row remap failure" in out and "culprit: node-6" in out and "8 node(s), 2 failed" in out
+
+        assert await asyncio.to_thread(cli, True, checks=["gpu_health"], nodes=["node-0", "ghost"]) == 2
+        out = capsys.readouterr().out  # the in-process controller logs to stdout too: the JSON starts at "{"
+        summary = json.loads(out[out.index("\n{\n") + 1 :])
+        assert summary["verdict"] == "UNKNOWN" and summary["unknown_nodes"] == 1
+
+        assert await asyncio.to_thread(cli, False, checks=["warp_drive"]) == 2
+        assert "INVALID_ARGUMENT: no check named 'warp_drive'" in capsys.readouterr().err
+
+    run(tmp_path, 8, sim, test)

@@ -140,6 +140,8 @@ class VigilKubeEmulator(kmock.KubernetesEmulator):
         for selector in filter(None, request.params.get("fieldSelector", "").split(",")):
             path, _, value = selector.partition("=")
             items = [o for o in items if _field(o, path) == value]
+        for requirement in filter(None, request.params.get("labelSelector", "").split(",")):
+            items = [o for o in items if _matches(requirement, o["metadata"].get("labels") or {})]
         return {"kind": "List", "apiVersion": "v1", "metadata": {"resourceVersion": str(self._version)}, "items": items}
 
     async def _update(self, request: rendering.Request, body: dict[str, Any]) -> dict[str, Any]:
@@ -185,6 +187,22 @@ class VigilKubeEmulator(kmock.KubernetesEmulator):
         return str(self._version)
 
 
+_LABEL_REQUIREMENT = re.compile(r"^(?P<neg>!?)(?P<key>[A-Za-z0-9./_-]+)(?:(?P<op>==|=|!=)(?P<value>[A-Za-z0-9._-]*))?$")
+
+
+def _matches(requirement: str, labels: dict[str, str]) -> bool:
+    """Equality-based label selectors (k=v, k==v, k!=v, k, !k), as the API server reads them."""
+    m = _LABEL_REQUIREMENT.match(requirement.strip())
+    if m is None or (m["neg"] and m["op"]):
+        raise kmock.KubernetesError(
+            status=400, reason="BadRequest", message=f"unable to parse requirement: {requirement!r}"
+        )
+    key, op, value = m["key"], m["op"], m["value"]
+    if op is None:
+        return (key in labels) != bool(m["neg"])
+    return (labels.get(key) == value) == (op != "!=")
+
+
 def _field(obj: dict[str, Any], dotted: str) -> str:
     value: Any = obj
     for part in dotted.split("."):
@@ -214,17 +232,31 @@ class KubeApiServer(ServerThread):
 
     # Test-side helpers (thread-safe enough: they run between the client's calls) ---------------
 
-    def add_node(self, name: str, **spec: Any) -> None:
+    def add_node(self, name: str, labels: dict[str, str] | None = None, **spec: Any) -> None:
         node = {
             "apiVersion": "v1",
             "kind": "Node",
-            "metadata": {"name": name, "uid": f"uid-{name}", "resourceVersion": "1", "annotations": {}},
+            "metadata": {
+                "name": name,
+                "uid": f"uid-{name}",
+                "resourceVersion": "1",
+                "annotations": {},
+                "labels": labels or {},
+            },
             "spec": spec,
             "status": {"conditions": [{"type": "Ready", "status": "True"}]},
         }
         self.call(self._put_object(kmock.resource("v1/nodes"), None, name, node))
 
-    def add_pod(self, namespace: str, name: str, node: str, owner_kind: str = "ReplicaSet") -> None:
+    def add_pod(
+        self,
+        namespace: str,
+        name: str,
+        node: str,
+        owner_kind: str = "ReplicaSet",
+        labels: dict[str, str] | None = None,
+        phase: str = "Running",
+    ) -> None:
         pod = {
             "apiVersion": "v1",
             "kind": "Pod",
@@ -232,9 +264,11 @@ class KubeApiServer(ServerThread):
                 "name": name,
                 "namespace": namespace,
                 "resourceVersion": "1",
+                "labels": labels or {},
                 "ownerReferences": [{"kind": owner_kind, "name": f"{name}-owner", "apiVersion": "apps/v1"}],
             },
             "spec": {"nodeName": node},
+            "status": {"phase": phase},
         }
         self.call(self._put_object(kmock.resource("v1/pods"), namespace, name, pod))
 
