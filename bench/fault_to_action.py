@@ -22,10 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -33,9 +30,9 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-import yaml
 
-from bench.record import append_result, percentile
+from bench.controller_process import controller_target, start_controller
+from bench.record import append_result, header, percentile
 from tests.fakes.fleet import Fleet
 from tests.fakes.kube_api import KubeApiServer
 from tests.fakes.slack_api import CHANNEL, TOKEN, FakeSlack
@@ -110,34 +107,14 @@ def baseline_patch_rtt(kube: KubeApiServer, workdir: Path, rounds: int = 200) ->
     return summary(samples)
 
 
-def start_controller(workdir: Path, kube: KubeApiServer, slack: FakeSlack, nodes: int) -> subprocess.Popen[bytes]:
-    config = {
-        "listen": "127.0.0.1",
-        "port": 0,
-        "port_file": str(workdir / "port"),
-        "database": str(workdir / "ctl.db"),
+def controller_settings(workdir: Path, kube: KubeApiServer, slack: FakeSlack, nodes: int) -> dict[str, Any]:
+    return {
         "actuator": "kubernetes",
         "kubernetes": {"kubeconfig": str(kube.kubeconfig(workdir / "kubeconfig"))},
         "pager": "slack",
         "slack": {"channel": CHANNEL, "base_url": slack.base_url},
         "guardrails": {"breaker_max_nodes": nodes, "breaker_max_fraction": 1.0},
     }
-    (workdir / "controller.yaml").write_text(yaml.safe_dump(config))
-    return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "vigil",
-            "controller",
-            "--config",
-            str(workdir / "controller.yaml"),
-            "--log-format",
-            "json",
-        ],
-        stdout=open(workdir / "controller.out", "wb"),
-        stderr=subprocess.STDOUT,
-        env={**os.environ, "VIGIL_SLACK_TOKEN": TOKEN},
-    )
 
 
 async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
@@ -146,13 +123,11 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         for name in names:
             kube.add_node(name)
         baseline = baseline_patch_rtt(kube, workdir)
-        controller = start_controller(workdir, kube, slack, args.nodes)
+        settings = controller_settings(workdir, kube, slack, args.nodes)
+        controller = start_controller(workdir, settings, {"VIGIL_SLACK_TOKEN": TOKEN})
         try:
-            while not (workdir / "port").exists():
-                if controller.poll() is not None:
-                    raise RuntimeError((workdir / "controller.out").read_text()[-2000:])
-                await asyncio.sleep(0.05)
-            fleet = Fleet(f"127.0.0.1:{(workdir / 'port').read_text()}", names, args.heartbeat_s)
+            target = await controller_target(workdir, controller)
+            fleet = Fleet(target, names, args.heartbeat_s)
             t0 = time.monotonic()
             await fleet.start()
             connect_s = time.monotonic() - t0
@@ -193,7 +168,6 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             # Split each single fault's time: delivery (agent stamp → the controller's receipt, which
             # includes this process's own queueing with thousands of streams) and the controller's part
             # (receipt → the cordon PATCH arriving at the API server).
-            target = f"127.0.0.1:{(workdir / 'port').read_text()}"
             with AdminClient(target, timeout_s=60) as admin:
                 received = {i.node: i.received_at for i in admin.incidents(limit=10000)}
             for phase, nodes in ((single, single_nodes), (burst, burst_nodes)):
@@ -230,10 +204,7 @@ def main() -> int:
             print((Path(tmp) / "controller.out").read_text()[-3000:], file=sys.stderr)
             return 1
     record = {
-        "bench": "fault_to_action",
-        "command": "python -m bench.fault_to_action " + " ".join(sys.argv[1:]),
-        "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+        **header("fault_to_action"),
         "nodes": args.nodes,
         **figures,
     }

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
+import platform
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -20,3 +24,13 @@ def append_result(bench: str, record: dict[str, Any]) -> Path:
     with path.open("a") as f:
         f.write(json.dumps(record) + "\n")
     return path
+
+
+def header(bench: str, **machine: Any) -> dict[str, Any]:
+    """What every result line starts with: the benchmark, the command that ran it, when, and where."""
+    return {
+        "bench": bench,
+        "command": f"python -m bench.{bench} " + " ".join(sys.argv[1:]),
+        "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), **machine},
+    }

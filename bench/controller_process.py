@@ -1,0 +1,41 @@
+"""A real ``vigil controller`` process for a benchmark: its config written, started, its port awaited."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+def start_controller(
+    workdir: Path, settings: dict[str, Any], env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
+    config = {
+        "listen": "127.0.0.1",
+        "port": 0,
+        "port_file": str(workdir / "port"),
+        "database": str(workdir / "ctl.db"),
+        **settings,
+    }
+    (workdir / "controller.yaml").write_text(yaml.safe_dump(config))
+    command = [sys.executable, "-m", "vigil", "controller", "--config", str(workdir / "controller.yaml")]
+    return subprocess.Popen(
+        [*command, "--log-format", "json"],
+        stdout=open(workdir / "controller.out", "wb"),
+        stderr=subprocess.STDOUT,
+        env={**os.environ, **(env or {})},
+    )
+
+
+async def controller_target(workdir: Path, controller: subprocess.Popen[bytes]) -> str:
+    """HOST:PORT once the controller serves; raises with its last words if it died first."""
+    while not (workdir / "port").exists():
+        if controller.poll() is not None:
+            raise RuntimeError((workdir / "controller.out").read_text()[-2000:])
+        await asyncio.sleep(0.05)
+    return f"127.0.0.1:{(workdir / 'port').read_text()}"
