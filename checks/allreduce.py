@@ -1,7 +1,8 @@
 """All-reduce bandwidth with torch.distributed: NCCL between GPUs, gloo between CPU processes.
 
     python -m checks.allreduce [--nproc N]                      # N processes on this machine
-    python -m checks.allreduce --rank R --world-size W --master HOST:PORT   # one member of a group
+    python -m checks.allreduce --master HOST:PORT --rank R --world-size W [--local-ranks L]
+        # machine R of W in a group: L processes here (one per GPU), ranks R·L .. R·L+L-1 of W·L
 
 Reported as nccl-tests does: algorithm bandwidth = bytes / time, bus bandwidth = algbw · 2(n−1)/n
 (what each link carries in a ring all-reduce, comparable across group sizes). Each size's time is
@@ -120,11 +121,35 @@ def route_interface(host: str) -> str | None:
 
 
 def _local_member(
-    rank: int, world_size: int, master: str, sizes: list[int], iters: int, use_gpus: bool, queue: object
+    index: int,
+    first_rank: int,
+    world_size: int,
+    master: str,
+    sizes: list[int],
+    iters: int,
+    use_gpus: bool,
+    queue: object,
 ) -> None:
-    timings = member(rank, world_size, master, sizes, iters, rank if use_gpus else None)
-    if rank == 0:
+    timings = member(first_rank + index, world_size, master, sizes, iters, index if use_gpus else None)
+    if index == 0:  # every rank holds the same (slowest-rank) timings
         queue.put(timings)  # type: ignore[attr-defined]
+
+
+def spawn_members(
+    first_rank: int, local: int, world_size: int, master: str, sizes: list[int], iters: int, use_gpus: bool
+) -> list[tuple[int, float]]:
+    """``local`` processes of a group, ranks ``first_rank`` onwards, one GPU each where there are GPUs."""
+    import torch.multiprocessing as mp
+
+    queue = mp.get_context("spawn").SimpleQueue()
+    mp.start_processes(  # type: ignore[attr-defined]
+        _local_member,
+        args=(first_rank, world_size, master, sizes, iters, use_gpus, queue),
+        nprocs=local,
+        start_method="spawn",
+    )  # raises if any member failed: the check then reports UNKNOWN with the error
+    timings: list[tuple[int, float]] = queue.get()
+    return timings
 
 
 def free_port() -> int:
@@ -135,27 +160,22 @@ def free_port() -> int:
 
 def run(args: argparse.Namespace) -> CheckResult:
     import torch
-    import torch.multiprocessing as mp
 
     started = time.time()
     use_gpus = torch.cuda.is_available()
     sizes = args.sizes or (GPU_SIZES if use_gpus else CPU_SIZES)
-    if args.master:  # one member of a group another program started
-        gpu = args.gpu if use_gpus else None
-        timings = member(args.rank, args.world_size, args.master, sizes, args.iters, gpu)
-        world_size = args.world_size
+    if args.master:  # one member (a machine) of a group another program started
+        local = args.local_ranks
+        world_size = args.world_size * local
+        if local == 1:
+            gpu = args.gpu if use_gpus else None
+            timings = member(args.rank, world_size, args.master, sizes, args.iters, gpu)
+        else:
+            timings = spawn_members(args.rank * local, local, world_size, args.master, sizes, args.iters, use_gpus)
     else:
         world_size = args.nproc or (torch.cuda.device_count() if use_gpus else 2)
-        ctx = mp.get_context("spawn")
-        queue = ctx.SimpleQueue()
         master = f"127.0.0.1:{free_port()}"
-        mp.start_processes(  # type: ignore[attr-defined]
-            _local_member,
-            args=(world_size, master, sizes, args.iters, use_gpus, queue),
-            nprocs=world_size,
-            start_method="spawn",
-        )  # raises if any member failed: the check then reports UNKNOWN with the error
-        timings = queue.get()
+        timings = spawn_members(0, world_size, world_size, master, sizes, args.iters, use_gpus)
     figures = figures_for(timings, world_size)
     verdict, reason = judge(figures, max(sizes), args.min_busbw_gbps)
     return CheckResult(
@@ -165,10 +185,13 @@ def run(args: argparse.Namespace) -> CheckResult:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--nproc", type=int, default=0, help="processes on this machine (default: GPUs, or 2 on CPU)")
-    parser.add_argument("--rank", type=int, default=0)
-    parser.add_argument("--world-size", type=int, default=0)
-    parser.add_argument("--master", default="", help="HOST:PORT of rank 0's store: join a group instead")
-    parser.add_argument("--gpu", type=int, default=0, help="with --master: the GPU this member uses")
+    parser.add_argument("--master", default="", help="HOST:PORT of the group's rank 0 store: join a group instead")
+    parser.add_argument("--rank", type=int, default=0, help="with --master: this machine's place in the group")
+    parser.add_argument("--world-size", type=int, default=0, help="with --master: machines in the group")
+    parser.add_argument(
+        "--local-ranks", type=int, default=1, help="with --master: processes on this machine (GPUs 0..N-1)"
+    )
+    parser.add_argument("--gpu", type=int, default=0, help="with --master and one local rank: the GPU it uses")
     parser.add_argument(
         "--sizes", type=lambda s: [int(x) for x in s.split(",")], default=None, help="bytes, comma-separated"
     )

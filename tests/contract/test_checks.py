@@ -6,13 +6,14 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 from agent.local_checks import LocalChecks
 from agent.simulated import SimulatedBackend
-from checks.allreduce import bus_bandwidth_gbps, route_interface
-from checks.result import Verdict
+from checks.allreduce import bus_bandwidth_gbps, free_port, route_interface
+from checks.result import CheckResult, Verdict
 from checks.runner import interpret, run_check
 from protos.vigil.v1 import agent_pb2, common_pb2
 
@@ -36,6 +37,23 @@ def test_allreduce_between_real_processes_reports_bus_bandwidth(world_size: int)
         assert algbw == pytest.approx(nbytes / (result.figures[f"us_{nbytes}"] / 1e6) / 1e9)
         assert result.figures[f"busbw_gbps_{nbytes}"] == pytest.approx(algbw * 2 * (world_size - 1) / world_size)
     assert f"{world_size} ranks" in result.reason
+
+
+def test_two_machines_with_two_ranks_each_form_one_group_of_four() -> None:
+    master = f"127.0.0.1:{free_port()}"
+
+    def machine(rank: int) -> CheckResult:
+        args = ["--master", master, "--rank", str(rank), "--world-size", "2", "--local-ranks", "2"]
+        return run_check("allreduce", [*args, "--sizes", "65536", "--iters", "3"], deadline_s=120)
+
+    with ThreadPoolExecutor(2) as pool:
+        first, second = pool.map(machine, (0, 1))
+    for result in (first, second):
+        assert result.verdict is Verdict.OK, result.reason
+        assert result.figures["world_size"] == 4 and "4 ranks" in result.reason
+        algbw = result.figures["algbw_gbps_65536"]
+        assert result.figures["busbw_gbps_65536"] == pytest.approx(algbw * 2 * 3 / 4)
+    assert first.figures["us_65536"] == second.figures["us_65536"]  # both report the slowest rank's time
 
 
 def test_allreduce_below_the_required_bandwidth_fails() -> None:
