@@ -92,8 +92,8 @@ class Engine:
         # The gateway delivers commands to a connected agent; False when that agent is not connected.
         self.send_to_agent: Callable[[str, agent_pb2.ControllerMessage], bool] = lambda node, msg: False
         self._release_checks: dict[str, str] = {}  # request id -> node
-        # Checks someone awaits (a sweep): request id -> (node, the future its result resolves).
-        self._check_waiters: dict[str, tuple[str, asyncio.Future[common_pb2.CheckResult]]] = {}
+        # Checks someone awaits (a sweep): request id -> (node, check, the future its result resolves).
+        self._check_waiters: dict[str, tuple[str, str, asyncio.Future[common_pb2.CheckResult]]] = {}
         self._last_release_check: dict[str, float] = {}
         self._release_tasks: set[asyncio.Task[object]] = set()
         # Floods: a paged incident that keeps folding signals gets its count in its thread, at most
@@ -178,6 +178,16 @@ class Engine:
     def disconnected(self, node: str) -> None:
         if node in self.nodes:
             self.nodes[node].connected = False
+        # Whoever waits on this node's checks learns now, not at the check's deadline (a late result
+        # from a reconnected agent is still recorded).
+        for request_id, (owner, check, future) in list(self._check_waiters.items()):
+            if owner == node:
+                del self._check_waiters[request_id]
+                if not future.done():
+                    reason = "the node's agent disconnected while the check ran"
+                    lost = common_pb2.CheckResult(request_id=request_id, node=node, check=check, reason=reason)
+                    lost.verdict = common_pb2.UNKNOWN
+                    future.set_result(lost)
 
     def receive(self, node: str, signals: Sequence[Signal]) -> int:
         """Decide and durably record a batch; returns the seq to acknowledge."""
@@ -423,7 +433,7 @@ class Engine:
     def ask_check(self, node: str, run: agent_pb2.RunCheck) -> asyncio.Future[common_pb2.CheckResult] | None:
         """Send a check to a node's agent; the future gets its result. None: the agent is not connected."""
         future: asyncio.Future[common_pb2.CheckResult] = asyncio.get_running_loop().create_future()
-        self._check_waiters[run.request_id] = (node, future)
+        self._check_waiters[run.request_id] = (node, run.check, future)
         if not self.send_to_agent(node, agent_pb2.ControllerMessage(run_check=run)):
             del self._check_waiters[run.request_id]
             return None
@@ -464,8 +474,8 @@ class Engine:
         waiter = self._check_waiters.get(r.request_id)
         if waiter is not None and waiter[0] == node:
             del self._check_waiters[r.request_id]
-            if not waiter[1].done():
-                waiter[1].set_result(r)
+            if not waiter[2].done():
+                waiter[2].set_result(r)
             return
         if self._release_checks.get(r.request_id) != node:
             return

@@ -27,7 +27,7 @@ from protos.vigil.v1 import admin_pb2, admin_pb2_grpc, common_pb2
 from tests.fakes.fleet import Fleet
 from tests.fakes.kube_api import KubeApiServer
 from tests.fakes.sim_checks import SimulatedChecks
-from tests.helpers import stop_controller
+from tests.helpers import stop_controller, wait_until
 
 
 @dataclass
@@ -133,6 +133,21 @@ def test_a_crashed_hung_or_missing_check_is_unknown_and_the_others_finish(tmp_pa
         assert common_pb2.Verdict.Name(summary.verdict) == "UNKNOWN" and summary.unknown_nodes == 3
 
     run(tmp_path, 4, sim, test, sweep=fast)
+
+
+def test_an_agent_that_goes_away_mid_check_is_unknown_at_once(tmp_path: Path) -> None:
+    sim = SimulatedChecks(script={("node-1", "matmul"): "hang"})
+
+    async def test(c: Cluster) -> None:
+        sweep = asyncio.ensure_future(c.sweep(checks=["matmul"]))
+        await wait_until(lambda: any(n == "node-1" for n, _ in c.checks.requests), what="node-1 asked")
+        c.fleet.disconnect("node-1")
+        _, summary = await asyncio.wait_for(sweep, 10)  # the deadline is 180 s: nobody waits for it
+        lost = rows(summary, "matmul")["node-1"]
+        assert common_pb2.Verdict.Name(lost.verdict) == "UNKNOWN" and "disconnected while the check ran" in lost.reason
+        assert verdicts(summary, "matmul")["node-0"] == "OK"
+
+    run(tmp_path, 3, sim, test)
 
 
 def test_a_node_far_below_the_fleet_fails_though_its_own_gpus_agree(tmp_path: Path) -> None:

@@ -101,18 +101,25 @@ class Fleet:
         }
         self._heartbeat_s = heartbeat_s
         self._stop = asyncio.Event()
-        self._tasks: list[asyncio.Task[None]] = []
+        self._tasks: dict[str, asyncio.Task[None]] = {}
 
     async def start(self, timeout_s: float = 120.0) -> None:
-        self._tasks = [asyncio.create_task(n.run(self._heartbeat_s, self._stop)) for n in self.nodes.values()]
+        self._tasks = {
+            name: asyncio.create_task(n.run(self._heartbeat_s, self._stop)) for name, n in self.nodes.items()
+        }
         await asyncio.wait_for(asyncio.gather(*(n.ready.wait() for n in self.nodes.values())), timeout_s)
+
+    def disconnect(self, name: str) -> None:
+        """The node's agent goes away (its stream closes; it does not come back)."""
+        self._tasks[name].cancel()
+        self.nodes[name].cancel_checks()
 
     async def close(self) -> None:
         self._stop.set()
-        for task in self._tasks:
+        for task in self._tasks.values():
             task.cancel()
         for node in self.nodes.values():
             node.cancel_checks()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*self._tasks.values(), return_exceptions=True)
         for channel in self._channels:
             await channel.close()
