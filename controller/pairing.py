@@ -100,12 +100,12 @@ def culprits(
             if error := errors.get((n, good)):
                 findings.append(Finding(n, f"all-reduce with known-good {good} failed too: {error}"))
             else:
-                why = f"slow with known-good {good} too: {value:.2f} GB/s (fleet {reference:.2f})"
+                why = f"slow with known-good {good} too: {value:.3g} GB/s (fleet {reference:.3g})"
                 findings.append(Finding(n, why))
         blamed = [n for n in (a, b) if any(s == n for s, _ in slow_alone)]
         if not blamed and all((n, g) in retest for n in (a, b) for g in _partners(retest, n)):
             findings.append(
-                Finding(f"{a}|{b}", f"each is fast with another node: the link between them, {first[(a, b)]:.2f} GB/s")
+                Finding(f"{a}|{b}", f"each is fast with another node: the link between them, {first[(a, b)]:.3g} GB/s")
             )
     return list({f.node: f for f in findings}.values())
 

@@ -198,7 +198,7 @@ def headline(result: CheckResult) -> str:
             label, value = min(values.items(), key=lambda kv: kv[1])
             return f"{value:.4g} {unit} (slowest: {label})" if len(values) > 1 else f"{value:.4g} {unit}"
     if result.check == "allreduce" and (busbw := largest_busbw(f)) is not None:
-        return f"{busbw:.2f} GB/s busbw"
+        return f"{busbw:.3g} GB/s busbw"
     return ""
 
 
@@ -232,7 +232,7 @@ def pair_result(run: PairRun, rank0: CheckResult) -> CheckResult:
     if run.error:
         return CheckResult(PAIRS, Verdict.UNKNOWN, run.error, {}, rank0.started_at, rank0.finished_at)
     figures = {"busbw_gbps": run.busbw_gbps}
-    reason = f"{run.busbw_gbps:.2f} GB/s bus bandwidth"
+    reason = f"{run.busbw_gbps:.3g} GB/s bus bandwidth"
     return CheckResult(PAIRS, Verdict.OK, reason, figures, rank0.started_at, rank0.finished_at)
 
 
@@ -265,7 +265,7 @@ def pair_rows(
             continue
         pair, run = mine[0]
         partner = pair[1] if pair[0] == node else pair[0]
-        figure = f"{run.busbw_gbps:.2f} GB/s with {partner}"
+        figure = f"{run.busbw_gbps:.3g} GB/s with {partner}"
         if node in blamed:
             rows.append(Row(node, PAIRS, Verdict.FAIL, figure, blamed[node]))
         elif pair not in slow:
@@ -275,7 +275,7 @@ def pair_rows(
             rows.append(Row(node, PAIRS, Verdict.UNKNOWN, figure, f"{why}; no known-good node to re-pair with"))
         elif again := [(p, r) for p, r in retest.items() if p[0] == node]:
             (_suspect, good), rerun = again[0]
-            cleared = f"slow with {partner}, fast with {good} ({rerun.busbw_gbps:.2f} GB/s)"
+            cleared = f"slow with {partner}, fast with {good} ({rerun.busbw_gbps:.3g} GB/s)"
             link = f"; the link to {partner} is slow" if node in links else f": {partner} is to blame"
             rows.append(Row(node, PAIRS, Verdict.OK, figure, cleared + link))
         else:
@@ -290,7 +290,7 @@ def pair_basis(first: Mapping[Pair, PairRun], min_busbw_gbps: float, max_below_m
     if min_busbw_gbps:
         against.append(f"above the {min_busbw_gbps:g} GB/s threshold")
     if len(values) >= 3:
-        against.append(f"within {max_below_median:.0%} of the median pair ({statistics.median(values):.2f} GB/s)")
+        against.append(f"within {max_below_median:.0%} of the median pair ({statistics.median(values):.3g} GB/s)")
     if not against:
         return "measured, not judged: too few pairs to compare (3+) and no min_busbw_gbps threshold"
     return " and ".join(against)

@@ -55,6 +55,8 @@ def test_the_throttled_node_is_named_in_repeated_sweeps(tmp_path: Path) -> None:
                 nodes.throttle(throttled)
                 code, summary = sweep(target)
                 nodes.unthrottle(throttled)
+                figures = {r["node"]: r.get("figure", "") for r in summary["rows"]}  # type: ignore[union-attr]
+                print(f"\nthrottled node-{throttled}: {figures}; {summary['findings']}")  # pytest -s: the record
                 findings = summary.get("findings", [])
                 assert [f["node"] for f in findings] == [f"node-{throttled}"], json.dumps(summary, indent=1)  # type: ignore[index]
                 pairs = {r["node"]: r for r in summary["rows"]}  # type: ignore[union-attr]
