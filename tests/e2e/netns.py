@@ -22,6 +22,14 @@ def _ip(*args: str) -> None:
     subprocess.run(["ip", *args], check=True, capture_output=True, text=True)
 
 
+def _tbf(namespace: str, device: str, rate: str) -> None:
+    """Cap the device's egress at ``rate`` with a token bucket (netem is not available here)."""
+    shape = ["root", "tbf", "rate", rate, "burst", "64kb", "latency", "50ms"]
+    subprocess.run(
+        ["tc", "-n", namespace, "qdisc", "replace", "dev", device, *shape], check=True, capture_output=True, text=True
+    )
+
+
 def unavailable() -> str | None:
     """Why namespaces cannot be made here, or None."""
     if os.geteuid() != 0:
@@ -33,7 +41,13 @@ def unavailable() -> str | None:
         _ip("netns", "add", probe)
     except subprocess.CalledProcessError as exc:
         return f"cannot create a network namespace: {exc.stderr.strip()}"
-    _ip("netns", "del", probe)
+    try:
+        _ip("-n", probe, "link", "add", "p0", "type", "veth", "peer", "name", "p1")
+        _tbf(probe, "p0", "1mbit")
+    except subprocess.CalledProcessError as exc:
+        return f"cannot shape a link with tc tbf here: {exc.stderr.strip()}"
+    finally:
+        _ip("netns", "del", probe)
     return None
 
 
@@ -55,12 +69,7 @@ class Nodes:
         return f"{self.prefix}v{i}"
 
     def throttle(self, i: int, rate: str = "100mbit") -> None:
-        _ip("-n", self.namespace(i), "link", "show", self.veth(i))
-        subprocess.run(
-            ["tc", "-n", self.namespace(i), "qdisc", "replace", "dev", self.veth(i), "root", "tbf",
-             "rate", rate, "burst", "64kb", "latency", "50ms"],
-            check=True, capture_output=True, text=True,
-        )  # fmt: skip
+        _tbf(self.namespace(i), self.veth(i), rate)
 
     def unthrottle(self, i: int) -> None:
         subprocess.run(
