@@ -13,7 +13,7 @@ import asyncio
 import secrets
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import structlog
 from google.protobuf.json_format import MessageToJson
@@ -240,7 +240,7 @@ class Sweeper:
         except TimeoutError:
             self._engine.forget_check(request_id)
             return unknown(check, f"no answer from the node's agent within {wait_s:g} s")
-        return result_from_proto(answer)
+        return replace(result_from_proto(answer), check=check)  # filed under what was asked, whatever it says
 
     # Pairwise all-reduce --------------------------------------------------------------------
 

@@ -63,7 +63,7 @@ class SweepConfig(BaseModel):
         _known(value)
         if bad := [k for k, v in value.items() if not v > 0]:
             raise ValueError(f"deadlines must be positive: {', '.join(bad)}")
-        return value
+        return {**DEFAULT_DEADLINES_S, **value}  # a check the file leaves out keeps its default
 
     @field_validator("params")
     @classmethod
@@ -131,7 +131,7 @@ def sweep_spec(
     return SweepSpec(
         checks=chosen,
         params=merged,
-        deadline_s={c: config.deadline_s.get(c, 300.0) for c in ALL_CHECKS},
+        deadline_s=dict(config.deadline_s),
         quarantine=quarantine,
         min_busbw_gbps=min_busbw_gbps or config.min_busbw_gbps,
         requested_by=requested_by or "unknown",

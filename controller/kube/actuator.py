@@ -19,6 +19,7 @@ from collections.abc import Callable
 from typing import Any, cast
 
 import structlog
+import urllib3
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
@@ -242,6 +243,8 @@ class KubeActuator:
             items: list[Json] = _json(call())["items"]
         except ApiException as exc:
             raise SelectionError(f"{what}: the API server answered {exc.status} {exc.reason}") from None
+        except urllib3.exceptions.HTTPError as exc:  # unreachable after the client's retries
+            raise SelectionError(f"{what}: cannot reach the API server: {exc}") from None
         return items
 
 

@@ -273,3 +273,11 @@ def test_sweeps_choose_nodes_by_label_and_by_job(kube: KubeApiServer, tmp_path: 
     assert act.job_nodes("train", "legacy") == ["gpu-1"]
     with pytest.raises(SelectionError, match="Job train/nope has no running pods"):
         act.job_nodes("train", "nope")
+
+
+def test_choosing_nodes_from_an_unreachable_api_server_says_so(tmp_path: Path) -> None:
+    with KubeApiServer() as kube:
+        kubeconfig = kube.kubeconfig(tmp_path / "kubeconfig")
+    act = KubeActuator(api_client(kubeconfig, retry=RETRY.new(total=1, backoff_factor=0.01)))
+    with pytest.raises(SelectionError, match="cannot reach the API server"):
+        act.nodes_matching("pool=h100")

@@ -110,7 +110,9 @@ def test_the_slow_node_is_named_not_its_partner_and_everything_is_filed(tmp_path
 
 
 def test_a_crashed_hung_or_missing_check_is_unknown_and_the_others_finish(tmp_path: Path) -> None:
-    sim = SimulatedChecks(script={("node-1", "matmul"): "crash", ("node-2", "matmul"): "hang"})
+    sim = SimulatedChecks(
+        script={("node-1", "matmul"): "crash", ("node-2", "matmul"): "hang", ("node-3", "membw"): "misnamed"}
+    )
     fast = SweepConfig(deadline_s={"matmul": 0.5}, answer_grace_s=0.5)
 
     async def test(c: Cluster) -> None:

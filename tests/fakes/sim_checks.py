@@ -2,7 +2,8 @@
 
 Local checks answer after ``duration_s`` with plausible figures (an H100 node's, by default), or as
 scripted per node and check: "fail", "crash" (UNKNOWN, as the agent reports a crashed check), "hang"
-(no answer at all) or "slow" (every GPU at 70%: passes its own node's comparison, not the fleet's).
+(no answer at all), "slow" (every GPU at 70%: passes its own node's comparison, not the fleet's) or
+"misnamed" (answers OK for another check than the one asked).
 A pair's all-reduce meets at its master address, as the real members meet at rank 0's store, and
 runs at the link speed of its slower member: a throttled NIC caps the pair.
 """
@@ -63,6 +64,8 @@ class SimulatedChecks:
         else:
             result.verdict, result.reason = common_pb2.OK, "simulated"
             result.figures.update(_figures(run.check, 0.7 if behaviour == "slow" else 1.0))
+            if behaviour == "misnamed":
+                result.check = "something_else"
         result.finished_at = time.time()
         return result
 

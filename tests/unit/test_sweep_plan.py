@@ -64,6 +64,8 @@ def test_a_bad_configuration_names_its_key() -> None:
         SweepConfig(checks=("gpu_health", "burn"))
     with pytest.raises(ValidationError, match="deadlines must be positive: matmul"):
         SweepConfig(deadline_s={"matmul": 0})
+    partial = SweepConfig(deadline_s={"matmul": 5.0}).deadline_s
+    assert partial["matmul"] == 5.0 and partial["gpu_health"] == 30.0  # the others keep their defaults
 
 
 def test_ipv6_masters_are_bracketed_and_peers_parsed() -> None:
