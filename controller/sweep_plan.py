@@ -162,29 +162,43 @@ def device_figures(result: CheckResult, key: str) -> dict[str, float]:
     return {k[len(prefix) :]: v for k, v in result.figures.items() if k.startswith(prefix)}
 
 
-def judge_fleet(results: Sequence[NodeCheck], max_below_median: float) -> list[NodeCheck]:
-    """Mark FAIL each passing per-device result with a device far below the same model's devices
-    across the sweep (``checks.judge.fleet_outliers``: the median and the spread)."""
-    out = list(results)
+def _judged_figures(result: CheckResult) -> tuple[float, dict[str, float], str] | None:
+    """What the fleet compares of a passing result: (the group it is compared within, its values by
+    label, the unit). Devices by GPU model; an intra-node all-reduce by its number of ranks."""
     for check, key, unit in FLEET_JUDGED:
-        by_model: dict[float, dict[str, float]] = {}  # expected peak -> {"node/GPU0": value}
-        where: dict[str, int] = {}  # "node/GPU0" -> its result's position in out
-        for i, nc in enumerate(out):
-            if nc.result.check == check and nc.result.verdict is Verdict.OK:
-                model = nc.result.figures.get(f"expected_peak_{key}", 0.0)
-                for label, value in device_figures(nc.result, key).items():
-                    by_model.setdefault(model, {})[f"{nc.node}/{label}"] = value
-                    where[f"{nc.node}/{label}"] = i
-        problems: dict[int, list[str]] = {}
-        for values in by_model.values():
-            median = statistics.median(values.values())
-            for name in fleet_outliers(values, max_below_median):
-                label, value = name.split("/", 1)[1], values[name]
-                problems.setdefault(where[name], []).append(
-                    f"{label} at {value:.4g} {unit}, {1 - value / median:.0%} below the fleet median {median:.4g}"
-                )
-        for i, found in problems.items():
-            out[i] = NodeCheck(out[i].node, replace(out[i].result, verdict=Verdict.FAIL, reason="; ".join(found)))
+        if result.check == check:
+            return result.figures.get(f"expected_peak_{key}", 0.0), device_figures(result, key), unit
+    if result.check == "allreduce" and (busbw := largest_busbw(result.figures)) is not None:
+        return result.figures.get("world_size", 0.0), {"all-reduce": busbw}, "GB/s busbw"
+    return None
+
+
+def judge_fleet(results: Sequence[NodeCheck], max_below_median: float) -> list[NodeCheck]:
+    """Mark FAIL each passing result far below its kind across the sweep (``checks.judge.fleet_outliers``:
+    the median and the spread): a GPU against every GPU of its model, a node's all-reduce (its NVLink)
+    against every node's with as many ranks."""
+    out = list(results)
+    groups: dict[tuple[str, float], dict[str, float]] = {}  # (check, group) -> {"node/GPU0": value}
+    where: dict[str, int] = {}  # "node/GPU0" + check -> its result's position in out
+    units: dict[str, str] = {}
+    for i, nc in enumerate(out):
+        judged = _judged_figures(nc.result) if nc.result.verdict is Verdict.OK else None
+        if judged is None:
+            continue
+        group, values, units[nc.result.check] = judged
+        for label, value in values.items():
+            groups.setdefault((nc.result.check, group), {})[f"{nc.node}/{label}"] = value
+            where[f"{nc.result.check}:{nc.node}/{label}"] = i
+    problems: dict[int, list[str]] = {}
+    for (check, _), values in groups.items():
+        median = statistics.median(values.values())
+        for name in fleet_outliers(values, max_below_median):
+            label, value, unit = name.split("/", 1)[1], values[name], units[check]
+            problems.setdefault(where[f"{check}:{name}"], []).append(
+                f"{label} at {value:.4g} {unit}, {1 - value / median:.0%} below the fleet median {median:.4g}"
+            )
+    for i, found in problems.items():
+        out[i] = NodeCheck(out[i].node, replace(out[i].result, verdict=Verdict.FAIL, reason="; ".join(found)))
     return out
 
 

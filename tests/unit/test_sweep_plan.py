@@ -100,6 +100,19 @@ def test_each_gpu_model_is_judged_against_its_own_kind() -> None:
     assert judged[-1].result == failed  # a failure keeps its own reason; it is not judged again
 
 
+def test_a_node_whose_all_reduce_lags_the_fleet_fails() -> None:
+    def allreduce(node: str, busbw: float, ranks: float = 8.0) -> NodeCheck:
+        figures = {"world_size": ranks, "busbw_gbps_1073741824": busbw, "busbw_gbps_1048576": busbw / 10}
+        return NodeCheck(node, CheckResult("allreduce", Verdict.OK, "nccl", figures))
+
+    fleet = [allreduce(f"n{i}", 360.0 + i) for i in range(5)] + [allreduce("nvlink-down", 120.0)]
+    fleet += [allreduce(f"small{i}", 90.0, ranks=2.0) for i in range(3)]  # 2-GPU nodes: their own kind
+    judged = {nc.node: nc.result for nc in judge_fleet(fleet, 0.25)}
+    assert judged["nvlink-down"].verdict is Verdict.FAIL
+    assert judged["nvlink-down"].reason == "all-reduce at 120 GB/s busbw, 67% below the fleet median 361.5"
+    assert [n for n, r in judged.items() if r.verdict is Verdict.FAIL] == ["nvlink-down"]
+
+
 def test_headlines() -> None:
     assert headline(CheckResult("gpu_health", Verdict.OK, "", {"gpus": 8.0})) == "8 GPUs"
     assert headline(matmul("n", [790.0, 612.4]).result) == "612.4 TFLOP/s (slowest: GPU1)"
