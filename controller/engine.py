@@ -9,6 +9,7 @@ the actions out; the agent's ack for a signal waits until its actions are done.
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -17,6 +18,7 @@ import structlog
 
 from controller.action_runner import ActionRunner
 from controller.actuators import Actuator, Pager
+from controller.check_requests import CheckRequests
 from controller.decide import (
     Drain,
     EscalateIncident,
@@ -91,9 +93,7 @@ class Engine:
         self.drain_after_quarantine = drain
         # The gateway delivers commands to a connected agent; False when that agent is not connected.
         self.send_to_agent: Callable[[str, agent_pb2.ControllerMessage], bool] = lambda node, msg: False
-        self._release_checks: dict[str, str] = {}  # request id -> node
-        # Checks someone awaits (a sweep): request id -> (node, check, the future its result resolves).
-        self._check_waiters: dict[str, tuple[str, str, asyncio.Future[common_pb2.CheckResult]]] = {}
+        self.checks = CheckRequests(store, lambda node, msg: self.send_to_agent(node, msg))
         self._last_release_check: dict[str, float] = {}
         self._release_tasks: set[asyncio.Task[object]] = set()
         # Floods: a paged incident that keeps folding signals gets its count in its thread, at most
@@ -178,16 +178,7 @@ class Engine:
     def disconnected(self, node: str) -> None:
         if node in self.nodes:
             self.nodes[node].connected = False
-        # Whoever waits on this node's checks learns now, not at the check's deadline (a late result
-        # from a reconnected agent is still recorded).
-        for request_id, (owner, check, future) in list(self._check_waiters.items()):
-            if owner == node:
-                del self._check_waiters[request_id]
-                if not future.done():
-                    reason = "the node's agent disconnected while the check ran"
-                    lost = common_pb2.CheckResult(request_id=request_id, node=node, check=check, reason=reason)
-                    lost.verdict = common_pb2.UNKNOWN
-                    future.set_result(lost)
+        self.checks.disconnected(node)  # whoever waits on its checks learns now, not at their deadline
 
     def receive(self, node: str, signals: Sequence[Signal]) -> int:
         """Decide and durably record a batch; returns the seq to acknowledge."""
@@ -358,12 +349,27 @@ class Engine:
             run = agent_pb2.RunCheck(
                 request_id=request_id, check=self.recovery.check, deadline_s=self.recovery.check_deadline_s
             )
-            if self.send_to_agent(name, agent_pb2.ControllerMessage(run_check=run)):
-                self._release_checks[request_id] = name
+            answer = self.checks.ask(name, run)
+            if answer is not None:
+                answer.add_done_callback(functools.partial(self._release_answered, name))
                 self._last_release_check[name] = now
                 asked.append(name)
                 log.info("release_check_sent", node=name, check=self.recovery.check, request=request_id)
         return asked
+
+    def _release_answered(self, node: str, answer: asyncio.Future[common_pb2.CheckResult]) -> None:
+        if answer.cancelled():
+            return
+        r = answer.result()
+        entry = self._entry(node)
+        verdict = common_pb2.Verdict.Name(r.verdict)
+        if check_releases(entry.state, verdict, r.started_at, self.recovery):
+            reason = f"{r.check} passed after the hold-down: {r.reason}"
+            task = asyncio.get_running_loop().create_task(self.uncordon(node, "vigil (automatic)", reason))
+            self._release_tasks.add(task)
+            task.add_done_callback(self._release_tasks.discard)
+        else:
+            log.warning("release_check_not_passed", node=node, check=r.check, verdict=verdict, reason=r.reason)
 
     def report_folds(self) -> int:
         """Tell the pager how many signals each flooding incident has folded since it was paged."""
@@ -428,20 +434,7 @@ class Engine:
         log.warning("automation_resumed", by=requested_by, reason=reason, apply_held=apply_held, held=len(held))
         return (len(held), 0) if apply_held else (0, len(held))
 
-    # Checks --------------------------------------------------------------------------------
-
-    def ask_check(self, node: str, run: agent_pb2.RunCheck) -> asyncio.Future[common_pb2.CheckResult] | None:
-        """Send a check to a node's agent; the future gets its result. None: the agent is not connected."""
-        future: asyncio.Future[common_pb2.CheckResult] = asyncio.get_running_loop().create_future()
-        self._check_waiters[run.request_id] = (node, run.check, future)
-        if not self.send_to_agent(node, agent_pb2.ControllerMessage(run_check=run)):
-            del self._check_waiters[run.request_id]
-            return None
-        return future
-
-    def forget_check(self, request_id: str) -> None:
-        """Stop waiting for a check (it overran); a late result is still recorded."""
-        self._check_waiters.pop(request_id, None)
+    # Sweeps --------------------------------------------------------------------------------
 
     def check_failed(self, node: str, key: str, reason: str) -> str:
         """A failure the controller found itself (a sweep's check), decided and acted on like an agent's
@@ -468,36 +461,3 @@ class Engine:
         if quarantine.dry_run:
             return f"dry-run: would quarantine (incident {incident_id})"
         return f"quarantine requested (incident {incident_id})"
-
-    def record_check_result(self, node: str, r: common_pb2.CheckResult) -> None:
-        self._store_check_result(node, r)
-        waiter = self._check_waiters.get(r.request_id)
-        if waiter is not None and waiter[0] == node:
-            del self._check_waiters[r.request_id]
-            if not waiter[2].done():
-                waiter[2].set_result(r)
-            return
-        if self._release_checks.get(r.request_id) != node:
-            return
-        del self._release_checks[r.request_id]
-        entry = self._entry(node)
-        verdict = common_pb2.Verdict.Name(r.verdict)
-        if check_releases(entry.state, verdict, r.started_at, self.recovery):
-            reason = f"{r.check} passed after the hold-down: {r.reason}"
-            task = asyncio.get_running_loop().create_task(self.uncordon(node, "vigil (automatic)", reason))
-            self._release_tasks.add(task)
-            task.add_done_callback(self._release_tasks.discard)
-        else:
-            log.warning("release_check_not_passed", node=node, check=r.check, verdict=verdict, reason=r.reason)
-
-    def _store_check_result(self, node: str, r: common_pb2.CheckResult) -> None:
-        self.store.record_check_result(
-            r.request_id,
-            node,
-            r.check,
-            common_pb2.Verdict.Name(r.verdict),
-            r.reason,
-            dict(r.figures),
-            r.started_at,
-            r.finished_at,
-        )

@@ -118,7 +118,7 @@ class AgentGateway(agent_pb2_grpc.AgentGatewayServicer):
                 acked = self._engine.receive(node, signals)
                 outbox.put_nowait(agent_pb2.ControllerMessage(ack=agent_pb2.Ack(acked_seq=acked)))
             elif body == "check_result":
-                self._engine.record_check_result(node, msg.check_result)
+                self._engine.checks.answered(node, msg.check_result)
             else:
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"unexpected message {body!r} after Hello")
 

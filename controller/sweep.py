@@ -231,14 +231,14 @@ class Sweeper:
         self, node: str, check: str, params: dict[str, str], deadline_s: float, request_id: str
     ) -> CheckResult:
         run = agent_pb2.RunCheck(request_id=request_id, check=check, params=params, deadline_s=deadline_s)
-        future = self._engine.ask_check(node, run)
+        future = self._engine.checks.ask(node, run)
         if future is None:
             return unknown(check, "the node's agent is not connected")
         wait_s = deadline_s + self.config.answer_grace_s
         try:
             answer = await asyncio.wait_for(future, wait_s)
         except TimeoutError:
-            self._engine.forget_check(request_id)
+            self._engine.checks.forget(request_id)
             return unknown(check, f"no answer from the node's agent within {wait_s:g} s")
         return replace(result_from_proto(answer), check=check)  # filed under what was asked, whatever it says
 

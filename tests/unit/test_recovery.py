@@ -61,7 +61,7 @@ def test_engine_asks_the_agent_and_releases_on_a_pass(tmp_path: Path) -> None:
             reason="GPU 0 lost",
             started_at=now[0],
         )
-        e.record_check_result("n1", failed)
+        e.checks.answered("n1", failed)
         await asyncio.sleep(0.05)
         assert e.nodes["n1"].state.health is Health.QUARANTINED
         assert e.ask_release_checks() == []  # not again before check_every_s
@@ -75,7 +75,7 @@ def test_engine_asks_the_agent_and_releases_on_a_pass(tmp_path: Path) -> None:
             reason="8 GPUs healthy",
             started_at=now[0],
         )
-        e.record_check_result("n1", passed)
+        e.checks.answered("n1", passed)
         await asyncio.sleep(0.05)
         await e.drain()
         assert e.nodes["n1"].state.health is Health.HEALTHY

@@ -1,0 +1,59 @@
+"""Checks the controller asks agents to run, and the futures their results resolve.
+
+Every result is filed in the store, whoever asked. A waiter learns its result or, when the node's
+agent disconnects first, an UNKNOWN that says so: nobody waits for a deadline on an agent that is
+gone (a late result from the reconnected agent is still filed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+from controller.store import Store
+from protos.vigil.v1 import agent_pb2, common_pb2
+
+Send = Callable[[str, agent_pb2.ControllerMessage], bool]  # False: that node's agent is not connected
+
+
+class CheckRequests:
+    def __init__(self, store: Store, send: Send) -> None:
+        self._store = store
+        self._send = send
+        self._waiting: dict[str, tuple[str, str, asyncio.Future[common_pb2.CheckResult]]] = {}  # id -> node, check
+
+    def ask(self, node: str, run: agent_pb2.RunCheck) -> asyncio.Future[common_pb2.CheckResult] | None:
+        """Send a check to a node's agent; the future gets its result. None: the agent is not connected."""
+        future: asyncio.Future[common_pb2.CheckResult] = asyncio.get_running_loop().create_future()
+        self._waiting[run.request_id] = (node, run.check, future)
+        if not self._send(node, agent_pb2.ControllerMessage(run_check=run)):
+            del self._waiting[run.request_id]
+            return None
+        return future
+
+    def forget(self, request_id: str) -> None:
+        """Stop waiting for a check (it overran its deadline)."""
+        self._waiting.pop(request_id, None)
+
+    def answered(self, node: str, r: common_pb2.CheckResult) -> None:
+        verdict = common_pb2.Verdict.Name(r.verdict)
+        figures = dict(r.figures)
+        self._store.record_check_result(
+            r.request_id, node, r.check, verdict, r.reason, figures, r.started_at, r.finished_at
+        )
+        waiting = self._waiting.get(r.request_id)
+        if waiting is not None and waiting[0] == node:  # another node cannot answer for it
+            del self._waiting[r.request_id]
+            if not waiting[2].done():
+                waiting[2].set_result(r)
+
+    def disconnected(self, node: str) -> None:
+        for request_id, (owner, check, future) in list(self._waiting.items()):
+            if owner != node:
+                continue
+            del self._waiting[request_id]
+            if not future.done():
+                reason = "the node's agent disconnected while the check ran"
+                lost = common_pb2.CheckResult(request_id=request_id, node=node, check=check, reason=reason)
+                lost.verdict = common_pb2.UNKNOWN
+                future.set_result(lost)
