@@ -1,0 +1,91 @@
+"""The job's configuration: the model's shape and the run's settings, validated, with named presets.
+
+``debug`` is CPU-sized (tests, the demo); ``small`` fits a laptop GPU; ``1b`` is about a billion
+parameters (a quarter of them active per token), sized for one H100/H200.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class ModelConfig(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    vocab_size: int = Field(default=512, ge=2)
+    dim: int = Field(default=64, ge=8)
+    n_layers: int = Field(default=2, ge=1)
+    n_heads: int = Field(default=4, ge=1)
+    n_experts: int = Field(default=4, ge=1)
+    top_k: int = Field(default=2, ge=1)
+    n_shared_experts: int = Field(default=0, ge=0, le=1, description="a dense expert every token also goes through")
+    expert_dim: int = Field(default=128, ge=8, description="hidden size of each expert's SwiGLU")
+    seq_len: int = Field(default=64, ge=2)
+    rope_theta: float = Field(default=10000.0, gt=0)
+    aux_loss_coef: float = Field(default=0.01, ge=0, description="load-balancing loss weight (Switch Transformer)")
+
+    @model_validator(mode="after")
+    def _shapes(self) -> ModelConfig:
+        if self.dim % self.n_heads or (self.dim // self.n_heads) % 2:
+            raise ValueError(f"dim {self.dim} must split into {self.n_heads} heads of an even size (RoPE)")
+        if self.top_k > self.n_experts:
+            raise ValueError(f"top_k {self.top_k} cannot exceed n_experts {self.n_experts}")
+        return self
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.n_heads
+
+
+PRESETS: dict[str, ModelConfig] = {
+    "debug": ModelConfig(),
+    "small": ModelConfig(
+        vocab_size=32768, dim=512, n_layers=8, n_heads=8, n_experts=8, top_k=2, expert_dim=1024, seq_len=1024
+    ),
+    # 1.03 B parameters, 0.31 B active per token (see flops.py); small: 143 M, 50 M active.
+    "1b": ModelConfig(
+        vocab_size=32768,
+        dim=1024,
+        n_layers=16,
+        n_heads=16,
+        n_experts=12,
+        top_k=2,
+        n_shared_experts=1,
+        expert_dim=1408,
+        seq_len=2048,
+    ),
+}
+
+
+class TrainConfig(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    preset: str = "debug"
+    out: Path = Path("runs/debug")
+    data: Path | None = Field(default=None, description="a folder of *.bin token shards (uint16); default: synthetic")
+    synthetic_tokens: int = Field(default=1 << 20, ge=1024, description="size of the synthetic corpus")
+    steps: int = Field(default=100, ge=1)
+    global_batch: int = Field(default=8, ge=1, description="sequences per step, across all ranks")
+    lr: float = Field(default=3e-3, gt=0)
+    warmup_steps: int = Field(default=10, ge=0)
+    weight_decay: float = Field(default=0.1, ge=0)
+    seed: int = 1234
+    checkpoint_every: int = Field(default=20, ge=1)
+    keep_checkpoints: int = Field(default=3, ge=1)
+    async_checkpoint: bool = True
+    log_every: int = Field(default=1, ge=1)
+    dtype: Literal["auto", "float32", "bfloat16"] = Field(default="auto", description="auto: bf16 on GPU, fp32 on CPU")
+    peak_tflops: float | None = Field(default=None, gt=0, description="override the GPU's dense bf16 peak for MFU")
+
+    @model_validator(mode="after")
+    def _known_preset(self) -> TrainConfig:
+        if self.preset not in PRESETS:
+            raise ValueError(f"no model preset {self.preset!r}; presets: {', '.join(PRESETS)}")
+        return self
+
+    @property
+    def architecture(self) -> ModelConfig:
+        return PRESETS[self.preset]
