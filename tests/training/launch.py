@@ -1,0 +1,56 @@
+"""Start the bundled job as N processes on this machine, the way torchrun or a Kubernetes Job would:
+each with RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT. Tests signal the processes
+themselves and read each one's exit code."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def launch(world: int, out: Path, *args: str) -> list[subprocess.Popen[bytes]]:
+    port = str(free_port())
+    out.mkdir(parents=True, exist_ok=True)
+    procs = []
+    for rank in range(world):
+        env = {
+            **os.environ,
+            "RANK": str(rank),
+            "LOCAL_RANK": str(rank),
+            "WORLD_SIZE": str(world),
+            "LOCAL_WORLD_SIZE": str(world),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": port,
+            "OMP_NUM_THREADS": "1",
+        }
+        command = [sys.executable, "-m", "trainer_hooks.moe_job.train", "--out", str(out), *args]
+        with open(out / f"rank{rank}.log", "ab") as log:  # the child keeps its own descriptor
+            procs.append(subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT))
+    return procs
+
+
+def run(world: int, out: Path, *args: str, timeout: float = 240) -> list[int]:
+    procs = launch(world, out, *args)
+    return [p.wait(timeout) for p in procs]
+
+
+def events(out: Path, kind: str | None = None) -> list[dict[str, Any]]:
+    lines = (out / "metrics.jsonl").read_text().splitlines() if (out / "metrics.jsonl").exists() else []
+    found = [json.loads(line) for line in lines]
+    return [e for e in found if kind is None or e["event"] == kind]
+
+
+def losses(out: Path) -> dict[int, float]:
+    """step -> loss; a step trained again after a resume from an older checkpoint: its last value."""
+    return {e["step"]: e["loss"] for e in events(out, "step")}

@@ -1,0 +1,159 @@
+"""Train the bundled MoE model under torchrun; resume from the last committed checkpoint on start.
+
+    torchrun --nproc-per-node 2 -m trainer_hooks.moe_job.train --preset debug --out runs/debug --steps 100
+
+Each step: the next ``global_batch`` samples (this rank's slice), forward, backward, clip, AdamW,
+then one all-reduce that carries both the loss (for the log) and the stop flag. SIGTERM only sets
+that flag (no collective ever runs in a signal handler); at the step boundary where the all-reduced
+flag is set, every rank stops at the same step, the job saves a checkpoint synchronously, commits
+it, and exits with ``CHECKPOINTED_EXIT_CODE``. Whoever launched the job starts it again, and it
+resumes at exactly the next sample, with any number of ranks.
+
+Rank 0 appends one JSON line per logged step to ``<out>/metrics.jsonl``: step, loss, tokens/s and,
+on a GPU with a known peak, MFU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from trainer_hooks.moe_job.checkpoint import Checkpointer, TrainState
+from trainer_hooks.moe_job.config import TrainConfig
+from trainer_hooks.moe_job.data import Sampler, load_shards, synthetic_corpus
+from trainer_hooks.moe_job.flops import flops_per_token, peak_flops
+from trainer_hooks.moe_job.model import MoETransformer, loss_fn
+from trainer_hooks.moe_job.parallel import shard
+
+CHECKPOINTED_EXIT_CODE = 75  # EX_TEMPFAIL: checkpointed on request; start me again
+
+
+class StopFlag:
+    """Set from a signal handler; read, and agreed on by all ranks, at step boundaries only."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self.why = ""
+
+    def set(self, signum: int, _frame: FrameType | None) -> None:
+        self.requested, self.why = True, signal.Signals(signum).name
+
+
+def learning_rate(cfg: TrainConfig, step: int) -> float:
+    """Linear warm-up, then cosine decay to a tenth."""
+    if step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    progress = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
+    return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
+
+
+def parse_args(argv: list[str] | None = None) -> TrainConfig:
+    parser = argparse.ArgumentParser(prog="python -m trainer_hooks.moe_job.train", description=__doc__)
+    for name, field in TrainConfig.model_fields.items():
+        flag = "--" + name.replace("_", "-")
+        if field.annotation is bool:
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=field.description)
+        else:
+            parser.add_argument(flag, default=None, help=field.description)
+    given = {k: v for k, v in vars(parser.parse_args(argv)).items() if v is not None}
+    try:
+        return TrainConfig(**given)
+    except ValueError as exc:  # pydantic names the bad argument
+        parser.error(str(exc))
+        raise  # unreachable: parser.error exits
+
+
+def main(argv: list[str] | None = None) -> int:
+    cfg = parse_args(argv)
+    on_gpu = torch.cuda.is_available()
+    dist.init_process_group("cpu:gloo,cuda:nccl" if on_gpu else "gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    device = torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}" if on_gpu else "cpu")
+    if on_gpu:
+        torch.cuda.set_device(device)
+    bf16 = cfg.dtype == "bfloat16" or (cfg.dtype == "auto" and on_gpu)
+    arch = cfg.architecture
+    stop = StopFlag()
+    signal.signal(signal.SIGTERM, stop.set)
+
+    torch.manual_seed(cfg.seed)  # the same initial weights on every rank, before sharding
+    model = shard(MoETransformer(arch).to(device), bf16)
+    optimizer = torch.optim.AdamW(
+        model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay, eps=1e-8
+    )
+    state = TrainState(model, optimizer)
+    checkpointer = Checkpointer(cfg.out / "checkpoints", rank, cfg.keep_checkpoints)
+    resumed = checkpointer.load(state)
+    shards = load_shards(cfg.data) if cfg.data else [synthetic_corpus(arch.vocab_size, cfg.synthetic_tokens, cfg.seed)]
+    sampler = Sampler(shards, arch.seq_len, cfg.seed)
+    log = MetricsLog(cfg.out / "metrics.jsonl", rank == 0)
+    log.event("start", step=state.step, consumed=state.consumed, world_size=world, resumed_from=str(resumed or ""))
+
+    peak = peak_flops(torch.cuda.get_device_name(device), cfg.peak_tflops) if on_gpu else cfg.peak_tflops
+    tokens_per_step = cfg.global_batch * arch.seq_len
+    while state.step < cfg.steps:
+        started = time.perf_counter()
+        batch = torch.from_numpy(sampler.batch(state.consumed, cfg.global_batch, rank, world)).to(device)
+        for group in optimizer.param_groups:
+            group["lr"] = learning_rate(cfg, state.step)
+        ce, loss = loss_fn(model, batch)
+        loss.backward()  # type: ignore[no-untyped-call]
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        state.step += 1
+        state.consumed += cfg.global_batch
+
+        # One all-reduce per step: the loss for the log, and whether any rank was asked to stop.
+        shared = torch.stack([ce.detach().float(), torch.tensor(float(stop.requested), device=device)])
+        dist.all_reduce(shared)
+        mean_loss, stopping = shared[0].item() / world, shared[1].item() > 0
+        seconds = time.perf_counter() - started
+        if state.step % cfg.log_every == 0 or stopping:
+            tokens_per_s = tokens_per_step / seconds
+            mfu = tokens_per_s / world * flops_per_token(arch) / peak if peak else None
+            log.event("step", step=state.step, loss=mean_loss, lr=learning_rate(cfg, state.step - 1),
+                      tokens_per_s=round(tokens_per_s, 1), step_s=round(seconds, 4), mfu=mfu)  # fmt: skip
+
+        checkpointer.poll()
+        if stopping:
+            blocked = checkpointer.save(state, asynchronous=False)
+            log.event("checkpointed_and_exiting", step=state.step, why=stop.why or "another rank", blocked_s=blocked)
+            dist.destroy_process_group()
+            return CHECKPOINTED_EXIT_CODE
+        if state.step % cfg.checkpoint_every == 0 and state.step < cfg.steps:
+            blocked = checkpointer.save(state, asynchronous=cfg.async_checkpoint)
+            log.event("checkpoint", step=state.step, asynchronous=cfg.async_checkpoint, blocked_s=round(blocked, 4))
+
+    checkpointer.save(state, asynchronous=False)
+    log.event("finished", step=state.step)
+    dist.destroy_process_group()
+    return 0
+
+
+class MetricsLog:
+    def __init__(self, path: Path, enabled: bool) -> None:
+        self.path, self.enabled = path, enabled
+
+    def event(self, event: str, **fields: Any) -> None:
+        if not self.enabled:
+            return
+        line = json.dumps({"event": event, "at": time.time(), **fields})
+        print(line, flush=True)
+        with self.path.open("a") as f:
+            f.write(line + "\n")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
