@@ -80,6 +80,34 @@ def test_a_run_resumes_with_another_number_of_ranks(tmp_path: Path, uninterrupte
     assert [resumed[s] for s in later] == pytest.approx([uninterrupted[s] for s in later], abs=2e-3)
 
 
+def test_after_a_crash_the_run_resumes_from_the_asynchronous_checkpoint_exactly(
+    tmp_path: Path, uninterrupted: dict[int, float]
+) -> None:
+    """An asynchronous save copied the state while the next step ran: what it wrote must be its own
+    step's state, not a mix with later updates, or the resumed curve would differ."""
+    procs = launch(2, tmp_path, *ARGS)
+    latest = tmp_path / "checkpoints" / "latest"
+
+    def past_a_commit() -> bool:
+        if not latest.exists():
+            return False
+        committed = int(latest.read_text().strip().removeprefix("step-"))
+        return any(e["step"] >= committed + 2 for e in events(tmp_path, "step"))
+
+    poll_until(past_a_commit, timeout=120, what="a committed asynchronous checkpoint, training past it")
+    for p in procs:
+        p.send_signal(signal.SIGKILL)  # a node died: no checkpoint on the way out
+    for p in procs:
+        p.wait(30)
+    committed = int(latest.read_text().strip().removeprefix("step-"))
+    trained = max(e["step"] for e in events(tmp_path, "step"))
+    assert committed in (10, 20) and trained > committed
+
+    assert run(2, tmp_path, *ARGS) == [0, 0]
+    assert events(tmp_path, "start")[-1]["step"] == committed
+    assert losses(tmp_path) == uninterrupted  # the steps after it trained again, to the same values
+
+
 def test_a_half_written_checkpoint_is_never_resumed_from(tmp_path: Path) -> None:
     assert run(2, tmp_path, "--steps", "10", "--global-batch", "6", "--checkpoint-every", "5") == [0, 0]
     root = tmp_path / "checkpoints"

@@ -12,9 +12,12 @@ missing or names something incomplete, the newest complete checkpoint is used. A
 checkpoint (no ``.metadata``) is never picked. After each commit, complete checkpoints beyond
 ``keep`` and abandoned half-written ones older than the commit are removed.
 
-An asynchronous save copies the state to host memory (the blocking part) and writes it in a thread
-while training goes on; its collectives run on their own gloo group, never interleaved with the
-training's. At most one save is in flight: the next waits for it.
+An asynchronous save copies the state to host memory in a background thread while the next step's
+forward and backward run, then writes it in another thread while training goes on. Only the
+optimizer step mutates what is being copied, so it waits for the copy (``before_update``): that
+wait and the call itself are all the training loop gives up. The save's collectives run on their
+own gloo group, never interleaved with the training's. At most one save is in flight: the next
+waits for it.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint import state_dict_loader, state_dict_saver
+from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.checkpoint.stateful import Stateful
 
@@ -115,6 +119,7 @@ class Checkpointer:
         # a save thread must never interleave its collectives with the training loop's.
         self.group = dist.new_group(backend="gloo")
         self._pending: tuple[int, Future[Any]] | None = None
+        self._staging: Future[Any] | None = None
         self.last_committed = -1
 
     def save(self, state: TrainState, asynchronous: bool) -> float:
@@ -123,14 +128,30 @@ class Checkpointer:
         path = step_dir(self.root, state.step)
         started = time.perf_counter()
         if asynchronous:
-            future = state_dict_saver.async_save({"train": state}, checkpoint_id=path, process_group=self.group)
-            assert isinstance(future, Future)
-            self._pending = (state.step, future)
+            on_gpu = torch.cuda.is_available()
+            stager = DefaultStager(StagingOptions(on_gpu, False, True, on_gpu))  # pinned, -, async, non-blocking
+            response = state_dict_saver.async_save(
+                {"train": state}, checkpoint_id=path, process_group=self.group, async_stager=stager
+            )
+            assert isinstance(response, state_dict_saver.AsyncSaveResponse)
+            response.upload_completion.add_done_callback(lambda _: stager.close())
+            self._staging = response.staging_completion
+            self._pending = (state.step, response.upload_completion)
             return time.perf_counter() - started
         state_dict_saver.save({"train": state}, checkpoint_id=path, process_group=self.group)
         blocked = time.perf_counter() - started
         self._committed(state.step)
         return blocked
+
+    def before_update(self) -> float:
+        """Wait until the save in flight has copied the state (call before anything mutates it, the
+        optimizer step); returns the seconds waited."""
+        if self._staging is None:
+            return 0.0
+        started = time.perf_counter()
+        self._staging.result()
+        self._staging = None
+        return time.perf_counter() - started
 
     def poll(self) -> None:
         """Commit the save in flight if it has finished (never waits)."""
@@ -142,6 +163,7 @@ class Checkpointer:
             return
         step, future = self._pending
         self._pending = None
+        self.before_update()
         future.result()  # a failed write raises here: the run stops rather than train on uncommitted
         self._committed(step)
 

@@ -110,6 +110,8 @@ def main(argv: list[str] | None = None) -> int:
         ce, loss = loss_fn(model, batch)
         loss.backward()  # type: ignore[no-untyped-call]
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        if (waited := checkpointer.before_update()) > 0.001:  # a save in flight still copies the state
+            log.event("checkpoint_staging_wait", step=state.step, waited_s=round(waited, 4))
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         state.step += 1
