@@ -43,6 +43,7 @@ bench: $(VENV)/.dev  ## benchmarks; each prints its figures and appends them to 
 	$(BIN)/python -m bench.agent_footprint
 	$(BIN)/python -m bench.fault_to_action
 	$(BIN)/python -m bench.sweep
+	$(BIN)/python -m bench.checkpoint
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
