@@ -16,6 +16,8 @@ pytest.importorskip("torch", reason="the training job needs torch (make test ins
 from tests.helpers import poll_until  # noqa: E402
 from tests.training.launch import events, launch, losses, run  # noqa: E402
 from trainer_hooks.moe_job.checkpoint import resume_point, step_dir  # noqa: E402
+from trainer_hooks.moe_job.config import PRESETS  # noqa: E402
+from trainer_hooks.moe_job.flops import flops_per_token  # noqa: E402
 from trainer_hooks.moe_job.train import CHECKPOINTED_EXIT_CODE  # noqa: E402
 
 pytestmark = pytest.mark.e2e
@@ -119,3 +121,16 @@ def test_a_half_written_checkpoint_is_never_resumed_from(tmp_path: Path) -> None
     assert resume_point(root) == step_dir(root, 10)
     assert run(2, tmp_path, "--steps", "12", "--global-batch", "6", "--checkpoint-every", "5") == [0, 0]
     assert events(tmp_path, "start")[-1]["step"] == 10
+
+
+def test_mfu_is_logged_against_a_given_peak_and_a_finished_run_is_not_rewritten(tmp_path: Path) -> None:
+    args = ("--steps", "4", "--global-batch", "4", "--peak-tflops", "1")
+    assert run(2, tmp_path, *args) == [0, 0]
+    steps = events(tmp_path, "step")
+    tokens_per_s = steps[-1]["tokens_per_s"]
+    per_device_flops = tokens_per_s / 2 * flops_per_token(PRESETS["debug"])
+    assert steps[-1]["mfu"] == pytest.approx(per_device_flops / 1e12, rel=1e-3)
+    metadata = step_dir(tmp_path / "checkpoints", 4) / ".metadata"
+    written = metadata.stat().st_mtime_ns
+    assert run(2, tmp_path, *args) == [0, 0]  # nothing left to train: the committed step stays as it is
+    assert metadata.stat().st_mtime_ns == written and events(tmp_path, "start")[-1]["step"] == 4

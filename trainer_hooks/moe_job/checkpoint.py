@@ -123,8 +123,11 @@ class Checkpointer:
         self.last_committed = -1
 
     def save(self, state: TrainState, asynchronous: bool) -> float:
-        """Save at ``state.step``; returns the seconds training was blocked."""
+        """Save at ``state.step``; returns the seconds training was blocked. A step already committed
+        is not written again (rewriting the committed checkpoint in place could tear it)."""
         self.wait()
+        if state.step == self.last_committed:
+            return 0.0
         path = step_dir(self.root, state.step)
         started = time.perf_counter()
         if asynchronous:

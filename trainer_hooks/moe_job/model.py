@@ -72,8 +72,14 @@ class SwiGLU(nn.Module):
 
 
 def _grouped_mm_fits(*tensors: torch.Tensor) -> bool:
-    """grouped_mm wants every row of every operand to start on a 16-byte boundary."""
-    return hasattr(F, "grouped_mm") and all(t.shape[-1] * t.element_size() % 16 == 0 for t in tensors)
+    """grouped_mm wants every row of every operand to start on a 16-byte boundary, and on a GPU
+    bf16 operands (its kernels need SM 80 or newer)."""
+    if not hasattr(F, "grouped_mm"):
+        return False
+    x = tensors[0]
+    if x.is_cuda and (x.dtype != torch.bfloat16 or torch.cuda.get_device_capability(x.device) < (8, 0)):
+        return False
+    return all(t.shape[-1] * t.element_size() % 16 == 0 for t in tensors)
 
 
 class MoE(nn.Module):

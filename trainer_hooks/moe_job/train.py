@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     log = MetricsLog(cfg.out / "metrics.jsonl", rank == 0)
     log.event("start", step=state.step, consumed=state.consumed, world_size=world, resumed_from=str(resumed or ""))
 
-    peak = peak_flops(torch.cuda.get_device_name(device), cfg.peak_tflops) if on_gpu else cfg.peak_tflops
+    peak = peak_flops(torch.cuda.get_device_name(device) if on_gpu else "cpu", cfg.peak_tflops)
     tokens_per_step = cfg.global_batch * arch.seq_len
     while state.step < cfg.steps:
         started = time.perf_counter()
