@@ -29,7 +29,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from bench.record import append_result, header
-from tests.training.launch import events, free_port, launch
+from tests.helpers import free_port
+from tests.training.launch import events, launch
 from trainer_hooks.moe_job.checkpoint import Checkpointer, TrainState
 from trainer_hooks.moe_job.config import PRESETS
 from trainer_hooks.moe_job.flops import total_params

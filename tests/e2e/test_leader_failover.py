@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 from pathlib import Path
 
@@ -15,17 +14,11 @@ from agent.simulated import simulated_gpus
 from tests.e2e.processes import configured_controller, start_agent
 from tests.fakes.kube_api import KubeApiServer
 from tests.fakes.slack_api import CHANNEL, TOKEN, FakeSlack
-from tests.helpers import poll_until
+from tests.helpers import free_port, poll_until
 from vigil.admin_client import AdminClient
 from vigil.demo import xid_line
 
 pytestmark = pytest.mark.e2e
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def controller(tmp: Path, name: str, port: int, kube: KubeApiServer, slack: FakeSlack) -> subprocess.Popen[bytes]:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
-import socket
 import subprocess
 import urllib.parse
 import urllib.request
@@ -19,7 +18,7 @@ import pytest
 from agent.config import AgentConfig
 from agent.daemon import Agent
 from agent.simulated import SimulatedBackend
-from tests.helpers import poll_until, wait_until
+from tests.helpers import free_port, poll_until, wait_until
 from vigil.signals import THROTTLE_HW_THERMAL
 
 pytestmark = pytest.mark.e2e
@@ -73,12 +72,6 @@ def test_promtool_finds_nothing_to_lint(tmp_path: Path) -> None:
     lint = subprocess.run(["promtool", "check", "metrics"], input=body, capture_output=True, text=True)
     assert lint.returncode == 0, lint.stdout + lint.stderr
     assert lint.stdout.strip() == "" and lint.stderr.strip() == ""
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def query(port: int, promql: str) -> list[dict[str, object]]:

@@ -6,28 +6,13 @@ copy bandwidth per GPU, and NCCL all-reduce bus bandwidth across the node's GPUs
 
 from __future__ import annotations
 
-import shutil
-import subprocess
-
 import pytest
 
 from checks.result import Verdict
 from checks.runner import run_check
+from tests.gpu.nvidia import gpus
 
-pytestmark = pytest.mark.gpu
-
-
-def gpus() -> int:
-    if shutil.which("nvidia-smi") is None:
-        return 0
-    out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True)
-    return len(out.stdout.splitlines()) if out.returncode == 0 else 0
-
-
-@pytest.fixture(scope="module", autouse=True)
-def need_a_gpu() -> None:
-    if gpus() == 0:
-        pytest.skip("no NVIDIA GPU here (nvidia-smi -L lists none)")
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("need_a_gpu")]
 
 
 @pytest.mark.parametrize(("check", "args"), [("matmul", ["--seconds", "10"]), ("membw", ["--iters", "100"])])

@@ -6,29 +6,15 @@ tokens/s and MFU after warm-up, for the record; then resumes it from its checkpo
 
 from __future__ import annotations
 
-import shutil
 import statistics
-import subprocess
 from pathlib import Path
 
 import pytest
 
+from tests.gpu.nvidia import gpus
 from tests.training.launch import events, run
 
-pytestmark = pytest.mark.gpu
-
-
-def gpus() -> int:
-    if shutil.which("nvidia-smi") is None:
-        return 0
-    out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True)
-    return len(out.stdout.splitlines()) if out.returncode == 0 else 0
-
-
-@pytest.fixture(scope="module", autouse=True)
-def need_a_gpu() -> None:
-    if gpus() == 0:
-        pytest.skip("no NVIDIA GPU here (nvidia-smi -L lists none)")
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("need_a_gpu")]
 
 
 def test_the_1b_preset_trains_in_bf16_and_reports_mfu(tmp_path: Path) -> None:
