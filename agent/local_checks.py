@@ -15,6 +15,7 @@ import time
 from agent.backend import GpuBackend, GpuReading
 from agent.faults import pcie_degradation
 from checks.runner import run_check
+from checks.wire import result_to_proto
 from protos.vigil.v1 import agent_pb2, common_pb2
 from vigil.signals import THROTTLE_HARMFUL_MASK, throttle_reason_names
 
@@ -56,9 +57,10 @@ class LocalChecks:
         if request.check != "gpu_health":
             args = [a for key, value in sorted(request.params.items()) for a in (f"--{key}", value)]
             answer = await asyncio.to_thread(run_check, request.check, args, request.deadline_s or 120.0)
-            result.verdict = common_pb2.Verdict.Value(answer.verdict.value)  # type: ignore[assignment]
-            result.reason = answer.reason
-            result.figures.update(answer.figures)
+            # The agent's own request and times frame the answer, whatever the program reported.
+            answered = result_to_proto(self._node, answer, request.request_id)
+            result.verdict, result.reason = answered.verdict, answered.reason
+            result.figures.update(answered.figures)
         else:
             try:
                 readings = await asyncio.wait_for(

@@ -19,6 +19,7 @@ import structlog
 from google.protobuf.json_format import MessageToJson
 
 from checks.result import CheckResult, Verdict, unknown
+from checks.wire import result_from_proto, result_to_proto
 from controller.engine import Engine, UnknownNode
 from controller.pairing import Finding, Pair, batches, culprits, pair_up, plan_isolation, slow_pairs
 from controller.sweep_plan import (
@@ -41,7 +42,7 @@ from controller.sweep_plan import (
     pair_run,
     row_for,
 )
-from protos.vigil.v1 import admin_pb2, agent_pb2, common_pb2
+from protos.vigil.v1 import admin_pb2, agent_pb2
 
 log = structlog.get_logger(__name__)
 
@@ -58,31 +59,6 @@ class _PairStage:
     findings: list[Finding] = field(default_factory=list)
     rounds: int = 0
     pairs: int = 0
-
-
-def result_from_proto(msg: common_pb2.CheckResult) -> CheckResult:
-    verdict = common_pb2.Verdict.Name(msg.verdict)
-    return CheckResult(
-        check=msg.check,
-        verdict=Verdict(verdict) if verdict in Verdict.__members__ else Verdict.UNKNOWN,
-        reason=msg.reason if verdict in Verdict.__members__ else f"unreadable verdict {verdict}: {msg.reason}",
-        figures=dict(msg.figures),
-        started_at=msg.started_at,
-        finished_at=msg.finished_at,
-    )
-
-
-def result_to_proto(node: str, result: CheckResult, request_id: str = "") -> common_pb2.CheckResult:
-    return common_pb2.CheckResult(
-        request_id=request_id,
-        node=node,
-        check=result.check,
-        verdict=result.verdict.value,  # enum fields take the value's name
-        reason=result.reason,
-        figures=result.figures,
-        started_at=result.started_at,
-        finished_at=result.finished_at,
-    )
 
 
 def row_to_proto(row: Row) -> admin_pb2.SweepRow:
