@@ -10,6 +10,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from controller.guardrails import GuardrailConfig
+from controller.mfu import JobsConfig
 from controller.recovery import RecoveryConfig
 from controller.sweep_plan import SweepConfig
 from vigil.config_file import load_yaml_model
@@ -84,6 +85,7 @@ class ControllerConfig(BaseModel):
     recovery: RecoveryConfig = Field(default_factory=RecoveryConfig)
     leader_election: LeaderElectionConfig = Field(default_factory=LeaderElectionConfig)
     sweep: SweepConfig = Field(default_factory=SweepConfig)
+    jobs: JobsConfig = Field(default_factory=JobsConfig)
 
     @model_validator(mode="after")
     def _pager_settings(self) -> ControllerConfig:

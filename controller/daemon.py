@@ -20,11 +20,13 @@ from prometheus_client import start_http_server
 from controller.actuators import Actuator, ConsolePager, LocalActuator, NullPager, Pager
 from controller.config import ControllerConfig
 from controller.engine import Engine
+from controller.jobs import JobMonitor
 from controller.policy import load_policy
 from controller.server import Admin, AgentGateway
 from controller.store import Store
 from controller.sweep import Sweeper
-from protos.vigil.v1 import admin_pb2_grpc, agent_pb2_grpc
+from controller.trainer_gateway import TrainerGateway
+from protos.vigil.v1 import admin_pb2_grpc, agent_pb2_grpc, trainer_pb2_grpc
 
 log = structlog.get_logger(__name__)
 
@@ -71,6 +73,7 @@ class Controller:
         )
         self.gateway = AgentGateway(self.engine)
         self.sweeper = Sweeper(self.engine, config.sweep)
+        self.jobs = JobMonitor(self.engine, self.sweeper, config.jobs)
         self.server: grpc.aio.Server | None = None
         self.port = 0
 
@@ -82,6 +85,7 @@ class Controller:
         agent_pb2_grpc.add_AgentGatewayServicer_to_server(self.gateway, self.server)
         identity = self.config.leader_election.identity
         admin_pb2_grpc.add_AdminServicer_to_server(Admin(self.engine, self.sweeper, identity), self.server)
+        trainer_pb2_grpc.add_TrainerGatewayServicer_to_server(TrainerGateway(self.jobs), self.server)
         address = f"{self.config.listen}:{self.config.port}"
         try:
             self.port = self.server.add_insecure_port(address)
@@ -111,12 +115,13 @@ class Controller:
             self.store.close()
             return
         await self.start()
-        watcher = asyncio.create_task(self.engine.watch(stop))
+        watchers = [asyncio.create_task(self.engine.watch(stop)), asyncio.create_task(self.jobs.watch(stop))]
         await stop.wait()
         assert self.server is not None
         await self.server.stop(grace=1.0)
+        await self.jobs.stop()
         await self.sweeper.stop()
-        await watcher
+        await asyncio.gather(*watchers)
         await self.engine.shutdown()
         self.store.close()
 

@@ -168,6 +168,8 @@ def decide(state: NodeState, signal: Signal, policy: Policy, now: float, inciden
     if state.health in _OUT_OF_SERVICE:
         severity = Severity.RECORD  # already out of service: keep the evidence, act no further
     summary = f"{signal.describe()}: {rule.meaning}"
+    if signal.kind is SignalKind.CHECK_FAILED and signal.message:
+        summary += f": {signal.message}"  # the check's own reason is the whole point of its page
 
     open_refs = tuple(r for r in state.incidents if r.last_at >= at - policy.fold_window_s)
     existing = next((r for r in open_refs if r.key == key), None)

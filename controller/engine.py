@@ -117,6 +117,8 @@ class Engine:
         # The latest open incident of each node, for status views (kept here, not read per request).
         self.open_incident: dict[str, str] = store.latest_open_incidents()
         self.guard = Guard(self.guardrails, store, self.runner, self.metrics, lambda: len(self.nodes), clock)
+        # The job monitor's: a node is being taken out of service, so the jobs on it must stop.
+        self.on_quarantine: Callable[[Quarantine], None] = lambda action: None
 
     @property
     def actuator(self) -> Actuator:
@@ -213,6 +215,8 @@ class Engine:
                     self.runner.schedule(PendingAction(action.incident_id, action, 0, item.signal.seq))
                     if isinstance(action, Page):
                         self._paged[action.incident_id] = node
+                    elif isinstance(action, Quarantine) and not action.dry_run:
+                        self.on_quarantine(action)
                 elif isinstance(action, FoldIntoIncident) and action.incident_id in self._paged:
                     self._folded.add(action.incident_id)
                 elif isinstance(action, EscalateIncident) and action.severity is not Severity.RECORD:

@@ -39,3 +39,13 @@ class ControllerMetrics:
             "vigil_controller_automation_paused", "1 while the circuit breaker holds quarantines back", registry=r
         )
         self.leader = Gauge("vigil_controller_leader", "1 while this replica holds the leader Lease", registry=r)
+        self.job_mfu = Gauge(
+            "vigil_controller_job_mfu", "The job's MFU in its last window (0: unknown peak)", ["job"], registry=r
+        )
+        self.job_tokens_per_s = Gauge(
+            "vigil_controller_job_tokens_per_second", "The job's tokens/s in its last window", ["job"], registry=r
+        )
+        self.job_commands = Counter(
+            "vigil_controller_job_commands_total", "CHECKPOINT_AND_RESTART commands sent", ["reason"], registry=r
+        )
+        self.mfu_drops = Counter("vigil_controller_mfu_drops_total", "MFU drops detected", ["blamed"], registry=r)

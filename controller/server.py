@@ -1,14 +1,13 @@
-"""The controller's gRPC services: the agent gateway and the admin service.
+"""The controller's gRPC services: the agent gateway and the admin service (the trainer gateway
+is in ``controller.trainer_gateway``).
 
 Bad input gets a gRPC status that names the problem (and a log line); it never takes the server
-down. The trainer gateway is defined in the protocol but not served yet:
-calls to it get UNIMPLEMENTED.
+down.
 """
 
 from __future__ import annotations
 
 import asyncio
-import re
 from collections.abc import AsyncIterator
 from urllib.parse import unquote
 
@@ -21,10 +20,9 @@ from controller.sweep import SweepBusy, Sweeper
 from controller.sweep_plan import SweepError, sweep_spec
 from protos.codec import BadSignal, gpu_to_proto, signal_from_proto
 from protos.vigil.v1 import admin_pb2, admin_pb2_grpc, agent_pb2, agent_pb2_grpc
+from vigil.names import is_node_name
 
 log = structlog.get_logger(__name__)
-
-_NODE_RE = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 
 
 def peer_host(peer: str) -> str:
@@ -63,7 +61,7 @@ class AgentGateway(agent_pb2_grpc.AgentGatewayServicer):
             return
         hello = first.hello
         node = hello.node
-        if not _NODE_RE.match(node):
+        if not is_node_name(node):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"Hello.node {node!r} is not a valid node name")
         if not hello.spool_id:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "Hello.spool_id is empty")
@@ -214,7 +212,7 @@ class Admin(admin_pb2_grpc.AdminServicer):
     async def Sweep(  # noqa: N802
         self, request: admin_pb2.SweepRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[admin_pb2.SweepUpdate]:
-        bad = [n for n in request.nodes if not _NODE_RE.match(n)]
+        bad = [n for n in request.nodes if not is_node_name(n)]
         if bad:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"not a node name: {bad[0]!r}")
         try:

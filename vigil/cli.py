@@ -258,6 +258,54 @@ def resume(
     raise typer.Exit(request_resume(controller, getpass.getuser(), reason, apply_held))
 
 
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def launch(
+    ctx: typer.Context,
+    nodes: Annotated[str, typer.Option(help="comma-separated node names the ranks run as (VIGIL_NODE)")],
+    job_id: Annotated[str, typer.Option(help="the job's id, as the controller will know it")] = "job",
+    nproc_per_node: Annotated[int, typer.Option(help="ranks per node")] = 1,
+    controller: Annotated[str, typer.Option(help="controller HOST:PORT ('' to run without Vigil)")] = "",
+    max_failures: Annotated[int, typer.Option(help="restarts after failed starts before giving up")] = 3,
+    log_dir: Annotated[Optional[Path], typer.Option(help="one log file per rank here (default: inherit)")] = None,
+    log_format: LogFormatOpt = "auto",
+) -> None:
+    """Run a training job's ranks here and start it again without the nodes Vigil took out:
+    vigil launch --nodes node-1,node-2 -- python -m trainer_hooks.moe_job.train --preset debug"""
+    from vigil.launch import LaunchConfig, Launcher
+    from vigil.names import is_job_id, is_node_name
+
+    _setup_logs(log_format)
+    names = [n.strip() for n in nodes.split(",") if n.strip()]
+    bad = [n for n in names if not is_node_name(n)]
+    if not names or bad:
+        _fail(f"--nodes: {bad[0]!r} is not a node name" if bad else "--nodes names no node")
+    if len(set(names)) != len(names):
+        _fail("--nodes names a node twice")
+    if not is_job_id(job_id):
+        _fail(f"--job-id {job_id!r}: letters, digits and -_. only")
+    if nproc_per_node < 1 or max_failures < 0:
+        _fail("--nproc-per-node must be >= 1 and --max-failures >= 0")
+    if not ctx.args:
+        _fail("no command to launch: put it after --, e.g. -- python -m trainer_hooks.moe_job.train")
+    config = LaunchConfig(
+        job_id=job_id,
+        nodes=tuple(names),
+        command=tuple(ctx.args),
+        nproc_per_node=nproc_per_node,
+        controller=controller,
+        max_failures=max_failures,
+        log_dir=log_dir,
+    )
+    launcher = Launcher(config)
+    try:
+        code = launcher.run()
+    except FileNotFoundError as exc:
+        _fail(f"cannot start the command: {exc}")
+    finally:
+        launcher.close()
+    raise typer.Exit(code)
+
+
 def main() -> None:
     try:
         app()

@@ -18,7 +18,7 @@ from tests.training.launch import events, launch, losses, run  # noqa: E402
 from trainer_hooks.moe_job.checkpoint import resume_point, step_dir  # noqa: E402
 from trainer_hooks.moe_job.config import PRESETS  # noqa: E402
 from trainer_hooks.moe_job.flops import flops_per_token  # noqa: E402
-from trainer_hooks.moe_job.train import CHECKPOINTED_EXIT_CODE  # noqa: E402
+from trainer_hooks.protocol import CHECKPOINTED_EXIT_CODE  # noqa: E402
 
 pytestmark = pytest.mark.e2e
 

@@ -79,6 +79,10 @@ class TrainConfig(BaseModel):
     log_every: int = Field(default=1, ge=1)
     dtype: Literal["auto", "float32", "bfloat16"] = Field(default="auto", description="auto: bf16 on GPU, fp32 on CPU")
     peak_tflops: float | None = Field(default=None, gt=0, description="override the GPU's dense bf16 peak for MFU")
+    # Fault injection, for the tests and the demo: the ranks on one node turn slow.
+    slow_node: str | None = Field(default=None, description="inject: the ranks on this node (VIGIL_NODE) turn slow")
+    slow_s: float = Field(default=0.0, ge=0, description="inject: seconds added to each of their steps")
+    slow_from_step: int = Field(default=0, ge=0, description="inject: from this step on")
 
     @model_validator(mode="after")
     def _known_preset(self) -> TrainConfig:

@@ -3,11 +3,13 @@
     torchrun --nproc-per-node 2 -m trainer_hooks.moe_job.train --preset debug --out runs/debug --steps 100
 
 Each step: the next ``global_batch`` samples (this rank's slice), forward, backward, clip, AdamW,
-then one all-reduce that carries both the loss (for the log) and the stop flag. SIGTERM only sets
-that flag (no collective ever runs in a signal handler); at the step boundary where the all-reduced
-flag is set, every rank stops at the same step, the job saves a checkpoint synchronously, commits
-it, and exits with ``CHECKPOINTED_EXIT_CODE``. Whoever launched the job starts it again, and it
-resumes at exactly the next sample, with any number of ranks.
+an all-reduce of the loss (for the log), then Vigil's hook (``trainer_hooks.hook``): it agrees on
+the stop flag across ranks and reports to the controller. SIGTERM only sets that flag (no collective
+ever runs in a signal handler), and so does the controller's CHECKPOINT_AND_RESTART; at the step
+boundary where the agreed flag is set, every rank stops at the same step, the job saves a
+checkpoint synchronously, commits it, acknowledges, and exits with ``CHECKPOINTED_EXIT_CODE``.
+Whoever launched the job starts it again, and it resumes at exactly the next sample, with any
+number of ranks.
 
 Rank 0 appends one JSON line per logged step to ``<out>/metrics.jsonl``: step, loss, tokens/s and,
 on a GPU with a known peak, MFU.
@@ -29,25 +31,14 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from trainer_hooks.hook import HookConfig, HookConfigError, VigilHook
 from trainer_hooks.moe_job.checkpoint import Checkpointer, TrainState
 from trainer_hooks.moe_job.config import TrainConfig
 from trainer_hooks.moe_job.data import Sampler, load_shards, synthetic_corpus
 from trainer_hooks.moe_job.flops import flops_per_token, peak_flops
 from trainer_hooks.moe_job.model import MoETransformer, loss_fn
 from trainer_hooks.moe_job.parallel import shard
-
-CHECKPOINTED_EXIT_CODE = 75  # EX_TEMPFAIL: checkpointed on request; start me again
-
-
-class StopFlag:
-    """Set from a signal handler; read, and agreed on by all ranks, at step boundaries only."""
-
-    def __init__(self) -> None:
-        self.requested = False
-        self.why = ""
-
-    def set(self, signum: int, _frame: FrameType | None) -> None:
-        self.requested, self.why = True, signal.Signals(signum).name
+from trainer_hooks.protocol import CHECKPOINTED_EXIT_CODE
 
 
 def learning_rate(cfg: TrainConfig, step: int) -> float:
@@ -84,8 +75,18 @@ def main(argv: list[str] | None = None) -> int:
         torch.cuda.set_device(device)
     bf16 = cfg.dtype == "bfloat16" or (cfg.dtype == "auto" and on_gpu)
     arch = cfg.architecture
-    stop = StopFlag()
-    signal.signal(signal.SIGTERM, stop.set)
+    peak = peak_flops(torch.cuda.get_device_name(device) if on_gpu else "cpu", cfg.peak_tflops)
+    try:
+        hook = VigilHook(HookConfig.from_env(flops_per_token=flops_per_token(arch), peak_flops=peak or 0.0))
+    except HookConfigError as exc:
+        print(exc, file=sys.stderr)
+        dist.destroy_process_group()
+        return 2
+
+    def on_sigterm(signum: int, _frame: FrameType | None) -> None:
+        hook.request_stop(signal.Signals(signum).name)  # only sets a flag: the step boundary acts on it
+
+    signal.signal(signal.SIGTERM, on_sigterm)
 
     torch.manual_seed(cfg.seed)  # the same initial weights on every rank, before sharding
     model = shard(MoETransformer(arch).to(device), bf16)
@@ -98,9 +99,11 @@ def main(argv: list[str] | None = None) -> int:
     shards = load_shards(cfg.data) if cfg.data else [synthetic_corpus(arch.vocab_size, cfg.synthetic_tokens, cfg.seed)]
     sampler = Sampler(shards, arch.seq_len, cfg.seed)
     log = MetricsLog(cfg.out / "metrics.jsonl", rank == 0)
-    log.event("start", step=state.step, consumed=state.consumed, world_size=world, resumed_from=str(resumed or ""))
+    log.event("start", step=state.step, consumed=state.consumed, world_size=world, resumed_from=str(resumed or ""),
+              node=hook.config.node, restart=hook.config.restart_count)  # fmt: skip
+    hook.start(state.step, max(checkpointer.last_committed, 0))
+    slow = cfg.slow_s if cfg.slow_node == hook.config.node else 0.0
 
-    peak = peak_flops(torch.cuda.get_device_name(device) if on_gpu else "cpu", cfg.peak_tflops)
     tokens_per_step = cfg.global_batch * arch.seq_len
     while state.step < cfg.steps:
         started = time.perf_counter()
@@ -117,11 +120,13 @@ def main(argv: list[str] | None = None) -> int:
         state.step += 1
         state.consumed += cfg.global_batch
 
-        # One all-reduce per step: the loss for the log, and whether any rank was asked to stop.
-        shared = torch.stack([ce.detach().float(), torch.tensor(float(stop.requested), device=device)])
-        dist.all_reduce(shared)
-        mean_loss, stopping = shared[0].item() / world, shared[1].item() > 0
+        mean = ce.detach().float()
+        dist.all_reduce(mean)
+        mean_loss = mean.item() / world
+        if slow and state.step > cfg.slow_from_step:
+            time.sleep(slow)  # injected: this node's ranks are slow
         seconds = time.perf_counter() - started
+        stopping = hook.step_end(state.step, tokens_per_step, seconds, mean_loss)
         if state.step % cfg.log_every == 0 or stopping:
             tokens_per_s = tokens_per_step / seconds
             mfu = tokens_per_s / world * flops_per_token(arch) / peak if peak else None
@@ -131,14 +136,18 @@ def main(argv: list[str] | None = None) -> int:
         checkpointer.poll()
         if stopping:
             blocked = checkpointer.save(state, asynchronous=False)
-            log.event("checkpointed_and_exiting", step=state.step, why=stop.why or "another rank", blocked_s=blocked)
+            acked = hook.end(checkpoint_step=state.step)
+            log.event("checkpointed_and_exiting", step=state.step, why=hook.stop_reason, blocked_s=blocked,
+                      acknowledged=acked)  # fmt: skip
             dist.destroy_process_group()
             return CHECKPOINTED_EXIT_CODE
         if state.step % cfg.checkpoint_every == 0 and state.step < cfg.steps:
             blocked = checkpointer.save(state, asynchronous=cfg.async_checkpoint)
+            hook.checkpoint_saved(blocked, checkpointer.last_committed)
             log.event("checkpoint", step=state.step, asynchronous=cfg.async_checkpoint, blocked_s=round(blocked, 4))
 
     checkpointer.save(state, asynchronous=False)
+    hook.end()
     log.event("finished", step=state.step)
     dist.destroy_process_group()
     return 0

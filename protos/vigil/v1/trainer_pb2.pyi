@@ -16,8 +16,18 @@ class RankStepTime(_message.Message):
     step_time_s: float
     def __init__(self, rank: _Optional[int] = ..., node: _Optional[str] = ..., step_time_s: _Optional[float] = ...) -> None: ...
 
+class CommandAck(_message.Message):
+    __slots__ = ("id", "checkpoint_step", "detail")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_STEP_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    checkpoint_step: int
+    detail: str
+    def __init__(self, id: _Optional[str] = ..., checkpoint_step: _Optional[int] = ..., detail: _Optional[str] = ...) -> None: ...
+
 class Progress(_message.Message):
-    __slots__ = ("job_id", "step", "restart_count", "window_start", "window_end", "tokens", "mfu", "loss", "step_times", "nodes")
+    __slots__ = ("job_id", "step", "restart_count", "window_start", "window_end", "tokens", "mfu", "loss", "step_times", "nodes", "world_size", "committed_step", "acks", "event", "checkpoint_s", "tokens_per_s")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
     RESTART_COUNT_FIELD_NUMBER: _ClassVar[int]
@@ -28,6 +38,12 @@ class Progress(_message.Message):
     LOSS_FIELD_NUMBER: _ClassVar[int]
     STEP_TIMES_FIELD_NUMBER: _ClassVar[int]
     NODES_FIELD_NUMBER: _ClassVar[int]
+    WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
+    COMMITTED_STEP_FIELD_NUMBER: _ClassVar[int]
+    ACKS_FIELD_NUMBER: _ClassVar[int]
+    EVENT_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_S_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_PER_S_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     step: int
     restart_count: int
@@ -38,7 +54,13 @@ class Progress(_message.Message):
     loss: float
     step_times: _containers.RepeatedCompositeFieldContainer[RankStepTime]
     nodes: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, job_id: _Optional[str] = ..., step: _Optional[int] = ..., restart_count: _Optional[int] = ..., window_start: _Optional[float] = ..., window_end: _Optional[float] = ..., tokens: _Optional[int] = ..., mfu: _Optional[float] = ..., loss: _Optional[float] = ..., step_times: _Optional[_Iterable[_Union[RankStepTime, _Mapping]]] = ..., nodes: _Optional[_Iterable[str]] = ...) -> None: ...
+    world_size: int
+    committed_step: int
+    acks: _containers.RepeatedCompositeFieldContainer[CommandAck]
+    event: str
+    checkpoint_s: float
+    tokens_per_s: float
+    def __init__(self, job_id: _Optional[str] = ..., step: _Optional[int] = ..., restart_count: _Optional[int] = ..., window_start: _Optional[float] = ..., window_end: _Optional[float] = ..., tokens: _Optional[int] = ..., mfu: _Optional[float] = ..., loss: _Optional[float] = ..., step_times: _Optional[_Iterable[_Union[RankStepTime, _Mapping]]] = ..., nodes: _Optional[_Iterable[str]] = ..., world_size: _Optional[int] = ..., committed_step: _Optional[int] = ..., acks: _Optional[_Iterable[_Union[CommandAck, _Mapping]]] = ..., event: _Optional[str] = ..., checkpoint_s: _Optional[float] = ..., tokens_per_s: _Optional[float] = ...) -> None: ...
 
 class CheckpointAndRestart(_message.Message):
     __slots__ = ("id", "reason", "exclude_nodes", "deadline")
@@ -63,3 +85,25 @@ class ReportReply(_message.Message):
     COMMANDS_FIELD_NUMBER: _ClassVar[int]
     commands: _containers.RepeatedCompositeFieldContainer[JobCommand]
     def __init__(self, commands: _Optional[_Iterable[_Union[JobCommand, _Mapping]]] = ...) -> None: ...
+
+class PlanRequest(_message.Message):
+    __slots__ = ("job_id", "nodes", "stopped")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    STOPPED_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    nodes: _containers.RepeatedScalarFieldContainer[str]
+    stopped: bool
+    def __init__(self, job_id: _Optional[str] = ..., nodes: _Optional[_Iterable[str]] = ..., stopped: _Optional[bool] = ...) -> None: ...
+
+class PlanReply(_message.Message):
+    __slots__ = ("commands", "exclude_nodes", "ready", "detail")
+    COMMANDS_FIELD_NUMBER: _ClassVar[int]
+    EXCLUDE_NODES_FIELD_NUMBER: _ClassVar[int]
+    READY_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    commands: _containers.RepeatedCompositeFieldContainer[JobCommand]
+    exclude_nodes: _containers.RepeatedScalarFieldContainer[str]
+    ready: bool
+    detail: str
+    def __init__(self, commands: _Optional[_Iterable[_Union[JobCommand, _Mapping]]] = ..., exclude_nodes: _Optional[_Iterable[str]] = ..., ready: _Optional[bool] = ..., detail: _Optional[str] = ...) -> None: ...

@@ -39,6 +39,11 @@ class TrainerGatewayStub:
                 request_serializer=protos_dot_vigil_dot_v1_dot_trainer__pb2.Progress.SerializeToString,
                 response_deserializer=protos_dot_vigil_dot_v1_dot_trainer__pb2.ReportReply.FromString,
                 _registered_method=True)
+        self.Plan = channel.unary_unary(
+                '/vigil.v1.TrainerGateway/Plan',
+                request_serializer=protos_dot_vigil_dot_v1_dot_trainer__pb2.PlanRequest.SerializeToString,
+                response_deserializer=protos_dot_vigil_dot_v1_dot_trainer__pb2.PlanReply.FromString,
+                _registered_method=True)
 
 
 class TrainerGatewayServicer:
@@ -51,6 +56,14 @@ class TrainerGatewayServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Plan(self, request, context):
+        """A launcher asks what to do: the commands out for its job, and whether and without which nodes
+        it may start the job again after the job stopped.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TrainerGatewayServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -58,6 +71,11 @@ def add_TrainerGatewayServicer_to_server(servicer, server):
                     servicer.Report,
                     request_deserializer=protos_dot_vigil_dot_v1_dot_trainer__pb2.Progress.FromString,
                     response_serializer=protos_dot_vigil_dot_v1_dot_trainer__pb2.ReportReply.SerializeToString,
+            ),
+            'Plan': grpc.unary_unary_rpc_method_handler(
+                    servicer.Plan,
+                    request_deserializer=protos_dot_vigil_dot_v1_dot_trainer__pb2.PlanRequest.FromString,
+                    response_serializer=protos_dot_vigil_dot_v1_dot_trainer__pb2.PlanReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -87,6 +105,33 @@ class TrainerGateway:
             '/vigil.v1.TrainerGateway/Report',
             protos_dot_vigil_dot_v1_dot_trainer__pb2.Progress.SerializeToString,
             protos_dot_vigil_dot_v1_dot_trainer__pb2.ReportReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Plan(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/vigil.v1.TrainerGateway/Plan',
+            protos_dot_vigil_dot_v1_dot_trainer__pb2.PlanRequest.SerializeToString,
+            protos_dot_vigil_dot_v1_dot_trainer__pb2.PlanReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,359 @@
+"""The job monitor: the training jobs Vigil protects, their MFU, and bringing them back.
+
+Jobs register themselves: rank 0's hook reports Progress every window (and polls in between), with
+the nodes the job runs on and each rank's step time. The monitor judges each window
+(``controller.mfu``, pure) and acts:
+
+- A node running a job is quarantined, for any reason (an XID, a failed check): the job gets
+  ``CHECKPOINT_AND_RESTART`` with that node excluded, in the reply to its next report.
+- The job's MFU drops and a node is to blame: that node goes through the engine as a failed check
+  (the policy and the guardrails decide; a tripped breaker or dry-run stops nothing), which is a
+  quarantine, hence the command above; once the job has checkpointed (or its deadline passed), the
+  nodes it will restart on are swept, and the failures quarantined too.
+- The MFU drops and nobody is to blame: a person is paged with the evidence; the job runs on.
+
+Launchers ask ``plan`` before they start a job again: which nodes to leave out, and whether the
+recovery sweep is still running. The registry lives in memory: a restarted controller learns the
+jobs again from their next reports (a command in flight is lost with it; the deadline does not
+apply then, and the job runs on until something else stops it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import structlog
+
+from controller.decide import Health, Page, PageUpdate, Quarantine
+from controller.engine import Engine, UnknownNode
+from controller.mfu import JobsConfig, RankTime, Reading, Track, blame, observe, stragglers, window_figure
+from controller.policy import Severity
+from controller.store import PendingAction
+from controller.sweep import SweepBusy, Sweeper
+from controller.sweep_plan import sweep_spec
+from protos.vigil.v1 import admin_pb2, common_pb2, trainer_pb2
+from vigil.names import is_job_id, is_node_name
+from vigil.waiting import wait_event
+
+log = structlog.get_logger(__name__)
+
+MAX_RANKS = 1 << 17
+MAX_NODES = 1 << 15
+
+
+class BadProgress(ValueError):
+    """A report that cannot be taken: the message names the field."""
+
+
+@dataclass
+class Job:
+    job_id: str
+    nodes: tuple[str, ...] = ()
+    restart_count: int = -1
+    step: int = 0
+    committed_step: int = 0
+    last_report: float = 0.0
+    track: Track = field(default_factory=Track)
+    figures: deque[float] = field(default_factory=lambda: deque(maxlen=12))  # recent windows, for pages
+    command: trainer_pb2.CheckpointAndRestart | None = None
+    stopped: bool = False  # the job acknowledged the command, its launcher said it exited, or the deadline passed
+    exclude: set[str] = field(default_factory=set)
+    incidents: list[str] = field(default_factory=list)  # paged incidents that this stop follows
+    sweep_after_stop: bool = False
+    sweeping: bool = False
+    recovery_note: str = ""
+    commands_sent: int = 0
+    drops: int = 0
+
+    @property
+    def stopping(self) -> bool:
+        return self.command is not None and not self.stopped
+
+    @property
+    def ready(self) -> bool:
+        """Whether a launcher may start the job again now."""
+        return not self.sweep_after_stop and not self.sweeping
+
+
+def validate(p: trainer_pb2.Progress) -> None:
+    if not is_job_id(p.job_id):
+        raise BadProgress(f"Progress.job_id {p.job_id!r} is not a job id (letters, digits, -_.)")
+    if p.step < 0 or p.restart_count < 0 or p.tokens < 0 or p.committed_step < 0:
+        raise BadProgress("Progress.step, restart_count, tokens and committed_step must be >= 0")
+    for name in ("mfu", "tokens_per_s", "loss", "checkpoint_s", "window_start", "window_end"):
+        value = getattr(p, name)
+        if value != value or value in (float("inf"), float("-inf")):  # NaN or infinite
+            raise BadProgress(f"Progress.{name} is {value}")
+    if not 0 <= p.mfu <= 1.5:
+        raise BadProgress(f"Progress.mfu {p.mfu} is not a fraction of the peak")
+    if len(p.nodes) > MAX_NODES or len(p.step_times) > MAX_RANKS:
+        raise BadProgress("Progress has more nodes or ranks than any job")
+    bad = [n for n in (*p.nodes, *(t.node for t in p.step_times)) if not is_node_name(n)]
+    if bad:
+        raise BadProgress(f"Progress names {bad[0]!r}, which is not a node name")
+    if any(t.step_time_s < 0 or t.step_time_s != t.step_time_s for t in p.step_times):
+        raise BadProgress("Progress.step_times has a negative or NaN step time")
+
+
+class JobMonitor:
+    def __init__(
+        self, engine: Engine, sweeper: Sweeper, config: JobsConfig, clock: Callable[[], float] = time.time
+    ) -> None:
+        self._engine = engine
+        self._sweeper = sweeper
+        self.config = config
+        self.clock = clock
+        self.jobs: dict[str, Job] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        engine.on_quarantine = self.node_quarantined
+
+    # Reports -------------------------------------------------------------------------------
+
+    def report(self, p: trainer_pb2.Progress) -> list[trainer_pb2.JobCommand]:
+        """Take one report from a job's rank 0; returns the commands waiting for the job."""
+        validate(p)
+        now = self.clock()
+        job = self.jobs.get(p.job_id)
+        if job is None:
+            job = self.jobs[p.job_id] = Job(p.job_id)
+            log.info("job_registered", job=p.job_id, nodes=list(p.nodes), world_size=p.world_size)
+        if p.event == "end":  # finished: a later job of the same id starts afresh
+            log.info("job_finished", job=p.job_id, step=p.step)
+            del self.jobs[p.job_id]
+            return []
+        if p.event == "start" or p.restart_count > job.restart_count:
+            self._started(job, p)
+        if p.nodes:
+            job.nodes = tuple(dict.fromkeys(p.nodes))
+        job.step, job.last_report = max(job.step, p.step), now
+        job.committed_step = max(job.committed_step, p.committed_step)
+        for ack in p.acks:
+            if job.command is not None and ack.id == job.command.id and not job.stopped:
+                log.info("job_checkpointed", job=job.job_id, command=ack.id, step=ack.checkpoint_step)
+                self._note(job, "JOB-CHECKPOINTED", f"checkpointed at step {ack.checkpoint_step} and exited")
+                self._stopped(job)
+        if job.command is None:
+            self._on_nodes_out_of_service(job)
+        if not p.event and job.command is None:
+            self._judge(job, p)
+        return self._commands(job)
+
+    def _on_nodes_out_of_service(self, job: Job) -> None:
+        """A job that runs on a node already out of service (it started there, or the controller
+        restarted after the quarantine) is told to leave it, as if the quarantine were new."""
+        for node in self._out_of_service(job.nodes):
+            job.exclude.add(node)
+            if incident := self._engine.open_incident.get(node):
+                job.incidents.append(incident)
+        if job.exclude:
+            self._command(job, f"runs on {', '.join(sorted(job.exclude))}, out of service")
+
+    def _started(self, job: Job, p: trainer_pb2.Progress) -> None:
+        if job.command is not None:
+            left_out = ", ".join(sorted(job.exclude)) or "none"
+            text = f"restarted on {len(p.nodes)} node(s), {left_out} left out; resumed at step {p.step}"
+            self._note(job, "JOB-RESUMED", text)
+            log.info("job_restarted", job=job.job_id, restart=p.restart_count, step=p.step, left_out=left_out)
+        job.restart_count, job.track, job.command, job.stopped = p.restart_count, Track(), None, False
+        job.exclude, job.incidents, job.sweep_after_stop, job.sweeping = set(), [], False, False
+        job.recovery_note = ""
+
+    def _judge(self, job: Job, p: trainer_pb2.Progress) -> None:
+        figure = window_figure(p.mfu, p.tokens_per_s)
+        if figure is None:
+            return
+        job.track, reading = observe(job.track, figure, self.config)
+        job.figures.append(figure)
+        self._engine.metrics.job_mfu.labels(job.job_id).set(p.mfu)
+        self._engine.metrics.job_tokens_per_s.labels(job.job_id).set(p.tokens_per_s)
+        if reading is Reading.DROP:
+            times = [RankTime(t.rank, t.node, t.step_time_s) for t in p.step_times]
+            self._drop(job, figure, times)
+
+    def _drop(self, job: Job, figure: float, times: Sequence[RankTime]) -> None:
+        baseline = job.track.baseline or 0.0
+        job.drops += 1
+        doubted = {}
+        for node in job.nodes:
+            entry = self._engine.nodes.get(node)
+            if entry is not None and entry.state.health not in (Health.HEALTHY, Health.UNKNOWN):
+                incident = self._engine.open_incident.get(node, "")
+                doubted[node] = f"{entry.state.health.value}" + (f" (incident {incident})" if incident else "")
+        found = blame(job.nodes, stragglers(times, self.config.straggler_ratio), doubted)
+        self._engine.metrics.mfu_drops.labels("yes" if found.nodes else "no").inc()
+        unit = "MFU" if figure <= 1.5 else "tokens/s"
+        what = (
+            f"job {job.job_id}: {unit} {figure:.4g}, {1 - figure / baseline:.0%} below its baseline {baseline:.4g} "
+            f"for {self.config.drop_windows} window(s) (recent: {', '.join(f'{f:.4g}' for f in job.figures)})"
+        )
+        evidence = "; ".join(found.evidence) or "no straggler rank and no doubted node"
+        log.warning("mfu_drop", job=job.job_id, figure=figure, baseline=baseline, blamed=list(found.nodes),
+                    evidence=evidence)  # fmt: skip
+        if not found.nodes or not self.config.act_on_drop:
+            self._page_drop(job, what, evidence, found.nodes)
+            return
+        job.sweep_after_stop = True
+        for node in found.nodes:
+            try:
+                outcome = self._engine.check_failed(node, f"mfu-{job.job_id}-{job.drops}", f"{what}; {evidence}")
+            except UnknownNode:
+                outcome = "not quarantined: no agent of that name has ever connected"
+            log.info("mfu_blame_acted_on", job=job.job_id, node=node, outcome=outcome)
+        if job.command is None:  # nothing was quarantined (dry-run, breaker): a person decides
+            job.sweep_after_stop = False
+            self._page_drop(job, what, evidence, found.nodes)
+
+    def _page_drop(self, job: Job, what: str, evidence: str, blamed: Sequence[str]) -> None:
+        incident_id = f"mfu-{job.job_id}-{job.drops}"
+        did = (
+            f"blamed {', '.join(blamed)} but took no action (dry-run, breaker or act_on_drop off)"
+            if blamed
+            else "nothing: no node to blame; the job runs on"
+        )
+        page = Page(incident_id, "", Severity.SUSPECT, what, f"look at the job; evidence: {evidence}", did=did)
+        self._schedule(page)
+
+    # Commands ------------------------------------------------------------------------------
+
+    def node_quarantined(self, action: Quarantine) -> None:
+        """The engine decided to quarantine a node: every job on it checkpoints and restarts without it."""
+        for job in self.jobs.values():
+            if action.node not in job.nodes or job.stopped:
+                continue
+            job.exclude.add(action.node)
+            job.incidents.append(action.incident_id)
+            if job.command is None:
+                self._command(job, f"{action.node} quarantined: {action.reason}")
+            else:
+                job.command.exclude_nodes[:] = sorted(job.exclude)
+
+    def _command(self, job: Job, reason: str) -> None:
+        job.commands_sent += 1
+        job.command = trainer_pb2.CheckpointAndRestart(
+            id=f"{job.job_id}-r{max(job.restart_count, 0)}-c{job.commands_sent}",
+            reason=reason,
+            exclude_nodes=sorted(job.exclude),
+            deadline=self.clock() + self.config.deadline_s,
+        )
+        self._engine.metrics.job_commands.labels("mfu" if job.sweep_after_stop else "quarantine").inc()
+        log.warning("job_command", job=job.job_id, command=job.command.id, exclude=sorted(job.exclude), reason=reason)
+        self._note(job, "JOB-STOPPING", f"asked to checkpoint and restart without {', '.join(sorted(job.exclude))}")
+
+    def _commands(self, job: Job) -> list[trainer_pb2.JobCommand]:
+        if not job.stopping:
+            return []
+        return [trainer_pb2.JobCommand(checkpoint_and_restart=job.command)]
+
+    def _stopped(self, job: Job) -> None:
+        job.stopped = True
+        if job.sweep_after_stop and not job.sweeping:
+            self._start_recovery_sweep(job)
+
+    # Launchers -----------------------------------------------------------------------------
+
+    def plan(self, request: trainer_pb2.PlanRequest) -> trainer_pb2.PlanReply:
+        if not is_job_id(request.job_id):
+            raise BadProgress(f"PlanRequest.job_id {request.job_id!r} is not a job id")
+        bad = [n for n in request.nodes if not is_node_name(n)]
+        if bad:
+            raise BadProgress(f"PlanRequest names {bad[0]!r}, which is not a node name")
+        out_of_service = self._out_of_service(request.nodes)
+        job = self.jobs.get(request.job_id)
+        if job is None:
+            return trainer_pb2.PlanReply(exclude_nodes=sorted(out_of_service), ready=True, detail="job not known")
+        if request.stopped and job.command is not None and not job.stopped:
+            log.info("job_exited", job=job.job_id, command=job.command.id)
+            self._stopped(job)
+        return trainer_pb2.PlanReply(
+            commands=self._commands(job),
+            exclude_nodes=sorted(job.exclude | out_of_service),
+            ready=job.ready,
+            detail=job.recovery_note,
+        )
+
+    def _out_of_service(self, nodes: Sequence[str]) -> set[str]:
+        return {
+            n
+            for n in nodes
+            if (e := self._engine.nodes.get(n)) is not None and e.state.health in (Health.UNHEALTHY, Health.QUARANTINED)
+        }
+
+    # Recovery sweep ------------------------------------------------------------------------
+
+    def _start_recovery_sweep(self, job: Job) -> None:
+        nodes = [n for n in job.nodes if n not in job.exclude]
+        if not nodes:
+            job.sweep_after_stop, job.recovery_note = False, "no node left to sweep"
+            return
+        spec = sweep_spec(self._sweeper.config, self.config.sweep_checks, {}, True, 0.0, f"vigil (job {job.job_id})")
+        done: asyncio.Future[admin_pb2.SweepSummary | None] = asyncio.get_running_loop().create_future()
+
+        def emit(update: admin_pb2.SweepUpdate) -> None:
+            if update.phase == "done" and not done.done():
+                done.set_result(update.summary if update.HasField("summary") else None)
+
+        try:
+            sweep_id = self._sweeper.start(spec, nodes, emit)
+        except SweepBusy:
+            return  # the next watch tick tries again
+        job.sweep_after_stop, job.sweeping = False, True
+        log.info("job_recovery_sweep", job=job.job_id, sweep=sweep_id, nodes=nodes)
+        task = asyncio.get_running_loop().create_task(self._sweep_done(job, sweep_id, done))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _sweep_done(self, job: Job, sweep_id: str, done: asyncio.Future[admin_pb2.SweepSummary | None]) -> None:
+        try:
+            summary = await done
+            if summary is None:
+                job.recovery_note = f"sweep {sweep_id} broke; restarting without the blamed nodes only"
+            else:
+                failed = {r.node for r in summary.rows if r.verdict == common_pb2.FAIL}
+                job.exclude |= failed
+                job.recovery_note = f"sweep {sweep_id}: {summary.verdict}" + (
+                    f", failed: {', '.join(sorted(failed))}" if failed else ""
+                )
+            self._note(job, "JOB-SWEPT", job.recovery_note)
+        finally:
+            job.sweeping = False
+
+    # Time-driven ---------------------------------------------------------------------------
+
+    def tick(self) -> None:
+        """Deadlines, pending recovery sweeps, and forgetting jobs gone silent."""
+        now = self.clock()
+        for job_id, job in list(self.jobs.items()):
+            if job.stopping and job.command is not None and now > job.command.deadline:
+                log.warning("job_deadline_passed", job=job_id, command=job.command.id)
+                self._note(job, "JOB-DEADLINE", "did not checkpoint before the deadline: its launcher kills it")
+                self._stopped(job)
+            elif job.stopped and job.sweep_after_stop:
+                self._start_recovery_sweep(job)
+            elif now - job.last_report > self.config.forget_after_s and not job.sweeping:
+                log.info("job_forgotten", job=job_id, silent_s=round(now - job.last_report))
+                del self.jobs[job_id]
+
+    async def watch(self, stop: asyncio.Event, every_s: float = 1.0) -> None:
+        while not stop.is_set():
+            self.tick()
+            await wait_event(stop, every_s)
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    # Pages ---------------------------------------------------------------------------------
+
+    def _note(self, job: Job, tag: str, text: str) -> None:
+        """A word in the thread of each incident this job's stop follows."""
+        for incident_id in job.incidents or ([f"mfu-{job.job_id}-{job.drops}"] if job.drops else []):
+            self._schedule(PageUpdate(incident_id, "", f"{tag}:{job.job_id}", f"Job {job.job_id} {text}"))
+
+    def _schedule(self, action: Page | PageUpdate) -> None:
+        if self._engine.store.add_action(action, self.clock()):
+            self._engine.runner.schedule(PendingAction(action.incident_id, action, 0))

@@ -1,0 +1,124 @@
+"""The MFU monitor's judgement: baseline, drop, and who is to blame. Pure.
+
+Each reporting window of a job gives one figure: its MFU, or its tokens/s where the job knows no
+peak (a CPU run); both are computed by the hook from the ranks' step times, so a window with a
+checkpoint pause does not look slow. After every (re)start the first ``warmup_windows`` are
+warm-up (compilation, caches, the allocator) and never count; the baseline is then the median of
+the next ``baseline_windows``. A figure below ``(1 - drop_fraction) * baseline`` for
+``drop_windows`` windows in a row is a drop, reported once until the figure recovers.
+
+Blame: a rank whose step time is ``straggler_ratio`` times the median rank's is a straggler, and
+its node is the suspect; a node of the job that the controller already holds as not healthy
+(throttling made it SUSPECT, say) is a suspect too. Stragglers on more than half of the job's
+nodes are not a node's fault (a slow network, a data stall): then nobody is blamed.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from enum import StrEnum
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class JobsConfig(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    warmup_windows: int = Field(default=1, ge=0, description="windows after each (re)start that never count")
+    baseline_windows: int = Field(default=3, ge=1, description="the baseline is the median of these windows")
+    drop_fraction: float = Field(default=0.2, gt=0, lt=1, description="δ: below (1-δ)·baseline is low")
+    drop_windows: int = Field(default=2, ge=1, description="N: this many low windows in a row are a drop")
+    straggler_ratio: float = Field(default=1.3, gt=1, description="a rank this many times the median step time")
+    deadline_s: float = Field(default=300.0, gt=0, description="to checkpoint and exit; past it the job is killed")
+    act_on_drop: bool = Field(default=True, description="stop, sweep and restart the job after a blamed drop")
+    sweep_checks: tuple[str, ...] = Field(default=("gpu_health",), description="the sweep of a stopped job's nodes")
+    plan_wait_s: float = Field(default=900.0, gt=0, description="the most a launcher waits for recovery")
+    forget_after_s: float = Field(default=3600.0, gt=0, description="a job silent this long is forgotten")
+
+
+class Reading(StrEnum):
+    WARMUP = "WARMUP"
+    LEARNING = "LEARNING"  # collecting the baseline
+    OK = "OK"
+    LOW = "LOW"
+    DROP = "DROP"  # the N-th low window in a row
+
+
+@dataclass(frozen=True, slots=True)
+class Track:
+    """One job's MFU history since its last (re)start (a new start begins a new Track)."""
+
+    windows: int = 0
+    samples: tuple[float, ...] = ()
+    baseline: float | None = None
+    low: int = 0
+
+
+def observe(track: Track, value: float, cfg: JobsConfig) -> tuple[Track, Reading]:
+    """Fold one window's figure into the track."""
+    track = replace(track, windows=track.windows + 1)
+    if track.windows <= cfg.warmup_windows:
+        return track, Reading.WARMUP
+    if track.baseline is None:
+        samples = (*track.samples, value)
+        if len(samples) < cfg.baseline_windows:
+            return replace(track, samples=samples), Reading.LEARNING
+        return replace(track, samples=samples, baseline=statistics.median(samples)), Reading.LEARNING
+    if value >= (1 - cfg.drop_fraction) * track.baseline:
+        return replace(track, low=0), Reading.OK
+    low = track.low + 1
+    return replace(track, low=low), Reading.DROP if low == cfg.drop_windows else Reading.LOW
+
+
+@dataclass(frozen=True, slots=True)
+class RankTime:
+    rank: int
+    node: str
+    step_time_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class Straggler:
+    rank: int
+    node: str
+    ratio: float  # its step time over the median rank's
+
+
+def stragglers(times: Sequence[RankTime], ratio: float) -> list[Straggler]:
+    """Ranks at least ``ratio`` times slower than the median rank; none with fewer than 2 ranks."""
+    if len(times) < 2:
+        return []
+    median = statistics.median(t.step_time_s for t in times)
+    if median <= 0:
+        return []
+    found = [Straggler(t.rank, t.node, t.step_time_s / median) for t in times if t.step_time_s >= ratio * median]
+    return sorted(found, key=lambda s: -s.ratio)
+
+
+@dataclass(frozen=True, slots=True)
+class Blame:
+    nodes: tuple[str, ...]  # empty: no culprit
+    evidence: tuple[str, ...]
+
+
+def blame(job_nodes: Sequence[str], slow: Sequence[Straggler], unhealthy: Mapping[str, str]) -> Blame:
+    """Which of the job's nodes explain its drop. ``unhealthy``: node -> why the controller doubts it."""
+    evidence = [f"rank {s.rank} on {s.node}: step time {s.ratio:.2f}x the median rank's" for s in slow]
+    slow_nodes = list(dict.fromkeys(s.node for s in slow))
+    if len(slow_nodes) * 2 > len(job_nodes) and len(job_nodes) > 1:
+        evidence.append(
+            f"stragglers on {len(slow_nodes)} of {len(job_nodes)} nodes: not one node's fault (network? data?)"
+        )
+        slow_nodes = []
+    doubted = [n for n in job_nodes if n in unhealthy]
+    evidence += [f"{n}: {unhealthy[n]}" for n in doubted]
+    return Blame(tuple(dict.fromkeys([*slow_nodes, *doubted])), tuple(evidence))
+
+
+def window_figure(mfu: float, tokens_per_s: float) -> float | None:
+    """The figure a window is judged by: MFU where known, else tokens/s; None for an empty window."""
+    if mfu > 0:
+        return mfu
+    return tokens_per_s if tokens_per_s > 0 else None

@@ -1,0 +1,222 @@
+"""The trainer gateway over real gRPC: a real controller, simulated agents, and a test playing a
+job's rank 0 (Progress) and its launcher (Plan). The real job, hook and launcher across processes
+are in ``tests/e2e/test_job_restart.py``."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from controller.config import ControllerConfig
+from controller.daemon import Controller
+from controller.mfu import JobsConfig
+from protos.vigil.v1 import trainer_pb2, trainer_pb2_grpc
+from tests.fakes.fleet import Fleet
+from tests.fakes.sim_checks import SimulatedChecks
+from tests.helpers import stop_controller, wait_until
+
+NODES = ["node-0", "node-1", "node-2"]
+FAST = JobsConfig(warmup_windows=1, baseline_windows=2, drop_windows=2, deadline_s=30)
+
+
+@dataclass
+class Rig:
+    controller: Controller
+    fleet: Fleet
+    checks: SimulatedChecks
+    trainer: trainer_pb2_grpc.TrainerGatewayStub
+
+    async def window(self, mfu: float, slow: dict[int, float] | None = None, **fields: Any) -> list[str]:
+        """One window of job "moe": one rank per node, rank ``r`` taking ``slow[r]`` s (else 0.1 s)."""
+        times = [
+            trainer_pb2.RankStepTime(rank=r, node=n, step_time_s=(slow or {}).get(r, 0.1)) for r, n in enumerate(NODES)
+        ]
+        p = trainer_pb2.Progress(
+            job_id="moe", step=fields.pop("step", 10), nodes=NODES, world_size=3, tokens=3000, mfu=mfu,
+            tokens_per_s=3000.0, step_times=times, **fields,
+        )  # fmt: skip
+        reply = await self.trainer.Report(p)
+        return [c.checkpoint_and_restart.id for c in reply.commands]
+
+    async def plan(self, stopped: bool = False, nodes: list[str] = NODES) -> trainer_pb2.PlanReply:
+        return await self.trainer.Plan(trainer_pb2.PlanRequest(job_id="moe", nodes=nodes, stopped=stopped))
+
+    def actions(self, incident_prefix: str) -> list[tuple[str, str, str]]:
+        rows = self.controller.store._db.execute(
+            "SELECT incident_id, kind, detail FROM actions WHERE incident_id LIKE ? ORDER BY requested_at",
+            (f"{incident_prefix}%",),
+        ).fetchall()
+        return [(str(a), str(b), str(c)) for a, b, c in rows]
+
+
+@asynccontextmanager
+async def rig(tmp_path: Path, jobs: JobsConfig = FAST, **config: Any) -> AsyncIterator[Rig]:
+    cfg = ControllerConfig(listen="127.0.0.1", port=0, database=tmp_path / "ctl.db", pager="none", jobs=jobs, **config)
+    controller = Controller(cfg)
+    await controller.start()
+    checks = SimulatedChecks()
+    fleet = Fleet(f"127.0.0.1:{controller.port}", NODES, checks=checks)
+    await fleet.start(timeout_s=20)
+    watcher_stop = asyncio.Event()
+    watcher = asyncio.create_task(controller.jobs.watch(watcher_stop, every_s=0.05))
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{controller.port}") as channel:
+            yield Rig(controller, fleet, checks, trainer_pb2_grpc.TrainerGatewayStub(channel))
+    finally:
+        watcher_stop.set()
+        await watcher
+        await fleet.close()
+        await controller.jobs.stop()
+        await controller.sweeper.stop()
+        await stop_controller(controller)
+
+
+def run(tmp_path: Path, test: Callable[[Rig], Awaitable[None]], **cfg: Any) -> None:
+    async def scenario() -> None:
+        async with rig(tmp_path, **cfg) as r:
+            await test(r)
+
+    asyncio.run(scenario())
+
+
+async def learn_baseline(r: Rig, mfu: float = 0.5) -> None:
+    await r.window(mfu, event="start", step=0)
+    for _ in range(1 + FAST.baseline_windows):  # warm-up, then the baseline
+        assert await r.window(mfu) == []
+
+
+def test_a_quarantined_node_stops_its_job_which_restarts_without_it(tmp_path: Path) -> None:
+    async def test(r: Rig) -> None:
+        await learn_baseline(r)
+        r.fleet.nodes["node-1"].fault(79)
+        await wait_until(lambda: r.controller.jobs.jobs["moe"].command is not None, what="the job's command")
+        (command_id,) = await r.window(0.5)
+        command = r.controller.jobs.jobs["moe"].command
+        assert command is not None and list(command.exclude_nodes) == ["node-1"]
+        assert "XID 79" in command.reason and command.deadline > r.controller.engine.clock()
+
+        plan = await r.plan()  # the launcher sees the command too (it enforces the deadline)
+        assert [c.checkpoint_and_restart.id for c in plan.commands] == [command_id]
+        ack = trainer_pb2.CommandAck(id=command_id, checkpoint_step=12)
+        assert await r.window(0.5, event="checkpointed", step=12, acks=[ack]) == []
+        plan = await r.plan(stopped=True)
+        assert plan.ready and list(plan.exclude_nodes) == ["node-1"] and not plan.commands
+
+        # The restart on the two others: a new start, no command, and the incident's thread says so.
+        restarted = trainer_pb2.Progress(job_id="moe", step=12, restart_count=1, nodes=["node-0", "node-2"],
+                                         event="start")  # fmt: skip
+        assert not (await r.trainer.Report(restarted)).commands
+        await wait_until(lambda: any("JOB-RESUMED" in k for _, k, _ in r.actions("node-1")), what="resumed note")
+        notes = [k for _, k, _ in r.actions("node-1")]
+        assert notes.index("NOTE:JOB-STOPPING:moe") < notes.index("NOTE:JOB-CHECKPOINTED:moe")
+
+    run(tmp_path, test)
+
+
+def test_an_mfu_drop_with_a_straggler_stops_the_job_sweeps_the_rest_and_restarts_without_it(tmp_path: Path) -> None:
+    async def test(r: Rig) -> None:
+        await learn_baseline(r)
+        assert await r.window(0.3, slow={2: 0.3}) == []  # one low window is not yet a drop
+        (command_id,) = await r.window(0.3, slow={2: 0.3})
+        job = r.controller.jobs.jobs["moe"]
+        assert job.command is not None and list(job.command.exclude_nodes) == ["node-2"]
+        assert "rank 2 on node-2: step time" in job.command.reason
+        # node-2 went through the engine as a failed check: policy, guardrails, quarantine.
+        assert r.controller.engine.nodes["node-2"].state.health.value in ("UNHEALTHY", "QUARANTINED")
+        assert not r.checks.requests  # nothing is swept while the job still runs on the GPUs
+
+        plan = await r.plan(stopped=True)  # the job exited (its acknowledgement was lost)
+        await wait_until(lambda: len(r.checks.requests) == 2, what="the recovery sweep")
+        assert sorted(node for node, run in r.checks.requests) == ["node-0", "node-1"]
+        assert {run.check for _, run in r.checks.requests} == {"gpu_health"}
+        for _ in range(100):
+            plan = await r.plan(stopped=True)
+            if plan.ready:
+                break
+            await asyncio.sleep(0.05)
+        assert plan.ready and list(plan.exclude_nodes) == ["node-2"] and "sweep-" in plan.detail
+        assert command_id not in [c.checkpoint_and_restart.id for c in plan.commands]
+
+    run(tmp_path, test)
+
+
+def test_a_drop_nobody_is_to_blame_for_pages_and_the_job_runs_on(tmp_path: Path) -> None:
+    async def test(r: Rig) -> None:
+        await learn_baseline(r)
+        assert await r.window(0.3) == []
+        assert await r.window(0.3) == []
+        assert r.controller.jobs.jobs["moe"].command is None
+        await wait_until(lambda: r.actions("mfu-moe-1"), what="the page")
+        ((_, kind, _),) = r.actions("mfu-moe-1")
+        assert kind == "PAGE:suspect"
+
+    run(tmp_path, test)
+
+
+def test_the_first_window_after_a_restart_is_warm_up_and_never_a_drop(tmp_path: Path) -> None:
+    async def test(r: Rig) -> None:
+        await learn_baseline(r)
+        await r.window(0.5, event="start", restart_count=1, step=0)
+        # Slow right after the restart (compilation, a cold cache): twice, which after warm-up would be a drop.
+        assert await r.window(0.05, restart_count=1, slow={2: 0.3}) == []
+        job = r.controller.jobs.jobs["moe"]
+        assert job.track.baseline is None and job.drops == 0
+        for _ in range(FAST.baseline_windows):
+            await r.window(0.45, restart_count=1)
+        assert job.track.baseline == pytest.approx(0.45)  # learnt again, not the old 0.5
+
+    run(tmp_path, test)
+
+
+def test_past_the_deadline_the_job_counts_as_stopped(tmp_path: Path) -> None:
+    async def test(r: Rig) -> None:
+        await learn_baseline(r)
+        await r.window(0.3, slow={2: 0.3})
+        await r.window(0.3, slow={2: 0.3})
+        # No acknowledgement, no word from the launcher: the deadline alone starts the recovery.
+        await wait_until(lambda: r.checks.requests, timeout=10, what="the sweep after the deadline")
+        assert r.controller.jobs.jobs["moe"].stopped
+
+    run(tmp_path, test, jobs=FAST.model_copy(update={"deadline_s": 0.3}))
+
+
+def test_in_dry_run_a_blamed_drop_pages_and_stops_nothing(tmp_path: Path) -> None:
+    async def test(r: Rig) -> None:
+        await learn_baseline(r)
+        await r.window(0.3, slow={2: 0.3})
+        assert await r.window(0.3, slow={2: 0.3}) == []
+        await wait_until(lambda: r.actions("mfu-moe-1"), what="the page")
+        assert "took no action" in str(r.controller.store._db.execute("SELECT payload FROM actions").fetchall())
+
+    from controller.guardrails import GuardrailConfig
+
+    run(tmp_path, test, guardrails=GuardrailConfig(dry_run=True))
+
+
+@pytest.mark.parametrize(
+    ("fields", "named"),
+    [
+        ({"job_id": "bad id!"}, "job_id"),
+        ({"job_id": "moe", "mfu": float("nan")}, "mfu"),
+        ({"job_id": "moe", "mfu": 7.0}, "fraction of the peak"),
+        ({"job_id": "moe", "step": -1}, "must be >= 0"),
+        ({"job_id": "moe", "nodes": ["Not_A_Node"]}, "not a node name"),
+    ],
+)
+def test_bad_reports_are_refused_by_name_and_the_server_keeps_serving(
+    tmp_path: Path, fields: dict[str, Any], named: str
+) -> None:
+    async def test(r: Rig) -> None:
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await r.trainer.Report(trainer_pb2.Progress(**fields))
+        assert refused.value.code() is grpc.StatusCode.INVALID_ARGUMENT and named in (refused.value.details() or "")
+        assert await r.window(0.5, event="start") == []
+
+    run(tmp_path, test)

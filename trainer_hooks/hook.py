@@ -1,0 +1,235 @@
+"""The callback a training loop calls: Vigil's eyes inside the job, and its hand on the stop flag.
+
+    hook = VigilHook(HookConfig.from_env(flops_per_token=..., peak_flops=...))
+    hook.start(step)                                   # after the process group is up, on every rank
+    for step ...:
+        ...train...
+        if hook.step_end(step, tokens, seconds, loss):  # every rank, at every step boundary
+            save_checkpoint(); hook.end(checkpoint_step=step); sys.exit(CHECKPOINTED_EXIT_CODE)
+    hook.end()
+
+What it does:
+- At every step end, one small all-gather on a gloo group of its own (never the training's NCCL
+  group, never a GPU sync): each rank's step time and stop flag. Every rank learns whether any rank
+  must stop, so all stop at the same step; rank 0 also collects every rank's step time.
+- Every ``window_steps`` steps rank 0 turns the window into Progress (tokens/s and MFU at the pace
+  of the slowest rank, each rank's mean step time, the nodes) and hands it to the reporter thread.
+  Nothing on the step path waits on the network; an unreachable controller costs nothing but logs.
+- A stop is asked for by ``request_stop`` (safe in a signal handler: it only sets a string) or by
+  the controller's CHECKPOINT_AND_RESTART, which reaches rank 0's reporter thread.
+
+``step_time_s`` is the rank's own time for the step, measured before ``step_end`` (the exchange,
+where ranks wait for each other, is not in it). Skew across ranks shows a rank that is slow outside
+the step's collectives (its host, its data loading); a GPU that is slow inside them makes its peers
+wait in those collectives, and shows as the job's drop plus the node's own signals (throttling).
+
+Configured from the environment by whoever launches the job (``vigil launch``, a Kubernetes Job):
+VIGIL_JOB_ID, VIGIL_CONTROLLER (host:port; empty: report nothing), VIGIL_NODE, VIGIL_RESTART_COUNT,
+VIGIL_WINDOW_STEPS.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import structlog
+import torch
+import torch.distributed as dist
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from protos.vigil.v1 import trainer_pb2
+from trainer_hooks.reporter import Reporter
+from trainer_hooks.window import RankWindow, figures
+from vigil.names import is_job_id, is_node_name
+
+log = structlog.get_logger(__name__)
+
+_ENV = {
+    "job_id": "VIGIL_JOB_ID",
+    "controller": "VIGIL_CONTROLLER",
+    "node": "VIGIL_NODE",
+    "restart_count": "VIGIL_RESTART_COUNT",
+    "window_steps": "VIGIL_WINDOW_STEPS",
+}
+
+
+class HookConfigError(ValueError):
+    pass
+
+
+class HookConfig(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    job_id: str = "job"
+    controller: str = Field(default="", description="the controller's host:port; empty: report nothing")
+    node: str = Field(default_factory=lambda: socket.gethostname().lower())
+    restart_count: int = Field(default=0, ge=0, description="starts of this job before this one")
+    window_steps: int = Field(default=10, ge=1, description="steps per reporting window")
+    poll_s: float = Field(default=1.0, gt=0, description="how often rank 0 asks for commands between windows")
+    flops_per_token: float = Field(default=0.0, ge=0, description="the model's training FLOPs per token")
+    peak_flops: float = Field(default=0.0, ge=0, description="one device's peak FLOP/s; 0: MFU unknown")
+
+    @field_validator("job_id")
+    @classmethod
+    def _job_id(cls, value: str) -> str:
+        if not is_job_id(value):
+            raise ValueError(f"{value!r} is not a job id (letters, digits, -_.)")
+        return value
+
+    @field_validator("node")
+    @classmethod
+    def _node(cls, value: str) -> str:
+        if not is_node_name(value):
+            raise ValueError(f"{value!r} is not a node name (lower case, digits, -.)")
+        return value
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, **given: Any) -> HookConfig:
+        """Explicit arguments, then the VIGIL_* variables, then the defaults; a bad one names itself."""
+        env = os.environ if env is None else env
+        values = {k: env[var] for k, var in _ENV.items() if env.get(var)} | given
+        try:
+            return cls(**values)
+        except ValidationError as exc:
+            problems = "; ".join(f"{_ENV.get(str(e['loc'][0]), e['loc'][0])}: {e['msg']}" for e in exc.errors())
+            raise HookConfigError(f"Vigil hook configuration: {problems}") from None
+
+
+class VigilHook:
+    def __init__(self, config: HookConfig) -> None:
+        self.config = config
+        self.rank, self.world = 0, 1
+        self.rank_nodes: list[str] = [config.node]
+        self.step = self.committed_step = 0
+        self.stopping = False
+        self.stop_reason = ""
+        self._group: Any = None
+        self._stop_why = ""  # this rank's own request (a signal)
+        self._command: trainer_pb2.CheckpointAndRestart | None = None  # rank 0: from the controller
+        self._reporter: Reporter | None = None
+        self._reset_window(time.time())
+
+    def _reset_window(self, now: float) -> None:
+        self._window_start = now
+        self._window_steps = self._tokens = 0
+        self._sums = [0.0] * self.world
+        self._loss = 0.0
+        self._checkpoint_s = 0.0
+
+    # Lifecycle -----------------------------------------------------------------------------
+
+    def start(self, step: int = 0, committed_step: int = 0) -> None:
+        """On every rank, after the process group is up (it makes a gloo group: a collective)."""
+        self.step, self.committed_step = step, committed_step
+        if dist.is_available() and dist.is_initialized():
+            self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        if self.world > 1:
+            self._group = dist.new_group(backend="gloo")
+            nodes: list[Any] = [None] * self.world
+            dist.all_gather_object(nodes, self.config.node, group=self._group)
+            self.rank_nodes = [str(n) for n in nodes]
+        self._reset_window(time.time())
+        if self.rank == 0 and self.config.controller:
+            self._reporter = Reporter(self.config.controller, self._heartbeat, self._received, self.config.poll_s)
+            self._reporter.start()
+            self._reporter.put(self._progress("start"))
+            log.info("vigil_hook_started", job=self.config.job_id, controller=self.config.controller,
+                     world_size=self.world, restart=self.config.restart_count)  # fmt: skip
+
+    def request_stop(self, why: str) -> None:
+        """Ask every rank to stop at the next step boundary. Safe in a signal handler."""
+        if not self._stop_why:
+            self._stop_why = why
+
+    def step_end(self, step: int, tokens: int, step_time_s: float, loss: float | None = None) -> bool:
+        """After each step, on every rank. ``tokens``: trained in this step by the whole job.
+        Returns True when every rank must checkpoint and exit now."""
+        self.step = step
+        asked = bool(self._stop_why) or self._command is not None
+        if self._group is not None:
+            mine = torch.tensor([step_time_s, float(asked)], dtype=torch.float64)
+            rows = [torch.empty_like(mine) for _ in range(self.world)]
+            dist.all_gather(rows, mine, group=self._group)
+            times, stop = [float(r[0]) for r in rows], any(float(r[1]) > 0 for r in rows)
+        else:
+            times, stop = [step_time_s], asked
+        self._sums = [s + t for s, t in zip(self._sums, times, strict=True)]
+        self._window_steps += 1
+        self._tokens += tokens
+        if loss is not None:
+            self._loss = loss
+        if self._window_steps >= self.config.window_steps:
+            if self._reporter is not None:
+                self._reporter.put(self._progress(""))
+            self._reset_window(time.time())
+        if stop and not self.stopping:
+            self.stopping = True
+            command = self._command
+            self.stop_reason = self._stop_why or (f"Vigil: {command.reason}" if command else "another rank asked")
+        return stop
+
+    def checkpoint_saved(self, blocked_s: float, committed_step: int) -> None:
+        """A save: the seconds training was blocked, and the newest committed step."""
+        self._checkpoint_s += blocked_s
+        self.committed_step = max(self.committed_step, committed_step)
+
+    def end(self, checkpoint_step: int = 0) -> bool:
+        """At the end of the run, or after the stop's checkpoint is committed (``checkpoint_step``).
+        Rank 0 delivers its last word; True if it reached the controller (or none was due)."""
+        if self._reporter is None:
+            return True
+        command, acks = self._command, []
+        if checkpoint_step and command is not None:
+            acks = [trainer_pb2.CommandAck(id=command.id, checkpoint_step=checkpoint_step, detail=self.stop_reason)]
+        self.committed_step = max(self.committed_step, checkpoint_step)
+        last = self._progress("checkpointed" if checkpoint_step else "end")
+        last.acks.extend(acks)
+        delivered = self._reporter.close(last)
+        self._reporter = None
+        return delivered
+
+    # Rank 0 --------------------------------------------------------------------------------
+
+    @property
+    def command(self) -> trainer_pb2.CheckpointAndRestart | None:
+        return self._command
+
+    def _received(self, command: trainer_pb2.JobCommand) -> None:
+        """On the reporter thread: remember the command; the next step boundary acts on it."""
+        if command.HasField("checkpoint_and_restart") and self._command is None:
+            self._command = command.checkpoint_and_restart
+            log.warning("vigil_checkpoint_and_restart", job=self.config.job_id, command=self._command.id,
+                        reason=self._command.reason, exclude=list(self._command.exclude_nodes))  # fmt: skip
+
+    def _base(self, event: str) -> trainer_pb2.Progress:
+        return trainer_pb2.Progress(
+            job_id=self.config.job_id,
+            step=self.step,
+            restart_count=self.config.restart_count,
+            nodes=list(dict.fromkeys(self.rank_nodes)),
+            world_size=self.world,
+            committed_step=self.committed_step,
+            event=event,
+        )
+
+    def _heartbeat(self) -> trainer_pb2.Progress:
+        return self._base("heartbeat")
+
+    def _progress(self, event: str) -> trainer_pb2.Progress:
+        p = self._base(event)
+        if event:
+            return p
+        windows = [RankWindow(r, s, self._window_steps) for r, s in enumerate(self._sums)]
+        fig = figures(windows, self._tokens, self.config.flops_per_token, self.config.peak_flops)
+        p.window_start, p.window_end = self._window_start, time.time()
+        p.tokens, p.tokens_per_s, p.mfu, p.loss = self._tokens, fig.tokens_per_s, fig.mfu, self._loss
+        p.checkpoint_s = self._checkpoint_s
+        p.step_times.extend(
+            trainer_pb2.RankStepTime(rank=w.rank, node=self.rank_nodes[w.rank], step_time_s=w.mean_step_s)
+            for w in windows
+        )
+        return p

@@ -1,0 +1,218 @@
+"""``vigil launch``: start a training job's ranks on this machine, and start it again when it stops.
+
+    vigil launch --job-id moe --nodes node-1,node-2 --nproc-per-node 2 --controller 127.0.0.1:7070 \\
+        -- python -m trainer_hooks.moe_job.train --preset debug --out runs/moe
+
+Each "node" is a name the ranks carry (VIGIL_NODE): on one machine they are simulated nodes, which
+is what the demo and the tests use; on a cluster the same job runs as a Kubernetes Job instead
+(``deploy/training-job.example.yaml``). Every rank gets the variables torchrun sets (RANK,
+LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT) and Vigil's hook
+settings (VIGIL_JOB_ID, VIGIL_CONTROLLER, VIGIL_NODE, VIGIL_RESTART_COUNT).
+
+How a start ends, and what happens next:
+- every rank exits 0: the job is done, and so is the launcher (exit 0);
+- the ranks exit with the checkpoint code (75): the job stopped on request. The launcher asks the
+  controller for its plan (``Plan``): which nodes to leave out, and to wait while the controller
+  sweeps the remaining ones; then it starts the job again on the nodes left;
+- the controller's CHECKPOINT_AND_RESTART deadline passes with ranks still running (a dead node
+  hangs collectives): the launcher kills them all, and the job restarts from its last committed
+  checkpoint, as above;
+- a rank fails (any other exit): the others would hang in their next collective, so they are
+  killed after ``kill_grace_s``; the job restarts, up to ``max_failures`` times.
+An unreachable controller never stops the launcher: it restarts with what it knows.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+
+import grpc
+import structlog
+
+from protos.vigil.v1 import trainer_pb2, trainer_pb2_grpc
+from trainer_hooks.protocol import CHECKPOINTED_EXIT_CODE
+
+log = structlog.get_logger(__name__)
+
+
+class Ended(StrEnum):
+    FINISHED = "finished"
+    CHECKPOINTED = "checkpointed"
+    KILLED_AFTER_DEADLINE = "killed after the deadline"
+    FAILED = "failed"
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    job_id: str
+    nodes: tuple[str, ...]
+    command: tuple[str, ...]
+    nproc_per_node: int = 1
+    controller: str = ""
+    max_failures: int = 3
+    log_dir: Path | None = None
+    poll_s: float = 1.0
+    plan_wait_s: float = 900.0
+    kill_grace_s: float = 10.0
+    rpc_timeout_s: float = 2.0
+
+
+@dataclass
+class Start:
+    number: int
+    nodes: list[str]
+    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def ended(codes: list[int]) -> Ended:
+    """How a start ended, from its ranks' exit codes. Pure."""
+    if all(c == 0 for c in codes):
+        return Ended.FINISHED
+    if all(c in (0, CHECKPOINTED_EXIT_CODE) for c in codes):
+        return Ended.CHECKPOINTED
+    return Ended.FAILED
+
+
+class Launcher:
+    def __init__(self, config: LaunchConfig) -> None:
+        self.config = config
+        self.excluded: set[str] = set()
+        self._channel = grpc.insecure_channel(config.controller) if config.controller else None
+        self._stub = trainer_pb2_grpc.TrainerGatewayStub(self._channel) if self._channel else None
+        self._reachable = True
+
+    def run(self) -> int:
+        cfg, failures, number = self.config, 0, 0
+        self._plan(list(cfg.nodes), stopped=False)  # never start on a node already out of service
+        while True:
+            nodes = [n for n in cfg.nodes if n not in self.excluded]
+            if not nodes:
+                log.error("launch_no_nodes_left", job=cfg.job_id, excluded=sorted(self.excluded))
+                return 1
+            start = self._spawn(number, nodes)
+            how, codes = self._supervise(start)
+            log.info("job_start_ended", job=cfg.job_id, start=number, how=how.value, exit_codes=codes)
+            if how is Ended.FINISHED:
+                return 0
+            if how is Ended.FAILED:
+                failures += 1
+                if failures > cfg.max_failures:
+                    log.error("launch_gave_up", job=cfg.job_id, failures=failures)
+                    return next((c for c in codes if c not in (0, CHECKPOINTED_EXIT_CODE)), 1) or 1
+            self._wait_for_plan(nodes)
+            number += 1
+
+    # One start -----------------------------------------------------------------------------
+
+    def _spawn(self, number: int, nodes: list[str]) -> Start:
+        cfg = self.config
+        start, port = Start(number, nodes), str(free_port())
+        world = len(nodes) * cfg.nproc_per_node
+        log.info("job_starting", job=cfg.job_id, start=number, nodes=nodes, world_size=world)
+        for group_rank, node in enumerate(nodes):
+            for local in range(cfg.nproc_per_node):
+                rank = group_rank * cfg.nproc_per_node + local
+                env = {
+                    **os.environ,
+                    "RANK": str(rank),
+                    "LOCAL_RANK": str(local),
+                    "WORLD_SIZE": str(world),
+                    "LOCAL_WORLD_SIZE": str(cfg.nproc_per_node),
+                    "GROUP_RANK": str(group_rank),
+                    "MASTER_ADDR": "127.0.0.1",
+                    "MASTER_PORT": port,
+                    "VIGIL_JOB_ID": cfg.job_id,
+                    "VIGIL_CONTROLLER": cfg.controller,
+                    "VIGIL_NODE": node,
+                    "VIGIL_RESTART_COUNT": str(number),
+                }
+                out: int | None = None
+                if cfg.log_dir is not None:
+                    cfg.log_dir.mkdir(parents=True, exist_ok=True)
+                    out = os.open(cfg.log_dir / f"{node}-rank{rank}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+                try:
+                    start.procs.append(subprocess.Popen(list(cfg.command), env=env, stdout=out, stderr=out))
+                finally:
+                    if out is not None:
+                        os.close(out)  # the child keeps its own copy
+        return start
+
+    def _supervise(self, start: Start) -> tuple[Ended, list[int]]:
+        cfg, deadline, killed = self.config, 0.0, False
+        first_failure_at: float | None = None
+        next_plan = time.monotonic() + cfg.poll_s
+        while True:
+            codes = [p.poll() for p in start.procs]
+            if all(c is not None for c in codes):
+                done = [c for c in codes if c is not None]
+                return (Ended.KILLED_AFTER_DEADLINE if killed else ended(done)), done
+            if first_failure_at is None and any(c not in (None, 0, CHECKPOINTED_EXIT_CODE) for c in codes):
+                first_failure_at = time.monotonic()
+                log.warning("rank_failed", job=cfg.job_id, exit_codes=codes, kill_others_in_s=cfg.kill_grace_s)
+            if first_failure_at is not None and time.monotonic() - first_failure_at > cfg.kill_grace_s:
+                self._kill(start)
+            if time.monotonic() >= next_plan:
+                next_plan = time.monotonic() + cfg.poll_s
+                reply = self._plan(start.nodes, stopped=False)
+                for command in reply.commands if reply else []:
+                    if command.HasField("checkpoint_and_restart"):
+                        deadline = command.checkpoint_and_restart.deadline
+                if deadline and time.time() > deadline and not killed:
+                    log.warning("job_deadline_passed_killing", job=cfg.job_id, start=start.number)
+                    self._kill(start)
+                    killed = True
+            time.sleep(0.1)
+
+    def _kill(self, start: Start) -> None:
+        for p in start.procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGKILL)
+
+    # The controller --------------------------------------------------------------------------
+
+    def _plan(self, nodes: list[str], stopped: bool) -> trainer_pb2.PlanReply | None:
+        if self._stub is None:
+            return None
+        request = trainer_pb2.PlanRequest(job_id=self.config.job_id, nodes=nodes, stopped=stopped)
+        try:
+            reply: trainer_pb2.PlanReply = self._stub.Plan(request, timeout=self.config.rpc_timeout_s)
+        except grpc.RpcError as exc:
+            if self._reachable:
+                self._reachable = False
+                log.warning("launch_controller_unreachable", controller=self.config.controller, error=str(exc)[:200])
+            return None
+        self._reachable = True
+        new = set(reply.exclude_nodes) - self.excluded
+        if new:
+            log.warning("launch_excluding", job=self.config.job_id, nodes=sorted(new), detail=reply.detail)
+            self.excluded |= new
+        return reply
+
+    def _wait_for_plan(self, nodes: list[str]) -> None:
+        """After a stop: wait until the controller's recovery (a sweep) is done, or gives no answer."""
+        give_up = time.monotonic() + self.config.plan_wait_s
+        while time.monotonic() < give_up:
+            reply = self._plan(nodes, stopped=True)
+            if reply is None or reply.ready:
+                if reply is not None and reply.detail:
+                    log.info("launch_plan", job=self.config.job_id, detail=reply.detail)
+                return
+            time.sleep(self.config.poll_s)
+        log.warning("launch_plan_wait_gave_up", job=self.config.job_id, waited_s=self.config.plan_wait_s)
+
+    def close(self) -> None:
+        if self._channel is not None:
+            self._channel.close()

@@ -1,0 +1,18 @@
+"""Names that cross the wire: node names (as Kubernetes spells them) and job ids. Pure."""
+
+from __future__ import annotations
+
+import re
+
+# A Kubernetes node name: a DNS subdomain (RFC 1123), lower case.
+NODE_NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
+# A job id: letters, digits and -_. ; it names files and Slack threads, so nothing else.
+JOB_ID_RE = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,126}[A-Za-z0-9])?$")
+
+
+def is_node_name(name: str) -> bool:
+    return bool(NODE_NAME_RE.match(name))
+
+
+def is_job_id(name: str) -> bool:
+    return bool(JOB_ID_RE.match(name))
