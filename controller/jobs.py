@@ -99,6 +99,11 @@ def validate(p: trainer_pb2.Progress) -> None:
         raise BadProgress("Progress.step_times has a negative or NaN step time")
 
 
+def _figure(value: float) -> str:
+    """A window's figure for a person: MFU as a percentage, tokens/s (no peak known) as a count."""
+    return f"MFU {value:.1%}" if value <= 1.5 else f"{value:,.0f} tokens/s"
+
+
 class JobMonitor:
     def __init__(
         self, engine: Engine, sweeper: Sweeper, config: JobsConfig, clock: Callable[[], float] = time.time
@@ -185,14 +190,14 @@ class JobMonitor:
                 doubted[node] = f"{entry.state.health.value}" + (f" (incident {incident})" if incident else "")
         found = blame(job.nodes, stragglers(times, self.config.straggler_ratio), doubted)
         self._engine.metrics.mfu_drops.labels("yes" if found.nodes else "no").inc()
-        unit = "MFU" if figure <= 1.5 else "tokens/s"
+        shown = ", ".join(_figure(f) for f in job.figures)
         what = (
-            f"job {job.job_id}: {unit} {figure:.4g}, {1 - figure / baseline:.0%} below its baseline {baseline:.4g} "
-            f"for {self.config.drop_windows} window(s) (recent: {', '.join(f'{f:.4g}' for f in job.figures)})"
+            f"job {job.job_id}: {_figure(figure)}, {1 - figure / baseline:.0%} below its baseline {_figure(baseline)} "
+            f"for {self.config.drop_windows} window(s) (recent windows: {shown})"
         )
         evidence = "; ".join(found.evidence) or "no straggler rank and no doubted node"
-        log.warning("mfu_drop", job=job.job_id, figure=figure, baseline=baseline, blamed=list(found.nodes),
-                    evidence=evidence)  # fmt: skip
+        log.warning("mfu_drop", job=job.job_id, step=job.step, figure=figure, baseline=baseline,
+                    blamed=list(found.nodes), evidence=evidence)  # fmt: skip
         if not found.nodes or not self.config.act_on_drop:
             self._page_drop(job, what, evidence, found.nodes)
             return

@@ -188,7 +188,9 @@ class VigilHook:
         self.committed_step = max(self.committed_step, checkpoint_step)
         last = self._progress("checkpointed" if checkpoint_step else "end")
         last.acks.extend(acks)
-        delivered = self._reporter.close(last)
+        # An acknowledgement is worth a few seconds of retries (the controller moves on at once, not at
+        # the deadline); the end of a run is said once.
+        delivered = self._reporter.close(last, timeout_s=5.0 if acks else 0.0)
         self._reporter = None
         return delivered
 

@@ -86,16 +86,16 @@ class Reporter:
             self._on_command(command)
         return True
 
-    def close(self, last: trainer_pb2.Progress | None = None, timeout_s: float = 10.0) -> bool:
-        """Stop the thread; deliver ``last`` (retrying until ``timeout_s``). True if it was delivered."""
+    def close(self, last: trainer_pb2.Progress | None = None, timeout_s: float = 0.0) -> bool:
+        """Stop the thread; deliver ``last``: once, or retried for ``timeout_s`` (and once more if the
+        controller was unreachable until then). True if it was delivered."""
         self._closing.set()
         self._wake.set()
         self._thread.join(timeout=self._timeout_s + 1)
-        delivered = last is None
+        delivered = last is None or self._send(last)
         deadline = time.monotonic() + timeout_s
         while not delivered and (left := deadline - time.monotonic()) > 0:
-            delivered = self._send(last, min(self._timeout_s, left)) if last is not None else True
-            if not delivered:
-                time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
+            time.sleep(min(0.2, left))
+            delivered = self._send(last, min(self._timeout_s, max(0.1, left))) if last is not None else True
         self._channel.close()
         return delivered

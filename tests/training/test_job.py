@@ -13,7 +13,7 @@ import pytest
 
 pytest.importorskip("torch", reason="the training job needs torch (make test installs the CPU build)")
 
-from tests.helpers import poll_until  # noqa: E402
+from tests.helpers import free_port, poll_until  # noqa: E402
 from tests.training.launch import events, launch, losses, run  # noqa: E402
 from trainer_hooks.moe_job.checkpoint import resume_point, step_dir  # noqa: E402
 from trainer_hooks.moe_job.config import PRESETS  # noqa: E402
@@ -134,3 +134,14 @@ def test_mfu_is_logged_against_a_given_peak_and_a_finished_run_is_not_rewritten(
     written = metadata.stat().st_mtime_ns
     assert run(2, tmp_path, *args) == [0, 0]  # nothing left to train: the committed step stays as it is
     assert metadata.stat().st_mtime_ns == written and events(tmp_path, "start")[-1]["step"] == 4
+
+
+def test_an_unreachable_controller_leaves_training_unharmed(
+    tmp_path: Path, uninterrupted: dict[int, float], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("VIGIL_CONTROLLER", f"127.0.0.1:{free_port()}")  # nothing listens there
+    monkeypatch.setenv("VIGIL_WINDOW_STEPS", "2")
+    assert run(2, tmp_path, *ARGS) == [0, 0]
+    assert losses(tmp_path) == uninterrupted  # the same curve, bit for bit
+    rank0 = (tmp_path / "rank0.log").read_text()
+    assert rank0.count("vigil_controller_unreachable") == 1  # said once per outage, not per window

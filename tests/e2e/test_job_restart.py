@@ -1,0 +1,140 @@
+"""Checkpoint-and-restart across real processes: a controller, two simulated-GPU agents (node-a,
+node-b), and ``vigil launch`` running the bundled MoE job with one gloo rank per node.
+
+- A fault on node-b (an XID 79 line in its kernel log): the job checkpoints at a step boundary,
+  exits with its code, and starts again on node-a only, at exactly the committed step.
+- node-b's rank turns slow (an injected sleep): the MFU monitor sees the drop within the configured
+  windows, blames node-b, quarantines it, stops the job, sweeps node-a, and the job comes back on
+  node-a.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("torch", reason="the training job needs torch (make test installs the CPU build)")
+
+from agent.simulated import simulated_gpus  # noqa: E402
+from protos.vigil.v1 import common_pb2  # noqa: E402
+from tests.e2e.processes import configured_controller, port_of, start_agent  # noqa: E402
+from tests.helpers import poll_until  # noqa: E402
+from tests.training.launch import events, losses, run  # noqa: E402
+from vigil.admin_client import AdminClient  # noqa: E402
+from vigil.demo import xid_line  # noqa: E402
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
+
+ARGS = ("--steps", "150", "--global-batch", "6", "--checkpoint-every", "10")
+WINDOW_STEPS = 10  # as checkpoint_every: each window has one save in it, so windows compare evenly
+
+
+@dataclass
+class Cluster:
+    tmp: Path
+    controller: str
+    kmsg: dict[str, Path]
+
+    def launch(self, *job_args: str) -> subprocess.Popen[bytes]:
+        env = {**os.environ, "VIGIL_WINDOW_STEPS": str(WINDOW_STEPS), "OMP_NUM_THREADS": "1"}
+        command = [
+            sys.executable, "-m", "vigil", "launch", "--job-id", "moe", "--nodes", "node-a,node-b",
+            "--controller", self.controller, "--log-dir", str(self.tmp / "ranks"), "--log-format", "json",
+            "--", sys.executable, "-m", "trainer_hooks.moe_job.train", "--out", str(self.tmp / "run"), *ARGS, *job_args,
+        ]  # fmt: skip
+        out = open(self.tmp / "launch.log", "wb")  # noqa: SIM115 (the child keeps it)
+        return subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)
+
+    def controller_log(self) -> list[dict[str, Any]]:
+        lines = (self.tmp / "ctl.log").read_text().splitlines()
+        return [json.loads(line) for line in lines if line.startswith("{")]
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[Cluster]:
+    ctl = configured_controller(tmp_path, "ctl", pager="console")
+    port = port_of(tmp_path, "ctl")
+    procs, kmsg = [ctl], {}
+    for node in ("node-a", "node-b"):
+        agent, kmsg[node] = start_agent(tmp_path, node, f"127.0.0.1:{port}")
+        procs.append(agent)
+    try:
+        with AdminClient(f"127.0.0.1:{port}") as admin:
+            poll_until(lambda: len(admin.status().nodes) == 2, what="both agents registered")
+        yield Cluster(tmp_path, f"127.0.0.1:{port}", kmsg)
+    finally:
+        for proc in procs:
+            proc.send_signal(signal.SIGTERM)
+        for proc in procs:
+            proc.wait(10)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> dict[int, float]:
+    """The same job on two ranks, never stopped, without Vigil."""
+    out = tmp_path_factory.mktemp("uninterrupted")
+    assert run(2, out, *ARGS) == [0, 0], (out / "rank0.log").read_text()[-2000:]
+    return losses(out)
+
+
+def test_a_fault_on_node_b_restarts_the_job_on_node_a_at_the_committed_step(
+    cluster: Cluster, uninterrupted: dict[int, float]
+) -> None:
+    run_dir = cluster.tmp / "run"
+    launcher = cluster.launch()
+    poll_until(lambda: any(e["step"] >= 10 for e in events(run_dir, "step")), timeout=120, what="training")
+    with open(cluster.kmsg["node-b"], "a") as f:
+        f.write(xid_line(simulated_gpus("node-b", 8)[2].pci_bus_id, 79, "GPU has fallen off the bus.", 1))
+    assert launcher.wait(180) == 0, (cluster.tmp / "launch.log").read_text()[-3000:]
+
+    (stopped,) = events(run_dir, "checkpointed_and_exiting")
+    k = stopped["step"]
+    assert 10 <= k < 150 and "node-b quarantined: XID 79" in stopped["why"] and stopped["acknowledged"]
+    first, second = events(run_dir, "start")
+    assert (first["world_size"], second["world_size"], second["node"], second["restart"]) == (2, 1, "node-a", 1)
+    # Nothing lost beyond the checkpoint: the restart begins at the committed step, at the next sample.
+    assert (second["step"], second["consumed"]) == (k, 6 * k)
+    assert second["resumed_from"].endswith(f"step-{k:08d}")
+    assert events(run_dir, "finished")[-1]["step"] == 150
+    resumed = losses(run_dir)
+    assert [resumed[s] for s in range(1, k + 1)] == [uninterrupted[s] for s in range(1, k + 1)]
+    # One rank now computes what two did: the same weights and samples, summed in another order.
+    assert resumed[k + 1] == pytest.approx(uninterrupted[k + 1], abs=1e-5)
+
+    launch_log = (cluster.tmp / "launch.log").read_text()
+    assert '"how": "checkpointed", "exit_codes": [75, 75]' in launch_log
+    pages = (cluster.tmp / "ctl.out").read_text()
+    assert f"JOB-CHECKPOINTED:moe: Job moe checkpointed at step {k}" in pages
+    assert f"JOB-RESUMED:moe: Job moe restarted on 1 node(s), node-b left out; resumed at step {k}" in pages
+
+
+def test_a_slow_rank_is_detected_blamed_on_its_node_and_left_out_of_the_restart(cluster: Cluster) -> None:
+    run_dir = cluster.tmp / "run"
+    launcher = cluster.launch("--slow-node", "node-b", "--slow-s", "0.15", "--slow-from-step", "40")
+    assert launcher.wait(180) == 0, (cluster.tmp / "launch.log").read_text()[-3000:]
+
+    log = cluster.controller_log()
+    (drop,) = [e for e in log if e["event"] == "mfu_drop"]
+    # Windows of 10 steps: warm-up to 10, baseline to 40; slow from step 41, low at 50 and at 60: the drop.
+    assert drop["step"] == 40 + 2 * WINDOW_STEPS and drop["blamed"] == ["node-b"]
+    assert "on node-b: step time" in drop["evidence"]
+    (sweep,) = [e for e in log if e["event"] == "job_recovery_sweep"]
+    assert sweep["nodes"] == ["node-a"]
+    (stopped,) = events(run_dir, "checkpointed_and_exiting")
+    assert "node-b quarantined" in stopped["why"] and "step time" in stopped["why"]
+    restarted = events(run_dir, "start")[-1]
+    assert (restarted["node"], restarted["world_size"], restarted["step"]) == ("node-a", 1, stopped["step"])
+    with AdminClient(cluster.controller) as admin:
+        health = {n.node: n.health for n in admin.status().nodes}
+        (incident,) = admin.incidents(node="node-b")
+    assert health == {"node-a": "HEALTHY", "node-b": "QUARANTINED"}
+    assert incident.kind == common_pb2.CHECK_FAILED and "step time" in incident.first_message
