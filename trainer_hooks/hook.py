@@ -11,7 +11,10 @@
 What it does:
 - At every step end, one small all-gather on a gloo group of its own (never the training's NCCL
   group, never a GPU sync): each rank's step time and stop flag. Every rank learns whether any rank
-  must stop, so all stop at the same step; rank 0 also collects every rank's step time.
+  must stop, so all stop at the same step; rank 0 also collects every rank's step time. With
+  ``sync_s`` > 0 the exchange happens only every few steps (about that many seconds apart), for
+  jobs whose steps are so short that a collective each would cost them: the ranks then wait for a
+  slow one inside the job's own collectives, which hides the skew, and a stop waits that long.
 - Every ``window_steps`` steps rank 0 turns the window into Progress (tokens/s and MFU at the pace
   of the slowest rank, each rank's mean step time, the nodes) and hands it to the reporter thread.
   Nothing on the step path waits on the network; an unreachable controller costs nothing but logs.
@@ -25,11 +28,12 @@ wait in those collectives, and shows as the job's drop plus the node's own signa
 
 Configured from the environment by whoever launches the job (``vigil launch``, a Kubernetes Job):
 VIGIL_JOB_ID, VIGIL_CONTROLLER (host:port; empty: report nothing), VIGIL_NODE, VIGIL_RESTART_COUNT,
-VIGIL_WINDOW_STEPS.
+VIGIL_WINDOW_STEPS, VIGIL_SYNC_S.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 import time
@@ -54,6 +58,7 @@ _ENV = {
     "node": "VIGIL_NODE",
     "restart_count": "VIGIL_RESTART_COUNT",
     "window_steps": "VIGIL_WINDOW_STEPS",
+    "sync_s": "VIGIL_SYNC_S",
 }
 
 
@@ -70,6 +75,11 @@ class HookConfig(BaseModel):
     restart_count: int = Field(default=0, ge=0, description="starts of this job before this one")
     window_steps: int = Field(default=10, ge=1, description="steps per reporting window")
     poll_s: float = Field(default=1.0, gt=0, description="how often rank 0 asks for commands between windows")
+    sync_s: float = Field(
+        default=0.0,
+        ge=0,
+        description="exchange step times and the stop flag about this often; 0: every step (stragglers show)",
+    )
     flops_per_token: float = Field(default=0.0, ge=0, description="the model's training FLOPs per token")
     peak_flops: float = Field(default=0.0, ge=0, description="one device's peak FLOP/s; 0: MFU unknown")
 
@@ -107,10 +117,13 @@ class VigilHook:
         self.step = self.committed_step = 0
         self.stopping = False
         self.stop_reason = ""
+        self.overhead_s = 0.0  # time spent in step_end: what the hook costs the step path
         self._group: Any = None
         self._stop_why = ""  # this rank's own request (a signal)
         self._command: trainer_pb2.CheckpointAndRestart | None = None  # rank 0: from the controller
         self._reporter: Reporter | None = None
+        self._sync_every = 1  # steps between exchanges; rank 0 adapts it to the step time
+        self._pending_s, self._pending_steps = 0.0, 0  # this rank's steps since the last exchange
         self._reset_window(time.time())
 
     def _reset_window(self, now: float) -> None:
@@ -148,28 +161,46 @@ class VigilHook:
     def step_end(self, step: int, tokens: int, step_time_s: float, loss: float | None = None) -> bool:
         """After each step, on every rank. ``tokens``: trained in this step by the whole job.
         Returns True when every rank must checkpoint and exit now."""
+        entered = time.perf_counter()
         self.step = step
-        asked = bool(self._stop_why) or self._command is not None
-        if self._group is not None:
-            mine = torch.tensor([step_time_s, float(asked)], dtype=torch.float64)
-            rows = [torch.empty_like(mine) for _ in range(self.world)]
-            dist.all_gather(rows, mine, group=self._group)
-            times, stop = [float(r[0]) for r in rows], any(float(r[1]) > 0 for r in rows)
-        else:
-            times, stop = [step_time_s], asked
-        self._sums = [s + t for s, t in zip(self._sums, times, strict=True)]
-        self._window_steps += 1
+        self._pending_s += step_time_s
+        self._pending_steps += 1
         self._tokens += tokens
         if loss is not None:
             self._loss = loss
-        if self._window_steps >= self.config.window_steps:
-            if self._reporter is not None:
-                self._reporter.put(self._progress(""))
-            self._reset_window(time.time())
+        stop = False
+        if self._pending_steps >= self._sync_every:
+            stop = self._exchange()
+            if self._window_steps >= self.config.window_steps:
+                if self._reporter is not None:
+                    self._reporter.put(self._progress(""))
+                self._reset_window(time.time())
         if stop and not self.stopping:
             self.stopping = True
             command = self._command
             self.stop_reason = self._stop_why or (f"Vigil: {command.reason}" if command else "another rank asked")
+        self.overhead_s += time.perf_counter() - entered
+        return stop
+
+    def _exchange(self) -> bool:
+        """Every rank's step time since the last exchange, and whether any must stop. Rank 0 also
+        sets the steps until the next exchange (the same on every rank, as they must agree when to
+        meet): as many as take ``sync_s``, so short steps do not pay for a collective each."""
+        asked = bool(self._stop_why) or self._command is not None
+        if self._group is not None:
+            mean_s = self._pending_s / self._pending_steps
+            every = math.ceil(self.config.sync_s / max(mean_s, 1e-6))
+            proposal = min(self.config.window_steps, max(1, every))
+            mine = torch.tensor([self._pending_s, float(asked), float(proposal)], dtype=torch.float64)
+            rows = [torch.empty_like(mine) for _ in range(self.world)]
+            dist.all_gather(rows, mine, group=self._group)
+            times, stop = [float(r[0]) for r in rows], any(float(r[1]) > 0 for r in rows)
+            self._sync_every = int(rows[0][2])
+        else:
+            times, stop = [self._pending_s], asked
+        self._sums = [s + t for s, t in zip(self._sums, times, strict=True)]
+        self._window_steps += self._pending_steps
+        self._pending_s, self._pending_steps = 0.0, 0
         return stop
 
     def checkpoint_saved(self, blocked_s: float, committed_step: int) -> None:

@@ -124,8 +124,9 @@ def test_a_slow_rank_is_detected_blamed_on_its_node_and_left_out_of_the_restart(
 
     log = cluster.controller_log()
     (drop,) = [e for e in log if e["event"] == "mfu_drop"]
-    # Windows of 10 steps: warm-up to 10, baseline to 40; slow from step 41, low at 50 and at 60: the drop.
-    assert drop["step"] == 40 + 2 * WINDOW_STEPS and drop["blamed"] == ["node-b"]
+    # Windows of 10 steps (give or take the hook's exchange rhythm): warm-up, 3 for the baseline, then
+    # slow from step 41. Two low windows in a row are the drop: found within the third window at most.
+    assert 40 + WINDOW_STEPS < drop["step"] <= 40 + 3 * WINDOW_STEPS and drop["blamed"] == ["node-b"]
     assert "on node-b: step time" in drop["evidence"]
     (sweep,) = [e for e in log if e["event"] == "job_recovery_sweep"]
     assert sweep["nodes"] == ["node-a"]

@@ -39,6 +39,7 @@ from trainer_hooks.moe_job.flops import flops_per_token, peak_flops
 from trainer_hooks.moe_job.model import MoETransformer, loss_fn
 from trainer_hooks.moe_job.parallel import shard
 from trainer_hooks.protocol import CHECKPOINTED_EXIT_CODE
+from vigil.logs import configure_logging
 
 
 def learning_rate(cfg: TrainConfig, step: int) -> float:
@@ -67,6 +68,7 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
 
 def main(argv: list[str] | None = None) -> int:
     cfg = parse_args(argv)
+    configure_logging("auto")  # the hook's own lines: JSON on stderr unless on a terminal
     on_gpu = torch.cuda.is_available()
     dist.init_process_group("cpu:gloo,cuda:nccl" if on_gpu else "gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -105,6 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     slow = cfg.slow_s if cfg.slow_node == hook.config.node else 0.0
 
     tokens_per_step = cfg.global_batch * arch.seq_len
+    trained_s = 0.0
     while state.step < cfg.steps:
         started = time.perf_counter()
         batch = torch.from_numpy(sampler.batch(state.consumed, cfg.global_batch, rank, world)).to(device)
@@ -126,6 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         if slow and state.step > cfg.slow_from_step:
             time.sleep(slow)  # injected: this node's ranks are slow
         seconds = time.perf_counter() - started
+        trained_s += seconds
         stopping = hook.step_end(state.step, tokens_per_step, seconds, mean_loss)
         if state.step % cfg.log_every == 0 or stopping:
             tokens_per_s = tokens_per_step / seconds
@@ -148,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
 
     checkpointer.save(state, asynchronous=False)
     hook.end()
-    log.event("finished", step=state.step)
+    log.event("finished", step=state.step, trained_s=round(trained_s, 4), hook_s=round(hook.overhead_s, 4))
     dist.destroy_process_group()
     return 0
 

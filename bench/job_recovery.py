@@ -1,0 +1,183 @@
+"""Fault → checkpoint committed → first step after restart, phase by phase; and what Vigil's hook
+costs a training step.
+
+    python -m bench.job_recovery [--runs 3] [--steps 400] [--preset debug]
+
+Recovery: a real ``vigil controller``, two simulated-GPU agents (node-a, node-b) and ``vigil launch``
+running the bundled job with one gloo rank per node, all on this machine. Once the job is past step
+20, an XID 79 line is written into node-b's kernel log; the clocks of every process's own log lines
+(the controller's, rank 0's, the launcher's, the job's metrics) split the recovery into:
+
+    fault written → incident opened (agent + controller) → command seen by rank 0 (its next poll)
+    → checkpoint committed and ranks exited → restart started (the launcher's Plan) → resumed
+    (imports, process group, model, checkpoint loaded) → first step done
+
+Hook overhead, side by side: uninterrupted 2-rank runs of the same job reporting to the controller,
+with the hook's exchange at every step (the default) and about once a second (``VIGIL_SYNC_S=1``,
+every 10 steps here), alternated; the ratio of their wall time per step, and the hook's share of
+rank 0's step path (time in ``step_end``, which includes waiting there for the other rank). Printed, and appended to
+bench/results/job_recovery.jsonl.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from agent.simulated import simulated_gpus
+from bench.record import append_result, header
+from tests.e2e.processes import configured_controller, port_of, start_agent
+from tests.helpers import poll_until
+from tests.training.launch import events
+from vigil.admin_client import AdminClient
+from vigil.demo import xid_line
+
+PHASES = ("detected", "command_seen", "checkpointed_and_exited", "restart_started", "resumed", "first_step")
+
+
+def _log_lines(path: Path) -> list[dict[str, Any]]:
+    lines = path.read_text().splitlines() if path.exists() else []
+    return [json.loads(line) for line in lines if line.startswith("{")]
+
+
+def _at(entry: dict[str, Any]) -> float:
+    """A structlog line's time (ISO, UTC) or a metrics line's (Unix seconds)."""
+    if "at" in entry:
+        return float(entry["at"])
+    return datetime.fromisoformat(entry["timestamp"].replace("Z", "+00:00")).timestamp()
+
+
+def _first(entries: list[dict[str, Any]], event: str, **match: Any) -> dict[str, Any]:
+    return next(e for e in entries if e.get("event") == event and all(e.get(k) == v for k, v in match.items()))
+
+
+def _launch(
+    tmp: Path, controller: str, steps: int, preset: str, nodes: str, sync_s: float = 0.0
+) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "VIGIL_WINDOW_STEPS": "10", "VIGIL_SYNC_S": str(sync_s), "OMP_NUM_THREADS": "1"}
+    command = [
+        sys.executable, "-m", "vigil", "launch", "--job-id", "bench", "--nodes", nodes, "--controller", controller,
+        "--log-dir", str(tmp / "ranks"), "--log-format", "json", "--", sys.executable, "-m",
+        "trainer_hooks.moe_job.train", "--out", str(tmp / "run"), "--preset", preset, "--steps", str(steps),
+        "--global-batch", "6", "--checkpoint-every", "10",
+    ]  # fmt: skip
+    return subprocess.Popen(command, env=env, stdout=open(tmp / "launch.log", "wb"), stderr=subprocess.STDOUT)  # noqa: SIM115
+
+
+def one_run(tmp: Path, steps: int, preset: str) -> dict[str, Any]:
+    ctl = configured_controller(tmp, "ctl", pager="none")
+    port = port_of(tmp, "ctl")
+    procs, kmsg = [ctl], {}
+    for node in ("node-a", "node-b"):
+        agent, kmsg[node] = start_agent(tmp, node, f"127.0.0.1:{port}")
+        procs.append(agent)
+    try:
+        with AdminClient(f"127.0.0.1:{port}") as admin:
+            poll_until(lambda: len(admin.status().nodes) == 2, what="agents")
+        launcher = _launch(tmp, f"127.0.0.1:{port}", steps, preset, "node-a,node-b")
+        run = tmp / "run"
+        poll_until(lambda: any(e["step"] >= 20 for e in events(run, "step")), timeout=300, what="step 20")
+        faulted_at = time.time()
+        with open(kmsg["node-b"], "a") as f:
+            f.write(xid_line(simulated_gpus("node-b", 8)[2].pci_bus_id, 79, "GPU has fallen off the bus.", 1))
+        if launcher.wait(600) != 0:
+            raise RuntimeError((tmp / "launch.log").read_text()[-3000:])
+    finally:
+        for proc in procs:
+            proc.send_signal(signal.SIGTERM)
+        for proc in procs:
+            proc.wait(10)
+    controller, launch = _log_lines(tmp / "ctl.log"), _log_lines(tmp / "launch.log")
+    rank0 = _log_lines(tmp / "ranks" / "node-a-rank0.log")
+    metrics = events(tmp / "run")
+    resumed = _first(metrics, "start", restart=1)
+    marks = {
+        "detected": _at(_first(controller, "incident_opened", node="node-b")),
+        "command_seen": _at(_first(rank0, "vigil_checkpoint_and_restart")),
+        "checkpointed_and_exited": _at(_first(launch, "job_start_ended", start=0)),
+        "restart_started": _at(_first(launch, "job_starting", start=1)),
+        "resumed": _at(resumed),
+        "first_step": _at(next(e for e in metrics if e["event"] == "step" and e["at"] > resumed["at"])),
+    }
+    stopped = _first(metrics, "checkpointed_and_exiting")
+    finished = metrics[-1]
+    phases, before = {}, faulted_at
+    for name in PHASES:
+        phases[name] = round(marks[name] - before, 3)
+        before = marks[name]
+    return {
+        "phases_s": phases,
+        "total_s": round(marks["first_step"] - faulted_at, 3),
+        "checkpoint_step": stopped["step"],
+        "resumed_step": resumed["step"],
+        "one_rank_hook_overhead": finished["hook_s"] / finished["trained_s"],
+    }
+
+
+def hook_overhead(tmp: Path, steps: int, preset: str, sync_s: float) -> dict[str, float]:
+    """An uninterrupted 2-rank run reporting to a controller: its wall time per step (start event to
+    finished event: the same checkpoints either way), and the hook's share of rank 0's step time."""
+    ctl = configured_controller(tmp, "ctl", pager="none")
+    port = port_of(tmp, "ctl")
+    try:
+        launcher = _launch(tmp, f"127.0.0.1:{port}", steps, preset, "node-a,node-b", sync_s)
+        if launcher.wait(600) != 0:
+            raise RuntimeError((tmp / "launch.log").read_text()[-3000:])
+    finally:
+        ctl.send_signal(signal.SIGTERM)
+        ctl.wait(10)
+    start, finished = events(tmp / "run", "start")[-1], events(tmp / "run", "finished")[-1]
+    return {
+        "sync_s": sync_s,
+        "wall_per_step_s": (finished["at"] - start["at"]) / steps,
+        "hook_share": finished["hook_s"] / (finished["trained_s"] + finished["hook_s"]),
+    }
+
+
+def _shares(runs: list[dict[str, float]]) -> str:
+    return ", ".join(f"{o['hook_share']:.2%}" for o in runs)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=400)
+    parser.add_argument("--preset", default="debug")
+    args = parser.parse_args()
+    runs = []
+    for i in range(args.runs):
+        with tempfile.TemporaryDirectory(prefix="vigil-bench-") as tmp:
+            runs.append(one_run(Path(tmp), args.steps, args.preset))
+        phases = "  ".join(f"{k} {v:.2f}" for k, v in runs[-1]["phases_s"].items())
+        print(f"run {i + 1}: fault → first step after restart {runs[-1]['total_s']:.2f} s  ({phases})")
+    overheads: list[dict[str, float]] = []
+    for _ in range(args.runs):  # alternated: exchange every step (the default), and about every second
+        for sync_s in (0.0, 1.0):
+            with tempfile.TemporaryDirectory(prefix="vigil-bench-") as tmp:
+                overheads.append(hook_overhead(Path(tmp), args.steps, args.preset, sync_s))
+    print("phase medians (s): " + "  ".join(
+        f"{p} {statistics.median(r['phases_s'][p] for r in runs):.3f}" for p in PHASES))  # fmt: skip
+    every = [o for o in overheads if o["sync_s"] == 0.0]
+    sparse = [o for o in overheads if o["sync_s"] > 0.0]
+    ratios = [a["wall_per_step_s"] / b["wall_per_step_s"] for a, b in zip(every, sparse, strict=True)]
+    print(
+        f"hook, 2 ranks, {args.preset}: wall per step with an exchange every step / about every second: "
+        f"{', '.join(f'x{r:.3f}' for r in ratios)}; hook's share of rank 0's step path "
+        f"{_shares(every)} (every step), {_shares(sparse)} (sparse)"
+    )
+    record = {**header("job_recovery", preset=args.preset, steps=args.steps), "runs": runs, "hook_overhead": overheads}
+    print(f"appended to {append_result('job_recovery', record)}")
+
+
+if __name__ == "__main__":
+    main()
