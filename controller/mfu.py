@@ -34,7 +34,6 @@ class JobsConfig(BaseModel):
     deadline_s: float = Field(default=300.0, gt=0, description="to checkpoint and exit; past it the job is killed")
     act_on_drop: bool = Field(default=True, description="stop, sweep and restart the job after a blamed drop")
     sweep_checks: tuple[str, ...] = Field(default=("gpu_health",), description="the sweep of a stopped job's nodes")
-    plan_wait_s: float = Field(default=900.0, gt=0, description="the most a launcher waits for recovery")
     forget_after_s: float = Field(default=3600.0, gt=0, description="a job silent this long is forgotten")
 
 
