@@ -19,6 +19,7 @@ from datetime import timedelta
 
 from checks.program import check_main
 from checks.result import CheckResult, Verdict
+from vigil.ports import free_port
 
 CPU_SIZES = [2**k for k in range(10, 25, 2)]  # 1 KiB .. 16 MiB
 GPU_SIZES = [2**k for k in range(20, 31, 2)]  # 1 MiB .. 1 GiB
@@ -150,12 +151,6 @@ def spawn_members(
     )  # raises if any member failed: the check then reports UNKNOWN with the error
     timings: list[tuple[int, float]] = queue.get()
     return timings
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def run(args: argparse.Namespace) -> CheckResult:

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 from controller.config import ControllerConfig
 from controller.daemon import Controller
+from vigil.ports import free_port as free_port  # the tests' one, re-exported
 
 
 async def wait_until(condition: Callable[[], bool], timeout: float = 10.0, what: str = "condition") -> None:
@@ -28,13 +28,6 @@ def poll_until(condition: Callable[[], object], timeout: float = 20.0, what: str
             return value
         time.sleep(0.02)
     raise AssertionError(f"timed out waiting for {what}")
-
-
-def free_port() -> int:
-    """A port nothing listens on now (for servers that must be told their port up front)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def start_controller(db: Path, port: int = 0) -> Controller:

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -38,6 +37,7 @@ import structlog
 
 from protos.vigil.v1 import trainer_pb2, trainer_pb2_grpc
 from trainer_hooks.protocol import CHECKPOINTED_EXIT_CODE
+from vigil.ports import free_port
 
 log = structlog.get_logger(__name__)
 
@@ -69,12 +69,6 @@ class Start:
     number: int
     nodes: list[str]
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def ended(codes: list[int]) -> Ended:

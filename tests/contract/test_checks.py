@@ -12,10 +12,11 @@ import pytest
 
 from agent.local_checks import LocalChecks
 from agent.simulated import SimulatedBackend
-from checks.allreduce import bus_bandwidth_gbps, free_port, route_interface
+from checks.allreduce import bus_bandwidth_gbps, route_interface
 from checks.result import CheckResult, Verdict
 from checks.runner import interpret, run_check
 from protos.vigil.v1 import agent_pb2, common_pb2
+from vigil.ports import free_port
 
 # Not importorskip: importing torch here would hide whether the agent's side loads it.
 pytestmark = pytest.mark.skipif(
