@@ -66,6 +66,14 @@ class ActionRunner:
         waiting = self._unfinished.get(node)
         return min(waiting.values()) if waiting else None
 
+    def request(self, action: ExternalAction, now: float | None = None) -> bool:
+        """An action the controller asks for itself (not for an agent's signal): record it, once per
+        incident and kind, and carry it out. False when that incident already has it."""
+        if not self.store.add_action(action, self.clock() if now is None else now):
+            return False
+        self.schedule(PendingAction(action.incident_id, action, 0))
+        return True
+
     def schedule(self, pending: PendingAction) -> None:
         key = (pending.incident_id, action_kind(pending.action))
         if key in self._in_flight:

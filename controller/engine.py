@@ -261,16 +261,14 @@ class Engine:
             self.store.save_states([entry.state])
         if self.drain_after_quarantine:
             drain = Drain(action.incident_id, action.node)
-            if self.store.add_action(drain, self.clock()):
-                self.runner.schedule(PendingAction(drain.incident_id, drain, 0))
+            self.runner.request(drain)
         latency = (
             f" {self.clock() - action.observed_at:.2f} s after the agent saw the fault"
             if action.observed_at > 0
             else ""
         )
         note = PageUpdate(action.incident_id, action.node, "QUARANTINED", f"Done{latency}: {detail}")
-        if self.store.add_action(note, self.clock()):
-            self.runner.schedule(PendingAction(note.incident_id, note, 0))
+        self.runner.request(note)
 
     async def drain(self) -> None:
         """Wait for the actions under way to finish."""
@@ -303,8 +301,7 @@ class Engine:
             # Event or the page. Ask for both again; the actuator finishes only what is missing, and the
             # pager knows (Slack: the channel's history; webhook: idempotency key) what already went out.
             quarantine = Quarantine(q.incident_id, q.node, q.reason, "")
-            if self.store.add_action(quarantine, now):
-                self.runner.schedule(PendingAction(q.incident_id, quarantine, 0))
+            self.runner.request(quarantine, now)
             page = Page(
                 q.incident_id,
                 q.node,
@@ -314,8 +311,7 @@ class Engine:
                 observed_at=0.0,
                 did="quarantined the node (taint, cordon, node condition), by the previous leader replica",
             )
-            if self.store.add_action(page, now):
-                self.runner.schedule(PendingAction(page.incident_id, page, 0))
+            self.runner.request(page, now)
         log.info("cluster_state_adopted", quarantines_found=len(found), new_here=adopted, paged_incidents=threads)
         return adopted
 
@@ -417,8 +413,7 @@ class Engine:
             self._folded.discard(incident.id)
             text = f"Resolved: {node} returned to service by {requested_by}" + (f" ({reason})" if reason else "")
             note = PageUpdate(incident.id, node, "RESOLVED", text, resolve=True)
-            if self.store.add_action(note, now):
-                self.runner.schedule(PendingAction(note.incident_id, note, 0))
+            self.runner.request(note, now)
         log.info("node_uncordoned", node=node, by=requested_by, reason=reason, incidents_resolved=resolved)
         return entry.state.health, f"{release.detail}; back in service; {resolved} incident(s) resolved"
 

@@ -25,7 +25,7 @@ from controller.guardrails import (
 from controller.metrics import ControllerMetrics
 from controller.policy import Severity
 from controller.records import action_kind
-from controller.store import PendingAction, Store
+from controller.store import Store
 
 log = structlog.get_logger(__name__)
 
@@ -103,8 +103,7 @@ class Guard:
             "then `vigil resume` (add --apply-held to quarantine them after all)",
             did="paused automation: no node was quarantined past the limit",
         )
-        if self._store.add_action(page, self._clock()):
-            self._runner.schedule(PendingAction(page.incident_id, page, 0))
+        self._runner.request(page)
 
 
 def _dry(action: Action) -> Action:

@@ -32,7 +32,6 @@ from controller.decide import Health, Page, PageUpdate, Quarantine
 from controller.engine import Engine, UnknownNode
 from controller.mfu import JobsConfig, RankTime, Reading, Track, blame, observe, stragglers, window_figure
 from controller.policy import Severity
-from controller.store import PendingAction
 from controller.sweep import SweepBusy, Sweeper
 from controller.sweep_plan import sweep_spec
 from protos.vigil.v1 import admin_pb2, common_pb2, trainer_pb2
@@ -220,7 +219,7 @@ class JobMonitor:
             else "nothing: no node to blame; the job runs on"
         )
         page = Page(incident_id, "", Severity.SUSPECT, what, f"look at the job; evidence: {evidence}", did=did)
-        self._schedule(page)
+        self._engine.runner.request(page)
 
     # Commands ------------------------------------------------------------------------------
 
@@ -357,8 +356,4 @@ class JobMonitor:
     def _note(self, job: Job, tag: str, text: str) -> None:
         """A word in the thread of each incident this job's stop follows."""
         for incident_id in job.incidents or ([f"mfu-{job.job_id}-{job.drops}"] if job.drops else []):
-            self._schedule(PageUpdate(incident_id, "", f"{tag}:{job.job_id}", f"Job {job.job_id} {text}"))
-
-    def _schedule(self, action: Page | PageUpdate) -> None:
-        if self._engine.store.add_action(action, self.clock()):
-            self._engine.runner.schedule(PendingAction(action.incident_id, action, 0))
+            self._engine.runner.request(PageUpdate(incident_id, "", f"{tag}:{job.job_id}", f"Job {job.job_id} {text}"))
