@@ -22,32 +22,20 @@ bench/results/job_recovery.jsonl.
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import signal
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from agent.simulated import simulated_gpus
 from bench.record import append_result, header
-from tests.e2e.processes import configured_controller, port_of, start_agent
+from tests.e2e.processes import JobCluster, job_cluster, json_lines
 from tests.helpers import poll_until
 from tests.training.launch import events
-from vigil.admin_client import AdminClient
-from vigil.demo import xid_line
 
 PHASES = ("detected", "command_seen", "checkpointed_and_exited", "restart_started", "resumed", "first_step")
-
-
-def _log_lines(path: Path) -> list[dict[str, Any]]:
-    lines = path.read_text().splitlines() if path.exists() else []
-    return [json.loads(line) for line in lines if line.startswith("{")]
 
 
 def _at(entry: dict[str, Any]) -> float:
@@ -61,44 +49,23 @@ def _first(entries: list[dict[str, Any]], event: str, **match: Any) -> dict[str,
     return next(e for e in entries if e.get("event") == event and all(e.get(k) == v for k, v in match.items()))
 
 
-def _launch(
-    tmp: Path, controller: str, steps: int, preset: str, nodes: str, sync_s: float = 0.0
-) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "VIGIL_WINDOW_STEPS": "10", "VIGIL_SYNC_S": str(sync_s), "OMP_NUM_THREADS": "1"}
-    command = [
-        sys.executable, "-m", "vigil", "launch", "--job-id", "bench", "--nodes", nodes, "--controller", controller,
-        "--log-dir", str(tmp / "ranks"), "--log-format", "json", "--", sys.executable, "-m",
-        "trainer_hooks.moe_job.train", "--out", str(tmp / "run"), "--preset", preset, "--steps", str(steps),
-        "--global-batch", "6", "--checkpoint-every", "10",
-    ]  # fmt: skip
-    return subprocess.Popen(command, env=env, stdout=open(tmp / "launch.log", "wb"), stderr=subprocess.STDOUT)  # noqa: SIM115
+def _launch(cluster: JobCluster, steps: int, preset: str, sync_s: float = 0.0) -> subprocess.Popen[bytes]:
+    env = {"VIGIL_WINDOW_STEPS": "10", "VIGIL_SYNC_S": str(sync_s), "OMP_NUM_THREADS": "1"}
+    args = ["--preset", preset, "--steps", str(steps), "--global-batch", "6", "--checkpoint-every", "10"]
+    return cluster.launch("bench", ["node-a", "node-b"], args, env)
 
 
 def one_run(tmp: Path, steps: int, preset: str) -> dict[str, Any]:
-    ctl = configured_controller(tmp, "ctl", pager="none")
-    port = port_of(tmp, "ctl")
-    procs, kmsg = [ctl], {}
-    for node in ("node-a", "node-b"):
-        agent, kmsg[node] = start_agent(tmp, node, f"127.0.0.1:{port}")
-        procs.append(agent)
-    try:
-        with AdminClient(f"127.0.0.1:{port}") as admin:
-            poll_until(lambda: len(admin.status().nodes) == 2, what="agents")
-        launcher = _launch(tmp, f"127.0.0.1:{port}", steps, preset, "node-a,node-b")
+    with job_cluster(tmp, pager="none") as cluster:
+        launcher = _launch(cluster, steps, preset)
         run = tmp / "run"
         poll_until(lambda: any(e["step"] >= 20 for e in events(run, "step")), timeout=300, what="step 20")
         faulted_at = time.time()
-        with open(kmsg["node-b"], "a") as f:
-            f.write(xid_line(simulated_gpus("node-b", 8)[2].pci_bus_id, 79, "GPU has fallen off the bus.", 1))
+        cluster.xid("node-b")
         if launcher.wait(600) != 0:
             raise RuntimeError((tmp / "launch.log").read_text()[-3000:])
-    finally:
-        for proc in procs:
-            proc.send_signal(signal.SIGTERM)
-        for proc in procs:
-            proc.wait(10)
-    controller, launch = _log_lines(tmp / "ctl.log"), _log_lines(tmp / "launch.log")
-    rank0 = _log_lines(tmp / "ranks" / "node-a-rank0.log")
+    controller, launch = json_lines(tmp / "ctl.log"), json_lines(tmp / "launch.log")
+    rank0 = json_lines(tmp / "ranks" / "node-a-rank0.log")
     metrics = events(tmp / "run")
     resumed = _first(metrics, "start", restart=1)
     marks = {
@@ -127,15 +94,9 @@ def one_run(tmp: Path, steps: int, preset: str) -> dict[str, Any]:
 def hook_overhead(tmp: Path, steps: int, preset: str, sync_s: float) -> dict[str, float]:
     """An uninterrupted 2-rank run reporting to a controller: its wall time per step (start event to
     finished event: the same checkpoints either way), and the hook's share of rank 0's step time."""
-    ctl = configured_controller(tmp, "ctl", pager="none")
-    port = port_of(tmp, "ctl")
-    try:
-        launcher = _launch(tmp, f"127.0.0.1:{port}", steps, preset, "node-a,node-b", sync_s)
-        if launcher.wait(600) != 0:
+    with job_cluster(tmp, nodes=(), pager="none") as cluster:
+        if _launch(cluster, steps, preset, sync_s).wait(600) != 0:
             raise RuntimeError((tmp / "launch.log").read_text()[-3000:])
-    finally:
-        ctl.send_signal(signal.SIGTERM)
-        ctl.wait(10)
     start, finished = events(tmp / "run", "start")[-1], events(tmp / "run", "finished")[-1]
     return {
         "sync_s": sync_s,

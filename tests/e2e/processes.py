@@ -2,15 +2,23 @@
 
 from __future__ import annotations
 
+import json
+import os
+import signal
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from agent.simulated import simulated_gpus
 from tests.helpers import poll_until
+from vigil.admin_client import AdminClient
+from vigil.demo import xid_line
 
 
 def vigil(*args: str, out: Path, prefix: Sequence[str] = ()) -> subprocess.Popen[bytes]:
@@ -88,3 +96,56 @@ def port_of(tmp: Path, name: str) -> int:
     """The port a configured controller bound, once it writes it (a standby writes it when it leads)."""
     poll_until(lambda: (tmp / f"{name}.port").exists(), what=f"{name}'s port")
     return int((tmp / f"{name}.port").read_text())
+
+
+def json_lines(path: Path) -> list[dict[str, Any]]:
+    """A process's JSON log lines (other lines, a traceback say, are left out)."""
+    lines = path.read_text().splitlines() if path.exists() else []
+    return [json.loads(line) for line in lines if line.startswith("{")]
+
+
+@dataclass
+class JobCluster:
+    """A controller and simulated-GPU agents as processes, and training jobs under ``vigil launch``."""
+
+    tmp: Path
+    controller: str
+    kmsg: dict[str, Path]
+    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+
+    def launch(
+        self, job_id: str, nodes: Sequence[str], job_args: Sequence[str], env: dict[str, str]
+    ) -> subprocess.Popen[bytes]:
+        """``vigil launch`` of the bundled job: ranks' logs in ranks/, its own in launch.log, the run in run/."""
+        command = [
+            sys.executable, "-m", "vigil", "launch", "--job-id", job_id, "--nodes", ",".join(nodes),
+            "--controller", self.controller, "--log-dir", str(self.tmp / "ranks"), "--log-format", "json",
+            "--", sys.executable, "-m", "trainer_hooks.moe_job.train", "--out", str(self.tmp / "run"), *job_args,
+        ]  # fmt: skip
+        out = open(self.tmp / "launch.log", "wb")  # noqa: SIM115 (the child keeps it)
+        return subprocess.Popen(command, env={**os.environ, **env}, stdout=out, stderr=subprocess.STDOUT)
+
+    def xid(self, node: str, code: int = 79, text: str = "GPU has fallen off the bus.") -> None:
+        """An XID line in the node's kernel log, on its third simulated GPU."""
+        with open(self.kmsg[node], "a") as f:
+            f.write(xid_line(simulated_gpus(node, 8)[2].pci_bus_id, code, text, 1))
+
+
+@contextmanager
+def job_cluster(tmp: Path, nodes: Sequence[str] = ("node-a", "node-b"), **settings: Any) -> Iterator[JobCluster]:
+    """A configured controller ("ctl": ctl.log, ctl.out) and one agent per node, all registered."""
+    ctl = configured_controller(tmp, "ctl", **settings)
+    port = port_of(tmp, "ctl")
+    cluster = JobCluster(tmp, f"127.0.0.1:{port}", {}, [ctl])
+    for node in nodes:
+        agent, cluster.kmsg[node] = start_agent(tmp, node, cluster.controller)
+        cluster.procs.append(agent)
+    try:
+        with AdminClient(cluster.controller) as admin:
+            poll_until(lambda: len(admin.status().nodes) == len(nodes), what="every agent registered")
+        yield cluster
+    finally:
+        for proc in cluster.procs:
+            proc.send_signal(signal.SIGTERM)
+        for proc in cluster.procs:
+            proc.wait(10)

@@ -10,27 +10,19 @@ node-b), and ``vigil launch`` running the bundled MoE job with one gloo rank per
 
 from __future__ import annotations
 
-import json
-import os
-import signal
 import subprocess
-import sys
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 pytest.importorskip("torch", reason="the training job needs torch (make test installs the CPU build)")
 
-from agent.simulated import simulated_gpus  # noqa: E402
 from protos.vigil.v1 import common_pb2  # noqa: E402
-from tests.e2e.processes import configured_controller, port_of, start_agent  # noqa: E402
+from tests.e2e.processes import JobCluster, job_cluster, json_lines  # noqa: E402
 from tests.helpers import poll_until  # noqa: E402
 from tests.training.launch import events, losses, run  # noqa: E402
 from vigil.admin_client import AdminClient  # noqa: E402
-from vigil.demo import xid_line  # noqa: E402
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 
@@ -38,44 +30,17 @@ ARGS = ("--steps", "150", "--global-batch", "6", "--checkpoint-every", "10")
 WINDOW_STEPS = 10  # as checkpoint_every: each window has one save in it, so windows compare evenly
 
 
-@dataclass
-class Cluster:
-    tmp: Path
-    controller: str
-    kmsg: dict[str, Path]
-
-    def launch(self, *job_args: str) -> subprocess.Popen[bytes]:
-        env = {**os.environ, "VIGIL_WINDOW_STEPS": str(WINDOW_STEPS), "OMP_NUM_THREADS": "1"}
-        command = [
-            sys.executable, "-m", "vigil", "launch", "--job-id", "moe", "--nodes", "node-a,node-b",
-            "--controller", self.controller, "--log-dir", str(self.tmp / "ranks"), "--log-format", "json",
-            "--", sys.executable, "-m", "trainer_hooks.moe_job.train", "--out", str(self.tmp / "run"), *ARGS, *job_args,
-        ]  # fmt: skip
-        out = open(self.tmp / "launch.log", "wb")  # noqa: SIM115 (the child keeps it)
-        return subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)
-
-    def controller_log(self) -> list[dict[str, Any]]:
-        lines = (self.tmp / "ctl.log").read_text().splitlines()
-        return [json.loads(line) for line in lines if line.startswith("{")]
+ENV = {"VIGIL_WINDOW_STEPS": str(WINDOW_STEPS), "OMP_NUM_THREADS": "1"}
 
 
 @pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[Cluster]:
-    ctl = configured_controller(tmp_path, "ctl", pager="console")
-    port = port_of(tmp_path, "ctl")
-    procs, kmsg = [ctl], {}
-    for node in ("node-a", "node-b"):
-        agent, kmsg[node] = start_agent(tmp_path, node, f"127.0.0.1:{port}")
-        procs.append(agent)
-    try:
-        with AdminClient(f"127.0.0.1:{port}") as admin:
-            poll_until(lambda: len(admin.status().nodes) == 2, what="both agents registered")
-        yield Cluster(tmp_path, f"127.0.0.1:{port}", kmsg)
-    finally:
-        for proc in procs:
-            proc.send_signal(signal.SIGTERM)
-        for proc in procs:
-            proc.wait(10)
+def cluster(tmp_path: Path) -> Iterator[JobCluster]:
+    with job_cluster(tmp_path, pager="console") as c:
+        yield c
+
+
+def launch(cluster: JobCluster, *job_args: str) -> subprocess.Popen[bytes]:
+    return cluster.launch("moe", ["node-a", "node-b"], [*ARGS, *job_args], ENV)
 
 
 @pytest.fixture(scope="module")
@@ -87,13 +52,12 @@ def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> dict[int, float]:
 
 
 def test_a_fault_on_node_b_restarts_the_job_on_node_a_at_the_committed_step(
-    cluster: Cluster, uninterrupted: dict[int, float]
+    cluster: JobCluster, uninterrupted: dict[int, float]
 ) -> None:
     run_dir = cluster.tmp / "run"
-    launcher = cluster.launch()
+    launcher = launch(cluster)
     poll_until(lambda: any(e["step"] >= 10 for e in events(run_dir, "step")), timeout=120, what="training")
-    with open(cluster.kmsg["node-b"], "a") as f:
-        f.write(xid_line(simulated_gpus("node-b", 8)[2].pci_bus_id, 79, "GPU has fallen off the bus.", 1))
+    cluster.xid("node-b")
     assert launcher.wait(180) == 0, (cluster.tmp / "launch.log").read_text()[-3000:]
 
     (stopped,) = events(run_dir, "checkpointed_and_exiting")
@@ -117,12 +81,12 @@ def test_a_fault_on_node_b_restarts_the_job_on_node_a_at_the_committed_step(
     assert f"JOB-RESUMED:moe: Job moe restarted on 1 node(s), node-b left out; resumed at step {k}" in pages
 
 
-def test_a_slow_rank_is_detected_blamed_on_its_node_and_left_out_of_the_restart(cluster: Cluster) -> None:
+def test_a_slow_rank_is_detected_blamed_on_its_node_and_left_out_of_the_restart(cluster: JobCluster) -> None:
     run_dir = cluster.tmp / "run"
-    launcher = cluster.launch("--slow-node", "node-b", "--slow-s", "0.15", "--slow-from-step", "40")
+    launcher = launch(cluster, "--slow-node", "node-b", "--slow-s", "0.15", "--slow-from-step", "40")
     assert launcher.wait(180) == 0, (cluster.tmp / "launch.log").read_text()[-3000:]
 
-    log = cluster.controller_log()
+    log = json_lines(cluster.tmp / "ctl.log")
     (drop,) = [e for e in log if e["event"] == "mfu_drop"]
     # Windows of 10 steps (give or take the hook's exchange rhythm): warm-up, 3 for the baseline, then
     # slow from step 41. Two low windows in a row are the drop: found within the third window at most.
