@@ -71,6 +71,21 @@ class Start:
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
 
+def torchrun_env(
+    rank: int, local_rank: int, world: int, local_world: int, group_rank: int, port: str
+) -> dict[str, str]:
+    """What torchrun tells each rank, for a rendezvous on this machine."""
+    return {
+        "RANK": str(rank),
+        "LOCAL_RANK": str(local_rank),
+        "WORLD_SIZE": str(world),
+        "LOCAL_WORLD_SIZE": str(local_world),
+        "GROUP_RANK": str(group_rank),
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": port,
+    }
+
+
 def ended(codes: list[int]) -> Ended:
     """How a start ended, from its ranks' exit codes. Pure."""
     if all(c == 0 for c in codes):
@@ -121,13 +136,7 @@ class Launcher:
                 rank = group_rank * cfg.nproc_per_node + local
                 env = {
                     **os.environ,
-                    "RANK": str(rank),
-                    "LOCAL_RANK": str(local),
-                    "WORLD_SIZE": str(world),
-                    "LOCAL_WORLD_SIZE": str(cfg.nproc_per_node),
-                    "GROUP_RANK": str(group_rank),
-                    "MASTER_ADDR": "127.0.0.1",
-                    "MASTER_PORT": port,
+                    **torchrun_env(rank, local, world, cfg.nproc_per_node, group_rank, port),
                     "VIGIL_JOB_ID": cfg.job_id,
                     "VIGIL_CONTROLLER": cfg.controller,
                     "VIGIL_NODE": node,

@@ -1,6 +1,6 @@
-"""Start the bundled job as N processes on this machine, the way torchrun or a Kubernetes Job would:
-each with RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT. Tests signal the processes
-themselves and read each one's exit code."""
+"""Start the bundled job as N processes on this machine, the way torchrun or a Kubernetes Job would
+(``vigil.launch.torchrun_env``), without Vigil's launcher: one "node", no controller. Tests signal
+the processes themselves and read each one's exit code."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.helpers import free_port
+from vigil.launch import torchrun_env
 
 
 def launch(world: int, out: Path, *args: str) -> list[subprocess.Popen[bytes]]:
@@ -19,16 +20,7 @@ def launch(world: int, out: Path, *args: str) -> list[subprocess.Popen[bytes]]:
     out.mkdir(parents=True, exist_ok=True)
     procs = []
     for rank in range(world):
-        env = {
-            **os.environ,
-            "RANK": str(rank),
-            "LOCAL_RANK": str(rank),
-            "WORLD_SIZE": str(world),
-            "LOCAL_WORLD_SIZE": str(world),
-            "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": port,
-            "OMP_NUM_THREADS": "1",
-        }
+        env = {**os.environ, **torchrun_env(rank, rank, world, world, 0, port), "OMP_NUM_THREADS": "1"}
         command = [sys.executable, "-m", "trainer_hooks.moe_job.train", "--out", str(out), *args]
         with open(out / f"rank{rank}.log", "ab") as log:  # the child keeps its own descriptor
             procs.append(subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT))
