@@ -21,6 +21,7 @@ apply then, and the job runs on until something else stops it).
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -85,7 +86,7 @@ def validate(p: trainer_pb2.Progress) -> None:
         raise BadProgress("Progress.step, restart_count, tokens and committed_step must be >= 0")
     for name in ("mfu", "tokens_per_s", "loss", "checkpoint_s", "window_start", "window_end"):
         value = getattr(p, name)
-        if value != value or value in (float("inf"), float("-inf")):  # NaN or infinite
+        if not math.isfinite(value):
             raise BadProgress(f"Progress.{name} is {value}")
     if not 0 <= p.mfu <= 1.5:
         raise BadProgress(f"Progress.mfu {p.mfu} is not a fraction of the peak")
@@ -94,8 +95,8 @@ def validate(p: trainer_pb2.Progress) -> None:
     bad = [n for n in (*p.nodes, *(t.node for t in p.step_times)) if not is_node_name(n)]
     if bad:
         raise BadProgress(f"Progress names {bad[0]!r}, which is not a node name")
-    if any(t.step_time_s < 0 or t.step_time_s != t.step_time_s for t in p.step_times):
-        raise BadProgress("Progress.step_times has a negative or NaN step time")
+    if any(not math.isfinite(t.step_time_s) or t.step_time_s < 0 for t in p.step_times):
+        raise BadProgress("Progress.step_times has a negative or not finite step time")
 
 
 def _figure(value: float) -> str:

@@ -149,7 +149,7 @@ class VigilHook:
         if self.rank == 0 and self.config.controller:
             self._reporter = Reporter(self.config.controller, self._heartbeat, self._received, self.config.poll_s)
             self._reporter.start()
-            self._reporter.put(self._progress("start"))
+            self._reporter.put(self._base("start"))
             log.info("vigil_hook_started", job=self.config.job_id, controller=self.config.controller,
                      world_size=self.world, restart=self.config.restart_count)  # fmt: skip
 
@@ -173,7 +173,7 @@ class VigilHook:
             stop = self._exchange()
             if self._window_steps >= self.config.window_steps:
                 if self._reporter is not None:
-                    self._reporter.put(self._progress(""))
+                    self._reporter.put(self._window())
                 self._reset_window(time.time())
         if stop and not self.stopping:
             self.stopping = True
@@ -217,7 +217,7 @@ class VigilHook:
         if checkpoint_step and command is not None:
             acks = [trainer_pb2.CommandAck(id=command.id, checkpoint_step=checkpoint_step, detail=self.stop_reason)]
         self.committed_step = max(self.committed_step, checkpoint_step)
-        last = self._progress("checkpointed" if checkpoint_step else "end")
+        last = self._base("checkpointed" if checkpoint_step else "end")
         last.acks.extend(acks)
         # An acknowledgement is worth a few seconds of retries (the controller moves on at once, not at
         # the deadline); the end of a run is said once.
@@ -252,10 +252,8 @@ class VigilHook:
     def _heartbeat(self) -> trainer_pb2.Progress:
         return self._base("heartbeat")
 
-    def _progress(self, event: str) -> trainer_pb2.Progress:
-        p = self._base(event)
-        if event:
-            return p
+    def _window(self) -> trainer_pb2.Progress:
+        p = self._base("")
         windows = [RankWindow(r, s, self._window_steps) for r, s in enumerate(self._sums)]
         fig = figures(windows, self._tokens, self.config.flops_per_token, self.config.peak_flops)
         p.window_start, p.window_end = self._window_start, time.time()
