@@ -84,7 +84,7 @@ class Controller:
         self.server = grpc.aio.server()
         agent_pb2_grpc.add_AgentGatewayServicer_to_server(self.gateway, self.server)
         identity = self.config.leader_election.identity
-        admin_pb2_grpc.add_AdminServicer_to_server(Admin(self.engine, self.sweeper, identity), self.server)
+        admin_pb2_grpc.add_AdminServicer_to_server(Admin(self.engine, self.sweeper, self.jobs, identity), self.server)
         trainer_pb2_grpc.add_TrainerGatewayServicer_to_server(TrainerGateway(self.jobs), self.server)
         address = f"{self.config.listen}:{self.config.port}"
         try:

@@ -31,6 +31,7 @@ import structlog
 
 from controller.decide import Health, Page, PageUpdate, Quarantine
 from controller.engine import Engine, UnknownNode
+from controller.goodput import KINDS, Goodput, committed, started, trained
 from controller.mfu import JobsConfig, RankTime, Reading, Track, blame, observe, stragglers, window_figure
 from controller.policy import Severity
 from controller.sweep import SweepBusy, Sweeper
@@ -68,10 +69,20 @@ class Job:
     recovery_note: str = ""
     commands_sent: int = 0
     drops: int = 0
+    goodput: Goodput = field(default_factory=Goodput)
+    finished: bool = False
 
     @property
     def stopping(self) -> bool:
         return self.command is not None and not self.stopped
+
+    @property
+    def state(self) -> str:
+        if self.finished:
+            return "finished"
+        if self.stopped:
+            return "stopped"
+        return "stopping" if self.command is not None else "running"
 
     @property
     def ready(self) -> bool:
@@ -84,7 +95,9 @@ def validate(p: trainer_pb2.Progress) -> None:
         raise BadProgress(f"Progress.job_id {p.job_id!r} is not a job id (letters, digits, -_.)")
     if p.step < 0 or p.restart_count < 0 or p.tokens < 0 or p.committed_step < 0:
         raise BadProgress("Progress.step, restart_count, tokens and committed_step must be >= 0")
-    for name in ("mfu", "tokens_per_s", "loss", "checkpoint_s", "window_start", "window_end"):
+    if p.checkpoint_s < 0 or p.restore_s < 0 or p.window_end < p.window_start:
+        raise BadProgress("Progress.checkpoint_s and restore_s must be >= 0, and window_end not before window_start")
+    for name in ("mfu", "tokens_per_s", "loss", "checkpoint_s", "restore_s", "window_start", "window_end"):
         value = getattr(p, name)
         if not math.isfinite(value):
             raise BadProgress(f"Progress.{name} is {value}")
@@ -113,6 +126,7 @@ class JobMonitor:
         self.config = config
         self.clock = clock
         self.jobs: dict[str, Job] = {}
+        self.finished: deque[Job] = deque(maxlen=64)  # for reports only
         self._tasks: set[asyncio.Task[None]] = set()
         engine.on_quarantine = self.node_quarantined
 
@@ -126,16 +140,19 @@ class JobMonitor:
         if job is None:
             job = self.jobs[p.job_id] = Job(p.job_id)
             log.info("job_registered", job=p.job_id, nodes=list(p.nodes), world_size=p.world_size)
-        if p.event == "end":  # finished: a later job of the same id starts afresh
-            log.info("job_finished", job=p.job_id, step=p.step)
-            del self.jobs[p.job_id]
-            return []
-        if p.event == "start" or p.restart_count > job.restart_count:
+        restarted = p.event == "start" or p.restart_count > job.restart_count
+        if restarted:
             self._started(job, p)
+        self._account(job, p, restarted, now)
         if p.nodes:
             job.nodes = tuple(dict.fromkeys(p.nodes))
-        job.step, job.last_report = max(job.step, p.step), now
+        job.step, job.last_report = (p.step if restarted else max(job.step, p.step)), now
         job.committed_step = max(job.committed_step, p.committed_step)
+        if p.event == "end":  # finished: a later job of the same id starts afresh
+            log.info("job_finished", job=p.job_id, step=p.step, goodput=job.goodput.ratio)
+            job.finished = True
+            self.finished.append(self.jobs.pop(p.job_id))
+            return []
         for ack in p.acks:
             if job.command is not None and ack.id == job.command.id and not job.stopped:
                 log.info("job_checkpointed", job=job.job_id, command=ack.id, step=ack.checkpoint_step)
@@ -146,6 +163,25 @@ class JobMonitor:
         if not p.event and job.command is None:
             self._judge(job, p)
         return self._commands(job)
+
+    def _account(self, job: Job, p: trainer_pb2.Progress, restarted: bool, now: float) -> None:
+        """Goodput: fold the report into the job's timeline, on the job's own clock."""
+        g, at = job.goodput, p.window_end or now
+        if restarted and p.event:  # a start: at the step it resumed from
+            g = started(g, at, p.step, p.restore_s)
+        elif restarted:  # a run first heard of by a window: it began with the window, at its committed step
+            g = started(g, p.window_start or at, p.committed_step, p.restore_s)
+        if not p.event:
+            g = trained(g, at, p.step, p.checkpoint_s, since=p.window_start or None)
+        elif p.event in ("checkpointed", "end"):
+            g = trained(g, at, p.step, p.checkpoint_s)
+        steps = [p.committed_step, *(a.checkpoint_step for a in p.acks)]
+        job.goodput = committed(g, max(steps))
+        metrics = self._engine.metrics
+        for kind in KINDS:
+            metrics.job_time.labels(job.job_id, kind).set(getattr(job.goodput, f"{kind}_s"))
+        if job.goodput.ratio is not None:
+            metrics.job_goodput.labels(job.job_id).set(job.goodput.ratio)
 
     def _on_nodes_out_of_service(self, job: Job) -> None:
         """A job that runs on a node already out of service (it started there, or the controller
@@ -279,6 +315,33 @@ class JobMonitor:
             ready=job.ready,
             detail=job.recovery_note,
         )
+
+    def statuses(self) -> list[admin_pb2.JobStatus]:
+        """Every job, running ones first, for ``vigil jobs``."""
+        found = []
+        for job in [*sorted(self.jobs.values(), key=lambda j: j.job_id), *reversed(self.finished)]:
+            g = job.goodput
+            found.append(
+                admin_pb2.JobStatus(
+                    job_id=job.job_id,
+                    state=job.state,
+                    nodes=job.nodes,
+                    step=job.step,
+                    committed_step=job.committed_step,
+                    restart_count=max(job.restart_count, 0),
+                    baseline=job.track.baseline or 0.0,
+                    last=job.figures[-1] if job.figures else 0.0,
+                    excluded=sorted(job.exclude),
+                    productive_s=g.productive_s,
+                    checkpoint_s=g.checkpoint_s,
+                    restore_s=g.restore_s,
+                    wasted_s=g.wasted_s,
+                    recovery_s=g.recovery_s,
+                    goodput=g.ratio or 0.0,
+                    drops=job.drops,
+                )  # fmt: skip
+            )
+        return found
 
     def _out_of_service(self, nodes: Sequence[str]) -> set[str]:
         return {

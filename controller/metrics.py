@@ -49,3 +49,12 @@ class ControllerMetrics:
             "vigil_controller_job_commands_total", "CHECKPOINT_AND_RESTART commands sent", ["reason"], registry=r
         )
         self.mfu_drops = Counter("vigil_controller_mfu_drops_total", "MFU drops detected", ["blamed"], registry=r)
+        self.job_time = Gauge(
+            "vigil_controller_job_time_seconds",
+            "Where the job's time went: productive, checkpoint, restore, wasted, recovery",
+            ["job", "kind"],
+            registry=r,
+        )
+        self.job_goodput = Gauge(
+            "vigil_controller_job_goodput_ratio", "Productive time over all the job's time seen", ["job"], registry=r
+        )

@@ -16,6 +16,7 @@ import structlog
 
 from controller.actuators import SelectionError
 from controller.engine import Engine, UnknownNode
+from controller.jobs import JobMonitor
 from controller.sweep import SweepBusy, Sweeper
 from controller.sweep_plan import SweepError, sweep_spec
 from protos.codec import BadSignal, gpu_to_proto, signal_from_proto
@@ -122,10 +123,16 @@ class AgentGateway(agent_pb2_grpc.AgentGatewayServicer):
 
 
 class Admin(admin_pb2_grpc.AdminServicer):
-    def __init__(self, engine: Engine, sweeper: Sweeper, replica: str = "") -> None:
+    def __init__(self, engine: Engine, sweeper: Sweeper, jobs: JobMonitor, replica: str = "") -> None:
         self._engine = engine
         self._sweeper = sweeper
+        self._jobs = jobs
         self._replica = replica
+
+    async def ListJobs(  # noqa: N802
+        self, request: admin_pb2.JobsRequest, context: grpc.aio.ServicerContext
+    ) -> admin_pb2.JobsReply:
+        return admin_pb2.JobsReply(jobs=self._jobs.statuses())
 
     async def GetStatus(  # noqa: N802
         self, request: admin_pb2.StatusRequest, context: grpc.aio.ServicerContext

@@ -135,8 +135,9 @@ class VigilHook:
 
     # Lifecycle -----------------------------------------------------------------------------
 
-    def start(self, step: int = 0, committed_step: int = 0) -> None:
-        """On every rank, after the process group is up (it makes a gloo group: a collective)."""
+    def start(self, step: int = 0, committed_step: int = 0, restore_s: float = 0.0) -> None:
+        """On every rank, after the process group is up (it makes a gloo group: a collective).
+        ``restore_s``: the time spent loading the checkpoint this run resumed from (goodput)."""
         self.step, self.committed_step = step, committed_step
         if dist.is_available() and dist.is_initialized():
             self.rank, self.world = dist.get_rank(), dist.get_world_size()
@@ -149,7 +150,9 @@ class VigilHook:
         if self.rank == 0 and self.config.controller:
             self._reporter = Reporter(self.config.controller, self._heartbeat, self._received, self.config.poll_s)
             self._reporter.start()
-            self._reporter.put(self._base("start"))
+            first = self._base("start")
+            first.restore_s = max(0.0, restore_s)
+            self._reporter.put(first)
             log.info("vigil_hook_started", job=self.config.job_id, controller=self.config.controller,
                      world_size=self.world, restart=self.config.restart_count)  # fmt: skip
 
@@ -208,8 +211,9 @@ class VigilHook:
         self._checkpoint_s += blocked_s
         self.committed_step = max(self.committed_step, committed_step)
 
-    def end(self, checkpoint_step: int = 0) -> bool:
-        """At the end of the run, or after the stop's checkpoint is committed (``checkpoint_step``).
+    def end(self, checkpoint_step: int = 0, checkpoint_s: float = 0.0) -> bool:
+        """At the end of the run, or after the stop's checkpoint is committed (``checkpoint_step``);
+        ``checkpoint_s``: the time that last save blocked training.
         Rank 0 delivers its last word; True if it reached the controller (or none was due)."""
         if self._reporter is None:
             return True
@@ -219,6 +223,7 @@ class VigilHook:
         self.committed_step = max(self.committed_step, checkpoint_step)
         last = self._base("checkpointed" if checkpoint_step else "end")
         last.acks.extend(acks)
+        last.checkpoint_s = self._checkpoint_s + max(0.0, checkpoint_s)  # saves since the last window too
         # An acknowledgement is worth a few seconds of retries (the controller moves on at once, not at
         # the deadline); the end of a run is said once.
         delivered = self._reporter.close(last, timeout_s=5.0 if acks else 0.0)
@@ -247,6 +252,7 @@ class VigilHook:
             world_size=self.world,
             committed_step=self.committed_step,
             event=event,
+            window_end=time.time(),  # an event's time; a window sets its own
         )
 
     def _heartbeat(self) -> trainer_pb2.Progress:

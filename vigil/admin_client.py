@@ -33,6 +33,9 @@ class AdminClient:
         reply: admin_pb2.ResumeReply = self._stub.Resume(request, timeout=self._timeout)
         return reply
 
+    def jobs(self) -> list[admin_pb2.JobStatus]:
+        return list(self._stub.ListJobs(admin_pb2.JobsRequest(), timeout=self._timeout).jobs)
+
     def sweep(self, request: admin_pb2.SweepRequest) -> Iterator[admin_pb2.SweepUpdate]:
         """The sweep's updates as they come; a sweep takes as long as its checks (no deadline here)."""
         updates: Iterator[admin_pb2.SweepUpdate] = self._stub.Sweep(request)

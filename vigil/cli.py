@@ -149,6 +149,16 @@ def status(
 
 
 @app.command()
+def jobs(
+    controller: ControllerOpt = "127.0.0.1:7070", as_json: Annotated[bool, typer.Option("--json")] = False
+) -> None:
+    """Training jobs reporting to the controller: state, MFU baseline, and goodput (where the time went)."""
+    from vigil.operator_views import print_jobs
+
+    raise typer.Exit(print_jobs(controller, as_json))
+
+
+@app.command()
 def incidents(
     controller: ControllerOpt = "127.0.0.1:7070",
     open_only: Annotated[bool, typer.Option("--open", help="open incidents only")] = False,

@@ -5,31 +5,45 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter
+from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 import grpc
 from google.protobuf.json_format import MessageToDict
+from google.protobuf.message import Message
 from rich.console import Console
 from rich.table import Table
 
-from protos.vigil.v1 import common_pb2
+from protos.vigil.v1 import admin_pb2, common_pb2
 from vigil.admin_client import AdminClient
 
 _console = Console()
+T = TypeVar("T")
 
 
-def _unreachable(target: str, exc: grpc.RpcError) -> int:
-    _console.print(f"[red]error:[/] controller at {target} answered {exc.code().name}: {exc.details()}")
-    return 2
+def _ask(target: str, call: Callable[[AdminClient], T]) -> T | None:
+    """One admin call; None (said on the console) when the controller does not answer it."""
+    try:
+        with AdminClient(target) as client:
+            return call(client)
+    except grpc.RpcError as exc:
+        _console.print(f"[red]error:[/] controller at {target} answered {exc.code().name}: {exc.details()}")
+        return None
+
+
+def _print_json(found: Message | Sequence[Message]) -> None:
+    def as_dict(m: Message) -> dict[str, object]:
+        return MessageToDict(m, preserving_proto_field_name=True)
+
+    print(json.dumps([as_dict(m) for m in found] if isinstance(found, Sequence) else as_dict(found), indent=2))
 
 
 def print_status(target: str, as_json: bool) -> int:
-    try:
-        with AdminClient(target) as client:
-            reply = client.status()
-    except grpc.RpcError as exc:
-        return _unreachable(target, exc)
+    reply = _ask(target, AdminClient.status)
+    if reply is None:
+        return 2
     if as_json:
-        print(json.dumps(MessageToDict(reply, preserving_proto_field_name=True), indent=2))
+        _print_json(reply)
         return 0
     counts = Counter(n.health for n in reply.nodes)
     by_state = ", ".join(f"{k} {v}" for k, v in sorted(counts.items())) or "no nodes"
@@ -47,14 +61,51 @@ def print_status(target: str, as_json: bool) -> int:
     return 0
 
 
-def print_incidents(target: str, open_only: bool, node: str, limit: int, as_json: bool) -> int:
-    try:
-        with AdminClient(target) as client:
-            incidents = client.incidents(open_only, node, limit)
-    except grpc.RpcError as exc:
-        return _unreachable(target, exc)
+def _figure(value: float) -> str:
+    """An MFU baseline or window for a person; a figure above 1.5 is tokens/s (no peak known)."""
+    if not value:
+        return "-"
+    return f"{value:.1%}" if value <= 1.5 else f"{value:,.0f} tok/s"
+
+
+def goodput_line(job: admin_pb2.JobStatus) -> str:
+    """Where a job's time went, in one line."""
+    return f"goodput {job.goodput:.1%}: " + ", ".join(f"{k} {s}" for k, s in zip(_KINDS, _seconds(job), strict=True))
+
+
+_KINDS = ("productive", "checkpoint", "restore", "wasted", "recovery")
+
+
+def _seconds(job: admin_pb2.JobStatus) -> list[str]:
+    return [f"{getattr(job, f'{kind}_s'):.1f}s" for kind in _KINDS]
+
+
+def print_jobs(target: str, as_json: bool) -> int:
+    jobs = _ask(target, AdminClient.jobs)
+    if jobs is None:
+        return 2
     if as_json:
-        print(json.dumps([MessageToDict(i, preserving_proto_field_name=True) for i in incidents], indent=2))
+        _print_json(jobs)
+        return 0
+    table = Table(title=f"Vigil training jobs ({len(jobs)})")
+    for column in ("job", "state", "nodes", "step", "committed", "restarts", "baseline", "last", "goodput", *_KINDS):
+        table.add_column(column)
+    for j in jobs:
+        table.add_row(
+            j.job_id, j.state, ",".join(j.nodes) + (f" (out: {','.join(j.excluded)})" if j.excluded else ""),
+            str(j.step), str(j.committed_step), str(j.restart_count), _figure(j.baseline), _figure(j.last),
+            f"{j.goodput:.1%}", *_seconds(j),
+        )  # fmt: skip
+    _console.print(table)
+    return 0
+
+
+def print_incidents(target: str, open_only: bool, node: str, limit: int, as_json: bool) -> int:
+    incidents = _ask(target, lambda client: client.incidents(open_only, node, limit))
+    if incidents is None:
+        return 2
+    if as_json:
+        _print_json(incidents)
         return 0
     table = Table(title="Vigil incidents")
     for column in ("opened", "incident", "node", "GPU", "signal", "count", "status", "actions"):
@@ -70,21 +121,17 @@ def print_incidents(target: str, open_only: bool, node: str, limit: int, as_json
 
 
 def request_uncordon(target: str, node: str, who: str, reason: str) -> int:
-    try:
-        with AdminClient(target) as client:
-            reply = client.uncordon(node, who, reason)
-    except grpc.RpcError as exc:
-        return _unreachable(target, exc)
+    reply = _ask(target, lambda client: client.uncordon(node, who, reason))
+    if reply is None:
+        return 2
     _console.print(f"{reply.node}: {reply.health} ({reply.detail})")
     return 0
 
 
 def request_resume(target: str, who: str, reason: str, apply_held: bool) -> int:
-    try:
-        with AdminClient(target) as client:
-            reply = client.resume(who, reason, apply_held)
-    except grpc.RpcError as exc:
-        return _unreachable(target, exc)
+    reply = _ask(target, lambda client: client.resume(who, reason, apply_held))
+    if reply is None:
+        return 2
     _console.print(
         f"automation: {reply.automation} (held quarantines applied {reply.applied}, dropped {reply.dropped})"
     )

@@ -17,7 +17,7 @@ import pytest
 from controller.config import ControllerConfig
 from controller.daemon import Controller
 from controller.mfu import JobsConfig
-from protos.vigil.v1 import trainer_pb2, trainer_pb2_grpc
+from protos.vigil.v1 import admin_pb2, admin_pb2_grpc, trainer_pb2, trainer_pb2_grpc
 from tests.fakes.fleet import Fleet
 from tests.fakes.sim_checks import SimulatedChecks
 from tests.helpers import stop_controller, wait_until
@@ -32,6 +32,7 @@ class Rig:
     fleet: Fleet
     checks: SimulatedChecks
     trainer: trainer_pb2_grpc.TrainerGatewayStub
+    admin: admin_pb2_grpc.AdminStub
 
     async def window(self, mfu: float, slow: dict[int, float] | None = None, **fields: Any) -> list[str]:
         """One window of job "moe": one rank per node, rank ``r`` taking ``slow[r]`` s (else 0.1 s)."""
@@ -68,7 +69,8 @@ async def rig(tmp_path: Path, jobs: JobsConfig = FAST, **config: Any) -> AsyncIt
     watcher = asyncio.create_task(controller.jobs.watch(watcher_stop, every_s=0.05))
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{controller.port}") as channel:
-            yield Rig(controller, fleet, checks, trainer_pb2_grpc.TrainerGatewayStub(channel))
+            trainer, admin = trainer_pb2_grpc.TrainerGatewayStub(channel), admin_pb2_grpc.AdminStub(channel)
+            yield Rig(controller, fleet, checks, trainer, admin)
     finally:
         watcher_stop.set()
         await watcher
@@ -208,6 +210,8 @@ def test_in_dry_run_a_blamed_drop_pages_and_stops_nothing(tmp_path: Path) -> Non
         ({"job_id": "moe", "mfu": 7.0}, "fraction of the peak"),
         ({"job_id": "moe", "step": -1}, "must be >= 0"),
         ({"job_id": "moe", "nodes": ["Not_A_Node"]}, "not a node name"),
+        ({"job_id": "moe", "restore_s": -1.0}, "restore_s must be >= 0"),
+        ({"job_id": "moe", "window_start": 20.0, "window_end": 10.0}, "window_end not before window_start"),
     ],
 )
 def test_bad_reports_are_refused_by_name_and_the_server_keeps_serving(
@@ -218,5 +222,38 @@ def test_bad_reports_are_refused_by_name_and_the_server_keeps_serving(
             await r.trainer.Report(trainer_pb2.Progress(**fields))
         assert refused.value.code() is grpc.StatusCode.INVALID_ARGUMENT and named in (refused.value.details() or "")
         assert await r.window(0.5, event="start") == []
+
+    run(tmp_path, test)
+
+
+def test_list_jobs_reports_each_jobs_state_and_where_its_time_went(tmp_path: Path) -> None:
+    """A run with two windows, a fault, a stop that commits step 25, and a restart 8 s later: the
+    time after the last window is productive up to the stop's save, and the gap is recovery."""
+
+    async def test(r: Rig) -> None:
+        async def jobs() -> dict[str, admin_pb2.JobStatus]:
+            return {j.job_id: j for j in (await r.admin.ListJobs(admin_pb2.JobsRequest())).jobs}
+
+        await r.window(0.5, event="start", step=0, window_end=1000.0)
+        await r.window(0.5, step=10, window_start=1000.0, window_end=1010.0, checkpoint_s=1.0, committed_step=10)
+        await r.window(0.5, step=20, window_start=1010.0, window_end=1020.0, committed_step=10)
+        r.fleet.nodes["node-1"].fault(79)
+        await wait_until(lambda: r.controller.jobs.jobs["moe"].command is not None, what="the job's command")
+        assert (await jobs())["moe"].state == "stopping"
+        (command_id,) = await r.window(0.5, event="heartbeat", window_end=1022.0)
+        ack = trainer_pb2.CommandAck(id=command_id, checkpoint_step=25)
+        await r.window(0.5, event="checkpointed", step=25, window_end=1026.0, checkpoint_s=2.0, acks=[ack])
+        stopped = (await jobs())["moe"]
+        assert (stopped.state, list(stopped.excluded)) == ("stopped", ["node-1"])
+        await r.trainer.Report(trainer_pb2.Progress(job_id="moe", step=25, restart_count=1, nodes=["node-0", "node-2"],
+                                                    event="start", window_end=1034.0, restore_s=1.5))  # fmt: skip
+        j = (await jobs())["moe"]
+        assert (j.state, j.restart_count, list(j.nodes), j.step) == ("running", 1, ["node-0", "node-2"], 25)
+        assert (j.productive_s, j.checkpoint_s, j.restore_s, j.wasted_s) == (23.0, 3.0, 1.5, 0.0)
+        assert j.recovery_s == pytest.approx(34 - 26 - 1.5) and j.goodput == pytest.approx(23 / 34)
+        await r.window(0.5, event="end", step=25, window_end=1035.0)
+        assert (await jobs())["moe"].state == "finished"
+        metrics = r.controller.engine.metrics
+        assert metrics.job_time.labels("moe", "recovery")._value.get() == pytest.approx(6.5)
 
     run(tmp_path, test)

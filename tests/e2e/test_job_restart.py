@@ -76,6 +76,13 @@ def test_a_fault_on_node_b_restarts_the_job_on_node_a_at_the_committed_step(
 
     launch_log = (cluster.tmp / "launch.log").read_text()
     assert '"how": "checkpointed", "exit_codes": [75, 75]' in launch_log
+    with AdminClient(cluster.controller) as admin:
+        (job,) = admin.jobs()
+    # A clean stop wastes nothing; the restart's load and the gap before it are accounted for.
+    assert (job.state, job.restart_count, job.step, job.wasted_s) == ("finished", 1, 150, 0.0)
+    assert job.productive_s > 0 and job.checkpoint_s > 0 and job.restore_s > 0 and job.recovery_s > 0
+    assert job.goodput == pytest.approx(job.productive_s / sum(
+        (job.productive_s, job.checkpoint_s, job.restore_s, job.wasted_s, job.recovery_s)))  # fmt: skip
     pages = (cluster.tmp / "ctl.out").read_text()
     assert f"JOB-CHECKPOINTED:moe: Job moe checkpointed at step {k}" in pages
     assert f"JOB-RESUMED:moe: Job moe restarted on 1 node(s), node-b left out; resumed at step {k}" in pages

@@ -97,13 +97,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     state = TrainState(model, optimizer)
     checkpointer = Checkpointer(cfg.out / "checkpoints", rank, cfg.keep_checkpoints)
+    loading = time.perf_counter()
     resumed = checkpointer.load(state)
+    restore_s = time.perf_counter() - loading
     shards = load_shards(cfg.data) if cfg.data else [synthetic_corpus(arch.vocab_size, cfg.synthetic_tokens, cfg.seed)]
     sampler = Sampler(shards, arch.seq_len, cfg.seed)
     log = MetricsLog(cfg.out / "metrics.jsonl", rank == 0)
     log.event("start", step=state.step, consumed=state.consumed, world_size=world, resumed_from=str(resumed or ""),
               node=hook.config.node, restart=hook.config.restart_count)  # fmt: skip
-    hook.start(state.step, max(checkpointer.last_committed, 0))
+    hook.start(state.step, max(checkpointer.last_committed, 0), restore_s=restore_s)
     slow = cfg.slow_s if cfg.slow_node == hook.config.node else 0.0
 
     tokens_per_step = cfg.global_batch * arch.seq_len
@@ -140,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
         checkpointer.poll()
         if stopping:
             blocked = checkpointer.save(state, asynchronous=False)
-            acked = hook.end(checkpoint_step=state.step)
+            acked = hook.end(checkpoint_step=state.step, checkpoint_s=blocked)
             log.event("checkpointed_and_exiting", step=state.step, why=hook.stop_reason, blocked_s=blocked,
                       acknowledged=acked)  # fmt: skip
             dist.destroy_process_group()
@@ -150,8 +152,8 @@ def main(argv: list[str] | None = None) -> int:
             hook.checkpoint_saved(blocked, checkpointer.last_committed)
             log.event("checkpoint", step=state.step, asynchronous=cfg.async_checkpoint, blocked_s=round(blocked, 4))
 
-    checkpointer.save(state, asynchronous=False)
-    hook.end()
+    blocked = checkpointer.save(state, asynchronous=False)
+    hook.end(checkpoint_s=blocked)
     log.event("finished", step=state.step, trained_s=round(trained_s, 4), hook_s=round(hook.overhead_s, 4))
     dist.destroy_process_group()
     return 0

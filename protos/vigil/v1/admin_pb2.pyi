@@ -244,3 +244,49 @@ class SweepSummary(_message.Message):
     quarantine: _containers.ScalarMap[str, str]
     verdict: _common_pb2.Verdict
     def __init__(self, sweep_id: _Optional[str] = ..., rows: _Optional[_Iterable[_Union[SweepRow, _Mapping]]] = ..., findings: _Optional[_Iterable[_Union[SweepFinding, _Mapping]]] = ..., nodes: _Optional[int] = ..., failed_nodes: _Optional[int] = ..., unknown_nodes: _Optional[int] = ..., rounds: _Optional[int] = ..., pairs: _Optional[int] = ..., wall_s: _Optional[float] = ..., quarantine: _Optional[_Mapping[str, str]] = ..., verdict: _Optional[_Union[_common_pb2.Verdict, str]] = ...) -> None: ...
+
+class JobsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class JobStatus(_message.Message):
+    __slots__ = ("job_id", "state", "nodes", "step", "committed_step", "restart_count", "baseline", "last", "excluded", "productive_s", "checkpoint_s", "restore_s", "wasted_s", "recovery_s", "goodput", "drops")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    COMMITTED_STEP_FIELD_NUMBER: _ClassVar[int]
+    RESTART_COUNT_FIELD_NUMBER: _ClassVar[int]
+    BASELINE_FIELD_NUMBER: _ClassVar[int]
+    LAST_FIELD_NUMBER: _ClassVar[int]
+    EXCLUDED_FIELD_NUMBER: _ClassVar[int]
+    PRODUCTIVE_S_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_S_FIELD_NUMBER: _ClassVar[int]
+    RESTORE_S_FIELD_NUMBER: _ClassVar[int]
+    WASTED_S_FIELD_NUMBER: _ClassVar[int]
+    RECOVERY_S_FIELD_NUMBER: _ClassVar[int]
+    GOODPUT_FIELD_NUMBER: _ClassVar[int]
+    DROPS_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    state: str
+    nodes: _containers.RepeatedScalarFieldContainer[str]
+    step: int
+    committed_step: int
+    restart_count: int
+    baseline: float
+    last: float
+    excluded: _containers.RepeatedScalarFieldContainer[str]
+    productive_s: float
+    checkpoint_s: float
+    restore_s: float
+    wasted_s: float
+    recovery_s: float
+    goodput: float
+    drops: int
+    def __init__(self, job_id: _Optional[str] = ..., state: _Optional[str] = ..., nodes: _Optional[_Iterable[str]] = ..., step: _Optional[int] = ..., committed_step: _Optional[int] = ..., restart_count: _Optional[int] = ..., baseline: _Optional[float] = ..., last: _Optional[float] = ..., excluded: _Optional[_Iterable[str]] = ..., productive_s: _Optional[float] = ..., checkpoint_s: _Optional[float] = ..., restore_s: _Optional[float] = ..., wasted_s: _Optional[float] = ..., recovery_s: _Optional[float] = ..., goodput: _Optional[float] = ..., drops: _Optional[int] = ...) -> None: ...
+
+class JobsReply(_message.Message):
+    __slots__ = ("jobs",)
+    JOBS_FIELD_NUMBER: _ClassVar[int]
+    jobs: _containers.RepeatedCompositeFieldContainer[JobStatus]
+    def __init__(self, jobs: _Optional[_Iterable[_Union[JobStatus, _Mapping]]] = ...) -> None: ...

@@ -59,6 +59,11 @@ class AdminStub:
                 request_serializer=protos_dot_vigil_dot_v1_dot_admin__pb2.SweepRequest.SerializeToString,
                 response_deserializer=protos_dot_vigil_dot_v1_dot_admin__pb2.SweepUpdate.FromString,
                 _registered_method=True)
+        self.ListJobs = channel.unary_unary(
+                '/vigil.v1.Admin/ListJobs',
+                request_serializer=protos_dot_vigil_dot_v1_dot_admin__pb2.JobsRequest.SerializeToString,
+                response_deserializer=protos_dot_vigil_dot_v1_dot_admin__pb2.JobsReply.FromString,
+                _registered_method=True)
 
 
 class AdminServicer:
@@ -95,6 +100,13 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListJobs(self, request, context):
+        """The training jobs that report to this controller: their state, MFU and goodput.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -122,6 +134,11 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.Sweep,
                     request_deserializer=protos_dot_vigil_dot_v1_dot_admin__pb2.SweepRequest.FromString,
                     response_serializer=protos_dot_vigil_dot_v1_dot_admin__pb2.SweepUpdate.SerializeToString,
+            ),
+            'ListJobs': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListJobs,
+                    request_deserializer=protos_dot_vigil_dot_v1_dot_admin__pb2.JobsRequest.FromString,
+                    response_serializer=protos_dot_vigil_dot_v1_dot_admin__pb2.JobsReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -259,6 +276,33 @@ class Admin:
             '/vigil.v1.Admin/Sweep',
             protos_dot_vigil_dot_v1_dot_admin__pb2.SweepRequest.SerializeToString,
             protos_dot_vigil_dot_v1_dot_admin__pb2.SweepUpdate.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListJobs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/vigil.v1.Admin/ListJobs',
+            protos_dot_vigil_dot_v1_dot_admin__pb2.JobsRequest.SerializeToString,
+            protos_dot_vigil_dot_v1_dot_admin__pb2.JobsReply.FromString,
             options,
             channel_credentials,
             insecure,
