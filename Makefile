@@ -20,7 +20,7 @@ $(VENV)/.runtime: pyproject.toml | $(BIN)/python
 TORCH ?= torch==2.13.0
 $(VENV)/.dev: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install -q '$(TORCH)'
-	$(BIN)/pip install -q -e '.[dev,checks,train]'
+	$(BIN)/pip install -q -e '.[dev,checks,train,adapters]'
 	touch $@ $(VENV)/.runtime
 
 demo: $(VENV)/.runtime  ## a local cluster: controller + 4 agents, an XID 79, Vigil acting on it

@@ -3,14 +3,14 @@ reports, whose times are the job's own clock (rank 0's), never the controller's.
 
 - productive: steps trained and kept (window time less the checkpoint pauses in it);
 - checkpoint: time the ranks were blocked saving (every save, and the stop's save);
-- restore: time a restarted job spent loading its checkpoint (the job says how long);
+- restore: the time each run took from its process start to its first step: start-up and loading
+  its checkpoint (the job says how long);
 - wasted: steps trained and then lost, because the job restarted from an older committed step;
 - recovery: from the last thing a run did to the next run's first step, less the restore: the
   stop, the launcher's wait for the controller's sweep, starting the processes again.
 
 The steps a run trained after its last window and before it died (no clean stop) are not reported
-by anything and fall in recovery. Time before the first start (imports, the first model build) is
-not seen.
+by anything and fall in recovery.
 """
 
 from __future__ import annotations

@@ -40,6 +40,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+import psutil
 import structlog
 import torch
 import torch.distributed as dist
@@ -135,9 +136,10 @@ class VigilHook:
 
     # Lifecycle -----------------------------------------------------------------------------
 
-    def start(self, step: int = 0, committed_step: int = 0, restore_s: float = 0.0) -> None:
-        """On every rank, after the process group is up (it makes a gloo group: a collective).
-        ``restore_s``: the time spent loading the checkpoint this run resumed from (goodput)."""
+    def start(self, step: int = 0, committed_step: int = 0, restore_s: float | None = None) -> None:
+        """On every rank, after the process group is up (it makes a gloo group: a collective), just
+        before the first step. ``restore_s`` (goodput): the time this run took to start and load its
+        checkpoint; by default, the time since this process started."""
         self.step, self.committed_step = step, committed_step
         if dist.is_available() and dist.is_initialized():
             self.rank, self.world = dist.get_rank(), dist.get_world_size()
@@ -151,7 +153,7 @@ class VigilHook:
             self._reporter = Reporter(self.config.controller, self._heartbeat, self._received, self.config.poll_s)
             self._reporter.start()
             first = self._base("start")
-            first.restore_s = max(0.0, restore_s)
+            first.restore_s = max(0.0, time.time() - psutil.Process().create_time() if restore_s is None else restore_s)
             self._reporter.put(first)
             log.info("vigil_hook_started", job=self.config.job_id, controller=self.config.controller,
                      world_size=self.world, restart=self.config.restart_count)  # fmt: skip

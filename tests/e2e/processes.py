@@ -114,13 +114,19 @@ class JobCluster:
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
     def launch(
-        self, job_id: str, nodes: Sequence[str], job_args: Sequence[str], env: dict[str, str]
+        self,
+        job_id: str,
+        nodes: Sequence[str],
+        job_args: Sequence[str],
+        env: dict[str, str],
+        module: str = "trainer_hooks.moe_job.train",
     ) -> subprocess.Popen[bytes]:
-        """``vigil launch`` of the bundled job: ranks' logs in ranks/, its own in launch.log, the run in run/."""
+        """``vigil launch`` of a training module (the bundled job): ranks' logs in ranks/, its own in
+        launch.log, the run (``--out``) in run/."""
         command = [
             sys.executable, "-m", "vigil", "launch", "--job-id", job_id, "--nodes", ",".join(nodes),
             "--controller", self.controller, "--log-dir", str(self.tmp / "ranks"), "--log-format", "json",
-            "--", sys.executable, "-m", "trainer_hooks.moe_job.train", "--out", str(self.tmp / "run"), *job_args,
+            "--", sys.executable, "-m", module, "--out", str(self.tmp / "run"), *job_args,
         ]  # fmt: skip
         out = open(self.tmp / "launch.log", "wb")  # noqa: SIM115 (the child keeps it)
         return subprocess.Popen(command, env={**os.environ, **env}, stdout=out, stderr=subprocess.STDOUT)

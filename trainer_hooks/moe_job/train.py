@@ -97,15 +97,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     state = TrainState(model, optimizer)
     checkpointer = Checkpointer(cfg.out / "checkpoints", rank, cfg.keep_checkpoints)
-    loading = time.perf_counter()
     resumed = checkpointer.load(state)
-    restore_s = time.perf_counter() - loading
     shards = load_shards(cfg.data) if cfg.data else [synthetic_corpus(arch.vocab_size, cfg.synthetic_tokens, cfg.seed)]
     sampler = Sampler(shards, arch.seq_len, cfg.seed)
     log = MetricsLog(cfg.out / "metrics.jsonl", rank == 0)
     log.event("start", step=state.step, consumed=state.consumed, world_size=world, resumed_from=str(resumed or ""),
               node=hook.config.node, restart=hook.config.restart_count)  # fmt: skip
-    hook.start(state.step, max(checkpointer.last_committed, 0), restore_s=restore_s)
+    hook.start(state.step, max(checkpointer.last_committed, 0))  # restore: the time since the process started
     slow = cfg.slow_s if cfg.slow_node == hook.config.node else 0.0
 
     tokens_per_step = cfg.global_batch * arch.seq_len

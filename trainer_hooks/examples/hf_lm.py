@@ -1,0 +1,69 @@
+"""A small GPT-2 trained with the Hugging Face ``Trainer`` and Vigil's callback: the adapter's
+example and its test's workload. CPU and gloo; under ``vigil launch`` (or torchrun).
+
+    vigil launch --job-id gpt --nodes node-a,node-b --controller 127.0.0.1:7070 -- \\
+        python -m trainer_hooks.examples.hf_lm --out runs/gpt --steps 200
+
+After a stop it exits 75; started again, it resumes from the newest ``checkpoint-<step>`` in OUT.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+from torch.utils.data import Dataset
+from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
+from transformers.trainer_utils import get_last_checkpoint
+
+from trainer_hooks.adapters.huggingface import VigilTrainerCallback
+from trainer_hooks.hook import HookConfigError
+
+CONFIG = GPT2Config(vocab_size=64, n_positions=32, n_embd=32, n_layer=2, n_head=2)
+
+
+class RandomTokens(Dataset[dict[str, torch.Tensor]]):
+    def __init__(self, count: int) -> None:
+        self.tokens = torch.randint(0, CONFIG.vocab_size, (count, CONFIG.n_positions),
+                                    generator=torch.Generator().manual_seed(0))  # fmt: skip
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        return {"input_ids": self.tokens[i], "labels": self.tokens[i]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m trainer_hooks.examples.hf_lm", description=__doc__)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--batch", type=int, default=8, help="sequences per rank per step")
+    args = parser.parse_args(argv)
+    model = GPT2LMHeadModel(CONFIG)
+    try:
+        vigil = VigilTrainerCallback(flops_per_token=6.0 * model.num_parameters())
+    except HookConfigError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    training = TrainingArguments(
+        output_dir=str(args.out), max_steps=args.steps, per_device_train_batch_size=args.batch, learning_rate=3e-3,
+        save_strategy="steps", save_steps=20, logging_steps=5, report_to="none", use_cpu=True,
+        ddp_backend="gloo" if int(os.environ.get("WORLD_SIZE", 1)) > 1 else None,
+        include_num_input_tokens_seen="all", disable_tqdm=True, seed=0, dataloader_num_workers=0,
+    )  # fmt: skip
+    trainer = Trainer(model=model, args=training, train_dataset=RandomTokens(4096), callbacks=[vigil])
+    resume = get_last_checkpoint(str(args.out)) if args.out.is_dir() else None  # type: ignore[no-untyped-call]
+    trainer.train(resume_from_checkpoint=resume)
+    if trainer.is_world_process_zero():
+        print(json.dumps({"event": "train_ended", "step": trainer.state.global_step, "exit_code": vigil.exit_code,
+                          "world_size": training.world_size, "resumed_from": resume or ""}), flush=True)  # fmt: skip
+    return vigil.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
