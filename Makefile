@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: demo test lint protos bench clean
+.PHONY: demo demo-training test lint protos bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -25,6 +25,9 @@ $(VENV)/.dev: pyproject.toml | $(BIN)/python
 
 demo: $(VENV)/.runtime  ## a local cluster: controller + 4 agents, an XID 79, Vigil acting on it
 	$(BIN)/vigil demo
+
+demo-training: $(VENV)/.dev  ## the bundled MoE job on 3 simulated nodes: a GPU fault and a slow rank, Vigil bringing it back
+	$(BIN)/vigil demo --with-training
 
 test: $(VENV)/.dev  ## the whole test suite
 	$(BIN)/pytest

@@ -184,9 +184,11 @@ class JobMonitor:
             metrics.job_goodput.labels(job.job_id).set(job.goodput.ratio)
 
     def _on_nodes_out_of_service(self, job: Job) -> None:
-        """A job that runs on a node already out of service (it started there, or the controller
-        restarted after the quarantine) is told to leave it, as if the quarantine were new."""
-        for node in self._out_of_service(job.nodes):
+        """A job that runs on a node already quarantined (it started there, or the controller
+        restarted after the quarantine) is told to leave it, as if the quarantine were new. A node
+        that is only UNHEALTHY (its quarantine held by the tripped breaker, or dry-run) stops no job:
+        a person decides, as for the node itself."""
+        for node in self._out_of_service(job.nodes, (Health.QUARANTINED,)):
             job.exclude.add(node)
             if incident := self._engine.open_incident.get(node):
                 job.incidents.append(incident)
@@ -343,12 +345,11 @@ class JobMonitor:
             )
         return found
 
-    def _out_of_service(self, nodes: Sequence[str]) -> set[str]:
-        return {
-            n
-            for n in nodes
-            if (e := self._engine.nodes.get(n)) is not None and e.state.health in (Health.UNHEALTHY, Health.QUARANTINED)
-        }
+    def _out_of_service(
+        self, nodes: Sequence[str], states: tuple[Health, ...] = (Health.UNHEALTHY, Health.QUARANTINED)
+    ) -> set[str]:
+        """The nodes in one of ``states``; by default, those no job should start on."""
+        return {n for n in nodes if (e := self._engine.nodes.get(n)) is not None and e.state.health in states}
 
     # Recovery sweep ------------------------------------------------------------------------
 

@@ -131,8 +131,19 @@ def demo(
     as_json: Annotated[bool, typer.Option("--json", help="print a machine-readable summary only")] = False,
     keep: Annotated[bool, typer.Option(help="keep the demo's working directory (logs, databases)")] = False,
     timeout: Annotated[float, typer.Option(help="seconds to wait for each phase")] = 30.0,
+    with_training: Annotated[
+        bool,
+        typer.Option(
+            "--with-training",
+            help="instead: 3 nodes and the bundled MoE job on CPU, a GPU fault and a slow rank (needs torch)",
+        ),
+    ] = False,
 ) -> None:
     """Run a local cluster (controller + agents, simulated GPUs), inject an XID 79, watch Vigil act."""
+    if with_training:
+        from vigil.demo_training import run_training_demo
+
+        raise typer.Exit(run_training_demo(as_json=as_json, keep=keep, timeout=max(timeout, 180.0)))
     from vigil.demo import run_demo
 
     raise typer.Exit(run_demo(nodes=nodes, gpus=gpus, as_json=as_json, keep=keep, timeout=timeout))

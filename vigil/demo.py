@@ -16,7 +16,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -53,12 +54,13 @@ class Cluster:
                 [sys.executable, "-m", "vigil", *args], stdout=out, stderr=err, stdin=subprocess.DEVNULL
             )
 
-    def start_controller(self, timeout: float) -> None:
+    def start_controller(self, timeout: float, config: Path | None = None) -> None:
         port_file = self.workdir / "controller.port"
         self._spawn(
             "controller",
             [
                 "controller",
+                *(["--config", str(config)] if config else []),
                 "--port",
                 "0",
                 "--port-file",
@@ -172,7 +174,7 @@ def run_demo(nodes: int = 4, gpus: int = 8, as_json: bool = False, keep: bool = 
         "faulted_gpu": victim_gpu.index,
         "workdir": str(workdir) if keep else None,
     }
-    try:
+    with demo_run(cluster, summary, console, keep):
         console.print(f"[bold]Vigil demo[/]: {nodes} nodes × {gpus} simulated GPUs, one controller, on this machine")
         cluster.start_controller(timeout)
         console.print(f"  controller listening on 127.0.0.1:{cluster.port}   ({time.monotonic() - started:.2f} s)")
@@ -197,13 +199,25 @@ def run_demo(nodes: int = 4, gpus: int = 8, as_json: bool = False, keep: bool = 
         summary["page_text"] = (workdir / "controller.out").read_text().strip()
         summary["wall_s"] = round(time.monotonic() - started, 2)
         _print_timeline(console, summary)
+    return finish(summary, as_json)
+
+
+@contextmanager
+def demo_run(cluster: Cluster, summary: dict[str, Any], console: Console, keep: bool) -> Iterator[None]:
+    """Around a demo's body: a DemoFailed is said and recorded in the summary; the cluster always
+    stops, and its working directory goes unless kept."""
+    try:
+        yield
     except DemoFailed as exc:
         summary["error"] = str(exc)
         console.print(f"[red]demo failed:[/] {exc}")
     finally:
         cluster.stop()
         if not keep:
-            shutil.rmtree(workdir, ignore_errors=True)
+            shutil.rmtree(cluster.workdir, ignore_errors=True)
+
+
+def finish(summary: dict[str, Any], as_json: bool) -> int:
     if as_json:
         print(json.dumps(summary, indent=2))
     return 0 if summary["ok"] else 1

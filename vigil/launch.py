@@ -27,7 +27,9 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -84,6 +86,14 @@ def torchrun_env(
         "MASTER_ADDR": "127.0.0.1",
         "MASTER_PORT": port,
     }
+
+
+def command_line(job_id: str, nodes: Sequence[str], controller: str, log_dir: Path, job: Sequence[str]) -> list[str]:
+    """``vigil launch`` of ``job`` (a command) with this Python, JSON logs; for the demo and the tests."""
+    return [
+        sys.executable, "-m", "vigil", "launch", "--job-id", job_id, "--nodes", ",".join(nodes),
+        "--controller", controller, "--log-dir", str(log_dir), "--log-format", "json", "--", *job,
+    ]  # fmt: skip
 
 
 def ended(codes: list[int]) -> Ended:

@@ -257,3 +257,31 @@ def test_list_jobs_reports_each_jobs_state_and_where_its_time_went(tmp_path: Pat
         assert metrics.job_time.labels("moe", "recovery")._value.get() == pytest.approx(6.5)
 
     run(tmp_path, test)
+
+
+def test_a_blamed_node_whose_quarantine_the_breaker_holds_stops_no_job(tmp_path: Path) -> None:
+    """node-0's XID uses the breaker's allowance (one node of three); node-2, blamed for the drop of
+    a job on node-1 and node-2, is held: the job runs on and a person is paged."""
+
+    async def report(r: Rig, mfu: float, slow: float = 0.1, **fields: Any) -> list[trainer_pb2.JobCommand]:
+        times = [trainer_pb2.RankStepTime(rank=0, node="node-1", step_time_s=0.1),
+                 trainer_pb2.RankStepTime(rank=1, node="node-2", step_time_s=slow)]  # fmt: skip
+        p = trainer_pb2.Progress(job_id="pair", nodes=["node-1", "node-2"], world_size=2, tokens=2000, mfu=mfu,
+                                 tokens_per_s=2000.0, step_times=times, **{"step": 10, **fields})  # fmt: skip
+        return list((await r.trainer.Report(p)).commands)
+
+    async def test(r: Rig) -> None:
+        r.fleet.nodes["node-0"].fault(79)
+        await wait_until(lambda: r.controller.engine.nodes["node-0"].state.health.value == "QUARANTINED",
+                         what="node-0 quarantined")  # fmt: skip
+        await report(r, 0.5, event="start", step=0)
+        for _ in range(1 + FAST.baseline_windows):
+            assert await report(r, 0.5) == []
+        for _ in range(FAST.drop_windows):
+            assert await report(r, 0.2, slow=0.3) == []
+        await wait_until(lambda: r.controller.engine.breaker.held, what="the quarantine held")
+        assert await report(r, 0.2, slow=0.3) == [] and r.controller.jobs.jobs["pair"].command is None
+        assert r.controller.engine.nodes["node-2"].state.health.value == "UNHEALTHY"
+        assert any(kind.startswith("PAGE") for _, kind, _ in r.actions("mfu-pair-1"))
+
+    run(tmp_path, test)

@@ -19,6 +19,7 @@ from agent.simulated import simulated_gpus
 from tests.helpers import poll_until
 from vigil.admin_client import AdminClient
 from vigil.demo import xid_line
+from vigil.launch import command_line
 
 
 def vigil(*args: str, out: Path, prefix: Sequence[str] = ()) -> subprocess.Popen[bytes]:
@@ -123,11 +124,8 @@ class JobCluster:
     ) -> subprocess.Popen[bytes]:
         """``vigil launch`` of a training module (the bundled job): ranks' logs in ranks/, its own in
         launch.log, the run (``--out``) in run/."""
-        command = [
-            sys.executable, "-m", "vigil", "launch", "--job-id", job_id, "--nodes", ",".join(nodes),
-            "--controller", self.controller, "--log-dir", str(self.tmp / "ranks"), "--log-format", "json",
-            "--", sys.executable, "-m", module, "--out", str(self.tmp / "run"), *job_args,
-        ]  # fmt: skip
+        job = [sys.executable, "-m", module, "--out", str(self.tmp / "run"), *job_args]
+        command = command_line(job_id, nodes, self.controller, self.tmp / "ranks", job)
         out = open(self.tmp / "launch.log", "wb")  # noqa: SIM115 (the child keeps it)
         return subprocess.Popen(command, env={**os.environ, **env}, stdout=out, stderr=subprocess.STDOUT)
 
