@@ -1,7 +1,7 @@
 """Fault → checkpoint committed → first step after restart, phase by phase; and what Vigil's hook
 costs a training step.
 
-    python -m bench.job_recovery [--runs 3] [--steps 400] [--preset debug]
+    python -m bench.job_recovery [--runs 3] [--steps 400] [--preset debug] [--global-batch 6] [--overhead-only]
 
 Recovery: a real ``vigil controller``, two simulated-GPU agents (node-a, node-b) and ``vigil launch``
 running the bundled job with one gloo rank per node, all on this machine. Once the job is past step
@@ -49,15 +49,17 @@ def _first(entries: list[dict[str, Any]], event: str, **match: Any) -> dict[str,
     return next(e for e in entries if e.get("event") == event and all(e.get(k) == v for k, v in match.items()))
 
 
-def _launch(cluster: JobCluster, steps: int, preset: str, sync_s: float = 0.0) -> subprocess.Popen[bytes]:
+def _launch(cluster: JobCluster, steps: int, job: tuple[str, int], sync_s: float = 0.0) -> subprocess.Popen[bytes]:
+    """The bundled job under vigil launch; ``job``: its preset and global batch."""
     env = {"VIGIL_WINDOW_STEPS": "10", "VIGIL_SYNC_S": str(sync_s), "OMP_NUM_THREADS": "1"}
-    args = ["--preset", preset, "--steps", str(steps), "--global-batch", "6", "--checkpoint-every", "10"]
+    (preset, batch) = job
+    args = ["--preset", preset, "--steps", str(steps), "--global-batch", str(batch), "--checkpoint-every", "10"]
     return cluster.launch("bench", ["node-a", "node-b"], args, env)
 
 
-def one_run(tmp: Path, steps: int, preset: str) -> dict[str, Any]:
+def one_run(tmp: Path, steps: int, job: tuple[str, int]) -> dict[str, Any]:
     with job_cluster(tmp, pager="none") as cluster:
-        launcher = _launch(cluster, steps, preset)
+        launcher = _launch(cluster, steps, job)
         run = tmp / "run"
         poll_until(lambda: any(e["step"] >= 20 for e in events(run, "step")), timeout=300, what="step 20")
         faulted_at = time.time()
@@ -91,11 +93,11 @@ def one_run(tmp: Path, steps: int, preset: str) -> dict[str, Any]:
     }
 
 
-def hook_overhead(tmp: Path, steps: int, preset: str, sync_s: float) -> dict[str, float]:
+def hook_overhead(tmp: Path, steps: int, job: tuple[str, int], sync_s: float) -> dict[str, float]:
     """An uninterrupted 2-rank run reporting to a controller: its wall time per step (start event to
     finished event: the same checkpoints either way), and the hook's share of rank 0's step time."""
     with job_cluster(tmp, nodes=(), pager="none") as cluster:
-        if _launch(cluster, steps, preset, sync_s).wait(600) != 0:
+        if _launch(cluster, steps, job, sync_s).wait(900) != 0:
             raise RuntimeError((tmp / "launch.log").read_text()[-3000:])
     start, finished = events(tmp / "run", "start")[-1], events(tmp / "run", "finished")[-1]
     return {
@@ -114,29 +116,38 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--steps", type=int, default=400)
     parser.add_argument("--preset", default="debug")
+    parser.add_argument("--global-batch", type=int, default=6, help="sequences per step (longer steps: more)")
+    parser.add_argument("--overhead-only", action="store_true", help="measure the hook's cost only, no faults")
     args = parser.parse_args()
+    job = (args.preset, args.global_batch)
     runs = []
-    for i in range(args.runs):
+    for i in range(0 if args.overhead_only else args.runs):
         with tempfile.TemporaryDirectory(prefix="vigil-bench-") as tmp:
-            runs.append(one_run(Path(tmp), args.steps, args.preset))
+            runs.append(one_run(Path(tmp), args.steps, job))
         phases = "  ".join(f"{k} {v:.2f}" for k, v in runs[-1]["phases_s"].items())
         print(f"run {i + 1}: fault → first step after restart {runs[-1]['total_s']:.2f} s  ({phases})")
     overheads: list[dict[str, float]] = []
     for _ in range(args.runs):  # alternated: exchange every step (the default), and about every second
         for sync_s in (0.0, 1.0):
             with tempfile.TemporaryDirectory(prefix="vigil-bench-") as tmp:
-                overheads.append(hook_overhead(Path(tmp), args.steps, args.preset, sync_s))
-    print("phase medians (s): " + "  ".join(
-        f"{p} {statistics.median(r['phases_s'][p] for r in runs):.3f}" for p in PHASES))  # fmt: skip
+                overheads.append(hook_overhead(Path(tmp), args.steps, job, sync_s))
+    if runs:
+        print("phase medians (s): " + "  ".join(
+            f"{p} {statistics.median(r['phases_s'][p] for r in runs):.3f}" for p in PHASES))  # fmt: skip
     every = [o for o in overheads if o["sync_s"] == 0.0]
     sparse = [o for o in overheads if o["sync_s"] > 0.0]
     ratios = [a["wall_per_step_s"] / b["wall_per_step_s"] for a, b in zip(every, sparse, strict=True)]
     print(
-        f"hook, 2 ranks, {args.preset}: wall per step with an exchange every step / about every second: "
+        f"hook, 2 ranks, {args.preset}, global batch {args.global_batch}: "
+        "wall per step with an exchange every step / about every second: "
         f"{', '.join(f'x{r:.3f}' for r in ratios)}; hook's share of rank 0's step path "
         f"{_shares(every)} (every step), {_shares(sparse)} (sparse)"
     )
-    record = {**header("job_recovery", preset=args.preset, steps=args.steps), "runs": runs, "hook_overhead": overheads}
+    record = {
+        **header("job_recovery", preset=args.preset, steps=args.steps, global_batch=args.global_batch),
+        "runs": runs,
+        "hook_overhead": overheads,
+    }
     print(f"appended to {append_result('job_recovery', record)}")
 
 
