@@ -26,7 +26,7 @@ import tempfile
 import time
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 from rich.console import Console
@@ -37,6 +37,7 @@ from vigil.demo import Cluster, DemoFailed, demo_run, finish, wait_for, xid_line
 from vigil.launch import command_line
 from vigil.operator_views import goodput_line
 
+T = TypeVar("T")
 NODES = ["node-1", "node-2", "node-3"]
 STEPS = 150
 JOB_ARGS = ("--preset", "debug", "--steps", str(STEPS), "--global-batch", "6", "--checkpoint-every", "10")
@@ -86,10 +87,10 @@ def _fault_scenario(cluster: Cluster, admin: AdminClient, console: Console, time
     console.print(f"  step {job.step()}: XID 79 written to node-2's kernel log (GPU {gpu.index})")
     job.wait(timeout)
 
-    (incident,) = admin.incidents(node="node-2")
+    incident = _needs(admin.incidents(node="node-2"), 1, "an incident on node-2")[0]
     done = {a.kind.split(":")[0]: a.done_at for a in incident.actions if not a.kind.startswith("NOTE:")}
-    stopped = job.events("checkpointed_and_exiting")[0]
-    first, second = job.events("start")[:2]
+    stopped = _needs(job.events("checkpointed_and_exiting"), 1, "the job's checkpoint on the stop")[0]
+    first, second = _needs(job.events("start"), 2, "the job's start and its restart")[:2]
     k = stopped["step"]
     after = [e for e in job.events("step") if e["at"] > second["at"]]
     losses = job.losses()
@@ -113,7 +114,7 @@ def _fault_scenario(cluster: Cluster, admin: AdminClient, console: Console, time
     ok = _verdict(console, {
         "resumed at the checkpoint step, at the next sample": second["step"] == k and second["consumed"] == 6 * k,
         "restarted on node-1 alone": (second["node"], second["world_size"]) == ("node-1", 1),
-        "trained to the last step": job.events("finished")[-1]["step"] == STEPS,
+        "trained to the last step": job.step() == STEPS and bool(job.events("finished")),
         "node-2 quarantined": _health(admin).get("node-2") == "QUARANTINED",
     })  # fmt: skip
     return {"ok": ok, "checkpoint_step": k, "resumed_step": second["step"], "restarted_on": second["node"],
@@ -145,7 +146,7 @@ def _slow_scenario(cluster: Cluster, admin: AdminClient, console: Console, timeo
         "one MFU drop, blamed on node-3": [d["blamed"] for d in drops] == [["node-3"]],
         "node-1 swept, then the job restarted there": bool(stopped and restarted and swept)
         and swept[0]["nodes"] == ["node-1"] and restarted[0]["node"] == "node-1",
-        "trained to the last step": job.events("finished")[-1]["step"] == STEPS,
+        "trained to the last step": job.step() == STEPS and bool(job.events("finished")),
         "node-3 quarantined": _health(admin).get("node-3") == "QUARANTINED",
     })  # fmt: skip
     return {"ok": ok, "drop_step": drops[0]["step"] if drops else None,
@@ -212,6 +213,12 @@ def _logged(cluster: Cluster, event: str, job: str) -> list[dict[str, Any]]:
 def _logged_at(cluster: Cluster, event: str, job: str) -> float:
     found = _logged(cluster, event, job)
     return datetime.fromisoformat(found[0]["timestamp"]).timestamp() if found else 0.0
+
+
+def _needs(found: list[T], count: int, what: str) -> list[T]:
+    if len(found) < count:
+        raise DemoFailed(f"expected {what}, found {len(found)} of {count}")
+    return found
 
 
 def _health(admin: AdminClient) -> dict[str, str]:
