@@ -14,6 +14,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from vigil.config_file import load_yaml_model
+from vigil.tls import transport_problem
 
 NODE_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$"
 
@@ -61,6 +62,15 @@ class AgentConfig(BaseModel):
     # Where this node's peers reach it for the sweep's pairwise all-reduce (the DaemonSet passes the
     # node's IP); empty: the address the controller sees this agent's connection come from.
     advertise_address: str = Field("", pattern=r"^[A-Za-z0-9.:\-]*$", max_length=253)
+    # Mutual TLS with the controller: this node's certificate (node:NAME), its key and the CA.
+    tls_dir: Path | None = Field(None, description="ca.crt, tls.crt and tls.key (vigil certs, or cert-manager)")
+    plaintext: bool = Field(False, description="talk to the controller without TLS: local use only")
+
+    @model_validator(mode="after")
+    def _transport(self) -> AgentConfig:
+        if problem := transport_problem(self.tls_dir, self.plaintext):
+            raise ValueError(problem)
+        return self
 
     @field_validator("controller")
     @classmethod

@@ -17,6 +17,7 @@ import shutil
 import signal
 import time
 from collections.abc import Callable, Mapping
+from functools import partial
 
 import structlog
 from prometheus_client import start_http_server
@@ -37,6 +38,7 @@ from protos.codec import gpu_to_proto
 from protos.vigil.v1 import agent_pb2
 from vigil import __version__
 from vigil.signals import Signal
+from vigil.tls import TlsFiles, aio_channel
 from vigil.waiting import wait_event
 
 log = structlog.get_logger(__name__)
@@ -115,6 +117,7 @@ class Agent:
             self._hello,
             LocalChecks(config.node, self.backend).run,
             heartbeat_s=config.heartbeat_s,
+            channel_factory=partial(aio_channel, tls=TlsFiles.load(config.tls_dir) if config.tls_dir else None),
         )
         self.metrics_port: int | None = None
 

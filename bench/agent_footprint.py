@@ -57,12 +57,22 @@ def main() -> int:
     kernel_log = "kmsg" if os.access("/dev/kmsg", os.R_OK) else "none"
     quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
     controller = subprocess.Popen(
-        [*vigil, "controller", "--port", "0", "--port-file", str(work / "port"), "--database", str(work / "c.db")],
+        [
+            *vigil,
+            "controller",
+            "--plaintext",
+            "--port",
+            "0",
+            "--port-file",
+            str(work / "port"),
+            "--database",
+            str(work / "c.db"),
+        ],
         **quiet,  # type: ignore[call-overload]
     )
     port = _wait_for(work / "port", controller)
     agent_cmd = [
-        *vigil, "agent", "--gpu-backend", "simulated", "--simulated-gpus", "8", "--node", "bench-node",
+        *vigil, "agent", "--plaintext", "--gpu-backend", "simulated", "--simulated-gpus", "8", "--node", "bench-node",
         "--controller", f"127.0.0.1:{port}", "--kernel-log-source", kernel_log,
         "--spool", str(work / "spool.db"), "--metrics-port", "0", "--log-format", "json",
     ]  # fmt: skip

@@ -23,7 +23,7 @@ def start_controller(
         **settings,
     }
     (workdir / "controller.yaml").write_text(yaml.safe_dump(config))
-    command = [sys.executable, "-m", "vigil", "controller", "--config", str(workdir / "controller.yaml")]
+    command = [sys.executable, "-m", "vigil", "controller", "--plaintext", "--config", str(workdir / "controller.yaml")]
     return subprocess.Popen(
         [*command, "--log-format", "json"],
         stdout=open(workdir / "controller.out", "wb"),

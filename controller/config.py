@@ -14,6 +14,7 @@ from controller.mfu import JobsConfig
 from controller.recovery import RecoveryConfig
 from controller.sweep_plan import SweepConfig
 from vigil.config_file import load_yaml_model
+from vigil.tls import transport_problem
 
 
 class KubernetesConfig(BaseModel):
@@ -86,6 +87,16 @@ class ControllerConfig(BaseModel):
     leader_election: LeaderElectionConfig = Field(default_factory=LeaderElectionConfig)
     sweep: SweepConfig = Field(default_factory=SweepConfig)
     jobs: JobsConfig = Field(default_factory=JobsConfig)
+    tls_dir: Path | None = Field(
+        default=None, description="mutual TLS: ca.crt, tls.crt and tls.key (vigil certs, or a cert-manager secret)"
+    )
+    plaintext: bool = Field(default=False, description="serve without TLS and without identities: local use only")
+
+    @model_validator(mode="after")
+    def _transport(self) -> ControllerConfig:
+        if problem := transport_problem(self.tls_dir, self.plaintext):
+            raise ValueError(problem)
+        return self
 
     @model_validator(mode="after")
     def _pager_settings(self) -> ControllerConfig:

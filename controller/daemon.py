@@ -18,6 +18,7 @@ import structlog
 from prometheus_client import start_http_server
 
 from controller.actuators import Actuator, ConsolePager, LocalActuator, NullPager, Pager
+from controller.authz import RoleInterceptor
 from controller.config import ControllerConfig
 from controller.engine import Engine
 from controller.jobs import JobMonitor
@@ -27,6 +28,7 @@ from controller.store import Store
 from controller.sweep import Sweeper
 from controller.trainer_gateway import TrainerGateway
 from protos.vigil.v1 import admin_pb2_grpc, agent_pb2_grpc, trainer_pb2_grpc
+from vigil.tls import TlsFiles
 
 log = structlog.get_logger(__name__)
 
@@ -81,14 +83,18 @@ class Controller:
         """Serve as the leader (or as the only replica)."""
         if self.config.leader_election.enabled:
             await self.engine.adopt_cluster_state()
-        self.server = grpc.aio.server()
+        tls = TlsFiles.load(self.config.tls_dir) if self.config.tls_dir is not None else None
+        self.server = grpc.aio.server(interceptors=[RoleInterceptor()] if tls else [])
         agent_pb2_grpc.add_AgentGatewayServicer_to_server(self.gateway, self.server)
         identity = self.config.leader_election.identity
         admin_pb2_grpc.add_AdminServicer_to_server(Admin(self.engine, self.sweeper, self.jobs, identity), self.server)
         trainer_pb2_grpc.add_TrainerGatewayServicer_to_server(TrainerGateway(self.jobs), self.server)
         address = f"{self.config.listen}:{self.config.port}"
         try:
-            self.port = self.server.add_insecure_port(address)
+            if tls is not None:
+                self.port = self.server.add_secure_port(address, tls.server_credentials())
+            else:
+                self.port = self.server.add_insecure_port(address)
         except RuntimeError as exc:  # grpcio reports a failed bind this way
             raise OSError(f"cannot listen on {address}: {exc}") from None
         if self.port == 0:
@@ -105,6 +111,7 @@ class Controller:
             nodes=len(self.engine.nodes),
             database=str(self.config.database),
             automation=self.engine.automation,
+            transport="mutual TLS" if tls else "plaintext (local use only)",
         )
         return self.port
 

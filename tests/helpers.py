@@ -31,7 +31,7 @@ def poll_until(condition: Callable[[], object], timeout: float = 20.0, what: str
 
 
 async def start_controller(db: Path, port: int = 0) -> Controller:
-    controller = Controller(ControllerConfig(listen="127.0.0.1", port=port, database=db, pager="none"))
+    controller = Controller(ControllerConfig(listen="127.0.0.1", port=port, database=db, pager="none", plaintext=True))
     await controller.start()
     return controller
 

@@ -38,6 +38,7 @@ import os
 import socket
 import time
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import psutil
@@ -50,6 +51,7 @@ from protos.vigil.v1 import trainer_pb2
 from trainer_hooks.reporter import Reporter
 from trainer_hooks.window import RankWindow, figures
 from vigil.names import is_job_id, is_node_name
+from vigil.tls import TlsFiles
 
 log = structlog.get_logger(__name__)
 
@@ -60,6 +62,7 @@ _ENV = {
     "restart_count": "VIGIL_RESTART_COUNT",
     "window_steps": "VIGIL_WINDOW_STEPS",
     "sync_s": "VIGIL_SYNC_S",
+    "tls_dir": "VIGIL_TLS_DIR",
 }
 
 
@@ -81,6 +84,7 @@ class HookConfig(BaseModel):
         ge=0,
         description="exchange step times and the stop flag about this often; 0: every step (stragglers show)",
     )
+    tls_dir: Path | None = Field(default=None, description="mutual TLS: a trainer: certificate (vigil certs)")
     flops_per_token: float = Field(default=0.0, ge=0, description="the model's training FLOPs per token")
     peak_flops: float = Field(default=0.0, ge=0, description="one device's peak FLOP/s; 0: MFU unknown")
 
@@ -89,6 +93,13 @@ class HookConfig(BaseModel):
     def _job_id(cls, value: str) -> str:
         if not is_job_id(value):
             raise ValueError(f"{value!r} is not a job id (letters, digits, -_.)")
+        return value
+
+    @field_validator("tls_dir")
+    @classmethod
+    def _tls(cls, value: Path | None) -> Path | None:
+        if value is not None:
+            TlsFiles.load(value)  # a missing or unreadable file is named now, not at the first report
         return value
 
     @field_validator("node")
@@ -150,7 +161,9 @@ class VigilHook:
             self.rank_nodes = [str(n) for n in nodes]
         self._reset_window(time.time())
         if self.rank == 0 and self.config.controller:
-            self._reporter = Reporter(self.config.controller, self._heartbeat, self._received, self.config.poll_s)
+            tls = TlsFiles.load(self.config.tls_dir) if self.config.tls_dir else None
+            cfg = self.config
+            self._reporter = Reporter(cfg.controller, self._heartbeat, self._received, cfg.poll_s, tls=tls)
             self._reporter.start()
             first = self._base("start")
             first.restore_s = max(0.0, time.time() - psutil.Process().create_time() if restore_s is None else restore_s)

@@ -19,6 +19,7 @@ import grpc
 import structlog
 
 from protos.vigil.v1 import trainer_pb2, trainer_pb2_grpc
+from vigil.tls import TlsFiles, channel
 
 log = structlog.get_logger(__name__)
 
@@ -33,8 +34,9 @@ class Reporter:
         on_command: Callable[[trainer_pb2.JobCommand], None],
         poll_s: float = 1.0,
         timeout_s: float = 2.0,
+        tls: TlsFiles | None = None,
     ) -> None:
-        self._channel = grpc.insecure_channel(target)
+        self._channel = channel(target, tls)
         self._stub = trainer_pb2_grpc.TrainerGatewayStub(self._channel)
         self._heartbeat = heartbeat
         self._on_command = on_command

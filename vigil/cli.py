@@ -4,6 +4,7 @@ resident agent never loads the controller, the training code or torch."""
 from __future__ import annotations
 
 import getpass
+import os
 import sqlite3
 import sys
 from pathlib import Path
@@ -12,6 +13,7 @@ from typing import Annotated, Optional
 import typer
 
 from vigil.config_file import ConfigError
+from vigil.tls import TlsError, TlsFiles, from_env
 
 app = typer.Typer(
     help="Vigil: GPU-cluster health checking and fault tolerance.",
@@ -23,11 +25,25 @@ app = typer.Typer(
 ConfigOpt = Annotated[Optional[Path], typer.Option("--config", "-c", help="YAML configuration file")]
 LogFormatOpt = Annotated[str, typer.Option("--log-format", help="auto, json or console")]
 ControllerOpt = Annotated[str, typer.Option("--controller", help="controller address HOST:PORT")]
+TlsDirOpt = Annotated[
+    Optional[Path],
+    typer.Option("--tls-dir", help="mutual TLS: a directory with ca.crt, tls.crt, tls.key (vigil certs)"),
+]
+PlaintextOpt = Annotated[bool, typer.Option("--plaintext", help="no TLS, no identities: local use only")]
 
 
 def _fail(message: str, code: int = 2) -> None:
     typer.echo(f"error: {message}", err=True)
     raise typer.Exit(code)
+
+
+def _client_tls() -> TlsFiles | None:
+    """This client's certificates, from VIGIL_TLS_DIR; plaintext without it."""
+    try:
+        return from_env(os.environ)
+    except TlsError as exc:
+        _fail(f"VIGIL_TLS_DIR: {exc}")
+    return None
 
 
 def _setup_logs(fmt: str) -> None:
@@ -51,6 +67,8 @@ def agent(
     spool: Annotated[Optional[Path], typer.Option(help="spool database path")] = None,
     simulated_gpus: Annotated[Optional[int], typer.Option(help="GPUs of the simulated backend")] = None,
     metrics_port: Annotated[Optional[int], typer.Option(help="port for /metrics (0: any free port)")] = None,
+    tls_dir: TlsDirOpt = None,
+    plaintext: PlaintextOpt = False,
     log_format: LogFormatOpt = "auto",
 ) -> None:
     """Run the node agent: collect GPU, kernel-log and host faults, spool them, send them to the controller."""
@@ -68,6 +86,8 @@ def agent(
         "spool": spool,
         "simulated_gpus": simulated_gpus,
         "metrics_port": metrics_port,
+        "tls_dir": tls_dir,
+        "plaintext": plaintext or None,
     }
     try:
         cfg = load_agent_config(config, overrides)
@@ -80,7 +100,7 @@ def agent(
         run_agent(cfg)
     except BackendUnavailable as exc:
         _fail(f"the agent cannot start: {exc} (on a machine without NVIDIA GPUs, use --gpu-backend simulated)")
-    except (OSError, sqlite3.Error) as exc:
+    except (OSError, sqlite3.Error, ValueError) as exc:  # ValueError: unusable certificates
         _fail(f"the agent cannot start: {exc}")
 
 
@@ -94,6 +114,8 @@ def controller(
     pager: Annotated[Optional[str], typer.Option(help="console, none, slack or webhook")] = None,
     actuator: Annotated[Optional[str], typer.Option(help="local or kubernetes")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="decide and page, change nothing")] = False,
+    tls_dir: TlsDirOpt = None,
+    plaintext: PlaintextOpt = False,
     log_format: LogFormatOpt = "auto",
 ) -> None:
     """Run the controller: receive signals, decide, quarantine, page."""
@@ -108,6 +130,8 @@ def controller(
         "policy": policy,
         "pager": pager,
         "actuator": actuator,
+        "tls_dir": tls_dir,
+        "plaintext": plaintext or None,
     }
     try:
         cfg = load_controller_config(config, overrides)
@@ -122,6 +146,29 @@ def controller(
         run_controller(cfg)
     except (OSError, sqlite3.Error, ValueError) as exc:  # ValueError: a missing token, bad credentials
         _fail(f"the controller cannot start: {exc}")
+
+
+@app.command()
+def certs(
+    out: Annotated[Path, typer.Argument(help="directory to write (or add to): one subdirectory per party")],
+    controller_name: Annotated[
+        list[str], typer.Option("--controller-name", help="a DNS name or IP agents dial the controller by (repeat)")
+    ],
+    nodes: Annotated[str, typer.Option(help="node certificates: names separated by commas")] = "",
+    admin: Annotated[list[str], typer.Option(help="an operator's admin certificate (repeat)")] = [],  # noqa: B006
+    trainer: Annotated[list[str], typer.Option(help="a trainer certificate for jobs and launchers (repeat)")] = [],  # noqa: B006
+    days: Annotated[int, typer.Option(min=1, max=3650, help="validity")] = 365,
+) -> None:
+    """Create the cluster's CA and certificates for mutual TLS (each directory: ca.crt, tls.crt, tls.key)."""
+    from vigil.certs import CertsError, create
+
+    try:
+        written = create(out, controller_name, [n for n in nodes.split(",") if n], admin, trainer, days)
+    except (CertsError, OSError) as exc:
+        _fail(str(exc))
+    for directory in written:
+        typer.echo(str(directory))
+    typer.echo(f"the CA's key is in {out / 'ca' / 'ca.key'}: keep it where certificates are issued, not on nodes")
 
 
 @app.command()
@@ -316,6 +363,7 @@ def launch(
         controller=controller,
         max_failures=max_failures,
         log_dir=log_dir,
+        tls=_client_tls(),
     )
     launcher = Launcher(config)
     try:

@@ -60,6 +60,7 @@ class Cluster:
             "controller",
             [
                 "controller",
+                "--plaintext",  # the demo runs on loopback; a cluster uses mutual TLS (vigil certs)
                 *(["--config", str(config)] if config else []),
                 "--port",
                 "0",
@@ -88,6 +89,7 @@ class Cluster:
                 node,
                 [
                     "agent",
+                    "--plaintext",
                     "--node",
                     node,
                     "--controller",

@@ -40,6 +40,7 @@ import structlog
 from protos.vigil.v1 import trainer_pb2, trainer_pb2_grpc
 from trainer_hooks.protocol import CHECKPOINTED_EXIT_CODE
 from vigil.ports import free_port
+from vigil.tls import TlsFiles, channel
 
 log = structlog.get_logger(__name__)
 
@@ -64,6 +65,7 @@ class LaunchConfig:
     plan_wait_s: float = 900.0
     kill_grace_s: float = 10.0
     rpc_timeout_s: float = 2.0
+    tls: TlsFiles | None = None  # the launcher's certificate (trainer: or admin:); None: plaintext
 
 
 @dataclass
@@ -109,7 +111,7 @@ class Launcher:
     def __init__(self, config: LaunchConfig) -> None:
         self.config = config
         self.excluded: set[str] = set()
-        self._channel = grpc.insecure_channel(config.controller) if config.controller else None
+        self._channel = channel(config.controller, config.tls) if config.controller else None
         self._stub = trainer_pb2_grpc.TrainerGatewayStub(self._channel) if self._channel else None
         self._reachable = True
 

@@ -16,6 +16,7 @@ from rich.table import Table
 
 from protos.vigil.v1 import admin_pb2, common_pb2
 from vigil.admin_client import AdminClient
+from vigil.tls import TlsError
 
 _console = Console()
 T = TypeVar("T")
@@ -28,6 +29,9 @@ def _ask(target: str, call: Callable[[AdminClient], T]) -> T | None:
             return call(client)
     except grpc.RpcError as exc:
         _console.print(f"[red]error:[/] controller at {target} answered {exc.code().name}: {exc.details()}")
+        return None
+    except TlsError as exc:
+        _console.print(f"[red]error:[/] VIGIL_TLS_DIR: {exc}")
         return None
 
 

@@ -16,6 +16,7 @@ from tests.helpers import wait_until
 def test_metrics_endpoint_serves_gpu_and_agent_metrics(tmp_path: Path) -> None:
     async def scenario() -> str:
         config = AgentConfig(
+            plaintext=True,
             node="node-m",
             controller="127.0.0.1:1",
             spool=tmp_path / "s.db",

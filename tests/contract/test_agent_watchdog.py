@@ -48,6 +48,7 @@ def test_a_wedged_gpu_makes_the_node_unknown_until_it_answers(tmp_path: Path) ->
     async def scenario() -> None:
         controller = await start_controller(tmp_path / "ctl.db")
         config = AgentConfig(
+            plaintext=True,
             node="node-w",
             controller=f"127.0.0.1:{controller.port}",
             gpu_backend="simulated",

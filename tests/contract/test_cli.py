@@ -22,20 +22,29 @@ def test_help_lists_the_subcommands() -> None:
 def test_bad_policy_file_is_named_without_a_traceback(tmp_path: Path) -> None:
     policy = tmp_path / "policy.yaml"
     policy.write_text("xid:\n  79: {action: reboot_everything}\n")
-    out = vigil("controller", "--policy", str(policy), "--database", str(tmp_path / "c.db"))
+    out = vigil("controller", "--plaintext", "--policy", str(policy), "--database", str(tmp_path / "c.db"))
     assert out.returncode == 2
     assert "xid.79.action" in out.stderr and "Traceback" not in out.stderr
 
 
 def test_bad_agent_argument_is_named(tmp_path: Path) -> None:
-    out = vigil("agent", "--controller", "nowhere", "--spool", str(tmp_path / "s.db"))
+    out = vigil("agent", "--plaintext", "--controller", "nowhere", "--spool", str(tmp_path / "s.db"))
     assert out.returncode == 2 and "controller" in out.stderr and "Traceback" not in out.stderr
 
 
 def test_unusable_spool_path_is_a_clear_error(tmp_path: Path) -> None:
     not_a_dir = tmp_path / "file"
     not_a_dir.write_text("")
-    out = vigil("agent", "--gpu-backend", "simulated", "--spool", str(not_a_dir / "spool.db"), "--metrics-port", "0")
+    out = vigil(
+        "agent",
+        "--plaintext",
+        "--gpu-backend",
+        "simulated",
+        "--spool",
+        str(not_a_dir / "spool.db"),
+        "--metrics-port",
+        "0",
+    )
     assert out.returncode == 2 and "cannot start" in out.stderr and "Traceback" not in out.stderr
 
 
@@ -44,7 +53,7 @@ def test_port_in_use_is_a_clear_error(tmp_path: Path) -> None:
         taken.bind(("0.0.0.0", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        out = vigil("controller", "--port", str(port), "--database", str(tmp_path / "c.db"))
+        out = vigil("controller", "--plaintext", "--port", str(port), "--database", str(tmp_path / "c.db"))
     assert out.returncode == 2 and f"cannot listen on 0.0.0.0:{port}" in out.stderr
     assert "Traceback" not in out.stderr
 
@@ -56,13 +65,15 @@ def test_status_without_a_controller_says_so() -> None:
 
 
 def test_agent_without_a_gpu_driver_says_so(tmp_path: Path) -> None:
-    out = vigil("agent", "--spool", str(tmp_path / "s.db"), "--metrics-port", "0", "--kernel-log-source", "none")
+    out = vigil(
+        "agent", "--plaintext", "--spool", str(tmp_path / "s.db"), "--metrics-port", "0", "--kernel-log-source", "none"
+    )
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert "NVML" in out.stderr and "--gpu-backend simulated" in out.stderr
 
 
 def test_unknown_gpu_backend_is_named(tmp_path: Path) -> None:
-    out = vigil("agent", "--gpu-backend", "rocm", "--spool", str(tmp_path / "s.db"))
+    out = vigil("agent", "--plaintext", "--gpu-backend", "rocm", "--spool", str(tmp_path / "s.db"))
     assert out.returncode == 2 and "gpu_backend" in out.stderr and "Traceback" not in out.stderr
 
 
@@ -71,10 +82,10 @@ def test_slack_pager_without_its_token_says_so(tmp_path: Path) -> None:
     config.write_text(
         f"pager: slack\nslack: {{channel: C123, token_env: VIGIL_TEST_NO_SUCH_TOKEN}}\ndatabase: {tmp_path}/c.db\n"
     )
-    out = vigil("controller", "--config", str(config), "--port", "0")
+    out = vigil("controller", "--plaintext", "--config", str(config), "--port", "0")
     assert out.returncode == 2 and "$VIGIL_TEST_NO_SUCH_TOKEN" in out.stderr and "Traceback" not in out.stderr
     config.write_text("pager: slack\n")
-    out = vigil("controller", "--config", str(config))
+    out = vigil("controller", "--plaintext", "--config", str(config))
     assert out.returncode == 2 and "needs a slack: section" in out.stderr
 
 
@@ -82,7 +93,7 @@ def test_kubernetes_actuator_without_credentials_says_so(tmp_path: Path) -> None
     missing = tmp_path / "no-kubeconfig"
     config = tmp_path / "ctl.yaml"
     config.write_text(f"actuator: kubernetes\nkubernetes: {{kubeconfig: {missing}}}\ndatabase: {tmp_path}/c.db\n")
-    out = vigil("controller", "--config", str(config), "--port", "0")
+    out = vigil("controller", "--plaintext", "--config", str(config), "--port", "0")
     assert out.returncode == 2 and "no usable Kubernetes credentials" in out.stderr and str(missing) in out.stderr
     assert "Traceback" not in out.stderr
 
@@ -90,5 +101,5 @@ def test_kubernetes_actuator_without_credentials_says_so(tmp_path: Path) -> None
 def test_leader_election_timings_are_checked(tmp_path: Path) -> None:
     config = tmp_path / "ctl.yaml"
     config.write_text("leader_election: {enabled: true, lease_duration_s: 5, renew_deadline_s: 10}\n")
-    out = vigil("controller", "--config", str(config))
+    out = vigil("controller", "--plaintext", "--config", str(config))
     assert out.returncode == 2 and "lease_duration_s > renew_deadline_s" in out.stderr

@@ -45,7 +45,9 @@ class Cluster:
 
 @asynccontextmanager
 async def cluster(tmp_path: Path, nodes: int, checks: SimulatedChecks, **config: Any) -> AsyncIterator[Cluster]:
-    cfg = ControllerConfig(listen="127.0.0.1", port=0, database=tmp_path / "ctl.db", pager="none", **config)
+    cfg = ControllerConfig(
+        listen="127.0.0.1", port=0, database=tmp_path / "ctl.db", pager="none", plaintext=True, **config
+    )
     controller = Controller(cfg)
     await controller.start()
     fleet = Fleet(f"127.0.0.1:{controller.port}", [f"node-{i}" for i in range(nodes)], checks=checks)

@@ -59,7 +59,9 @@ class Rig:
 
 @asynccontextmanager
 async def rig(tmp_path: Path, jobs: JobsConfig = FAST, **config: Any) -> AsyncIterator[Rig]:
-    cfg = ControllerConfig(listen="127.0.0.1", port=0, database=tmp_path / "ctl.db", pager="none", jobs=jobs, **config)
+    cfg = ControllerConfig(
+        listen="127.0.0.1", port=0, database=tmp_path / "ctl.db", pager="none", jobs=jobs, plaintext=True, **config
+    )
     controller = Controller(cfg)
     await controller.start()
     checks = SimulatedChecks()

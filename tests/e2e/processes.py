@@ -36,6 +36,7 @@ def start_controller(tmp: Path, run: int, port: int = 0) -> tuple[subprocess.Pop
     port_file = tmp / f"port{run}"
     proc = vigil(
         "controller",
+        "--plaintext",
         "--port",
         str(port),
         "--port-file",
@@ -59,6 +60,7 @@ def start_agent(
     kmsg.write_text("")
     proc = vigil(
         "agent",
+        "--plaintext",
         "--gpu-backend",
         "simulated",
         "--node",
@@ -86,6 +88,7 @@ def configured_controller(tmp: Path, name: str, **settings: Any) -> subprocess.P
         "port": 0,
         "port_file": str(tmp / f"{name}.port"),
         "database": str(tmp / f"{name}.db"),
+        "plaintext": True,
         **settings,
     }
     path = tmp / f"{name}.yaml"

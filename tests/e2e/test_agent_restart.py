@@ -23,7 +23,7 @@ LINES = 300
 
 def start_agent(tmp: Path, port: int, kmsg: Path, run: int):  # type: ignore[no-untyped-def]
     return vigil(
-        "agent", "--gpu-backend", "simulated", "--node", "node-r", "--controller", f"127.0.0.1:{port}",
+        "agent", "--plaintext", "--gpu-backend", "simulated", "--node", "node-r", "--controller", f"127.0.0.1:{port}",
         "--kernel-log", str(kmsg), "--spool", str(tmp / "spool.db"), "--metrics-port", "0",
         "--log-format", "json", out=tmp / f"agent{run}.out",
     )  # fmt: skip

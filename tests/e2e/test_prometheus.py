@@ -28,6 +28,7 @@ NO_PROMETHEUS = "needs Debian's prometheus package (apt-get install prometheus; 
 @asynccontextmanager
 async def running_agent(tmp: Path) -> AsyncIterator[Agent]:
     config = AgentConfig(
+        plaintext=True,
         node="node-p",
         controller="127.0.0.1:1",  # no controller: /metrics does not depend on one
         gpu_backend="simulated",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -50,7 +51,8 @@ def test_missing_file_is_a_config_error(tmp_path: Path) -> None:
 
 def test_agent_config_validation_and_overrides(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("NODE_NAME", "gpu-node-17")
-    cfg = load_agent_config(write(tmp_path, "simulated_gpus: 4\n"), {"controller": "ctl:7070", "spool": None})
+    path = write(tmp_path, "simulated_gpus: 4\nplaintext: true\n")
+    cfg = load_agent_config(path, {"controller": "ctl:7070", "spool": None})
     assert (cfg.node, cfg.simulated_gpus, cfg.controller) == ("gpu-node-17", 4, "ctl:7070")
     with pytest.raises(ConfigError, match="controller"):
         load_agent_config(None, {"controller": "no-port"})
@@ -58,6 +60,14 @@ def test_agent_config_validation_and_overrides(tmp_path: Path, monkeypatch: pyte
         load_agent_config(None, {"node": "Bad_Name!"})
     with pytest.raises(ConfigError, match="gpu_poll_s"):
         load_agent_config(write(tmp_path, "gpu_poll_s: 0\n"), {})
+
+
+@pytest.mark.parametrize("load", [load_agent_config, load_controller_config])
+@pytest.mark.parametrize("text", ["metrics_port: 0\n", "tls_dir: /etc/vigil/tls\nplaintext: true\n"])
+def test_plaintext_is_never_the_default_and_never_beside_tls(load: Any, tmp_path: Path, text: str) -> None:
+    """Neither TLS nor plaintext asked for, or both: refused, naming the two choices."""
+    with pytest.raises(ConfigError, match="give tls_dir .* or plaintext: true"):
+        load(write(tmp_path, text), {})
 
 
 def test_controller_config_rejects_unknown_keys(tmp_path: Path) -> None:
@@ -72,7 +82,7 @@ def test_the_example_agent_config_loads() -> None:
     cfg = load_agent_config(example, {"node": "gpu-node-17"})
     assert cfg.dcgm_exporter_url == "http://127.0.0.1:9400/metrics" and cfg.checkpoint_path == Path("/checkpoints")
     # Every default the file states is the model's default.
-    defaults = AgentConfig(node="gpu-node-17")
+    defaults = AgentConfig(node="gpu-node-17", plaintext=True)
     for key in ("gpu_poll_s", "kernel_log_poll_s", "spool_max_signals", "metrics_port", "collector_deadline_s"):
         assert getattr(cfg, key) == getattr(defaults, key), key
 
@@ -85,7 +95,7 @@ def test_the_example_controller_config_loads() -> None:
     assert (cfg.actuator, cfg.pager, cfg.leader_election.enabled) == ("kubernetes", "slack", True)
     assert cfg.slack is not None and cfg.slack.channel == "C0123456789"
     # Every default the file states is the model's default.
-    defaults = ControllerConfig()
+    defaults = ControllerConfig(plaintext=True)
     assert cfg.fold_report_s == defaults.fold_report_s
     for section in ("guardrails", "recovery", "kubernetes", "sweep"):
         assert getattr(cfg, section) == getattr(defaults, section), section
@@ -109,4 +119,4 @@ def test_bad_agent_config_names_the_key(tmp_path: Path, text: str, expected: str
     path = tmp_path / "agent.yaml"
     path.write_text(text)
     with pytest.raises(ConfigError, match=expected):
-        load_agent_config(path, {"node": "n1"})
+        load_agent_config(path, {"node": "n1", "plaintext": True})

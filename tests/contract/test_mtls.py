@@ -1,0 +1,179 @@
+"""Mutual TLS on loopback: a real controller serving with certificates from ``vigil certs`` (run as a
+command), and clients with the right certificate, none, another CA's, or another party's."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import grpc
+import pytest
+
+from controller.config import ControllerConfig
+from controller.daemon import Controller
+from protos.vigil.v1 import admin_pb2, admin_pb2_grpc, agent_pb2, agent_pb2_grpc, trainer_pb2, trainer_pb2_grpc
+from tests.helpers import stop_controller
+from vigil.tls import TlsFiles
+
+Creds = grpc.ChannelCredentials | None
+
+
+def certs(out: Path, *args: str) -> None:
+    command = [sys.executable, "-m", "vigil", "certs", str(out), "--controller-name", "127.0.0.1", *args]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert oct((out / "ca" / "ca.key").stat().st_mode & 0o777) == "0o600"
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("pki")
+    certs(root / "ours", "--nodes", "node-1", "--admin", "alice", "--trainer", "jobs")
+    certs(root / "ours", "--nodes", "node-2")  # a second run adds to the same CA
+    certs(root / "theirs", "--nodes", "node-1", "--admin", "alice")  # another cluster's CA
+    return root
+
+
+def mine(pki: Path, party: str, ca: str = "ours") -> grpc.ChannelCredentials:
+    return TlsFiles.load(pki / ca / party).channel_credentials()
+
+
+async def hello(target: str, creds: Creds, node: str) -> grpc.StatusCode:
+    """An agent's first message; OK once the controller acknowledges it."""
+    async with _channel(target, creds) as channel:
+        call = agent_pb2_grpc.AgentGatewayStub(channel).Connect()
+        try:
+            await call.write(agent_pb2.AgentMessage(hello=agent_pb2.Hello(node=node, spool_id="s1")))
+            reply = await asyncio.wait_for(call.read(), 10)
+        except grpc.aio.AioRpcError as exc:
+            return exc.code()
+        call.cancel()
+        assert reply.HasField("ack")
+        return grpc.StatusCode.OK
+
+
+async def outcome(call: Awaitable[object]) -> grpc.StatusCode:
+    try:
+        await call
+    except grpc.aio.AioRpcError as exc:
+        return exc.code()
+    return grpc.StatusCode.OK
+
+
+async def status(target: str, creds: Creds) -> grpc.StatusCode:
+    async with _channel(target, creds) as channel:
+        return await outcome(admin_pb2_grpc.AdminStub(channel).GetStatus(admin_pb2.StatusRequest(), timeout=10))
+
+
+async def report(target: str, creds: Creds) -> grpc.StatusCode:
+    async with _channel(target, creds) as channel:
+        stub = trainer_pb2_grpc.TrainerGatewayStub(channel)
+        return await outcome(stub.Report(trainer_pb2.Progress(job_id="j"), timeout=10))
+
+
+async def sweep(target: str, creds: Creds) -> grpc.StatusCode:
+    async def drain() -> None:
+        async for _ in admin_pb2_grpc.AdminStub(channel).Sweep(admin_pb2.SweepRequest(nodes=["nope"]), timeout=10):
+            pass
+
+    async with _channel(target, creds) as channel:
+        return await outcome(drain())
+
+
+def _channel(target: str, creds: Creds) -> grpc.aio.Channel:
+    return grpc.aio.secure_channel(target, creds) if creds else grpc.aio.insecure_channel(target)
+
+
+def serve(pki: Path, tmp_path: Path, test: Callable[[str], Awaitable[None]]) -> None:
+    async def scenario() -> None:
+        cfg = ControllerConfig(listen="127.0.0.1", port=0, database=tmp_path / "c.db", pager="none",
+                               tls_dir=pki / "ours" / "controller")  # fmt: skip
+        controller = Controller(cfg)
+        port = await controller.start()
+        try:
+            await test(f"127.0.0.1:{port}")
+        finally:
+            await stop_controller(controller)
+
+    asyncio.run(scenario())
+
+
+def test_agents_are_admitted_only_with_a_certificate_of_this_cluster_for_their_own_node(
+    pki: Path, tmp_path: Path
+) -> None:
+    async def test(target: str) -> None:
+        assert await hello(target, mine(pki, "node-node-1"), "node-1") is grpc.StatusCode.OK
+        assert await hello(target, mine(pki, "node-node-2"), "node-2") is grpc.StatusCode.OK
+        # Another node's identity: refused by name, after the handshake.
+        assert await hello(target, mine(pki, "node-node-1"), "node-2") is grpc.StatusCode.PERMISSION_DENIED
+        # No certificate, another CA's certificate, or no TLS at all: the handshake fails.
+        only_ca = grpc.ssl_channel_credentials((pki / "ours" / "ca" / "ca.crt").read_bytes())
+        assert await hello(target, only_ca, "node-1") is grpc.StatusCode.UNAVAILABLE
+        assert await hello(target, mine(pki, "node-node-1", "theirs"), "node-1") is grpc.StatusCode.UNAVAILABLE
+        assert await hello(target, None, "node-1") is grpc.StatusCode.UNAVAILABLE
+
+    serve(pki, tmp_path, test)
+
+
+def test_the_admin_and_trainer_services_take_only_their_own_roles(pki: Path, tmp_path: Path) -> None:
+    async def test(target: str) -> None:
+        admin, node, trainer = mine(pki, "admin-alice"), mine(pki, "node-node-1"), mine(pki, "trainer-jobs")
+        assert await status(target, admin) is grpc.StatusCode.OK
+        assert await status(target, node) is grpc.StatusCode.PERMISSION_DENIED
+        assert await status(target, trainer) is grpc.StatusCode.PERMISSION_DENIED
+        assert await status(target, mine(pki, "admin-alice", "theirs")) is grpc.StatusCode.UNAVAILABLE
+        assert await sweep(target, trainer) is grpc.StatusCode.PERMISSION_DENIED  # a streaming method too
+        assert await report(target, trainer) is grpc.StatusCode.OK
+        assert await report(target, admin) is grpc.StatusCode.OK
+        assert await report(target, node) is grpc.StatusCode.PERMISSION_DENIED
+        # The server is still serving after every refusal.
+        assert await hello(target, node, "node-1") is grpc.StatusCode.OK
+
+    serve(pki, tmp_path, test)
+
+
+def test_the_cli_speaks_tls_with_the_certificates_vigil_tls_dir_names(pki: Path, tmp_path: Path) -> None:
+    async def test(target: str) -> None:
+        def vigil_status(tls_dir: str) -> subprocess.CompletedProcess[str]:
+            env = {**os.environ, "VIGIL_TLS_DIR": tls_dir}
+            command = [sys.executable, "-m", "vigil", "status", "--controller", target]
+            return subprocess.run(command, capture_output=True, text=True, timeout=60, env=env)
+
+        ok = await asyncio.to_thread(vigil_status, str(pki / "ours" / "admin-alice"))
+        assert ok.returncode == 0 and "automation" in ok.stdout, ok.stderr
+        refused = await asyncio.to_thread(vigil_status, str(pki / "ours" / "node-node-1"))
+        assert refused.returncode == 2 and "PERMISSION_DENIED" in refused.stdout + refused.stderr
+        missing = await asyncio.to_thread(vigil_status, str(tmp_path / "nowhere"))
+        assert missing.returncode == 2 and "cannot read" in missing.stdout + missing.stderr
+        assert "Traceback" not in missing.stdout + missing.stderr
+
+    serve(pki, tmp_path, test)
+
+
+def test_a_real_agent_connects_with_its_node_certificate(pki: Path, tmp_path: Path) -> None:
+    async def test(target: str) -> None:
+        command = [
+            sys.executable, "-m", "vigil", "agent", "--node", "node-2", "--controller", target,
+            "--tls-dir", str(pki / "ours" / "node-node-2"), "--gpu-backend", "simulated", "--simulated-gpus", "2",
+            "--kernel-log-source", "none", "--spool", str(tmp_path / "spool.db"), "--metrics-port", "0",
+        ]  # fmt: skip
+        agent = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        try:
+            async with grpc.aio.secure_channel(target, mine(pki, "admin-alice")) as channel:
+                admin = admin_pb2_grpc.AdminStub(channel)
+                for _ in range(300):
+                    nodes = (await admin.GetStatus(admin_pb2.StatusRequest())).nodes
+                    if [(n.node, n.gpus) for n in nodes] == [("node-2", 2)]:
+                        break
+                    await asyncio.sleep(0.05)
+                else:
+                    raise AssertionError("the agent never registered")
+        finally:
+            agent.terminate()
+            agent.wait(10)
+
+    serve(pki, tmp_path, test)

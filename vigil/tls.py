@@ -1,0 +1,110 @@
+"""Mutual TLS between agents, trainer hooks, operators and the controller.
+
+Every party holds a certificate signed by the cluster's Vigil CA, and its common name says who it
+is: ``controller``, ``node:<node name>``, ``admin:<who>`` or ``trainer:<name>``. The controller
+accepts only clients with such a certificate (the handshake refuses anybody else), and then:
+an agent may report only for the node its certificate names; the admin service (sweeps, uncordon,
+resume, status) needs an ``admin:`` certificate; the trainer gateway takes ``trainer:`` (or admin)
+certificates.
+
+The files are read from a directory laid out as a Kubernetes TLS secret (``ca.crt``, ``tls.crt``,
+``tls.key``): what ``vigil certs`` writes, and what cert-manager issues. Plaintext is only for local
+use (the demo, the tests), and must be asked for.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+
+ROLES = ("controller", "node", "admin", "trainer")
+CA_FILE, CERT_FILE, KEY_FILE = "ca.crt", "tls.crt", "tls.key"
+
+
+class TlsError(ValueError):
+    """A certificate directory that cannot be used; the message names the file."""
+
+
+@dataclass(frozen=True)
+class TlsFiles:
+    """This party's certificate and key, and the CA that signs the other side's."""
+
+    ca: bytes
+    cert: bytes
+    key: bytes
+
+    @classmethod
+    def load(cls, directory: Path) -> TlsFiles:
+        found = {}
+        for name in (CA_FILE, CERT_FILE, KEY_FILE):
+            path = directory / name
+            try:
+                found[name] = path.read_bytes()
+            except OSError as exc:
+                raise TlsError(f"cannot read {path}: {exc.strerror or exc}") from None
+            if b"-----BEGIN" not in found[name]:
+                raise TlsError(f"{path} is not PEM")
+        return cls(found[CA_FILE], found[CERT_FILE], found[KEY_FILE])
+
+    def server_credentials(self) -> grpc.ServerCredentials:
+        """The controller's side: its certificate, and clients must show one from the same CA."""
+        return grpc.ssl_server_credentials([(self.key, self.cert)], root_certificates=self.ca, require_client_auth=True)
+
+    def channel_credentials(self) -> grpc.ChannelCredentials:
+        """A client's side: the CA to trust the controller by, and this party's own certificate."""
+        return grpc.ssl_channel_credentials(self.ca, private_key=self.key, certificate_chain=self.cert)
+
+
+@dataclass(frozen=True)
+class Identity:
+    role: str
+    name: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.role}:{self.name}" if self.name else self.role
+
+
+def parse_identity(common_name: str) -> Identity | None:
+    """``node:node-1`` → Identity("node", "node-1"); ``controller`` → Identity("controller"). None
+    for anything else."""
+    role, _, name = common_name.partition(":")
+    if role not in ROLES or (role == "controller") != (name == ""):
+        return None
+    return Identity(role, name)
+
+
+def peer_identity(auth_context: Mapping[str, Sequence[bytes]]) -> Identity | None:
+    """Who the peer of a TLS connection is, from its certificate's common name; None in plaintext."""
+    names = auth_context.get("x509_common_name") or []
+    return parse_identity(names[0].decode(errors="replace")) if names else None
+
+
+def from_env(env: Mapping[str, str]) -> TlsFiles | None:
+    """A client's certificates from VIGIL_TLS_DIR (the trainer hook, the launcher, the CLI); None: plaintext."""
+    directory = env.get("VIGIL_TLS_DIR", "")
+    return TlsFiles.load(Path(directory)) if directory else None
+
+
+def transport_problem(tls_dir: Path | None, plaintext: bool) -> str:
+    """What is wrong with a server's or an agent's choice of transport; "" when nothing. Pure."""
+    if (tls_dir is None) == (not plaintext):
+        return (
+            "give tls_dir (mutual TLS: a directory from `vigil certs` or a cert-manager secret) "
+            "or plaintext: true (no TLS, local use only), and not both"
+        )
+    return ""
+
+
+def channel(target: str, tls: TlsFiles | None) -> grpc.Channel:
+    """A blocking channel to the controller: mutual TLS when this party has certificates."""
+    return grpc.secure_channel(target, tls.channel_credentials()) if tls else grpc.insecure_channel(target)
+
+
+def aio_channel(target: str, tls: TlsFiles | None) -> grpc.aio.Channel:
+    """An asyncio channel to the controller: mutual TLS when this party has certificates."""
+    if tls is None:
+        return grpc.aio.insecure_channel(target)
+    return grpc.aio.secure_channel(target, tls.channel_credentials())
