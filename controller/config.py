@@ -67,6 +67,18 @@ class LeaderElectionConfig(BaseModel):
         return self
 
 
+class LimitsConfig(BaseModel):
+    """What one client may send: beyond these, a call is refused (RESOURCE_EXHAUSTED) and logged."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    max_message_bytes: int = Field(default=4 << 20, ge=64 << 10, le=64 << 20, description="one gRPC message")
+    agent_messages_per_s: float = Field(default=20.0, gt=0, description="per node: heartbeats, batches, results")
+    agent_burst: int = Field(default=200, ge=1)
+    reports_per_s: float = Field(default=5.0, gt=0, description="per training job: Progress and Plan calls")
+    report_burst: int = Field(default=50, ge=1)
+
+
 class ControllerConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -87,6 +99,7 @@ class ControllerConfig(BaseModel):
     leader_election: LeaderElectionConfig = Field(default_factory=LeaderElectionConfig)
     sweep: SweepConfig = Field(default_factory=SweepConfig)
     jobs: JobsConfig = Field(default_factory=JobsConfig)
+    limits: LimitsConfig = Field(default_factory=LimitsConfig)
     tls_dir: Path | None = Field(
         default=None, description="mutual TLS: ca.crt, tls.crt and tls.key (vigil certs, or a cert-manager secret)"
     )

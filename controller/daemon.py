@@ -73,7 +73,7 @@ class Controller:
             fold_report_s=config.fold_report_s,
             drain=config.actuator == "kubernetes" and config.kubernetes.drain,
         )
-        self.gateway = AgentGateway(self.engine)
+        self.gateway = AgentGateway(self.engine, config.limits)
         self.sweeper = Sweeper(self.engine, config.sweep)
         self.jobs = JobMonitor(self.engine, self.sweeper, config.jobs)
         self.server: grpc.aio.Server | None = None
@@ -84,11 +84,17 @@ class Controller:
         if self.config.leader_election.enabled:
             await self.engine.adopt_cluster_state()
         tls = TlsFiles.load(self.config.tls_dir) if self.config.tls_dir is not None else None
-        self.server = grpc.aio.server(interceptors=[RoleInterceptor()] if tls else [])
+        size = self.config.limits.max_message_bytes
+        self.server = grpc.aio.server(
+            interceptors=[RoleInterceptor()] if tls else [],
+            options=[("grpc.max_receive_message_length", size), ("grpc.max_send_message_length", size)],
+        )
         agent_pb2_grpc.add_AgentGatewayServicer_to_server(self.gateway, self.server)
         identity = self.config.leader_election.identity
         admin_pb2_grpc.add_AdminServicer_to_server(Admin(self.engine, self.sweeper, self.jobs, identity), self.server)
-        trainer_pb2_grpc.add_TrainerGatewayServicer_to_server(TrainerGateway(self.jobs), self.server)
+        trainer_pb2_grpc.add_TrainerGatewayServicer_to_server(
+            TrainerGateway(self.jobs, self.config.limits), self.server
+        )
         address = f"{self.config.listen}:{self.config.port}"
         try:
             if tls is not None:

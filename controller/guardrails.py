@@ -109,8 +109,19 @@ class TokenBucket:
         self.tokens = float(self.burst)
 
     def reserve(self, now: float) -> float:
-        if self.updated is not None:
-            self.tokens = min(float(self.burst), self.tokens + (now - self.updated) * self.rate)
-        self.updated = now
+        self._refill(now)
         self.tokens -= 1.0
         return 0.0 if self.tokens >= 0 else -self.tokens / self.rate
+
+    def take(self, now: float) -> bool:
+        """Take a token if one is there (never into debt); False: over the rate."""
+        self._refill(now)
+        if self.tokens < 1.0:
+            return False
+        self.tokens -= 1.0
+        return True
+
+    def _refill(self, now: float) -> None:
+        if self.updated is not None:
+            self.tokens = min(float(self.burst), self.tokens + max(0.0, now - self.updated) * self.rate)
+        self.updated = now

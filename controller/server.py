@@ -8,6 +8,8 @@ down.
 from __future__ import annotations
 
 import asyncio
+import re
+import time
 from collections.abc import AsyncIterator
 from urllib.parse import unquote
 
@@ -15,7 +17,9 @@ import grpc
 import structlog
 
 from controller.actuators import SelectionError
+from controller.config import LimitsConfig
 from controller.engine import Engine, UnknownNode
+from controller.guardrails import TokenBucket
 from controller.jobs import JobMonitor
 from controller.sweep import SweepBusy, Sweeper
 from controller.sweep_plan import SweepError, sweep_spec
@@ -36,9 +40,30 @@ def peer_host(peer: str) -> str:
     return host.strip("[]")
 
 
+MAX_GPUS = 1024
+_ADDRESS = re.compile(r"^[A-Za-z0-9.:\-]{0,253}$")
+
+
+def hello_problem(hello: agent_pb2.Hello) -> str:
+    """What is wrong with an agent's Hello; "" when nothing. Pure."""
+    if not is_node_name(hello.node):
+        return f"Hello.node {hello.node[:100]!r} is not a valid node name"
+    if not 0 < len(hello.spool_id) <= 128:
+        return "Hello.spool_id must be 1 to 128 characters"
+    if len(hello.gpus) > MAX_GPUS:
+        return f"Hello.gpus lists {len(hello.gpus)} GPUs, more than {MAX_GPUS}"
+    if not _ADDRESS.match(hello.address):
+        return "Hello.address is not a host name or an IP address"
+    if len(hello.agent_version) > 64 or len(hello.gpu_backend) > 32:
+        return "Hello.agent_version or gpu_backend is too long"
+    return ""
+
+
 class AgentGateway(agent_pb2_grpc.AgentGatewayServicer):
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, limits: LimitsConfig | None = None) -> None:
         self._engine = engine
+        self._limits = limits or LimitsConfig()
+        self._buckets: dict[str, TokenBucket] = {}  # per node: what it may send
         self.outboxes: dict[str, asyncio.Queue[agent_pb2.ControllerMessage]] = {}
         engine.on_ack = self._send_ack
         engine.send_to_agent = self._send
@@ -63,10 +88,9 @@ class AgentGateway(agent_pb2_grpc.AgentGatewayServicer):
             return
         hello = first.hello
         node = hello.node
-        if not is_node_name(node):
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"Hello.node {node!r} is not a valid node name")
-        if not hello.spool_id:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "Hello.spool_id is empty")
+        if problem := hello_problem(hello):
+            log.warning("bad_hello", peer=context.peer(), error=problem)
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
         who = peer_identity(context.auth_context())  # None in plaintext; under TLS, a node: certificate
         if who is not None and who.name != node:
             log.warning("call_refused", peer=context.peer(), why=f"{who} said Hello as {node}")
@@ -104,7 +128,13 @@ class AgentGateway(agent_pb2_grpc.AgentGatewayServicer):
         outbox: asyncio.Queue[agent_pb2.ControllerMessage],
         context: grpc.aio.ServicerContext,
     ) -> None:
+        limits = self._limits
+        bucket = self._buckets.setdefault(node, TokenBucket(limits.agent_messages_per_s, limits.agent_burst))
         async for msg in requests:
+            if not bucket.take(time.monotonic()):  # the spool keeps what was not acknowledged
+                why = f"{node} sends more than {limits.agent_messages_per_s:g} messages/s"
+                log.warning("agent_rate_limited", node=node, why=why)
+                await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, why)
             body = msg.WhichOneof("body")
             if body == "heartbeat":
                 self._engine.heartbeat(node, msg.heartbeat.dropped_faults)

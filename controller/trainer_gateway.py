@@ -6,22 +6,42 @@ so a command waits at most that long; the controller never holds a stream per jo
 
 from __future__ import annotations
 
+import time
+
 import grpc
 import structlog
 
+from controller.config import LimitsConfig
+from controller.guardrails import TokenBucket
 from controller.jobs import BadProgress, JobMonitor
 from protos.vigil.v1 import trainer_pb2, trainer_pb2_grpc
 
 log = structlog.get_logger(__name__)
 
 
+MAX_TRACKED_JOBS = 10_000
+
+
 class TrainerGateway(trainer_pb2_grpc.TrainerGatewayServicer):
-    def __init__(self, jobs: JobMonitor) -> None:
+    def __init__(self, jobs: JobMonitor, limits: LimitsConfig | None = None) -> None:
         self._jobs = jobs
+        self._limits = limits or LimitsConfig()
+        self._buckets: dict[str, TokenBucket] = {}  # per job id: its reports and its launcher's plans
+
+    async def _within_rate(self, job_id: str, context: grpc.aio.ServicerContext) -> None:
+        if len(self._buckets) > MAX_TRACKED_JOBS:  # ids are the client's to choose: never grow without end
+            self._buckets.clear()
+        limits = self._limits
+        bucket = self._buckets.setdefault(job_id[:128], TokenBucket(limits.reports_per_s, limits.report_burst))
+        if not bucket.take(time.monotonic()):
+            why = f"job {job_id[:128]!r} calls more than {limits.reports_per_s:g} times/s"
+            log.warning("job_rate_limited", peer=context.peer(), why=why)
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, why)
 
     async def Report(  # noqa: N802 (gRPC method name)
         self, request: trainer_pb2.Progress, context: grpc.aio.ServicerContext
     ) -> trainer_pb2.ReportReply:
+        await self._within_rate(request.job_id, context)
         try:
             commands = self._jobs.report(request)
         except BadProgress as exc:
@@ -32,6 +52,7 @@ class TrainerGateway(trainer_pb2_grpc.TrainerGatewayServicer):
     async def Plan(  # noqa: N802
         self, request: trainer_pb2.PlanRequest, context: grpc.aio.ServicerContext
     ) -> trainer_pb2.PlanReply:
+        await self._within_rate(request.job_id, context)
         try:
             return self._jobs.plan(request)
         except BadProgress as exc:

@@ -6,6 +6,7 @@ import asyncio
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from controller.config import ControllerConfig
 from controller.daemon import Controller
@@ -30,8 +31,9 @@ def poll_until(condition: Callable[[], object], timeout: float = 20.0, what: str
     raise AssertionError(f"timed out waiting for {what}")
 
 
-async def start_controller(db: Path, port: int = 0) -> Controller:
-    controller = Controller(ControllerConfig(listen="127.0.0.1", port=port, database=db, pager="none", plaintext=True))
+async def start_controller(db: Path, port: int = 0, **config: Any) -> Controller:
+    cfg = ControllerConfig(listen="127.0.0.1", port=port, database=db, pager="none", plaintext=True, **config)
+    controller = Controller(cfg)
     await controller.start()
     return controller
 

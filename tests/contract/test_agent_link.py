@@ -10,9 +10,10 @@ import pytest
 
 from agent.link import ControllerLink
 from agent.spool import Spool
+from controller.config import LimitsConfig
 from controller.daemon import Controller
 from protos.codec import signal_to_proto
-from protos.vigil.v1 import agent_pb2, agent_pb2_grpc, common_pb2
+from protos.vigil.v1 import agent_pb2, agent_pb2_grpc, common_pb2, trainer_pb2, trainer_pb2_grpc
 from tests.helpers import start_controller, stop_controller, wait_until
 from vigil.signals import GpuRef, Signal, SignalKind
 
@@ -151,6 +152,33 @@ def test_a_new_spool_is_not_mistaken_for_a_replay(tmp_path: Path) -> None:
     asyncio.run(scenario())
 
 
+def test_an_oversized_message_and_a_flooding_agent_are_refused_and_the_server_keeps_serving(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        limits = LimitsConfig(max_message_bytes=64 << 10, agent_messages_per_s=1.0, agent_burst=5)
+        controller = await start_controller(tmp_path / "ctl.db", limits=limits)
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{controller.port}") as channel:
+            huge = trainer_pb2.Progress(job_id="j", nodes=["n" * 60] * 2000)  # about 120 KiB
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await trainer_pb2_grpc.TrainerGatewayStub(channel).Report(huge, timeout=10)
+        assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "larger than max" in str(err.value.details())
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{controller.port}") as channel:
+            call = agent_pb2_grpc.AgentGatewayStub(channel).Connect()
+            await call.write(agent_pb2.AgentMessage(hello=agent_pb2.Hello(node="flooder", spool_id="f")))
+            assert (await call.read()).HasField("ack")
+            for _ in range(20):  # heartbeats as fast as it can, one at a time, until refused
+                await call.write(agent_pb2.AgentMessage(heartbeat=agent_pb2.Heartbeat()))
+                await asyncio.sleep(0.02)
+                if call.done():
+                    break
+            code, details = await call.code(), await call.details()
+        assert code == grpc.StatusCode.RESOURCE_EXHAUSTED and "flooder sends more than 1 messages/s" in details
+        good = await send_raw(controller.port, raw_batch("s2", [1]), replies=2)  # another node is not held back
+        assert good[-1].ack.acked_seq == 1
+        await stop_controller(controller)
+
+    asyncio.run(scenario())
+
+
 @pytest.mark.parametrize(
     ("messages", "status", "text"),
     [
@@ -180,6 +208,31 @@ def test_a_new_spool_is_not_mistaken_for_a_replay(tmp_path: Path) -> None:
             ],
             grpc.StatusCode.PERMISSION_DENIED,
             "other-node",
+        ),
+        *(
+            (
+                [
+                    agent_pb2.AgentMessage(hello=agent_pb2.Hello(node=NODE, spool_id="s")),
+                    agent_pb2.AgentMessage(signals=agent_pb2.SignalBatch(signals=[bad])),
+                ],
+                grpc.StatusCode.INVALID_ARGUMENT,
+                field,
+            )
+            for bad, field in [
+                (common_pb2.Signal(node=NODE, kind=common_pb2.XID, seq=1, value=float("nan")), "'value'"),
+                (common_pb2.Signal(node=NODE, kind=common_pb2.XID, seq=1, message="x" * 5000), "'message'"),
+                (common_pb2.Signal(node=NODE, kind=common_pb2.XID, seq=1, gpu=common_pb2.GpuRef(index=5000)), "'gpu'"),
+            ]
+        ),
+        (
+            [agent_pb2.AgentMessage(hello=agent_pb2.Hello(node=NODE, spool_id="s", gpus=[common_pb2.GpuRef()] * 2000))],
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "more than 1024",
+        ),
+        (
+            [agent_pb2.AgentMessage(hello=agent_pb2.Hello(node=NODE, spool_id="s", address="10.0.0.1; rm -rf /"))],
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "Hello.address",
         ),
     ],
 )

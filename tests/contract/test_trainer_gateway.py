@@ -14,7 +14,7 @@ from typing import Any
 import grpc
 import pytest
 
-from controller.config import ControllerConfig
+from controller.config import ControllerConfig, LimitsConfig
 from controller.daemon import Controller
 from controller.mfu import JobsConfig
 from protos.vigil.v1 import admin_pb2, admin_pb2_grpc, trainer_pb2, trainer_pb2_grpc
@@ -287,3 +287,19 @@ def test_a_blamed_node_whose_quarantine_the_breaker_holds_stops_no_job(tmp_path:
         assert any(kind.startswith("PAGE") for _, kind, _ in r.actions("mfu-pair-1"))
 
     run(tmp_path, test)
+
+
+def test_a_job_calling_too_often_is_refused_and_other_jobs_are_not(tmp_path: Path) -> None:
+    async def test(r: Rig) -> None:
+        codes = []
+        for _ in range(5):
+            try:
+                await r.window(0.5, event="heartbeat")
+                codes.append(grpc.StatusCode.OK)
+            except grpc.aio.AioRpcError as exc:
+                codes.append(exc.code())
+        assert codes[:3] == [grpc.StatusCode.OK] * 3 and grpc.StatusCode.RESOURCE_EXHAUSTED in codes[3:]
+        other = trainer_pb2.PlanRequest(job_id="other", nodes=["node-0"])
+        assert (await r.trainer.Plan(other)).ready
+
+    run(tmp_path, test, limits=LimitsConfig(reports_per_s=0.5, report_burst=3))

@@ -97,7 +97,7 @@ def test_the_example_controller_config_loads() -> None:
     # Every default the file states is the model's default.
     defaults = ControllerConfig(plaintext=True)
     assert cfg.fold_report_s == defaults.fold_report_s
-    for section in ("guardrails", "recovery", "kubernetes", "sweep"):
+    for section in ("guardrails", "recovery", "kubernetes", "sweep", "limits"):
         assert getattr(cfg, section) == getattr(defaults, section), section
     for key in ("lease_duration_s", "renew_deadline_s", "retry_period_s", "namespace", "lease_name"):
         assert getattr(cfg.leader_election, key) == getattr(defaults.leader_election, key), key
