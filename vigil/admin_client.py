@@ -6,13 +6,14 @@ import os
 from collections.abc import Iterator
 
 from protos.vigil.v1 import admin_pb2, admin_pb2_grpc
-from vigil.tls import TlsFiles, channel, from_env
+from vigil.tls import channel, from_env
 
 
 class AdminClient:
-    def __init__(self, target: str, timeout_s: float = 5.0, tls: TlsFiles | None = None) -> None:
-        """``tls``: this operator's certificates (an admin: one); by default those VIGIL_TLS_DIR names."""
-        self._channel = channel(target, tls if tls is not None else from_env(os.environ))
+    def __init__(self, target: str, timeout_s: float = 5.0, plaintext: bool = False) -> None:
+        """Mutual TLS with the certificates VIGIL_TLS_DIR names (an admin: one), if it names any;
+        ``plaintext``: never (a local controller, as the demo's)."""
+        self._channel = channel(target, None if plaintext else from_env(os.environ))
         self._stub = admin_pb2_grpc.AdminStub(self._channel)
         self._timeout = timeout_s
 

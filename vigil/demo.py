@@ -181,7 +181,7 @@ def run_demo(nodes: int = 4, gpus: int = 8, as_json: bool = False, keep: bool = 
         cluster.start_controller(timeout)
         console.print(f"  controller listening on 127.0.0.1:{cluster.port}   ({time.monotonic() - started:.2f} s)")
         cluster.start_agents()
-        with AdminClient(f"127.0.0.1:{cluster.port}") as admin:
+        with AdminClient(f"127.0.0.1:{cluster.port}", plaintext=True) as admin:
             wait_for(
                 lambda: _all_healthy(admin, cluster.nodes), timeout, "every agent to register", cluster.check_alive
             )

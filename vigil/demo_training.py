@@ -24,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
 from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
@@ -62,7 +63,7 @@ def run_training_demo(as_json: bool = False, keep: bool = False, timeout: float 
         config.write_text(yaml.safe_dump({"guardrails": {"breaker_max_fraction": 1.0}}))
         cluster.start_controller(30.0, config)
         cluster.start_agents()
-        with AdminClient(f"127.0.0.1:{cluster.port}") as admin:
+        with AdminClient(f"127.0.0.1:{cluster.port}", plaintext=True) as admin:
             wait_for(lambda: len(admin.status().nodes) == len(NODES), 30.0, "every agent", cluster.check_alive)
             summary["fault"] = _fault_scenario(cluster, admin, console, timeout)
             summary["slow_rank"] = _slow_scenario(cluster, admin, console, timeout)
@@ -163,8 +164,10 @@ class _Job:
         job = [sys.executable, "-m", "trainer_hooks.moe_job.train", "--out", str(self.dir / "run"), *JOB_ARGS, *extra]
         command = command_line(job_id, nodes, f"127.0.0.1:{cluster.port}", self.dir / "ranks", job)
         with open(self.dir / "launch.log", "wb") as out:  # the child keeps its own descriptor
-            self.proc = subprocess.Popen(command, env={**os.environ, **JOB_ENV}, stdout=out, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL)  # fmt: skip
+            env = {**_without_tls(os.environ), **JOB_ENV}
+            self.proc = subprocess.Popen(
+                command, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+            )
 
     def events(self, kind: str) -> list[dict[str, Any]]:
         path = self.dir / "run" / "metrics.jsonl"
@@ -213,6 +216,12 @@ def _logged(cluster: Cluster, event: str, job: str) -> list[dict[str, Any]]:
 def _logged_at(cluster: Cluster, event: str, job: str) -> float:
     found = _logged(cluster, event, job)
     return datetime.fromisoformat(found[0]["timestamp"]).timestamp() if found else 0.0
+
+
+def _without_tls(env: Mapping[str, str]) -> dict[str, str]:
+    """The demo's controller is plaintext on loopback: its launcher and jobs must not use a
+    certificate directory the user's environment names."""
+    return {k: v for k, v in env.items() if k != "VIGIL_TLS_DIR"}
 
 
 def _needs(found: list[T], count: int, what: str) -> list[T]:

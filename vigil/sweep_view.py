@@ -18,6 +18,7 @@ from rich.table import Table
 from checks.result import Verdict
 from protos.vigil.v1 import admin_pb2, common_pb2
 from vigil.admin_client import AdminClient
+from vigil.tls import TlsError
 
 _console = Console()
 _errors = Console(stderr=True, soft_wrap=True)
@@ -36,6 +37,9 @@ def run_sweep(target: str, request: admin_pb2.SweepRequest, as_json: bool, show_
             summary = _collect(updates) if as_json else _follow(updates)
     except grpc.RpcError as exc:
         _errors.print(f"[red]error:[/] the sweep on {target} ended: {exc.code().name}: {exc.details()}")
+        return 2
+    except TlsError as exc:
+        _errors.print(f"[red]error:[/] VIGIL_TLS_DIR: {exc}")
         return 2
     if summary is None:
         _errors.print("[red]error:[/] the controller ended the sweep without a summary")
