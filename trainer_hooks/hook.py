@@ -51,7 +51,7 @@ from protos.vigil.v1 import trainer_pb2
 from trainer_hooks.reporter import Reporter
 from trainer_hooks.window import RankWindow, figures
 from vigil.names import is_job_id, is_node_name
-from vigil.tls import TlsFiles
+from vigil.tls import TlsError, TlsFiles
 
 log = structlog.get_logger(__name__)
 
@@ -95,13 +95,6 @@ class HookConfig(BaseModel):
             raise ValueError(f"{value!r} is not a job id (letters, digits, -_.)")
         return value
 
-    @field_validator("tls_dir")
-    @classmethod
-    def _tls(cls, value: Path | None) -> Path | None:
-        if value is not None:
-            TlsFiles.load(value)  # a missing or unreadable file is named now, not at the first report
-        return value
-
     @field_validator("node")
     @classmethod
     def _node(cls, value: str) -> str:
@@ -123,7 +116,13 @@ class HookConfig(BaseModel):
 
 class VigilHook:
     def __init__(self, config: HookConfig) -> None:
+        """Raises HookConfigError for a certificate directory it cannot read: named now, not at the
+        first report."""
         self.config = config
+        try:
+            self._tls = TlsFiles.load(config.tls_dir) if config.tls_dir is not None else None
+        except TlsError as exc:
+            raise HookConfigError(f"Vigil hook configuration: {_ENV['tls_dir']}: {exc}") from None
         self.rank, self.world = 0, 1
         self.rank_nodes: list[str] = [config.node]
         self.step = self.committed_step = 0
@@ -161,9 +160,8 @@ class VigilHook:
             self.rank_nodes = [str(n) for n in nodes]
         self._reset_window(time.time())
         if self.rank == 0 and self.config.controller:
-            tls = TlsFiles.load(self.config.tls_dir) if self.config.tls_dir else None
             cfg = self.config
-            self._reporter = Reporter(cfg.controller, self._heartbeat, self._received, cfg.poll_s, tls=tls)
+            self._reporter = Reporter(cfg.controller, self._heartbeat, self._received, cfg.poll_s, tls=self._tls)
             self._reporter.start()
             first = self._base("start")
             first.restore_s = max(0.0, time.time() - psutil.Process().create_time() if restore_s is None else restore_s)
