@@ -14,9 +14,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from vigil.config_file import load_yaml_model
+from vigil.names import ADDRESS_RE, NODE_NAME_RE
 from vigil.tls import transport_problem
-
-NODE_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$"
 
 
 def default_node_name() -> str:
@@ -27,7 +26,7 @@ def default_node_name() -> str:
 class AgentConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    node: str = Field(default_factory=default_node_name, pattern=NODE_NAME_PATTERN)
+    node: str = Field(default_factory=default_node_name, pattern=NODE_NAME_RE.pattern)
     controller: str = "127.0.0.1:7070"
     # GPUs: "nvml" on a real node; "simulated" for the demo and tests (fault injection).
     gpu_backend: Literal["nvml", "simulated"] = "nvml"
@@ -61,7 +60,7 @@ class AgentConfig(BaseModel):
     heartbeat_s: float = Field(5.0, gt=0, le=300)
     # Where this node's peers reach it for the sweep's pairwise all-reduce (the DaemonSet passes the
     # node's IP); empty: the address the controller sees this agent's connection come from.
-    advertise_address: str = Field("", pattern=r"^[A-Za-z0-9.:\-]*$", max_length=253)
+    advertise_address: str = Field("", pattern=ADDRESS_RE.pattern)
     # Mutual TLS with the controller: this node's certificate (node:NAME), its key and the CA.
     tls_dir: Path | None = Field(None, description="ca.crt, tls.crt and tls.key (vigil certs, or cert-manager)")
     plaintext: bool = Field(False, description="talk to the controller without TLS: local use only")

@@ -8,7 +8,6 @@ down.
 from __future__ import annotations
 
 import asyncio
-import re
 import time
 from collections.abc import AsyncIterator
 from urllib.parse import unquote
@@ -25,7 +24,7 @@ from controller.sweep import SweepBusy, Sweeper
 from controller.sweep_plan import SweepError, sweep_spec
 from protos.codec import BadSignal, gpu_to_proto, signal_from_proto
 from protos.vigil.v1 import admin_pb2, admin_pb2_grpc, agent_pb2, agent_pb2_grpc
-from vigil.names import is_node_name
+from vigil.names import is_address, is_node_name
 from vigil.tls import peer_identity
 
 log = structlog.get_logger(__name__)
@@ -41,7 +40,6 @@ def peer_host(peer: str) -> str:
 
 
 MAX_GPUS = 1024
-_ADDRESS = re.compile(r"^[A-Za-z0-9.:\-]{0,253}$")
 
 
 def hello_problem(hello: agent_pb2.Hello) -> str:
@@ -52,7 +50,7 @@ def hello_problem(hello: agent_pb2.Hello) -> str:
         return "Hello.spool_id must be 1 to 128 characters"
     if len(hello.gpus) > MAX_GPUS:
         return f"Hello.gpus lists {len(hello.gpus)} GPUs, more than {MAX_GPUS}"
-    if not _ADDRESS.match(hello.address):
+    if not is_address(hello.address):
         return "Hello.address is not a host name or an IP address"
     if len(hello.agent_version) > 64 or len(hello.gpu_backend) > 32:
         return "Hello.agent_version or gpu_backend is too long"

@@ -1,4 +1,5 @@
-"""Names that cross the wire: node names (as Kubernetes spells them) and job ids. Pure."""
+"""Names that cross the wire: node names (as Kubernetes spells them), job ids and the addresses
+agents advertise. Pure."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import re
 NODE_NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 # A job id: letters, digits and -_. ; it names files and Slack threads, so nothing else.
 JOB_ID_RE = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,126}[A-Za-z0-9])?$")
+# Where an agent's peers reach it: a host name or an IP address (v4 or v6); empty: not given.
+ADDRESS_RE = re.compile(r"^[A-Za-z0-9.:\-]{0,253}$")
 
 
 def is_node_name(name: str) -> bool:
@@ -16,3 +19,7 @@ def is_node_name(name: str) -> bool:
 
 def is_job_id(name: str) -> bool:
     return bool(JOB_ID_RE.match(name))
+
+
+def is_address(text: str) -> bool:
+    return bool(ADDRESS_RE.match(text))
