@@ -33,6 +33,7 @@ import yaml
 from rich.console import Console
 
 from agent.simulated import simulated_gpus
+from controller.goodput import KINDS
 from vigil.admin_client import AdminClient
 from vigil.demo import Cluster, DemoFailed, demo_run, finish, wait_for, xid_line
 from vigil.launch import command_line
@@ -235,8 +236,7 @@ def _health(admin: AdminClient) -> dict[str, str]:
 
 
 def _goodput(status: Any) -> dict[str, float]:
-    kinds = ("productive", "checkpoint", "restore", "wasted", "recovery")
-    return {"ratio": round(status.goodput, 4), **{f"{k}_s": round(getattr(status, f"{k}_s"), 3) for k in kinds}}
+    return {"ratio": round(status.goodput, 4), **{f"{k}_s": round(getattr(status, f"{k}_s"), 3) for k in KINDS}}
 
 
 def _verdict(console: Console, checks: dict[str, bool]) -> bool:

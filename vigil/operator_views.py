@@ -14,6 +14,7 @@ from google.protobuf.message import Message
 from rich.console import Console
 from rich.table import Table
 
+from controller.goodput import KINDS
 from protos.vigil.v1 import admin_pb2, common_pb2
 from vigil.admin_client import AdminClient
 from vigil.tls import TlsError
@@ -74,14 +75,11 @@ def _figure(value: float) -> str:
 
 def goodput_line(job: admin_pb2.JobStatus) -> str:
     """Where a job's time went, in one line."""
-    return f"goodput {job.goodput:.1%}: " + ", ".join(f"{k} {s}" for k, s in zip(_KINDS, _seconds(job), strict=True))
-
-
-_KINDS = ("productive", "checkpoint", "restore", "wasted", "recovery")
+    return f"goodput {job.goodput:.1%}: " + ", ".join(f"{k} {s}" for k, s in zip(KINDS, _seconds(job), strict=True))
 
 
 def _seconds(job: admin_pb2.JobStatus) -> list[str]:
-    return [f"{getattr(job, f'{kind}_s'):.1f}s" for kind in _KINDS]
+    return [f"{getattr(job, f'{kind}_s'):.1f}s" for kind in KINDS]
 
 
 def print_jobs(target: str, as_json: bool) -> int:
@@ -92,7 +90,7 @@ def print_jobs(target: str, as_json: bool) -> int:
         _print_json(jobs)
         return 0
     table = Table(title=f"Vigil training jobs ({len(jobs)})")
-    for column in ("job", "state", "nodes", "step", "committed", "restarts", "baseline", "last", "goodput", *_KINDS):
+    for column in ("job", "state", "nodes", "step", "committed", "restarts", "baseline", "last", "goodput", *KINDS):
         table.add_column(column)
     for j in jobs:
         table.add_row(
