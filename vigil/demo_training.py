@@ -34,6 +34,7 @@ from rich.console import Console
 
 from agent.simulated import simulated_gpus
 from controller.goodput import KINDS
+from trainer_hooks.moe_job.metrics_log import events, losses
 from vigil.admin_client import AdminClient
 from vigil.demo import Cluster, DemoFailed, demo_run, finish, wait_for, xid_line
 from vigil.launch import command_line
@@ -171,15 +172,13 @@ class _Job:
             )
 
     def events(self, kind: str) -> list[dict[str, Any]]:
-        path = self.dir / "run" / "metrics.jsonl"
-        found = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-        return [e for e in found if e["event"] == kind]
+        return events(self.dir / "run", kind)
 
     def step(self) -> int:
         return max((e["step"] for e in self.events("step")), default=0)
 
     def losses(self) -> dict[int, float]:
-        return {e["step"]: e["loss"] for e in self.events("step")}
+        return losses(self.dir / "run")
 
     def check_alive(self) -> None:
         if self.proc.poll() is not None:

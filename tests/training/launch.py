@@ -4,14 +4,13 @@ the processes themselves and read each one's exit code."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 from tests.helpers import free_port
+from trainer_hooks.moe_job.metrics_log import events, losses
 from vigil.launch import torchrun_env
 
 
@@ -32,12 +31,4 @@ def run(world: int, out: Path, *args: str, timeout: float = 240) -> list[int]:
     return [p.wait(timeout) for p in procs]
 
 
-def events(out: Path, kind: str | None = None) -> list[dict[str, Any]]:
-    lines = (out / "metrics.jsonl").read_text().splitlines() if (out / "metrics.jsonl").exists() else []
-    found = [json.loads(line) for line in lines]
-    return [e for e in found if kind is None or e["event"] == kind]
-
-
-def losses(out: Path) -> dict[int, float]:
-    """step -> loss; a step trained again after a resume from an older checkpoint: its last value."""
-    return {e["step"]: e["loss"] for e in events(out, "step")}
+__all__ = ["events", "launch", "losses", "run"]  # events and losses: the job's own readers, for the tests

@@ -18,15 +18,12 @@ on a GPU with a known peak, MFU.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import signal
 import sys
 import time
-from pathlib import Path
 from types import FrameType
-from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -36,6 +33,7 @@ from trainer_hooks.moe_job.checkpoint import Checkpointer, TrainState
 from trainer_hooks.moe_job.config import TrainConfig
 from trainer_hooks.moe_job.data import Sampler, load_shards, synthetic_corpus
 from trainer_hooks.moe_job.flops import flops_per_token, peak_flops
+from trainer_hooks.moe_job.metrics_log import FILE, MetricsLog
 from trainer_hooks.moe_job.model import MoETransformer, loss_fn
 from trainer_hooks.moe_job.parallel import shard
 from trainer_hooks.protocol import CHECKPOINTED_EXIT_CODE
@@ -100,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     resumed = checkpointer.load(state)
     shards = load_shards(cfg.data) if cfg.data else [synthetic_corpus(arch.vocab_size, cfg.synthetic_tokens, cfg.seed)]
     sampler = Sampler(shards, arch.seq_len, cfg.seed)
-    log = MetricsLog(cfg.out / "metrics.jsonl", rank == 0)
+    log = MetricsLog(cfg.out / FILE, rank == 0)
     log.event("start", step=state.step, consumed=state.consumed, world_size=world, resumed_from=str(resumed or ""),
               node=hook.config.node, restart=hook.config.restart_count)  # fmt: skip
     hook.start(state.step, max(checkpointer.last_committed, 0))  # restore: the time since the process started
@@ -155,19 +153,6 @@ def main(argv: list[str] | None = None) -> int:
     log.event("finished", step=state.step, trained_s=round(trained_s, 4), hook_s=round(hook.overhead_s, 4))
     dist.destroy_process_group()
     return 0
-
-
-class MetricsLog:
-    def __init__(self, path: Path, enabled: bool) -> None:
-        self.path, self.enabled = path, enabled
-
-    def event(self, event: str, **fields: Any) -> None:
-        if not self.enabled:
-            return
-        line = json.dumps({"event": event, "at": time.time(), **fields})
-        print(line, flush=True)
-        with self.path.open("a") as f:
-            f.write(line + "\n")
 
 
 if __name__ == "__main__":
