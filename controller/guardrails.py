@@ -125,3 +125,20 @@ class TokenBucket:
         if self.updated is not None:
             self.tokens = min(float(self.burst), self.tokens + max(0.0, now - self.updated) * self.rate)
         self.updated = now
+
+
+@dataclass(slots=True)
+class RateLimiter:
+    """A token bucket per key (a node, a job): ``allow`` takes one of the key's tokens, or says no.
+    ``max_keys``: past this many keys, all are forgotten (keys the clients choose never grow
+    without end); None: keep them all."""
+
+    rate: float
+    burst: int
+    max_keys: int | None = None
+    buckets: dict[str, TokenBucket] = field(default_factory=dict)
+
+    def allow(self, key: str, now: float) -> bool:
+        if self.max_keys is not None and len(self.buckets) > self.max_keys:
+            self.buckets.clear()
+        return self.buckets.setdefault(key, TokenBucket(self.rate, self.burst)).take(now)

@@ -18,7 +18,7 @@ import structlog
 from controller.actuators import SelectionError
 from controller.config import LimitsConfig
 from controller.engine import Engine, UnknownNode
-from controller.guardrails import TokenBucket
+from controller.guardrails import RateLimiter
 from controller.jobs import JobMonitor
 from controller.sweep import SweepBusy, Sweeper
 from controller.sweep_plan import SweepError, sweep_spec
@@ -61,7 +61,7 @@ class AgentGateway(agent_pb2_grpc.AgentGatewayServicer):
     def __init__(self, engine: Engine, limits: LimitsConfig | None = None) -> None:
         self._engine = engine
         self._limits = limits or LimitsConfig()
-        self._buckets: dict[str, TokenBucket] = {}  # per node: what it may send
+        self._rate = RateLimiter(self._limits.agent_messages_per_s, self._limits.agent_burst)  # per node
         self.outboxes: dict[str, asyncio.Queue[agent_pb2.ControllerMessage]] = {}
         engine.on_ack = self._send_ack
         engine.send_to_agent = self._send
@@ -126,11 +126,9 @@ class AgentGateway(agent_pb2_grpc.AgentGatewayServicer):
         outbox: asyncio.Queue[agent_pb2.ControllerMessage],
         context: grpc.aio.ServicerContext,
     ) -> None:
-        limits = self._limits
-        bucket = self._buckets.setdefault(node, TokenBucket(limits.agent_messages_per_s, limits.agent_burst))
         async for msg in requests:
-            if not bucket.take(time.monotonic()):  # the spool keeps what was not acknowledged
-                why = f"{node} sends more than {limits.agent_messages_per_s:g} messages/s"
+            if not self._rate.allow(node, time.monotonic()):  # the spool keeps what was not acknowledged
+                why = f"{node} sends more than {self._limits.agent_messages_per_s:g} messages/s"
                 log.warning("agent_rate_limited", node=node, why=why)
                 await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, why)
             body = msg.WhichOneof("body")

@@ -12,7 +12,7 @@ import grpc
 import structlog
 
 from controller.config import LimitsConfig
-from controller.guardrails import TokenBucket
+from controller.guardrails import RateLimiter
 from controller.jobs import BadProgress, JobMonitor
 from protos.vigil.v1 import trainer_pb2, trainer_pb2_grpc
 
@@ -26,15 +26,12 @@ class TrainerGateway(trainer_pb2_grpc.TrainerGatewayServicer):
     def __init__(self, jobs: JobMonitor, limits: LimitsConfig | None = None) -> None:
         self._jobs = jobs
         self._limits = limits or LimitsConfig()
-        self._buckets: dict[str, TokenBucket] = {}  # per job id: its reports and its launcher's plans
+        # Per job id, its reports and its launcher's plans; ids are the client's to choose.
+        self._rate = RateLimiter(self._limits.reports_per_s, self._limits.report_burst, MAX_TRACKED_JOBS)
 
     async def _within_rate(self, job_id: str, context: grpc.aio.ServicerContext) -> None:
-        if len(self._buckets) > MAX_TRACKED_JOBS:  # ids are the client's to choose: never grow without end
-            self._buckets.clear()
-        limits = self._limits
-        bucket = self._buckets.setdefault(job_id[:128], TokenBucket(limits.reports_per_s, limits.report_burst))
-        if not bucket.take(time.monotonic()):
-            why = f"job {job_id[:128]!r} calls more than {limits.reports_per_s:g} times/s"
+        if not self._rate.allow(job_id[:128], time.monotonic()):
+            why = f"job {job_id[:128]!r} calls more than {self._limits.reports_per_s:g} times/s"
             log.warning("job_rate_limited", peer=context.peer(), why=why)
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, why)
 
