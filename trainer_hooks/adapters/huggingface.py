@@ -6,6 +6,7 @@
     args = TrainingArguments(output_dir="out", include_num_input_tokens_seen="all", ...)
     trainer = Trainer(model=model, args=args, train_dataset=data, callbacks=[vigil])
     trainer.train(resume_from_checkpoint=get_last_checkpoint("out"))   # None on the first start
+    torch.distributed.destroy_process_group()                          # if the Trainer made one
     sys.exit(vigil.exit_code)                                          # 75 after a stop: restart me
 
 Launched by ``vigil launch`` or a Kubernetes Job (the VIGIL_* variables, and torchrun's, which the

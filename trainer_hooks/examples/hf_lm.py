@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 from torch.utils.data import Dataset
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
 from transformers.trainer_utils import get_last_checkpoint
@@ -62,6 +63,9 @@ def main(argv: list[str] | None = None) -> int:
     if trainer.is_world_process_zero():
         print(json.dumps({"event": "train_ended", "step": trainer.state.global_step, "exit_code": vigil.exit_code,
                           "world_size": training.world_size, "resumed_from": resume or ""}), flush=True)  # fmt: skip
+    if dist.is_initialized():  # the Trainer leaves the group up: no rank leaves while another still needs it
+        dist.barrier()
+        dist.destroy_process_group()
     return vigil.exit_code
 
 
