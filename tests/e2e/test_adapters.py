@@ -52,7 +52,8 @@ def test_the_adapter_reports_progress_and_obeys_the_checkpoint_command(
     k = stopped["step"]
     assert (stopped["exit_code"], stopped["world_size"]) == (75, 2) and 0 < k < STEPS
     assert (finished["exit_code"], finished["world_size"], finished["step"]) == (0, 1, STEPS)
-    starts = [(e["how"], e["exit_codes"]) for e in json_lines(tmp_path / "launch.log") if e["event"] == "job_start_ended"]
+    launched = json_lines(tmp_path / "launch.log")
+    starts = [(e["how"], e["exit_codes"]) for e in launched if e["event"] == "job_start_ended"]
     node_b = (tmp_path / "ranks" / "node-b-rank1.log").read_text()[-3000:]
     assert starts == [("checkpointed", [75, 75]), ("finished", [0])], node_b
     (restarted,) = [e for e in json_lines(tmp_path / "ctl.log") if e.get("event") == "job_restarted"]
