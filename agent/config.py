@@ -64,11 +64,16 @@ class AgentConfig(BaseModel):
     # Mutual TLS with the controller: this node's certificate (node:NAME), its key and the CA.
     tls_dir: Path | None = Field(None, description="ca.crt, tls.crt and tls.key (vigil certs, or cert-manager)")
     plaintext: bool = Field(False, description="talk to the controller without TLS: local use only")
+    # On Kubernetes: the pod's projected service-account token (audience vigil) proves the node; the
+    # certificate in tls_dir is then the DaemonSet's shared one (CN agents).
+    token_file: Path | None = Field(None, description="a service-account token sent with every call")
 
     @model_validator(mode="after")
     def _transport(self) -> AgentConfig:
         if problem := transport_problem(self.tls_dir, self.plaintext):
             raise ValueError(problem)
+        if self.token_file is not None and self.tls_dir is None:
+            raise ValueError("token_file needs tls_dir (the agents certificate): a token is only sent over TLS")
         return self
 
     @field_validator("controller")

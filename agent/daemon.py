@@ -111,13 +111,14 @@ class Agent:
         self.host = HostCollector(
             config.node, clock, config.checkpoint_path, config.memory_available_min, config.disk_used_max
         )
+        tls = TlsFiles.load(config.tls_dir, token_file=config.token_file) if config.tls_dir else None
         self.link = ControllerLink(
             config.controller,
             self.spool,
             self._hello,
             LocalChecks(config.node, self.backend).run,
             heartbeat_s=config.heartbeat_s,
-            channel_factory=partial(aio_channel, tls=TlsFiles.load(config.tls_dir) if config.tls_dir else None),
+            channel_factory=partial(aio_channel, tls=tls),
         )
         self.metrics_port: int | None = None
 

@@ -4,23 +4,41 @@
 - TrainerGateway: ``trainer:`` or ``admin:`` certificates;
 - Admin: ``admin:`` certificates only.
 A client without a certificate of the cluster's CA never gets this far: the handshake refuses it.
-In plaintext (local use) the interceptor is not installed and nobody is checked.
+The DaemonSet's shared ``agents`` certificate names no node: its calls must bring the pod's
+service-account token, and the node the API server names for it is the caller
+(``controller.agent_tokens``; refused where the controller does not take tokens). Handlers learn
+who called from ``caller()``. In plaintext (local use) the interceptor is not installed and nobody
+is checked.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextvars
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 import structlog
 
 from vigil.tls import Identity, peer_identity
 
+if TYPE_CHECKING:  # the kubernetes client is imported only where agents may bring tokens
+    from controller.kube.tokens import TokenReviewer
+
 log = structlog.get_logger(__name__)
+AGENT_SERVICE = "vigil.v1.AgentGateway"
+_CALLER: contextvars.ContextVar[Identity | None] = contextvars.ContextVar("vigil_caller", default=None)
+
+
+def caller() -> Identity | None:
+    """Who is making the call being handled: its certificate's or its token's identity; None in
+    plaintext."""
+    return _CALLER.get()
+
 
 ROLES_BY_SERVICE: dict[str, tuple[str, ...]] = {
-    "vigil.v1.AgentGateway": ("node",),
+    AGENT_SERVICE: ("node",),
     "vigil.v1.TrainerGateway": ("trainer", "admin"),
     "vigil.v1.Admin": ("admin",),
 }
@@ -36,14 +54,43 @@ def allowed(service: str, who: Identity | None) -> str:
     return ""
 
 
-async def _require(service: str, context: grpc.aio.ServicerContext) -> None:
-    why = allowed(service, peer_identity(context.auth_context()))
-    if why:
-        log.warning("call_refused", service=service, peer=context.peer(), why=why)
-        await context.abort(grpc.StatusCode.PERMISSION_DENIED, why)
+def bearer(metadata: object) -> str:
+    """The token of an ``authorization: Bearer`` header in a call's metadata; "" when none. Pure."""
+    for key, value in metadata if isinstance(metadata, tuple | list) else ():
+        if key == "authorization" and isinstance(value, str) and value.startswith("Bearer "):
+            return value.removeprefix("Bearer ").strip()
+    return ""
+
+
+async def _refuse(context: grpc.aio.ServicerContext, service: str, code: grpc.StatusCode, why: str) -> None:
+    log.warning("call_refused", service=service, peer=context.peer(), why=why)
+    await context.abort(code, why)
+
+
+async def _require(service: str, context: grpc.aio.ServicerContext, tokens: TokenReviewer | None) -> None:
+    who = peer_identity(context.auth_context())
+    if who is not None and who.role == "agents" and service == AGENT_SERVICE:  # whose node, the token says
+        token = bearer(context.invocation_metadata())
+        if tokens is None:
+            why = "the shared agents certificate needs agent_tokens enabled on the controller"
+            await _refuse(context, service, grpc.StatusCode.PERMISSION_DENIED, why)
+        elif not token:
+            why = "the shared agents certificate needs the pod's service-account token (authorization: Bearer)"
+            await _refuse(context, service, grpc.StatusCode.UNAUTHENTICATED, why)
+        else:
+            reviewed = await asyncio.to_thread(tokens.review, token)
+            if isinstance(reviewed, str):
+                await _refuse(context, service, grpc.StatusCode.UNAUTHENTICATED, reviewed)
+            who = reviewed if isinstance(reviewed, Identity) else None
+    if why := allowed(service, who):
+        await _refuse(context, service, grpc.StatusCode.PERMISSION_DENIED, why)
+    _CALLER.set(who)
 
 
 class RoleInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+    def __init__(self, tokens: TokenReviewer | None = None) -> None:
+        self.tokens = tokens
+
     async def intercept_service(
         self,
         continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
@@ -52,10 +99,10 @@ class RoleInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         handler = await continuation(details)
         if handler is None:
             return None
-        return _guarded(handler, details.method.split("/")[1])
+        return _guarded(handler, details.method.split("/")[1], self.tokens)
 
 
-def _guarded(handler: grpc.RpcMethodHandler, service: str) -> grpc.RpcMethodHandler:
+def _guarded(handler: grpc.RpcMethodHandler, service: str, tokens: TokenReviewer | None) -> grpc.RpcMethodHandler:
     """The same handler, checking the caller first."""
     codec: dict[str, Any] = {
         "request_deserializer": handler.request_deserializer,
@@ -65,22 +112,24 @@ def _guarded(handler: grpc.RpcMethodHandler, service: str) -> grpc.RpcMethodHand
         unary = handler.unary_unary
 
         async def unary_unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
-            await _require(service, context)
+            await _require(service, context, tokens)
             return await unary(request, context)
 
         return grpc.unary_unary_rpc_method_handler(unary_unary, **codec)
     if handler.unary_stream:
-        return grpc.unary_stream_rpc_method_handler(_streaming(service, handler.unary_stream), **codec)
+        return grpc.unary_stream_rpc_method_handler(_streaming(service, handler.unary_stream, tokens), **codec)
     if handler.stream_stream:
-        return grpc.stream_stream_rpc_method_handler(_streaming(service, handler.stream_stream), **codec)
+        return grpc.stream_stream_rpc_method_handler(_streaming(service, handler.stream_stream, tokens), **codec)
     raise TypeError(f"{service}: a client-streaming method is not guarded")  # Vigil has none
 
 
-def _streaming(service: str, inner: Callable[[Any, Any], AsyncIterator[Any]]) -> Callable[..., AsyncIterator[Any]]:
+def _streaming(
+    service: str, inner: Callable[[Any, Any], AsyncIterator[Any]], tokens: TokenReviewer | None
+) -> Callable[..., AsyncIterator[Any]]:
     """A server-streaming method (its argument a request or the requests' iterator), checked first."""
 
     async def guarded(argument: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
-        await _require(service, context)
+        await _require(service, context, tokens)
         async for reply in inner(argument, context):
             yield reply
 

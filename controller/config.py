@@ -9,6 +9,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from controller.agent_tokens import AgentTokensConfig
 from controller.guardrails import GuardrailConfig
 from controller.mfu import JobsConfig
 from controller.recovery import RecoveryConfig
@@ -104,11 +105,14 @@ class ControllerConfig(BaseModel):
         default=None, description="mutual TLS: ca.crt, tls.crt and tls.key (vigil certs, or a cert-manager secret)"
     )
     plaintext: bool = Field(default=False, description="serve without TLS and without identities: local use only")
+    agent_tokens: AgentTokensConfig = Field(default_factory=AgentTokensConfig)
 
     @model_validator(mode="after")
     def _transport(self) -> ControllerConfig:
         if problem := transport_problem(self.tls_dir, self.plaintext):
             raise ValueError(problem)
+        if self.agent_tokens.enabled and self.tls_dir is None:
+            raise ValueError("agent_tokens needs tls_dir: a token is only sent over TLS")
         return self
 
     @model_validator(mode="after")

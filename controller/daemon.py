@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+from typing import TYPE_CHECKING
 
 import grpc
 import structlog
@@ -29,6 +30,9 @@ from controller.sweep import Sweeper
 from controller.trainer_gateway import TrainerGateway
 from protos.vigil.v1 import admin_pb2_grpc, agent_pb2_grpc, trainer_pb2_grpc
 from vigil.tls import TlsFiles
+
+if TYPE_CHECKING:
+    from controller.kube.tokens import TokenReviewer
 
 log = structlog.get_logger(__name__)
 
@@ -84,9 +88,10 @@ class Controller:
         if self.config.leader_election.enabled:
             await self.engine.adopt_cluster_state()
         tls = TlsFiles.load(self.config.tls_dir) if self.config.tls_dir is not None else None
+        tokens = self._token_reviewer()
         size = self.config.limits.max_message_bytes
         self.server = grpc.aio.server(
-            interceptors=[RoleInterceptor()] if tls else [],
+            interceptors=[RoleInterceptor(tokens)] if tls else [],
             options=[("grpc.max_receive_message_length", size), ("grpc.max_send_message_length", size)],
         )
         agent_pb2_grpc.add_AgentGatewayServicer_to_server(self.gateway, self.server)
@@ -111,15 +116,26 @@ class Controller:
             tmp = self.config.port_file.with_suffix(".tmp")
             tmp.write_text(str(self.port))
             tmp.replace(self.config.port_file)
+        transport = ("mutual TLS" + (", agents' tokens" if tokens else "")) if tls else "plaintext (local use only)"
         log.info(
             "controller_started",
             port=self.port,
             nodes=len(self.engine.nodes),
             database=str(self.config.database),
             automation=self.engine.automation,
-            transport="mutual TLS" if tls else "plaintext (local use only)",
+            transport=transport,
         )
         return self.port
+
+    def _token_reviewer(self) -> TokenReviewer | None:
+        """Where agents may connect with a service-account token: the API server reviews them."""
+        if not self.config.agent_tokens.enabled:
+            return None
+        from controller.kube.client import api_client
+        from controller.kube.tokens import TokenReviewer
+
+        k = self.config.kubernetes
+        return TokenReviewer(api_client(k.kubeconfig, k.context), self.config.agent_tokens)
 
     async def run(self, stop: asyncio.Event) -> None:
         if self.config.metrics_port is not None:

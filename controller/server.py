@@ -16,6 +16,7 @@ import grpc
 import structlog
 
 from controller.actuators import SelectionError
+from controller.authz import caller
 from controller.config import LimitsConfig
 from controller.engine import Engine, UnknownNode
 from controller.guardrails import RateLimiter
@@ -25,7 +26,6 @@ from controller.sweep_plan import SweepError, sweep_spec
 from protos.codec import BadSignal, gpu_to_proto, signal_from_proto
 from protos.vigil.v1 import admin_pb2, admin_pb2_grpc, agent_pb2, agent_pb2_grpc
 from vigil.names import is_address, is_node_name
-from vigil.tls import peer_identity
 
 log = structlog.get_logger(__name__)
 
@@ -89,10 +89,10 @@ class AgentGateway(agent_pb2_grpc.AgentGatewayServicer):
         if problem := hello_problem(hello):
             log.warning("bad_hello", peer=context.peer(), error=problem)
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
-        who = peer_identity(context.auth_context())  # None in plaintext; under TLS, a node: certificate
+        who = caller()  # None in plaintext; under TLS, the node its certificate or its token names
         if who is not None and who.name != node:
             log.warning("call_refused", peer=context.peer(), why=f"{who} said Hello as {node}")
-            await context.abort(grpc.StatusCode.PERMISSION_DENIED, f"a certificate of {who} cannot report for {node}")
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, f"{who} cannot report for {node}")
         address = hello.address or peer_host(context.peer())
         acked = self._engine.hello(node, hello.spool_id, len(hello.gpus), address)
         log.info("agent_connected", node=node, peer=context.peer(), acked_seq=acked, gpus=len(hello.gpus))

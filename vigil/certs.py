@@ -1,12 +1,13 @@
 """``vigil certs``: a CA and the certificates of a Vigil cluster, for mutual TLS (``vigil.tls``).
 
     vigil certs ./vigil-certs --controller-name vigil-controller.vigil.svc --nodes gpu-001,gpu-002 \\
-        --admin alice --trainer jobs
+        --admin alice --trainer jobs [--agents]
 
 writes one directory per party, each laid out as a Kubernetes TLS secret (ca.crt, tls.crt, tls.key;
 ``kubectl create secret generic NAME --from-file=DIR``): ``controller/``, ``node-<name>/``,
-``admin-<who>/``, ``trainer-<name>/``; and ``ca/`` with the CA's key, which stays with whoever
-issues certificates. A second run with the same directory reuses the CA and adds what is new.
+``admin-<who>/``, ``trainer-<name>/``, ``agents/`` (the DaemonSet's shared certificate: it admits an
+agent, whose service-account token then proves its node); and ``ca/`` with the CA's key, which stays
+with whoever issues certificates. A second run with the same directory reuses the CA and adds what is new.
 Keys are ECDSA P-256; certificates last ``days``.
 """
 
@@ -42,6 +43,7 @@ def create(
     admins: Sequence[str] = (),
     trainers: Sequence[str] = (),
     days: int = 365,
+    agents: bool = False,
 ) -> list[Path]:
     """Write (or add to) a cluster's certificates; returns the directories written."""
     bad = [n for n in nodes if not is_node_name(n)] + [n for n in (*admins, *trainers) if not _NAME.match(n)]
@@ -54,6 +56,7 @@ def create(
     parties += [(f"node-{n}", f"node:{n}", []) for n in nodes]
     parties += [(f"admin-{n}", f"admin:{n}", []) for n in admins]
     parties += [(f"trainer-{n}", f"trainer:{n}", []) for n in trainers]
+    parties += [("agents", "agents", [])] if agents else []
     written = []
     for directory, common_name, names in parties:
         key = ec.generate_private_key(ec.SECP256R1())

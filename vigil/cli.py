@@ -68,6 +68,9 @@ def agent(
     simulated_gpus: Annotated[Optional[int], typer.Option(help="GPUs of the simulated backend")] = None,
     metrics_port: Annotated[Optional[int], typer.Option(help="port for /metrics (0: any free port)")] = None,
     tls_dir: TlsDirOpt = None,
+    token_file: Annotated[
+        Optional[Path], typer.Option(help="a service-account token that proves the node (with the agents certificate)")
+    ] = None,
     plaintext: PlaintextOpt = False,
     log_format: LogFormatOpt = "auto",
 ) -> None:
@@ -87,6 +90,7 @@ def agent(
         "simulated_gpus": simulated_gpus,
         "metrics_port": metrics_port,
         "tls_dir": tls_dir,
+        "token_file": token_file,
         "plaintext": plaintext or None,
     }
     try:
@@ -158,12 +162,15 @@ def certs(
     admin: Annotated[list[str], typer.Option(help="an operator's admin certificate (repeat)")] = [],  # noqa: B006
     trainer: Annotated[list[str], typer.Option(help="a trainer certificate for jobs and launchers (repeat)")] = [],  # noqa: B006
     days: Annotated[int, typer.Option(min=1, max=3650, help="validity")] = 365,
+    agents: Annotated[
+        bool, typer.Option("--agents", help="the DaemonSet's shared agent certificate (its pods' tokens prove nodes)")
+    ] = False,
 ) -> None:
     """Create the cluster's CA and certificates for mutual TLS (each directory: ca.crt, tls.crt, tls.key)."""
     from vigil.certs import CertsError, create
 
     try:
-        written = create(out, controller_name, [n for n in nodes.split(",") if n], admin, trainer, days)
+        written = create(out, controller_name, [n for n in nodes.split(",") if n], admin, trainer, days, agents)
     except (CertsError, OSError) as exc:
         _fail(str(exc))
     for directory in written:

@@ -10,6 +10,12 @@ certificates.
 The files are read from a directory laid out as a Kubernetes TLS secret (``ca.crt``, ``tls.crt``,
 ``tls.key``): what ``vigil certs`` writes, and what cert-manager issues. Plaintext is only for local
 use (the demo, the tests), and must be asked for.
+
+On Kubernetes a DaemonSet cannot give each pod a certificate of its own node. There every agent
+holds one shared certificate, ``agents``, which admits it but names no node, and proves its node with
+its projected service-account token, which the API server binds to the pod and its node. The token
+goes with every call (``authorization: Bearer``, read afresh each time: the kubelet rotates it), and
+the controller has the API server review it (``controller.agent_tokens``).
 """
 
 from __future__ import annotations
@@ -20,7 +26,8 @@ from pathlib import Path
 
 import grpc
 
-ROLES = ("controller", "node", "admin", "trainer")
+ROLES = ("controller", "agents", "node", "admin", "trainer")
+UNNAMED = ("controller", "agents")  # the roles whose common name is the role alone
 CA_FILE, CERT_FILE, KEY_FILE = "ca.crt", "tls.crt", "tls.key"
 
 
@@ -30,14 +37,16 @@ class TlsError(ValueError):
 
 @dataclass(frozen=True)
 class TlsFiles:
-    """This party's certificate and key, and the CA that signs the other side's."""
+    """This party's certificate and key, and the CA that signs the other side's; for an agent with
+    the DaemonSet's shared ``agents`` certificate, also its token (``token_file``)."""
 
     ca: bytes
     cert: bytes
     key: bytes
+    token_file: Path | None = None
 
     @classmethod
-    def load(cls, directory: Path) -> TlsFiles:
+    def load(cls, directory: Path, token_file: Path | None = None) -> TlsFiles:
         found = {}
         for name in (CA_FILE, CERT_FILE, KEY_FILE):
             path = directory / name
@@ -47,15 +56,45 @@ class TlsFiles:
                 raise TlsError(f"cannot read {path}: {exc.strerror or exc}") from None
             if b"-----BEGIN" not in found[name]:
                 raise TlsError(f"{path} is not PEM")
-        return cls(found[CA_FILE], found[CERT_FILE], found[KEY_FILE])
+        if token_file is not None:
+            read_token(token_file)  # fail now, naming the file, rather than on the first call
+        return cls(found[CA_FILE], found[CERT_FILE], found[KEY_FILE], token_file)
 
     def server_credentials(self) -> grpc.ServerCredentials:
         """The controller's side: its certificate, and clients must show one from the same CA."""
         return grpc.ssl_server_credentials([(self.key, self.cert)], root_certificates=self.ca, require_client_auth=True)
 
     def channel_credentials(self) -> grpc.ChannelCredentials:
-        """A client's side: the CA to trust the controller by, and this party's own certificate."""
-        return grpc.ssl_channel_credentials(self.ca, private_key=self.key, certificate_chain=self.cert)
+        """A client's side: the CA to trust the controller by, this party's own certificate, and its
+        token on every call if it has one."""
+        credentials = grpc.ssl_channel_credentials(self.ca, private_key=self.key, certificate_chain=self.cert)
+        if self.token_file is None:
+            return credentials
+        return grpc.composite_channel_credentials(credentials, grpc.metadata_call_credentials(_Bearer(self.token_file)))
+
+
+def read_token(path: Path) -> str:
+    """A bearer token file's token (a projected service-account token: one line)."""
+    try:
+        token = path.read_text().strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise TlsError(f"cannot read the token in {path}: {getattr(exc, 'strerror', None) or exc}") from None
+    if not token or any(c.isspace() for c in token):
+        raise TlsError(f"{path} holds no token (one line, no spaces)")
+    return token
+
+
+class _Bearer(grpc.AuthMetadataPlugin):  # type: ignore[misc]
+    """``authorization: Bearer <token>`` on every call, read from the file each time."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __call__(self, context: grpc.AuthMetadataContext, callback: grpc.AuthMetadataPluginCallback) -> None:
+        try:
+            callback((("authorization", f"Bearer {read_token(self.path)}"),), None)
+        except TlsError as exc:
+            callback((), exc)
 
 
 @dataclass(frozen=True)
@@ -71,7 +110,7 @@ def parse_identity(common_name: str) -> Identity | None:
     """``node:node-1`` → Identity("node", "node-1"); ``controller`` → Identity("controller"). None
     for anything else."""
     role, _, name = common_name.partition(":")
-    if role not in ROLES or (role == "controller") != (name == ""):
+    if role not in ROLES or (role in UNNAMED) != (name == ""):
         return None
     return Identity(role, name)
 

@@ -1,5 +1,6 @@
 """Mutual TLS on loopback: a real controller serving with certificates from ``vigil certs`` (run as a
-command), and clients with the right certificate, none, another CA's, or another party's."""
+command), and clients with the right certificate, none, another CA's, or another party's; and agents
+that bring a service-account token instead, reviewed by a Kubernetes API server on loopback."""
 
 from __future__ import annotations
 
@@ -13,9 +14,11 @@ from pathlib import Path
 import grpc
 import pytest
 
+from controller.agent_tokens import AgentTokensConfig
 from controller.config import ControllerConfig
 from controller.daemon import Controller
 from protos.vigil.v1 import admin_pb2, admin_pb2_grpc, agent_pb2, agent_pb2_grpc, trainer_pb2, trainer_pb2_grpc
+from tests.fakes.kube_api import KubeApiServer
 from tests.helpers import stop_controller
 from vigil.tls import TlsFiles
 
@@ -32,7 +35,7 @@ def certs(out: Path, *args: str) -> None:
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("pki")
-    certs(root / "ours", "--nodes", "node-1", "--admin", "alice", "--trainer", "jobs")
+    certs(root / "ours", "--nodes", "node-1", "--admin", "alice", "--trainer", "jobs", "--agents")
     certs(root / "ours", "--nodes", "node-2")  # a second run adds to the same CA
     certs(root / "theirs", "--nodes", "node-1", "--admin", "alice")  # another cluster's CA
     return root
@@ -154,26 +157,113 @@ def test_the_cli_speaks_tls_with_the_certificates_vigil_tls_dir_names(pki: Path,
     serve(pki, tmp_path, test)
 
 
+async def registers(target: str, pki: Path, tmp_path: Path, transport: list[str]) -> None:
+    """``vigil agent`` for node-2 with these transport flags comes up in the controller's status."""
+    command = [
+        sys.executable, "-m", "vigil", "agent", "--node", "node-2", "--controller", target, *transport,
+        "--gpu-backend", "simulated", "--simulated-gpus", "2",
+        "--kernel-log-source", "none", "--spool", str(tmp_path / "spool.db"), "--metrics-port", "0",
+    ]  # fmt: skip
+    agent = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        async with grpc.aio.secure_channel(target, mine(pki, "admin-alice")) as channel:
+            admin = admin_pb2_grpc.AdminStub(channel)
+            for _ in range(300):
+                nodes = (await admin.GetStatus(admin_pb2.StatusRequest())).nodes
+                if [(n.node, n.gpus) for n in nodes] == [("node-2", 2)]:
+                    break
+                await asyncio.sleep(0.05)
+            else:
+                raise AssertionError("the agent never registered")
+    finally:
+        agent.terminate()
+        agent.wait(10)
+
+
 def test_a_real_agent_connects_with_its_node_certificate(pki: Path, tmp_path: Path) -> None:
     async def test(target: str) -> None:
-        command = [
-            sys.executable, "-m", "vigil", "agent", "--node", "node-2", "--controller", target,
-            "--tls-dir", str(pki / "ours" / "node-node-2"), "--gpu-backend", "simulated", "--simulated-gpus", "2",
-            "--kernel-log-source", "none", "--spool", str(tmp_path / "spool.db"), "--metrics-port", "0",
-        ]  # fmt: skip
-        agent = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        try:
-            async with grpc.aio.secure_channel(target, mine(pki, "admin-alice")) as channel:
-                admin = admin_pb2_grpc.AdminStub(channel)
-                for _ in range(300):
-                    nodes = (await admin.GetStatus(admin_pb2.StatusRequest())).nodes
-                    if [(n.node, n.gpus) for n in nodes] == [("node-2", 2)]:
-                        break
-                    await asyncio.sleep(0.05)
-                else:
-                    raise AssertionError("the agent never registered")
-        finally:
-            agent.terminate()
-            agent.wait(10)
+        await registers(target, pki, tmp_path, ["--tls-dir", str(pki / "ours" / "node-node-2")])
 
     serve(pki, tmp_path, test)
+
+
+# Agents with service-account tokens (controller.agent_tokens): the real kubernetes client reviews
+# them against an API server on loopback.
+
+
+def serve_with_tokens(pki: Path, tmp_path: Path, kube: KubeApiServer, test: Callable[[str], Awaitable[None]]) -> None:
+    async def scenario() -> None:
+        cfg = ControllerConfig(
+            listen="127.0.0.1", port=0, database=tmp_path / "c.db", pager="none", tls_dir=pki / "ours" / "controller",
+            agent_tokens=AgentTokensConfig(enabled=True), kubernetes={"kubeconfig": kube.kubeconfig(tmp_path / "kc")},
+        )  # fmt: skip
+        controller = Controller(cfg)
+        port = await controller.start()
+        try:
+            await test(f"127.0.0.1:{port}")
+        finally:
+            await stop_controller(controller)
+
+    asyncio.run(scenario())
+
+
+def with_token(pki: Path, tmp_path: Path, token: str) -> grpc.ChannelCredentials:
+    """What an agent of the DaemonSet holds: the shared agents certificate, and its token in a file."""
+    (tmp_path / "token").write_text(token + "\n")
+    return TlsFiles.load(pki / "ours" / "agents", token_file=tmp_path / "token").channel_credentials()
+
+
+def test_an_agent_token_speaks_only_for_the_node_the_api_server_names(pki: Path, tmp_path: Path) -> None:
+    with KubeApiServer() as kube:
+        node_1, anyone = kube.issue_token("node-1"), kube.issue_token("node-1", "system:serviceaccount:ml:trainer")
+        other_audience = kube.issue_token("node-1", audiences=("https://kubernetes.default.svc",))
+        no_node = kube.issue_token("")
+
+        async def test(target: str) -> None:
+            assert await hello(target, with_token(pki, tmp_path, node_1), "node-1") is grpc.StatusCode.OK
+            assert await hello(target, with_token(pki, tmp_path, node_1), "node-2") is grpc.StatusCode.PERMISSION_DENIED
+            for refused in ("forged", anyone, other_audience, no_node):
+                got = await hello(target, with_token(pki, tmp_path, refused), "node-1")
+                assert got is grpc.StatusCode.UNAUTHENTICATED, refused
+            shared_alone = mine(pki, "agents")  # the shared certificate without a token
+            assert await hello(target, shared_alone, "node-1") is grpc.StatusCode.UNAUTHENTICATED
+            # Without the cluster's certificate a token gets nowhere: the handshake refuses.
+            only_ca = grpc.ssl_channel_credentials((pki / "ours" / "ca" / "ca.crt").read_bytes())
+            with_ca_only = grpc.composite_channel_credentials(
+                only_ca,
+                grpc.metadata_call_credentials(lambda _ctx, cb: cb((("authorization", f"Bearer {node_1}"),), None)),
+            )
+            assert await hello(target, with_ca_only, "node-1") is grpc.StatusCode.UNAVAILABLE
+            # Node certificates still work; the shared certificate opens only the agents' service.
+            assert await hello(target, mine(pki, "node-node-2"), "node-2") is grpc.StatusCode.OK
+            assert await status(target, with_token(pki, tmp_path, node_1)) is grpc.StatusCode.PERMISSION_DENIED
+            assert await report(target, with_token(pki, tmp_path, node_1)) is grpc.StatusCode.PERMISSION_DENIED
+            assert await status(target, mine(pki, "admin-alice")) is grpc.StatusCode.OK
+
+        serve_with_tokens(pki, tmp_path, kube, test)
+        reviews = kube.requests("POST", "tokenreviews$")
+        # node-1's accepted review is remembered (one API call for its two Hellos); refusals are not.
+        assert [r.body["spec"]["token"] for r in reviews].count(node_1) == 1
+        assert all(r.body["spec"]["audiences"] == ["vigil"] for r in reviews)
+
+
+def test_the_shared_agents_certificate_is_refused_where_the_controller_takes_no_tokens(
+    pki: Path, tmp_path: Path
+) -> None:
+    async def test(target: str) -> None:
+        got = await hello(target, with_token(pki, tmp_path, "any"), "node-1")
+        assert got is grpc.StatusCode.PERMISSION_DENIED
+
+    serve(pki, tmp_path, test)
+
+
+def test_a_real_agent_connects_with_its_token(pki: Path, tmp_path: Path) -> None:
+    with KubeApiServer() as kube:
+        token = tmp_path / "token"
+        token.write_text(kube.issue_token("node-2"))
+        shared = str(pki / "ours" / "agents")
+
+        async def test(target: str) -> None:
+            await registers(target, pki, tmp_path, ["--tls-dir", shared, "--token-file", str(token)])
+
+        serve_with_tokens(pki, tmp_path, kube, test)

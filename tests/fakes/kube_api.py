@@ -5,6 +5,8 @@ the parts of the API server's behaviour that Vigil's correctness depends on.
   (optimistic concurrency: what the actuator's node writes and the Lease election rely on).
 - PATCH by content type: JSON merge patch (RFC 7386: null deletes a key, lists are replaced) and
   strategic merge patch for node conditions (merged by ``type``); PUT replaces the object.
+- TokenReview of the service-account tokens ``issue_token`` made, with the audience check and the
+  pod's node in ``user.extra`` as the API server (1.30+) gives them for pod-bound tokens.
 - Faults on demand: ``fail("PATCH", r"/nodes/node-1$", 409, times=1)``.
 - A log of every request with its method, path, content type and JSON body, for exact assertions.
 
@@ -49,8 +51,16 @@ class _Fault:
 
 
 @dataclass
+class _Token:
+    username: str
+    audiences: list[str]
+    node: str
+
+
+@dataclass
 class _Rules:
     faults: list[_Fault] = field(default_factory=list)
+    tokens: dict[str, _Token] = field(default_factory=dict)
     log: list[Logged] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -100,6 +110,8 @@ class VigilKubeEmulator(kmock.KubernetesEmulator):
                 fault.times -= 1
         if fault is not None:
             raise kmock.KubernetesError(status=fault.status, reason="Injected", message=f"injected {fault.status}")
+        if method == "POST" and path == "/apis/authentication.k8s.io/v1/tokenreviews":
+            return web.json_response(self._review(body or {}), status=201)
         if request.resource is not None and method == "POST" and request.subresource == "eviction":
             return web.json_response(await self._evict(request), status=201)
         if request.resource is not None and request.name is not None and method in ("PATCH", "PUT"):
@@ -112,6 +124,32 @@ class VigilKubeEmulator(kmock.KubernetesEmulator):
             # request it has seen (it matters for the benchmark's thousands of requests).
             return web.json_response(await self._read(request))
         return await super()._handle(request)
+
+    def _review(self, body: dict[str, Any]) -> dict[str, Any]:
+        spec = body.get("spec") or {}
+        with self.rules.lock:
+            token = self.rules.tokens.get(spec.get("token", ""))
+        wanted = spec.get("audiences") or ["https://kubernetes.default.svc"]
+        status: dict[str, Any] = {"authenticated": False, "user": {}}
+        if token is None:
+            status["error"] = "[invalid bearer token, token lookup failed]"
+        elif not set(wanted) & set(token.audiences):
+            status["error"] = f"[invalid bearer token, token audiences {token.audiences} is invalid for {wanted}]"
+        else:
+            extra = {"authentication.kubernetes.io/pod-name": ["agent-x"]}
+            if token.node:
+                extra["authentication.kubernetes.io/node-name"] = [token.node]
+            status = {
+                "authenticated": True,
+                "audiences": sorted(set(wanted) & set(token.audiences)),
+                "user": {
+                    "username": token.username,
+                    "uid": "u-1",
+                    "groups": ["system:serviceaccounts"],
+                    "extra": extra,
+                },
+            }
+        return {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview", "spec": spec, "status": status}
 
     async def _create(self, request: rendering.Request, body: dict[str, Any]) -> dict[str, Any]:
         meta = body.setdefault("metadata", {})
@@ -278,6 +316,18 @@ class KubeApiServer(ServerThread):
     def objects_of(self, plural: str) -> list[dict[str, Any]]:
         assert self.handler is not None
         return [o.raw for (r, _, _), o in list(self.handler.objects.items()) if r.plural == plural and not o.deleted]
+
+    def issue_token(
+        self,
+        node: str,
+        username: str = "system:serviceaccount:vigil:vigil-agent",
+        audiences: tuple[str, ...] = ("vigil",),
+    ) -> str:
+        """A pod-bound service-account token for a pod on ``node`` ("": a token without a node)."""
+        token = f"sa-token-{len(self.rules.tokens)}-{node or 'none'}"
+        with self.rules.lock:
+            self.rules.tokens[token] = _Token(username, list(audiences), node)
+        return token
 
     def fail(self, method: str, path: str, status: int, times: int = 1) -> None:
         with self.rules.lock:

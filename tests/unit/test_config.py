@@ -70,6 +70,19 @@ def test_plaintext_is_never_the_default_and_never_beside_tls(load: Any, tmp_path
         load(write(tmp_path, text), {})
 
 
+@pytest.mark.parametrize(
+    ("load", "text", "problem"),
+    [
+        (load_agent_config, "plaintext: true\ntoken_file: /var/run/secrets/vigil/token\n", "token_file needs tls_dir"),
+        (load_controller_config, "plaintext: true\nagent_tokens: {enabled: true}\n", "agent_tokens needs tls_dir"),
+        (load_controller_config, "tls_dir: /t\nagent_tokens: {service_account: vigil-agent}\n", "service_account"),
+    ],
+)
+def test_tokens_are_only_taken_over_tls(load: Any, tmp_path: Path, text: str, problem: str) -> None:
+    with pytest.raises(ConfigError, match=problem):
+        load(write(tmp_path, text), {})
+
+
 def test_controller_config_rejects_unknown_keys(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="pagr"):
         load_controller_config(write(tmp_path, "pagr: console\n"), {})
@@ -97,7 +110,7 @@ def test_the_example_controller_config_loads() -> None:
     # Every default the file states is the model's default.
     defaults = ControllerConfig(plaintext=True)
     assert cfg.fold_report_s == defaults.fold_report_s
-    for section in ("guardrails", "recovery", "kubernetes", "sweep", "limits"):
+    for section in ("guardrails", "recovery", "kubernetes", "sweep", "limits", "agent_tokens"):
         assert getattr(cfg, section) == getattr(defaults, section), section
     for key in ("lease_duration_s", "renew_deadline_s", "retry_period_s", "namespace", "lease_name"):
         assert getattr(cfg.leader_election, key) == getattr(defaults.leader_election, key), key
