@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: demo demo-training test lint protos bench clean
+.PHONY: demo demo-training test lint protos bench images clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -47,6 +47,17 @@ bench: $(VENV)/.dev  ## benchmarks; each prints its figures and appends them to 
 	$(BIN)/python -m bench.fault_to_action
 	$(BIN)/python -m bench.sweep
 	$(BIN)/python -m bench.checkpoint
+
+# The container images (deploy/image/Dockerfile), pushed to REGISTRY; needs docker with buildx.
+REGISTRY ?=
+VERSION  ?= 0.1.0
+images:  ## build and push vigil-controller and vigil-agent: make images REGISTRY=registry.example.com/vigil
+	@test -n "$(REGISTRY)" || { echo "make images needs REGISTRY=<your registry>/<path>"; exit 2; }
+	docker build -f deploy/image/Dockerfile --target controller -t $(REGISTRY)/vigil-controller:$(VERSION) .
+	docker build -f deploy/image/Dockerfile --target agent $(if $(TORCH),--build-arg TORCH=$(TORCH)) \
+		$(if $(TORCH_INDEX),--build-arg TORCH_INDEX=$(TORCH_INDEX)) -t $(REGISTRY)/vigil-agent:$(VERSION) .
+	docker push $(REGISTRY)/vigil-controller:$(VERSION)
+	docker push $(REGISTRY)/vigil-agent:$(VERSION)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,318 @@
+"""The Kubernetes deployment (deploy/kustomize) as ``kubectl apply -k`` would send it.
+
+Every overlay renders with ``kubectl kustomize`` (the example one after the README's own steps:
+``vigil certs`` into it, a Slack token file); every object validates against the Kubernetes 1.32
+schema (``kubernetes-validate``, strict: unknown fields are errors); the controller's RBAC grants
+exactly the verbs its code calls, read from the code; the configuration files the pods mount load
+with Vigil's own loaders; the alert rules pass ``promtool check rules`` and their unit tests; and
+every query of the Grafana dashboard and the rules names a metric Vigil exports.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from agent.config import load_agent_config
+from agent.metrics import AgentMetrics
+from controller.config import load_controller_config
+from controller.metrics import ControllerMetrics
+
+ROOT = Path(__file__).parents[2]
+KUSTOMIZE = ROOT / "deploy" / "kustomize"
+KUBERNETES_VERSION = "1.32.0"
+# Custom resources: no schema in kubernetes-validate. promtool checks the PrometheusRule's rules;
+# the others are checked by their operators when applied.
+CUSTOM_KINDS = {"ServiceMonitor", "PrometheusRule", "Certificate", "Issuer"}
+
+pytestmark = pytest.mark.skipif(
+    shutil.which("kubectl") is None, reason="kubectl is not installed: its kustomize renders the manifests"
+)
+
+Objects = list[dict[str, Any]]
+
+
+def render(directory: Path) -> Objects:
+    done = subprocess.run(["kubectl", "kustomize", str(directory)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return [o for o in yaml.safe_load_all(done.stdout) if o]
+
+
+@pytest.fixture(scope="module")
+def overlays(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Objects]:
+    """Each overlay rendered from a copy of deploy/kustomize, prepared as the README says."""
+    copy = tmp_path_factory.mktemp("deploy") / "kustomize"
+    shutil.copytree(KUSTOMIZE, copy)
+    example = copy / "overlays" / "example"
+    command = [sys.executable, "-m", "vigil", "certs", str(example / "certs"), "--agents", "--admin", "alice",
+               "--controller-name", "vigil-controller.vigil.svc"]  # fmt: skip
+    assert subprocess.run(command, capture_output=True, timeout=60).returncode == 0
+    (example / "slack-token").write_text("xoxb-test")
+    drain = copy / "overlays" / "with-drain"  # the base and the drain component alone
+    drain.mkdir()
+    (drain / "kustomization.yaml").write_text(
+        yaml.safe_dump({"resources": ["../../base"], "components": ["../../components/drain"]})
+    )
+    return {name: render(copy / "overlays" / name) for name in ("example", "cert-manager", "with-drain")}
+
+
+def find(objects: Objects, kind: str, name: str = "") -> list[dict[str, Any]]:
+    return [o for o in objects if o["kind"] == kind and (not name or o["metadata"]["name"].startswith(name))]
+
+
+# The objects ---------------------------------------------------------------------------------
+
+
+def test_every_object_validates_against_the_kubernetes_schema(overlays: dict[str, Objects]) -> None:
+    import kubernetes_validate
+
+    for name, objects in overlays.items():
+        kinds = {o["kind"] for o in objects}
+        assert {"Deployment", "DaemonSet", "ClusterRole", "NetworkPolicy", "PodDisruptionBudget"} <= kinds, name
+        for obj in objects:
+            if obj["kind"] in CUSTOM_KINDS:
+                assert obj["apiVersion"].split("/")[0] in ("monitoring.coreos.com", "cert-manager.io")
+                continue
+            kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)  # raises, naming the field
+            assert obj["metadata"].get("namespace", "vigil") == "vigil", (name, obj["metadata"])
+
+
+def test_the_training_job_example_validates_too() -> None:
+    import kubernetes_validate
+
+    objects = [o for o in yaml.safe_load_all((ROOT / "deploy" / "training-job.example.yaml").read_text()) if o]
+    assert [o["kind"] for o in objects] == ["Service", "Job"]
+    for obj in objects:
+        kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
+
+
+def test_the_schema_check_does_catch_a_bad_field(overlays: dict[str, Objects]) -> None:
+    import kubernetes_validate
+
+    (deployment,) = find(overlays["example"], "Deployment")
+    broken = json.loads(json.dumps(deployment))
+    broken["spec"]["replicas"] = "two"
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(broken, KUBERNETES_VERSION, strict=True)
+
+
+def test_the_pods_mount_what_the_overlay_generated(overlays: dict[str, Objects]) -> None:
+    """Kustomize renames generated secrets and config maps (a hash suffix); the pods must follow."""
+    for name, objects in overlays.items():
+        if name == "with-drain":
+            continue
+        generated = {o["metadata"]["name"] for o in objects if o["kind"] in ("Secret", "ConfigMap")}
+        generated |= {o["spec"]["secretName"] for o in find(objects, "Certificate")}
+        for workload in find(objects, "Deployment") + find(objects, "DaemonSet"):
+            for volume in workload["spec"]["template"]["spec"]["volumes"]:
+                ref = (volume.get("secret") or {}).get("secretName") or (volume.get("configMap") or {}).get("name")
+                assert ref is None or ref in generated, (name, workload["metadata"]["name"], ref)
+
+
+def test_the_agent_runs_unprivileged_with_its_own_node_token(overlays: dict[str, Objects]) -> None:
+    (agent,) = find(overlays["example"], "DaemonSet")
+    pod = agent["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    security = container["securityContext"]
+    assert security["capabilities"] == {"drop": ["ALL"]} and security["allowPrivilegeEscalation"] is False
+    assert not security.get("privileged") and security["readOnlyRootFilesystem"] is True
+    assert pod["automountServiceAccountToken"] is False
+    (token,) = [v for v in pod["volumes"] if v["name"] == "token"]
+    assert token["projected"]["sources"][0]["serviceAccountToken"]["audience"] == "vigil"
+    assert {"operator": "Exists"} in pod["tolerations"]  # Vigil's own quarantine taint included
+    hostpaths = [v for v in pod["volumes"] if "hostPath" in v]
+    writable = {m["name"] for m in container["volumeMounts"] if not m.get("readOnly")}
+    assert [v["hostPath"]["path"] for v in hostpaths if v["name"] in writable] == ["/var/lib/vigil"]  # the spool only
+    assert "resources" not in container or "nvidia.com/gpu" not in str(container["resources"])  # takes no GPU
+
+
+# RBAC: granted == used -----------------------------------------------------------------------
+
+# The kubernetes client's method names, by the resource they act on (the rest of the name).
+RESOURCES = {
+    "node": ("", "nodes"),
+    "node_status": ("", "nodes/status"),
+    "namespaced_event": ("", "events"),
+    "namespaced_pod": ("", "pods"),
+    "pod_for_all_namespaces": ("", "pods"),
+    "namespaced_pod_eviction": ("", "pods/eviction"),
+    "namespaced_lease": ("coordination.k8s.io", "leases"),
+    "token_review": ("authentication.k8s.io", "tokenreviews"),
+}
+VERBS = {"read": "get", "list": "list", "patch": "patch", "create": "create", "replace": "update", "delete": "delete"}
+CALL = re.compile(r"\.(read|list|patch|create|replace|delete)_(\w+?)\(")
+
+Grant = tuple[str, str, str]  # API group, resource, verb
+
+
+def used_by_the_code(source: str) -> set[Grant]:
+    found = set()
+    for verb, rest in CALL.findall(source):
+        assert rest in RESOURCES, f"a kubernetes call this test cannot place: {verb}_{rest} (add it to RESOURCES)"
+        group, resource = RESOURCES[rest]
+        found.add((group, resource, VERBS[verb]))
+    return found
+
+
+def controller_calls() -> set[Grant]:
+    """Every API call the controller can make: its own (controller/kube) and the client's Lease lock."""
+    from kubernetes.leaderelection.resourcelock import leaselock
+
+    sources = [p.read_text() for p in sorted((ROOT / "controller" / "kube").glob("*.py"))]
+    sources.append(Path(leaselock.__file__).read_text())
+    return set().union(*(used_by_the_code(s) for s in sources))
+
+
+def granted(objects: Objects, account: str) -> set[Grant]:
+    bound = {
+        (b["roleRef"]["kind"], b["roleRef"]["name"])
+        for b in find(objects, "ClusterRoleBinding") + find(objects, "RoleBinding")
+        if any(s["kind"] == "ServiceAccount" and s["name"] == account for s in b["subjects"])
+    }
+    grants = set()
+    for role in find(objects, "ClusterRole") + find(objects, "Role"):
+        if (role["kind"], role["metadata"]["name"]) in bound:
+            for rule in role["rules"]:
+                assert "resourceNames" not in rule and "*" not in rule["verbs"] + rule["resources"]
+                grants |= {(g, r, v) for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]}
+    return grants
+
+
+def test_the_controller_is_granted_exactly_the_verbs_its_code_uses(overlays: dict[str, Objects]) -> None:
+    calls = controller_calls()
+    eviction = ("", "pods/eviction", "create")
+    assert eviction in calls and ("authentication.k8s.io", "tokenreviews", "create") in calls
+    assert granted(overlays["example"], "vigil-controller") == calls - {eviction}  # drain is opt-in
+    assert granted(overlays["cert-manager"], "vigil-controller") == calls - {eviction}
+    assert granted(overlays["with-drain"], "vigil-controller") == calls
+    assert granted(overlays["example"], "vigil-agent") == set()
+
+
+def test_the_namespaced_grants_are_where_the_controller_writes(overlays: dict[str, Objects]) -> None:
+    """Events and the Lease are granted in the vigil namespace only: the config must write there."""
+    (config_map,) = find(overlays["example"], "ConfigMap", "vigil-controller-config")
+    cfg = yaml.safe_load(config_map["data"]["controller.yaml"])
+    (role,) = find(overlays["example"], "Role")
+    namespaced = {r for rule in role["rules"] for r in rule["resources"]}
+    assert namespaced == {"events", "leases"} and role["metadata"]["namespace"] == "vigil"
+    assert cfg["kubernetes"]["events_namespace"] == cfg["leader_election"]["namespace"] == "vigil"
+
+
+# The configuration the pods mount ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("overlay", ["example", "cert-manager"])
+def test_the_mounted_configuration_loads(overlays: dict[str, Objects], overlay: str, tmp_path: Path) -> None:
+    objects = overlays[overlay]
+    (controller_map,) = find(objects, "ConfigMap", "vigil-controller-config")
+    (agent_map,) = find(objects, "ConfigMap", "vigil-agent-config")
+    (tmp_path / "controller.yaml").write_text(controller_map["data"]["controller.yaml"])
+    (tmp_path / "agent.yaml").write_text(agent_map["data"]["agent.yaml"])
+    ctl = load_controller_config(tmp_path / "controller.yaml", {})
+    agent = load_agent_config(tmp_path / "agent.yaml", {"node": "gpu-001", "token_file": Path("/t")})
+    assert ctl.actuator == "kubernetes" and ctl.agent_tokens.enabled and ctl.leader_election.enabled
+    (sa,) = [o for o in find(objects, "ServiceAccount", "vigil-agent")]
+    assert ctl.agent_tokens.service_account == f"system:serviceaccount:{sa['metadata']['namespace']}:vigil-agent"
+    (service,) = find(objects, "Service", "vigil-controller")[:1]
+    assert agent.controller == f"{service['metadata']['name']}.vigil.svc:{service['spec']['ports'][0]['port']}"
+    (deployment,) = find(objects, "Deployment")
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert (ports["grpc"], ports["metrics"]) == (ctl.port, ctl.metrics_port)
+    (daemonset,) = find(objects, "DaemonSet")
+    (agent_container,) = daemonset["spec"]["template"]["spec"]["containers"]
+    assert agent_container["ports"] == [{"name": "metrics", "containerPort": agent.metrics_port}]
+
+
+# Prometheus and Grafana ----------------------------------------------------------------------
+
+
+def exported_metrics() -> set[str]:
+    """The sample names the controller and the agent expose (a counter as NAME_total, ...)."""
+    suffixes = {"counter": ["_total"], "histogram": ["_bucket", "_sum", "_count"], "gauge": [""]}
+    names = set()
+    for registry in (ControllerMetrics().registry, AgentMetrics("n").registry):
+        for family in registry.collect():
+            names |= {family.name + s for s in suffixes[family.type]}
+    return names
+
+
+def metric_names(expr: str) -> set[str]:
+    return set(re.findall(r"\bvigil_[a-z0-9_]+", expr))
+
+
+@pytest.fixture(scope="module")
+def rules(overlays: dict[str, Objects], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    (rule,) = find(overlays["example"], "PrometheusRule")
+    path = tmp_path_factory.mktemp("rules") / "rules.yaml"
+    path.write_text(yaml.safe_dump({"groups": rule["spec"]["groups"]}))
+    return path
+
+
+def test_the_rules_and_the_dashboard_name_only_exported_metrics(rules: Path) -> None:
+    exported = exported_metrics()
+    exprs = [r["expr"] for g in yaml.safe_load(rules.read_text())["groups"] for r in g["rules"]]
+    dashboard = json.loads((KUSTOMIZE / "components" / "monitoring" / "dashboard.json").read_text())
+    panels = [p for p in dashboard["panels"] if p["type"] != "row"]
+    assert len(panels) >= 10 and len(exprs) >= 5
+    for panel in panels:
+        queries = [t["expr"] for t in panel["targets"]]
+        assert queries and all(metric_names(q) for q in queries), panel["title"]
+        exprs += queries
+    unknown = {name for e in exprs for name in metric_names(e)} - exported
+    assert not unknown, f"not exported by Vigil: {sorted(unknown)}"
+
+
+def test_an_unknown_metric_would_be_caught() -> None:
+    assert "vigil_controller_leader" in exported_metrics()
+    assert "vigil_controller_signals_total" in exported_metrics()
+    assert "vigil_controller_signals" not in exported_metrics()  # a counter's samples end in _total
+
+
+@pytest.fixture
+def promtool() -> Iterator[str]:
+    path = shutil.which("promtool")
+    if path is None:
+        pytest.skip("promtool is not installed (Debian's prometheus package; .ci/run installs it as root)")
+    yield path
+
+
+def test_promtool_checks_the_rules(promtool: str, rules: Path) -> None:
+    done = subprocess.run([promtool, "check", "rules", str(rules)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "SUCCESS: 9 rules found" in done.stdout
+
+
+def test_the_alerts_fire_when_they_should(promtool: str, rules: Path) -> None:
+    """promtool's rule unit tests (tests/contract/rules_test.yaml) against the rendered rules."""
+    test_file = rules.parent / "rules_test.yaml"
+    shutil.copy(Path(__file__).with_name("rules_test.yaml"), test_file)
+    done = subprocess.run([promtool, "test", "rules", str(test_file)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+# The image ---------------------------------------------------------------------------------------
+
+
+def test_the_image_copies_every_package_the_wheel_holds() -> None:
+    """No container runtime here to build it; what can drift is checked: the Dockerfile copies
+    every package the wheel is built from, and has the targets the Makefile and the manifests name."""
+    import tomllib
+
+    dockerfile = (ROOT / "deploy" / "image" / "Dockerfile").read_text()
+    packages = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["hatch"]["build"]["targets"]["wheel"]
+    copied = {line.split()[1] for line in dockerfile.splitlines() if line.startswith("COPY ") and "--from" not in line}
+    assert copied == {*packages["packages"], "pyproject.toml"}
+    targets = set(re.findall(r"^FROM \S+ AS (\S+)$", dockerfile, re.M))
+    assert {"controller", "agent", "agent-lite"} <= targets
+    makefile = (ROOT / "Makefile").read_text()
+    assert "--target controller" in makefile and "--target agent " in makefile
