@@ -21,6 +21,10 @@ from pydantic import BaseModel, ConfigDict, Field
 NODE_KEY = "authentication.kubernetes.io/node-name"
 
 
+class ReviewUnavailable(Exception):
+    """The API server could not be asked: the token is neither accepted nor refused (try again)."""
+
+
 class AgentTokensConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import grpc
 import structlog
 
+from controller.agent_tokens import ReviewUnavailable
 from vigil.tls import Identity, peer_identity
 
 if TYPE_CHECKING:  # the kubernetes client is imported only where agents may bring tokens
@@ -78,7 +79,11 @@ async def _require(service: str, context: grpc.aio.ServicerContext, tokens: Toke
             why = "the shared agents certificate needs the pod's service-account token (authorization: Bearer)"
             await _refuse(context, service, grpc.StatusCode.UNAUTHENTICATED, why)
         else:
-            reviewed = await asyncio.to_thread(tokens.review, token)
+            try:
+                reviewed = await asyncio.to_thread(tokens.review, token)  # the kubernetes client blocks
+            except ReviewUnavailable as exc:  # neither accepted nor refused: the agent tries again
+                reviewed = None
+                await _refuse(context, service, grpc.StatusCode.UNAVAILABLE, str(exc))
             if isinstance(reviewed, str):
                 await _refuse(context, service, grpc.StatusCode.UNAUTHENTICATED, reviewed)
             who = reviewed if isinstance(reviewed, Identity) else None

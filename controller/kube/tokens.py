@@ -12,7 +12,7 @@ import urllib3
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from controller.agent_tokens import AgentTokensConfig, node_of
+from controller.agent_tokens import AgentTokensConfig, ReviewUnavailable, node_of
 from vigil.tls import Identity
 
 log = structlog.get_logger(__name__)
@@ -33,7 +33,8 @@ class TokenReviewer:
         self._lock = threading.Lock()
 
     def review(self, token: str) -> Identity | str:
-        """The token's node identity, or why it is refused."""
+        """The token's node identity, or why it is refused. Raises ReviewUnavailable when the API
+        server cannot be asked."""
         key = hashlib.sha256(token.encode()).hexdigest()
         now = self._clock()
         with self._lock:
@@ -45,11 +46,13 @@ class TokenReviewer:
             reply = self._api.create_token_review(body, _request_timeout=10)
         except ApiException as exc:
             log.error("token_review_failed", status=exc.status, reason=exc.reason)
-            return f"the controller cannot review tokens: the API server answered {exc.status} {exc.reason}"
+            why = f"the controller cannot review tokens: the API server answered {exc.status} {exc.reason}"
+            raise ReviewUnavailable(why) from None
         except urllib3.exceptions.HTTPError as exc:
             log.error("token_review_failed", error=str(exc))
-            return f"the controller cannot review tokens: cannot reach the API server: {exc}"
-        status = client.ApiClient().sanitize_for_serialization(reply.status) if reply.status else {}
+            why = f"the controller cannot review tokens: the API server is unreachable: {exc}"
+            raise ReviewUnavailable(why) from None
+        status = self._api.api_client.sanitize_for_serialization(reply.status) if reply.status else {}
         node, why = node_of(status, self._config)
         if why:
             return why

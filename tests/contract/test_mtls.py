@@ -247,6 +247,21 @@ def test_an_agent_token_speaks_only_for_the_node_the_api_server_names(pki: Path,
         assert all(r.body["spec"]["audiences"] == ["vigil"] for r in reviews)
 
 
+def test_a_token_that_cannot_be_reviewed_is_neither_taken_nor_refused(pki: Path, tmp_path: Path) -> None:
+    """The API server refuses the review (a controller without the tokenreviews grant, say): the
+    agent is told UNAVAILABLE, naming the cause, and is admitted once the review works again."""
+    with KubeApiServer() as kube:
+        token = kube.issue_token("node-1")
+        kube.fail("POST", r"tokenreviews$", 403, times=1)
+
+        async def test(target: str) -> None:
+            assert await hello(target, with_token(pki, tmp_path, token), "node-1") is grpc.StatusCode.UNAVAILABLE
+            assert await hello(target, with_token(pki, tmp_path, token), "node-1") is grpc.StatusCode.OK
+
+        serve_with_tokens(pki, tmp_path, kube, test)
+        assert len(kube.requests("POST", "tokenreviews$")) == 2
+
+
 def test_the_shared_agents_certificate_is_refused_where_the_controller_takes_no_tokens(
     pki: Path, tmp_path: Path
 ) -> None:
