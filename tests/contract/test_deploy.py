@@ -220,9 +220,9 @@ def test_the_mounted_configuration_loads(overlays: dict[str, Objects], overlay: 
     ctl = load_controller_config(tmp_path / "controller.yaml", {})
     agent = load_agent_config(tmp_path / "agent.yaml", {"node": "gpu-001", "token_file": Path("/t")})
     assert ctl.actuator == "kubernetes" and ctl.agent_tokens.enabled and ctl.leader_election.enabled
-    (sa,) = [o for o in find(objects, "ServiceAccount", "vigil-agent")]
+    (sa,) = find(objects, "ServiceAccount", "vigil-agent")
     assert ctl.agent_tokens.service_account == f"system:serviceaccount:{sa['metadata']['namespace']}:vigil-agent"
-    (service,) = find(objects, "Service", "vigil-controller")[:1]
+    (service,) = [o for o in find(objects, "Service") if o["metadata"]["name"] == "vigil-controller"]
     assert agent.controller == f"{service['metadata']['name']}.vigil.svc:{service['spec']['ports'][0]['port']}"
     (deployment,) = find(objects, "Deployment")
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
