@@ -10,6 +10,7 @@ import subprocess
 import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -91,10 +92,12 @@ def _channel(target: str, creds: Creds) -> grpc.aio.Channel:
     return grpc.aio.secure_channel(target, creds) if creds else grpc.aio.insecure_channel(target)
 
 
-def serve(pki: Path, tmp_path: Path, test: Callable[[str], Awaitable[None]]) -> None:
+def serve(pki: Path, tmp_path: Path, test: Callable[[str], Awaitable[None]], **settings: Any) -> None:
+    """A controller with this cluster's certificate (and ``settings``) on loopback, for ``test``."""
+
     async def scenario() -> None:
         cfg = ControllerConfig(listen="127.0.0.1", port=0, database=tmp_path / "c.db", pager="none",
-                               tls_dir=pki / "ours" / "controller")  # fmt: skip
+                               tls_dir=pki / "ours" / "controller", **settings)  # fmt: skip
         controller = Controller(cfg)
         port = await controller.start()
         try:
@@ -192,19 +195,9 @@ def test_a_real_agent_connects_with_its_node_certificate(pki: Path, tmp_path: Pa
 
 
 def serve_with_tokens(pki: Path, tmp_path: Path, kube: KubeApiServer, test: Callable[[str], Awaitable[None]]) -> None:
-    async def scenario() -> None:
-        cfg = ControllerConfig(
-            listen="127.0.0.1", port=0, database=tmp_path / "c.db", pager="none", tls_dir=pki / "ours" / "controller",
-            agent_tokens=AgentTokensConfig(enabled=True), kubernetes={"kubeconfig": kube.kubeconfig(tmp_path / "kc")},
-        )  # fmt: skip
-        controller = Controller(cfg)
-        port = await controller.start()
-        try:
-            await test(f"127.0.0.1:{port}")
-        finally:
-            await stop_controller(controller)
-
-    asyncio.run(scenario())
+    """``serve``, with agents' tokens reviewed by ``kube``."""
+    kubeconfig = kube.kubeconfig(tmp_path / "kc")
+    serve(pki, tmp_path, test, agent_tokens=AgentTokensConfig(enabled=True), kubernetes={"kubeconfig": kubeconfig})
 
 
 def with_token(pki: Path, tmp_path: Path, token: str) -> grpc.ChannelCredentials:
