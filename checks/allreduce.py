@@ -5,8 +5,11 @@
         # machine R of W in a group: L processes here (one per GPU), ranks R·L .. R·L+L-1 of W·L
 
 Reported as nccl-tests does: algorithm bandwidth = bytes / time, bus bandwidth = algbw · 2(n−1)/n
-(what each link carries in a ring all-reduce, comparable across group sizes). Each size's time is
-the slowest rank's, averaged over ``--iters`` calls after warm-up.
+(what each link carries in a ring all-reduce, comparable across group sizes). Each of ``--iters``
+calls after warm-up is timed on its own; a size's time is the median call's, of the slowest rank.
+The median, not the mean: one call stalled by the scheduler or a page fault says nothing about the
+link, and a sweep that flagged it would quarantine a healthy node; a slow link slows every call.
+The mean is reported beside it (``us_mean_<bytes>``), so jitter stays visible.
 """
 
 from __future__ import annotations
@@ -14,12 +17,17 @@ from __future__ import annotations
 import argparse
 import os
 import socket
+import statistics
 import time
 from datetime import timedelta
+from typing import TYPE_CHECKING, NamedTuple
 
 from checks.program import check_main
 from checks.result import CheckResult, Verdict
 from vigil.ports import free_port
+
+if TYPE_CHECKING:
+    import torch
 
 CPU_SIZES = [2**k for k in range(10, 25, 2)]  # 1 KiB .. 16 MiB
 GPU_SIZES = [2**k for k in range(20, 31, 2)]  # 1 MiB .. 1 GiB
@@ -33,39 +41,71 @@ def bus_bandwidth_gbps(algbw_gbps: float, world_size: int) -> float:
     return algbw_gbps * 2 * (world_size - 1) / world_size
 
 
-def measure(sizes: list[int], iters: int, device: str) -> list[tuple[int, float]]:
-    """Inside an initialised process group: (bytes, seconds per all-reduce) for each size."""
+class Timing(NamedTuple):
+    """One size's seconds per all-reduce: the median call and the mean, each the slowest rank's."""
+
+    nbytes: int
+    median_s: float
+    mean_s: float
+
+
+def measure(sizes: list[int], iters: int, device: str) -> list[Timing]:
+    """Inside an initialised process group: the timing of each size."""
     import torch
     import torch.distributed as dist
-
-    def sync() -> None:
-        if device.startswith("cuda"):
-            torch.cuda.synchronize(device)
 
     out = []
     for nbytes in sizes:
         buf = torch.ones(max(1, nbytes // 4), dtype=torch.float32, device=device)
         for _ in range(2):
             dist.all_reduce(buf)
-        sync()
+        if device.startswith("cuda"):
+            torch.cuda.synchronize(device)
         dist.barrier()
-        start = time.perf_counter()
-        for _ in range(iters):
-            dist.all_reduce(buf)
-        sync()
-        elapsed = torch.tensor([(time.perf_counter() - start) / iters], dtype=torch.float64, device=device)
-        dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)  # the slowest rank sets the pace
-        out.append((nbytes, float(elapsed.item())))
+        mine = torch.tensor(typical_and_mean(_timed_calls(buf, iters, device)), dtype=torch.float64, device=device)
+        dist.all_reduce(mine, op=dist.ReduceOp.MAX)  # the slowest rank sets the pace
+        median_s, mean_s = (float(v) for v in mine.tolist())
+        out.append(Timing(nbytes, median_s, mean_s))
     return out
 
 
-def figures_for(timings: list[tuple[int, float]], world_size: int) -> dict[str, float]:
+def typical_and_mean(seconds: list[float]) -> tuple[float, float]:
+    """The median call's seconds, and the mean."""
+    return statistics.median(seconds), statistics.fmean(seconds)
+
+
+def _timed_calls(buf: torch.Tensor, iters: int, device: str) -> list[float]:
+    """Seconds of each of ``iters`` all-reduces of ``buf``."""
+    import torch
+    import torch.distributed as dist
+
+    if device.startswith("cuda"):
+        # Events on the current stream: the NCCL stream waits for the start event's work before the
+        # collective, and a blocking all_reduce makes the current stream wait for it before the end.
+        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
+        for start, end in events:
+            start.record()
+            dist.all_reduce(buf)
+            end.record()
+        torch.cuda.synchronize(device)
+        return [start.elapsed_time(end) / 1e3 for start, end in events]
+    times = []
+    for _ in range(iters):
+        began = time.perf_counter()
+        dist.all_reduce(buf)  # gloo on CPU: returns when the call is done
+        times.append(time.perf_counter() - began)
+    return times
+
+
+def figures_for(timings: list[Timing], world_size: int) -> dict[str, float]:
+    """Bandwidths from the median call; ``us_<bytes>`` is its time, ``us_mean_<bytes>`` the mean's."""
     figures: dict[str, float] = {"world_size": float(world_size)}
-    for nbytes, seconds in timings:
-        algbw = alg_bandwidth_gbps(nbytes, seconds)
+    for nbytes, median_s, mean_s in timings:
+        algbw = alg_bandwidth_gbps(nbytes, median_s)
         figures[f"algbw_gbps_{nbytes}"] = algbw
         figures[f"busbw_gbps_{nbytes}"] = bus_bandwidth_gbps(algbw, world_size)
-        figures[f"us_{nbytes}"] = seconds * 1e6
+        figures[f"us_{nbytes}"] = median_s * 1e6
+        figures[f"us_mean_{nbytes}"] = mean_s * 1e6
     return figures
 
 
@@ -78,9 +118,7 @@ def judge(figures: dict[str, float], largest: int, min_busbw_gbps: float) -> tup
     return Verdict.OK, summary
 
 
-def member(
-    rank: int, world_size: int, master: str, sizes: list[int], iters: int, gpu: int | None
-) -> list[tuple[int, float]]:
+def member(rank: int, world_size: int, master: str, sizes: list[int], iters: int, gpu: int | None) -> list[Timing]:
     import torch
     import torch.distributed as dist
 
@@ -138,7 +176,7 @@ def _local_member(
 
 def spawn_members(
     first_rank: int, local: int, world_size: int, master: str, sizes: list[int], iters: int, use_gpus: bool
-) -> list[tuple[int, float]]:
+) -> list[Timing]:
     """``local`` processes of a group, ranks ``first_rank`` onwards, one GPU each where there are GPUs."""
     import torch.multiprocessing as mp
 
@@ -149,7 +187,7 @@ def spawn_members(
         nprocs=local,
         start_method="spawn",
     )  # raises if any member failed: the check then reports UNKNOWN with the error
-    timings: list[tuple[int, float]] = queue.get()
+    timings: list[Timing] = queue.get()
     return timings
 
 

@@ -12,7 +12,7 @@ import pytest
 
 from agent.local_checks import LocalChecks
 from agent.simulated import SimulatedBackend
-from checks.allreduce import bus_bandwidth_gbps, route_interface
+from checks.allreduce import Timing, bus_bandwidth_gbps, figures_for, route_interface, typical_and_mean
 from checks.result import CheckResult, Verdict
 from checks.runner import interpret, run_check
 from protos.vigil.v1 import agent_pb2, common_pb2
@@ -37,7 +37,17 @@ def test_allreduce_between_real_processes_reports_bus_bandwidth(world_size: int)
         assert algbw > 0
         assert algbw == pytest.approx(nbytes / (result.figures[f"us_{nbytes}"] / 1e6) / 1e9)
         assert result.figures[f"busbw_gbps_{nbytes}"] == pytest.approx(algbw * 2 * (world_size - 1) / world_size)
+        assert result.figures[f"us_mean_{nbytes}"] > 0
     assert f"{world_size} ranks" in result.reason
+
+
+def test_bandwidth_is_the_median_calls_so_one_stalled_call_does_not_make_a_link_slow() -> None:
+    # 4 calls of 1 MB at 2 ms and one stalled for 100 ms: the mean (21.6 ms) would read as a link
+    # ten times slower; the median is the link's speed. The mean stays in the figures.
+    median_s, mean_s = typical_and_mean([0.002, 0.002, 0.1, 0.002, 0.002])
+    figures = figures_for([Timing(2**20, median_s, mean_s)], world_size=2)
+    assert figures["algbw_gbps_1048576"] == pytest.approx(2**20 / 0.002 / 1e9)
+    assert figures["us_1048576"] == pytest.approx(2000) and figures["us_mean_1048576"] == pytest.approx(21600)
 
 
 def test_two_machines_with_two_ranks_each_form_one_group_of_four() -> None:

@@ -31,7 +31,7 @@ NODES = 6
 def sweep(target: str) -> tuple[int, dict[str, object]]:
     command = [
         sys.executable, "-m", "vigil", "sweep", "--controller", target, "--checks", "pairs", "--json",
-        "-p", "pairs.sizes=1048576", "-p", "pairs.iters=5",
+        "-p", "pairs.sizes=1048576", "-p", "pairs.iters=9",
     ]  # fmt: skip
     done = subprocess.run(command, capture_output=True, text=True, timeout=240)
     assert done.stdout.strip(), done.stderr
