@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable, Mapping
 from functools import partial
 
+import grpc
 import structlog
 from prometheus_client import start_http_server
 
@@ -37,8 +38,9 @@ from agent.xid_fold import XidFolder
 from protos.codec import gpu_to_proto
 from protos.vigil.v1 import agent_pb2
 from vigil import __version__
+from vigil.cert_reload import CertificateSource
 from vigil.signals import Signal
-from vigil.tls import TlsFiles, aio_channel
+from vigil.tls import aio_channel
 from vigil.waiting import wait_event
 
 log = structlog.get_logger(__name__)
@@ -81,6 +83,10 @@ def open_kernel_log(config: AgentConfig, spool: Spool) -> tuple[str, LineSource]
     return source, KmsgSource(config.kmsg_path, cursor)
 
 
+def _channel(target: str, tls: CertificateSource | None) -> grpc.aio.Channel:
+    return aio_channel(target, tls.latest() if tls is not None else None)
+
+
 class Agent:
     def __init__(
         self, config: AgentConfig, backend: GpuBackend | None = None, clock: Callable[[], float] = time.time
@@ -111,14 +117,17 @@ class Agent:
         self.host = HostCollector(
             config.node, clock, config.checkpoint_path, config.memory_available_min, config.disk_used_max
         )
-        tls = TlsFiles.load(config.tls_dir, token_file=config.token_file) if config.tls_dir else None
+        # Re-read on every (re)connection: a renewed certificate is taken up without a restart.
+        tls = CertificateSource(config.tls_dir, token_file=config.token_file) if config.tls_dir else None
+        if tls is not None:
+            self.metrics.certificate_expiry.labels(config.node).set_function(tls.expires_at)
         self.link = ControllerLink(
             config.controller,
             self.spool,
             self._hello,
             LocalChecks(config.node, self.backend).run,
             heartbeat_s=config.heartbeat_s,
-            channel_factory=partial(aio_channel, tls=tls),
+            channel_factory=partial(_channel, tls=tls),
         )
         self.metrics_port: int | None = None
 

@@ -166,6 +166,12 @@ class AgentMetrics:
         self.connected = Gauge(
             "vigil_agent_controller_connected", "1 while the controller stream is up", ["node"], registry=r
         )
+        self.certificate_expiry = Gauge(
+            "vigil_agent_certificate_expiry_timestamp_seconds",
+            "When the agent's certificate in use expires (unix time)",
+            ["node"],
+            registry=r,
+        )
         self.collector_hung = Gauge(
             "vigil_agent_collector_hung",
             "1 while a collector's call overruns its deadline",

@@ -29,7 +29,7 @@ from controller.store import Store
 from controller.sweep import Sweeper
 from controller.trainer_gateway import TrainerGateway
 from protos.vigil.v1 import admin_pb2_grpc, agent_pb2_grpc, trainer_pb2_grpc
-from vigil.tls import TlsFiles
+from vigil.cert_reload import CertificateSource, server_credentials
 
 if TYPE_CHECKING:
     from controller.kube.tokens import TokenReviewer
@@ -78,6 +78,10 @@ class Controller:
             drain=config.actuator == "kubernetes" and config.kubernetes.drain,
         )
         self.gateway = AgentGateway(self.engine, config.limits)
+        # Read now, so a standby replica refuses bad certificates at start and exports their expiry.
+        self.tls = CertificateSource(config.tls_dir) if config.tls_dir is not None else None
+        if self.tls is not None:
+            self.engine.metrics.certificate_expiry.set_function(self.tls.expires_at)
         self.sweeper = Sweeper(self.engine, config.sweep)
         self.jobs = JobMonitor(self.engine, self.sweeper, config.jobs)
         self.server: grpc.aio.Server | None = None
@@ -87,11 +91,10 @@ class Controller:
         """Serve as the leader (or as the only replica)."""
         if self.config.leader_election.enabled:
             await self.engine.adopt_cluster_state()
-        tls = TlsFiles.load(self.config.tls_dir) if self.config.tls_dir is not None else None
         tokens = self._token_reviewer()
         size = self.config.limits.max_message_bytes
         self.server = grpc.aio.server(
-            interceptors=[RoleInterceptor(tokens)] if tls else [],
+            interceptors=[RoleInterceptor(tokens)] if self.tls else [],
             options=[("grpc.max_receive_message_length", size), ("grpc.max_send_message_length", size)],
         )
         agent_pb2_grpc.add_AgentGatewayServicer_to_server(self.gateway, self.server)
@@ -102,8 +105,8 @@ class Controller:
         )
         address = f"{self.config.listen}:{self.config.port}"
         try:
-            if tls is not None:
-                self.port = self.server.add_secure_port(address, tls.server_credentials())
+            if self.tls is not None:
+                self.port = self.server.add_secure_port(address, server_credentials(self.tls))
             else:
                 self.port = self.server.add_insecure_port(address)
         except RuntimeError as exc:  # grpcio reports a failed bind this way
@@ -116,7 +119,9 @@ class Controller:
             tmp = self.config.port_file.with_suffix(".tmp")
             tmp.write_text(str(self.port))
             tmp.replace(self.config.port_file)
-        transport = ("mutual TLS" + (", agents' tokens" if tokens else "")) if tls else "plaintext (local use only)"
+        transport = "plaintext (local use only)"
+        if self.tls is not None:
+            transport = "mutual TLS" + (", agents' tokens" if tokens else "")
         log.info(
             "controller_started",
             port=self.port,

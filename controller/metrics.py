@@ -38,6 +38,11 @@ class ControllerMetrics:
         self.automation_paused = Gauge(
             "vigil_controller_automation_paused", "1 while the circuit breaker holds quarantines back", registry=r
         )
+        self.certificate_expiry = Gauge(
+            "vigil_controller_certificate_expiry_timestamp_seconds",
+            "When the controller's certificate in use expires (unix time); 0 in plaintext",
+            registry=r,
+        )
         self.leader = Gauge("vigil_controller_leader", "1 while this replica holds the leader Lease", registry=r)
         self.job_mfu = Gauge(
             "vigil_controller_job_mfu", "The job's MFU in its last window (0: unknown peak)", ["job"], registry=r

@@ -56,6 +56,7 @@ class TlsFiles:
                 raise TlsError(f"cannot read {path}: {exc.strerror or exc}") from None
             if b"-----BEGIN" not in found[name]:
                 raise TlsError(f"{path} is not PEM")
+        _check_pair(directory, found[CERT_FILE], found[KEY_FILE])
         if token_file is not None:
             read_token(token_file)  # fail now, naming the file, rather than on the first call
         return cls(found[CA_FILE], found[CERT_FILE], found[KEY_FILE], token_file)
@@ -71,6 +72,25 @@ class TlsFiles:
         if self.token_file is None:
             return credentials
         return grpc.composite_channel_credentials(credentials, grpc.metadata_call_credentials(_Bearer(self.token_file)))
+
+
+def _check_pair(directory: Path, cert_pem: bytes, key_pem: bytes) -> None:
+    """The key must be the certificate's: a mismatch (a directory caught half-rewritten, two files
+    from different runs) would otherwise show only as failed handshakes."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import serialization
+
+    try:
+        cert = x509.load_pem_x509_certificates(cert_pem)[0]
+    except ValueError as exc:
+        raise TlsError(f"{directory / CERT_FILE} holds no readable certificate: {exc}") from None
+    try:
+        key = serialization.load_pem_private_key(key_pem, password=None)
+    except (ValueError, TypeError) as exc:  # TypeError: an encrypted key
+        raise TlsError(f"{directory / KEY_FILE} holds no readable unencrypted private key: {exc}") from None
+    der, spki = serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+    if cert.public_key().public_bytes(der, spki) != key.public_key().public_bytes(der, spki):
+        raise TlsError(f"{directory / KEY_FILE} is not the key of {directory / CERT_FILE}")
 
 
 def read_token(path: Path) -> str:
