@@ -54,12 +54,13 @@ class CertificateSource:
             try:
                 found = TlsFiles.load(self.directory, self._token_file)
             except TlsError as exc:
-                self._refuse(str(exc), str(exc))
+                self._refuse(str(exc))
                 return None
+            self._refused = ""  # usable again: a later problem is news, even the same one
             if found == self._current:
                 return None
             fingerprint = hashlib.sha256(found.ca + found.cert + found.key).hexdigest()
-            self._current, self._expiry, self._refused = found, not_after(found.cert), ""
+            self._current, self._expiry = found, not_after(found.cert)
             log.info("tls_certificates_reloaded", directory=str(self.directory), sha256=fingerprint[:16])
             return found
 
@@ -73,9 +74,9 @@ class CertificateSource:
         self.refresh()
         return self._expiry
 
-    def _refuse(self, key: str, reason: str) -> None:
-        if key != self._refused:  # once per distinct problem, not on every handshake
-            self._refused = key
+    def _refuse(self, reason: str) -> None:
+        if reason != self._refused:  # once per distinct problem, not on every handshake
+            self._refused = reason
             log.warning("tls_certificates_not_reloaded", directory=str(self.directory), reason=reason)
 
 
