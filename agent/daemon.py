@@ -129,6 +129,10 @@ class Agent:
             heartbeat_s=config.heartbeat_s,
             channel_factory=partial(_channel, tls=tls),
         )
+        # Exported from the start (a scrape before the first collector step sees them too), and the
+        # link's state as it is at the scrape.
+        self.metrics.connected.labels(config.node).set_function(lambda: 1 if self.link.connected else 0)
+        self.metrics.spooled.labels(config.node).set(self.spool.count())
         self.metrics_port: int | None = None
 
     def _hello(self) -> agent_pb2.Hello:
@@ -195,7 +199,6 @@ class Agent:
             self._after_step(name, finished)
             self.record(self.watchdog.report(name, not finished, deadline) + signals, cursors)
             self.metrics.spooled.labels(node).set(self.spool.count())
-            self.metrics.connected.labels(node).set(1 if self.link.connected else 0)
             await wait_event(stop, interval)
 
     def _after_step(self, name: str, finished: bool) -> None:

@@ -10,31 +10,43 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from agent.config import AgentConfig
 from agent.daemon import Agent
-from tests.helpers import wait_until
+from tests.helpers import start_controller, stop_controller, wait_until
+
+
+def agent_config(tmp_path: Path, controller: str) -> AgentConfig:
+    return AgentConfig(
+        plaintext=True,
+        node="node-m",
+        controller=controller,
+        spool=tmp_path / "s.db",
+        metrics_port=0,
+        metrics_address="127.0.0.1",
+        gpu_backend="simulated",
+        simulated_gpus=8,
+        kernel_log_source="none",
+        gpu_poll_s=0.05,
+    )
+
+
+async def scrape(agent: Agent) -> str:
+    url = f"http://127.0.0.1:{agent.metrics_port}/metrics"
+    return await asyncio.to_thread(lambda: urllib.request.urlopen(url).read().decode())
+
+
+def connected(body: str) -> float:
+    families = {f.name: f for f in text_string_to_metric_families(body)}
+    [sample] = families["vigil_agent_controller_connected"].samples
+    return sample.value
 
 
 def test_metrics_endpoint_serves_gpu_and_agent_metrics(tmp_path: Path) -> None:
     async def scenario() -> str:
-        config = AgentConfig(
-            plaintext=True,
-            node="node-m",
-            controller="127.0.0.1:1",
-            spool=tmp_path / "s.db",
-            metrics_port=0,
-            metrics_address="127.0.0.1",
-            gpu_backend="simulated",
-            simulated_gpus=8,
-            kernel_log_source="none",
-            gpu_poll_s=0.05,
-        )
-        agent = Agent(config)
+        agent = Agent(agent_config(tmp_path, "127.0.0.1:1"))
         agent.backend.inject_gpu_lost(7)  # type: ignore[attr-defined]
         stop = asyncio.Event()
         task = asyncio.create_task(agent.run(stop))
         await wait_until(lambda: agent.metrics_port is not None and agent.gpu_collector.readings != [])
-        body = await asyncio.to_thread(
-            lambda: urllib.request.urlopen(f"http://127.0.0.1:{agent.metrics_port}/metrics").read().decode()
-        )
+        body = await scrape(agent)
         stop.set()
         await task
         return body
@@ -46,3 +58,22 @@ def test_metrics_endpoint_serves_gpu_and_agent_metrics(tmp_path: Path) -> None:
     assert lost["7"] == 1 and lost["0"] == 0
     assert any(s.labels["kind"] == "GPU_LOST" for s in families["vigil_agent_signals"].samples)
     assert families["vigil_agent_controller_connected"].samples[0].value == 0  # nothing listens on port 1
+
+
+def test_the_connected_gauge_is_the_links_state_at_the_scrape(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        controller = await start_controller(tmp_path / "c.db")
+        agent = Agent(agent_config(tmp_path, f"127.0.0.1:{controller.port}"))
+        stop = asyncio.Event()
+        task = asyncio.create_task(agent.run(stop))
+        try:
+            await wait_until(lambda: agent.metrics_port is not None and agent.link.connected, what="the link up")
+            assert connected(await scrape(agent)) == 1
+            await stop_controller(controller)
+            await wait_until(lambda: not agent.link.connected, what="the link down")
+            assert connected(await scrape(agent)) == 0
+        finally:
+            stop.set()
+            await task
+
+    asyncio.run(scenario())
