@@ -45,7 +45,13 @@ def test_metrics_endpoint_serves_gpu_and_agent_metrics(tmp_path: Path) -> None:
         agent.backend.inject_gpu_lost(7)  # type: ignore[attr-defined]
         stop = asyncio.Event()
         task = asyncio.create_task(agent.run(stop))
-        await wait_until(lambda: agent.metrics_port is not None and agent.gpu_collector.readings != [])
+        lost = {"node": "node-m", "kind": "GPU_LOST"}
+
+        def polled() -> bool:  # the first poll's readings and signal are in the registry
+            counted = agent.metrics.registry.get_sample_value("vigil_agent_signals_total", lost)
+            return agent.metrics_port is not None and agent.metrics.readings.gpus != [] and counted == 1
+
+        await wait_until(polled, what="the first GPU poll in the metrics")
         body = await scrape(agent)
         stop.set()
         await task
