@@ -114,13 +114,14 @@ def _fault_scenario(cluster: Cluster, admin: AdminClient, console: Console, time
     console.print(f"  loss, steps {max(1, k - 2)}..{k}: {before}  →  after the restart, {k + 1}..{k + 3}: {resumed}")
     status = job.status(admin)
     console.print(f"  {goodput_line(status)}")
-    ok = _verdict(console, {
+    ok, failed = _verdict(console, {
         "resumed at the checkpoint step, at the next sample": second["step"] == k and second["consumed"] == 6 * k,
         "restarted on node-1 alone": (second["node"], second["world_size"]) == ("node-1", 1),
         "trained to the last step": job.step() == STEPS and bool(job.events("finished")),
         "node-2 quarantined": _health(admin).get("node-2") == "QUARANTINED",
     })  # fmt: skip
-    return {"ok": ok, "checkpoint_step": k, "resumed_step": second["step"], "restarted_on": second["node"],
+    return {"ok": ok, "failed": failed,
+            "checkpoint_step": k, "resumed_step": second["step"], "restarted_on": second["node"],
             "fault_to_quarantine_s": round(rows[0][0], 3), "fault_to_first_step_after_restart_s": round(rows[-1][0], 3),
             "loss_before": losses.get(k), "loss_after": losses.get(k + 1), "goodput": _goodput(status)}  # fmt: skip
 
@@ -145,14 +146,14 @@ def _slow_scenario(cluster: Cluster, admin: AdminClient, console: Console, timeo
                       f"at step {restarted[0]['step']}")  # fmt: skip
     status = job.status(admin)
     console.print(f"  {goodput_line(status)}")
-    ok = _verdict(console, {
+    ok, failed = _verdict(console, {
         "one MFU drop, blamed on node-3": [d["blamed"] for d in drops] == [["node-3"]],
         "node-1 swept, then the job restarted there": bool(stopped and restarted and swept)
         and swept[0]["nodes"] == ["node-1"] and restarted[0]["node"] == "node-1",
         "trained to the last step": job.step() == STEPS and bool(job.events("finished")),
         "node-3 quarantined": _health(admin).get("node-3") == "QUARANTINED",
     })  # fmt: skip
-    return {"ok": ok, "drop_step": drops[0]["step"] if drops else None,
+    return {"ok": ok, "failed": failed, "drops": len(drops), "drop_step": drops[0]["step"] if drops else None,
             "blamed": drops[0]["blamed"] if drops else [], "goodput": _goodput(status)}  # fmt: skip
 
 
@@ -238,10 +239,11 @@ def _goodput(status: Any) -> dict[str, float]:
     return {"ratio": round(status.goodput, 4), **{f"{k}_s": round(getattr(status, f"{k}_s"), 3) for k in KINDS}}
 
 
-def _verdict(console: Console, checks: dict[str, bool]) -> bool:
+def _verdict(console: Console, checks: dict[str, bool]) -> tuple[bool, list[str]]:
+    """Print each check; all held, and the ones that did not (for --json)."""
     for what, held in checks.items():
         console.print(f"  {'[green]✓[/]' if held else '[red]✗[/]'} {what}")
-    return all(checks.values())
+    return all(checks.values()), [what for what, held in checks.items() if not held]
 
 
 def _timeline(console: Console, rows: list[tuple[float, str]]) -> None:
