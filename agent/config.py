@@ -26,7 +26,8 @@ def default_node_name() -> str:
 class AgentConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    node: str = Field(default_factory=default_node_name, pattern=NODE_NAME_RE.pattern)
+    # The default is validated too: a host name with "_" would be refused by the controller forever.
+    node: str = Field(default_factory=default_node_name, validate_default=True)
     controller: str = "127.0.0.1:7070"
     # GPUs: "nvml" on a real node; "simulated" for the demo and tests (fault injection).
     gpu_backend: Literal["nvml", "simulated"] = "nvml"
@@ -42,6 +43,9 @@ class AgentConfig(BaseModel):
     kernel_log_poll_s: float = Field(0.1, gt=0, le=60)
     xid_fold_window_s: float = Field(
         10.0, ge=0, description="kernel-log and NVML reports of one XID within this: one signal"
+    )
+    storm_fold_s: float = Field(
+        1.0, ge=0, le=60, description="repeats of one fault within this leave as one signal with a count (0: off)"
     )
     # dcgm-exporter, when it runs on the node: its /metrics URL.
     dcgm_exporter_url: str | None = None
@@ -75,6 +79,16 @@ class AgentConfig(BaseModel):
         if self.token_file is not None and self.tls_dir is None:
             raise ValueError("token_file needs tls_dir (the agents certificate): a token is only sent over TLS")
         return self
+
+    @field_validator("node")
+    @classmethod
+    def _node_name(cls, value: str) -> str:
+        if not NODE_NAME_RE.fullmatch(value):
+            raise ValueError(
+                f"{value[:100]!r} is not a valid node name (lower-case letters, digits, '-' and '.'; the default "
+                "comes from $NODE_NAME or the host name): set node in the config file or pass --node"
+            )
+        return value
 
     @field_validator("controller")
     @classmethod

@@ -4,8 +4,11 @@ Each collector runs in its own asyncio task. Blocking ones (the GPU poll, the dc
 scrape, host statistics) run in a worker thread under the watchdog; the kernel log and the NVML
 event queue are non-blocking and are read on the event loop every ``kernel_log_poll_s``, since
 they are the fast path from a fault to the controller. Everything a collector reports goes
-through ``record``: XIDs reported by a second source are folded, then signals and the
-collector's cursor are committed to the spool in one transaction, then the link is woken.
+through ``record``: XIDs reported by a second source are dropped, repeats of one fault are folded
+into a count (``agent.storm``), signals that could not go on the wire are refused alone, then the
+signals and the collectors' cursors are committed to the spool in one transaction, then the link
+is woken. Nothing a collector reads can stop the agent: every step is guarded, and a spool write
+that fails is kept and tried again at the next step.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import shutil
 import signal
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from functools import partial
 
 import grpc
@@ -32,14 +36,15 @@ from agent.kernel_log import FileTail, JournaldSource, KernelLogCollector, KmsgS
 from agent.link import ControllerLink
 from agent.local_checks import LocalChecks
 from agent.metrics import AgentMetrics
-from agent.spool import Spool
+from agent.spool import Spool, SpoolError
+from agent.storm import StormFolder
 from agent.watchdog import GuardedWorker, Watchdog
 from agent.xid_fold import XidFolder
-from protos.codec import gpu_to_proto
+from protos.codec import gpu_to_proto, signal_problem
 from protos.vigil.v1 import agent_pb2
 from vigil import __version__
 from vigil.cert_reload import CertificateSource
-from vigil.signals import Signal
+from vigil.signals import Signal, SignalKind
 from vigil.tls import aio_channel
 from vigil.waiting import wait_event
 
@@ -47,6 +52,10 @@ log = structlog.get_logger(__name__)
 
 Step = Callable[[], tuple[list[Signal], dict[str, str]]]
 CURSOR_SAVE_S = 10.0
+
+
+class AgentStartError(Exception):
+    """The agent cannot start; the text names what failed and what to do about it."""
 
 
 def make_backend(config: AgentConfig) -> GpuBackend:
@@ -80,7 +89,13 @@ def open_kernel_log(config: AgentConfig, spool: Spool) -> tuple[str, LineSource]
         return source, FileTail(config.kernel_log, cursor)
     if source == "journald":
         return source, JournaldSource(cursor, config.journalctl)
-    return source, KmsgSource(config.kmsg_path, cursor)
+    try:
+        return source, KmsgSource(config.kmsg_path, cursor)
+    except OSError as exc:
+        raise AgentStartError(
+            f"cannot read the kernel log {config.kmsg_path}: {exc.strerror} (run the agent with read access to it, "
+            "or set kernel_log_source to journald or none)"
+        ) from None
 
 
 def _channel(target: str, tls: CertificateSource | None) -> grpc.aio.Channel:
@@ -93,11 +108,20 @@ class Agent:
     ) -> None:
         self.config = config
         self.clock = clock
-        self.spool = Spool(config.spool, config.spool_max_signals)
+        try:
+            self.spool = Spool(config.spool, config.spool_max_signals)
+        except SpoolError as exc:
+            raise AgentStartError(f"{exc} (set spool to a writable path)") from None
         self.backend = backend or make_backend(config)
         self.metrics = AgentMetrics(config.node)
         self.watchdog = Watchdog(config.node, clock)
         self.folder = XidFolder(config.xid_fold_window_s)
+        self.storm = StormFolder(config.storm_fold_s)
+        if saved_storm := self.spool.cursor("storm"):
+            self.storm.restore(json.loads(saved_storm))
+        # What record could not write yet (the spool failed): written first at the next step.
+        self._unsaved: list[Signal] = []
+        self._unsaved_cursors: dict[str, str] = {}
         self.gpu_collector = GpuCollector(config.node, self.backend, clock, config.throttle_report_s)
         self._gpu_snapshot = self.spool.cursor("gpu")
         if self._gpu_snapshot:
@@ -108,8 +132,8 @@ class Agent:
         self._kernel_saved = self.spool.cursor(self._kernel_cursor) if opened else None
         self._kernel_saved_at = 0.0
         self.kernel_log = (
-            KernelLogCollector(config.node, self.kernel_source.read_lines, self.backend.gpus(), clock)
-            if self.kernel_source is not None
+            KernelLogCollector(config.node, self.kernel_source.read_lines, self.backend.gpus(), clock, opened[0])
+            if self.kernel_source is not None and opened is not None
             else None
         )
         url = config.dcgm_exporter_url
@@ -134,6 +158,10 @@ class Agent:
         self.metrics.connected.labels(config.node).set_function(lambda: 1 if self.link.connected else 0)
         self.metrics.spooled.labels(config.node).set(self.spool.count())
         self.metrics_port: int | None = None
+        if self.spool.damage:  # said aloud: logged by the spool, counted here, paged by the controller
+            self.metrics.spool_damaged.labels(config.node).inc()
+            lost = Signal(config.node, SignalKind.SPOOL_LOST, message=self.spool.damage[:1000], source="spool")
+            self.record([replace(lost, observed_at=clock())])
 
     def _hello(self) -> agent_pb2.Hello:
         return agent_pb2.Hello(
@@ -147,19 +175,65 @@ class Agent:
         )
 
     def record(self, signals: list[Signal], cursors: Mapping[str, str] | None = None) -> None:
-        """Fold, then spool with the cursors, then wake the link: nothing is sent that is not on disk."""
-        kept = [s for s in signals if self.folder.keep(s)]
-        if len(kept) < len(signals):
-            self.metrics.xid_folded.labels(self.config.node).inc(len(signals) - len(kept))
+        """Fold, then spool with the cursors, then wake the link: nothing is sent that is not on disk.
+        Never raises: what the spool could not take now is kept and written at the next call."""
+        node = self.config.node
+        try:
+            kept = [s for s in signals if self.folder.keep(s)]
+            if len(kept) < len(signals):
+                self.metrics.xid_folded.labels(node).inc(len(signals) - len(kept))
+            folded_before = self.storm.folded
+            for s in self.storm.fold(kept) + self.storm.due(self.clock()):
+                if problem := signal_problem(s):
+                    self.metrics.refused.labels(node, s.kind.value).inc()
+                    log.error("signal_refused", node=node, kind=s.kind.value, problem=problem, message=s.message[:200])
+                else:
+                    self._unsaved.append(s)
+            self.metrics.storm_folded.labels(node).inc(self.storm.folded - folded_before)
+            self._unsaved_cursors.update(cursors or {})
+            if self.storm.dirty:
+                self._unsaved_cursors["storm"] = json.dumps(self.storm.snapshot())
+            self._unsaved_cursors.update(self._kernel_cursor_update(bool(self._unsaved or self._unsaved_cursors)))
+            self._spool_unsaved()
+        except Exception as exc:  # a full disk, a damaged spool: keep what we have, try again next step
+            self.metrics.collector_errors.labels(node, "spool").inc()
+            log.error("spool_write_failed", node=node, error=repr(exc), unsaved=len(self._unsaved))
+            self._bound_unsaved()
+
+    def _spool_unsaved(self) -> None:
+        if not self._unsaved and not self._unsaved_cursors:
+            return
         dropped_before = dict(self.spool.dropped)
-        for s in self.spool.append(kept, cursors):
+        numbered = self.spool.append(self._unsaved, self._unsaved_cursors)
+        self._unsaved, self._unsaved_cursors = [], {}
+        for s in numbered:
             self.metrics.signals.labels(self.config.node, s.kind.value).inc()
-            log.info("signal", node=s.node, seq=s.seq, kind=s.kind.value, code=s.code, gpu=s.gpu.index, source=s.source)
+            log.info(
+                "signal",
+                node=s.node,
+                seq=s.seq,
+                kind=s.kind.value,
+                code=s.code,
+                gpu=s.gpu.index,
+                source=s.source,
+                count=s.count,
+            )
         for kind, count in self.spool.dropped.items():
             if count > dropped_before.get(kind, 0):
                 self.metrics.spool_dropped.labels(self.config.node, kind).inc(count - dropped_before.get(kind, 0))
-        if kept:
+        if numbered:
             self.link.notify()
+
+    def _bound_unsaved(self) -> None:
+        """While the spool cannot be written, memory holds at most its bound (faults to keep first)."""
+        excess = len(self._unsaved) - self.config.spool_max_signals
+        if excess <= 0:
+            return
+        droppable = [i for i, s in enumerate(self._unsaved) if not s.must_keep][:excess]
+        for i in droppable:
+            self.metrics.spool_dropped.labels(self.config.node, self._unsaved[i].kind.value).inc(self._unsaved[i].count)
+        gone = set(droppable)
+        self._unsaved = [s for i, s in enumerate(self._unsaved) if i not in gone]
 
     # Collector steps (blocking; run in a worker thread under the watchdog) -----------------------
 
@@ -211,35 +285,51 @@ class Agent:
     # The fast path: kernel log and NVML events, on the loop ---------------------------------------
 
     async def _fast_path(self, stop: asyncio.Event) -> None:
-        node, deadline = self.config.node, self.config.collector_deadline_s
-        unparsed = overruns = 0
+        node = self.config.node
         while not stop.is_set():
-            signals = xid_signals(node, self.backend.drain_xid_events())
-            progress = self.backend.events_progress()
-            if progress is not None:
-                stuck = time.monotonic() - progress > deadline
-                signals += self.watchdog.report("nvml-events", stuck, deadline)
-                self.metrics.collector_hung.labels(node, "nvml-events").set(1 if stuck else 0)
-            if self.kernel_log is not None and self.kernel_source is not None:
-                try:
-                    signals += self.kernel_log.collect()
-                except OSError as exc:
-                    self.metrics.collector_errors.labels(node, "kernel-log").inc()
-                    log.warning("kernel_log_failed", node=node, error=str(exc))
-                if self.kernel_log.unparsed_lines > unparsed:
-                    self.metrics.unparsed.labels(node).inc(self.kernel_log.unparsed_lines - unparsed)
-                    unparsed = self.kernel_log.unparsed_lines
-                if isinstance(self.kernel_source, KmsgSource) and self.kernel_source.overruns > overruns:
-                    self.metrics.kmsg_overruns.labels(node).inc(self.kernel_source.overruns - overruns)
-                    overruns = self.kernel_source.overruns
-            cursors = self._kernel_cursor_update(bool(signals))
-            if signals or cursors:
-                self.record(signals, cursors)
+            signals: list[Signal] = []
+            try:
+                signals += self._nvml_events()
+            except Exception as exc:  # the events thread's queue or progress: never the agent's end
+                self.metrics.collector_errors.labels(node, "nvml-events").inc()
+                log.warning("nvml_events_failed", node=node, error=repr(exc))
+            try:
+                signals += self._kernel_lines()
+            except Exception as exc:  # an unreadable log: counted, and read again at the next step
+                self.metrics.collector_errors.labels(node, "kernel-log").inc()
+                log.warning("kernel_log_failed", node=node, error=repr(exc))
+            self.record(signals)  # also sends the storm's due summaries and saves the cursor now and then
             await wait_event(stop, self.config.kernel_log_poll_s)
 
+    def _nvml_events(self) -> list[Signal]:
+        node, deadline = self.config.node, self.config.collector_deadline_s
+        signals = xid_signals(node, self.backend.drain_xid_events())
+        progress = self.backend.events_progress()
+        if progress is not None:
+            stuck = time.monotonic() - progress > deadline
+            signals += self.watchdog.report("nvml-events", stuck, deadline)
+            self.metrics.collector_hung.labels(node, "nvml-events").set(1 if stuck else 0)
+        return signals
+
+    def _kernel_lines(self) -> list[Signal]:
+        if self.kernel_log is None or self.kernel_source is None:
+            return []
+        node = self.config.node
+        unparsed_before = dict(self.kernel_log.unparsed)
+        overruns_before = getattr(self.kernel_source, "overruns", 0)
+        try:
+            return self.kernel_log.collect()
+        finally:
+            for reason, count in self.kernel_log.unparsed.items():
+                if count > unparsed_before.get(reason, 0):
+                    self.metrics.unparsed.labels(node, reason).inc(count - unparsed_before.get(reason, 0))
+            if isinstance(self.kernel_source, KmsgSource) and self.kernel_source.overruns > overruns_before:
+                self.metrics.kmsg_overruns.labels(node).inc(self.kernel_source.overruns - overruns_before)
+
     def _kernel_cursor_update(self, with_signals: bool) -> dict[str, str]:
-        """The kernel-log cursor goes to the spool with every signal; without one, at most every
-        ``CURSOR_SAVE_S`` (a restart then re-reads at most that much of the log, harmlessly)."""
+        """The kernel-log cursor goes to the spool with every write (signals, held repeats): the lines
+        before it are in that write. Without one, at most every ``CURSOR_SAVE_S`` (a restart then
+        re-reads at most that much of the log, harmlessly)."""
         cursor = self.kernel_source.cursor if self.kernel_source is not None else None
         if cursor is None or cursor == self._kernel_saved:
             return {}
@@ -279,6 +369,7 @@ class Agent:
         finally:
             for task in tasks:
                 task.cancel()
+            self.record(self.storm.flush_all())  # held repeats go to the spool, sent at the next start
             if self.kernel_source is not None:
                 self.kernel_source.close()
             self.backend.close()

@@ -23,18 +23,21 @@ import queue
 import subprocess
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Protocol
 
 import structlog
 
-from agent.kmsg import GpuAnnounce, XidLine, is_driver_fault_line, parse_nvrm, parse_record
+from agent.kmsg import GpuAnnounce, UnparsedLine, XidLine, parse_nvrm, parse_record
+from protos.codec import valid_text
 from vigil.signals import GpuRef, Signal, SignalKind
 
 log = structlog.get_logger(__name__)
 
 _MAX_READ = 1 << 20
+MAX_LINE_BYTES = 64 * 1024  # a kernel record is at most about 1 KiB; a longer line keeps its head only
 _MAX_RECORDS = 10_000  # per call, so a flood cannot starve the event loop
 BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
 
@@ -167,6 +170,8 @@ class FileTail:
         self._offset: int | None = None
         self._inode: int | None = None
         self._partial = b""
+        self._skipping = False  # inside the tail of an over-long line, up to its newline
+        self.long_lines = 0
         inode, _, offset = (cursor or "").partition(":")
         if inode.isdigit() and offset.isdigit():
             self._inode, self._offset = int(inode), int(offset)
@@ -184,7 +189,7 @@ class FileTail:
             self._offset, self._inode = stat.st_size, stat.st_ino
             return []
         if stat.st_ino != self._inode or stat.st_size < self._offset:
-            self._offset, self._inode, self._partial = 0, stat.st_ino, b""
+            self._offset, self._inode, self._partial, self._skipping = 0, stat.st_ino, b"", False
         if stat.st_size == self._offset:
             return []
         with open(self._path, "rb") as f:
@@ -193,7 +198,21 @@ class FileTail:
         self._offset += len(data)
         chunks = (self._partial + data).split(b"\n")
         self._partial = chunks.pop()
-        return [c.decode("utf-8", errors="replace") for c in chunks if c]
+        if self._skipping and chunks:  # the rest of an over-long line ends here
+            chunks, self._skipping = chunks[1:], False
+        if self._skipping:
+            self._partial = b""
+        elif len(self._partial) > MAX_LINE_BYTES:  # no newline in sight: keep the head, skip the rest
+            chunks.append(self._partial)
+            self._partial, self._skipping = b"", True
+        lines = []
+        for chunk in chunks:
+            if len(chunk) > MAX_LINE_BYTES:
+                self.long_lines += 1
+                chunk = chunk[:MAX_LINE_BYTES]
+            if chunk:
+                lines.append(chunk.decode("utf-8", errors="replace"))
+        return lines
 
     def close(self) -> None:
         pass
@@ -208,32 +227,50 @@ class KernelLogCollector:
         lines: Callable[[], list[str]],
         gpus: Iterable[GpuRef],
         clock: Callable[[], float] = time.time,
+        source: str = "kmsg",
     ) -> None:
         self._node = node
+        self.source = source  # "kmsg", "journald" or "file": where the line was read
         self._lines = lines
         self._by_bus = {g.pci_bus_id: g for g in gpus if g.pci_bus_id}
         self._clock = clock
-        self.unparsed_lines = 0
+        self.unparsed: Counter[str] = Counter()  # reason -> lines
+
+    @property
+    def unparsed_lines(self) -> int:
+        return sum(self.unparsed.values())
 
     def collect(self) -> list[Signal]:
+        """Every line on its own: one the parser cannot use is counted by reason, and the rest go on."""
         signals = []
         for line in self._lines():
-            signal = self.signal_for(line)
+            try:
+                signal = self.signal_for(line)
+            except UnparsedLine as exc:
+                self._count_unparsed(exc.reason, line)
+                continue
+            except Exception as exc:  # a parser bug must cost one line, never the agent
+                self._count_unparsed("error", line, repr(exc))
+                continue
             if signal is not None:
                 signals.append(signal)
         return signals
 
+    def _count_unparsed(self, reason: str, line: str, error: str = "") -> None:
+        self.unparsed[reason] += 1
+        if self.unparsed[reason] <= 100 or self.unparsed[reason] % 1000 == 0:  # a flood logs sparsely
+            log.warning("kernel_log_unparsed", reason=reason, count=self.unparsed[reason], line=line[:300], error=error)
+
     def signal_for(self, line: str) -> Signal | None:
-        message = parse_record(line).message
+        """The signal a line carries; None for a line that is not a fault. Raises ``UnparsedLine``."""
+        message = valid_text(parse_record(line).message)
         parsed = parse_nvrm(message)
         if isinstance(parsed, GpuAnnounce):
             known = self._by_bus.get(parsed.pci_bus_id, GpuRef(pci_bus_id=parsed.pci_bus_id))
-            self._by_bus[parsed.pci_bus_id] = GpuRef(known.index, parsed.uuid, parsed.pci_bus_id)
+            if len(self._by_bus) < 4096 or parsed.pci_bus_id in self._by_bus:  # bounded: announces are few
+                self._by_bus[parsed.pci_bus_id] = GpuRef(known.index, parsed.uuid, parsed.pci_bus_id)
             return None
         if parsed is None:
-            if is_driver_fault_line(message):
-                self.unparsed_lines += 1
-                log.warning("kernel_log_unparsed", line=message[:300])
             return None
         return self._xid_signal(parsed, message)
 
@@ -245,6 +282,6 @@ class KernelLogCollector:
             gpu=gpu,
             code=xid.code,
             message=message.strip()[:1000],
-            source="kmsg",
+            source=self.source,
             observed_at=self._clock(),
         )

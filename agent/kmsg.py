@@ -9,6 +9,11 @@ Driver formats seen in the field:
 - R3xx/R4xx: ``NVRM: Xid (0000:03:00): 13, 0003 00000000 0000a1c0 ...`` (no ``PCI:``, no pid)
 - the bus drop without an Xid: ``NVRM: GPU 0000:3b:00.0: GPU has fallen off the bus.``
 - the start-up line that maps a bus id to a UUID: ``NVRM: GPU at PCI:0000:3b:00: GPU-5b8d...``
+
+Any process with root can write to ``/dev/kmsg``, and a buggy driver can write anything, so every
+number is read with a bounded pattern of ASCII digits and range-checked before it becomes an
+``int``: a line the parser cannot use raises ``UnparsedLine`` with a reason, and the caller counts
+it and moves on. No line can make the parser raise anything else.
 """
 
 from __future__ import annotations
@@ -19,13 +24,27 @@ from dataclasses import dataclass
 from vigil.signals import normalize_pci_bus_id
 
 _BUS = r"(?:PCI:)?(?P<bus>[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-7])?)"
-_XID_RE = re.compile(r"NVRM: Xid \(" + _BUS + r"\): (?P<code>\d+)(?:,\s*(?P<rest>.*))?$")
-_PID_RE = re.compile(r"^pid=(?P<pid>'<unknown>'|<unknown>|\d+)(?:,\s*name=(?P<name>[^,]*))?,?\s*")
+# Digits are bounded so that no line can hand int() thousands of them; one digit past a bound makes
+# the pattern fail, and the line is then reported as unparsed (code) or read without a header or pid.
+_XID_RE = re.compile(r"NVRM: Xid \(" + _BUS + r"\): (?P<code>[0-9]{1,24})(?![0-9])(?:,\s*(?P<rest>.*))?$", re.S)
+_XID_LONG_CODE_RE = re.compile(r"NVRM: Xid \(" + _BUS + r"\): [0-9]{25}")
+_PID_RE = re.compile(r"^pid=(?P<pid>'<unknown>'|<unknown>|[0-9]{1,10}(?![0-9]))(?:,\s*name=(?P<name>[^,]*))?,?\s*")
 _BUS_DROP_RE = re.compile(r"NVRM: GPU (?:at )?" + _BUS + r":? GPU has fallen off the bus")
 _ANNOUNCE_RE = re.compile(r"NVRM: GPU at " + _BUS + r": (?P<uuid>GPU-[0-9a-fA-F-]{36})")
-_KMSG_RE = re.compile(r"^(?P<prio>\d+),(?P<seq>\d+),(?P<ts>\d+),[^;]*;(?P<msg>.*)$")
+_KMSG_RE = re.compile(r"^(?P<prio>[0-9]{1,4}),(?P<seq>[0-9]{1,19}),(?P<ts>[0-9]{1,19}),[^;]*;(?P<msg>.*)$", re.S)
 
 XID_FALLEN_OFF_BUS = 79
+MAX_XID_CODE = 2**31 - 1  # NVIDIA's catalog ends near 200; beyond int32 is not a driver's number
+MAX_PID = 2**22  # the kernel's pid_max limit
+_INT64_MAX = 2**63 - 1
+
+
+class UnparsedLine(ValueError):
+    """A driver fault line that cannot be used; ``reason`` labels the agent's unparsed counter."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,7 +75,10 @@ def parse_record(line: str) -> KmsgRecord:
     match = _KMSG_RE.match(line)
     if match is None:
         return KmsgRecord(seq=-1, timestamp_us=-1, message=line)
-    return KmsgRecord(int(match["seq"]), int(match["ts"]), match["msg"])
+    seq, ts = int(match["seq"]), int(match["ts"])
+    if seq > _INT64_MAX or ts > _INT64_MAX:  # not a header the kernel wrote: keep the line whole
+        return KmsgRecord(seq=-1, timestamp_us=-1, message=line)
+    return KmsgRecord(seq, ts, match["msg"])
 
 
 def is_driver_fault_line(message: str) -> bool:
@@ -65,13 +87,18 @@ def is_driver_fault_line(message: str) -> bool:
 
 
 def parse_nvrm(message: str) -> XidLine | GpuAnnounce | None:
-    """An XID (or bus drop, reported as XID 79) or a GPU announce line; None for anything else."""
+    """An XID (or bus drop, reported as XID 79) or a GPU announce line; None for a line that is not a
+    driver fault's. Raises ``UnparsedLine`` for a driver fault line it cannot use."""
     if (match := _XID_RE.search(message)) is not None:
         return _xid_line(match)
     if (match := _BUS_DROP_RE.search(message)) is not None:
         return XidLine(normalize_pci_bus_id(match["bus"]), XID_FALLEN_OFF_BUS, None, "", "GPU has fallen off the bus.")
     if (match := _ANNOUNCE_RE.search(message)) is not None:
         return GpuAnnounce(normalize_pci_bus_id(match["bus"]), match["uuid"])
+    if _XID_LONG_CODE_RE.search(message) is not None:
+        raise UnparsedLine("out_of_range", "an XID code with more digits than any driver writes")
+    if is_driver_fault_line(message):
+        raise UnparsedLine("unrecognised", "a driver fault line in no format the parser knows")
     return None
 
 
@@ -81,9 +108,12 @@ def _xid_line(match: re.Match[str]) -> XidLine:
     process = ""
     if (pid_match := _PID_RE.match(rest)) is not None:
         raw_pid = pid_match["pid"]
-        pid = int(raw_pid) if raw_pid.isdigit() else None
+        pid = int(raw_pid) if raw_pid.isdigit() and int(raw_pid) <= MAX_PID else None
         process = (pid_match["name"] or "").strip().strip("'")
         if process == "<unknown>":
             process = ""
         rest = rest[pid_match.end() :]
-    return XidLine(normalize_pci_bus_id(match["bus"]), int(match["code"]), pid, process, rest)
+    code = int(match["code"])
+    if code > MAX_XID_CODE:
+        raise UnparsedLine("out_of_range", f"XID code {match['code'][:24]} is beyond any driver's")
+    return XidLine(normalize_pci_bus_id(match["bus"]), code, pid, process, rest)

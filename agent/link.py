@@ -59,29 +59,30 @@ class ControllerLink:
         self._outbox: asyncio.Queue[agent_pb2.AgentMessage] = asyncio.Queue()
         self.connected = False
         self.connections = 0
+        self.attempt = 0
 
     def notify(self) -> None:
         """New signals are in the spool: send them now rather than at the next heartbeat."""
         self._wake.set()
 
     async def run(self, stop: asyncio.Event) -> None:
-        attempt = 0
+        self.attempt = 0  # failed sessions since the controller last acknowledged a Hello
         while not stop.is_set():
             try:
                 await self._session(stop)
-                attempt = 0
             except (TimeoutError, grpc.aio.AioRpcError, ConnectionError) as exc:
                 detail = exc.details() if isinstance(exc, grpc.aio.AioRpcError) else repr(exc)
-                log.warning("controller_link_down", target=self._target, error=detail, attempt=attempt)
+                log.warning("controller_link_down", target=self._target, error=detail, attempt=self.attempt)
             except Exception:  # never let the link die: the spool keeps everything until it is back
-                log.exception("controller_link_error", target=self._target, attempt=attempt)
+                log.exception("controller_link_error", target=self._target, attempt=self.attempt)
             finally:
                 self.connected = False
+                self._spool.sent_upto = 0  # unacknowledged signals wait to be sent again
             if stop.is_set():
                 break
             self._target = self._targets[(self._targets.index(self._target) + 1) % len(self._targets)]
-            delay = backoff_delay(attempt) if self._target == self._targets[0] else 0.05
-            attempt = min(attempt + 1, 16)
+            delay = backoff_delay(self.attempt) if self._target == self._targets[0] else 0.05
+            self.attempt = min(self.attempt + 1, 16)
             await wait_event(stop, delay)
 
     async def _session(self, stop: asyncio.Event) -> None:
@@ -91,7 +92,12 @@ class ControllerLink:
             first = await asyncio.wait_for(call.read(), HELLO_ACK_TIMEOUT_S)
             if first is grpc.aio.EOF or not first.HasField("ack"):
                 raise ConnectionError("controller did not answer Hello with an Ack")
+            if first.ack.acked_seq > self._spool.last_seq:  # the controller holds more than we numbered
+                self._spool.renumber_after(first.ack.acked_seq)
             self._apply_ack(first.ack.acked_seq)
+            # The controller took us back: the next disconnection starts its backoff afresh, however
+            # many came before (a controller restarted every few minutes must not cost 10 s each time).
+            self.attempt = 0
             self.connected, self.connections = True, self.connections + 1
             log.info("controller_link_up", target=self._target, acked_seq=self._spool.acked_seq)
             tasks = [
@@ -114,7 +120,7 @@ class ControllerLink:
             self._spool.ack(seq)
 
     async def _send_loop(self, call: grpc.aio.StreamStreamCall, stop: asyncio.Event) -> None:
-        sent_upto = self._spool.acked_seq
+        sent_upto = self._spool.sent_upto = self._spool.acked_seq
         loop = asyncio.get_running_loop()
         next_heartbeat = loop.time()
         while not stop.is_set():
@@ -124,7 +130,7 @@ class ControllerLink:
             if batch:
                 msg = agent_pb2.SignalBatch(signals=[signal_to_proto(s) for s in batch])
                 await call.write(agent_pb2.AgentMessage(signals=msg))
-                sent_upto = batch[-1].seq
+                sent_upto = self._spool.sent_upto = batch[-1].seq
                 continue
             if loop.time() >= next_heartbeat:
                 beat = agent_pb2.Heartbeat(

@@ -145,8 +145,27 @@ class AgentMetrics:
         r.register(self.readings)
         self.signals = Counter("vigil_agent_signals", "Signals spooled", ["node", "kind"], registry=r)
         self.unparsed = Counter(
-            "vigil_agent_kernel_log_unparsed_lines",
-            "Driver fault lines the parser did not understand",
+            "vigil_agent_kernel_log_unparsed",
+            "Kernel-log lines that looked like a driver fault but could not be used, by reason "
+            "(unrecognised, out_of_range, error); each is skipped and the log read on",
+            ["node", "reason"],
+            registry=r,
+        )
+        self.refused = Counter(
+            "vigil_agent_signals_refused",
+            "Signals that could not be put on the wire (a number out of range) and were not spooled",
+            ["node", "kind"],
+            registry=r,
+        )
+        self.storm_folded = Counter(
+            "vigil_agent_storm_folded",
+            "Repeats of a fault held back and sent as part of one signal's count",
+            ["node"],
+            registry=r,
+        )
+        self.spool_damaged = Counter(
+            "vigil_agent_spool_damaged",
+            "Times the agent found its spool damaged or lost at start (moved aside, a new one begun)",
             ["node"],
             registry=r,
         )

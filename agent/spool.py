@@ -5,60 +5,124 @@ power cut. The controller acknowledges by sequence number and acknowledged signa
 Sequence numbers never go back, even when the spool is empty; a new spool file gets a new
 ``spool_id`` so the controller can tell a reimaged node from a replay.
 
-Collectors' cursors (the kernel log's last record, the GPU fault baseline) are written in the
-same transaction as the signals they produced, so a restarted agent resumes exactly where the
-spool is: nothing it observed is lost, and nothing is reported twice.
+Collectors' cursors (the kernel log's last record, the GPU fault baseline, the storm folder's held
+repeats) are written in the same transaction as the signals they produced, so a restarted agent
+resumes exactly where the spool is: nothing it observed is lost, and nothing is reported twice.
 
-The spool is bounded. Past ``max_signals`` unacknowledged signals (a long controller outage, an
-XID flood) the oldest low-severity signals (throttling, counter growth) are dropped first and
-counted. Fault signals are kept past that bound; only at ``4 × max_signals`` are the oldest
-faults dropped too, and that is counted apart, logged as an error and sent to the controller in
-every heartbeat: never silent.
+The bound. Only signals *waiting to be sent* count toward ``max_signals``: one already sent waits
+for its acknowledgement and is never dropped (the controller may be acting on it right now). Past
+the bound, in this order, until the waiting signals are back under 90 % of it:
+
+1. repeats are merged: the waiting signals of one GPU, kind and code become the oldest of them with
+   their counts added up (nothing is lost; only the times between first and last are);
+2. the oldest low-severity signals (throttling, counter growth) are dropped;
+3. the oldest other faults are dropped, except those the default policy quarantines on
+   (``Signal.must_keep``: XID 48, 79, a double-bit ECC error...), which are the root cause a flood
+   of follow-up errors would otherwise bury;
+4. only past ``4 × max_signals`` are must-keep faults dropped too, the newest first.
+
+Every dropped observation is counted exactly (a merged signal counts as many as it stands for):
+``dropped`` per kind, and ``dropped_faults`` durably, which the agent reports in every heartbeat.
+
+Damage. A spool SQLite cannot read is moved aside (``<spool>.damaged-<time>``) and a new one started;
+a spool that is empty where ``<spool>.id`` says another one was (truncated, deleted, its WAL lost) is
+noticed too. Either way ``damage`` says what happened and how much may be lost, and the agent sends
+it to the controller as a SPOOL_LOST signal, first thing.
 """
 
 from __future__ import annotations
 
+import os
 import sqlite3
+import time
 import uuid
 from collections import Counter
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import structlog
 
 from protos.codec import signal_from_proto, signal_to_proto
 from protos.vigil.v1 import common_pb2
-from vigil.signals import LOW_SEVERITY_KINDS, Signal
+from vigil.signals import LOW_SEVERITY_KINDS, STATE_KINDS, Signal
 
 log = structlog.get_logger(__name__)
 FAULT_BOUND_FACTOR = 4
+LOW_WATER = 0.9  # a bound enforced down to this fraction, so it is not enforced again at every append
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS signals (seq INTEGER PRIMARY KEY, payload BLOB NOT NULL);
 """
+_COLUMNS = {  # added to a spool written by an older agent; its rows are treated as faults to keep
+    "kind": "TEXT NOT NULL DEFAULT 'XID'",
+    "fold_key": "TEXT NOT NULL DEFAULT ''",
+    "keep": "INTEGER NOT NULL DEFAULT 1",
+    "count": "INTEGER NOT NULL DEFAULT 1",
+}
 _LOW = ", ".join(f"'{k.value}'" for k in sorted(LOW_SEVERITY_KINDS))
+
+
+class SpoolError(Exception):
+    """The spool cannot be used at all (its directory is not writable); the text names the path."""
+
+
+_INSERT = "INSERT INTO signals (seq, payload, kind, fold_key, keep, count) VALUES (?, ?, ?, ?, ?, ?)"
+
+
+def _row(s: Signal) -> tuple[int, bytes, str, str, int, int]:
+    fold_key = "" if s.kind in STATE_KINDS else "|".join(map(str, s.fold_key))
+    return (s.seq, signal_to_proto(s).SerializeToString(), s.kind.value, fold_key, int(s.must_keep), s.count)
 
 
 class Spool:
     def __init__(self, path: Path, max_signals: int = 20_000) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
         self.max_signals = max_signals
-        self._db = sqlite3.connect(path, isolation_level=None)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=FULL")
-        self._db.executescript(_SCHEMA)
-        columns = {row[1] for row in self._db.execute("PRAGMA table_info(signals)")}
-        if "kind" not in columns:  # a spool written before the bound existed: keep it, treat as faults
-            self._db.execute("ALTER TABLE signals ADD COLUMN kind TEXT NOT NULL DEFAULT 'XID'")
-        self.dropped: Counter[str] = Counter()  # kind -> signals dropped to keep the bound
+        self.damage = ""  # what happened to the spool that was here before; "" when nothing
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise SpoolError(f"cannot create the spool's directory {path.parent}: {exc.strerror}") from None
+        try:
+            self._db = _open(path)
+        except sqlite3.DatabaseError as exc:
+            if isinstance(exc, sqlite3.OperationalError) and "unable to open" in str(exc):
+                raise SpoolError(f"cannot open the spool {path}: {exc}") from None
+            self.damage = _move_aside(path, exc, time.time())
+            self._db = _open(path)
+        self.dropped: Counter[str] = Counter()  # kind -> observations dropped to keep the bound
+        self.merged = 0  # signals merged into an earlier repeat (nothing lost)
+        self.sent_upto = 0  # the link's: the highest seq sent on the current stream
         with self._db:
             self._db.execute("BEGIN IMMEDIATE")
-            self._db.execute(
-                "INSERT OR IGNORE INTO meta VALUES ('spool_id', ?), ('next_seq', '1'), ('acked_seq', '0')",
-                (uuid.uuid4().hex,),
-            )
+            created = self._db.execute(
+                "INSERT OR IGNORE INTO meta VALUES ('spool_id', ?)", (uuid.uuid4().hex,)
+            ).rowcount
+            self._db.execute("INSERT OR IGNORE INTO meta VALUES ('next_seq', '1'), ('acked_seq', '0')")
         self.spool_id = self._meta("spool_id")
+        self._check_identity(bool(created))
+
+    def _check_identity(self, created: bool) -> None:
+        """``<spool>.id`` names the spool that lives at this path; a new spool where it names another
+        means that one was lost without SQLite noticing (truncated to zero, deleted, its WAL lost)."""
+        marker = self.path.with_name(self.path.name + ".id")
+        try:
+            previous = marker.read_text().strip()
+        except OSError:
+            previous = ""
+        if created and previous and previous != self.spool_id and not self.damage:
+            self.damage = (
+                f"spool {self.path} was empty or missing, but spool {previous} had been there (truncated, "
+                "deleted, or its write-ahead log lost): an unknown number of unacknowledged signals are lost"
+            )
+        if previous != self.spool_id:
+            tmp = marker.with_name(marker.name + ".tmp")
+            tmp.write_text(self.spool_id + "\n")
+            os.replace(tmp, marker)
+        if self.damage:
+            log.error("spool_damaged", path=str(self.path), damage=self.damage, spool_id=self.spool_id)
 
     def _meta(self, key: str) -> str:
         row = self._db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
@@ -90,37 +154,84 @@ class Spool:
             self._db.execute("BEGIN IMMEDIATE")
             first = int(self._meta("next_seq"))
             numbered = [s.numbered(first + i) for i, s in enumerate(signals)]
-            self._db.executemany(
-                "INSERT INTO signals (seq, payload, kind) VALUES (?, ?, ?)",
-                [(s.seq, signal_to_proto(s).SerializeToString(), s.kind.value) for s in numbered],
-            )
+            self._db.executemany(_INSERT, [_row(s) for s in numbered])
             self._db.execute("UPDATE meta SET value = ? WHERE key = 'next_seq'", (str(first + len(numbered)),))
             self._db.executemany(
                 "INSERT OR REPLACE INTO meta VALUES (?, ?)", [(f"cursor:{k}", v) for k, v in (cursors or {}).items()]
             )
-            if numbered:
+            if numbered and self.waiting() > self.max_signals:
                 self._enforce_bound()
         return numbered
 
-    def _enforce_bound(self) -> None:
-        excess = self.count() - self.max_signals
-        if excess <= 0:
-            return
-        low = self._db.execute(
-            f"SELECT seq, kind FROM signals WHERE kind IN ({_LOW}) ORDER BY seq LIMIT ?", (excess,)
-        ).fetchall()
-        self._drop(low)
-        excess = self.count() - FAULT_BOUND_FACTOR * self.max_signals
-        if excess > 0:
-            faults = self._db.execute("SELECT seq, kind FROM signals ORDER BY seq LIMIT ?", (excess,)).fetchall()
-            self._drop(faults)
-            total = self.dropped_faults + len(faults)
-            self._db.execute("INSERT OR REPLACE INTO meta VALUES ('dropped_faults', ?)", (str(total),))
-            log.error("spool_dropped_faults", dropped=len(faults), dropped_total=total, bound=self.max_signals)
+    # The bound ------------------------------------------------------------------------------------
 
-    def _drop(self, rows: list[tuple[int, str]]) -> None:
-        self._db.executemany("DELETE FROM signals WHERE seq = ?", [(seq,) for seq, _ in rows])
-        self.dropped.update(kind for _, kind in rows)
+    def waiting(self) -> int:
+        """Signals not yet sent on the current stream: what the bound applies to."""
+        after = max(self.sent_upto, int(self._meta("acked_seq")))
+        return int(self._db.execute("SELECT COUNT(*) FROM signals WHERE seq > ?", (after,)).fetchone()[0])
+
+    def _enforce_bound(self) -> None:
+        after = max(self.sent_upto, int(self._meta("acked_seq")))
+        target = int(self.max_signals * LOW_WATER)
+        self._merge_repeats(after)
+        excess = self.waiting() - target
+        if excess > 0:
+            self._drop(
+                "SELECT seq, kind, count FROM signals WHERE seq > ? AND keep = 0 "
+                f"ORDER BY kind NOT IN ({_LOW}), seq LIMIT ?",
+                (after, excess),
+            )
+        excess = self.waiting() - FAULT_BOUND_FACTOR * self.max_signals
+        if excess > 0:
+            lost = self._drop(
+                "SELECT seq, kind, count FROM signals WHERE seq > ? ORDER BY seq DESC LIMIT ?", (after, excess)
+            )
+            log.error("spool_dropped_faults", dropped=lost, dropped_total=self.dropped_faults, bound=self.max_signals)
+
+    def _merge_repeats(self, after: int) -> None:
+        keys = [
+            row[0]
+            for row in self._db.execute(
+                "SELECT fold_key FROM signals WHERE seq > ? AND fold_key != '' GROUP BY fold_key HAVING COUNT(*) > 1",
+                (after,),
+            )
+        ]
+        for key in keys:
+            rows = self._db.execute(
+                "SELECT seq, payload FROM signals WHERE seq > ? AND fold_key = ? ORDER BY seq", (after, key)
+            ).fetchall()
+            signals = [signal_from_proto(common_pb2.Signal.FromString(payload)) for _, payload in rows]
+            total = sum(s.count for s in signals)
+            first = min((s.first_observed_at or s.observed_at) for s in signals)
+            head = signals[0]
+            merged = replace(
+                head,
+                count=total,
+                first_observed_at=first,
+                observed_at=max(s.observed_at for s in signals),
+                value=max(s.value for s in signals),
+            )
+            self._db.execute(
+                "UPDATE signals SET payload = ?, count = ? WHERE seq = ?",
+                (signal_to_proto(merged).SerializeToString(), total, head.seq),
+            )
+            self._db.executemany("DELETE FROM signals WHERE seq = ?", [(seq,) for seq, _ in rows[1:]])
+            self.merged += len(rows) - 1
+
+    def _drop(self, query: str, args: tuple[int, int]) -> int:
+        """Delete the rows the query names; returns the fault observations lost (low severity apart)."""
+        rows = self._db.execute(query, args).fetchall()
+        self._db.executemany("DELETE FROM signals WHERE seq = ?", [(seq,) for seq, _, _ in rows])
+        faults = 0
+        for _, kind, count in rows:
+            self.dropped[kind] += count
+            faults += 0 if kind in _LOW_KINDS else count
+        if faults:
+            total = self.dropped_faults + faults
+            self._db.execute("INSERT OR REPLACE INTO meta VALUES ('dropped_faults', ?)", (str(total),))
+        return faults
+
+    # Delivery -------------------------------------------------------------------------------------
 
     def pending(self, after_seq: int, limit: int = 500) -> list[Signal]:
         rows = self._db.execute(
@@ -139,8 +250,72 @@ class Spool:
             self._db.execute("UPDATE meta SET value = ? WHERE key = 'acked_seq'", (str(seq),))
         return int(dropped)
 
+    def renumber_after(self, seq: int) -> int:
+        """The controller holds this spool's signals up to ``seq``, beyond what the spool numbered: the
+        spool went back in time (its write-ahead log lost after a checkpoint). Its waiting signals
+        would be taken for replays and ignored, so they are numbered again after ``seq``; returns
+        how many. Whatever the lost part of the spool held is gone, and said so."""
+        with self._db:
+            self._db.execute("BEGIN IMMEDIATE")
+            rows = self._db.execute("SELECT seq, payload FROM signals ORDER BY seq").fetchall()
+            self._db.execute("DELETE FROM signals")
+            for i, (_, payload) in enumerate(rows):
+                s = signal_from_proto(common_pb2.Signal.FromString(payload)).numbered(seq + 1 + i)
+                self._db.execute(_INSERT, _row(s))
+            self._db.execute("UPDATE meta SET value = ? WHERE key = 'next_seq'", (str(seq + 1 + len(rows)),))
+            self._db.execute("UPDATE meta SET value = ? WHERE key = 'acked_seq'", (str(seq),))
+        log.error(
+            "spool_went_back",
+            path=str(self.path),
+            controller_holds=seq,
+            renumbered=len(rows),
+            detail="the spool lost its latest transactions; signals recorded in them are lost",
+        )
+        return len(rows)
+
     def count(self) -> int:
         return int(self._db.execute("SELECT COUNT(*) FROM signals").fetchone()[0])
 
     def close(self) -> None:
         self._db.close()
+
+
+_LOW_KINDS = frozenset(k.value for k in LOW_SEVERITY_KINDS)
+
+
+def _open(path: Path) -> sqlite3.Connection:
+    """Open and check the spool; raises sqlite3.DatabaseError when SQLite cannot trust the file."""
+    db = sqlite3.connect(path, isolation_level=None)
+    try:
+        problems = [row[0] for row in db.execute("PRAGMA quick_check")]
+        if problems != ["ok"]:
+            raise sqlite3.DatabaseError("; ".join(problems[:3]))
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("PRAGMA synchronous=FULL")
+        db.executescript(_SCHEMA)
+        columns = {row[1] for row in db.execute("PRAGMA table_info(signals)")}
+        for name, spec in _COLUMNS.items():
+            if name not in columns:
+                db.execute(f"ALTER TABLE signals ADD COLUMN {name} {spec}")
+    except sqlite3.DatabaseError:
+        db.close()
+        raise
+    return db
+
+
+def _move_aside(path: Path, error: Exception, now: float) -> str:
+    """Move a damaged spool (and its WAL and shared-memory files) aside; says what may be lost."""
+    try:
+        with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as old:
+            waiting = f"{int(old.execute('SELECT COUNT(*) FROM signals').fetchone()[0])}"
+    except sqlite3.Error:
+        waiting = "an unknown number of"
+    aside = path.with_name(f"{path.name}.damaged-{int(now)}")
+    for suffix in ("", "-wal", "-shm"):
+        source = path.with_name(path.name + suffix)
+        if source.exists():
+            os.replace(source, aside.with_name(aside.name + suffix))
+    return (
+        f"spool {path} could not be read ({error}); moved aside to {aside} and a new spool started: "
+        f"{waiting} unacknowledged signal(s) it held may be lost"
+    )

@@ -7,9 +7,14 @@ it falls back only through an explicit recovery (``uncordon``), a returning hear
 collector's recovery signal (COLLECTOR_HUNG with code 0) — and only once nothing keeps it blind.
 
 Counting is per GPU, kind and code, over the rule's window, timed by when the agent observed the
-signal (a replay after an outage keeps the original times). Signals of the same GPU, kind and code
-within ``fold_window_s`` of an incident fold into it: a flood of XID 45 is one incident with a
-count, and a count that crosses a threshold escalates the same incident rather than opening another.
+signal (a replay after an outage keeps the original times). A signal folded at the agent counts as
+many observations as its ``count``. Signals of the same GPU, kind and code within ``fold_window_s``
+of an incident fold into it: a flood of XID 45 is one incident with a count, and a count that
+crosses a threshold escalates the same incident rather than opening another.
+
+The cost of one decision does not grow with a flood: each key keeps only as many times as its
+rule's highest threshold needs, and a node keeps at most ``MAX_KEYS`` keys and incident references
+(a hostile stream of made-up codes forgets its oldest ones, never the node's memory).
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ class Health(StrEnum):
 
 
 _OUT_OF_SERVICE = (Health.UNHEALTHY, Health.QUARANTINED)
+MAX_KEYS = 256  # per node: counted keys and open incident references
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,12 +80,14 @@ class Incident:
 @dataclass(frozen=True, slots=True)
 class OpenIncident:
     incident: Incident
+    count: int = 1  # observations the opening signal stands for (a storm folded at the agent)
 
 
 @dataclass(frozen=True, slots=True)
 class FoldIntoIncident:
     incident_id: str
     at: float
+    count: int = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +95,7 @@ class EscalateIncident:
     incident_id: str
     severity: Severity
     at: float
+    count: int = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,26 +171,27 @@ def decide(state: NodeState, signal: Signal, policy: Policy, now: float, inciden
     at = signal.observed_at if signal.observed_at > 0 else now
     key = signal_key(signal)
     recent = _prune(state.recent, at, policy.longest_window_s)
-    times = tuple(t for t in recent.get(key, ()) if t > at - rule.window_s) + (at,)
-    recent[key] = times
-    severity = rule.severity_at(len(times))
+    cap = rule.count_cap
+    prior = tuple(t for t in recent.get(key, ()) if t > at - rule.window_s)
+    recent[key] = (prior + (at,) * min(signal.count, cap))[-cap:]
+    severity = rule.severity_at(len(prior) + signal.count)
     if state.health in _OUT_OF_SERVICE:
         severity = Severity.RECORD  # already out of service: keep the evidence, act no further
     summary = f"{signal.describe()}: {rule.meaning}"
     if signal.kind is SignalKind.CHECK_FAILED and signal.message:
         summary += f": {signal.message}"  # the check's own reason is the whole point of its page
 
-    open_refs = tuple(r for r in state.incidents if r.last_at >= at - policy.fold_window_s)
+    open_refs = tuple(r for r in state.incidents if r.last_at >= at - policy.fold_window_s)[-MAX_KEYS:]
     existing = next((r for r in open_refs if r.key == key), None)
     actions: list[Action] = []
     if existing is not None and severity.rank <= existing.severity.rank:
         refs = _replace_ref(open_refs, replace(existing, last_at=at))
-        actions.append(FoldIntoIncident(existing.id, at))
+        actions.append(FoldIntoIncident(existing.id, at, signal.count))
         return Decision(replace(state, recent=recent, incidents=refs), tuple(actions))
     if existing is not None:
         target = existing.id
         refs = _replace_ref(open_refs, replace(existing, severity=severity, last_at=at))
-        actions.append(EscalateIncident(target, severity, at))
+        actions.append(EscalateIncident(target, severity, at, signal.count))
     else:
         target = incident_id
         incident = Incident(
@@ -198,8 +208,8 @@ def decide(state: NodeState, signal: Signal, policy: Policy, now: float, inciden
             first_observed_at=at,
             opened_at=now,
         )
-        refs = (*open_refs, IncidentRef(incident_id, key, severity, at))
-        actions.append(OpenIncident(incident))
+        refs = (*open_refs, IncidentRef(incident_id, key, severity, at))[-MAX_KEYS:]
+        actions.append(OpenIncident(incident, signal.count))
 
     health, before_unknown = state.health, state.health_before_unknown
     did = "recorded; nothing changed on the node"
@@ -257,8 +267,12 @@ def recovered(state: NodeState) -> NodeState:
 
 
 def _prune(recent: dict[str, tuple[float, ...]], at: float, horizon: float) -> dict[str, tuple[float, ...]]:
-    pruned = {k: tuple(t for t in v if t > at - horizon) for k, v in recent.items()}
-    return {k: v for k, v in pruned.items() if v}
+    """Keys still inside the longest window; at most ``MAX_KEYS - 1`` of them, the latest seen."""
+    pruned = {k: v for k, v in recent.items() if v and v[-1] > at - horizon}
+    if len(pruned) >= MAX_KEYS:
+        latest = sorted(pruned, key=lambda k: pruned[k][-1])[-(MAX_KEYS - 1) :]
+        pruned = {k: pruned[k] for k in latest}
+    return pruned
 
 
 def _replace_ref(refs: tuple[IncidentRef, ...], new: IncidentRef) -> tuple[IncidentRef, ...]:

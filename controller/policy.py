@@ -39,6 +39,11 @@ class Rule(BaseModel):
     meaning: str = ""
     remedy: str = ""
 
+    @property
+    def count_cap(self) -> int:
+        """Observations worth remembering per key: past the highest threshold, more change nothing."""
+        return max(self.threshold, self.escalate_after or 0)
+
     def severity_at(self, count: int) -> Severity:
         if self.escalate_after is not None and count >= self.escalate_after:
             return Severity.QUARANTINE
@@ -84,6 +89,11 @@ DEFAULT_KIND_RULES: dict[SignalKind, Rule] = {
     SignalKind.HOST_MEMORY_PRESSURE: _rule("suspect", "host memory nearly exhausted", "find the leak before OOM kills"),
     SignalKind.DISK_FULL: _rule("suspect", "checkpoint filesystem nearly full", "free space before the checkpoint"),
     SignalKind.NIC_ERRORS: _rule("record", "network interface errors or drops"),
+    SignalKind.SPOOL_LOST: _rule(
+        "suspect",
+        "the agent's spool was damaged or lost: faults it had not delivered may be gone",
+        "check the node's disk; read its kernel log for faults since the agent last reported",
+    ),
 }
 
 

@@ -26,6 +26,7 @@ from controller.sweep_plan import SweepError, sweep_spec
 from protos.codec import BadSignal, gpu_to_proto, signal_from_proto
 from protos.vigil.v1 import admin_pb2, admin_pb2_grpc, agent_pb2, agent_pb2_grpc
 from vigil.names import is_address, is_node_name
+from vigil.signals import Signal
 
 log = structlog.get_logger(__name__)
 
@@ -40,6 +41,7 @@ def peer_host(peer: str) -> str:
 
 
 MAX_GPUS = 1024
+RECEIVE_CHUNK = 50  # signals decided and committed between two turns of the event loop
 
 
 def hello_problem(hello: agent_pb2.Hello) -> str:
@@ -145,12 +147,22 @@ class AgentGateway(agent_pb2_grpc.AgentGatewayServicer):
                     await context.abort(
                         grpc.StatusCode.PERMISSION_DENIED, f"agent for {node!r} sent a signal for {foreign[0]!r}"
                     )
-                acked = self._engine.receive(node, signals)
+                acked = await self._receive(node, signals)
                 outbox.put_nowait(agent_pb2.ControllerMessage(ack=agent_pb2.Ack(acked_seq=acked)))
             elif body == "check_result":
                 self._engine.checks.answered(node, msg.check_result)
             else:
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"unexpected message {body!r} after Hello")
+
+    async def _receive(self, node: str, signals: list[Signal]) -> int:
+        """Decide a batch in chunks, letting the event loop run between them: one node's flood never
+        holds up another node's fault (or an operator's ``vigil status``) for a whole batch."""
+        acked = 0
+        for start in range(0, max(len(signals), 1), RECEIVE_CHUNK):
+            if start:
+                await asyncio.sleep(0)
+            acked = self._engine.receive(node, signals[start : start + RECEIVE_CHUNK])
+        return acked
 
 
 class Admin(admin_pb2_grpc.AdminServicer):

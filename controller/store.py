@@ -39,7 +39,8 @@ CREATE TABLE IF NOT EXISTS nodes (
 CREATE TABLE IF NOT EXISTS signals (
   node TEXT NOT NULL, spool_id TEXT NOT NULL, seq INTEGER NOT NULL, kind TEXT NOT NULL, code INTEGER,
   gpu_index INTEGER, gpu_uuid TEXT, pci_bus_id TEXT, value REAL, message TEXT, source TEXT,
-  observed_at REAL, received_at REAL, incident_id TEXT, PRIMARY KEY (node, spool_id, seq));
+  observed_at REAL, received_at REAL, incident_id TEXT, count INTEGER NOT NULL DEFAULT 1,
+  PRIMARY KEY (node, spool_id, seq));
 CREATE TABLE IF NOT EXISTS incidents (
   id TEXT PRIMARY KEY, node TEXT NOT NULL, gpu_index INTEGER, gpu_uuid TEXT, pci_bus_id TEXT,
   kind TEXT NOT NULL, code INTEGER, severity TEXT NOT NULL, meaning TEXT, remedy TEXT,
@@ -136,6 +137,9 @@ class Store:
         columns = {r[1] for r in self._db.execute("PRAGMA table_info(actions)")}
         if columns and "seq" not in columns:
             self._db.execute("ALTER TABLE actions ADD COLUMN seq INTEGER NOT NULL DEFAULT 0")
+        columns = {r[1] for r in self._db.execute("PRAGMA table_info(signals)")}
+        if columns and "count" not in columns:  # a storm folded at the agent: one row, many observations
+            self._db.execute("ALTER TABLE signals ADD COLUMN count INTEGER NOT NULL DEFAULT 1")
 
     @contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:
@@ -176,7 +180,7 @@ class Store:
             for item in received:
                 s = item.signal
                 db.execute(
-                    "INSERT OR IGNORE INTO signals VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    "INSERT OR IGNORE INTO signals VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (
                         node,
                         spool_id,
@@ -192,6 +196,7 @@ class Store:
                         s.observed_at,
                         now,
                         item.incident_id,
+                        s.count,
                     ),
                 )
                 for action in item.actions:
@@ -207,7 +212,7 @@ class Store:
         if isinstance(action, OpenIncident):
             i = action.incident
             db.execute(
-                "INSERT INTO incidents VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 1, ?, ?, ?, ?, ?, ?) "
+                "INSERT INTO incidents VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
                 # An incident adopted from a node's annotations (first_seq 0) learns its facts from the
                 # replayed signal; its severity and status stay those of the quarantine.
                 "ON CONFLICT (id) DO UPDATE SET gpu_index = excluded.gpu_index, gpu_uuid = excluded.gpu_uuid, "
@@ -226,6 +231,7 @@ class Store:
                     i.meaning,
                     i.remedy,
                     _status_for(i.severity),
+                    action.count,
                     i.first_message,
                     i.first_seq,
                     i.first_observed_at,
@@ -236,14 +242,14 @@ class Store:
             )
         elif isinstance(action, FoldIntoIncident):
             db.execute(
-                "UPDATE incidents SET signal_count = signal_count + 1, last_at = ? WHERE id = ?",
-                (action.at, action.incident_id),
+                "UPDATE incidents SET signal_count = signal_count + ?, last_at = ? WHERE id = ?",
+                (action.count, action.at, action.incident_id),
             )
         elif isinstance(action, EscalateIncident):
             db.execute(
-                "UPDATE incidents SET signal_count = signal_count + 1, last_at = ?, severity = ?, status = ? "
+                "UPDATE incidents SET signal_count = signal_count + ?, last_at = ?, severity = ?, status = ? "
                 "WHERE id = ?",
-                (action.at, action.severity.value, _status_for(action.severity), action.incident_id),
+                (action.count, action.at, action.severity.value, _status_for(action.severity), action.incident_id),
             )
         else:
             kind = action_kind(action)

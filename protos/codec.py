@@ -9,10 +9,37 @@ from vigil.signals import GpuRef, Signal, SignalKind
 
 MAX_MESSAGE_CHARS = 4096  # a kernel-log line is at most about 1 KiB
 MAX_GPU_INDEX = 1023
+INT64_MAX = 2**63 - 1
+MAX_COUNT = 2**40  # observations one folded signal may stand for
+
+
+def valid_text(text: str) -> str:
+    """Text that protobuf can serialise: a lone surrogate (a journald JSON escape) becomes U+FFFD."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
+    return text
+
+
+def signal_problem(signal: Signal) -> str:
+    """Why a signal cannot go on the wire; "" when it can. Checked before the spool numbers it, so one
+    odd signal is refused alone instead of failing its batch, again at every restart."""
+    if not -(2**63) <= signal.code <= INT64_MAX:
+        return f"code {str(signal.code)[:24]}... does not fit in 64 bits"
+    if not 1 <= signal.count <= MAX_COUNT:
+        return f"count {signal.count} is not between 1 and {MAX_COUNT}"
+    if not (math.isfinite(signal.observed_at) and math.isfinite(signal.first_observed_at)):
+        return "observed_at or first_observed_at is not a finite time"
+    if signal.observed_at < 0 or signal.first_observed_at < 0:
+        return "observed_at or first_observed_at is negative"
+    if not -1 <= signal.gpu.index <= MAX_GPU_INDEX:
+        return f"GPU index {signal.gpu.index} names no possible GPU"
+    return ""
 
 
 def gpu_to_proto(gpu: GpuRef) -> pb.GpuRef:
-    return pb.GpuRef(index=gpu.index, uuid=gpu.uuid, pci_bus_id=gpu.pci_bus_id)
+    return pb.GpuRef(index=gpu.index, uuid=valid_text(gpu.uuid[:96]), pci_bus_id=valid_text(gpu.pci_bus_id[:32]))
 
 
 def gpu_from_proto(msg: pb.GpuRef) -> GpuRef:
@@ -28,10 +55,12 @@ def signal_to_proto(signal: Signal) -> pb.Signal:
         kind=signal.kind.value,  # enum fields take the value's name
         code=signal.code,
         value=signal.value if math.isfinite(signal.value) else 0.0,
-        message=signal.message[:MAX_MESSAGE_CHARS],
-        source=signal.source[:64],
+        message=valid_text(signal.message[:MAX_MESSAGE_CHARS]),
+        source=valid_text(signal.source[:64]),
         observed_at=signal.observed_at,
         seq=signal.seq,
+        count=signal.count,
+        first_observed_at=signal.first_observed_at,
     )
 
 
@@ -48,6 +77,9 @@ def signal_from_proto(msg: pb.Signal) -> Signal:
         raise BadSignal(f"signal seq={msg.seq}: field 'value' or 'observed_at' is not a finite time or figure")
     if len(msg.message) > MAX_MESSAGE_CHARS or len(msg.source) > 64:
         raise BadSignal(f"signal seq={msg.seq}: field 'message' (max {MAX_MESSAGE_CHARS}) or 'source' is too long")
+    count = msg.count or 1  # 0: an agent that does not fold storms
+    if not 1 <= count <= MAX_COUNT or not math.isfinite(msg.first_observed_at) or msg.first_observed_at < 0:
+        raise BadSignal(f"signal seq={msg.seq}: field 'count' or 'first_observed_at' is out of range")
     if msg.HasField("gpu") and (not -1 <= msg.gpu.index <= MAX_GPU_INDEX or len(msg.gpu.uuid) > 96
                                 or len(msg.gpu.pci_bus_id) > 32):  # fmt: skip
         raise BadSignal(f"signal seq={msg.seq}: field 'gpu' names no possible GPU")
@@ -61,4 +93,6 @@ def signal_from_proto(msg: pb.Signal) -> Signal:
         source=msg.source,
         observed_at=msg.observed_at,
         seq=msg.seq,
+        count=count,
+        first_observed_at=min(msg.first_observed_at, msg.observed_at),
     )

@@ -98,10 +98,12 @@ def agent(
     except ConfigError as exc:
         _fail(str(exc))
     from agent.backend import BackendUnavailable
-    from agent.daemon import run_agent
+    from agent.daemon import AgentStartError, run_agent
 
     try:
         run_agent(cfg)
+    except AgentStartError as exc:
+        _fail(f"the agent cannot start: {exc}")
     except BackendUnavailable as exc:
         _fail(f"the agent cannot start: {exc} (on a machine without NVIDIA GPUs, use --gpu-backend simulated)")
     except (OSError, sqlite3.Error, ValueError) as exc:  # ValueError: unusable certificates

@@ -23,12 +23,25 @@ class SignalKind(StrEnum):
     HOST_MEMORY_PRESSURE = "HOST_MEMORY_PRESSURE"
     DISK_FULL = "DISK_FULL"
     NIC_ERRORS = "NIC_ERRORS"
+    SPOOL_LOST = "SPOOL_LOST"
 
 
 # Signals an agent may drop first when its spool is full: measurements of degradation, not faults.
 LOW_SEVERITY_KINDS = frozenset(
     {SignalKind.THROTTLE, SignalKind.PCIE_REPLAY, SignalKind.NVLINK_ERRORS, SignalKind.NIC_ERRORS}
 )
+
+# XIDs whose default rule takes the node out of service (the design's table). The agent's spool never
+# drops these to keep its bound: they are the root cause a flood of follow-up errors would bury.
+QUARANTINE_XIDS = frozenset({48, 64, 74, 79, 95, 119, 120, 140})
+# Other kinds that are faults by themselves (the default policy quarantines on them).
+QUARANTINE_KINDS = frozenset(
+    {SignalKind.ECC_DBE, SignalKind.ROW_REMAP_PENDING, SignalKind.ROW_REMAP_FAILURE, SignalKind.GPU_LOST}
+)
+# Kinds that report a state (stuck, recovered) rather than an event: order matters, so they are
+# never folded or merged with their repeats.
+STATE_KINDS = frozenset({SignalKind.COLLECTOR_HUNG})
+
 
 # NVML clock-event (throttle) reason bits, as nvmlClocksEventReason* defines them.
 THROTTLE_GPU_IDLE = 0x1
@@ -117,9 +130,25 @@ class Signal:
     source: str = ""
     observed_at: float = 0.0
     seq: int = 0
+    # A storm folded at the agent: this signal stands for ``count`` observations of the same GPU,
+    # kind and code, the first at ``first_observed_at`` (0: only one, at ``observed_at``).
+    count: int = 1
+    first_observed_at: float = 0.0
 
     def numbered(self, seq: int) -> Signal:
         return replace(self, seq=seq)
+
+    @property
+    def fold_key(self) -> tuple[str, str, int]:
+        """Repeats of one fault: the same GPU, kind and code."""
+        return (self.gpu.key, self.kind.value, self.code)
+
+    @property
+    def must_keep(self) -> bool:
+        """A fault the default policy quarantines on: never dropped to keep a bound."""
+        if self.kind is SignalKind.XID:
+            return self.code in QUARANTINE_XIDS
+        return self.kind in QUARANTINE_KINDS or self.kind is SignalKind.SPOOL_LOST
 
     def describe(self) -> str:
         what = f"XID {self.code}" if self.kind is SignalKind.XID else self.kind.value

@@ -55,26 +55,62 @@ def test_appended_signal_survives_a_process_that_dies(tmp_path: Path) -> None:
 
 
 def low(n: int) -> Signal:
-    return Signal("n1", SignalKind.THROTTLE, GpuRef(0), 8, float(n), "throttle", "gpu-poll", 1.0)
+    """A throttle report of GPU ``n``: low severity, and no two of them repeats of each other."""
+    return Signal("n1", SignalKind.THROTTLE, GpuRef(n), 8, float(n), "throttle", "gpu-poll", 1.0)
+
+
+def xid_on(gpu: int, code: int, at: float = 1.5) -> Signal:
+    return Signal("n1", SignalKind.XID, GpuRef(gpu, f"GPU-{gpu}", ""), code, 0.0, f"xid {code}", "kmsg", at)
 
 
 def test_a_full_spool_drops_oldest_low_severity_first(tmp_path: Path) -> None:
     spool = Spool(tmp_path / "s.db", max_signals=10)
     spool.append([low(i) for i in range(8)])
-    spool.append([draft(i) for i in range(6)])  # 14 > 10: the four oldest throttle signals go
+    spool.append([xid_on(i, 13) for i in range(6)])  # 14 > 10: down to 9, the oldest throttles first
     kept = spool.pending(after_seq=0)
     assert [s.kind for s in kept].count(SignalKind.XID) == 6
-    assert [s.value for s in kept if s.kind is SignalKind.THROTTLE] == [4, 5, 6, 7]
-    assert spool.dropped == {"THROTTLE": 4} and spool.dropped_faults == 0
+    assert [s.value for s in kept if s.kind is SignalKind.THROTTLE] == [5, 6, 7]
+    assert spool.dropped == {"THROTTLE": 5} and spool.dropped_faults == 0
 
 
-def test_faults_are_kept_past_the_bound_and_counted_when_dropped(tmp_path: Path) -> None:
+def test_repeats_are_merged_before_anything_is_dropped(tmp_path: Path) -> None:
+    spool = Spool(tmp_path / "s.db", max_signals=10)
+    spool.append([xid_on(0, 45, at=float(i)) for i in range(12)])
+    (merged,) = spool.pending(after_seq=0)
+    assert (merged.code, merged.count, merged.first_observed_at, merged.observed_at) == (45, 12, 0.0, 11.0)
+    assert merged.seq == 1 and spool.merged == 11 and not spool.dropped
+
+
+def test_the_root_cause_outlives_a_flood_of_follow_up_errors(tmp_path: Path) -> None:
+    """XID 79, then thousands of other XIDs: the 79 is never what goes, and the loss is counted exactly."""
+    spool = Spool(tmp_path / "s.db", max_signals=10)
+    spool.append([xid_on(0, 79)])
+    spool.append([xid_on(0, 1000 + i) for i in range(30)])  # all different: nothing to merge
+    kept = spool.pending(after_seq=0)
+    assert kept[0].code == 79 and len(kept) == 9
+    assert [s.code for s in kept[1:]] == [1000 + i for i in range(22, 30)]  # the newest others
+    assert spool.dropped == {"XID": 22} and spool.dropped_faults == 22
+
+
+def test_only_signals_waiting_to_be_sent_count_toward_the_bound(tmp_path: Path) -> None:
+    spool = Spool(tmp_path / "s.db", max_signals=10)
+    spool.append([xid_on(i, 13) for i in range(8)])
+    spool.sent_upto = 8  # on the wire, waiting for the controller's ack: never dropped
+    spool.append([xid_on(i, 31) for i in range(8)])
+    assert spool.count() == 16 and not spool.dropped
+    spool.sent_upto = 0  # the stream broke: all of them wait to be sent again
+    spool.append([xid_on(9, 43)])
+    assert spool.waiting() == 9 and spool.dropped_faults == 8
+    assert [s.code for s in spool.pending(after_seq=0)][:1] == [31]  # the oldest went first
+
+
+def test_faults_to_keep_are_dropped_only_far_past_the_bound_and_counted(tmp_path: Path) -> None:
     spool = Spool(tmp_path / "s.db", max_signals=5)
-    spool.append([draft(i) for i in range(20)])
-    assert spool.count() == 20 and spool.dropped_faults == 0  # faults outlive the soft bound
-    spool.append([draft(100 + i) for i in range(3)])
+    spool.append([xid_on(i, 79) for i in range(20)])
+    assert spool.count() == 20 and spool.dropped_faults == 0  # faults to keep outlive the soft bound
+    spool.append([xid_on(20 + i, 48) for i in range(3)])
     assert spool.count() == 20 and spool.dropped_faults == 3
-    assert [s.code for s in spool.pending(after_seq=0)][:2] == [3, 4]  # the oldest went first
+    assert {s.code for s in spool.pending(after_seq=0)} == {79}  # the newest went
     spool.close()
     assert Spool(tmp_path / "s.db", max_signals=5).dropped_faults == 3  # and the count survives
 
@@ -101,3 +137,48 @@ def test_a_spool_from_before_the_bound_is_upgraded_in_place(tmp_path: Path) -> N
     db.close()
     spool = Spool(tmp_path / "old.db")
     assert spool.spool_id == "abc" and [s.seq for s in spool.append([draft(1)])] == [1]
+    assert spool.damage == ""
+
+
+def test_a_garbage_spool_is_moved_aside_and_said_aloud(tmp_path: Path) -> None:
+    path = tmp_path / "s.db"
+    Spool(path).close()
+    path.write_bytes(b"this is not a database" * 100)
+    spool = Spool(path)
+    assert "could not be read" in spool.damage and str(path) in spool.damage
+    aside = [p.name for p in tmp_path.iterdir() if ".damaged-" in p.name]
+    assert len(aside) == 1 and spool.append([draft(79)])[0].seq == 1  # and it works again
+
+
+def test_a_truncated_spool_is_moved_aside(tmp_path: Path) -> None:
+    path = tmp_path / "s.db"
+    spool = Spool(path)
+    spool.append([draft(i) for i in range(2000)])
+    spool.close()
+    for suffix in ("-wal", "-shm"):
+        (tmp_path / f"s.db{suffix}").unlink(missing_ok=True)
+    with open(path, "r+b") as f:
+        f.truncate(path.stat().st_size // 2)
+    assert "moved aside" in Spool(path).damage
+
+
+def test_a_spool_emptied_behind_sqlites_back_is_noticed(tmp_path: Path) -> None:
+    path = tmp_path / "s.db"
+    old = Spool(path)
+    old.append([draft(79)])
+    old.close()
+    for suffix in ("", "-wal", "-shm"):
+        (tmp_path / f"s.db{suffix}").unlink(missing_ok=True)
+    path.write_bytes(b"")  # truncated to zero: SQLite takes it for a new database
+    again = Spool(path)
+    assert again.spool_id != old.spool_id and old.spool_id in again.damage and "lost" in again.damage
+    again.close()
+    assert Spool(path).damage == ""  # said once: the marker now names the new spool
+
+
+def test_a_spool_that_went_back_is_renumbered_after_what_the_controller_holds(tmp_path: Path) -> None:
+    spool = Spool(tmp_path / "s.db")
+    spool.append([draft(13), draft(79)])
+    assert spool.renumber_after(40) == 2
+    assert [s.seq for s in spool.pending(after_seq=40)] == [41, 42]
+    assert spool.acked_seq == 40 and [s.seq for s in spool.append([draft(48)])] == [43]

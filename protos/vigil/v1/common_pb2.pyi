@@ -25,6 +25,7 @@ class SignalKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     HOST_MEMORY_PRESSURE: _ClassVar[SignalKind]
     DISK_FULL: _ClassVar[SignalKind]
     NIC_ERRORS: _ClassVar[SignalKind]
+    SPOOL_LOST: _ClassVar[SignalKind]
 
 class Verdict(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -48,6 +49,7 @@ CHECK_FAILED: SignalKind
 HOST_MEMORY_PRESSURE: SignalKind
 DISK_FULL: SignalKind
 NIC_ERRORS: SignalKind
+SPOOL_LOST: SignalKind
 VERDICT_UNSPECIFIED: Verdict
 OK: Verdict
 FAIL: Verdict
@@ -64,7 +66,7 @@ class GpuRef(_message.Message):
     def __init__(self, index: _Optional[int] = ..., uuid: _Optional[str] = ..., pci_bus_id: _Optional[str] = ...) -> None: ...
 
 class Signal(_message.Message):
-    __slots__ = ("node", "gpu", "kind", "code", "value", "message", "source", "observed_at", "seq")
+    __slots__ = ("node", "gpu", "kind", "code", "value", "message", "source", "observed_at", "seq", "count", "first_observed_at")
     NODE_FIELD_NUMBER: _ClassVar[int]
     GPU_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
@@ -74,6 +76,8 @@ class Signal(_message.Message):
     SOURCE_FIELD_NUMBER: _ClassVar[int]
     OBSERVED_AT_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    FIRST_OBSERVED_AT_FIELD_NUMBER: _ClassVar[int]
     node: str
     gpu: GpuRef
     kind: SignalKind
@@ -83,7 +87,9 @@ class Signal(_message.Message):
     source: str
     observed_at: float
     seq: int
-    def __init__(self, node: _Optional[str] = ..., gpu: _Optional[_Union[GpuRef, _Mapping]] = ..., kind: _Optional[_Union[SignalKind, str]] = ..., code: _Optional[int] = ..., value: _Optional[float] = ..., message: _Optional[str] = ..., source: _Optional[str] = ..., observed_at: _Optional[float] = ..., seq: _Optional[int] = ...) -> None: ...
+    count: int
+    first_observed_at: float
+    def __init__(self, node: _Optional[str] = ..., gpu: _Optional[_Union[GpuRef, _Mapping]] = ..., kind: _Optional[_Union[SignalKind, str]] = ..., code: _Optional[int] = ..., value: _Optional[float] = ..., message: _Optional[str] = ..., source: _Optional[str] = ..., observed_at: _Optional[float] = ..., seq: _Optional[int] = ..., count: _Optional[int] = ..., first_observed_at: _Optional[float] = ...) -> None: ...
 
 class CheckResult(_message.Message):
     __slots__ = ("request_id", "node", "check", "verdict", "reason", "figures", "started_at", "finished_at")
