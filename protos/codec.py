@@ -18,7 +18,7 @@ def valid_text(text: str) -> str:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
-        return text.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
+        return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
     return text
 
 

@@ -85,29 +85,8 @@ class Cluster:
         for node in self.nodes:
             log = self.kernel_log(node)
             log.write_text("".join(_boot_lines(node, self.gpus)))
-            self._spawn(
-                node,
-                [
-                    "agent",
-                    "--plaintext",
-                    "--node",
-                    node,
-                    "--controller",
-                    f"127.0.0.1:{self.port}",
-                    "--kernel-log",
-                    str(log),
-                    "--spool",
-                    str(self.workdir / f"{node}.spool.db"),
-                    "--gpu-backend",
-                    "simulated",
-                    "--simulated-gpus",
-                    str(self.gpus),
-                    "--metrics-port",
-                    "0",
-                    "--log-format",
-                    "json",
-                ],
-            )
+            spool = self.workdir / f"{node}.spool.db"
+            self._spawn(node, simulated_agent_args(node, f"127.0.0.1:{self.port}", log, spool, self.gpus))
 
     def check_alive(self) -> None:
         for name, proc in self.procs.items():
@@ -154,6 +133,16 @@ def _boot_lines(node: str, gpus: int) -> list[str]:
     for i, gpu in enumerate(simulated_gpus(node, gpus)):
         lines.append(f"6,{1001 + i},{5100000 + i * 1000},-;NVRM: GPU at PCI:{gpu.pci_bus_id}: {gpu.uuid}\n")
     return lines
+
+
+def simulated_agent_args(node: str, controller: str, kernel_log: Path, spool: Path, gpus: int = 8) -> list[str]:
+    """``vigil`` arguments for a local agent: simulated GPUs, a kmsg-format file for its kernel log,
+    plaintext to a loopback controller, JSON logs, any free metrics port."""
+    return [
+        "agent", "--plaintext", "--node", node, "--controller", controller, "--kernel-log", str(kernel_log),
+        "--spool", str(spool), "--gpu-backend", "simulated", "--simulated-gpus", str(gpus),
+        "--metrics-port", "0", "--log-format", "json",
+    ]  # fmt: skip
 
 
 def xid_line(pci_bus_id: str, code: int, detail: str, seq: int) -> str:

@@ -8,13 +8,14 @@ from pathlib import Path
 import grpc
 import pytest
 
+import agent.link as agent_link
 from agent.link import ControllerLink
 from agent.spool import Spool
 from controller.config import LimitsConfig
 from controller.daemon import Controller
 from protos.codec import signal_to_proto
 from protos.vigil.v1 import agent_pb2, agent_pb2_grpc, common_pb2, trainer_pb2, trainer_pb2_grpc
-from tests.helpers import start_controller, stop_controller, wait_until
+from tests.helpers import free_port, start_controller, stop_controller, wait_until
 from vigil.signals import GpuRef, Signal, SignalKind
 
 NODE = "node-a"
@@ -246,6 +247,58 @@ def test_bad_messages_get_a_clear_status_and_the_server_keeps_serving(
         assert err.value.code() == status and text in (err.value.details() or "")
         good = await send_raw(controller.port, raw_batch("s2", [1]), replies=2)
         assert good[-1].ack.acked_seq == 1
+        await stop_controller(controller)
+
+    asyncio.run(scenario())
+
+
+def test_backoff_starts_afresh_once_the_controller_acknowledges_a_hello(tmp_path: Path) -> None:
+    """After many failed tries, a controller that takes the Hello resets the backoff: the next outage
+    is retried at once, not after the ~10 s the failures before had grown it to."""
+
+    async def scenario() -> None:
+        spool = Spool(tmp_path / "spool.db")
+        port = free_port()
+        link, stop = link_for(spool, port), asyncio.Event()
+        link_module_backoff = agent_link.backoff_delay
+        agent_link.backoff_delay = lambda attempt, **kw: 0.01  # type: ignore[assignment]  # fail fast here
+        running = asyncio.create_task(link.run(stop))
+        try:
+            await wait_until(lambda: link.attempt >= 8, what="failed tries piling up")
+            agent_link.backoff_delay = link_module_backoff
+            controller = await start_controller(tmp_path / "ctl.db", port)
+            await wait_until(lambda: link.connected, timeout=20, what="link up")
+            assert link.attempt == 0
+            await stop_controller(controller)
+            await wait_until(lambda: not link.connected, what="link down")
+            assert link.attempt <= 1  # its next wait is backoff_delay(0): at most 0.2 s
+        finally:
+            agent_link.backoff_delay = link_module_backoff
+            stop.set()
+            await running
+
+    asyncio.run(scenario())
+
+
+def test_a_spool_behind_the_controller_is_renumbered_so_nothing_is_taken_for_a_replay(tmp_path: Path) -> None:
+    """The controller holds seq 1..3 of this spool; the spool lost its last transactions (a lost WAL)
+    and numbers its next signal 2 again: that signal must not be ignored as a replay."""
+
+    async def scenario() -> None:
+        controller = await start_controller(tmp_path / "ctl.db")
+        spool = Spool(tmp_path / "spool.db")
+        controller.engine.hello(NODE, spool.spool_id, 0)
+        controller.engine.receive(NODE, [xid(45).numbered(seq) for seq in (1, 2, 3)])
+        spool.append([xid(45)])
+        spool.ack(1)
+        spool.append([xid(79)])  # numbered 2: the controller already holds a 2
+        link, stop = link_for(spool, controller.port), asyncio.Event()
+        running = asyncio.create_task(link.run(stop))
+        await wait_until(lambda: spool.acked_seq >= 4, timeout=20, what="renumbered signal acknowledged")
+        incidents = controller.store.incidents(node=NODE)
+        assert any(i.code == 79 for i in incidents)
+        stop.set()
+        await running
         await stop_controller(controller)
 
     asyncio.run(scenario())

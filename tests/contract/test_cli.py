@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -46,6 +47,18 @@ def test_unusable_spool_path_is_a_clear_error(tmp_path: Path) -> None:
         "0",
     )
     assert out.returncode == 2 and "cannot start" in out.stderr and "Traceback" not in out.stderr
+    assert str(not_a_dir) in out.stderr and "writable" in out.stderr  # what failed, and the remedy
+
+
+def test_an_invalid_default_node_name_is_refused_at_start(tmp_path: Path) -> None:
+    """$NODE_NAME (or the host name) is validated like --node: the controller would refuse it forever."""
+    out = subprocess.run(
+        [sys.executable, "-m", "vigil", "agent", "--plaintext", "--gpu-backend", "simulated", "--spool",
+         str(tmp_path / "s.db"), "--metrics-port", "0"],
+        capture_output=True, text=True, timeout=60, env={**os.environ, "NODE_NAME": "gpu_node_7"},
+    )  # fmt: skip
+    assert out.returncode == 2 and "gpu_node_7" in out.stderr and "--node" in out.stderr
+    assert "Traceback" not in out.stderr
 
 
 def test_port_in_use_is_a_clear_error(tmp_path: Path) -> None:

@@ -18,7 +18,7 @@ import yaml
 from agent.simulated import simulated_gpus
 from tests.helpers import poll_until
 from vigil.admin_client import AdminClient
-from vigil.demo import xid_line
+from vigil.demo import simulated_agent_args, xid_line
 from vigil.launch import command_line
 
 
@@ -53,28 +53,20 @@ def start_controller(tmp: Path, run: int, port: int = 0) -> tuple[subprocess.Pop
 
 
 def start_agent(
-    tmp: Path, node: str, controller: str, spool: Path | None = None, prefix: Sequence[str] = ()
+    tmp: Path,
+    node: str,
+    controller: str,
+    spool: Path | None = None,
+    prefix: Sequence[str] = (),
+    restart: bool = False,
 ) -> tuple[subprocess.Popen[bytes], Path]:
-    """A simulated-GPU agent tailing its own kmsg-format file (returned, for injecting lines)."""
+    """A simulated-GPU agent tailing its own kmsg-format file (returned, for injecting lines); the file
+    is made empty, unless the agent is ``restart``ed on the log it had."""
     kmsg = tmp / f"{node}.kmsg"
-    kmsg.write_text("")
+    if not restart:
+        kmsg.write_text("")
     proc = vigil(
-        "agent",
-        "--plaintext",
-        "--gpu-backend",
-        "simulated",
-        "--node",
-        node,
-        "--controller",
-        controller,
-        "--kernel-log",
-        str(kmsg),
-        "--spool",
-        str(spool or tmp / f"{node}.spool"),
-        "--metrics-port",
-        "0",
-        "--log-format",
-        "json",
+        *simulated_agent_args(node, controller, kmsg, spool or tmp / f"{node}.spool"),
         out=tmp / f"{node}.out",
         prefix=prefix,
     )

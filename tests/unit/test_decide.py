@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from controller.decide import (
+    MAX_KEYS,
     Decision,
     EscalateIncident,
     FoldIntoIncident,
@@ -24,6 +26,7 @@ from controller.decide import (
     recovered,
 )
 from controller.policy import Policy, Rule, Severity
+from controller.records import state_to_json
 from vigil.signals import THROTTLE_HW_SLOWDOWN, GpuRef, Signal, SignalKind
 
 POLICY = Policy()
@@ -255,3 +258,30 @@ def test_hung_collectors_survive_the_store_round_trip() -> None:
 
     state = run([hung(1, 100.0)])[-1].state
     assert state_from_json(state_to_json(state), "n1") == state
+
+
+def test_a_storm_folded_at_the_agent_counts_as_its_observations() -> None:
+    """One signal standing for three XID 13s crosses the rule's threshold of three on its own."""
+    storm = Signal("n1", SignalKind.XID, GPU0, 13, 0.0, "Xid 13", "kmsg", 5.0, 1, count=3, first_observed_at=4.0)
+    (d,) = run([storm])
+    assert d.state.health is Health.SUSPECT
+    assert kinds([d]) == [OpenIncident, Page]
+    opened = d.actions[0]
+    assert isinstance(opened, OpenIncident) and opened.count == 3
+    (d2,) = run([replace(storm, seq=2, count=500)], state=d.state)
+    fold = d2.actions[0]
+    assert isinstance(fold, FoldIntoIncident) and fold.count == 500
+
+
+def test_a_flood_keeps_the_node_state_small() -> None:
+    """A decision's cost and the state written stay bounded however long the flood: per key only as
+    many times as the rule's threshold needs, per node at most MAX_KEYS keys and incident refs."""
+    state = NodeState("n1")
+    for i in range(20_000):
+        state = decide(state, xid(45, 1.0 + i * 0.001, seq=i + 1), POLICY, 100.0, f"inc-{i}").state
+    assert sum(len(v) for v in state.recent.values()) == 1 and len(state.incidents) == 1
+    for i in range(2_000):  # made-up codes on made-up GPUs: each a new key
+        signal = xid(100_000 + i, 30.0 + i * 0.001, GpuRef(i % 64, f"GPU-{i % 64}"), seq=30_000 + i)
+        state = decide(state, signal, POLICY, 100.0, f"junk-{i}").state
+    assert len(state.recent) <= MAX_KEYS and len(state.incidents) <= MAX_KEYS
+    assert len(state_to_json(state)) < 100_000
