@@ -13,9 +13,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from vigil.config_file import load_yaml_model
-from vigil.names import ADDRESS_RE, NODE_NAME_RE
-from vigil.tls import transport_problem
+from vigil_core.config_file import load_yaml_model
+from vigil_core.names import ADDRESS_RE, NODE_NAME_RE
+from vigil_core.tls import transport_problem
 
 
 def default_node_name() -> str:

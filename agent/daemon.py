@@ -27,7 +27,6 @@ import grpc
 import structlog
 from prometheus_client import start_http_server
 
-from agent.backend import GpuBackend
 from agent.config import AgentConfig
 from agent.dcgm import DcgmCollector
 from agent.gpu_collector import GpuCollector, xid_signals
@@ -40,13 +39,14 @@ from agent.spool import Spool, SpoolError
 from agent.storm import StormFolder
 from agent.watchdog import GuardedWorker, Watchdog
 from agent.xid_fold import XidFolder
+from gpus.backend import GpuBackend
 from protos.codec import gpu_to_proto, signal_problem
 from protos.vigil.v1 import agent_pb2
-from vigil import __version__
-from vigil.cert_reload import CertificateSource
-from vigil.signals import Signal, SignalKind
-from vigil.tls import aio_channel
-from vigil.waiting import wait_event
+from vigil_core import __version__
+from vigil_core.cert_reload import CertificateSource
+from vigil_core.signals import Signal, SignalKind
+from vigil_core.tls import aio_channel
+from vigil_core.waiting import wait_event
 
 log = structlog.get_logger(__name__)
 
@@ -60,10 +60,10 @@ class AgentStartError(Exception):
 
 def make_backend(config: AgentConfig) -> GpuBackend:
     if config.gpu_backend == "simulated":
-        from agent.simulated import SimulatedBackend
+        from gpus.simulated import SimulatedBackend
 
         return SimulatedBackend(config.node, config.simulated_gpus)
-    from agent.nvml_backend import NvmlBackend
+    from gpus.nvml_backend import NvmlBackend
 
     return NvmlBackend()
 

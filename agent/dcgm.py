@@ -22,9 +22,9 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from agent.backend import GpuReading
 from agent.faults import FaultTracker
-from vigil.signals import GpuRef, Signal, SignalKind, normalize_pci_bus_id
+from gpus.backend import GpuReading
+from vigil_core.signals import GpuRef, Signal, SignalKind, normalize_pci_bus_id
 
 XID_GAUGE = "DCGM_FI_DEV_XID_ERRORS"
 XID_COUNT = "DCGM_EXP_XID_ERRORS_COUNT"

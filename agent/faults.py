@@ -17,11 +17,11 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
-from agent.backend import GpuReading
-from vigil.signals import GpuRef, Signal, SignalKind
+from gpus.backend import GpuReading
+from gpus.health import pcie_degradation
+from vigil_core.signals import GpuRef, Signal, SignalKind
 
 # Below this utilisation a PCIe link trains down to save power: a lower generation is normal.
-BUSY_UTILIZATION_PCT = 50.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,18 +47,6 @@ class FaultState:
         if "nvlink_down" in values:
             values["nvlink_down"] = tuple(values["nvlink_down"])
         return cls(**values)
-
-
-def pcie_degradation(r: GpuReading) -> str:
-    """A description when the link runs below its maximum width (or generation while busy)."""
-    problems = []
-    if r.pcie_width is not None and r.pcie_width_max is not None and r.pcie_width < r.pcie_width_max:
-        problems.append(f"width x{r.pcie_width} of x{r.pcie_width_max}")
-    busy = (r.utilization_pct or 0.0) >= BUSY_UTILIZATION_PCT
-    gen, gen_max = r.pcie_generation, r.pcie_generation_max
-    if busy and gen is not None and gen_max is not None and gen < gen_max:
-        problems.append(f"generation {gen} of {gen_max} under load")
-    return ", ".join(problems)
 
 
 def fault_state(reading: GpuReading, before: FaultState | None) -> FaultState:

@@ -16,9 +16,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from agent.backend import GpuBackend, GpuReading, XidEvent
 from agent.faults import FaultState, FaultTracker
-from vigil.signals import THROTTLE_HARMFUL_MASK, Signal, SignalKind, throttle_reason_names
+from gpus.backend import GpuBackend, GpuReading, XidEvent
+from vigil_core.signals import THROTTLE_HARMFUL_MASK, Signal, SignalKind, throttle_reason_names
 
 
 @dataclass

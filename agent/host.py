@@ -14,7 +14,7 @@ from typing import Any
 
 import psutil
 
-from vigil.signals import Signal, SignalKind
+from vigil_core.signals import Signal, SignalKind
 
 
 @dataclass(frozen=True, slots=True)

@@ -32,7 +32,7 @@ import structlog
 
 from agent.kmsg import GpuAnnounce, UnparsedLine, XidLine, parse_nvrm, parse_record
 from protos.codec import valid_text
-from vigil.signals import GpuRef, Signal, SignalKind
+from vigil_core.signals import GpuRef, Signal, SignalKind
 
 log = structlog.get_logger(__name__)
 

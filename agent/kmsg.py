@@ -21,7 +21,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from vigil.signals import normalize_pci_bus_id
+from vigil_core.signals import normalize_pci_bus_id
 
 _BUS = r"(?:PCI:)?(?P<bus>[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-7])?)"
 # Digits are bounded so that no line can hand int() thousands of them; one digit past a bound makes

@@ -22,7 +22,7 @@ import structlog
 from agent.spool import Spool
 from protos.codec import signal_to_proto
 from protos.vigil.v1 import agent_pb2, agent_pb2_grpc, common_pb2
-from vigil.waiting import wait_event
+from vigil_core.waiting import wait_event
 
 log = structlog.get_logger(__name__)
 

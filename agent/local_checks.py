@@ -12,36 +12,11 @@ from __future__ import annotations
 import asyncio
 import time
 
-from agent.backend import GpuBackend, GpuReading
-from agent.faults import pcie_degradation
 from checks.runner import run_check
 from checks.wire import result_to_proto
+from gpus.backend import GpuBackend
+from gpus.health import health_problems
 from protos.vigil.v1 import agent_pb2, common_pb2
-from vigil.signals import THROTTLE_HARMFUL_MASK, throttle_reason_names
-
-
-def health_problems(readings: list[GpuReading]) -> list[str]:
-    problems = []
-    for r in readings:
-        name = f"GPU {r.gpu.index}"
-        if r.lost:
-            problems.append(f"{name} is lost")
-            continue
-        if r.remap_failure:
-            problems.append(f"{name} row remap failure")
-        if r.remap_pending:
-            problems.append(f"{name} row remap pending")
-        if r.ecc_volatile_uncorrected:
-            problems.append(f"{name} has {r.ecc_volatile_uncorrected} uncorrectable ECC error(s) since driver load")
-        if r.retired_pages_pending:
-            problems.append(f"{name} has a page retirement pending")
-        if r.nvlink_links_down:
-            problems.append(f"{name} NVLink(s) {list(r.nvlink_links_down)} down")
-        if degraded := pcie_degradation(r):
-            problems.append(f"{name} PCIe link degraded: {degraded}")
-        if harmful := (r.throttle_reasons or 0) & THROTTLE_HARMFUL_MASK:
-            problems.append(f"{name} throttled ({throttle_reason_names(harmful)})")
-    return problems
 
 
 class LocalChecks:

@@ -17,9 +17,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from agent.backend import GpuReading
 from agent.host import HostReading
-from vigil.signals import THROTTLE_HARMFUL_MASK, throttle_reason_names
+from gpus.backend import GpuReading
+from vigil_core.signals import THROTTLE_HARMFUL_MASK, throttle_reason_names
 
 _GPU = ["node", "gpu", "uuid", "pci_bus_id"]
 _THROTTLE_BITS = [1 << i for i in range(8)]

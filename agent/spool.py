@@ -45,7 +45,7 @@ import structlog
 
 from protos.codec import signal_from_proto, signal_to_proto
 from protos.vigil.v1 import common_pb2
-from vigil.signals import LOW_SEVERITY_KINDS, STATE_KINDS, Signal
+from vigil_core.signals import LOW_SEVERITY_KINDS, STATE_KINDS, Signal
 
 log = structlog.get_logger(__name__)
 FAULT_BOUND_FACTOR = 4

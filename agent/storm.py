@@ -22,7 +22,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from vigil.signals import STATE_KINDS, GpuRef, Signal, SignalKind
+from vigil_core.signals import STATE_KINDS, GpuRef, Signal, SignalKind
 
 MAX_KEYS = 4096  # distinct faults tracked at once; beyond it a new key is simply not folded
 

@@ -23,7 +23,7 @@ from typing import TypeVar
 
 import structlog
 
-from vigil.signals import Signal, SignalKind
+from vigil_core.signals import Signal, SignalKind
 
 log = structlog.get_logger(__name__)
 T = TypeVar("T")

@@ -8,7 +8,7 @@ pid and the driver's words). Repeats from the same source are kept, since the po
 
 from __future__ import annotations
 
-from vigil.signals import Signal, SignalKind
+from vigil_core.signals import Signal, SignalKind
 
 
 class XidFolder:

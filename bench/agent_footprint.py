@@ -10,7 +10,7 @@ Three processes are measured side by side over the same window, after a warm-up:
 - a baseline: an idle Python interpreter (`time.sleep`), the floor any Python daemon pays;
 - the controller is started too but not measured (it is not resident on GPU nodes).
 
-Targets (DESIGN.md): at most 1% of one core and 80 MB RSS. The agent's memory map is also searched
+Targets (docs/design.md): at most 1% of one core and 80 MB RSS. The agent's memory map is also searched
 for torch: the resident agent must never load it. Results are printed and appended as one JSON
 line to bench/results/agent_footprint.jsonl with the command that produced them.
 """

@@ -33,8 +33,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from agent.simulated import simulated_gpus
 from bench.record import append_result, header, percentile
+from gpus.simulated import simulated_gpus
 from vigil.admin_client import AdminClient
 from vigil.demo import simulated_agent_args, xid_line
 

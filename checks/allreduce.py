@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from checks.program import check_main
 from checks.result import CheckResult, Verdict
-from vigil.ports import free_port
+from vigil_core.ports import free_port
 
 if TYPE_CHECKING:
     import torch

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-# Dense bf16 peak TFLOP/s (DESIGN.md) and HBM bandwidth GB/s (vendor figures), by a name fragment.
+# Dense bf16 peak TFLOP/s (docs/design.md) and HBM bandwidth GB/s (vendor figures), by a name fragment.
 # First match wins, so the more specific names come first.
 GPU_PEAKS: list[tuple[str, float, float]] = [
     ("H100 PCIe", 756.0, 2000.0),

@@ -10,18 +10,18 @@ import argparse
 import socket
 import time
 
-from agent.backend import BackendUnavailable, GpuBackend
-from agent.local_checks import health_problems
 from checks.program import check_main, verdict_for
 from checks.result import CheckResult, unknown
+from gpus.backend import BackendUnavailable, GpuBackend
+from gpus.health import health_problems
 
 
 def backend_for(name: str, gpus: int) -> GpuBackend:
     if name == "simulated":
-        from agent.simulated import SimulatedBackend
+        from gpus.simulated import SimulatedBackend
 
         return SimulatedBackend(socket.gethostname(), gpus)
-    from agent.nvml_backend import NvmlBackend
+    from gpus.nvml_backend import NvmlBackend
 
     return NvmlBackend()
 

@@ -1,4 +1,4 @@
-"""Who may call what, under mutual TLS (``vigil.tls``): one interceptor for every service.
+"""Who may call what, under mutual TLS (``vigil_core.tls``): one interceptor for every service.
 
 - AgentGateway: ``node:`` certificates (and ``Connect`` lets a node speak only for itself);
 - TrainerGateway: ``trainer:`` or ``admin:`` certificates;
@@ -22,7 +22,7 @@ import grpc
 import structlog
 
 from controller.agent_tokens import ReviewUnavailable
-from vigil.tls import Identity, peer_identity
+from vigil_core.tls import Identity, peer_identity
 
 if TYPE_CHECKING:  # the kubernetes client is imported only where agents may bring tokens
     from controller.kube.tokens import TokenReviewer

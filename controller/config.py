@@ -14,8 +14,8 @@ from controller.guardrails import GuardrailConfig
 from controller.mfu import JobsConfig
 from controller.recovery import RecoveryConfig
 from controller.sweep_plan import SweepConfig
-from vigil.config_file import load_yaml_model
-from vigil.tls import transport_problem
+from vigil_core.config_file import load_yaml_model
+from vigil_core.tls import transport_problem
 
 
 class KubernetesConfig(BaseModel):

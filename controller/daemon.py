@@ -29,7 +29,7 @@ from controller.store import Store
 from controller.sweep import Sweeper
 from controller.trainer_gateway import TrainerGateway
 from protos.vigil.v1 import admin_pb2_grpc, agent_pb2_grpc, trainer_pb2_grpc
-from vigil.cert_reload import CertificateSource, server_credentials
+from vigil_core.cert_reload import CertificateSource, server_credentials
 
 if TYPE_CHECKING:
     from controller.kube.tokens import TokenReviewer

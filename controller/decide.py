@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
 from controller.policy import Policy, Severity
-from vigil.signals import GpuRef, Signal, SignalKind
+from vigil_core.signals import GpuRef, Signal, SignalKind
 
 
 class Health(StrEnum):

@@ -43,8 +43,8 @@ from controller.records import action_kind
 from controller.recovery import RecoveryConfig, check_releases, release_check_due
 from controller.store import EXTERNAL_ACTIONS, PendingAction, Received, Store
 from protos.vigil.v1 import agent_pb2, common_pb2
-from vigil.signals import Signal, SignalKind
-from vigil.waiting import wait_event
+from vigil_core.signals import Signal, SignalKind
+from vigil_core.waiting import wait_event
 
 log = structlog.get_logger(__name__)
 

@@ -37,8 +37,8 @@ from controller.policy import Severity
 from controller.sweep import SweepBusy, Sweeper
 from controller.sweep_plan import sweep_spec
 from protos.vigil.v1 import admin_pb2, common_pb2, trainer_pb2
-from vigil.names import is_job_id, is_node_name
-from vigil.waiting import wait_event
+from vigil_core.names import is_job_id, is_node_name
+from vigil_core.waiting import wait_event
 
 log = structlog.get_logger(__name__)
 

@@ -1,7 +1,7 @@
 """The policy: what each signal means and what Vigil does about it. YAML, validated, frozen.
 
 A policy file overrides the defaults rule by rule: naming XID 13 replaces only XID 13's rule.
-The defaults are DESIGN.md's XID table.
+The defaults are docs/design.md's XID table.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from vigil.config_file import load_yaml_model
-from vigil.signals import Signal, SignalKind
+from vigil_core.config_file import load_yaml_model
+from vigil_core.signals import Signal, SignalKind
 
 
 class Severity(StrEnum):

@@ -25,8 +25,8 @@ from controller.sweep import SweepBusy, Sweeper
 from controller.sweep_plan import SweepError, sweep_spec
 from protos.codec import BadSignal, gpu_to_proto, signal_from_proto
 from protos.vigil.v1 import admin_pb2, admin_pb2_grpc, agent_pb2, agent_pb2_grpc
-from vigil.names import is_address, is_node_name
-from vigil.signals import Signal
+from vigil_core.names import is_address, is_node_name
+from vigil_core.signals import Signal
 
 log = structlog.get_logger(__name__)
 

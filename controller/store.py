@@ -30,7 +30,7 @@ from controller.decide import (
 )
 from controller.policy import Severity
 from controller.records import action_from_json, action_kind, action_to_json, state_from_json, state_to_json
-from vigil.signals import GpuRef, Signal
+from vigil_core.signals import GpuRef, Signal
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS nodes (

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from protos.vigil.v1 import common_pb2 as pb
-from vigil.signals import GpuRef, Signal, SignalKind
+from vigil_core.signals import GpuRef, Signal, SignalKind
 
 MAX_MESSAGE_CHARS = 4096  # a kernel-log line is at most about 1 KiB
 MAX_GPU_INDEX = 1023

@@ -10,7 +10,7 @@ from typing import Any
 
 from controller.config import ControllerConfig
 from controller.daemon import Controller
-from vigil.ports import free_port as free_port  # the tests' one, re-exported
+from vigil_core.ports import free_port as free_port  # the tests' one, re-exported
 
 
 async def wait_until(condition: Callable[[], bool], timeout: float = 10.0, what: str = "condition") -> None:

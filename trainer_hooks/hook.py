@@ -50,8 +50,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from protos.vigil.v1 import trainer_pb2
 from trainer_hooks.reporter import Reporter
 from trainer_hooks.window import RankWindow, figures
-from vigil.names import is_job_id, is_node_name
-from vigil.tls import TlsError, TlsFiles
+from vigil_core.names import is_job_id, is_node_name
+from vigil_core.tls import TlsError, TlsFiles
 
 log = structlog.get_logger(__name__)
 

@@ -19,7 +19,7 @@ import grpc
 import structlog
 
 from protos.vigil.v1 import trainer_pb2, trainer_pb2_grpc
-from vigil.tls import TlsFiles, channel
+from vigil_core.tls import TlsFiles, channel
 
 log = structlog.get_logger(__name__)
 

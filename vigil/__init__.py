@@ -1,7 +1,7 @@
 """Vigil: GPU-cluster health checking and fault tolerance.
 
-This package holds what every part shares: the domain types (plain dataclasses, converted to
-protobuf only at the edges), logging set-up, and the ``vigil`` command line.
+This package is the program: the ``vigil`` command line, the demos, the local launcher and the
+operator views. What every part shares lives in ``vigil_core``, below everything else.
 """
 
-__version__ = "0.1.0"
+from vigil_core import __version__ as __version__

@@ -6,7 +6,7 @@ import os
 from collections.abc import Iterator
 
 from protos.vigil.v1 import admin_pb2, admin_pb2_grpc
-from vigil.tls import channel, from_env
+from vigil_core.tls import channel, from_env
 
 
 class AdminClient:

@@ -1,4 +1,4 @@
-"""``vigil certs``: a CA and the certificates of a Vigil cluster, for mutual TLS (``vigil.tls``).
+"""``vigil certs``: a CA and the certificates of a Vigil cluster, for mutual TLS (``vigil_core.tls``).
 
     vigil certs ./vigil-certs --controller-name vigil-controller.vigil.svc --nodes gpu-001,gpu-002 \\
         --admin alice --trainer jobs [--agents]
@@ -25,8 +25,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from vigil.names import is_node_name
-from vigil.tls import CA_FILE, CERT_FILE, KEY_FILE
+from vigil_core.names import is_node_name
+from vigil_core.tls import CA_FILE, CERT_FILE, KEY_FILE
 
 _NAME = re.compile(r"^[a-z0-9]([a-z0-9._-]{0,62})$")
 Key = ec.EllipticCurvePrivateKey

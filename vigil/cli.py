@@ -12,8 +12,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from vigil.config_file import ConfigError
-from vigil.tls import TlsError, TlsFiles, from_env
+from vigil_core.config_file import ConfigError
+from vigil_core.tls import TlsError, TlsFiles, from_env
 
 app = typer.Typer(
     help="Vigil: GPU-cluster health checking and fault tolerance.",
@@ -47,7 +47,7 @@ def _client_tls() -> TlsFiles | None:
 
 
 def _setup_logs(fmt: str) -> None:
-    from vigil.logs import configure_logging
+    from vigil_core.logs import configure_logging
 
     if fmt not in ("auto", "json", "console"):
         _fail(f"--log-format must be auto, json or console, not {fmt!r}")
@@ -97,8 +97,8 @@ def agent(
         cfg = load_agent_config(config, overrides)
     except ConfigError as exc:
         _fail(str(exc))
-    from agent.backend import BackendUnavailable
     from agent.daemon import AgentStartError, run_agent
+    from gpus.backend import BackendUnavailable
 
     try:
         run_agent(cfg)
@@ -349,7 +349,7 @@ def launch(
     """Run a training job's ranks here and start it again without the nodes Vigil took out:
     vigil launch --nodes node-1,node-2 -- python -m trainer_hooks.moe_job.train --preset debug"""
     from vigil.launch import LaunchConfig, Launcher
-    from vigil.names import is_job_id, is_node_name
+    from vigil_core.names import is_job_id, is_node_name
 
     _setup_logs(log_format)
     names = [n.strip() for n in nodes.split(",") if n.strip()]

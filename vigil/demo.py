@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 import grpc
 from rich.console import Console
 
-from agent.simulated import simulated_gpus
+from gpus.simulated import simulated_gpus
 from protos.vigil.v1 import admin_pb2
 from vigil.admin_client import AdminClient
 

@@ -32,8 +32,8 @@ from typing import Any, TypeVar
 import yaml
 from rich.console import Console
 
-from agent.simulated import simulated_gpus
 from controller.goodput import KINDS
+from gpus.simulated import simulated_gpus
 from trainer_hooks.moe_job.metrics_log import events, losses
 from vigil.admin_client import AdminClient
 from vigil.demo import Cluster, DemoFailed, demo_run, finish, wait_for, xid_line

@@ -39,8 +39,8 @@ import structlog
 
 from protos.vigil.v1 import trainer_pb2, trainer_pb2_grpc
 from trainer_hooks.protocol import CHECKPOINTED_EXIT_CODE
-from vigil.ports import free_port
-from vigil.tls import TlsFiles, channel
+from vigil_core.ports import free_port
+from vigil_core.tls import TlsFiles, channel
 
 log = structlog.get_logger(__name__)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -17,9 +18,17 @@ from rich.table import Table
 from controller.goodput import KINDS
 from protos.vigil.v1 import admin_pb2, common_pb2
 from vigil.admin_client import AdminClient
-from vigil.tls import TlsError
+from vigil_core.tls import TlsError
 
-_console = Console()
+PIPED_WIDTH = 1000  # columns when stdout is not a terminal: whole rows for grep, files and pagers
+
+
+def table_console() -> Console:
+    """A terminal's own width; piped or redirected, wide enough that no table row wraps."""
+    return Console() if sys.stdout.isatty() else Console(width=PIPED_WIDTH)
+
+
+_console = table_console()
 T = TypeVar("T")
 
 

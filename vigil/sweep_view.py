@@ -18,9 +18,10 @@ from rich.table import Table
 from checks.result import Verdict
 from protos.vigil.v1 import admin_pb2, common_pb2
 from vigil.admin_client import AdminClient
-from vigil.tls import TlsError
+from vigil.operator_views import table_console
+from vigil_core.tls import TlsError
 
-_console = Console()
+_console = table_console()
 _errors = Console(stderr=True, soft_wrap=True)
 _STYLE = {"OK": "green", "FAIL": "bold red", "UNKNOWN": "yellow"}
 FULL_TABLE_NODES = 50  # above this many nodes the table lists only the rows that did not pass

@@ -13,7 +13,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from controller.agent_tokens import AgentTokensConfig, ReviewUnavailable, node_of
-from vigil.tls import Identity
+from vigil_core.tls import Identity
 
 log = structlog.get_logger(__name__)
 

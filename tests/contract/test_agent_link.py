@@ -16,7 +16,7 @@ from controller.daemon import Controller
 from protos.codec import signal_to_proto
 from protos.vigil.v1 import agent_pb2, agent_pb2_grpc, common_pb2, trainer_pb2, trainer_pb2_grpc
 from tests.helpers import free_port, start_controller, stop_controller, wait_until
-from vigil.signals import GpuRef, Signal, SignalKind
+from vigil_core.signals import GpuRef, Signal, SignalKind
 
 NODE = "node-a"
 GPU = GpuRef(0, "GPU-aaaa", "0000:18:00")

@@ -9,11 +9,11 @@ from pathlib import Path
 
 from agent.config import AgentConfig
 from agent.daemon import Agent
-from agent.simulated import SimulatedBackend
 from agent.watchdog import GuardedWorker, Watchdog
 from controller.decide import Health
+from gpus.simulated import SimulatedBackend
 from tests.helpers import start_controller, stop_controller, wait_until
-from vigil.signals import SignalKind
+from vigil_core.signals import SignalKind
 
 
 def test_guarded_worker_reports_a_hang_without_starting_another_call() -> None:

@@ -1,4 +1,4 @@
-"""Renewed certificates taken up without a restart (``vigil.cert_reload``): a real controller and a
+"""Renewed certificates taken up without a restart (``vigil_core.cert_reload``): a real controller and a
 real agent on loopback, their certificate directories rewritten under them as the kubelet does
 when cert-manager renews a secret, even to a new CA."""
 
@@ -20,8 +20,8 @@ from controller.daemon import Controller
 from protos.vigil.v1 import admin_pb2, admin_pb2_grpc
 from tests.contract.test_mtls import certs, hello
 from tests.helpers import stop_controller
-from vigil.cert_reload import not_after
-from vigil.tls import CA_FILE, CERT_FILE, KEY_FILE, TlsError, TlsFiles
+from vigil_core.cert_reload import not_after
+from vigil_core.tls import CA_FILE, CERT_FILE, KEY_FILE, TlsError, TlsFiles
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ from controller.policy import Policy
 from controller.store import Store
 from tests.fakes.kube_api import KubeApiServer
 from tests.fakes.slack_api import CHANNEL, TOKEN, FakeSlack
-from vigil.signals import GpuRef, Signal, SignalKind
+from vigil_core.signals import GpuRef, Signal, SignalKind
 
 NODES = [f"gpu-{i:02d}" for i in range(20)]
 

@@ -12,7 +12,7 @@ import pytest
 
 from agent.dcgm import DcgmCollector, DcgmScrapeError
 from agent.host import HostCollector
-from vigil.signals import SignalKind
+from vigil_core.signals import SignalKind
 
 # As dcgm-exporter 3.3 prints it (labels and HELP lines trimmed to what the parser needs).
 LABELS = (

@@ -10,13 +10,13 @@ from dataclasses import dataclass, fields
 
 import pytest
 
-from agent.backend import GpuBackend, GpuReading
 from agent.gpu_collector import GpuCollector
-from agent.nvml_backend import NvmlBackend
-from agent.simulated import SimulatedBackend
+from gpus.backend import GpuBackend, GpuReading
+from gpus.nvml_backend import NvmlBackend
+from gpus.simulated import SimulatedBackend
 from tests.fakes.nvml import FakeNvml, hgx
 from tests.helpers import poll_until
-from vigil.signals import SignalKind, normalize_pci_bus_id
+from vigil_core.signals import SignalKind, normalize_pci_bus_id
 
 
 @dataclass

@@ -232,7 +232,7 @@ def test_drain_is_a_separate_action_after_the_quarantine(kube: KubeApiServer, tm
     from controller.engine import Engine
     from controller.policy import Policy
     from controller.store import Store
-    from vigil.signals import GpuRef, Signal, SignalKind
+    from vigil_core.signals import GpuRef, Signal, SignalKind
 
     kube.add_node("gpu-1")
     kube.add_pod("train", "worker-0", "gpu-1")

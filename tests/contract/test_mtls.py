@@ -21,7 +21,7 @@ from controller.daemon import Controller
 from protos.vigil.v1 import admin_pb2, admin_pb2_grpc, agent_pb2, agent_pb2_grpc, trainer_pb2, trainer_pb2_grpc
 from tests.fakes.kube_api import KubeApiServer
 from tests.helpers import stop_controller
-from vigil.tls import TlsFiles
+from vigil_core.tls import TlsFiles
 
 Creds = grpc.ChannelCredentials | None
 

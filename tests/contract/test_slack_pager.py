@@ -140,7 +140,7 @@ def test_a_flood_is_one_message_with_its_count_in_the_thread(slack: FakeSlack, t
     from controller.actuators import LocalActuator
     from controller.engine import Engine
     from controller.policy import Policy
-    from vigil.signals import GpuRef, Signal, SignalKind
+    from vigil_core.signals import GpuRef, Signal, SignalKind
 
     async def scenario() -> None:
         now = [1000.0]

@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from agent.simulated import simulated_gpus
+from gpus.simulated import simulated_gpus
 from tests.helpers import poll_until
 from vigil.admin_client import AdminClient
 from vigil.demo import simulated_agent_args, xid_line

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.simulated import simulated_gpus
+from gpus.simulated import simulated_gpus
 from tests.e2e.processes import start_controller, vigil
 from tests.helpers import poll_until
 from vigil.demo import xid_line

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.simulated import simulated_gpus
+from gpus.simulated import simulated_gpus
 from tests.e2e.processes import configured_controller, port_of, start_agent
 from tests.helpers import poll_until
 from vigil.admin_client import AdminClient

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.simulated import simulated_gpus
+from gpus.simulated import simulated_gpus
 from tests.e2e.processes import configured_controller, start_agent
 from tests.fakes.slack_api import CHANNEL, TOKEN, FakeSlack
 from tests.helpers import free_port, poll_until

@@ -9,17 +9,17 @@ from pathlib import Path
 
 import pytest
 
-from agent.simulated import simulated_gpus
 from controller.actuators import LocalActuator
 from controller.decide import Page, PageUpdate, Quarantine
 from controller.engine import Engine
 from controller.policy import Policy
 from controller.store import Store
+from gpus.simulated import simulated_gpus
 from tests.e2e.processes import start_agent, start_controller
 from tests.helpers import poll_until
 from vigil.admin_client import AdminClient
 from vigil.demo import xid_line
-from vigil.signals import Signal, SignalKind
+from vigil_core.signals import Signal, SignalKind
 
 pytestmark = pytest.mark.e2e
 

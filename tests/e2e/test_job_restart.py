@@ -35,7 +35,9 @@ ENV = {"VIGIL_WINDOW_STEPS": str(WINDOW_STEPS), "OMP_NUM_THREADS": "1"}
 
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[JobCluster]:
-    with job_cluster(tmp_path, pager="console") as c:
+    # The slow rank's drop is about 78 %; on a shared CPU, throughput noise alone can dip 20 % (the GPU
+    # default), so the test's jobs, like the training demo's, call a drop only past 40 %.
+    with job_cluster(tmp_path, pager="console", jobs={"drop_fraction": 0.4}) as c:
         yield c
 
 
@@ -94,9 +96,12 @@ def test_a_slow_rank_is_detected_blamed_on_its_node_and_left_out_of_the_restart(
     assert launcher.wait(180) == 0, (cluster.tmp / "launch.log").read_text()[-3000:]
 
     log = json_lines(cluster.tmp / "ctl.log")
-    (drop,) = [e for e in log if e["event"] == "mfu_drop"]
+    blamed = [e for e in log if e["event"] == "mfu_drop" and e["blamed"]]
     # Windows of 10 steps (give or take the hook's exchange rhythm): warm-up, 3 for the baseline, then
     # slow from step 41. Two low windows in a row are the drop: found within the third window at most.
+    # The drop that blames a node is the slow rank's, and it blames node-b alone; an unblamed dip
+    # of a loaded machine would only page (and is not what this test is about).
+    (drop,) = blamed
     assert 40 + WINDOW_STEPS < drop["step"] <= 40 + 3 * WINDOW_STEPS and drop["blamed"] == ["node-b"]
     assert "on node-b: step time" in drop["evidence"]
     (sweep,) = [e for e in log if e["event"] == "job_recovery_sweep"]

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.simulated import simulated_gpus
+from gpus.simulated import simulated_gpus
 from tests.e2e.processes import configured_controller, start_agent
 from tests.fakes.kube_api import KubeApiServer
 from tests.fakes.slack_api import CHANNEL, TOKEN, FakeSlack

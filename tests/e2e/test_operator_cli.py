@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.simulated import simulated_gpus
+from gpus.simulated import simulated_gpus
 from tests.e2e.processes import configured_controller, port_of, start_agent
 from tests.helpers import poll_until
 from vigil.admin_client import AdminClient
@@ -77,6 +77,9 @@ def test_operator_commands(tmp_path: Path) -> None:
         assert unknown.returncode == 2 and "NOT_FOUND" in unknown.stdout + unknown.stderr
         table = cli("incidents", "--controller", target)
         assert "RESOLVED" in table.stdout and "node-b" in table.stdout
+        # Piped, a table keeps each row on one line (whole rows for grep), however wide it is.
+        (row,) = [line for line in table.stdout.splitlines() if listed[0]["id"] in line]
+        assert "XID 79: GPU has fallen off the bus" in row and "QUARANTINE:DONE" in row
     finally:
         for proc in procs:
             proc.send_signal(signal.SIGTERM)

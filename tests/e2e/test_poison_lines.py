@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.simulated import simulated_gpus
+from gpus.simulated import simulated_gpus
 from tests.e2e.processes import start_agent, start_controller
 from tests.helpers import poll_until
 from vigil.admin_client import AdminClient

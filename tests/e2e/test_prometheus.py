@@ -17,9 +17,9 @@ import pytest
 
 from agent.config import AgentConfig
 from agent.daemon import Agent
-from agent.simulated import SimulatedBackend
+from gpus.simulated import SimulatedBackend
 from tests.helpers import free_port, poll_until, wait_until
-from vigil.signals import THROTTLE_HW_THERMAL
+from vigil_core.signals import THROTTLE_HW_THERMAL
 
 pytestmark = pytest.mark.e2e
 NO_PROMETHEUS = "needs Debian's prometheus package (apt-get install prometheus; .ci/run installs it)"

@@ -13,9 +13,10 @@ from dataclasses import fields
 
 import pytest
 
-from agent.backend import BackendUnavailable, GpuReading
 from agent.gpu_collector import GpuCollector
-from agent.nvml_backend import NvmlBackend
+from gpus.backend import BackendUnavailable, GpuReading
+from gpus.nvml_backend import NvmlBackend
+from vigil_core.signals import SignalKind
 
 pytestmark = pytest.mark.gpu
 
@@ -52,16 +53,23 @@ def test_xid_events_are_registered(backend: NvmlBackend) -> None:
     assert (backend.events_progress() or 0) > (first or 0)  # the listener comes back from its waits
 
 
-def test_one_full_poll_latency(backend: NvmlBackend) -> None:
+def test_a_full_poll_reads_every_gpu_and_reports_only_what_changed(backend: NvmlBackend) -> None:
+    """Every GPU read on every poll (the latency is printed for the record; bench.gpu_checks measures
+    it), and polls of an unchanged GPU report nothing new: a fault signal here is a real transition."""
     collector = GpuCollector("gpu-node", backend, time.time)
     collector.collect()  # first poll sets the baseline
     samples = []
+    repeated: list[str] = []
     for _ in range(10):
         started = time.perf_counter()
         signals = collector.collect()
         samples.append(time.perf_counter() - started)
+        repeated += [s.describe() for s in signals if s.kind is not SignalKind.THROTTLE]
+        readings = collector.readings
+        assert [r.gpu.index for r in readings] == [g.index for g in backend.gpus()]
+        assert all(r.lost or r.temperature_c is not None for r in readings)
     samples.sort()
     print(
         f"\nfull poll of {len(backend.gpus())} GPU(s): median {samples[5] * 1e3:.1f} ms, max {samples[-1] * 1e3:.1f} ms"
     )
-    assert signals == [] or all(s.source == "gpu-poll" for s in signals)
+    assert repeated == [], f"a healthy, unchanged GPU reported faults on every poll: {repeated}"

@@ -9,7 +9,7 @@ import pytest
 
 from controller.agent_tokens import NODE_KEY, AgentTokensConfig, node_of
 from controller.authz import bearer
-from vigil.tls import Identity, parse_identity
+from vigil_core.tls import Identity, parse_identity
 
 CONFIG = AgentTokensConfig(enabled=True)
 AGENT = "system:serviceaccount:vigil:vigil-agent"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from protos.codec import BadSignal, signal_from_proto, signal_problem, signal_to_proto
-from vigil.signals import GpuRef, Signal, SignalKind
+from vigil_core.signals import GpuRef, Signal, SignalKind
 
 
 def test_a_signal_the_wire_cannot_carry_is_named() -> None:

@@ -10,7 +10,8 @@ import pytest
 from agent.config import load_agent_config
 from controller.config import load_controller_config
 from controller.policy import Severity, load_policy
-from vigil.config_file import ConfigError
+from vigil_core.config_file import ConfigError
+from vigil_core.signals import SignalKind
 
 
 def write(tmp_path: Path, text: str) -> Path:
@@ -127,9 +128,21 @@ def test_the_example_controller_config_loads() -> None:
 )
 def test_bad_agent_config_names_the_key(tmp_path: Path, text: str, expected: str) -> None:
     from agent.config import load_agent_config
-    from vigil.config_file import ConfigError
+    from vigil_core.config_file import ConfigError
 
     path = tmp_path / "agent.yaml"
     path.write_text(text)
     with pytest.raises(ConfigError, match=expected):
         load_agent_config(path, {"node": "n1", "plaintext": True})
+
+
+def test_the_readmes_policy_example_loads(tmp_path: Path) -> None:
+    import re
+
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    example = re.search(r"A policy file overrides the defaults rule by rule, e.g.:\n\n```yaml\n(.*?)```", readme, re.S)
+    assert example is not None
+    path = tmp_path / "policy.yaml"
+    path.write_text(example[1])
+    policy = load_policy(path)
+    assert policy.kinds[SignalKind.THROTTLE].min_value == 60 and policy.xid[13].threshold == 3

@@ -1,4 +1,4 @@
-"""The decision function, table-driven over DESIGN.md's XID table and over windows."""
+"""The decision function, table-driven over docs/design.md's XID table and over windows."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ from controller.decide import (
 )
 from controller.policy import Policy, Rule, Severity
 from controller.records import state_to_json
-from vigil.signals import THROTTLE_HW_SLOWDOWN, GpuRef, Signal, SignalKind
+from vigil_core.signals import THROTTLE_HW_SLOWDOWN, GpuRef, Signal, SignalKind
 
 POLICY = Policy()
 GPU0 = GpuRef(0, "GPU-0000", "0000:18:00")

@@ -7,11 +7,11 @@ from dataclasses import replace
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agent.backend import GpuReading
 from agent.faults import FaultState, diff_faults, fault_state
 from agent.gpu_collector import GpuCollector
-from agent.simulated import SimulatedBackend
-from vigil.signals import THROTTLE_HW_SLOWDOWN, GpuRef, SignalKind
+from gpus.backend import GpuReading
+from gpus.simulated import SimulatedBackend
+from vigil_core.signals import THROTTLE_HW_SLOWDOWN, GpuRef, SignalKind
 
 GPU = GpuRef(0, "GPU-a", "0000:18:00")
 HEALTHY = GpuReading(

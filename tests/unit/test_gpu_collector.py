@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from agent.gpu_collector import GpuCollector, xid_signals
-from agent.simulated import SimulatedBackend, simulated_gpus
-from vigil.signals import THROTTLE_GPU_IDLE, THROTTLE_HW_THERMAL, THROTTLE_SW_POWER_CAP, SignalKind
+from gpus.simulated import SimulatedBackend, simulated_gpus
+from vigil_core.signals import THROTTLE_GPU_IDLE, THROTTLE_HW_THERMAL, THROTTLE_SW_POWER_CAP, SignalKind
 
 
 class Clock:

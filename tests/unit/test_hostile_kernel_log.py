@@ -25,7 +25,7 @@ from agent.daemon import Agent
 from agent.kernel_log import FileTail, KernelLogCollector
 from agent.kmsg import UnparsedLine, parse_nvrm, parse_record
 from tests.unit.test_kmsg import REAL_LINES
-from vigil.signals import SignalKind
+from vigil_core.signals import SignalKind
 
 EXAMPLES = 1000
 SEEDS_PER_EXAMPLE = 10  # hypothesis draws these; each is fed in VARIANTS forms

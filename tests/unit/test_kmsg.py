@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from agent.kernel_log import KernelLogCollector
 from agent.kmsg import GpuAnnounce, XidLine, parse_nvrm, parse_record
-from vigil.signals import GpuRef, SignalKind, normalize_pci_bus_id
+from vigil_core.signals import GpuRef, SignalKind, normalize_pci_bus_id
 
 REAL_LINES = [
     # (line, bus, code, pid, process)

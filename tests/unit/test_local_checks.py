@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 
 from agent.local_checks import LocalChecks
-from agent.simulated import SimulatedBackend
+from gpus.simulated import SimulatedBackend
 from protos.vigil.v1 import agent_pb2, common_pb2
-from vigil.signals import THROTTLE_HW_SLOWDOWN
+from vigil_core.signals import THROTTLE_HW_SLOWDOWN
 
 
 def run(backend: SimulatedBackend, check: str) -> common_pb2.CheckResult:

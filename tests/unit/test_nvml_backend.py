@@ -7,11 +7,11 @@ import time
 
 import pytest
 
-from agent.backend import BackendUnavailable
-from agent.nvml_backend import NvmlBackend
+from gpus.backend import BackendUnavailable
+from gpus.nvml_backend import NvmlBackend
 from tests.fakes.nvml import FakeNvml, hgx
 from tests.helpers import poll_until
-from vigil.signals import THROTTLE_HW_THERMAL, THROTTLE_SW_POWER_CAP
+from vigil_core.signals import THROTTLE_HW_THERMAL, THROTTLE_SW_POWER_CAP
 
 
 def backend(nvml: FakeNvml) -> NvmlBackend:
@@ -143,7 +143,7 @@ def test_event_handles_match_by_address_not_identity() -> None:
 
     import pynvml
 
-    from agent.nvml_backend import _handle_key
+    from gpus.nvml_backend import _handle_key
 
     device = pynvml.struct_c_nvmlDevice_t()
     one, other = pynvml.c_nvmlDevice_t(device), pynvml.c_nvmlDevice_t(device)

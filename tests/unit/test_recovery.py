@@ -10,7 +10,7 @@ from controller.policy import Policy
 from controller.recovery import RecoveryConfig, check_releases, release_check_due
 from controller.store import Store
 from protos.vigil.v1 import agent_pb2, common_pb2
-from vigil.signals import GpuRef, Signal, SignalKind
+from vigil_core.signals import GpuRef, Signal, SignalKind
 
 CFG = RecoveryConfig(hold_down_s=600, check_every_s=60)
 OUT = NodeState("n1", Health.QUARANTINED, quarantined_at=1000.0)

@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 from agent.spool import Spool
-from vigil.signals import GpuRef, Signal, SignalKind
+from vigil_core.signals import GpuRef, Signal, SignalKind
 
 
 def draft(code: int) -> Signal:

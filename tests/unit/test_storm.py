@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from agent.storm import StormFolder
-from vigil.signals import GpuRef, Signal, SignalKind
+from vigil_core.signals import GpuRef, Signal, SignalKind
 
 
 def xid(code: int, at: float, gpu: int = 0, message: str = "") -> Signal:

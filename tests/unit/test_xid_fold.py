@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from agent.xid_fold import XidFolder
-from vigil.signals import GpuRef, Signal, SignalKind
+from vigil_core.signals import GpuRef, Signal, SignalKind
 
 KMSG_GPU = GpuRef(-1, "", "0000:3b:00")  # the kernel line names only the bus
 NVML_GPU = GpuRef(2, "GPU-abc", "0000:3b:00")

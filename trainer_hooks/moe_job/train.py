@@ -37,7 +37,7 @@ from trainer_hooks.moe_job.metrics_log import FILE, MetricsLog
 from trainer_hooks.moe_job.model import MoETransformer, loss_fn
 from trainer_hooks.moe_job.parallel import shard
 from trainer_hooks.protocol import CHECKPOINTED_EXIT_CODE
-from vigil.logs import configure_logging
+from vigil_core.logs import configure_logging
 
 
 def learning_rate(cfg: TrainConfig, step: int) -> float:

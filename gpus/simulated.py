@@ -11,8 +11,8 @@ import time
 import uuid
 from dataclasses import dataclass, replace
 
-from agent.backend import NVLINK_COUNTERS, GpuReading, XidEvent
-from vigil.signals import GpuRef
+from gpus.backend import NVLINK_COUNTERS, GpuReading, XidEvent
+from vigil_core.signals import GpuRef
 
 # Bus ids of the eight GPUs of an HGX H100 board, as `nvidia-smi` shows them on DGX H100.
 _HGX_BUS_IDS = ("18", "2a", "3a", "5d", "9a", "ab", "ba", "db")

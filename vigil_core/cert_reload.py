@@ -28,7 +28,7 @@ from pathlib import Path
 import grpc
 import structlog
 
-from vigil.tls import TlsError, TlsFiles
+from vigil_core.tls import TlsError, TlsFiles
 
 log = structlog.get_logger(__name__)
 

@@ -27,8 +27,8 @@ from typing import Any
 
 import structlog
 
-from agent.backend import NVLINK_COUNTERS, BackendUnavailable, GpuReading, XidEvent
-from vigil.signals import (
+from gpus.backend import NVLINK_COUNTERS, BackendUnavailable, GpuReading, XidEvent
+from vigil_core.signals import (
     THROTTLE_HW_POWER_BRAKE,
     THROTTLE_HW_THERMAL,
     THROTTLE_SW_POWER_CAP,

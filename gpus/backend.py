@@ -4,7 +4,7 @@ A backend answers three questions: which GPUs are there, what does one read now,
 events arrived since the last call. ``None`` in a reading means "not available on this GPU",
 never zero: a field the hardware cannot report must not look healthy.
 
-Two backends implement it: ``nvml`` (production, ``agent.nvml_backend``) and ``simulated`` (the
+Two backends implement it: ``nvml`` (production, ``gpus.nvml_backend``) and ``simulated`` (the
 demo and the tests, with fault injection). tests/contract/test_gpu_backends.py holds both to the
 same contract.
 """
@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
-from vigil.signals import GpuRef
+from vigil_core.signals import GpuRef
 
 # NVLink error counters, by the names NVML gives them (nvmlNvLinkErrorCounter_t).
 NVLINK_COUNTERS = ("replay", "recovery", "crc_flit", "crc_data")
