@@ -16,11 +16,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import structlog
 
+from controller.actions import Drain, ExternalAction, Page, Quarantine, action_kind
 from controller.actuators import Actuator, NotReadyYet, Pager, PermanentActionError
-from controller.decide import Drain, ExternalAction, Page, Quarantine
 from controller.guardrails import TokenBucket
 from controller.metrics import ControllerMetrics
-from controller.records import action_kind
 from controller.store import PendingAction, Store
 
 log = structlog.get_logger(__name__)

@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 from typing import Protocol, TextIO
 
-from controller.decide import Drain, Page, PageUpdate, Quarantine
+from controller.actions import Drain, Page, PageUpdate, Quarantine
 from controller.store import Store
 
 

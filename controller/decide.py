@@ -19,130 +19,15 @@ rule's highest threshold needs, and a node keeps at most ``MAX_KEYS`` keys and i
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
-from enum import StrEnum
+from dataclasses import dataclass, replace
 
+from controller.actions import Action, EscalateIncident, FoldIntoIncident, Incident, OpenIncident, Page, Quarantine
+from controller.node_state import Health, IncidentRef, NodeState
 from controller.policy import Policy, Severity
 from vigil_core.signals import GpuRef, Signal, SignalKind
 
-
-class Health(StrEnum):
-    HEALTHY = "HEALTHY"
-    SUSPECT = "SUSPECT"
-    UNHEALTHY = "UNHEALTHY"
-    QUARANTINED = "QUARANTINED"
-    UNKNOWN = "UNKNOWN"
-
-
 _OUT_OF_SERVICE = (Health.UNHEALTHY, Health.QUARANTINED)
 MAX_KEYS = 256  # per node: counted keys and open incident references
-
-
-@dataclass(frozen=True, slots=True)
-class IncidentRef:
-    """What the decision function remembers of an incident, for folding."""
-
-    id: str
-    key: str
-    severity: Severity
-    last_at: float
-
-
-@dataclass(frozen=True, slots=True)
-class NodeState:
-    node: str
-    health: Health = Health.HEALTHY
-    health_before_unknown: Health = Health.HEALTHY
-    hung_collectors: frozenset[str] = frozenset()  # the agent's collectors that are stuck now
-    quarantined_at: float = 0.0  # when the actuator took it out of service (the hold-down counts from here)
-    recent: dict[str, tuple[float, ...]] = field(default_factory=dict)  # key -> observation times
-    incidents: tuple[IncidentRef, ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
-class Incident:
-    id: str
-    node: str
-    gpu: GpuRef
-    kind: SignalKind
-    code: int
-    severity: Severity
-    meaning: str
-    remedy: str
-    first_message: str
-    first_seq: int
-    first_observed_at: float
-    opened_at: float
-
-
-# Actions. The first three are bookkeeping in the incident store; the last two are side effects
-# that actuators carry out, at least once, idempotently by incident id.
-@dataclass(frozen=True, slots=True)
-class OpenIncident:
-    incident: Incident
-    count: int = 1  # observations the opening signal stands for (a storm folded at the agent)
-
-
-@dataclass(frozen=True, slots=True)
-class FoldIntoIncident:
-    incident_id: str
-    at: float
-    count: int = 1
-
-
-@dataclass(frozen=True, slots=True)
-class EscalateIncident:
-    incident_id: str
-    severity: Severity
-    at: float
-    count: int = 1
-
-
-@dataclass(frozen=True, slots=True)
-class Quarantine:
-    incident_id: str
-    node: str
-    reason: str
-    remedy: str
-    observed_at: float = 0.0  # when the agent saw the fault: fault-to-action latency starts here
-    dry_run: bool = False  # decided and recorded, but nothing on the node is changed
-
-
-@dataclass(frozen=True, slots=True)
-class Page:
-    incident_id: str
-    node: str
-    severity: Severity
-    summary: str
-    remedy: str
-    observed_at: float = 0.0
-    gpu: str = ""  # which GPU, for a person: "GPU 3 (GPU-…, 0000:3b:00.0)"
-    did: str = ""  # what Vigil did about it
-
-
-@dataclass(frozen=True, slots=True)
-class PageUpdate:
-    """A later word on a paged incident (in Slack: a reply in its thread). One per tag and incident."""
-
-    incident_id: str
-    node: str
-    tag: str  # QUARANTINED, RESOLVED, HELD, ...
-    text: str
-    resolve: bool = False
-    observed_at: float = 0.0
-
-
-@dataclass(frozen=True, slots=True)
-class Drain:
-    """Evict the quarantined node's pods (opt-in; after the quarantine is done)."""
-
-    incident_id: str
-    node: str
-    observed_at: float = 0.0
-
-
-ExternalAction = Quarantine | Page | PageUpdate | Drain
-Action = OpenIncident | FoldIntoIncident | EscalateIncident | Quarantine | Page | PageUpdate | Drain
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,31 +17,27 @@ from dataclasses import dataclass, replace
 import structlog
 
 from controller.action_runner import ActionRunner
-from controller.actuators import Actuator, Pager
-from controller.check_requests import CheckRequests
-from controller.decide import (
+from controller.actions import (
     Drain,
     EscalateIncident,
     FoldIntoIncident,
-    Health,
-    NodeState,
     OpenIncident,
     Page,
     PageUpdate,
     Quarantine,
-    decide,
-    heartbeat_returned,
-    heartbeat_silence,
-    quarantine_confirmed,
-    recovered,
+    action_kind,
+    is_external,
 )
+from controller.actuators import Actuator, Pager
+from controller.check_requests import CheckRequests
+from controller.decide import decide, heartbeat_returned, heartbeat_silence, quarantine_confirmed, recovered
 from controller.guard import Guard
 from controller.guardrails import BreakerState, GuardrailConfig, TokenBucket
 from controller.metrics import ControllerMetrics
+from controller.node_state import Health, NodeState
 from controller.policy import Policy, Severity
-from controller.records import action_kind
 from controller.recovery import RecoveryConfig, check_releases, release_check_due
-from controller.store import EXTERNAL_ACTIONS, PendingAction, Received, Store
+from controller.store import PendingAction, Received, Store
 from protos.vigil.v1 import agent_pb2, common_pb2
 from vigil_core.signals import Signal, SignalKind
 from vigil_core.waiting import wait_event
@@ -211,7 +207,7 @@ class Engine:
         for item in received:
             self.metrics.signals.labels(item.signal.kind.value).inc()
             for action in item.actions:
-                if isinstance(action, EXTERNAL_ACTIONS) and action_kind(action) not in item.held:
+                if is_external(action) and action_kind(action) not in item.held:
                     self.runner.schedule(PendingAction(action.incident_id, action, 0, item.signal.seq))
                     if isinstance(action, Page):
                         self._paged[action.incident_id] = node

@@ -12,7 +12,7 @@ from dataclasses import replace
 import structlog
 
 from controller.action_runner import ActionRunner
-from controller.decide import Action, Page, Quarantine
+from controller.actions import Action, Page, Quarantine, action_kind
 from controller.guardrails import (
     Admission,
     BreakerState,
@@ -24,7 +24,6 @@ from controller.guardrails import (
 )
 from controller.metrics import ControllerMetrics
 from controller.policy import Severity
-from controller.records import action_kind
 from controller.store import Store
 
 log = structlog.get_logger(__name__)

@@ -26,13 +26,15 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from enum import StrEnum
 
 import structlog
 
-from controller.decide import Health, Page, PageUpdate, Quarantine
+from controller.actions import Page, PageUpdate, Quarantine
 from controller.engine import Engine, UnknownNode
 from controller.goodput import KINDS, Goodput, committed, started, trained
 from controller.mfu import JobsConfig, RankTime, Reading, Track, blame, observe, stragglers, window_figure
+from controller.node_state import Health
 from controller.policy import Severity
 from controller.sweep import SweepBusy, Sweeper
 from controller.sweep_plan import sweep_spec
@@ -50,6 +52,29 @@ class BadProgress(ValueError):
     """A report that cannot be taken: the message names the field."""
 
 
+class JobPhase(StrEnum):
+    """Where a job is in its life as the monitor sees it."""
+
+    RUNNING = "running"  # training; no command for it
+    STOPPING = "stopping"  # told to checkpoint and restart; waiting for its ack, its exit or the deadline
+    SWEEP_PENDING = "sweep pending"  # stopped after an MFU drop; its recovery sweep waits for the sweeper
+    SWEEPING = "sweeping"  # stopped; its recovery sweep runs (a launcher waits before starting it again)
+    STOPPED = "stopped"  # stopped; may start again
+    FINISHED = "finished"  # ended; a later job of the same id starts afresh
+
+
+# A (re)start report may come in any phase but the last: the job is then RUNNING again.
+_TRANSITIONS: dict[JobPhase, frozenset[JobPhase]] = {
+    JobPhase.RUNNING: frozenset({JobPhase.RUNNING, JobPhase.STOPPING, JobPhase.FINISHED}),
+    JobPhase.STOPPING: frozenset({JobPhase.RUNNING, JobPhase.SWEEP_PENDING, JobPhase.STOPPED, JobPhase.FINISHED}),
+    JobPhase.SWEEP_PENDING: frozenset({JobPhase.RUNNING, JobPhase.SWEEPING, JobPhase.STOPPED, JobPhase.FINISHED}),
+    JobPhase.SWEEPING: frozenset({JobPhase.RUNNING, JobPhase.STOPPED, JobPhase.FINISHED}),
+    JobPhase.STOPPED: frozenset({JobPhase.RUNNING, JobPhase.FINISHED}),
+    JobPhase.FINISHED: frozenset(),
+}
+_AFTER_STOP = (JobPhase.SWEEP_PENDING, JobPhase.SWEEPING, JobPhase.STOPPED)
+
+
 @dataclass
 class Job:
     job_id: str
@@ -60,34 +85,36 @@ class Job:
     last_report: float = 0.0
     track: Track = field(default_factory=Track)
     figures: deque[float] = field(default_factory=lambda: deque(maxlen=12))  # recent windows, for pages
-    command: trainer_pb2.CheckpointAndRestart | None = None
-    stopped: bool = False  # the job acknowledged the command, its launcher said it exited, or the deadline passed
+    phase: JobPhase = JobPhase.RUNNING
+    command: trainer_pb2.CheckpointAndRestart | None = None  # the one sent in this run, if any
+    sweep_on_stop: bool = False  # this stop follows an MFU drop: sweep the nodes it will restart on
     exclude: set[str] = field(default_factory=set)
     incidents: list[str] = field(default_factory=list)  # paged incidents that this stop follows
-    sweep_after_stop: bool = False
-    sweeping: bool = False
     recovery_note: str = ""
     commands_sent: int = 0
     drops: int = 0
     goodput: Goodput = field(default_factory=Goodput)
-    finished: bool = False
+
+    def move(self, to: JobPhase) -> None:
+        if to not in _TRANSITIONS[self.phase]:
+            raise ValueError(f"job {self.job_id}: no transition from {self.phase.value} to {to.value}")
+        self.phase = to
 
     @property
-    def stopping(self) -> bool:
-        return self.command is not None and not self.stopped
+    def stopped(self) -> bool:
+        """The job acknowledged its command, its launcher said it exited, or the deadline passed."""
+        return self.phase in _AFTER_STOP
 
     @property
     def state(self) -> str:
-        if self.finished:
-            return "finished"
-        if self.stopped:
-            return "stopped"
-        return "stopping" if self.command is not None else "running"
+        """For ``vigil jobs``: running, stopping, stopped or finished."""
+        return "stopped" if self.stopped else self.phase.value
 
     @property
     def ready(self) -> bool:
-        """Whether a launcher may start the job again now."""
-        return not self.sweep_after_stop and not self.sweeping
+        """Whether a launcher may start the job again now (not while its recovery sweep is due or runs)."""
+        waiting_for_sweep = self.phase is JobPhase.STOPPING and self.sweep_on_stop
+        return not waiting_for_sweep and self.phase not in (JobPhase.SWEEP_PENDING, JobPhase.SWEEPING)
 
 
 def validate(p: trainer_pb2.Progress) -> None:
@@ -150,17 +177,17 @@ class JobMonitor:
         job.committed_step = max(job.committed_step, p.committed_step)
         if p.event == "end":  # finished: a later job of the same id starts afresh
             log.info("job_finished", job=p.job_id, step=p.step, goodput=job.goodput.ratio)
-            job.finished = True
+            job.move(JobPhase.FINISHED)
             self.finished.append(self.jobs.pop(p.job_id))
             return []
         for ack in p.acks:
-            if job.command is not None and ack.id == job.command.id and not job.stopped:
+            if job.phase is JobPhase.STOPPING and job.command is not None and ack.id == job.command.id:
                 log.info("job_checkpointed", job=job.job_id, command=ack.id, step=ack.checkpoint_step)
                 self._note(job, "JOB-CHECKPOINTED", f"checkpointed at step {ack.checkpoint_step} and exited")
                 self._stopped(job)
-        if job.command is None:
+        if job.phase is JobPhase.RUNNING:
             self._on_nodes_out_of_service(job)
-        if not p.event and job.command is None:
+        if not p.event and job.phase is JobPhase.RUNNING:
             self._judge(job, p)
         return self._commands(job)
 
@@ -201,9 +228,9 @@ class JobMonitor:
             text = f"restarted on {len(p.nodes)} node(s), {left_out} left out; resumed at step {p.step}"
             self._note(job, "JOB-RESUMED", text)
             log.info("job_restarted", job=job.job_id, restart=p.restart_count, step=p.step, left_out=left_out)
-        job.restart_count, job.track, job.command, job.stopped = p.restart_count, Track(), None, False
-        job.exclude, job.incidents, job.sweep_after_stop, job.sweeping = set(), [], False, False
-        job.recovery_note = ""
+        job.move(JobPhase.RUNNING)
+        job.restart_count, job.track, job.command = p.restart_count, Track(), None
+        job.exclude, job.incidents, job.sweep_on_stop, job.recovery_note = set(), [], False, ""
 
     def _judge(self, job: Job, p: trainer_pb2.Progress) -> None:
         figure = window_figure(p.mfu, p.tokens_per_s)
@@ -239,15 +266,15 @@ class JobMonitor:
         if not found.nodes or not self.config.act_on_drop:
             self._page_drop(job, what, evidence, found.nodes)
             return
-        job.sweep_after_stop = True
+        job.sweep_on_stop = True  # the command the blame brings (through a quarantine) is a drop's
         for node in found.nodes:
             try:
                 outcome = self._engine.check_failed(node, f"mfu-{job.job_id}-{job.drops}", f"{what}; {evidence}")
             except UnknownNode:
                 outcome = "not quarantined: no agent of that name has ever connected"
             log.info("mfu_blame_acted_on", job=job.job_id, node=node, outcome=outcome)
-        if job.command is None:  # nothing was quarantined (dry-run, breaker): a person decides
-            job.sweep_after_stop = False
+        if job.phase is JobPhase.RUNNING:  # nothing was quarantined (dry-run, breaker): a person decides
+            job.sweep_on_stop = False
             self._page_drop(job, what, evidence, found.nodes)
 
     def _page_drop(self, job: Job, what: str, evidence: str, blamed: Sequence[str]) -> None:
@@ -265,7 +292,7 @@ class JobMonitor:
     def node_quarantined(self, action: Quarantine) -> None:
         """The engine decided to quarantine a node: every job on it checkpoints and restarts without it."""
         for job in self.jobs.values():
-            if action.node not in job.nodes or job.stopped:
+            if action.node not in job.nodes or job.phase not in (JobPhase.RUNNING, JobPhase.STOPPING):
                 continue
             job.exclude.add(action.node)
             job.incidents.append(action.incident_id)
@@ -275,6 +302,7 @@ class JobMonitor:
                 job.command.exclude_nodes[:] = sorted(job.exclude)
 
     def _command(self, job: Job, reason: str) -> None:
+        job.move(JobPhase.STOPPING)
         job.commands_sent += 1
         job.command = trainer_pb2.CheckpointAndRestart(
             id=f"{job.job_id}-r{max(job.restart_count, 0)}-c{job.commands_sent}",
@@ -282,19 +310,21 @@ class JobMonitor:
             exclude_nodes=sorted(job.exclude),
             deadline=self.clock() + self.config.deadline_s,
         )
-        self._engine.metrics.job_commands.labels("mfu" if job.sweep_after_stop else "quarantine").inc()
+        self._engine.metrics.job_commands.labels("mfu" if job.sweep_on_stop else "quarantine").inc()
         log.warning("job_command", job=job.job_id, command=job.command.id, exclude=sorted(job.exclude), reason=reason)
         self._note(job, "JOB-STOPPING", f"asked to checkpoint and restart without {', '.join(sorted(job.exclude))}")
 
     def _commands(self, job: Job) -> list[trainer_pb2.JobCommand]:
-        if not job.stopping:
+        if job.phase is not JobPhase.STOPPING:
             return []
         return [trainer_pb2.JobCommand(checkpoint_and_restart=job.command)]
 
     def _stopped(self, job: Job) -> None:
-        job.stopped = True
-        if job.sweep_after_stop and not job.sweeping:
-            self._start_recovery_sweep(job)
+        if not job.sweep_on_stop:
+            job.move(JobPhase.STOPPED)
+            return
+        job.move(JobPhase.SWEEP_PENDING)
+        self._start_recovery_sweep(job)
 
     # Launchers -----------------------------------------------------------------------------
 
@@ -308,7 +338,7 @@ class JobMonitor:
         job = self.jobs.get(request.job_id)
         if job is None:
             return trainer_pb2.PlanReply(exclude_nodes=sorted(out_of_service), ready=True, detail="job not known")
-        if request.stopped and job.command is not None and not job.stopped:
+        if request.stopped and job.phase is JobPhase.STOPPING and job.command is not None:
             log.info("job_exited", job=job.job_id, command=job.command.id)
             self._stopped(job)
         return trainer_pb2.PlanReply(
@@ -356,7 +386,8 @@ class JobMonitor:
     def _start_recovery_sweep(self, job: Job) -> None:
         nodes = [n for n in job.nodes if n not in job.exclude]
         if not nodes:
-            job.sweep_after_stop, job.recovery_note = False, "no node left to sweep"
+            job.recovery_note = "no node left to sweep"
+            job.move(JobPhase.STOPPED)
             return
         spec = sweep_spec(self._sweeper.config, self.config.sweep_checks, {}, True, 0.0, f"vigil (job {job.job_id})")
         done: asyncio.Future[admin_pb2.SweepSummary | None] = asyncio.get_running_loop().create_future()
@@ -369,7 +400,7 @@ class JobMonitor:
             sweep_id = self._sweeper.start(spec, nodes, emit)
         except SweepBusy:
             return  # the next watch tick tries again
-        job.sweep_after_stop, job.sweeping = False, True
+        job.move(JobPhase.SWEEPING)
         log.info("job_recovery_sweep", job=job.job_id, sweep=sweep_id, nodes=nodes)
         task = asyncio.get_running_loop().create_task(self._sweep_done(job, sweep_id, done))
         self._tasks.add(task)
@@ -388,7 +419,8 @@ class JobMonitor:
                 )
             self._note(job, "JOB-SWEPT", job.recovery_note)
         finally:
-            job.sweeping = False
+            if job.phase is JobPhase.SWEEPING:  # not when the job was started again meanwhile
+                job.move(JobPhase.STOPPED)
 
     # Time-driven ---------------------------------------------------------------------------
 
@@ -396,13 +428,13 @@ class JobMonitor:
         """Deadlines, pending recovery sweeps, and forgetting jobs gone silent."""
         now = self.clock()
         for job_id, job in list(self.jobs.items()):
-            if job.stopping and job.command is not None and now > job.command.deadline:
+            if job.phase is JobPhase.STOPPING and job.command is not None and now > job.command.deadline:
                 log.warning("job_deadline_passed", job=job_id, command=job.command.id)
                 self._note(job, "JOB-DEADLINE", "did not checkpoint before the deadline: its launcher kills it")
                 self._stopped(job)
-            elif job.stopped and job.sweep_after_stop:
+            elif job.phase is JobPhase.SWEEP_PENDING:
                 self._start_recovery_sweep(job)
-            elif now - job.last_report > self.config.forget_after_s and not job.sweeping:
+            elif now - job.last_report > self.config.forget_after_s and job.phase is not JobPhase.SWEEPING:
                 log.info("job_forgotten", job=job_id, silent_s=round(now - job.last_report))
                 del self.jobs[job_id]
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from controller.decide import Health, NodeState
+from controller.node_state import Health, NodeState
 
 
 class RecoveryConfig(BaseModel):

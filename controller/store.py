@@ -16,20 +16,18 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from controller.decide import (
+from controller.actions import (
     Action,
-    Drain,
     EscalateIncident,
     ExternalAction,
     FoldIntoIncident,
-    NodeState,
     OpenIncident,
-    Page,
-    PageUpdate,
-    Quarantine,
+    action_from_json,
+    action_kind,
+    action_to_json,
 )
+from controller.node_state import NodeState, state_from_json, state_to_json
 from controller.policy import Severity
-from controller.records import action_from_json, action_kind, action_to_json, state_from_json, state_to_json
 from vigil_core.signals import GpuRef, Signal
 
 _SCHEMA = """
@@ -64,8 +62,6 @@ CREATE TABLE IF NOT EXISTS check_results (
   request_id TEXT, node TEXT, check_name TEXT, verdict TEXT, reason TEXT, figures TEXT,
   started_at REAL, finished_at REAL);
 """
-
-EXTERNAL_ACTIONS = (Quarantine, Page, PageUpdate, Drain)
 
 
 @dataclass(frozen=True, slots=True)
@@ -286,13 +282,6 @@ class Store:
                 "UPDATE actions SET status = ?, detail = ? WHERE incident_id = ? AND kind = ?",
                 [(status, detail, i, k) for i, k in keys],
             )
-
-    def action_status(self, incident_id: str, kind: str) -> str | None:
-        with self._lock:
-            row = self._db.execute(
-                "SELECT status FROM actions WHERE incident_id = ? AND kind = ?", (incident_id, kind)
-            ).fetchone()
-        return str(row[0]) if row else None
 
     # Small durable facts: the breaker's state, the pager's thread ids --------------------------
 

@@ -23,8 +23,8 @@ import urllib3
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from controller.actions import Drain, Quarantine
 from controller.actuators import FoundQuarantine, PermanentActionError, Release, SelectionError
-from controller.decide import Drain, Quarantine
 from controller.kube.plans import Json, found_quarantine, plan_quarantine, plan_release
 
 log = structlog.get_logger(__name__)

@@ -20,8 +20,8 @@ from slack_sdk import WebClient
 from slack_sdk.errors import SlackApiError
 from slack_sdk.http_retry.builtin_handlers import RateLimitErrorRetryHandler
 
+from controller.actions import Page, PageUpdate
 from controller.actuators import NotReadyYet, PermanentActionError
-from controller.decide import Page, PageUpdate
 
 log = structlog.get_logger(__name__)
 

@@ -15,8 +15,8 @@ from typing import Any
 import urllib3
 from urllib3.util.retry import Retry
 
+from controller.actions import Page, PageUpdate
 from controller.actuators import PermanentActionError
-from controller.decide import Page, PageUpdate
 
 _RETRY = Retry(
     total=4,

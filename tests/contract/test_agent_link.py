@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -260,20 +261,25 @@ def test_backoff_starts_afresh_once_the_controller_acknowledges_a_hello(tmp_path
         spool = Spool(tmp_path / "spool.db")
         port = free_port()
         link, stop = link_for(spool, port), asyncio.Event()
-        link_module_backoff = agent_link.backoff_delay
-        agent_link.backoff_delay = lambda attempt, **kw: 0.01  # type: ignore[assignment]  # fail fast here
+        real_backoff = agent_link.backoff_delay
+        attempts: list[int] = []  # the attempt number each wait was computed from
+
+        def recorded(attempt: int, **kw: Any) -> float:
+            attempts.append(attempt)
+            return 0.01 if not link.connections else real_backoff(attempt, **kw)
+
+        agent_link.backoff_delay = recorded  # type: ignore[assignment]
         running = asyncio.create_task(link.run(stop))
         try:
-            await wait_until(lambda: link.attempt >= 8, what="failed tries piling up")
-            agent_link.backoff_delay = link_module_backoff
+            await wait_until(lambda: len(attempts) >= 8, what="failed tries piling up")
             controller = await start_controller(tmp_path / "ctl.db", port)
             await wait_until(lambda: link.connected, timeout=20, what="link up")
-            assert link.attempt == 0
+            attempts.clear()
             await stop_controller(controller)
-            await wait_until(lambda: not link.connected, what="link down")
-            assert link.attempt <= 1  # its next wait is backoff_delay(0): at most 0.2 s
+            await wait_until(lambda: attempts, what="the first wait after the outage")
+            assert attempts[0] == 0  # backoff_delay(0): at most 0.2 s, however many failures came before
         finally:
-            agent_link.backoff_delay = link_module_backoff
+            agent_link.backoff_delay = real_backoff
             stop.set()
             await running
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from agent.config import AgentConfig
 from agent.daemon import Agent
 from agent.watchdog import GuardedWorker, Watchdog
-from controller.decide import Health
+from controller.node_state import Health
 from gpus.simulated import SimulatedBackend
 from tests.helpers import start_controller, stop_controller, wait_until
 from vigil_core.signals import SignalKind

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from controller.actions import Quarantine
 from controller.actuators import SelectionError
-from controller.decide import Quarantine
 from controller.kube.actuator import MERGE_PATCH, STRATEGIC_PATCH, KubeActuator
 from controller.kube.client import RETRY, api_client
 from controller.kube.plans import CONDITION_TYPE, INCIDENT, OWNER, TAINT_KEY, WAS_UNSCHEDULABLE, event_name
@@ -201,7 +201,7 @@ def test_credentials_errors_name_the_source(tmp_path: Path, monkeypatch: pytest.
 
 
 def test_drain_evicts_workloads_and_waits_for_budgets(kube: KubeApiServer, tmp_path: Path) -> None:
-    from controller.decide import Drain
+    from controller.actions import Drain
     from controller.kube.actuator import DrainBlocked
 
     kube.add_node("gpu-1")

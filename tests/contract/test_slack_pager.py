@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from slack_sdk.errors import SlackApiError
 
+from controller.actions import Page, PageUpdate
 from controller.actuators import NotReadyYet, PermanentActionError
-from controller.decide import Page, PageUpdate
 from controller.pagers.slack import SlackPager
 from controller.policy import Severity
 from controller.store import Store

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
+from controller.actions import Page, PageUpdate
 from controller.actuators import PermanentActionError
-from controller.decide import Page, PageUpdate
 from controller.pagers.webhook import WebhookPager
 from controller.policy import Severity
 

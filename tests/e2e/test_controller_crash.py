@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from controller.actions import Page, PageUpdate, Quarantine
 from controller.actuators import LocalActuator
-from controller.decide import Page, PageUpdate, Quarantine
 from controller.engine import Engine
 from controller.policy import Policy
 from controller.store import Store

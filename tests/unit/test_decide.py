@@ -9,24 +9,18 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from controller.actions import EscalateIncident, FoldIntoIncident, OpenIncident, Page, Quarantine
 from controller.decide import (
     MAX_KEYS,
     Decision,
-    EscalateIncident,
-    FoldIntoIncident,
-    Health,
-    NodeState,
-    OpenIncident,
-    Page,
-    Quarantine,
     decide,
     heartbeat_returned,
     heartbeat_silence,
     quarantine_confirmed,
     recovered,
 )
+from controller.node_state import Health, NodeState, state_to_json
 from controller.policy import Policy, Rule, Severity
-from controller.records import state_to_json
 from vigil_core.signals import THROTTLE_HW_SLOWDOWN, GpuRef, Signal, SignalKind
 
 POLICY = Policy()
@@ -254,7 +248,7 @@ def test_a_fault_while_blind_still_quarantines() -> None:
 
 
 def test_hung_collectors_survive_the_store_round_trip() -> None:
-    from controller.records import state_from_json, state_to_json
+    from controller.node_state import state_from_json, state_to_json
 
     state = run([hung(1, 100.0)])[-1].state
     assert state_from_json(state_to_json(state), "n1") == state

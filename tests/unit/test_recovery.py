@@ -4,8 +4,8 @@ import asyncio
 from pathlib import Path
 
 from controller.actuators import LocalActuator, NullPager
-from controller.decide import Health, NodeState
 from controller.engine import Engine
+from controller.node_state import Health, NodeState
 from controller.policy import Policy
 from controller.recovery import RecoveryConfig, check_releases, release_check_due
 from controller.store import Store
