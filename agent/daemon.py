@@ -1,9 +1,10 @@
 """``vigil agent``: wires the collectors, the watchdog, the spool, the controller link and ``/metrics``.
 
-Each collector runs in its own asyncio task. Blocking ones (the GPU poll, the dcgm-exporter
-scrape, host statistics) run in a worker thread under the watchdog; the kernel log and the NVML
-event queue are non-blocking and are read on the event loop every ``kernel_log_poll_s``, since
-they are the fast path from a fault to the controller. Everything a collector reports goes
+Every collector (``agent.collectors``: one interface, poll → signals and cursors, show → metrics)
+runs in its own asyncio task, driven alike. Blocking ones (the GPU poll, the dcgm-exporter scrape,
+host statistics) run in a worker thread under the watchdog; the kernel log and the NVML event queue
+are non-blocking and are read on the event loop every ``kernel_log_poll_s``, since they are the
+fast path from a fault to the controller. Everything a collector reports goes
 through ``record``: XIDs reported by a second source are dropped, repeats of one fault are folded
 into a count (``agent.storm``), signals that could not go on the wire are refused alone, then the
 signals and the collectors' cursors are committed to the spool in one transaction, then the link
@@ -27,9 +28,10 @@ import grpc
 import structlog
 from prometheus_client import start_http_server
 
+from agent.collectors import Collector, DcgmScrape, GpuPoll, HostPoll, KernelLog, NvmlEvents, Poll
 from agent.config import AgentConfig
 from agent.dcgm import DcgmCollector
-from agent.gpu_collector import GpuCollector, xid_signals
+from agent.gpu_collector import GpuCollector
 from agent.host import HostCollector
 from agent.kernel_log import FileTail, JournaldSource, KernelLogCollector, KmsgSource, LineSource
 from agent.link import ControllerLink
@@ -50,7 +52,6 @@ from vigil_core.waiting import wait_event
 
 log = structlog.get_logger(__name__)
 
-Step = Callable[[], tuple[list[Signal], dict[str, str]]]
 CURSOR_SAVE_S = 10.0
 
 
@@ -122,25 +123,24 @@ class Agent:
         # What record could not write yet (the spool failed): written first at the next step.
         self._unsaved: list[Signal] = []
         self._unsaved_cursors: dict[str, str] = {}
-        self.gpu_collector = GpuCollector(config.node, self.backend, clock, config.throttle_report_s)
-        self._gpu_snapshot = self.spool.cursor("gpu")
-        if self._gpu_snapshot:
-            self.gpu_collector.restore(json.loads(self._gpu_snapshot))
+        node = config.node
+        gpu = GpuCollector(node, self.backend, clock, config.throttle_report_s)
+        host = HostCollector(node, clock, config.checkpoint_path, config.memory_available_min, config.disk_used_max)
+        self.collectors: list[Collector] = [
+            GpuPoll(gpu, config.gpu_poll_s, self.spool.cursor("gpu")),
+            HostPoll(host, config.host_poll_s),
+            NvmlEvents(node, self.backend, self.watchdog, config.collector_deadline_s, config.kernel_log_poll_s),
+        ]
+        if url := config.dcgm_exporter_url:
+            self.collectors.append(DcgmScrape(DcgmCollector(node, url, clock), config.dcgm_poll_s))
         opened = open_kernel_log(config, self.spool)
         self.kernel_source = opened[1] if opened else None
         self._kernel_cursor = f"kernel-log:{opened[0]}" if opened else ""
         self._kernel_saved = self.spool.cursor(self._kernel_cursor) if opened else None
         self._kernel_saved_at = 0.0
-        self.kernel_log = (
-            KernelLogCollector(config.node, self.kernel_source.read_lines, self.backend.gpus(), clock, opened[0])
-            if self.kernel_source is not None and opened is not None
-            else None
-        )
-        url = config.dcgm_exporter_url
-        self.dcgm = DcgmCollector(config.node, url, clock) if url else None
-        self.host = HostCollector(
-            config.node, clock, config.checkpoint_path, config.memory_available_min, config.disk_used_max
-        )
+        if opened is not None:
+            lines = KernelLogCollector(node, opened[1].read_lines, self.backend.gpus(), clock, opened[0])
+            self.collectors.append(KernelLog(node, opened[1], lines, config.kernel_log_poll_s))
         # Re-read on every (re)connection: a renewed certificate is taken up without a restart.
         tls = CertificateSource(config.tls_dir, token_file=config.token_file) if config.tls_dir else None
         if tls is not None:
@@ -235,96 +235,46 @@ class Agent:
         gone = set(droppable)
         self._unsaved = [s for i, s in enumerate(self._unsaved) if i not in gone]
 
-    # Collector steps (blocking; run in a worker thread under the watchdog) -----------------------
+    # Driving the collectors, all alike --------------------------------------------------------------
 
-    def _gpu_step(self) -> tuple[list[Signal], dict[str, str]]:
-        signals = self.gpu_collector.collect()
-        snapshot = json.dumps(self.gpu_collector.snapshot(), sort_keys=True)
-        if snapshot == self._gpu_snapshot:
-            return signals, {}
-        self._gpu_snapshot = snapshot
-        return signals, {"gpu": snapshot}
-
-    def _dcgm_step(self) -> tuple[list[Signal], dict[str, str]]:
-        assert self.dcgm is not None
-        return self.dcgm.collect(), {}
-
-    def _host_step(self) -> tuple[list[Signal], dict[str, str]]:
-        return self.host.collect(), {}
-
-    async def _guarded(self, stop: asyncio.Event, name: str, interval: float, step: Step) -> None:
-        node, deadline = self.config.node, self.config.collector_deadline_s
-        worker = GuardedWorker(name, deadline)
+    async def _drive(self, stop: asyncio.Event, collector: Collector) -> None:
+        """Poll every ``interval_s``: a blocking collector in a worker thread under the watchdog (a hung
+        call is COLLECTOR_HUNG, the node UNKNOWN), a non-blocking one on the loop. One failing
+        collector never stops the others or the link."""
+        node, deadline, name = self.config.node, self.config.collector_deadline_s, collector.name
+        worker = GuardedWorker(name, deadline) if collector.blocking else None
         while not stop.is_set():
-            started = time.monotonic()
-            signals: list[Signal] = []
-            cursors: dict[str, str] = {}
-            try:
-                finished, result = await worker.call(step)
-                if result is not None:
-                    signals, cursors = result
-            except Exception as exc:  # one failing collector must not stop the others or the link
-                finished = True
-                self.metrics.collector_errors.labels(node, name).inc()
-                log.warning("collector_failed", node=node, collector=name, error=str(exc))
-            self.metrics.collector_hung.labels(node, name).set(0 if finished else 1)
-            if finished:
-                self.metrics.collector_seconds.labels(node, name).set(time.monotonic() - started)
-            self._after_step(name, finished)
-            self.record(self.watchdog.report(name, not finished, deadline) + signals, cursors)
+            if worker is None:
+                self.poll_now(collector)
+            else:
+                started = time.monotonic()
+                result: Poll | None = None
+                try:
+                    finished, result = await worker.call(collector.poll)
+                except Exception as exc:
+                    finished = True
+                    self.metrics.collector_errors.labels(node, name).inc()
+                    log.warning("collector_failed", node=node, collector=name, error=repr(exc))
+                self.metrics.collector_hung.labels(node, name).set(0 if finished else 1)
+                if finished:
+                    self.metrics.collector_seconds.labels(node, name).set(time.monotonic() - started)
+                collector.show(self.metrics, finished and result is not None)
+                hung = self.watchdog.report(name, not finished, deadline)
+                self.record(hung + (result.signals if result else []), result.cursors if result else None)
             self.metrics.spooled.labels(node).set(self.spool.count())
-            await wait_event(stop, interval)
+            await wait_event(stop, collector.interval_s)
 
-    def _after_step(self, name: str, finished: bool) -> None:
-        if name == "gpu-poll":
-            # A hung poll shows no stale GPU values; vigil_agent_collector_hung says why.
-            self.metrics.readings.gpus = self.gpu_collector.readings if finished else []
-        elif name == "host":
-            self.metrics.readings.host = self.host.reading if finished else None
-
-    # The fast path: kernel log and NVML events, on the loop ---------------------------------------
-
-    async def _fast_path(self, stop: asyncio.Event) -> None:
-        node = self.config.node
-        while not stop.is_set():
-            signals: list[Signal] = []
-            try:
-                signals += self._nvml_events()
-            except Exception as exc:  # the events thread's queue or progress: never the agent's end
-                self.metrics.collector_errors.labels(node, "nvml-events").inc()
-                log.warning("nvml_events_failed", node=node, error=repr(exc))
-            try:
-                signals += self._kernel_lines()
-            except Exception as exc:  # an unreadable log: counted, and read again at the next step
-                self.metrics.collector_errors.labels(node, "kernel-log").inc()
-                log.warning("kernel_log_failed", node=node, error=repr(exc))
-            self.record(signals)  # also sends the storm's due summaries and saves the cursor now and then
-            await wait_event(stop, self.config.kernel_log_poll_s)
-
-    def _nvml_events(self) -> list[Signal]:
-        node, deadline = self.config.node, self.config.collector_deadline_s
-        signals = xid_signals(node, self.backend.drain_xid_events())
-        progress = self.backend.events_progress()
-        if progress is not None:
-            stuck = time.monotonic() - progress > deadline
-            signals += self.watchdog.report("nvml-events", stuck, deadline)
-            self.metrics.collector_hung.labels(node, "nvml-events").set(1 if stuck else 0)
-        return signals
-
-    def _kernel_lines(self) -> list[Signal]:
-        if self.kernel_log is None or self.kernel_source is None:
-            return []
-        node = self.config.node
-        unparsed_before = dict(self.kernel_log.unparsed)
-        overruns_before = getattr(self.kernel_source, "overruns", 0)
+    def poll_now(self, collector: Collector) -> None:
+        """One poll of a non-blocking collector, on the loop, and its signals recorded (which also
+        sends the storm's due summaries and saves the kernel-log cursor now and then)."""
         try:
-            return self.kernel_log.collect()
-        finally:
-            for reason, count in self.kernel_log.unparsed.items():
-                if count > unparsed_before.get(reason, 0):
-                    self.metrics.unparsed.labels(node, reason).inc(count - unparsed_before.get(reason, 0))
-            if isinstance(self.kernel_source, KmsgSource) and self.kernel_source.overruns > overruns_before:
-                self.metrics.kmsg_overruns.labels(node).inc(self.kernel_source.overruns - overruns_before)
+            result, fresh = collector.poll(), True
+        except Exception as exc:  # an unreadable log, a broken queue: counted, and polled again next time
+            result, fresh = Poll(), False
+            self.metrics.collector_errors.labels(self.config.node, collector.name).inc()
+            log.warning("collector_failed", node=self.config.node, collector=collector.name, error=repr(exc))
+        collector.show(self.metrics, fresh)
+        self.record(result.signals, result.cursors)
 
     def _kernel_cursor_update(self, with_signals: bool) -> dict[str, str]:
         """The kernel-log cursor goes to the spool with every write (signals, held repeats): the lines
@@ -356,14 +306,8 @@ class Agent:
             kernel_log=self._kernel_cursor.removeprefix("kernel-log:") or "none",
             dcgm_exporter=self.config.dcgm_exporter_url,
         )
-        tasks = [
-            asyncio.create_task(self._guarded(stop, "gpu-poll", self.config.gpu_poll_s, self._gpu_step)),
-            asyncio.create_task(self._guarded(stop, "host", self.config.host_poll_s, self._host_step)),
-            asyncio.create_task(self._fast_path(stop)),
-            asyncio.create_task(self.link.run(stop)),
-        ]
-        if self.dcgm is not None:
-            tasks.append(asyncio.create_task(self._guarded(stop, "dcgm", self.config.dcgm_poll_s, self._dcgm_step)))
+        tasks = [asyncio.create_task(self._drive(stop, c)) for c in self.collectors]
+        tasks.append(asyncio.create_task(self.link.run(stop)))
         try:
             await asyncio.gather(*tasks)
         finally:

@@ -46,6 +46,8 @@ class ActionRunner:
         metrics: ControllerMetrics,
         bucket: TokenBucket,
         clock: Callable[[], float] = time.time,
+        on_done: Callable[[PendingAction, str], None] = lambda pending, detail: None,
+        on_ack: Callable[[str], None] = lambda node: None,
     ) -> None:
         self.store = store
         self.actuator = actuator
@@ -53,8 +55,8 @@ class ActionRunner:
         self.metrics = metrics
         self.bucket = bucket
         self.clock = clock
-        self.on_done: Callable[[PendingAction, str], None] = lambda pending, detail: None
-        self.on_ack: Callable[[str], None] = lambda node: None  # the node's ackable seq moved
+        self.on_done = on_done  # an action was carried out
+        self.on_ack = on_ack  # the node's ackable seq moved
         self._in_flight: set[ActionKey] = set()
         self._unfinished: dict[str, dict[ActionKey, int]] = {}  # node -> action -> the signal's seq
         self._tasks: set[asyncio.Task[None]] = set()

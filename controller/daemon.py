@@ -19,11 +19,13 @@ import structlog
 from prometheus_client import start_http_server
 
 from controller.actuators import Actuator, ConsolePager, LocalActuator, NullPager, Pager
+from controller.agent_outboxes import AgentOutboxes
 from controller.authz import RoleInterceptor
 from controller.config import ControllerConfig
 from controller.engine import Engine
 from controller.jobs import JobMonitor
 from controller.policy import load_policy
+from controller.quarantine_feed import QuarantineFeed
 from controller.server import Admin, AgentGateway
 from controller.store import Store
 from controller.sweep import Sweeper
@@ -67,6 +69,7 @@ class Controller:
     def __init__(self, config: ControllerConfig) -> None:
         self.config = config
         self.store = Store(config.database)
+        outboxes, quarantines = AgentOutboxes(), QuarantineFeed()  # the engine's, shared as below
         self.engine = Engine(
             self.store,
             load_policy(config.policy),
@@ -76,14 +79,16 @@ class Controller:
             recovery=config.recovery,
             fold_report_s=config.fold_report_s,
             drain=config.actuator == "kubernetes" and config.kubernetes.drain,
+            agents=outboxes,
+            quarantines=quarantines,
         )
-        self.gateway = AgentGateway(self.engine, config.limits)
+        self.gateway = AgentGateway(self.engine, outboxes, config.limits)
         # Read now, so a standby replica refuses bad certificates at start and exports their expiry.
         self.tls = CertificateSource(config.tls_dir) if config.tls_dir is not None else None
         if self.tls is not None:
             self.engine.metrics.certificate_expiry.set_function(self.tls.expires_at)
         self.sweeper = Sweeper(self.engine, config.sweep)
-        self.jobs = JobMonitor(self.engine, self.sweeper, config.jobs)
+        self.jobs = JobMonitor(self.engine, self.sweeper, config.jobs, quarantines)
         self.server: grpc.aio.Server | None = None
         self.port = 0
 

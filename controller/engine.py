@@ -29,6 +29,7 @@ from controller.actions import (
     is_external,
 )
 from controller.actuators import Actuator, Pager
+from controller.agent_outboxes import AgentOutboxes
 from controller.check_requests import CheckRequests
 from controller.decide import decide, heartbeat_returned, heartbeat_silence, quarantine_confirmed, recovered
 from controller.guard import Guard
@@ -36,6 +37,7 @@ from controller.guardrails import BreakerState, GuardrailConfig, TokenBucket
 from controller.metrics import ControllerMetrics
 from controller.node_state import Health, NodeState
 from controller.policy import Policy, Severity
+from controller.quarantine_feed import QuarantineFeed
 from controller.recovery import RecoveryConfig, check_releases, release_check_due
 from controller.store import PendingAction, Received, Store
 from protos.vigil.v1 import agent_pb2, common_pb2
@@ -79,6 +81,8 @@ class Engine:
         recovery: RecoveryConfig | None = None,
         fold_report_s: float = 300.0,
         drain: bool = False,
+        agents: AgentOutboxes | None = None,
+        quarantines: QuarantineFeed | None = None,
     ) -> None:
         self.store = store
         self.policy = policy
@@ -87,9 +91,11 @@ class Engine:
         self.guardrails = guardrails or GuardrailConfig()
         self.recovery = recovery or RecoveryConfig()
         self.drain_after_quarantine = drain
-        # The gateway delivers commands to a connected agent; False when that agent is not connected.
-        self.send_to_agent: Callable[[str, agent_pb2.ControllerMessage], bool] = lambda node, msg: False
-        self.checks = CheckRequests(store, lambda node, msg: self.send_to_agent(node, msg))
+        # Commands to connected agents (the gateway opens their queues); quarantines told to whoever
+        # must act on them too (the job monitor).
+        self.agents = agents or AgentOutboxes()
+        self.quarantines = quarantines or QuarantineFeed()
+        self.checks = CheckRequests(store, self.agents.send)
         self._last_release_check: dict[str, float] = {}
         self._release_tasks: set[asyncio.Task[object]] = set()
         # Floods: a paged incident that keeps folding signals gets its count in its thread, at most
@@ -106,15 +112,12 @@ class Engine:
             for name, row in store.load_nodes().items()
         }
         bucket = TokenBucket(self.guardrails.quarantines_per_s, self.guardrails.quarantine_burst)
-        self.runner = ActionRunner(store, actuator, pager, self.metrics, bucket, clock)
-        self.runner.on_done = self._action_done
-        self.on_ack: Callable[[str, int], None] = lambda node, seq: None  # the gateway sends it
-        self.runner.on_ack = lambda node: self.on_ack(node, self.ack_seq(node))
+        self.runner = ActionRunner(
+            store, actuator, pager, self.metrics, bucket, clock, on_done=self._action_done, on_ack=self._send_ack
+        )
         # The latest open incident of each node, for status views (kept here, not read per request).
         self.open_incident: dict[str, str] = store.latest_open_incidents()
         self.guard = Guard(self.guardrails, store, self.runner, self.metrics, lambda: len(self.nodes), clock)
-        # The job monitor's: a node is being taken out of service, so the jobs on it must stop.
-        self.on_quarantine: Callable[[Quarantine], None] = lambda action: None
 
     @property
     def actuator(self) -> Actuator:
@@ -148,6 +151,10 @@ class Engine:
         entry.last_heartbeat, entry.gpus, entry.connected, entry.address = now, gpus, True, address
         self.store.register_node(entry.state, spool_id, entry.last_seq, gpus, now)
         return self.ack_seq(node)
+
+    def _send_ack(self, node: str) -> None:
+        """An action finished: the agent may now drop the signals that asked for it."""
+        self.agents.send(node, agent_pb2.ControllerMessage(ack=agent_pb2.Ack(acked_seq=self.ack_seq(node))))
 
     def ack_seq(self, node: str) -> int:
         """What the agent may drop: everything received, except signals whose actions are under way."""
@@ -212,7 +219,7 @@ class Engine:
                     if isinstance(action, Page):
                         self._paged[action.incident_id] = node
                     elif isinstance(action, Quarantine) and not action.dry_run:
-                        self.on_quarantine(action)
+                        self.quarantines.publish(action)
                 elif isinstance(action, FoldIntoIncident) and action.incident_id in self._paged:
                     self._folded.add(action.incident_id)
                 elif isinstance(action, EscalateIncident) and action.severity is not Severity.RECORD:

@@ -36,6 +36,7 @@ from controller.goodput import KINDS, Goodput, committed, started, trained
 from controller.mfu import JobsConfig, RankTime, Reading, Track, blame, observe, stragglers, window_figure
 from controller.node_state import Health
 from controller.policy import Severity
+from controller.quarantine_feed import QuarantineFeed
 from controller.sweep import SweepBusy, Sweeper
 from controller.sweep_plan import sweep_spec
 from protos.vigil.v1 import admin_pb2, common_pb2, trainer_pb2
@@ -146,7 +147,12 @@ def _figure(value: float) -> str:
 
 class JobMonitor:
     def __init__(
-        self, engine: Engine, sweeper: Sweeper, config: JobsConfig, clock: Callable[[], float] = time.time
+        self,
+        engine: Engine,
+        sweeper: Sweeper,
+        config: JobsConfig,
+        quarantines: QuarantineFeed,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self._engine = engine
         self._sweeper = sweeper
@@ -155,7 +161,7 @@ class JobMonitor:
         self.jobs: dict[str, Job] = {}
         self.finished: deque[Job] = deque(maxlen=64)  # for reports only
         self._tasks: set[asyncio.Task[None]] = set()
-        engine.on_quarantine = self.node_quarantined
+        quarantines.subscribe(self.node_quarantined)  # a node is going: the jobs on it must stop
 
     # Reports -------------------------------------------------------------------------------
 

@@ -16,6 +16,7 @@ import grpc
 import structlog
 
 from controller.actuators import SelectionError
+from controller.agent_outboxes import AgentOutboxes
 from controller.authz import caller
 from controller.config import LimitsConfig
 from controller.engine import Engine, UnknownNode
@@ -60,24 +61,11 @@ def hello_problem(hello: agent_pb2.Hello) -> str:
 
 
 class AgentGateway(agent_pb2_grpc.AgentGatewayServicer):
-    def __init__(self, engine: Engine, limits: LimitsConfig | None = None) -> None:
+    def __init__(self, engine: Engine, outboxes: AgentOutboxes, limits: LimitsConfig | None = None) -> None:
         self._engine = engine
+        self._outboxes = outboxes  # the engine's too: what it sends a connected agent goes out here
         self._limits = limits or LimitsConfig()
         self._rate = RateLimiter(self._limits.agent_messages_per_s, self._limits.agent_burst)  # per node
-        self.outboxes: dict[str, asyncio.Queue[agent_pb2.ControllerMessage]] = {}
-        engine.on_ack = self._send_ack
-        engine.send_to_agent = self._send
-
-    def _send(self, node: str, message: agent_pb2.ControllerMessage) -> bool:
-        outbox = self.outboxes.get(node)
-        if outbox is None:
-            return False
-        outbox.put_nowait(message)
-        return True
-
-    def _send_ack(self, node: str, seq: int) -> None:
-        """An action finished: the agent may now drop the signals that asked for it."""
-        self._send(node, agent_pb2.ControllerMessage(ack=agent_pb2.Ack(acked_seq=seq)))
 
     async def Connect(  # noqa: N802 (gRPC method name)
         self, request_iterator: AsyncIterator[agent_pb2.AgentMessage], context: grpc.aio.ServicerContext
@@ -98,8 +86,7 @@ class AgentGateway(agent_pb2_grpc.AgentGatewayServicer):
         address = hello.address or peer_host(context.peer())
         acked = self._engine.hello(node, hello.spool_id, len(hello.gpus), address)
         log.info("agent_connected", node=node, peer=context.peer(), acked_seq=acked, gpus=len(hello.gpus))
-        outbox: asyncio.Queue[agent_pb2.ControllerMessage] = asyncio.Queue()
-        self.outboxes[node] = outbox
+        outbox = self._outboxes.open(node)
         yield agent_pb2.ControllerMessage(ack=agent_pb2.Ack(acked_seq=acked))
         reader = asyncio.create_task(self._read(node, request_iterator, outbox, context))
         try:
@@ -116,8 +103,7 @@ class AgentGateway(agent_pb2_grpc.AgentGatewayServicer):
                 return
         finally:
             reader.cancel()
-            if self.outboxes.get(node) is outbox:
-                del self.outboxes[node]
+            if self._outboxes.close(node, outbox):
                 self._engine.disconnected(node)
             log.info("agent_disconnected", node=node)
 

@@ -20,6 +20,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from agent.collectors import KernelLog
 from agent.config import AgentConfig
 from agent.daemon import Agent
 from agent.kernel_log import FileTail, KernelLogCollector
@@ -122,8 +123,9 @@ def test_no_line_stops_the_agent_and_a_real_xid_after_them_is_spooled(agent: Age
     agent.clock_box[0] += 10.0  # type: ignore[attr-defined]  # a new storm window: the probe is not a repeat
     agent.spool.ack(agent.spool.last_seq)
     before = agent.spool.last_seq
-    agent.kernel_log = KernelLogCollector("node-h", lambda: [*lines, probe], [], agent.clock)
-    agent.record(agent._kernel_lines())
+    kernel_log = next(c for c in agent.collectors if isinstance(c, KernelLog))
+    kernel_log.collector = KernelLogCollector("node-h", lambda: [*lines, probe], [], agent.clock)
+    agent.poll_now(kernel_log)
     agent.fed += len(lines)  # type: ignore[attr-defined]
     spooled = agent.spool.pending(after_seq=before, limit=100_000)
     probes = [s for s in spooled if s.kind is SignalKind.XID and s.gpu.pci_bus_id == PROBE_BUS]

@@ -9,7 +9,7 @@ from controller.node_state import Health, NodeState
 from controller.policy import Policy
 from controller.recovery import RecoveryConfig, check_releases, release_check_due
 from controller.store import Store
-from protos.vigil.v1 import agent_pb2, common_pb2
+from protos.vigil.v1 import common_pb2
 from vigil_core.signals import GpuRef, Signal, SignalKind
 
 CFG = RecoveryConfig(hold_down_s=600, check_every_s=60)
@@ -40,8 +40,7 @@ def test_engine_asks_the_agent_and_releases_on_a_pass(tmp_path: Path) -> None:
         now = [1000.0]
         store = Store(tmp_path / "ctl.db")
         e = Engine(store, Policy(), LocalActuator(store), NullPager(), clock=lambda: now[0], recovery=CFG)
-        sent: list[tuple[str, agent_pb2.ControllerMessage]] = []
-        e.send_to_agent = lambda node, msg: sent.append((node, msg)) is None
+        to_n1 = e.agents.open("n1")  # as the gateway does when n1's agent connects
         e.hello("n1", "s", 8)
         e.receive("n1", [Signal("n1", SignalKind.XID, GpuRef(0), code=79, observed_at=now[0], seq=1)])
         await e.drain()
@@ -49,9 +48,9 @@ def test_engine_asks_the_agent_and_releases_on_a_pass(tmp_path: Path) -> None:
         assert e.ask_release_checks() == []
         now[0] += 601
         assert e.ask_release_checks() == ["n1"]
-        ((node, msg),) = sent
-        request = msg.run_check
-        assert node == "n1" and request.check == "gpu_health"
+        sent = [to_n1.get_nowait() for _ in range(to_n1.qsize())]
+        (request,) = [m.run_check for m in sent if m.HasField("run_check")]
+        assert request.check == "gpu_health"
 
         failed = common_pb2.CheckResult(
             request_id=request.request_id,
@@ -67,8 +66,9 @@ def test_engine_asks_the_agent_and_releases_on_a_pass(tmp_path: Path) -> None:
         assert e.ask_release_checks() == []  # not again before check_every_s
         now[0] += 61
         assert e.ask_release_checks() == ["n1"]
+        (again,) = [m.run_check for m in (to_n1.get_nowait() for _ in range(to_n1.qsize())) if m.HasField("run_check")]
         passed = common_pb2.CheckResult(
-            request_id=sent[-1][1].run_check.request_id,
+            request_id=again.request_id,
             node="n1",
             check="gpu_health",
             verdict=common_pb2.OK,
