@@ -12,8 +12,8 @@ from __future__ import annotations
 import asyncio
 import time
 
+from checks.codec import result_to_proto
 from checks.runner import run_check
-from checks.wire import result_to_proto
 from gpus.backend import GpuBackend
 from gpus.health import health_problems
 from protos.vigil.v1 import agent_pb2, common_pb2

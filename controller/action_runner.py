@@ -18,7 +18,7 @@ import structlog
 
 from controller.actions import Drain, ExternalAction, Page, Quarantine, action_kind
 from controller.actuators import Actuator, NotReadyYet, Pager, PermanentActionError
-from controller.guardrails import TokenBucket
+from controller.guard_rules import TokenBucket
 from controller.metrics import ControllerMetrics
 from controller.store import PendingAction, Store
 

@@ -10,12 +10,25 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from controller.agent_tokens import AgentTokensConfig
-from controller.guardrails import GuardrailConfig
-from controller.mfu import JobsConfig
+from controller.guard_rules import GuardrailConfig
 from controller.recovery import RecoveryConfig
-from controller.sweep_plan import SweepConfig
+from controller.sweep_spec import SweepConfig
 from vigil_core.config_file import load_yaml_model
 from vigil_core.tls import transport_problem
+
+
+class JobsConfig(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    warmup_windows: int = Field(default=1, ge=0, description="windows after each (re)start that never count")
+    baseline_windows: int = Field(default=3, ge=1, description="the baseline is the median of these windows")
+    drop_fraction: float = Field(default=0.2, gt=0, lt=1, description="δ: below (1-δ)·baseline is low")
+    drop_windows: int = Field(default=2, ge=1, description="N: this many low windows in a row are a drop")
+    straggler_ratio: float = Field(default=1.3, gt=1, description="a rank this many times the median step time")
+    deadline_s: float = Field(default=300.0, gt=0, description="to checkpoint and exit; past it the job is killed")
+    act_on_drop: bool = Field(default=True, description="stop, sweep and restart the job after a blamed drop")
+    sweep_checks: tuple[str, ...] = Field(default=("gpu_health",), description="the sweep of a stopped job's nodes")
+    forget_after_s: float = Field(default=3600.0, gt=0, description="a job silent this long is forgotten")
 
 
 class KubernetesConfig(BaseModel):

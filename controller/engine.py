@@ -33,7 +33,7 @@ from controller.agent_outboxes import AgentOutboxes
 from controller.check_requests import CheckRequests
 from controller.decide import decide, heartbeat_returned, heartbeat_silence, quarantine_confirmed, recovered
 from controller.guard import Guard
-from controller.guardrails import BreakerState, GuardrailConfig, TokenBucket
+from controller.guard_rules import BreakerState, GuardrailConfig, TokenBucket
 from controller.metrics import ControllerMetrics
 from controller.node_state import Health, NodeState
 from controller.policy import Policy, Severity

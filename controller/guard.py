@@ -1,6 +1,6 @@
 """The guardrails' effectful side: applies dry-run and the circuit breaker to each decision, keeps
 the breaker's state in the incident store (a restart stays paused), and pages a person once when
-the breaker trips. The rules themselves are pure, in ``controller.guardrails``."""
+the breaker trips. The rules themselves are pure, in ``controller.guard_rules``."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import structlog
 
 from controller.action_runner import ActionRunner
 from controller.actions import Action, Page, Quarantine, action_kind
-from controller.guardrails import (
+from controller.guard_rules import (
     Admission,
     BreakerState,
     GuardrailConfig,

@@ -31,14 +31,15 @@ from enum import StrEnum
 import structlog
 
 from controller.actions import Page, PageUpdate, Quarantine
+from controller.config import JobsConfig
 from controller.engine import Engine, UnknownNode
 from controller.goodput import KINDS, Goodput, committed, started, trained
-from controller.mfu import JobsConfig, RankTime, Reading, Track, blame, observe, stragglers, window_figure
+from controller.mfu import RankTime, Reading, Track, blame, observe, stragglers, window_figure
 from controller.node_state import Health
 from controller.policy import Severity
 from controller.quarantine_feed import QuarantineFeed
 from controller.sweep import SweepBusy, Sweeper
-from controller.sweep_plan import sweep_spec
+from controller.sweep_spec import sweep_spec
 from protos.vigil.v1 import admin_pb2, common_pb2, trainer_pb2
 from vigil_core.names import is_job_id, is_node_name
 from vigil_core.waiting import wait_event

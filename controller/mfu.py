@@ -20,21 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
-from pydantic import BaseModel, ConfigDict, Field
-
-
-class JobsConfig(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    warmup_windows: int = Field(default=1, ge=0, description="windows after each (re)start that never count")
-    baseline_windows: int = Field(default=3, ge=1, description="the baseline is the median of these windows")
-    drop_fraction: float = Field(default=0.2, gt=0, lt=1, description="δ: below (1-δ)·baseline is low")
-    drop_windows: int = Field(default=2, ge=1, description="N: this many low windows in a row are a drop")
-    straggler_ratio: float = Field(default=1.3, gt=1, description="a rank this many times the median step time")
-    deadline_s: float = Field(default=300.0, gt=0, description="to checkpoint and exit; past it the job is killed")
-    act_on_drop: bool = Field(default=True, description="stop, sweep and restart the job after a blamed drop")
-    sweep_checks: tuple[str, ...] = Field(default=("gpu_health",), description="the sweep of a stopped job's nodes")
-    forget_after_s: float = Field(default=3600.0, gt=0, description="a job silent this long is forgotten")
+from controller.config import JobsConfig
 
 
 class Reading(StrEnum):

@@ -20,10 +20,10 @@ from controller.agent_outboxes import AgentOutboxes
 from controller.authz import caller
 from controller.config import LimitsConfig
 from controller.engine import Engine, UnknownNode
-from controller.guardrails import RateLimiter
+from controller.guard_rules import RateLimiter
 from controller.jobs import JobMonitor
 from controller.sweep import SweepBusy, Sweeper
-from controller.sweep_plan import SweepError, sweep_spec
+from controller.sweep_spec import SweepError, sweep_spec
 from protos.codec import BadSignal, gpu_to_proto, signal_from_proto
 from protos.vigil.v1 import admin_pb2, admin_pb2_grpc, agent_pb2, agent_pb2_grpc
 from vigil_core.names import is_address, is_node_name

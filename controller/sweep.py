@@ -1,9 +1,10 @@
 """Sweeps: checks on many nodes at once through their agents, then pairwise all-reduce between them.
 
-The shell around ``controller.sweep_plan`` and ``controller.pairing`` (pure): it sends ``RunCheck``
-to the agents, waits for their results under each check's deadline, runs the pairing rounds, and
-files everything in the incident store. A sweep runs as its own task: the operator's terminal
-going away does not stop it, and its failures are quarantined (with ``quarantine``) all the same.
+The shell around ``controller.sweep_spec``, ``controller.sweep_judge`` and ``controller.pairing``
+(pure): it sends ``RunCheck`` to the agents, waits for their results under each check's deadline,
+runs the pairing rounds, and files everything in the incident store. A sweep runs as its own
+task: the operator's terminal going away does not stop it, and its failures are quarantined (with
+``quarantine``) all the same.
 One sweep runs at a time; two would measure each other.
 """
 
@@ -18,30 +19,24 @@ from dataclasses import dataclass, field, replace
 import structlog
 from google.protobuf.json_format import MessageToJson
 
+from checks.codec import result_from_proto, result_to_proto
 from checks.result import CheckResult, Verdict, unknown
-from checks.wire import result_from_proto, result_to_proto
 from controller.engine import Engine, UnknownNode
 from controller.pairing import Finding, Pair, batches, culprits, pair_up, plan_isolation, slow_pairs
-from controller.sweep_plan import (
-    PAIR_PROGRAM,
-    PAIRS,
+from controller.sweep_judge import (
     NodeCheck,
     PairRun,
     Row,
-    SweepConfig,
-    SweepError,
-    SweepSpec,
     failure_reasons,
     judge_fleet,
-    master_address,
     outcome,
     pair_basis,
-    pair_params,
     pair_result,
     pair_rows,
     pair_run,
     row_for,
 )
+from controller.sweep_spec import PAIR_PROGRAM, PAIRS, SweepConfig, SweepError, SweepSpec, master_address, pair_params
 from protos.vigil.v1 import admin_pb2, agent_pb2
 
 log = structlog.get_logger(__name__)

@@ -12,7 +12,7 @@ import grpc
 import structlog
 
 from controller.config import LimitsConfig
-from controller.guardrails import RateLimiter
+from controller.guard_rules import RateLimiter
 from controller.jobs import BadProgress, JobMonitor
 from protos.vigil.v1 import trainer_pb2, trainer_pb2_grpc
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from controller.engine import Engine
-from controller.guardrails import GuardrailConfig
+from controller.guard_rules import GuardrailConfig
 from controller.kube.actuator import KubeActuator
 from controller.kube.client import api_client
 from controller.pagers.slack import SlackPager

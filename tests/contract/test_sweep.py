@@ -21,8 +21,8 @@ import pytest
 
 from controller.config import ControllerConfig
 from controller.daemon import Controller
-from controller.guardrails import GuardrailConfig
-from controller.sweep_plan import SweepConfig
+from controller.guard_rules import GuardrailConfig
+from controller.sweep_spec import SweepConfig
 from protos.vigil.v1 import admin_pb2, admin_pb2_grpc, common_pb2
 from tests.fakes.fleet import Fleet
 from tests.fakes.kube_api import KubeApiServer

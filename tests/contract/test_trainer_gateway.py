@@ -14,9 +14,8 @@ from typing import Any
 import grpc
 import pytest
 
-from controller.config import ControllerConfig, LimitsConfig
+from controller.config import ControllerConfig, JobsConfig, LimitsConfig
 from controller.daemon import Controller
-from controller.mfu import JobsConfig
 from protos.vigil.v1 import admin_pb2, admin_pb2_grpc, trainer_pb2, trainer_pb2_grpc
 from tests.fakes.fleet import Fleet
 from tests.fakes.sim_checks import SimulatedChecks
@@ -199,7 +198,7 @@ def test_in_dry_run_a_blamed_drop_pages_and_stops_nothing(tmp_path: Path) -> Non
         await wait_until(lambda: r.actions("mfu-moe-1"), what="the page")
         assert "took no action" in str(r.controller.store._db.execute("SELECT payload FROM actions").fetchall())
 
-    from controller.guardrails import GuardrailConfig
+    from controller.guard_rules import GuardrailConfig
 
     run(tmp_path, test, guardrails=GuardrailConfig(dry_run=True))
 

@@ -8,7 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from controller.mfu import JobsConfig, RankTime, Reading, Track, blame, observe, stragglers, window_figure
+from controller.config import JobsConfig
+from controller.mfu import RankTime, Reading, Track, blame, observe, stragglers, window_figure
 from trainer_hooks.window import RankWindow, figures
 
 CFG = JobsConfig(warmup_windows=1, baseline_windows=3, drop_fraction=0.2, drop_windows=2)

@@ -8,23 +8,18 @@ from pydantic import ValidationError
 from checks.result import CheckResult, Verdict
 from controller.pairing import Finding
 from controller.server import peer_host
-from controller.sweep_plan import (
-    ALL_CHECKS,
+from controller.sweep_judge import (
     NodeCheck,
     PairRun,
     Row,
-    SweepConfig,
-    SweepError,
     headline,
     judge_fleet,
-    master_address,
     outcome,
     pair_basis,
-    pair_params,
     pair_rows,
     pair_run,
-    sweep_spec,
 )
+from controller.sweep_spec import ALL_CHECKS, SweepConfig, SweepError, master_address, pair_params, sweep_spec
 
 
 def matmul(node: str, per_gpu: list[float], peak: float = 989.0) -> NodeCheck:
