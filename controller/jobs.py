@@ -34,7 +34,7 @@ from controller.actions import Page, PageUpdate, Quarantine
 from controller.config import JobsConfig
 from controller.engine import Engine, UnknownNode
 from controller.goodput import KINDS, Goodput, committed, started, trained
-from controller.mfu import RankTime, Reading, Track, blame, observe, stragglers, window_figure
+from controller.mfu import RankTime, Reading, Track, Unit, blame, describe_figure, observe, stragglers, window_figure
 from controller.node_state import Health
 from controller.policy import Severity
 from controller.quarantine_feed import QuarantineFeed
@@ -87,6 +87,7 @@ class Job:
     last_report: float = 0.0
     track: Track = field(default_factory=Track)
     figures: deque[float] = field(default_factory=lambda: deque(maxlen=12))  # recent windows, for pages
+    unit: Unit = Unit.MFU  # what the figures are: MFU where the job reports it, else tokens/s
     phase: JobPhase = JobPhase.RUNNING
     command: trainer_pb2.CheckpointAndRestart | None = None  # the one sent in this run, if any
     sweep_on_stop: bool = False  # this stop follows an MFU drop: sweep the nodes it will restart on
@@ -141,9 +142,10 @@ def validate(p: trainer_pb2.Progress) -> None:
         raise BadProgress("Progress.step_times has a negative or not finite step time")
 
 
-def _figure(value: float) -> str:
-    """A window's figure for a person: MFU as a percentage, tokens/s (no peak known) as a count."""
-    return f"MFU {value:.1%}" if value <= 1.5 else f"{value:,.0f} tokens/s"
+def _figures(job: Job) -> dict[str, float]:
+    """The run's baseline and last window, in the JobStatus fields of the job's unit."""
+    baseline, last = job.track.baseline or 0.0, job.figures[-1] if job.figures else 0.0
+    return {f"baseline_{job.unit.value}": baseline, f"last_{job.unit.value}": last}
 
 
 class JobMonitor:
@@ -240,9 +242,13 @@ class JobMonitor:
         job.exclude, job.incidents, job.sweep_on_stop, job.recovery_note = set(), [], False, ""
 
     def _judge(self, job: Job, p: trainer_pb2.Progress) -> None:
-        figure = window_figure(p.mfu, p.tokens_per_s)
-        if figure is None:
+        found = window_figure(p.mfu, p.tokens_per_s)
+        if found is None:
             return
+        figure, unit = found
+        if unit is not job.unit:  # a baseline in one unit says nothing of windows in the other
+            job.unit, job.track = unit, Track()
+            job.figures.clear()
         job.track, reading = observe(job.track, figure, self.config)
         job.figures.append(figure)
         self._engine.metrics.job_mfu.labels(job.job_id).set(p.mfu)
@@ -262,13 +268,14 @@ class JobMonitor:
                 doubted[node] = f"{entry.state.health.value}" + (f" (incident {incident})" if incident else "")
         found = blame(job.nodes, stragglers(times, self.config.straggler_ratio), doubted)
         self._engine.metrics.mfu_drops.labels("yes" if found.nodes else "no").inc()
-        shown = ", ".join(_figure(f) for f in job.figures)
+        shown = ", ".join(describe_figure(f, job.unit) for f in job.figures)
         what = (
-            f"job {job.job_id}: {_figure(figure)}, {1 - figure / baseline:.0%} below its baseline {_figure(baseline)} "
+            f"job {job.job_id}: {describe_figure(figure, job.unit)}, {1 - figure / baseline:.0%} below its baseline "
+            f"{describe_figure(baseline, job.unit)} "
             f"for {self.config.drop_windows} window(s) (recent windows: {shown})"
         )
         evidence = "; ".join(found.evidence) or "no straggler rank and no doubted node"
-        log.warning("mfu_drop", job=job.job_id, step=job.step, figure=figure, baseline=baseline,
+        log.warning("mfu_drop", job=job.job_id, step=job.step, figure=figure, baseline=baseline, unit=job.unit.value,
                     blamed=list(found.nodes), evidence=evidence)  # fmt: skip
         if not found.nodes or not self.config.act_on_drop:
             self._page_drop(job, what, evidence, found.nodes)
@@ -368,8 +375,7 @@ class JobMonitor:
                     step=job.step,
                     committed_step=job.committed_step,
                     restart_count=max(job.restart_count, 0),
-                    baseline=job.track.baseline or 0.0,
-                    last=job.figures[-1] if job.figures else 0.0,
+                    **_figures(job),
                     excluded=sorted(job.exclude),
                     productive_s=g.productive_s,
                     checkpoint_s=g.checkpoint_s,

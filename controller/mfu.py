@@ -102,8 +102,21 @@ def blame(job_nodes: Sequence[str], slow: Sequence[Straggler], unhealthy: Mappin
     return Blame(tuple(dict.fromkeys([*slow_nodes, *doubted])), tuple(evidence))
 
 
-def window_figure(mfu: float, tokens_per_s: float) -> float | None:
-    """The figure a window is judged by: MFU where known, else tokens/s; None for an empty window."""
+class Unit(StrEnum):
+    """What a job's windows are judged in."""
+
+    MFU = "mfu"  # a fraction of the GPUs' peak, where the job knows it
+    TOKENS_PER_S = "tokens_per_s"  # no peak known (a CPU, an unlisted GPU)
+
+
+def window_figure(mfu: float, tokens_per_s: float) -> tuple[float, Unit] | None:
+    """The figure a window is judged by, and its unit: MFU where known, else tokens/s; None for an
+    empty window."""
     if mfu > 0:
-        return mfu
-    return tokens_per_s if tokens_per_s > 0 else None
+        return mfu, Unit.MFU
+    return (tokens_per_s, Unit.TOKENS_PER_S) if tokens_per_s > 0 else None
+
+
+def describe_figure(value: float, unit: Unit) -> str:
+    """For a person: ``MFU 41.0%`` or ``1,234 tokens/s``."""
+    return f"MFU {value:.1%}" if unit is Unit.MFU else f"{value:,.0f} tokens/s"

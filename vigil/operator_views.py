@@ -75,11 +75,11 @@ def print_status(target: str, as_json: bool) -> int:
     return 0
 
 
-def _figure(value: float) -> str:
-    """An MFU baseline or window for a person; a figure above 1.5 is tokens/s (no peak known)."""
-    if not value:
-        return "-"
-    return f"{value:.1%}" if value <= 1.5 else f"{value:,.0f} tok/s"
+def _figure(mfu: float, tokens_per_s: float) -> str:
+    """A job's baseline or window for a person: MFU where it reports it, else tokens/s; "-": none yet."""
+    if mfu:
+        return f"{mfu:.1%}"
+    return f"{tokens_per_s:,.0f} tok/s" if tokens_per_s else "-"
 
 
 def goodput_line(job: admin_pb2.JobStatus) -> str:
@@ -104,7 +104,8 @@ def print_jobs(target: str, as_json: bool) -> int:
     for j in jobs:
         table.add_row(
             j.job_id, j.state, ",".join(j.nodes) + (f" (out: {','.join(j.excluded)})" if j.excluded else ""),
-            str(j.step), str(j.committed_step), str(j.restart_count), _figure(j.baseline), _figure(j.last),
+            str(j.step), str(j.committed_step), str(j.restart_count),
+            _figure(j.baseline_mfu, j.baseline_tokens_per_s), _figure(j.last_mfu, j.last_tokens_per_s),
             f"{j.goodput:.1%}", *_seconds(j),
         )  # fmt: skip
     _console.print(table)

@@ -302,3 +302,19 @@ def test_a_job_calling_too_often_is_refused_and_other_jobs_are_not(tmp_path: Pat
         assert (await r.trainer.Plan(other)).ready
 
     run(tmp_path, test, limits=LimitsConfig(reports_per_s=0.5, report_burst=3))
+
+
+def test_a_jobs_figures_come_in_the_unit_it_reports(tmp_path: Path) -> None:
+    """MFU where the job knows its GPUs' peak, tokens/s where it does not: two fields, never one
+    figure whose unit is guessed from its size."""
+
+    async def test(r: Rig) -> None:
+        await learn_baseline(r, mfu=0.5)
+        (j,) = (await r.admin.ListJobs(admin_pb2.JobsRequest())).jobs
+        assert (j.baseline_mfu, j.last_mfu, j.baseline_tokens_per_s) == (pytest.approx(0.5), pytest.approx(0.5), 0.0)
+        for _ in range(1 + FAST.baseline_windows):  # the peak is no longer known: tokens/s from here
+            await r.window(0.0)
+        (j,) = (await r.admin.ListJobs(admin_pb2.JobsRequest())).jobs
+        assert (j.baseline_mfu, j.baseline_tokens_per_s, j.last_tokens_per_s) == (0.0, 3000.0, 3000.0)
+
+    run(tmp_path, test)

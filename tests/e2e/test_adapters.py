@@ -41,7 +41,11 @@ def test_the_adapter_reports_progress_and_obeys_the_checkpoint_command(
 
         def learned() -> bool:  # Progress arrived: the job, its two nodes, windows judged into a baseline
             jobs = admin.jobs()
-            return bool(jobs) and list(jobs[0].nodes) == ["node-a", "node-b"] and jobs[0].baseline > 0
+            return (
+                bool(jobs)
+                and list(jobs[0].nodes) == ["node-a", "node-b"]
+                and (jobs[0].baseline_mfu or jobs[0].baseline_tokens_per_s) > 0
+            )
 
         poll_until(learned, timeout=120, what="the job's baseline from its reports")
         cluster.xid("node-b")

@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from controller.config import JobsConfig
-from controller.mfu import RankTime, Reading, Track, blame, observe, stragglers, window_figure
+from controller.mfu import RankTime, Reading, Track, Unit, blame, observe, stragglers, window_figure
 from trainer_hooks.window import RankWindow, figures
 
 CFG = JobsConfig(warmup_windows=1, baseline_windows=3, drop_fraction=0.2, drop_windows=2)
@@ -96,8 +96,8 @@ def test_one_slow_node_of_two_is_blamed() -> None:
 
 
 def test_the_window_figure_is_mfu_where_known_else_tokens_per_s() -> None:
-    assert window_figure(0.41, 1000.0) == 0.41
-    assert window_figure(0.0, 1000.0) == 1000.0
+    assert window_figure(0.41, 1000.0) == (0.41, Unit.MFU)
+    assert window_figure(0.0, 1000.0) == (1000.0, Unit.TOKENS_PER_S)
     assert window_figure(0.0, 0.0) is None
 
 

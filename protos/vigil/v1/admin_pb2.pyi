@@ -250,15 +250,13 @@ class JobsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class JobStatus(_message.Message):
-    __slots__ = ("job_id", "state", "nodes", "step", "committed_step", "restart_count", "baseline", "last", "excluded", "productive_s", "checkpoint_s", "restore_s", "wasted_s", "recovery_s", "goodput", "drops")
+    __slots__ = ("job_id", "state", "nodes", "step", "committed_step", "restart_count", "excluded", "productive_s", "checkpoint_s", "restore_s", "wasted_s", "recovery_s", "goodput", "drops", "baseline_mfu", "last_mfu", "baseline_tokens_per_s", "last_tokens_per_s")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     NODES_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
     COMMITTED_STEP_FIELD_NUMBER: _ClassVar[int]
     RESTART_COUNT_FIELD_NUMBER: _ClassVar[int]
-    BASELINE_FIELD_NUMBER: _ClassVar[int]
-    LAST_FIELD_NUMBER: _ClassVar[int]
     EXCLUDED_FIELD_NUMBER: _ClassVar[int]
     PRODUCTIVE_S_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_S_FIELD_NUMBER: _ClassVar[int]
@@ -267,14 +265,16 @@ class JobStatus(_message.Message):
     RECOVERY_S_FIELD_NUMBER: _ClassVar[int]
     GOODPUT_FIELD_NUMBER: _ClassVar[int]
     DROPS_FIELD_NUMBER: _ClassVar[int]
+    BASELINE_MFU_FIELD_NUMBER: _ClassVar[int]
+    LAST_MFU_FIELD_NUMBER: _ClassVar[int]
+    BASELINE_TOKENS_PER_S_FIELD_NUMBER: _ClassVar[int]
+    LAST_TOKENS_PER_S_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     state: str
     nodes: _containers.RepeatedScalarFieldContainer[str]
     step: int
     committed_step: int
     restart_count: int
-    baseline: float
-    last: float
     excluded: _containers.RepeatedScalarFieldContainer[str]
     productive_s: float
     checkpoint_s: float
@@ -283,7 +283,11 @@ class JobStatus(_message.Message):
     recovery_s: float
     goodput: float
     drops: int
-    def __init__(self, job_id: _Optional[str] = ..., state: _Optional[str] = ..., nodes: _Optional[_Iterable[str]] = ..., step: _Optional[int] = ..., committed_step: _Optional[int] = ..., restart_count: _Optional[int] = ..., baseline: _Optional[float] = ..., last: _Optional[float] = ..., excluded: _Optional[_Iterable[str]] = ..., productive_s: _Optional[float] = ..., checkpoint_s: _Optional[float] = ..., restore_s: _Optional[float] = ..., wasted_s: _Optional[float] = ..., recovery_s: _Optional[float] = ..., goodput: _Optional[float] = ..., drops: _Optional[int] = ...) -> None: ...
+    baseline_mfu: float
+    last_mfu: float
+    baseline_tokens_per_s: float
+    last_tokens_per_s: float
+    def __init__(self, job_id: _Optional[str] = ..., state: _Optional[str] = ..., nodes: _Optional[_Iterable[str]] = ..., step: _Optional[int] = ..., committed_step: _Optional[int] = ..., restart_count: _Optional[int] = ..., excluded: _Optional[_Iterable[str]] = ..., productive_s: _Optional[float] = ..., checkpoint_s: _Optional[float] = ..., restore_s: _Optional[float] = ..., wasted_s: _Optional[float] = ..., recovery_s: _Optional[float] = ..., goodput: _Optional[float] = ..., drops: _Optional[int] = ..., baseline_mfu: _Optional[float] = ..., last_mfu: _Optional[float] = ..., baseline_tokens_per_s: _Optional[float] = ..., last_tokens_per_s: _Optional[float] = ...) -> None: ...
 
 class JobsReply(_message.Message):
     __slots__ = ("jobs",)
