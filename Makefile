@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: demo demo-training test lint protos bench images clean
+.PHONY: demo demo-training test lint protos bench scenarios images clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -40,6 +40,9 @@ lint: $(VENV)/.dev  ## style, types, and the layering contracts (pyproject.toml 
 
 protos: $(VENV)/.dev  ## regenerate the committed protobuf/gRPC code from protos/vigil/v1/*.proto
 	$(BIN)/python -m protos.generate
+
+scenarios: $(VENV)/.runtime  ## the labelled fault scenarios through real processes, and their scorecard
+	$(BIN)/python -m bench.scenarios
 
 bench: $(VENV)/.dev  ## benchmarks; each prints its figures and appends them to bench/results/
 	$(BIN)/python -m bench.demo_latency

@@ -63,7 +63,7 @@ def make_backend(config: AgentConfig) -> GpuBackend:
     if config.gpu_backend == "simulated":
         from gpus.simulated import SimulatedBackend
 
-        return SimulatedBackend(config.node, config.simulated_gpus)
+        return SimulatedBackend(config.node, config.simulated_gpus, fault_file=config.simulated_faults)
     from gpus.nvml_backend import NvmlBackend
 
     return NvmlBackend()

@@ -1,1 +1,14 @@
-"""The controller: receives signals, decides (purely) what they mean, and carries out actions."""
+"""The controller: receive → decide → guard → act → recover.
+
+- receive: ``agent_gateway`` (agents' streams), ``trainer_gateway`` (training jobs' reports),
+  ``admin`` (the ``vigil`` commands); ``engine`` takes each batch and owns the ``fleet`` (nodes in
+  memory; the job monitor and the sweeper read it through ``FleetView``).
+- decide: ``decide`` (pure), with ``policy``, ``node_state`` and the vocabulary in ``actions``;
+  a job's MFU in ``mfu`` and ``jobs`` (``job_state``: its phases), sweeps in ``sweep_spec`` and
+  ``sweep_judge``.
+- guard: ``guard`` (dry-run, circuit breaker, rate limit), its pure rules in ``guard_rules``.
+- act: ``apply`` (what each action means: recorded, followed, executed), ``action_runner``
+  (retries, acks), ``actuators`` / ``local_actuator`` / ``kube`` and ``pagers``; ``store`` (SQLite,
+  by domain) holds it all durably.
+- recover: ``recovery`` (pure rules) and ``release_checks``; ``sweep`` and ``pairing`` run checks.
+"""

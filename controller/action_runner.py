@@ -16,11 +16,12 @@ from concurrent.futures import ThreadPoolExecutor
 
 import structlog
 
-from controller.actions import Drain, ExternalAction, Page, Quarantine, action_kind
+from controller.actions import ExternalAction, Page, Quarantine, action_kind
 from controller.actuators import Actuator, NotReadyYet, Pager, PermanentActionError
+from controller.apply import execute
 from controller.guard_rules import TokenBucket
 from controller.metrics import ControllerMetrics
-from controller.store import PendingAction, Store
+from controller.store import ActionLog, PendingAction
 
 log = structlog.get_logger(__name__)
 
@@ -40,7 +41,7 @@ def retry_delay(attempt: int) -> float:
 class ActionRunner:
     def __init__(
         self,
-        store: Store,
+        actions: ActionLog,
         actuator: Actuator,
         pager: Pager,
         metrics: ControllerMetrics,
@@ -49,7 +50,7 @@ class ActionRunner:
         on_done: Callable[[PendingAction, str], None] = lambda pending, detail: None,
         on_ack: Callable[[str], None] = lambda node: None,
     ) -> None:
-        self.store = store
+        self.actions = actions
         self.actuator = actuator
         self.pager = pager
         self.metrics = metrics
@@ -70,7 +71,7 @@ class ActionRunner:
     def request(self, action: ExternalAction, now: float | None = None) -> bool:
         """An action the controller asks for itself (not for an agent's signal): record it, once per
         incident and kind, and carry it out. False when that incident already has it."""
-        if not self.store.add_action(action, self.clock() if now is None else now):
+        if not self.actions.add(action, self.clock() if now is None else now):
             return False
         self.schedule(PendingAction(action.incident_id, action, 0))
         return True
@@ -96,7 +97,7 @@ class ActionRunner:
                     await asyncio.sleep(self.bucket.reserve(time.monotonic()))
                 try:
                     loop = asyncio.get_running_loop()
-                    detail = await loop.run_in_executor(self._executor, self._carry_out, action)
+                    detail = await loop.run_in_executor(self._executor, execute, action, self.actuator, self.pager)
                 except PermanentActionError as exc:
                     bound.error("action_failed_permanently", error=str(exc))
                     self._finish(pending, kind, "FAILED", str(exc)[:500])
@@ -110,7 +111,7 @@ class ActionRunner:
                     continue
                 except Exception as exc:  # the actuator's failure is retried, never fatal
                     bound.warning("action_failed", attempt=attempt, error=repr(exc))
-                    self.store.count_attempt(pending.incident_id, kind, repr(exc)[:500])
+                    self.actions.count_attempt(pending.incident_id, kind, repr(exc)[:500])
                     await asyncio.sleep(retry_delay(attempt))
                     attempt += 1
                     continue
@@ -124,20 +125,9 @@ class ActionRunner:
             self._in_flight.discard(key)
             self._release_ack(action.node, key)
 
-    def _carry_out(self, action: ExternalAction) -> str:
-        if isinstance(action, Quarantine):
-            if action.dry_run:
-                return "dry run: would quarantine (taint, cordon, condition); nothing changed"
-            return self.actuator.quarantine(action)
-        if isinstance(action, Drain):
-            return self.actuator.drain(action)
-        if isinstance(action, Page):
-            return self.pager.page(action)
-        return self.pager.update(action)
-
     def _finish(self, pending: PendingAction, kind: str, status: str, detail: str) -> float:
         now = self.clock()
-        self.store.finish_action(pending.incident_id, kind, status, detail, now)
+        self.actions.finish(pending.incident_id, kind, status, detail, now)
         family = kind.split(":")[0]
         self.metrics.actions.labels(family, status).inc()
         observed_at = pending.action.observed_at

@@ -1,20 +1,18 @@
 """Actuators carry out the decisions' side effects. Each call is idempotent by incident id: the
 action runner may repeat it after a failure, a controller restart or a change of leader.
 
-This module has the interfaces and the local ones: the local actuator records the quarantine in the
-incident store (the demo's cluster has no Kubernetes), and the console pager prints the page. The
-Kubernetes actuator is in ``controller.kube``, the Slack and webhook pagers in ``controller.pagers``.
+This module has the interfaces and the pagers that need nothing: the console pager prints the page.
+The local actuator (the demo's, no Kubernetes) is in ``controller.local_actuator``, the Kubernetes
+one in ``controller.kube``, the Slack and webhook pagers in ``controller.pagers``.
 """
 
 from __future__ import annotations
 
 import sys
-import time
 from dataclasses import dataclass
 from typing import Protocol, TextIO
 
 from controller.actions import Drain, Page, PageUpdate, Quarantine
-from controller.store import Store
 
 
 class PermanentActionError(Exception):
@@ -45,7 +43,17 @@ class FoundQuarantine:
     at: float
 
 
-class Actuator(Protocol):
+class NodeSelector(Protocol):
+    def nodes_matching(self, selector: str) -> list[str]:
+        """The nodes a label selector picks; raises SelectionError."""
+        ...
+
+    def job_nodes(self, namespace: str, job: str) -> list[str]:
+        """The nodes that a Job's pods run on; raises SelectionError."""
+        ...
+
+
+class Actuator(NodeSelector, Protocol):
     def quarantine(self, action: Quarantine) -> str:
         """Take the node out of service; returns a one-line account of what was done."""
         ...
@@ -62,14 +70,6 @@ class Actuator(Protocol):
         """The quarantines Vigil made that the cluster records (empty where the store is the record)."""
         ...
 
-    def nodes_matching(self, selector: str) -> list[str]:
-        """The nodes a label selector picks; raises SelectionError."""
-        ...
-
-    def job_nodes(self, namespace: str, job: str) -> list[str]:
-        """The nodes that a Job's pods run on; raises SelectionError."""
-        ...
-
 
 class Pager(Protocol):
     def page(self, action: Page) -> str: ...
@@ -79,36 +79,6 @@ class Pager(Protocol):
     def resync(self) -> int:
         """Learn which incidents were paged already (a new leader); returns how many were found."""
         ...
-
-
-_NEED_KUBE = "needs the kubernetes actuator (this controller runs the local one: no labels, no pods)"
-
-
-class LocalActuator:
-    def __init__(self, store: Store) -> None:
-        self._store = store
-
-    def quarantine(self, action: Quarantine) -> str:
-        done = self._store.record_quarantine(action.node, action.incident_id, action.reason, time.time())
-        return "quarantined (local)" if done else "already quarantined (local)"
-
-    def release(self, node: str, reason: str) -> Release:
-        owner = self._store.release_quarantine(node)
-        if owner is None:
-            return Release(False, "not quarantined by Vigil: left as it is")
-        return Release(True, f"released (local; was incident {owner})")
-
-    def adopt(self) -> list[FoundQuarantine]:
-        return []
-
-    def drain(self, action: Drain) -> str:
-        return "nothing to drain (local actuator: no pods)"
-
-    def nodes_matching(self, selector: str) -> list[str]:
-        raise SelectionError(f"label selectors {_NEED_KUBE}")
-
-    def job_nodes(self, namespace: str, job: str) -> list[str]:
-        raise SelectionError(f"choosing a Job's nodes {_NEED_KUBE}")
 
 
 class ConsolePager:

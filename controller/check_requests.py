@@ -10,15 +10,15 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-from controller.store import Store
+from controller.store import Records
 from protos.vigil.v1 import agent_pb2, common_pb2
 
 Send = Callable[[str, agent_pb2.ControllerMessage], bool]  # False: that node's agent is not connected
 
 
 class CheckRequests:
-    def __init__(self, store: Store, send: Send) -> None:
-        self._store = store
+    def __init__(self, records: Records, send: Send) -> None:
+        self._records = records
         self._send = send
         self._waiting: dict[str, tuple[str, str, asyncio.Future[common_pb2.CheckResult]]] = {}  # id -> node, check
 
@@ -38,9 +38,7 @@ class CheckRequests:
     def answered(self, node: str, r: common_pb2.CheckResult) -> None:
         verdict = common_pb2.Verdict.Name(r.verdict)
         figures = dict(r.figures)
-        self._store.record_check_result(
-            r.request_id, node, r.check, verdict, r.reason, figures, r.started_at, r.finished_at
-        )
+        self._records.check_result(r.request_id, node, r.check, verdict, r.reason, figures, r.started_at, r.finished_at)
         waiting = self._waiting.get(r.request_id)
         if waiting is not None and waiting[0] == node:  # another node cannot answer for it
             del self._waiting[r.request_id]

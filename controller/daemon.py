@@ -18,15 +18,17 @@ import grpc
 import structlog
 from prometheus_client import start_http_server
 
-from controller.actuators import Actuator, ConsolePager, LocalActuator, NullPager, Pager
+from controller.actuators import Actuator, ConsolePager, NullPager, Pager
+from controller.admin import Admin
+from controller.agent_gateway import AgentGateway
 from controller.agent_outboxes import AgentOutboxes
 from controller.authz import RoleInterceptor
 from controller.config import ControllerConfig
 from controller.engine import Engine
 from controller.jobs import JobMonitor
+from controller.local_actuator import LocalActuator
 from controller.policy import load_policy
 from controller.quarantine_feed import QuarantineFeed
-from controller.server import Admin, AgentGateway
 from controller.store import Store
 from controller.sweep import Sweeper
 from controller.trainer_gateway import TrainerGateway
@@ -43,7 +45,7 @@ LOST_LEADERSHIP_EXIT = 1
 
 def build_actuator(config: ControllerConfig, store: Store) -> Actuator:
     if config.actuator == "local":
-        return LocalActuator(store)
+        return LocalActuator(store.db)
     from controller.kube.actuator import KubeActuator
     from controller.kube.client import api_client
 
@@ -56,7 +58,7 @@ def build_pager(config: ControllerConfig, store: Store) -> Pager:
         from controller.pagers.slack import SlackPager
 
         assert config.slack is not None
-        return SlackPager(config.slack.token(), config.slack.channel, store, base_url=config.slack.base_url)
+        return SlackPager(config.slack.token(), config.slack.channel, store.records, base_url=config.slack.base_url)
     if config.pager == "webhook":
         from controller.pagers.webhook import WebhookPager
 
@@ -87,8 +89,11 @@ class Controller:
         self.tls = CertificateSource(config.tls_dir) if config.tls_dir is not None else None
         if self.tls is not None:
             self.engine.metrics.certificate_expiry.set_function(self.tls.expires_at)
-        self.sweeper = Sweeper(self.engine, config.sweep)
-        self.jobs = JobMonitor(self.engine, self.sweeper, config.jobs, quarantines)
+        e = self.engine
+        self.sweeper = Sweeper(e.fleet, e.checks, e.actuator, e.check_failed, self.store.records, config.sweep)
+        self.jobs = JobMonitor(
+            e.fleet, e.check_failed, e.runner.request, e.metrics, self.sweeper, config.jobs, quarantines
+        )
         self.server: grpc.aio.Server | None = None
         self.port = 0
 
@@ -130,7 +135,7 @@ class Controller:
         log.info(
             "controller_started",
             port=self.port,
-            nodes=len(self.engine.nodes),
+            nodes=len(self.engine.fleet),
             database=str(self.config.database),
             automation=self.engine.automation,
             transport=transport,

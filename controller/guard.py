@@ -24,7 +24,7 @@ from controller.guard_rules import (
 )
 from controller.metrics import ControllerMetrics
 from controller.policy import Severity
-from controller.store import Store
+from controller.store import Records
 
 log = structlog.get_logger(__name__)
 
@@ -36,19 +36,19 @@ class Guard:
     def __init__(
         self,
         config: GuardrailConfig,
-        store: Store,
+        records: Records,
         runner: ActionRunner,
         metrics: ControllerMetrics,
         fleet_size: Callable[[], int],
         clock: Callable[[], float],
     ) -> None:
         self.config = config
-        self._store = store
+        self._records = records
         self._runner = runner
         self._metrics = metrics
         self._fleet_size = fleet_size
         self._clock = clock
-        self.breaker = _load(store.get_meta(_BREAKER_KEY))
+        self.breaker = _load(records.get_meta(_BREAKER_KEY))
         self._page_task: asyncio.Task[None] | None = None
 
     @property
@@ -76,7 +76,7 @@ class Guard:
         return actions, frozenset(action_kind(a) for a in actions if isinstance(a, (Quarantine, Page)))
 
     def save(self) -> None:
-        self._store.set_meta(_BREAKER_KEY, _dump(self.breaker))
+        self._records.set_meta(_BREAKER_KEY, _dump(self.breaker))
 
     def count_adopted(self, quarantines: list[tuple[str, float]]) -> None:
         self.breaker = with_adopted(self.breaker, quarantines, self.config, self._clock())

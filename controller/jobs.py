@@ -21,20 +21,19 @@ apply then, and the job runs on until something else stops it).
 from __future__ import annotations
 
 import asyncio
-import math
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from enum import StrEnum
 
 import structlog
 
-from controller.actions import Page, PageUpdate, Quarantine
+from controller.actions import ExternalAction, Page, PageUpdate, Quarantine
 from controller.config import JobsConfig
-from controller.engine import Engine, UnknownNode
-from controller.goodput import KINDS, Goodput, committed, started, trained
-from controller.mfu import RankTime, Reading, Track, Unit, blame, describe_figure, observe, stragglers, window_figure
+from controller.fleet import FleetView, ReportFailure, UnknownNode
+from controller.goodput import KINDS, committed, started, trained
+from controller.job_state import BadProgress, Job, JobPhase, status_figures, validate
+from controller.metrics import ControllerMetrics
+from controller.mfu import RankTime, Reading, Track, blame, describe_figure, observe, stragglers, window_figure
 from controller.node_state import Health
 from controller.policy import Severity
 from controller.quarantine_feed import QuarantineFeed
@@ -46,118 +45,23 @@ from vigil_core.waiting import wait_event
 
 log = structlog.get_logger(__name__)
 
-MAX_RANKS = 1 << 17
-MAX_NODES = 1 << 15
-
-
-class BadProgress(ValueError):
-    """A report that cannot be taken: the message names the field."""
-
-
-class JobPhase(StrEnum):
-    """Where a job is in its life as the monitor sees it."""
-
-    RUNNING = "running"  # training; no command for it
-    STOPPING = "stopping"  # told to checkpoint and restart; waiting for its ack, its exit or the deadline
-    SWEEP_PENDING = "sweep pending"  # stopped after an MFU drop; its recovery sweep waits for the sweeper
-    SWEEPING = "sweeping"  # stopped; its recovery sweep runs (a launcher waits before starting it again)
-    STOPPED = "stopped"  # stopped; may start again
-    FINISHED = "finished"  # ended; a later job of the same id starts afresh
-
-
-# A (re)start report may come in any phase but the last: the job is then RUNNING again.
-_TRANSITIONS: dict[JobPhase, frozenset[JobPhase]] = {
-    JobPhase.RUNNING: frozenset({JobPhase.RUNNING, JobPhase.STOPPING, JobPhase.FINISHED}),
-    JobPhase.STOPPING: frozenset({JobPhase.RUNNING, JobPhase.SWEEP_PENDING, JobPhase.STOPPED, JobPhase.FINISHED}),
-    JobPhase.SWEEP_PENDING: frozenset({JobPhase.RUNNING, JobPhase.SWEEPING, JobPhase.STOPPED, JobPhase.FINISHED}),
-    JobPhase.SWEEPING: frozenset({JobPhase.RUNNING, JobPhase.STOPPED, JobPhase.FINISHED}),
-    JobPhase.STOPPED: frozenset({JobPhase.RUNNING, JobPhase.FINISHED}),
-    JobPhase.FINISHED: frozenset(),
-}
-_AFTER_STOP = (JobPhase.SWEEP_PENDING, JobPhase.SWEEPING, JobPhase.STOPPED)
-
-
-@dataclass
-class Job:
-    job_id: str
-    nodes: tuple[str, ...] = ()
-    restart_count: int = -1
-    step: int = 0
-    committed_step: int = 0
-    last_report: float = 0.0
-    track: Track = field(default_factory=Track)
-    figures: deque[float] = field(default_factory=lambda: deque(maxlen=12))  # recent windows, for pages
-    unit: Unit = Unit.MFU  # what the figures are: MFU where the job reports it, else tokens/s
-    phase: JobPhase = JobPhase.RUNNING
-    command: trainer_pb2.CheckpointAndRestart | None = None  # the one sent in this run, if any
-    sweep_on_stop: bool = False  # this stop follows an MFU drop: sweep the nodes it will restart on
-    exclude: set[str] = field(default_factory=set)
-    incidents: list[str] = field(default_factory=list)  # paged incidents that this stop follows
-    recovery_note: str = ""
-    commands_sent: int = 0
-    drops: int = 0
-    goodput: Goodput = field(default_factory=Goodput)
-
-    def move(self, to: JobPhase) -> None:
-        if to not in _TRANSITIONS[self.phase]:
-            raise ValueError(f"job {self.job_id}: no transition from {self.phase.value} to {to.value}")
-        self.phase = to
-
-    @property
-    def stopped(self) -> bool:
-        """The job acknowledged its command, its launcher said it exited, or the deadline passed."""
-        return self.phase in _AFTER_STOP
-
-    @property
-    def state(self) -> str:
-        """For ``vigil jobs``: running, stopping, stopped or finished."""
-        return "stopped" if self.stopped else self.phase.value
-
-    @property
-    def ready(self) -> bool:
-        """Whether a launcher may start the job again now (not while its recovery sweep is due or runs)."""
-        waiting_for_sweep = self.phase is JobPhase.STOPPING and self.sweep_on_stop
-        return not waiting_for_sweep and self.phase not in (JobPhase.SWEEP_PENDING, JobPhase.SWEEPING)
-
-
-def validate(p: trainer_pb2.Progress) -> None:
-    if not is_job_id(p.job_id):
-        raise BadProgress(f"Progress.job_id {p.job_id!r} is not a job id (letters, digits, -_.)")
-    if p.step < 0 or p.restart_count < 0 or p.tokens < 0 or p.committed_step < 0:
-        raise BadProgress("Progress.step, restart_count, tokens and committed_step must be >= 0")
-    if p.checkpoint_s < 0 or p.restore_s < 0 or p.window_end < p.window_start:
-        raise BadProgress("Progress.checkpoint_s and restore_s must be >= 0, and window_end not before window_start")
-    for name in ("mfu", "tokens_per_s", "loss", "checkpoint_s", "restore_s", "window_start", "window_end"):
-        value = getattr(p, name)
-        if not math.isfinite(value):
-            raise BadProgress(f"Progress.{name} is {value}")
-    if not 0 <= p.mfu <= 1.5:
-        raise BadProgress(f"Progress.mfu {p.mfu} is not a fraction of the peak")
-    if len(p.nodes) > MAX_NODES or len(p.step_times) > MAX_RANKS:
-        raise BadProgress("Progress has more nodes or ranks than any job")
-    bad = [n for n in (*p.nodes, *(t.node for t in p.step_times)) if not is_node_name(n)]
-    if bad:
-        raise BadProgress(f"Progress names {bad[0]!r}, which is not a node name")
-    if any(not math.isfinite(t.step_time_s) or t.step_time_s < 0 for t in p.step_times):
-        raise BadProgress("Progress.step_times has a negative or not finite step time")
-
-
-def _figures(job: Job) -> dict[str, float]:
-    """The run's baseline and last window, in the JobStatus fields of the job's unit."""
-    baseline, last = job.track.baseline or 0.0, job.figures[-1] if job.figures else 0.0
-    return {f"baseline_{job.unit.value}": baseline, f"last_{job.unit.value}": last}
-
 
 class JobMonitor:
     def __init__(
         self,
-        engine: Engine,
+        fleet: FleetView,
+        report_failure: ReportFailure,
+        request: Callable[[ExternalAction], bool],
+        metrics: ControllerMetrics,
         sweeper: Sweeper,
         config: JobsConfig,
         quarantines: QuarantineFeed,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        self._engine = engine
+        self._fleet = fleet
+        self._report_failure = report_failure  # a blamed node goes through the policy and the guardrails
+        self._request = request  # pages and thread notes, through the action runner
+        self._metrics = metrics
         self._sweeper = sweeper
         self.config = config
         self.clock = clock
@@ -213,7 +117,7 @@ class JobMonitor:
             g = trained(g, at, p.step, p.checkpoint_s)
         steps = [p.committed_step, *(a.checkpoint_step for a in p.acks)]
         job.goodput = committed(g, max(steps))
-        metrics = self._engine.metrics
+        metrics = self._metrics
         for kind in KINDS:
             metrics.job_time.labels(job.job_id, kind).set(getattr(job.goodput, f"{kind}_s"))
         if job.goodput.ratio is not None:
@@ -226,7 +130,7 @@ class JobMonitor:
         a person decides, as for the node itself."""
         for node in self._out_of_service(job.nodes, (Health.QUARANTINED,)):
             job.exclude.add(node)
-            if incident := self._engine.open_incident.get(node):
+            if incident := self._fleet.incident_of(node):
                 job.incidents.append(incident)
         if job.exclude:
             self._command(job, f"runs on {', '.join(sorted(job.exclude))}, out of service")
@@ -251,8 +155,8 @@ class JobMonitor:
             job.figures.clear()
         job.track, reading = observe(job.track, figure, self.config)
         job.figures.append(figure)
-        self._engine.metrics.job_mfu.labels(job.job_id).set(p.mfu)
-        self._engine.metrics.job_tokens_per_s.labels(job.job_id).set(p.tokens_per_s)
+        self._metrics.job_mfu.labels(job.job_id).set(p.mfu)
+        self._metrics.job_tokens_per_s.labels(job.job_id).set(p.tokens_per_s)
         if reading is Reading.DROP:
             times = [RankTime(t.rank, t.node, t.step_time_s) for t in p.step_times]
             self._drop(job, figure, times)
@@ -262,12 +166,12 @@ class JobMonitor:
         job.drops += 1
         doubted = {}
         for node in job.nodes:
-            entry = self._engine.nodes.get(node)
-            if entry is not None and entry.state.health not in (Health.HEALTHY, Health.UNKNOWN):
-                incident = self._engine.open_incident.get(node, "")
-                doubted[node] = f"{entry.state.health.value}" + (f" (incident {incident})" if incident else "")
+            health = self._fleet.health(node)
+            if health is not None and health not in (Health.HEALTHY, Health.UNKNOWN):
+                incident = self._fleet.incident_of(node)
+                doubted[node] = f"{health.value}" + (f" (incident {incident})" if incident else "")
         found = blame(job.nodes, stragglers(times, self.config.straggler_ratio), doubted)
-        self._engine.metrics.mfu_drops.labels("yes" if found.nodes else "no").inc()
+        self._metrics.mfu_drops.labels("yes" if found.nodes else "no").inc()
         shown = ", ".join(describe_figure(f, job.unit) for f in job.figures)
         what = (
             f"job {job.job_id}: {describe_figure(figure, job.unit)}, {1 - figure / baseline:.0%} below its baseline "
@@ -283,7 +187,7 @@ class JobMonitor:
         job.sweep_on_stop = True  # the command the blame brings (through a quarantine) is a drop's
         for node in found.nodes:
             try:
-                outcome = self._engine.check_failed(node, f"mfu-{job.job_id}-{job.drops}", f"{what}; {evidence}")
+                outcome = self._report_failure(node, f"mfu-{job.job_id}-{job.drops}", f"{what}; {evidence}")
             except UnknownNode:
                 outcome = "not quarantined: no agent of that name has ever connected"
             log.info("mfu_blame_acted_on", job=job.job_id, node=node, outcome=outcome)
@@ -299,7 +203,7 @@ class JobMonitor:
             else "nothing: no node to blame; the job runs on"
         )
         page = Page(incident_id, "", Severity.SUSPECT, what, f"look at the job; evidence: {evidence}", did=did)
-        self._engine.runner.request(page)
+        self._request(page)
 
     # Commands ------------------------------------------------------------------------------
 
@@ -324,7 +228,7 @@ class JobMonitor:
             exclude_nodes=sorted(job.exclude),
             deadline=self.clock() + self.config.deadline_s,
         )
-        self._engine.metrics.job_commands.labels("mfu" if job.sweep_on_stop else "quarantine").inc()
+        self._metrics.job_commands.labels("mfu" if job.sweep_on_stop else "quarantine").inc()
         log.warning("job_command", job=job.job_id, command=job.command.id, exclude=sorted(job.exclude), reason=reason)
         self._note(job, "JOB-STOPPING", f"asked to checkpoint and restart without {', '.join(sorted(job.exclude))}")
 
@@ -375,7 +279,7 @@ class JobMonitor:
                     step=job.step,
                     committed_step=job.committed_step,
                     restart_count=max(job.restart_count, 0),
-                    **_figures(job),
+                    **status_figures(job),
                     excluded=sorted(job.exclude),
                     productive_s=g.productive_s,
                     checkpoint_s=g.checkpoint_s,
@@ -392,7 +296,7 @@ class JobMonitor:
         self, nodes: Sequence[str], states: tuple[Health, ...] = (Health.UNHEALTHY, Health.QUARANTINED)
     ) -> set[str]:
         """The nodes in one of ``states``; by default, those no job should start on."""
-        return {n for n in nodes if (e := self._engine.nodes.get(n)) is not None and e.state.health in states}
+        return {n for n in nodes if self._fleet.health(n) in states}
 
     # Recovery sweep ------------------------------------------------------------------------
 
@@ -466,4 +370,4 @@ class JobMonitor:
     def _note(self, job: Job, tag: str, text: str) -> None:
         """A word in the thread of each incident this job's stop follows."""
         for incident_id in job.incidents or ([f"mfu-{job.job_id}-{job.drops}"] if job.drops else []):
-            self._engine.runner.request(PageUpdate(incident_id, "", f"{tag}:{job.job_id}", f"Job {job.job_id} {text}"))
+            self._request(PageUpdate(incident_id, "", f"{tag}:{job.job_id}", f"Job {job.job_id} {text}"))

@@ -21,8 +21,11 @@ from google.protobuf.json_format import MessageToJson
 
 from checks.codec import result_from_proto, result_to_proto
 from checks.result import CheckResult, Verdict, unknown
-from controller.engine import Engine, UnknownNode
+from controller.actuators import NodeSelector
+from controller.check_requests import CheckRequests
+from controller.fleet import FleetView, ReportFailure, UnknownNode
 from controller.pairing import Finding, Pair, batches, culprits, pair_up, plan_isolation, slow_pairs
+from controller.store import Records
 from controller.sweep_judge import (
     NodeCheck,
     PairRun,
@@ -74,8 +77,20 @@ class _Progress:
 
 
 class Sweeper:
-    def __init__(self, engine: Engine, config: SweepConfig) -> None:
-        self._engine = engine
+    def __init__(
+        self,
+        fleet: FleetView,
+        checks: CheckRequests,
+        selector: NodeSelector,
+        report_failure: ReportFailure,
+        records: Records,
+        config: SweepConfig,
+    ) -> None:
+        self._fleet = fleet
+        self._checks = checks
+        self._selector = selector
+        self._report_failure = report_failure
+        self._records = records
         self.config = config
         self.current = ""  # the running sweep's id
         self._tasks: set[asyncio.Task[admin_pb2.SweepSummary | None]] = set()
@@ -85,11 +100,11 @@ class Sweeper:
         if nodes:
             chosen = list(dict.fromkeys(nodes))
         elif selector:
-            chosen = await asyncio.to_thread(self._engine.actuator.nodes_matching, selector)
+            chosen = await asyncio.to_thread(self._selector.nodes_matching, selector)
         elif job:
-            chosen = await asyncio.to_thread(self._engine.actuator.job_nodes, namespace or "default", job)
+            chosen = await asyncio.to_thread(self._selector.job_nodes, namespace or "default", job)
         else:
-            chosen = sorted(n for n, e in self._engine.nodes.items() if e.connected)
+            chosen = self._fleet.connected()
         if not chosen:
             raise SweepError("no nodes to sweep: none named, none matched, or no agent is connected")
         return chosen
@@ -147,7 +162,7 @@ class Sweeper:
         if spec.quarantine:
             for node in result.failed:
                 try:
-                    quarantine[node] = self._engine.check_failed(node, sweep_id, failure_reasons(rows, node))
+                    quarantine[node] = self._report_failure(node, sweep_id, failure_reasons(rows, node))
                 except UnknownNode:
                     quarantine[node] = "not quarantined: no agent of that name has ever connected"
         summary = admin_pb2.SweepSummary(
@@ -164,9 +179,7 @@ class Sweeper:
             verdict=result.verdict.value,
         )
         record = MessageToJson(summary, preserving_proto_field_name=True, indent=None)
-        await asyncio.to_thread(
-            self._engine.store.record_sweep, sweep_id, spec.requested_by, started, time.time(), record
-        )
+        await asyncio.to_thread(self._records.sweep, sweep_id, spec.requested_by, started, time.time(), record)
         log.info(
             "sweep_finished",
             sweep=sweep_id,
@@ -202,21 +215,21 @@ class Sweeper:
         self, node: str, check: str, params: dict[str, str], deadline_s: float, request_id: str
     ) -> CheckResult:
         run = agent_pb2.RunCheck(request_id=request_id, check=check, params=params, deadline_s=deadline_s)
-        future = self._engine.checks.ask(node, run)
+        future = self._checks.ask(node, run)
         if future is None:
             return unknown(check, "the node's agent is not connected")
         wait_s = deadline_s + self.config.answer_grace_s
         try:
             answer = await asyncio.wait_for(future, wait_s)
         except TimeoutError:
-            self._engine.checks.forget(request_id)
+            self._checks.forget(request_id)
             return unknown(check, f"no answer from the node's agent within {wait_s:g} s")
         return replace(result_from_proto(answer), check=check)  # filed under what was asked, whatever it says
 
     # Pairwise all-reduce --------------------------------------------------------------------
 
     async def _pairwise(self, sweep_id: str, spec: SweepSpec, nodes: list[str], progress: _Progress) -> _PairStage:
-        reachable = [n for n in nodes if (e := self._engine.nodes.get(n)) is not None and e.connected and e.address]
+        reachable = [n for n in nodes if self._fleet.is_connected(n) and self._fleet.address(n)]
         left_out = [
             Row(n, PAIRS, Verdict.UNKNOWN, "", "not paired: the node's agent is not connected")
             for n in nodes
@@ -269,7 +282,7 @@ class Sweeper:
     async def _pair(self, prefix: str, spec: SweepSpec, k: int, pair: Pair) -> tuple[PairRun, CheckResult, str]:
         """The k-th pair of a round: rank 0 listens on the k-th port, so pairs never collide."""
         a, b = pair
-        master = master_address(self._engine.nodes[a].address, self.config.pair_port_base + k)
+        master = master_address(self._fleet.address(a), self.config.pair_port_base + k)
         deadline = spec.deadline_s[PAIRS]
         ids = [f"{prefix}/{a}|{b}/{rank}" for rank in (0, 1)]
         ra, rb = await asyncio.gather(

@@ -13,7 +13,8 @@ import structlog
 
 from controller.config import LimitsConfig
 from controller.guard_rules import RateLimiter
-from controller.jobs import BadProgress, JobMonitor
+from controller.job_state import BadProgress
+from controller.jobs import JobMonitor
 from protos.vigil.v1 import trainer_pb2, trainer_pb2_grpc
 
 log = structlog.get_logger(__name__)

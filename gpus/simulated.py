@@ -1,18 +1,31 @@
 """A simulated GPU backend for the demo and tests: N GPUs with real-looking PCI bus ids and UUIDs,
-and fault injection for the faults the collectors must notice.
+healthy until their state is changed (``set_faults``, ``add_xid``), in process or, for agents run
+as processes (the demo, the scenario benchmark), through a *fault file*: JSON lines appended while
+the agent runs, read as they come, each one of
+
+    {"gpu": 2, "xid": 48, "message": "..."}       an XID event, as NVML reports it
+    {"gpu": 2, "set": {"remap_pending": true}}    the GPU reports this from now on (GpuFaults' fields)
+
+A line that cannot be used is logged with what is wrong and skipped.
 
 It is a named backend (``gpu_backend: simulated``), not a stand-in for testing the NVML code.
 """
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 import uuid
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+
+import structlog
 
 from gpus.backend import NVLINK_COUNTERS, GpuReading, XidEvent
 from vigil_core.signals import GpuRef
+
+log = structlog.get_logger(__name__)
 
 # Bus ids of the eight GPUs of an HGX H100 board, as `nvidia-smi` shows them on DGX H100.
 _HGX_BUS_IDS = ("18", "2a", "3a", "5d", "9a", "ab", "ba", "db")
@@ -31,7 +44,9 @@ def simulated_gpus(node: str, count: int) -> list[GpuRef]:
 
 
 @dataclass
-class _GpuFaults:
+class GpuFaults:
+    """What one simulated GPU reports besides its healthy readings."""
+
     lost: bool = False
     ecc_dbe: int = 0
     remap_pending: bool = False
@@ -46,19 +61,24 @@ class _GpuFaults:
 class SimulatedBackend:
     name = "simulated"
 
-    def __init__(self, node: str, gpu_count: int = 8, clock: object = time.time) -> None:
+    def __init__(
+        self, node: str, gpu_count: int = 8, clock: object = time.time, fault_file: Path | None = None
+    ) -> None:
         if gpu_count < 1:
             raise ValueError("a simulated node needs at least one GPU")
         self._gpus = simulated_gpus(node, gpu_count)
-        self._faults = [_GpuFaults() for _ in self._gpus]
+        self._faults = [GpuFaults() for _ in self._gpus]
         self._events: list[XidEvent] = []
         self._lock = threading.Lock()
         self._clock = clock
+        self._fault_file = fault_file
+        self._fault_file_offset = 0
 
     def gpus(self) -> list[GpuRef]:
         return list(self._gpus)
 
     def read(self, index: int) -> GpuReading:
+        self._read_fault_file()
         gpu = self._gpus[index]
         with self._lock:
             faults = replace(self._faults[index])
@@ -103,6 +123,7 @@ class SimulatedBackend:
         )
 
     def drain_xid_events(self) -> list[XidEvent]:
+        self._read_fault_file()
         with self._lock:
             events, self._events = self._events, []
         return events
@@ -113,46 +134,71 @@ class SimulatedBackend:
     def close(self) -> None:
         self.release_hangs()
 
-    # Fault injection -----------------------------------------------------------------------
+    # The GPUs' state -------------------------------------------------------------------------
 
-    def inject_xid(self, index: int, code: int, message: str = "") -> None:
+    def set_faults(self, index: int, **changes: object) -> None:
+        """Change what GPU ``index`` reports from now on (``GpuFaults``' fields; tests' fault
+        injection, ``tests.fakes.gpu_faults``, is written on this)."""
+        with self._lock:
+            self._faults[index] = replace(self._faults[index], **changes)  # type: ignore[arg-type]
+
+    def faults(self, index: int) -> GpuFaults:
+        with self._lock:
+            return replace(self._faults[index])
+
+    def add_xid(self, index: int, code: int, message: str = "") -> None:
+        """An XID event on GPU ``index``, as NVML's event set reports it."""
         now = self._clock()  # type: ignore[operator]
         with self._lock:
             self._events.append(XidEvent(self._gpus[index], code, now, message))
 
-    def inject_ecc_dbe(self, index: int, count: int = 1) -> None:
-        with self._lock:
-            self._faults[index].ecc_dbe += count
+    def _read_fault_file(self) -> None:
+        """Apply the fault file's new complete lines (a line still being written waits)."""
+        if self._fault_file is None:
+            return
+        try:
+            with open(self._fault_file, "rb") as f:
+                f.seek(self._fault_file_offset)
+                data = f.read()
+        except FileNotFoundError:
+            return
+        complete = data[: data.rfind(b"\n") + 1]
+        self._fault_file_offset += len(complete)
+        for raw in complete.splitlines():
+            if raw.strip():
+                problem = self._apply_fault_line(raw)
+                if problem:
+                    log.error("simulated_fault_line_refused", file=str(self._fault_file), problem=problem)
 
-    def inject_row_remap(self, index: int, *, pending: bool = False, failure: bool = False) -> None:
-        with self._lock:
-            self._faults[index].remap_pending = pending
-            self._faults[index].remap_failure = failure
-
-    def inject_throttle(self, index: int, reasons: int) -> None:
-        with self._lock:
-            self._faults[index].throttle_reasons = reasons
-
-    def inject_gpu_lost(self, index: int) -> None:
-        with self._lock:
-            self._faults[index].lost = True
-
-    def inject_nvlink_errors(self, index: int, count: int) -> None:
-        with self._lock:
-            self._faults[index].nvlink_crc += count
-
-    def inject_pcie_replays(self, index: int, count: int) -> None:
-        with self._lock:
-            self._faults[index].pcie_replays += count
-
-    def inject_pcie_width(self, index: int, width: int) -> None:
-        with self._lock:
-            self._faults[index].pcie_width = width
-
-    def inject_hang(self, index: int) -> None:
-        """Reads of this GPU block (as NVML does under a wedged driver) until ``release_hangs``."""
-        with self._lock:
-            self._faults[index].hang = threading.Event()
+    def _apply_fault_line(self, raw: bytes) -> str:
+        """Apply one fault-file line; returns what is wrong with it ('' when it was applied)."""
+        try:
+            line = json.loads(raw)
+        except ValueError as exc:
+            return f"not JSON: {exc}"
+        if not isinstance(line, dict):
+            return "not a JSON object"
+        gpu = line.get("gpu")
+        if not isinstance(gpu, int) or not 0 <= gpu < len(self._gpus):
+            return f"gpu {gpu!r} is not one of this node's {len(self._gpus)} GPUs"
+        if "xid" in line:
+            code = line["xid"]
+            if not isinstance(code, int) or not 0 < code < 1 << 16:
+                return f"xid {code!r} is not an XID code"
+            self.add_xid(gpu, code, str(line.get("message", "")))
+            return ""
+        changes = line.get("set")
+        allowed = {f.name: f.type for f in fields(GpuFaults) if f.name != "hang"}
+        if not isinstance(changes, dict) or not changes:
+            return 'needs "xid" or a non-empty "set" object'
+        unknown = sorted(set(changes) - set(allowed))
+        if unknown:
+            return f"unknown fields {unknown}; known: {sorted(allowed)}"
+        bad = [k for k, v in changes.items() if type(v) is not (bool if allowed[k] == "bool" else int)]
+        if bad:
+            return f"{bad[0]} must be {'true or false' if allowed[bad[0]] == 'bool' else 'an integer'}"
+        self.set_faults(gpu, **changes)
+        return ""
 
     def release_hangs(self) -> None:
         with self._lock:

@@ -66,6 +66,9 @@ def agent(
     checkpoint_path: Annotated[Optional[Path], typer.Option(help="filesystem to watch for free space")] = None,
     spool: Annotated[Optional[Path], typer.Option(help="spool database path")] = None,
     simulated_gpus: Annotated[Optional[int], typer.Option(help="GPUs of the simulated backend")] = None,
+    simulated_faults: Annotated[
+        Optional[Path], typer.Option(help="a JSON-lines fault file the simulated backend reads as it grows")
+    ] = None,
     metrics_port: Annotated[Optional[int], typer.Option(help="port for /metrics (0: any free port)")] = None,
     tls_dir: TlsDirOpt = None,
     token_file: Annotated[
@@ -88,6 +91,7 @@ def agent(
         "checkpoint_path": checkpoint_path,
         "spool": spool,
         "simulated_gpus": simulated_gpus,
+        "simulated_faults": simulated_faults,
         "metrics_port": metrics_port,
         "tls_dir": tls_dir,
         "token_file": token_file,

@@ -49,7 +49,7 @@ class Cluster:
 
     def _spawn(self, name: str, args: list[str]) -> None:
         # The child keeps its own copies of the descriptors; ours can close at once.
-        with open(self.workdir / f"{name}.out", "wb") as out, open(self.workdir / f"{name}.log", "wb") as err:
+        with open(self.workdir / f"{name}.out", "ab") as out, open(self.workdir / f"{name}.log", "ab") as err:
             self.procs[name] = subprocess.Popen(
                 [sys.executable, "-m", "vigil", *args], stdout=out, stderr=err, stdin=subprocess.DEVNULL
             )
@@ -81,12 +81,34 @@ class Cluster:
             )
         )
 
+    def fault_file(self, node: str) -> Path:
+        """The node's simulated GPUs read faults from this file as it grows (``gpus.simulated``)."""
+        return self.workdir / f"{node}.faults"
+
     def start_agents(self) -> None:
         for node in self.nodes:
-            log = self.kernel_log(node)
+            self.start_agent(node)
+
+    def start_agent(self, node: str, gpus: int | None = None, restart: bool = False) -> None:
+        """Start a node's agent; ``restart``: again, after it stopped, on the kernel log and spool it had
+        (``gpus``: the node comes back with this many GPUs)."""
+        log = self.kernel_log(node)
+        if not restart:
             log.write_text("".join(_boot_lines(node, self.gpus)))
-            spool = self.workdir / f"{node}.spool.db"
-            self._spawn(node, simulated_agent_args(node, f"127.0.0.1:{self.port}", log, spool, self.gpus))
+        spool = self.workdir / f"{node}.spool.db"
+        args = simulated_agent_args(
+            node, f"127.0.0.1:{self.port}", log, spool, gpus or self.gpus, self.fault_file(node)
+        )
+        self._spawn(node, args)
+
+    def stop_agent(self, node: str) -> None:
+        proc = self.procs.pop(node)
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
     def check_alive(self) -> None:
         for name, proc in self.procs.items():
@@ -135,13 +157,17 @@ def _boot_lines(node: str, gpus: int) -> list[str]:
     return lines
 
 
-def simulated_agent_args(node: str, controller: str, kernel_log: Path, spool: Path, gpus: int = 8) -> list[str]:
-    """``vigil`` arguments for a local agent: simulated GPUs, a kmsg-format file for its kernel log,
-    plaintext to a loopback controller, JSON logs, any free metrics port."""
+def simulated_agent_args(
+    node: str, controller: str, kernel_log: Path, spool: Path, gpus: int = 8, faults: Path | None = None
+) -> list[str]:
+    """``vigil`` arguments for a local agent: simulated GPUs (``faults``: their fault file), a
+    kmsg-format file for its kernel log, plaintext to a loopback controller, JSON logs, any free
+    metrics port."""
     return [
         "agent", "--plaintext", "--node", node, "--controller", controller, "--kernel-log", str(kernel_log),
         "--spool", str(spool), "--gpu-backend", "simulated", "--simulated-gpus", str(gpus),
         "--metrics-port", "0", "--log-format", "json",
+        *(["--simulated-faults", str(faults)] if faults is not None else []),
     ]  # fmt: skip
 
 

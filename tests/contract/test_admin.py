@@ -8,6 +8,7 @@ from pathlib import Path
 import grpc
 import pytest
 
+from controller.local_actuator import LocalQuarantines
 from protos.vigil.v1 import admin_pb2, admin_pb2_grpc
 from tests.contract.test_agent_link import raw_batch, send_raw
 from tests.helpers import start_controller, stop_controller
@@ -37,7 +38,7 @@ def test_status_incidents_and_uncordon(tmp_path: Path) -> None:
             assert reply.health == "HEALTHY" and "1 incident(s) resolved" in reply.detail
             assert not (await admin.ListIncidents(admin_pb2.IncidentsRequest(open_only=True))).incidents
             assert (await admin.GetStatus(admin_pb2.StatusRequest())).nodes[0].open_incident == ""
-            assert controller.store.quarantined_nodes() == {}
+            assert LocalQuarantines(controller.store.db).nodes() == {}
 
             again = await admin.Uncordon(admin_pb2.UncordonRequest(node="node-a"))
             assert again.health == "HEALTHY" and "not quarantined by Vigil" in again.detail

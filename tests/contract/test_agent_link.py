@@ -71,7 +71,7 @@ def test_reconnect_replays_exactly_the_unacknowledged(tmp_path: Path) -> None:
         await wait_until(lambda: spool.acked_seq == 8, timeout=20, what="replay acknowledged")
         assert signals_received(second) == 3  # exactly 6, 7 and 8 were sent again
         assert duplicates(second) == 0
-        assert second.store.signal_count(NODE) == 8
+        assert second.store.incidents.signals_from(NODE) == 8
         assert spool.count() == 0 and link.connections == 2
         stop.set()
         await running
@@ -113,9 +113,9 @@ def test_controller_ignores_duplicates(tmp_path: Path) -> None:
         replies = await send_raw(controller.port, raw_batch("spool1", [1, 2, 3, 4], code=79), replies=2)
         assert [r.ack.acked_seq for r in replies] == [3, 4]
         assert duplicates(controller) == 3
-        assert controller.store.signal_count(NODE) == 4
+        assert controller.store.incidents.signals_from(NODE) == 4
         await controller.engine.drain()
-        (incident,) = controller.store.incidents(node=NODE)
+        (incident,) = controller.store.incidents.list(node=NODE)
         assert incident.signal_count == 4  # folded: one incident, one quarantine, one page
         assert sorted(a.kind for a in incident.actions) == ["NOTE:QUARANTINED", "PAGE:quarantine", "QUARANTINE"]
         await stop_controller(controller)
@@ -134,7 +134,7 @@ def test_agent_with_a_lost_ack_resends_nothing_the_controller_holds(tmp_path: Pa
         running = asyncio.create_task(link.run(stop))
         await wait_until(lambda: spool.acked_seq == 4, what="ack of seq 4")
         assert duplicates(controller) == 0
-        assert controller.store.signal_count(NODE) == 4
+        assert controller.store.incidents.signals_from(NODE) == 4
         stop.set()
         await running
         await stop_controller(controller)
@@ -148,7 +148,7 @@ def test_a_new_spool_is_not_mistaken_for_a_replay(tmp_path: Path) -> None:
         await send_raw(controller.port, raw_batch("old-spool", [1, 2]), replies=2)
         replies = await send_raw(controller.port, raw_batch("new-spool", [1]), replies=2)
         assert [r.ack.acked_seq for r in replies] == [0, 1]
-        assert controller.store.signal_count(NODE) == 3 and duplicates(controller) == 0
+        assert controller.store.incidents.signals_from(NODE) == 3 and duplicates(controller) == 0
         await stop_controller(controller)
 
     asyncio.run(scenario())
@@ -301,7 +301,7 @@ def test_a_spool_behind_the_controller_is_renumbered_so_nothing_is_taken_for_a_r
         link, stop = link_for(spool, controller.port), asyncio.Event()
         running = asyncio.create_task(link.run(stop))
         await wait_until(lambda: spool.acked_seq >= 4, timeout=20, what="renumbered signal acknowledged")
-        incidents = controller.store.incidents(node=NODE)
+        incidents = controller.store.incidents.list(node=NODE)
         assert any(i.code == 79 for i in incidents)
         stop.set()
         await running

@@ -10,6 +10,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from agent.config import AgentConfig
 from agent.daemon import Agent
+from tests.fakes.gpu_faults import GpuFaults
 from tests.helpers import start_controller, stop_controller, wait_until
 
 
@@ -42,7 +43,7 @@ def connected(body: str) -> float:
 def test_metrics_endpoint_serves_gpu_and_agent_metrics(tmp_path: Path) -> None:
     async def scenario() -> str:
         agent = Agent(agent_config(tmp_path, "127.0.0.1:1"))
-        agent.backend.inject_gpu_lost(7)  # type: ignore[attr-defined]
+        GpuFaults(agent.backend).gpu_lost(7)
         stop = asyncio.Event()
         task = asyncio.create_task(agent.run(stop))
         lost = {"node": "node-m", "kind": "GPU_LOST"}

@@ -12,6 +12,7 @@ from agent.daemon import Agent
 from agent.watchdog import GuardedWorker, Watchdog
 from controller.node_state import Health
 from gpus.simulated import SimulatedBackend
+from tests.fakes.gpu_faults import GpuFaults
 from tests.helpers import start_controller, stop_controller, wait_until
 from vigil_core.signals import SignalKind
 
@@ -67,11 +68,11 @@ def test_a_wedged_gpu_makes_the_node_unknown_until_it_answers(tmp_path: Path) ->
         task = asyncio.create_task(agent.run(stop))
 
         def health() -> Health | None:
-            entry = controller.engine.nodes.get("node-w")
+            entry = controller.engine.fleet.nodes.get("node-w")
             return entry.state.health if entry else None
 
         await wait_until(lambda: health() is Health.HEALTHY, what="node registered")
-        backend.inject_hang(2)
+        GpuFaults(backend).hang(2)
         await wait_until(lambda: health() is Health.UNKNOWN, timeout=10, what="node UNKNOWN")
         assert agent.metrics.readings.gpus == []  # no stale GPU values on /metrics
         await asyncio.sleep(0.5)  # heartbeats keep coming; the node must stay UNKNOWN
@@ -80,9 +81,9 @@ def test_a_wedged_gpu_makes_the_node_unknown_until_it_answers(tmp_path: Path) ->
         await wait_until(lambda: health() is not Health.UNKNOWN, timeout=10, what="node back")
         assert health() is Health.SUSPECT  # a hang was paged once; a person clears it
         # A fault that the stuck call itself comes back with is delivered, not dropped as late.
-        backend.inject_hang(2)
+        GpuFaults(backend).hang(2)
         await wait_until(lambda: health() is Health.UNKNOWN, timeout=10, what="UNKNOWN again")
-        backend.inject_row_remap(3, pending=True)  # GPU 3 is read after the stuck GPU 2
+        GpuFaults(backend).row_remap(3, pending=True)  # GPU 3 is read after the stuck GPU 2
         backend.release_hangs()
         await wait_until(lambda: health() in (Health.UNHEALTHY, Health.QUARANTINED), timeout=10, what="quarantine")
         stop.set()

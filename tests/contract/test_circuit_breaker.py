@@ -37,7 +37,7 @@ def engine(kube: KubeApiServer, slack: FakeSlack, tmp_path: Path, **guard: objec
         store,
         Policy(),
         KubeActuator(api_client(kube.kubeconfig(tmp_path / "kubeconfig"))),
-        SlackPager(TOKEN, CHANNEL, store, base_url=slack.base_url),
+        SlackPager(TOKEN, CHANNEL, store.records, base_url=slack.base_url),
         guardrails=GuardrailConfig(**guard),  # type: ignore[arg-type]
     )
 
@@ -104,7 +104,7 @@ def test_resume_without_applying_drops_the_held(cluster: tuple[KubeApiServer, Fa
         assert await e.resume("sre", "a bad driver roll-out, not the nodes", apply_held=False) == (0, 4)
         await e.drain()
         assert cordoned(kube) == NODES[:1]
-        assert {a.status for i in e.store.incidents(node=NODES[1]) for a in i.actions} == {"SKIPPED"}
+        assert {a.status for i in e.store.incidents.list(node=NODES[1]) for a in i.actions} == {"SKIPPED"}
         e.store.close()
 
     asyncio.run(scenario())
@@ -141,10 +141,10 @@ def test_dry_run_changes_nothing_but_says_what_it_would_do(
         assert cordoned(kube) == [] and kube.requests("PATCH") == []
         (message,) = slack.state.top_level()
         assert "DRY RUN: would quarantine" in str(message["blocks"])
-        (incident,) = e.store.incidents(node=NODES[0])
+        (incident,) = e.store.incidents.list(node=NODES[0])
         quarantine = next(a for a in incident.actions if a.kind == "QUARANTINE")
         assert quarantine.status == "DONE" and quarantine.detail.startswith("dry run")
-        assert e.nodes[NODES[0]].state.health.value == "UNHEALTHY"  # decided, not carried out
+        assert e.fleet.nodes[NODES[0]].state.health.value == "UNHEALTHY"  # decided, not carried out
         e.store.close()
 
     asyncio.run(scenario())

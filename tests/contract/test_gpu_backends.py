@@ -7,6 +7,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, fields
+from pathlib import Path
 
 import pytest
 
@@ -14,6 +15,7 @@ from agent.gpu_collector import GpuCollector
 from gpus.backend import GpuBackend, GpuReading
 from gpus.nvml_backend import NvmlBackend
 from gpus.simulated import SimulatedBackend
+from tests.fakes.gpu_faults import GpuFaults
 from tests.fakes.nvml import FakeNvml, hgx
 from tests.helpers import poll_until
 from vigil_core.signals import SignalKind, normalize_pci_bus_id
@@ -30,13 +32,8 @@ class Faults:
 
 def simulated() -> tuple[GpuBackend, Faults]:
     b = SimulatedBackend("n1", 4)
-    return b, Faults(
-        b.inject_gpu_lost,
-        lambda i: b.inject_row_remap(i, pending=True),
-        b.inject_xid,
-        b.inject_hang,
-        b.release_hangs,
-    )
+    f = GpuFaults(b)
+    return b, Faults(f.gpu_lost, lambda i: f.row_remap(i, pending=True), f.xid, f.hang, b.release_hangs)
 
 
 def nvml() -> tuple[GpuBackend, Faults]:
@@ -116,3 +113,25 @@ def test_the_collector_sees_the_same_faults(subject: tuple[GpuBackend, Faults]) 
         (SignalKind.GPU_LOST, 0),
         (SignalKind.ROW_REMAP_PENDING, 1),
     ]
+
+
+def test_the_simulated_backend_reads_faults_from_its_file_as_it_grows(tmp_path: Path) -> None:
+    faults = tmp_path / "node.faults"
+    b = SimulatedBackend("n1", 4, fault_file=faults)
+    assert not b.read(1).remap_pending and b.drain_xid_events() == []  # no file yet: healthy
+    faults.write_text(
+        '{"gpu": 1, "set": {"remap_pending": true}}\n'
+        "not json\n"
+        '{"gpu": 9, "xid": 79}\n'  # no such GPU: refused, the rest applies
+        '{"gpu": 2, "set": {"colour": 1}}\n'
+        '{"gpu": 2, "set": {"ecc_dbe": true}}\n'  # a count must be an integer
+        '{"gpu": 3, "xid": 48, "message": "DBE"}\n'
+        '{"gpu": 0, "set": {"lost": true}}'  # not finished: waits for its newline
+    )
+    assert b.read(1).remap_pending and b.read(2).ecc_volatile_uncorrected == 0
+    (event,) = b.drain_xid_events()
+    assert (event.gpu.index, event.code, event.message) == (3, 48, "DBE")
+    assert not b.read(0).lost
+    with open(faults, "a") as f:
+        f.write("\n")
+    assert b.read(0).lost and b.drain_xid_events() == []  # each line applies once

@@ -23,7 +23,7 @@ def slack() -> Iterator[FakeSlack]:
 
 
 def pager(slack: FakeSlack, tmp_path: Path, db: str = "ctl.db") -> SlackPager:
-    return SlackPager(TOKEN, CHANNEL, Store(tmp_path / db), base_url=slack.base_url)
+    return SlackPager(TOKEN, CHANNEL, Store(tmp_path / db).records, base_url=slack.base_url)
 
 
 def page(incident: str = "gpu-7-abc-12", severity: Severity = Severity.QUARANTINE) -> Page:
@@ -100,7 +100,7 @@ def test_slack_errors_are_retryable_or_permanent(slack: FakeSlack, tmp_path: Pat
     slack.error("chat.postMessage", "channel_not_found")
     with pytest.raises(PermanentActionError, match="channel_not_found"):
         p.page(page("another-incident"))
-    bad = SlackPager("xoxb-wrong", CHANNEL, Store(tmp_path / "other.db"), base_url=slack.base_url)
+    bad = SlackPager("xoxb-wrong", CHANNEL, Store(tmp_path / "other.db").records, base_url=slack.base_url)
     with pytest.raises(PermanentActionError, match="invalid_auth"):
         bad.page(page("third"))
     assert len(slack.state.top_level()) == 1
@@ -137,30 +137,30 @@ def test_a_new_leader_learns_the_threads_from_history(slack: FakeSlack, tmp_path
 def test_a_flood_is_one_message_with_its_count_in_the_thread(slack: FakeSlack, tmp_path: Path) -> None:
     import asyncio
 
-    from controller.actuators import LocalActuator
     from controller.engine import Engine
+    from controller.local_actuator import LocalActuator
     from controller.policy import Policy
     from vigil_core.signals import GpuRef, Signal, SignalKind
 
     async def scenario() -> None:
         now = [1000.0]
         store = Store(tmp_path / "ctl.db")
-        slack_pager = SlackPager(TOKEN, CHANNEL, store, base_url=slack.base_url)
-        e = Engine(store, Policy(), LocalActuator(store), slack_pager, clock=lambda: now[0], fold_report_s=60)
+        slack_pager = SlackPager(TOKEN, CHANNEL, store.records, base_url=slack.base_url)
+        e = Engine(store, Policy(), LocalActuator(store.db), slack_pager, clock=lambda: now[0], fold_report_s=60)
         e.hello("gpu-7", "s", 8)
         for seq in range(1, 52):  # XID 13 (the application's fault) flooding one GPU
             sig = Signal("gpu-7", SignalKind.XID, GpuRef(3, "GPU-3"), code=13, observed_at=now[0] + seq, seq=seq)
             e.receive("gpu-7", [sig])
         await e.drain()
-        assert e.report_folds() == 0  # not before fold_report_s
+        assert e.folds.report() == 0  # not before fold_report_s
         now[0] += 61
-        assert e.report_folds() == 1
+        assert e.folds.report() == 1
         await e.drain()
         (parent,) = slack.state.top_level()
         (reply,) = slack.state.replies(parent["ts"])
         assert reply["text"] == "Still happening: 51 signals folded into this incident so far"
         now[0] += 61
-        assert e.report_folds() == 0  # nothing new folded since
+        assert e.folds.report() == 0  # nothing new folded since
         store.close()
 
     asyncio.run(scenario())

@@ -22,6 +22,7 @@ import pytest
 from controller.config import ControllerConfig
 from controller.daemon import Controller
 from controller.guard_rules import GuardrailConfig
+from controller.local_actuator import LocalQuarantines
 from controller.sweep_spec import SweepConfig
 from protos.vigil.v1 import admin_pb2, admin_pb2_grpc, common_pb2
 from tests.fakes.fleet import Fleet
@@ -100,13 +101,13 @@ def test_the_slow_node_is_named_not_its_partner_and_everything_is_filed(tmp_path
         masters = sorted({r.params["master"] for _, r in c.checks.requests if "master" in r.params})
         assert "node-0.sim:29400" in masters and "node-2.sim:29401" in masters
         # Filed: the summary and every check's result, under the sweep's id.
-        stored = json.loads(c.controller.store.sweep_summary(summary.sweep_id) or "{}")
+        stored = json.loads(c.controller.store.records.sweep_summary(summary.sweep_id) or "{}")
         assert stored["findings"][0]["node"] == "node-5" and stored["rounds"] == 2
-        filed = c.controller.store._db.execute(
+        ((filed,),) = c.controller.store.read(
             "SELECT count(*) FROM check_results WHERE request_id LIKE ?", (f"{summary.sweep_id}/%",)
-        ).fetchone()[0]
+        )
         assert filed == 8 + 2 * (4 + 2)  # gpu_health per node, both members of every pair
-        assert c.controller.store.quarantined_nodes() == {}  # no --quarantine: nothing done to nodes
+        assert LocalQuarantines(c.controller.store.db).nodes() == {}  # no --quarantine: nothing done to nodes
 
     run(tmp_path, 8, sim, test)
 
@@ -181,8 +182,8 @@ def test_quarantine_goes_through_the_policy_and_the_circuit_breaker(tmp_path: Pa
         outcomes = sorted(summary.quarantine.values())
         assert [o.split(" (")[0] for o in outcomes] == ["held by the circuit breaker"] + ["quarantine requested"] * 2
         await c.controller.engine.drain()
-        assert len(c.controller.store.quarantined_nodes()) == 2
-        (incident,) = c.controller.store.incidents(node="node-1")
+        assert len(LocalQuarantines(c.controller.store.db).nodes()) == 2
+        (incident,) = c.controller.store.incidents.list(node="node-1")
         assert incident.kind == "CHECK_FAILED" and "gpu_health: GPU 3 row remap failure" in incident.first_message
         assert incident.id == f"node-1-{summary.sweep_id}"
         assert c.controller.engine.breaker.tripped
@@ -228,7 +229,7 @@ def test_a_sweep_goes_on_when_its_watcher_leaves(tmp_path: Path) -> None:
         call.cancel()  # the operator's terminal closed
         await asyncio.sleep(1.0)
         await c.controller.engine.drain()
-        assert list(c.controller.store.quarantined_nodes()) == ["node-2"]
+        assert list(LocalQuarantines(c.controller.store.db).nodes()) == ["node-2"]
 
     run(tmp_path, 4, sim, test)
 

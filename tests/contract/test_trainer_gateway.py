@@ -49,10 +49,10 @@ class Rig:
         return await self.trainer.Plan(trainer_pb2.PlanRequest(job_id="moe", nodes=nodes, stopped=stopped))
 
     def actions(self, incident_prefix: str) -> list[tuple[str, str, str]]:
-        rows = self.controller.store._db.execute(
+        rows = self.controller.store.read(
             "SELECT incident_id, kind, detail FROM actions WHERE incident_id LIKE ? ORDER BY requested_at",
             (f"{incident_prefix}%",),
-        ).fetchall()
+        )
         return [(str(a), str(b), str(c)) for a, b, c in rows]
 
 
@@ -132,7 +132,7 @@ def test_an_mfu_drop_with_a_straggler_stops_the_job_sweeps_the_rest_and_restarts
         assert job.command is not None and list(job.command.exclude_nodes) == ["node-2"]
         assert "rank 2 on node-2: step time" in job.command.reason
         # node-2 went through the engine as a failed check: policy, guardrails, quarantine.
-        assert r.controller.engine.nodes["node-2"].state.health.value in ("UNHEALTHY", "QUARANTINED")
+        assert r.controller.engine.fleet.nodes["node-2"].state.health.value in ("UNHEALTHY", "QUARANTINED")
         assert not r.checks.requests  # nothing is swept while the job still runs on the GPUs
 
         plan = await r.plan(stopped=True)  # the job exited (its acknowledgement was lost)
@@ -196,7 +196,7 @@ def test_in_dry_run_a_blamed_drop_pages_and_stops_nothing(tmp_path: Path) -> Non
         await r.window(0.3, slow={2: 0.3})
         assert await r.window(0.3, slow={2: 0.3}) == []
         await wait_until(lambda: r.actions("mfu-moe-1"), what="the page")
-        assert "took no action" in str(r.controller.store._db.execute("SELECT payload FROM actions").fetchall())
+        assert "took no action" in str(r.controller.store.read("SELECT payload FROM actions"))
 
     from controller.guard_rules import GuardrailConfig
 
@@ -273,7 +273,7 @@ def test_a_blamed_node_whose_quarantine_the_breaker_holds_stops_no_job(tmp_path:
 
     async def test(r: Rig) -> None:
         r.fleet.nodes["node-0"].fault(79)
-        await wait_until(lambda: r.controller.engine.nodes["node-0"].state.health.value == "QUARANTINED",
+        await wait_until(lambda: r.controller.engine.fleet.nodes["node-0"].state.health.value == "QUARANTINED",
                          what="node-0 quarantined")  # fmt: skip
         await report(r, 0.5, event="start", step=0)
         for _ in range(1 + FAST.baseline_windows):
@@ -282,7 +282,7 @@ def test_a_blamed_node_whose_quarantine_the_breaker_holds_stops_no_job(tmp_path:
             assert await report(r, 0.2, slow=0.3) == []
         await wait_until(lambda: r.controller.engine.breaker.held, what="the quarantine held")
         assert await report(r, 0.2, slow=0.3) == [] and r.controller.jobs.jobs["pair"].command is None
-        assert r.controller.engine.nodes["node-2"].state.health.value == "UNHEALTHY"
+        assert r.controller.engine.fleet.nodes["node-2"].state.health.value == "UNHEALTHY"
         assert any(kind.startswith("PAGE") for _, kind, _ in r.actions("mfu-pair-1"))
 
     run(tmp_path, test)

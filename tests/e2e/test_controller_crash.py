@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from controller.actions import Page, PageUpdate, Quarantine
-from controller.actuators import LocalActuator
 from controller.engine import Engine
+from controller.local_actuator import LocalActuator, LocalQuarantines
 from controller.policy import Policy
 from controller.store import Store
 from gpus.simulated import simulated_gpus
@@ -112,15 +112,15 @@ def test_actions_pending_at_a_crash_run_once_after_restart(tmp_path: Path) -> No
 
         store = Store(db)  # the restarted controller, on the same database
         pager = CountingPager()
-        second = Engine(store, Policy(), LocalActuator(store), pager)
-        assert second.nodes["node-a"].state.health.value == "UNHEALTHY"
+        second = Engine(store, Policy(), LocalActuator(store.db), pager)
+        assert second.fleet.nodes["node-a"].state.health.value == "UNHEALTHY"
         assert second.resume_pending() == 2
         await second.drain()
         second.receive("node-a", [Signal("node-a", SignalKind.XID, code=79, observed_at=1.0, seq=1)])  # replay
         await second.drain()
         assert pager.pages == ["node-a-spool1-1"]
-        assert store.quarantined_nodes() == {"node-a": "node-a-spool1-1"}
-        assert second.nodes["node-a"].state.health.value == "QUARANTINED"
+        assert LocalQuarantines(store.db).nodes() == {"node-a": "node-a-spool1-1"}
+        assert second.fleet.nodes["node-a"].state.health.value == "QUARANTINED"
         assert second.resume_pending() == 0
         await first.shutdown()
         dead.release.set()

@@ -18,6 +18,7 @@ import pytest
 from agent.config import AgentConfig
 from agent.daemon import Agent
 from gpus.simulated import SimulatedBackend
+from tests.fakes.gpu_faults import GpuFaults
 from tests.helpers import free_port, poll_until, wait_until
 from vigil_core.signals import THROTTLE_HW_THERMAL
 
@@ -44,8 +45,8 @@ async def running_agent(tmp: Path) -> AsyncIterator[Agent]:
     agent = Agent(config)
     backend = agent.backend
     assert isinstance(backend, SimulatedBackend)
-    backend.inject_throttle(3, THROTTLE_HW_THERMAL)
-    backend.inject_nvlink_errors(1, 4)
+    GpuFaults(backend).throttle(3, THROTTLE_HW_THERMAL)
+    GpuFaults(backend).nvlink_errors(1, 4)
     stop = asyncio.Event()
     task = asyncio.create_task(agent.run(stop))
     await wait_until(lambda: agent.metrics_port is not None and agent.metrics.readings.host is not None)

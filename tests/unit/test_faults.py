@@ -11,6 +11,7 @@ from agent.faults import FaultState, diff_faults, fault_state
 from agent.gpu_collector import GpuCollector
 from gpus.backend import GpuReading
 from gpus.simulated import SimulatedBackend
+from tests.fakes.gpu_faults import GpuFaults
 from vigil_core.signals import THROTTLE_HW_SLOWDOWN, GpuRef, SignalKind
 
 GPU = GpuRef(0, "GPU-a", "0000:18:00")
@@ -89,12 +90,12 @@ def test_fault_state_json_round_trip(state: FaultState) -> None:
 def test_a_restored_collector_neither_repeats_nor_misses() -> None:
     clock = lambda: 1000.0  # noqa: E731
     backend = SimulatedBackend("n1", 2, clock=clock)
-    backend.inject_row_remap(0, pending=True)
-    backend.inject_throttle(1, THROTTLE_HW_SLOWDOWN)
+    GpuFaults(backend).row_remap(0, pending=True)
+    GpuFaults(backend).throttle(1, THROTTLE_HW_SLOWDOWN)
     first = GpuCollector("n1", backend, clock, throttle_report_s=60)
     assert {s.kind for s in first.collect()} == {SignalKind.ROW_REMAP_PENDING, SignalKind.THROTTLE}
     restarted = GpuCollector("n1", backend, clock, throttle_report_s=60)
     restarted.restore(first.snapshot())
     assert restarted.collect() == []  # nothing new: no double report
-    backend.inject_ecc_dbe(0, 1)
+    GpuFaults(backend).ecc_dbe(0, 1)
     assert [s.kind for s in restarted.collect()] == [SignalKind.ECC_DBE]

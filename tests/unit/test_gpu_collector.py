@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from agent.gpu_collector import GpuCollector, xid_signals
 from gpus.simulated import SimulatedBackend, simulated_gpus
+from tests.fakes.gpu_faults import GpuFaults
 from vigil_core.signals import THROTTLE_GPU_IDLE, THROTTLE_HW_THERMAL, THROTTLE_SW_POWER_CAP, SignalKind
 
 
@@ -37,11 +38,11 @@ def test_healthy_gpus_give_no_signals() -> None:
 def test_each_injected_fault_is_reported_once() -> None:
     backend, collector, _ = setup()
     collector.collect()
-    backend.inject_ecc_dbe(1, 2)
-    backend.inject_row_remap(2, failure=True)
-    backend.inject_row_remap(3, pending=True)
-    backend.inject_gpu_lost(4)
-    backend.inject_xid(5, 48)
+    GpuFaults(backend).ecc_dbe(1, 2)
+    GpuFaults(backend).row_remap(2, failure=True)
+    GpuFaults(backend).row_remap(3, pending=True)
+    GpuFaults(backend).gpu_lost(4)
+    GpuFaults(backend).xid(5, 48)
     first = collector.collect() + xid_signals("n1", backend.drain_xid_events())
     assert sorted((s.kind, s.gpu.index) for s in first) == sorted(
         [
@@ -54,13 +55,13 @@ def test_each_injected_fault_is_reported_once() -> None:
     )
     assert next(s for s in first if s.kind is SignalKind.ECC_DBE).value == 2
     assert collector.collect() == []  # a steady fault is not reported again
-    backend.inject_ecc_dbe(1, 1)
+    GpuFaults(backend).ecc_dbe(1, 1)
     assert [(s.kind, s.value) for s in collector.collect()] == [(SignalKind.ECC_DBE, 1)]
 
 
 def test_lost_gpu_reads_as_not_available_not_zero() -> None:
     backend, collector, _ = setup()
-    backend.inject_gpu_lost(0)
+    GpuFaults(backend).gpu_lost(0)
     collector.collect()
     lost = collector.readings[0]
     assert lost.lost and lost.temperature_c is None and lost.ecc_volatile_uncorrected is None
@@ -68,14 +69,14 @@ def test_lost_gpu_reads_as_not_available_not_zero() -> None:
 
 def test_throttling_reports_start_progress_and_end_but_not_normal_reasons() -> None:
     backend, collector, clock = setup()
-    backend.inject_throttle(0, THROTTLE_GPU_IDLE | THROTTLE_SW_POWER_CAP)
+    GpuFaults(backend).throttle(0, THROTTLE_GPU_IDLE | THROTTLE_SW_POWER_CAP)
     assert collector.collect() == []  # idle and the software power cap are normal
-    backend.inject_throttle(0, THROTTLE_HW_THERMAL)
+    GpuFaults(backend).throttle(0, THROTTLE_HW_THERMAL)
     start = collector.collect()
     assert [(s.kind, s.code, s.value) for s in start] == [(SignalKind.THROTTLE, THROTTLE_HW_THERMAL, 0.0)]
     clock.now += 2
     assert collector.collect() == []
     clock.now += 4
     assert [s.value for s in collector.collect()] == [6.0]
-    backend.inject_throttle(0, 0)
+    GpuFaults(backend).throttle(0, 0)
     assert [(s.code, s.value) for s in collector.collect()] == [(0, 0.0)]

@@ -7,6 +7,7 @@ import asyncio
 from agent.local_checks import LocalChecks
 from gpus.simulated import SimulatedBackend
 from protos.vigil.v1 import agent_pb2, common_pb2
+from tests.fakes.gpu_faults import GpuFaults
 from vigil_core.signals import THROTTLE_HW_SLOWDOWN
 
 
@@ -22,9 +23,9 @@ def test_healthy_node_passes() -> None:
 
 def test_faults_fail_with_the_reason() -> None:
     backend = SimulatedBackend("n1", 4)
-    backend.inject_gpu_lost(1)
-    backend.inject_row_remap(2, pending=True)
-    backend.inject_throttle(3, THROTTLE_HW_SLOWDOWN)
+    GpuFaults(backend).gpu_lost(1)
+    GpuFaults(backend).row_remap(2, pending=True)
+    GpuFaults(backend).throttle(3, THROTTLE_HW_SLOWDOWN)
     result = run(backend, "gpu_health")
     assert result.verdict == common_pb2.FAIL
     for text in ("GPU 1 is lost", "GPU 2 row remap pending", "GPU 3 throttled"):

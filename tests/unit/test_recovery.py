@@ -3,8 +3,9 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from controller.actuators import LocalActuator, NullPager
+from controller.actuators import NullPager
 from controller.engine import Engine
+from controller.local_actuator import LocalActuator, LocalQuarantines
 from controller.node_state import Health, NodeState
 from controller.policy import Policy
 from controller.recovery import RecoveryConfig, check_releases, release_check_due
@@ -39,15 +40,15 @@ def test_engine_asks_the_agent_and_releases_on_a_pass(tmp_path: Path) -> None:
     async def scenario() -> None:
         now = [1000.0]
         store = Store(tmp_path / "ctl.db")
-        e = Engine(store, Policy(), LocalActuator(store), NullPager(), clock=lambda: now[0], recovery=CFG)
+        e = Engine(store, Policy(), LocalActuator(store.db), NullPager(), clock=lambda: now[0], recovery=CFG)
         to_n1 = e.agents.open("n1")  # as the gateway does when n1's agent connects
         e.hello("n1", "s", 8)
         e.receive("n1", [Signal("n1", SignalKind.XID, GpuRef(0), code=79, observed_at=now[0], seq=1)])
         await e.drain()
-        assert e.nodes["n1"].state.health is Health.QUARANTINED
-        assert e.ask_release_checks() == []
+        assert e.fleet.nodes["n1"].state.health is Health.QUARANTINED
+        assert e.releases.ask() == []
         now[0] += 601
-        assert e.ask_release_checks() == ["n1"]
+        assert e.releases.ask() == ["n1"]
         sent = [to_n1.get_nowait() for _ in range(to_n1.qsize())]
         (request,) = [m.run_check for m in sent if m.HasField("run_check")]
         assert request.check == "gpu_health"
@@ -62,10 +63,10 @@ def test_engine_asks_the_agent_and_releases_on_a_pass(tmp_path: Path) -> None:
         )
         e.checks.answered("n1", failed)
         await asyncio.sleep(0.05)
-        assert e.nodes["n1"].state.health is Health.QUARANTINED
-        assert e.ask_release_checks() == []  # not again before check_every_s
+        assert e.fleet.nodes["n1"].state.health is Health.QUARANTINED
+        assert e.releases.ask() == []  # not again before check_every_s
         now[0] += 61
-        assert e.ask_release_checks() == ["n1"]
+        assert e.releases.ask() == ["n1"]
         (again,) = [m.run_check for m in (to_n1.get_nowait() for _ in range(to_n1.qsize())) if m.HasField("run_check")]
         passed = common_pb2.CheckResult(
             request_id=again.request_id,
@@ -78,9 +79,9 @@ def test_engine_asks_the_agent_and_releases_on_a_pass(tmp_path: Path) -> None:
         e.checks.answered("n1", passed)
         await asyncio.sleep(0.05)
         await e.drain()
-        assert e.nodes["n1"].state.health is Health.HEALTHY
-        assert store.quarantined_nodes() == {}
-        (record,) = store.operator_actions()
+        assert e.fleet.nodes["n1"].state.health is Health.HEALTHY
+        assert LocalQuarantines(store.db).nodes() == {}
+        (record,) = store.records.operator_actions()
         assert record[1:4] == ("uncordon", "n1", "vigil (automatic)")
         store.close()
 

@@ -6,8 +6,8 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from checks.result import CheckResult, Verdict
+from controller.agent_gateway import peer_host
 from controller.pairing import Finding
-from controller.server import peer_host
 from controller.sweep_judge import (
     NodeCheck,
     PairRun,

@@ -1,0 +1,74 @@
+"""``python -m bench.scenarios [NAME ...] [--json] [--keep] [--no-record]``: run the labelled fault
+scenarios (all of them, or those named) through real processes and print the scorecard; the figures
+are appended to ``bench/results/scenarios.jsonl``. Exits 1 when a scenario fails that is not marked
+as a known defect."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import asdict
+
+from bench.record import append_result, header
+from bench.scenarios.runner import run_scenario
+from bench.scenarios.score import Outcome, judge, scorecard
+from bench.scenarios.spec import load_scenario, scenario_paths
+from vigil_core.config_file import ConfigError
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("names", nargs="*", help="scenario names (file stems in bench/scenarios/cases); default all")
+    parser.add_argument("--json", action="store_true", help="print the outcomes and the scorecard as JSON")
+    parser.add_argument("--keep", action="store_true", help="keep each run's working directory (logs)")
+    parser.add_argument("--no-record", action="store_true", help="do not append to bench/results/scenarios.jsonl")
+    args = parser.parse_args()
+    try:
+        paths = scenario_paths(args.names)
+        scenarios = [(p.stem, load_scenario(p)) for p in paths]
+    except (ValueError, ConfigError) as exc:
+        print(f"scenarios: {exc}", file=sys.stderr)
+        return 2
+    outcomes: list[Outcome] = []
+    started = time.monotonic()
+    for name, scenario in scenarios:
+        t = time.monotonic()
+        outcome = judge(name, scenario, run_scenario(name, scenario, keep=args.keep))
+        outcomes.append(outcome)
+        if not args.json:
+            _print_outcome(outcome, time.monotonic() - t)
+    card = {**scorecard(outcomes), "wall_s": round(time.monotonic() - started, 1)}
+    if args.json:
+        print(json.dumps({"outcomes": [asdict(o) for o in outcomes], "scorecard": card}, indent=2))
+    else:
+        _print_card(card)
+    if not args.no_record:
+        append_result("scenarios", {**header("scenarios"), **card})
+    unexpected = [o for o in outcomes if not o.passed and not o.known_defect]
+    return 1 if unexpected else 0
+
+
+def _print_outcome(o: Outcome, wall_s: float) -> None:
+    mark = "PASS" if o.passed else ("KNOWN" if o.known_defect else "FAIL")
+    print(f"{mark:5}  {o.name:44} {wall_s:5.1f} s")
+    for problem in o.problems:
+        print(f"         {problem}")
+    if o.known_defect and not o.passed:
+        print(f"         known defect: {o.known_defect}")
+
+
+def _print_card(card: dict[str, object]) -> None:
+    print()
+    print(f"scenarios: {card['passed']}/{card['scenarios']} passed in {card['wall_s']} s")
+    print(f"quarantine precision {card['quarantine_precision']}, recall {card['quarantine_recall']}")
+    print(f"false quarantines {card['false_quarantines']}, false pages {card['false_pages']}, "
+          f"missed faults {card['missed_faults']}")  # fmt: skip
+    print(f"fault -> first action (s): {card['fault_to_action_s']}")
+    if card["known_defects_failing"]:
+        print(f"known defects still failing: {', '.join(card['known_defects_failing'])}")  # type: ignore[arg-type]
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,99 @@
+"""Judging a scenario's run against what it expects, and the scorecard over many (pure)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from bench.record import percentile
+from bench.scenarios.spec import Scenario
+
+
+@dataclass(frozen=True)
+class Observed:
+    """What Vigil did during a run, as its admin API tells it."""
+
+    quarantined: frozenset[str]  # nodes taken out of service at any time (a dry run's "would" is not)
+    paged: frozenset[str]  # nodes a page was sent for
+    health: dict[str, str]  # each node's health at the end
+    fault_to_action_s: tuple[float, ...] = ()  # first injected fault on a node -> its first quarantine or page
+    pages: dict[str, int] = field(default_factory=dict)  # node -> pages sent for it
+    error: str = ""  # the run itself broke (a process died, the fleet never came up)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    name: str
+    passed: bool
+    problems: tuple[str, ...]
+    known_defect: str
+    true_quarantines: int
+    false_quarantines: int
+    missed_quarantines: int
+    false_pages: int
+    missed_pages: int
+    fault_to_action_s: tuple[float, ...] = field(default=())
+
+
+def judge(name: str, scenario: Scenario, seen: Observed) -> Outcome:
+    want = scenario.expect
+    problems = [f"the run broke: {seen.error}"] if seen.error else []
+    false_q, missed_q = seen.quarantined - want.quarantined, want.quarantined - seen.quarantined
+    false_p, missed_p = seen.paged - want.paged, want.paged - seen.paged
+    for what, nodes in (
+        ("quarantined, not expected", false_q),
+        ("not quarantined, expected", missed_q),
+        ("paged, not expected", false_p),
+        ("not paged, expected", missed_p),
+    ):
+        if nodes:
+            problems.append(f"{what}: {', '.join(sorted(nodes))}")
+    for node, count in sorted(want.pages.items()):
+        if seen.pages.get(node, 0) != count:
+            problems.append(f"{node} was paged {seen.pages.get(node, 0)} time(s), expected {count}")
+    for node, health in sorted(want.health.items()):
+        if seen.health.get(node) != health:
+            problems.append(f"{node} is {seen.health.get(node, 'unknown to the controller')}, expected {health}")
+    return Outcome(
+        name=name,
+        passed=not problems,
+        problems=tuple(problems),
+        known_defect=scenario.known_defect,
+        true_quarantines=len(seen.quarantined & want.quarantined),
+        false_quarantines=len(false_q),
+        missed_quarantines=len(missed_q),
+        false_pages=len(false_p),
+        missed_pages=len(missed_p),
+        fault_to_action_s=seen.fault_to_action_s,
+    )
+
+
+def scorecard(outcomes: Sequence[Outcome]) -> dict[str, Any]:
+    """Over every scenario: how many passed, quarantine precision and recall, false pages, missed
+    faults, and fault -> action times."""
+    tp = sum(o.true_quarantines for o in outcomes)
+    fp = sum(o.false_quarantines for o in outcomes)
+    fn = sum(o.missed_quarantines for o in outcomes)
+    times = [t for o in outcomes for t in o.fault_to_action_s]
+    return {
+        "scenarios": len(outcomes),
+        "passed": sum(o.passed for o in outcomes),
+        "failed": sorted(o.name for o in outcomes if not o.passed),
+        "known_defects_failing": sorted(o.name for o in outcomes if not o.passed and o.known_defect),
+        "quarantine_precision": round(tp / (tp + fp), 4) if tp + fp else 1.0,
+        "quarantine_recall": round(tp / (tp + fn), 4) if tp + fn else 1.0,
+        "false_quarantines": fp,
+        "false_pages": sum(o.false_pages for o in outcomes),
+        "missed_faults": fn + sum(o.missed_pages for o in outcomes),
+        "fault_to_action_s": (
+            {
+                "n": len(times),
+                "p50": round(percentile(times, 0.5), 4),
+                "p99": round(percentile(times, 0.99), 4),
+                "max": round(max(times), 4),
+            }
+            if times
+            else None
+        ),
+    }

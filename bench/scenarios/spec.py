@@ -1,0 +1,146 @@
+"""A scenario file: the fleet, the timeline of injected events, and the expected outcome.
+
+```yaml
+description: one XID 79 quarantines its node and pages; the rest are left alone
+covers: [xid-79]                 # the policy rules or known defects it exercises
+fleet: {nodes: 4, gpus: 8}       # node-1 .. node-4
+controller: {}                   # ControllerConfig fields (policy: inline, as a policy file's content)
+events:
+  - {at: 0.0, node: node-2, kernel_log: {xid: 79, gpu: 3}}
+expect:
+  quarantined: [node-2]          # every other node: not quarantined
+  paged: [node-2]                # every other node: not paged
+  health: {node-2: QUARANTINED}  # final health, where it matters
+```
+
+Event kinds (one per event): ``kernel_log`` (an XID line in the node's kernel log), ``nvml_xid``
+(an XID event from NVML), ``gpu`` (what a GPU reports from now on: ``GpuFaults`` fields),
+``restart_agent`` (the agent restarts, optionally with fewer GPUs), ``uncordon`` (a person returns
+the node to service). ``at`` is seconds after every node reported healthy.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from vigil_core.config_file import load_yaml_model
+
+CASES_DIR = Path(__file__).parent / "cases"
+Health = Literal["HEALTHY", "SUSPECT", "UNHEALTHY", "QUARANTINED", "UNKNOWN"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Fleet(_Strict):
+    nodes: int = Field(default=4, ge=1, le=64)
+    gpus: int = Field(default=8, ge=1, le=64)
+
+    @property
+    def names(self) -> list[str]:
+        return [f"node-{i + 1}" for i in range(self.nodes)]
+
+
+class KernelXid(_Strict):
+    xid: int = Field(ge=1, lt=1 << 16)
+    gpu: int = Field(0, ge=0)
+    message: str = "injected by the scenario"
+    repeat: int = Field(1, ge=1, le=100_000, description="this many lines at once")
+
+
+class NvmlXid(_Strict):
+    xid: int = Field(ge=1, lt=1 << 16)
+    gpu: int = Field(0, ge=0)
+
+
+class GpuState(_Strict):
+    gpu: int = Field(0, ge=0)
+    set: dict[str, bool | int] = Field(min_length=1)
+
+
+class RestartAgent(_Strict):
+    gpus: int | None = Field(None, ge=1, le=64, description="the node comes back with this many GPUs")
+
+
+class Uncordon(_Strict):
+    by: str = "sre@example.com"
+    reason: str = "scenario: a person returns the node"
+
+
+EVENT_KINDS = ("kernel_log", "nvml_xid", "gpu", "restart_agent", "uncordon")
+
+
+class Event(_Strict):
+    at: float = Field(0.0, ge=0, le=600)
+    node: str
+    kernel_log: KernelXid | None = None
+    nvml_xid: NvmlXid | None = None
+    gpu: GpuState | None = None
+    restart_agent: RestartAgent | None = None
+    uncordon: Uncordon | None = None
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> Event:
+        kinds = [k for k in EVENT_KINDS if getattr(self, k)]
+        if len(kinds) != 1:
+            raise ValueError(f"an event has exactly one of {', '.join(EVENT_KINDS)}; got {kinds or 'none'}")
+        return self
+
+    @property
+    def kind(self) -> str:
+        return next(k for k in EVENT_KINDS if getattr(self, k))
+
+    @property
+    def is_fault(self) -> bool:
+        return self.kind in ("kernel_log", "nvml_xid", "gpu")
+
+
+class Expect(_Strict):
+    quarantined: frozenset[str] = frozenset()
+    paged: frozenset[str] = frozenset()
+    health: dict[str, Health] = Field(default_factory=dict)
+    pages: dict[str, int] = Field(default_factory=dict, description="exactly this many pages for the node")
+
+
+class Scenario(_Strict):
+    description: str
+    covers: tuple[str, ...] = ()
+    fleet: Fleet = Fleet()
+    controller: dict[str, Any] = Field(default_factory=dict)
+    events: tuple[Event, ...] = ()
+    expect: Expect = Expect()
+    settle_s: float = Field(1.5, ge=0, le=120, description="after the last event and the expected outcome")
+    known_defect: str = Field("", description="a defect not fixed yet: the scenario is expected to fail")
+    timed: bool = Field(True, description="false: the policy waits on purpose (a throttle's duration); not timed")
+
+    @model_validator(mode="after")
+    def _names_known(self) -> Scenario:
+        names = set(self.fleet.names)
+        named = {e.node for e in self.events} | self.expect.quarantined | self.expect.paged
+        named |= set(self.expect.health) | set(self.expect.pages)
+        unknown = sorted(named - names)
+        if unknown:
+            raise ValueError(
+                f"{unknown} not in the fleet ({self.fleet.nodes} nodes: node-1 .. node-{self.fleet.nodes})"
+            )
+        return self
+
+
+def load_scenario(path: Path) -> Scenario:
+    return load_yaml_model(Scenario, path)
+
+
+def scenario_paths(names: list[str] | None = None) -> list[Path]:
+    """The scenario files, by name (file stem) or all of them."""
+    every = sorted(CASES_DIR.glob("*.yaml"))
+    if not names:
+        return every
+    by_name = {p.stem: p for p in every}
+    missing = [n for n in names if n not in by_name]
+    if missing:
+        raise ValueError(f"no scenario named {missing}; known: {sorted(by_name)}")
+    return [by_name[n] for n in names]

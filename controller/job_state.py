@@ -1,0 +1,115 @@
+"""A training job as the job monitor sees it: its phase (an explicit state machine), its figures
+and goodput, and the validation of the reports its rank 0 sends."""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from controller.goodput import Goodput
+from controller.mfu import Track, Unit
+from protos.vigil.v1 import trainer_pb2
+from vigil_core.names import is_job_id, is_node_name
+
+MAX_RANKS = 1 << 17
+MAX_NODES = 1 << 15
+
+
+class BadProgress(ValueError):
+    """A report that cannot be taken: the message names the field."""
+
+
+class JobPhase(StrEnum):
+    """Where a job is in its life as the monitor sees it."""
+
+    RUNNING = "running"  # training; no command for it
+    STOPPING = "stopping"  # told to checkpoint and restart; waiting for its ack, its exit or the deadline
+    SWEEP_PENDING = "sweep pending"  # stopped after an MFU drop; its recovery sweep waits for the sweeper
+    SWEEPING = "sweeping"  # stopped; its recovery sweep runs (a launcher waits before starting it again)
+    STOPPED = "stopped"  # stopped; may start again
+    FINISHED = "finished"  # ended; a later job of the same id starts afresh
+
+
+# A (re)start report may come in any phase but the last: the job is then RUNNING again.
+_TRANSITIONS: dict[JobPhase, frozenset[JobPhase]] = {
+    JobPhase.RUNNING: frozenset({JobPhase.RUNNING, JobPhase.STOPPING, JobPhase.FINISHED}),
+    JobPhase.STOPPING: frozenset({JobPhase.RUNNING, JobPhase.SWEEP_PENDING, JobPhase.STOPPED, JobPhase.FINISHED}),
+    JobPhase.SWEEP_PENDING: frozenset({JobPhase.RUNNING, JobPhase.SWEEPING, JobPhase.STOPPED, JobPhase.FINISHED}),
+    JobPhase.SWEEPING: frozenset({JobPhase.RUNNING, JobPhase.STOPPED, JobPhase.FINISHED}),
+    JobPhase.STOPPED: frozenset({JobPhase.RUNNING, JobPhase.FINISHED}),
+    JobPhase.FINISHED: frozenset(),
+}
+_AFTER_STOP = (JobPhase.SWEEP_PENDING, JobPhase.SWEEPING, JobPhase.STOPPED)
+
+
+@dataclass
+class Job:
+    job_id: str
+    nodes: tuple[str, ...] = ()
+    restart_count: int = -1
+    step: int = 0
+    committed_step: int = 0
+    last_report: float = 0.0
+    track: Track = field(default_factory=Track)
+    figures: deque[float] = field(default_factory=lambda: deque(maxlen=12))  # recent windows, for pages
+    unit: Unit = Unit.MFU  # what the figures are: MFU where the job reports it, else tokens/s
+    phase: JobPhase = JobPhase.RUNNING
+    command: trainer_pb2.CheckpointAndRestart | None = None  # the one sent in this run, if any
+    sweep_on_stop: bool = False  # this stop follows an MFU drop: sweep the nodes it will restart on
+    exclude: set[str] = field(default_factory=set)
+    incidents: list[str] = field(default_factory=list)  # paged incidents that this stop follows
+    recovery_note: str = ""
+    commands_sent: int = 0
+    drops: int = 0
+    goodput: Goodput = field(default_factory=Goodput)
+
+    def move(self, to: JobPhase) -> None:
+        if to not in _TRANSITIONS[self.phase]:
+            raise ValueError(f"job {self.job_id}: no transition from {self.phase.value} to {to.value}")
+        self.phase = to
+
+    @property
+    def stopped(self) -> bool:
+        """The job acknowledged its command, its launcher said it exited, or the deadline passed."""
+        return self.phase in _AFTER_STOP
+
+    @property
+    def state(self) -> str:
+        """For ``vigil jobs``: running, stopping, stopped or finished."""
+        return "stopped" if self.stopped else self.phase.value
+
+    @property
+    def ready(self) -> bool:
+        """Whether a launcher may start the job again now (not while its recovery sweep is due or runs)."""
+        waiting_for_sweep = self.phase is JobPhase.STOPPING and self.sweep_on_stop
+        return not waiting_for_sweep and self.phase not in (JobPhase.SWEEP_PENDING, JobPhase.SWEEPING)
+
+
+def validate(p: trainer_pb2.Progress) -> None:
+    if not is_job_id(p.job_id):
+        raise BadProgress(f"Progress.job_id {p.job_id!r} is not a job id (letters, digits, -_.)")
+    if p.step < 0 or p.restart_count < 0 or p.tokens < 0 or p.committed_step < 0:
+        raise BadProgress("Progress.step, restart_count, tokens and committed_step must be >= 0")
+    if p.checkpoint_s < 0 or p.restore_s < 0 or p.window_end < p.window_start:
+        raise BadProgress("Progress.checkpoint_s and restore_s must be >= 0, and window_end not before window_start")
+    for name in ("mfu", "tokens_per_s", "loss", "checkpoint_s", "restore_s", "window_start", "window_end"):
+        value = getattr(p, name)
+        if not math.isfinite(value):
+            raise BadProgress(f"Progress.{name} is {value}")
+    if not 0 <= p.mfu <= 1.5:
+        raise BadProgress(f"Progress.mfu {p.mfu} is not a fraction of the peak")
+    if len(p.nodes) > MAX_NODES or len(p.step_times) > MAX_RANKS:
+        raise BadProgress("Progress has more nodes or ranks than any job")
+    bad = [n for n in (*p.nodes, *(t.node for t in p.step_times)) if not is_node_name(n)]
+    if bad:
+        raise BadProgress(f"Progress names {bad[0]!r}, which is not a node name")
+    if any(not math.isfinite(t.step_time_s) or t.step_time_s < 0 for t in p.step_times):
+        raise BadProgress("Progress.step_times has a negative or not finite step time")
+
+
+def status_figures(job: Job) -> dict[str, float]:
+    """The run's baseline and last window, in the JobStatus fields of the job's unit."""
+    baseline, last = job.track.baseline or 0.0, job.figures[-1] if job.figures else 0.0
+    return {f"baseline_{job.unit.value}": baseline, f"last_{job.unit.value}": last}

@@ -1,0 +1,60 @@
+"""The controller's durable state (SQLite), one module per domain over one database.
+
+- ``nodes``: each node's state, its agent's spool and the last seq received;
+- ``incidents``: the signals received and the incidents they opened or folded into;
+- ``actions``: the actions asked for and what became of them;
+- ``records``: small facts, operators' requests, check results and sweeps.
+
+A received batch commits its signals, incidents, actions and the node's state in one transaction
+(``Store.tx``). Only after it commits does the controller acknowledge, so a controller killed at any
+point neither forgets an incident nor loses a signal; actions left PENDING resume at start.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from controller.store.action_log import ActionLog, PendingAction
+from controller.store.database import Database
+from controller.store.incidents import ActionView, IncidentLog, IncidentView
+from controller.store.nodes import NodeRow, NodeTable
+from controller.store.records import Records
+
+__all__ = [
+    "ActionLog",
+    "ActionView",
+    "Database",
+    "IncidentLog",
+    "IncidentView",
+    "NodeRow",
+    "NodeTable",
+    "PendingAction",
+    "Records",
+    "Store",
+]
+
+
+class Store:
+    def __init__(self, path: Path) -> None:
+        self.db = Database(path)
+        self.nodes = NodeTable(self.db)
+        self.incidents = IncidentLog(self.db)
+        self.actions = ActionLog(self.db)
+        self.records = Records(self.db)
+
+    @contextmanager
+    def tx(self) -> Iterator[sqlite3.Connection]:
+        """One transaction across the domains (a received batch)."""
+        with self.db.tx() as db:
+            yield db
+
+    def read(self, sql: str, args: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+        """A read-only query, for views and tests that look at a table directly."""
+        return self.db.read(sql, args)
+
+    def close(self) -> None:
+        self.db.close()

@@ -1,0 +1,59 @@
+"""The nodes the controller knows: each one's state, its agent's spool and the last seq received."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from controller.node_state import NodeState, state_from_json, state_to_json
+from controller.store.database import Database
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS nodes (
+  node TEXT PRIMARY KEY, health TEXT NOT NULL, state TEXT NOT NULL, spool_id TEXT NOT NULL DEFAULT '',
+  last_seq INTEGER NOT NULL DEFAULT 0, last_heartbeat REAL NOT NULL DEFAULT 0, gpus INTEGER NOT NULL DEFAULT 0);
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class NodeRow:
+    state: NodeState
+    spool_id: str
+    last_seq: int
+    gpus: int
+
+
+class NodeTable:
+    def __init__(self, db: Database) -> None:
+        self._db = db
+        db.create(SCHEMA)
+
+    def load(self) -> dict[str, NodeRow]:
+        rows = self._db.read("SELECT node, state, spool_id, last_seq, gpus FROM nodes")
+        return {r[0]: NodeRow(state_from_json(r[1], r[0]), r[2], r[3], r[4]) for r in rows}
+
+    def register(self, state: NodeState, spool_id: str, last_seq: int, gpus: int, now: float) -> None:
+        with self._db.tx() as db:
+            db.execute(
+                "INSERT INTO nodes (node, health, state, spool_id, last_seq, last_heartbeat, gpus) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (node) DO UPDATE SET health = excluded.health, "
+                "state = excluded.state, spool_id = excluded.spool_id, last_seq = excluded.last_seq, "
+                "last_heartbeat = excluded.last_heartbeat, gpus = excluded.gpus",
+                (state.node, state.health.value, state_to_json(state), spool_id, last_seq, now, gpus),
+            )
+
+    def save(self, states: Sequence[NodeState]) -> None:
+        with self._db.tx() as db:
+            db.executemany(
+                "UPDATE nodes SET health = ?, state = ? WHERE node = ?",
+                [(s.health.value, state_to_json(s), s.node) for s in states],
+            )
+
+    @staticmethod
+    def received(db: sqlite3.Connection, state: NodeState, last_seq: int, now: float) -> None:
+        """In a batch's transaction: the node's new state and the last seq received from its agent."""
+        db.execute(
+            "UPDATE nodes SET health = ?, state = ?, last_seq = ?, last_heartbeat = ? WHERE node = ?",
+            (state.health.value, state_to_json(state), last_seq, now, state.node),
+        )

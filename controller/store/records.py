@@ -1,0 +1,75 @@
+"""What the controller files for later: small durable facts (the breaker's state, the pager's thread
+ids), what people asked of it, and the checks and sweeps it ran."""
+
+from __future__ import annotations
+
+import json
+
+from controller.store.database import Database
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS operator_actions (
+  at REAL NOT NULL, what TEXT NOT NULL, node TEXT, requested_by TEXT, reason TEXT, detail TEXT);
+CREATE TABLE IF NOT EXISTS sweeps (
+  id TEXT PRIMARY KEY, requested_by TEXT, started_at REAL NOT NULL, finished_at REAL NOT NULL,
+  summary TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS check_results (
+  request_id TEXT, node TEXT, check_name TEXT, verdict TEXT, reason TEXT, figures TEXT,
+  started_at REAL, finished_at REAL);
+"""
+
+
+class Records:
+    def __init__(self, db: Database) -> None:
+        self._db = db
+        db.create(SCHEMA)
+
+    def get_meta(self, key: str) -> str | None:
+        rows = self._db.read("SELECT value FROM meta WHERE key = ?", (key,))
+        return str(rows[0][0]) if rows else None
+
+    def set_meta(self, key: str, value: str) -> None:
+        with self._db.tx() as db:
+            db.execute(
+                "INSERT INTO meta VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value", (key, value)
+            )
+
+    def operator_action(self, what: str, node: str, requested_by: str, reason: str, detail: str, now: float) -> None:
+        with self._db.tx() as db:
+            db.execute(
+                "INSERT INTO operator_actions VALUES (?, ?, ?, ?, ?, ?)",
+                (now, what, node, requested_by, reason, detail),
+            )
+
+    def operator_actions(self) -> list[tuple[float, str, str, str, str, str]]:
+        return [tuple(r) for r in self._db.read("SELECT * FROM operator_actions ORDER BY at")]
+
+    def check_result(
+        self,
+        request_id: str,
+        node: str,
+        check: str,
+        verdict: str,
+        reason: str,
+        figures: dict[str, float],
+        started_at: float,
+        finished_at: float,
+    ) -> None:
+        with self._db.tx() as db:
+            db.execute(
+                "INSERT INTO check_results VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (request_id, node, check, verdict, reason, json.dumps(figures), started_at, finished_at),
+            )
+
+    def sweep(self, sweep_id: str, requested_by: str, started: float, finished: float, summary: str) -> None:
+        """A finished sweep: its summary (JSON), next to its checks' results in check_results."""
+        with self._db.tx() as db:
+            db.execute(
+                "INSERT OR REPLACE INTO sweeps VALUES (?, ?, ?, ?, ?)",
+                (sweep_id, requested_by, started, finished, summary),
+            )
+
+    def sweep_summary(self, sweep_id: str) -> str | None:
+        rows = self._db.read("SELECT summary FROM sweeps WHERE id = ?", (sweep_id,))
+        return str(rows[0][0]) if rows else None

@@ -1,0 +1,29 @@
+"""Every labelled scenario of the benchmark (``bench/scenarios/cases``), run as a test through the
+real processes. A scenario marked ``known_defect`` is expected to fail (strictly: once the defect
+is fixed the mark must go)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bench.scenarios.runner import run_scenario
+from bench.scenarios.score import judge
+from bench.scenarios.spec import load_scenario, scenario_paths
+
+pytestmark = pytest.mark.e2e
+
+
+def _case(path: Path) -> object:
+    scenario = load_scenario(path)
+    marks = [pytest.mark.xfail(reason=scenario.known_defect, strict=True)] if scenario.known_defect else []
+    return pytest.param(path, id=path.stem, marks=marks)
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("path", [_case(p) for p in scenario_paths()])
+def test_scenario(path: Path) -> None:
+    scenario = load_scenario(path)
+    outcome = judge(path.stem, scenario, run_scenario(path.stem, scenario))
+    assert outcome.passed, "; ".join(outcome.problems)
