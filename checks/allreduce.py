@@ -207,6 +207,9 @@ def run(args: argparse.Namespace) -> CheckResult:
             timings = spawn_members(args.rank * local, local, world_size, args.master, sizes, args.iters, use_gpus)
     else:
         world_size = args.nproc or (torch.cuda.device_count() if use_gpus else 2)
+        if world_size < 2:  # its bus bandwidth would be 0 GB/s, and say nothing about anything
+            why = "not applicable: one GPU has nobody to all-reduce with (run it across nodes: vigil sweep)"
+            return CheckResult("allreduce", Verdict.UNKNOWN, why, {}, started, time.time())
         master = f"127.0.0.1:{free_port()}"
         timings = spawn_members(0, world_size, world_size, master, sizes, args.iters, use_gpus)
     figures = figures_for(timings, world_size)

@@ -114,6 +114,23 @@ def decide(state: NodeState, signal: Signal, policy: Policy, now: float, inciden
     return Decision(new_state, tuple(actions))
 
 
+def quarantine_not_carried_out(state: NodeState) -> NodeState:
+    """Dry-run: the quarantine was decided and paged ("would quarantine") but nothing was done, so
+    the node is still in service: SUSPECT, not UNHEALTHY (a later, worse fault decides and pages
+    again; the same fault folds into its incident)."""
+    if state.health is not Health.UNHEALTHY:
+        return state
+    return replace(state, health=Health.SUSPECT)
+
+
+def suspicion_lapsed(state: NodeState, now: float, policy: Policy) -> bool:
+    """A SUSPECT node whose last page-worthy signal is older than the policy's quiet period."""
+    if state.health is not Health.SUSPECT or policy.suspect_clear_s is None:
+        return False
+    last = max((r.last_at for r in state.incidents if r.severity is not Severity.RECORD), default=0.0)
+    return now - last > policy.suspect_clear_s
+
+
 def quarantine_confirmed(state: NodeState, at: float) -> NodeState:
     """The actuator took the node out of service."""
     if state.health is Health.QUARANTINED:

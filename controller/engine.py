@@ -26,7 +26,9 @@ from controller.decide import (
     heartbeat_returned,
     heartbeat_silence,
     quarantine_confirmed,
+    quarantine_not_carried_out,
     recovered,
+    suspicion_lapsed,
 )
 from controller.fleet import Fleet, NodeEntry, UnknownNode
 from controller.fold_reports import FoldReports
@@ -128,7 +130,12 @@ class Engine:
             entry.spool_id, entry.last_seq = spool_id, 0
         entry.state = heartbeat_returned(entry.state)
         entry.last_heartbeat, entry.gpus, entry.connected, entry.address = now, gpus, True, address
-        self.store.nodes.register(entry.state, spool_id, entry.last_seq, gpus, now)
+        expected, entry.expected_gpus = entry.expected_gpus, max(entry.expected_gpus, gpus)
+        self.store.nodes.register(entry.state, spool_id, entry.last_seq, gpus, now, entry.expected_gpus)
+        if gpus < expected:
+            reason = f"the node came back with {gpus} of its {expected} GPUs"
+            outcome = self.report(node, SignalKind.GPU_LOST, f"inventory-{int(now)}", reason, "inventory")
+            log.error("gpus_missing", node=node, gpus=gpus, expected=expected, outcome=outcome)
         return self.ack_seq(node)
 
     def _send_ack(self, node: str) -> None:
@@ -199,7 +206,10 @@ class Engine:
         """Decide one signal and pass its actions through the guardrails."""
         decision = decide(state, signal, self.policy, now, incident_id)
         actions, held = self.guard.apply(decision.actions, now)
-        return decision.state, Received(signal, incident_id, actions, held)
+        state = decision.state
+        if any(isinstance(a, Quarantine) and a.dry_run for a in actions):
+            state = quarantine_not_carried_out(state)
+        return state, Received(signal, incident_id, actions, held)
 
     def _action_done(self, pending: PendingAction, detail: str) -> None:
         action = pending.action
@@ -279,6 +289,17 @@ class Engine:
             self.store.nodes.save(changed)
         return [s.node for s in changed]
 
+    def clear_quiet_suspects(self) -> list[str]:
+        """SUSPECT nodes quiet for the policy's ``suspect_clear_s`` are HEALTHY again, their incidents
+        resolved (and said in their threads); returns their names."""
+        now = self.clock()
+        lapsed = [n for n, e in self.fleet.entries() if suspicion_lapsed(e.state, now, self.policy)]
+        for node in lapsed:
+            quiet_s = self.policy.suspect_clear_s
+            self._resolve(node, f"Resolved: {node} quiet for {quiet_s:.0f} s, back to HEALTHY", now)
+            log.info("suspicion_lapsed", node=node, quiet_s=quiet_s)
+        return lapsed
+
     def update_gauges(self) -> None:
         counts = {h: 0 for h in Health}
         for _, entry in self.fleet.entries():
@@ -291,6 +312,7 @@ class Engine:
     async def watch(self, stop: asyncio.Event, every_s: float = 1.0) -> None:
         while not stop.is_set():
             self.check_silence()
+            self.clear_quiet_suspects()
             self.releases.ask()
             self.folds.report()
             self.update_gauges()
@@ -343,11 +365,16 @@ class Engine:
     # Sweeps --------------------------------------------------------------------------------
 
     def check_failed(self, node: str, key: str, reason: str) -> str:
-        """A failure the controller found itself (a sweep's check), decided and acted on like an agent's
-        CHECK_FAILED signal: through the policy and the guardrails. Returns what became of it."""
+        """A failure the controller found itself (a sweep's check, a job's blamed node), decided and
+        acted on like an agent's CHECK_FAILED signal. Returns what became of it."""
+        return self.report(node, SignalKind.CHECK_FAILED, key, reason, "sweep")
+
+    def report(self, node: str, kind: SignalKind, key: str, reason: str, source: str) -> str:
+        """A fault the controller found itself, decided and acted on like an agent's signal: through
+        the policy and the guardrails. Returns what became of it."""
         entry = self.fleet.entry(node)
         now = self.clock()
-        signal = Signal(node, SignalKind.CHECK_FAILED, message=reason, source="sweep", observed_at=now)
+        signal = Signal(node, kind, message=reason, source=source, observed_at=now)
         incident_id = f"{node}-{key}"
         breaker_before = self.breaker
         state, item = self._decide(entry.state, signal, now, incident_id)

@@ -31,6 +31,7 @@ class NodeEntry:
     connected: bool = False
     dropped_faults: int = 0  # as the agent last reported it
     address: str = ""  # where the node's peers reach it (pairwise checks); known once its agent connects
+    expected_gpus: int = 0  # the most GPUs it has ever reported: fewer is a fault, and blocks its release
 
 
 class FleetView(Protocol):
@@ -58,7 +59,10 @@ class Fleet:
         # Heartbeats are not persisted as they come (20,000 nodes beat 4,000 times a second): after a
         # start every known node gets a full heartbeat timeout to reconnect before it counts as silent.
         self.nodes: dict[str, NodeEntry] = {
-            name: NodeEntry(row.state, row.spool_id, row.last_seq, now, row.gpus) for name, row in rows.items()
+            name: NodeEntry(
+                row.state, row.spool_id, row.last_seq, now, row.gpus, expected_gpus=max(row.expected_gpus, row.gpus)
+            )
+            for name, row in rows.items()
         }
         # The latest open incident of each node, for status views (kept here, not read per request).
         self.open_incident: dict[str, str] = dict(open_incidents)

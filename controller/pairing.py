@@ -103,7 +103,10 @@ def culprits(
                 why = f"slow with known-good {good} too: {value:.3g} GB/s (fleet {reference:.3g})"
                 findings.append(Finding(n, why))
         blamed = [n for n in (a, b) if any(s == n for s, _ in slow_alone)]
-        if not blamed and all((n, g) in retest for n in (a, b) for g in _partners(retest, n)):
+        # The link only on evidence: each member was re-tested with a known-good node and was fast
+        # there. A member never re-tested (no known-good partner, no agent to run it) is unknown.
+        fast_elsewhere = all(any((n, g) not in slow_alone for g in _partners(retest, n)) for n in (a, b))
+        if not blamed and fast_elsewhere:
             findings.append(
                 Finding(f"{a}|{b}", f"each is fast with another node: the link between them, {first[(a, b)]:.3g} GB/s")
             )

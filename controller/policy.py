@@ -106,6 +106,11 @@ class Policy(BaseModel):
     fold_window_s: float = Field(300.0, gt=0, description="same GPU, kind and code within this: one incident")
     # A silent node becomes UNKNOWN and is never cordoned for silence alone (no knob for that yet).
     heartbeat_timeout_s: float = Field(30.0, gt=0, description="silence after which a node is UNKNOWN")
+    suspect_clear_s: float | None = Field(
+        21600.0,
+        gt=0,
+        description="a SUSPECT node quiet this long is HEALTHY again, its incidents resolved (null: never)",
+    )
 
     @model_validator(mode="before")
     @classmethod

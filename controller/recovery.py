@@ -32,10 +32,15 @@ def release_check_due(state: NodeState, last_check_at: float | None, config: Rec
     return last_check_at is None or now - last_check_at >= config.check_every_s
 
 
-def check_releases(state: NodeState, verdict: str, started_at: float, config: RecoveryConfig) -> bool:
-    """A check result releases the node only if it passed, ran after the hold-down, and the node is still out."""
+def check_releases(
+    state: NodeState, verdict: str, started_at: float, config: RecoveryConfig, gpus: int = 0, expected_gpus: int = 0
+) -> bool:
+    """A check result releases the node only if it passed, ran after the hold-down, the node is still
+    out, and it has all the GPUs it ever had (a node back with 7 of 8 is not healthy, whatever its
+    7 GPUs say)."""
     return (
         state.health is Health.QUARANTINED
+        and gpus >= expected_gpus
         and verdict == "OK"
         and started_at >= state.quarantined_at + config.hold_down_s
     )

@@ -55,7 +55,8 @@ class ReleaseChecks:
             return
         r = answer.result()
         verdict = common_pb2.Verdict.Name(r.verdict)
-        if check_releases(self._fleet.entry(node).state, verdict, r.started_at, self.config):
+        entry = self._fleet.entry(node)
+        if check_releases(entry.state, verdict, r.started_at, self.config, entry.gpus, entry.expected_gpus):
             reason = f"{r.check} passed after the hold-down: {r.reason}"
             task: asyncio.Task[object] = asyncio.get_running_loop().create_task(
                 self._release(node, "vigil (automatic)", reason)

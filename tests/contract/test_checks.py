@@ -39,6 +39,12 @@ def test_allreduce_between_real_processes_reports_bus_bandwidth(world_size: int)
     assert f"{world_size} ranks" in result.reason
 
 
+def test_a_one_gpu_allreduce_is_not_applicable_rather_than_ok_at_zero() -> None:
+    result = run_check("allreduce", ["--nproc", "1", "--sizes", SIZES, "--iters", "3"], deadline_s=60)
+    assert result.verdict is Verdict.UNKNOWN and result.reason.startswith("not applicable")
+    assert not any(k.startswith("busbw") for k in result.figures)
+
+
 def test_bandwidth_is_the_median_calls_so_one_stalled_call_does_not_make_a_link_slow() -> None:
     # 4 calls of 1 MB at 2 ms and one stalled for 100 ms: the mean (21.6 ms) would read as a link
     # ten times slower; the median is the link's speed. The mean stays in the figures.

@@ -144,7 +144,14 @@ def test_dry_run_changes_nothing_but_says_what_it_would_do(
         (incident,) = e.store.incidents.list(node=NODES[0])
         quarantine = next(a for a in incident.actions if a.kind == "QUARANTINE")
         assert quarantine.status == "DONE" and quarantine.detail.startswith("dry run")
-        assert e.fleet.nodes[NODES[0]].state.health.value == "UNHEALTHY"  # decided, not carried out
+        # Decided, not carried out: the node is still in service, SUSPECT (not UNHEALTHY for good) ...
+        assert e.fleet.nodes[NODES[0]].state.health.value == "SUSPECT"
+        # ... so a later, worse fault on another GPU is decided and paged again; a repeat folds.
+        e.receive(NODES[0], [xid79(NODES[0], seq=2)])
+        e.receive(NODES[0], [Signal(NODES[0], SignalKind.XID, GpuRef(3, "GPU-y", "0000:5d:00.0"), code=48, seq=3)])
+        await e.drain()
+        assert len(slack.state.top_level()) == 2 and cordoned(kube) == []
+        assert e.fleet.nodes[NODES[0]].state.health.value == "SUSPECT"
         e.store.close()
 
     asyncio.run(scenario())

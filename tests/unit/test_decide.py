@@ -17,7 +17,9 @@ from controller.decide import (
     heartbeat_returned,
     heartbeat_silence,
     quarantine_confirmed,
+    quarantine_not_carried_out,
     recovered,
+    suspicion_lapsed,
 )
 from controller.node_state import Health, NodeState, state_to_json
 from controller.policy import Policy, Rule, Severity
@@ -279,3 +281,27 @@ def test_a_flood_keeps_the_node_state_small() -> None:
         state = decide(state, signal, POLICY, 100.0, f"junk-{i}").state
     assert len(state.recent) <= MAX_KEYS and len(state.incidents) <= MAX_KEYS
     assert len(state_to_json(state)) < 100_000
+
+
+def test_a_quarantine_not_carried_out_leaves_the_node_in_service_as_suspect() -> None:
+    (d,) = run([xid(79, 10.0)])
+    assert d.state.health is Health.UNHEALTHY
+    assert quarantine_not_carried_out(d.state).health is Health.SUSPECT
+    confirmed = quarantine_confirmed(d.state, 11.0)
+    assert quarantine_not_carried_out(confirmed) is confirmed  # only an undone decision is undone
+
+
+def test_suspicion_lapses_after_the_quiet_period_and_only_then() -> None:
+    policy = Policy(suspect_clear_s=60.0)
+    *_, d = run([xid(13, 10.0), xid(13, 11.0), xid(13, 12.0)], policy)
+    assert d.state.health is Health.SUSPECT
+    assert not suspicion_lapsed(d.state, 12.0 + 60.0, policy)
+    assert suspicion_lapsed(d.state, 12.0 + 60.1, policy)
+    # A recorded-only signal after the page is no reason to stay suspect; a new page-worthy one is.
+    later = decide(d.state, xid(43, 50.0, seq=9), policy, 50.0, "inc-x").state
+    assert suspicion_lapsed(later, 12.0 + 60.1, policy)
+    again = decide(d.state, xid(92, 50.0, GPU1, seq=10), policy, 50.0, "inc-y").state
+    assert not suspicion_lapsed(again, 12.0 + 60.1, policy)
+    assert not suspicion_lapsed(d.state, 1e9, Policy(suspect_clear_s=None))  # null: never
+    (q,) = run([xid(79, 10.0)], policy)
+    assert not suspicion_lapsed(q.state, 1e9, policy)  # only SUSPECT lapses

@@ -72,3 +72,16 @@ def test_one_node_far_below_the_fleet_is_found_without_a_threshold(n: int, data:
     nodes, bad, speed = fleet(n, data, st.floats(0.5, 5.0))
     found, _ = sweep(nodes, speed, threshold=0.0)
     assert found == [bad]
+
+
+def test_a_slow_pair_with_no_known_good_partner_blames_nobody() -> None:
+    slow = [("a", "b")]
+    first = {("a", "b"): 2.0}
+    # Nobody was re-tested (a two-node cluster, the whole fabric slow, agents that cannot run it):
+    assert culprits(slow, {}, first, 10.0, 0.3) == []
+    # Only one member re-tested, and fast: the other is unknown, so still no link.
+    assert culprits(slow, {("a", "c"): 50.0}, {**first, ("c", "d"): 50.0}, 10.0, 0.3) == []
+    # Both re-tested and fast elsewhere: now it is the link.
+    retest = {("a", "c"): 50.0, ("b", "d"): 50.0}
+    (finding,) = culprits(slow, retest, {**first, ("c", "d"): 50.0}, 10.0, 0.3)
+    assert finding.node == "a|b"

@@ -34,6 +34,8 @@ def test_a_result_releases_only_if_it_passed_after_the_hold_down() -> None:
     assert not check_releases(OUT, "OK", 1599.0, CFG)  # ran too early (a stale result)
     assert not check_releases(OUT, "FAIL", 1700.0, CFG)
     assert not check_releases(OUT, "UNKNOWN", 1700.0, CFG)  # a check that could not run never releases
+    assert check_releases(OUT, "OK", 1600.0, CFG, gpus=8, expected_gpus=8)
+    assert not check_releases(OUT, "OK", 1600.0, CFG, gpus=7, expected_gpus=8)  # back with fewer GPUs
 
 
 def test_engine_asks_the_agent_and_releases_on_a_pass(tmp_path: Path) -> None:
@@ -84,5 +86,25 @@ def test_engine_asks_the_agent_and_releases_on_a_pass(tmp_path: Path) -> None:
         (record,) = store.records.operator_actions()
         assert record[1:4] == ("uncordon", "n1", "vigil (automatic)")
         store.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_node_back_with_fewer_gpus_is_quarantined_and_its_expectation_kept(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        store = Store(tmp_path / "ctl.db")
+        e = Engine(store, Policy(), LocalActuator(store.db), NullPager())
+        e.hello("n1", "spool-a", 8)
+        e.hello("n1", "spool-a", 8)  # a reconnect with every GPU: nothing
+        assert e.fleet.nodes["n1"].state.health is Health.HEALTHY
+        e.hello("n1", "spool-b", 7)
+        await e.drain()
+        (incident,) = store.incidents.list(node="n1")
+        assert incident.kind == "GPU_LOST" and "7 of its 8 GPUs" in incident.first_message
+        assert e.fleet.nodes["n1"].state.health is Health.QUARANTINED
+        # A restarted controller still expects 8 (the most ever seen), whatever the node said last.
+        again = Engine(Store(tmp_path / "ctl.db"), Policy(), LocalActuator(store.db), NullPager())
+        assert again.fleet.nodes["n1"].expected_gpus == 8 and again.fleet.nodes["n1"].gpus == 7
+        await e.shutdown()
 
     asyncio.run(scenario())
