@@ -28,6 +28,7 @@ from vigil_core.signals import GpuRef, Signal, SignalKind
 
 _OUT_OF_SERVICE = (Health.UNHEALTHY, Health.QUARANTINED)
 MAX_KEYS = 256  # per node: counted keys and open incident references
+MAX_QUARANTINE_HISTORY = 32  # per node: the times it was quarantined
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,7 +136,8 @@ def quarantine_confirmed(state: NodeState, at: float) -> NodeState:
     """The actuator took the node out of service."""
     if state.health is Health.QUARANTINED:
         return state
-    return replace(state, health=Health.QUARANTINED, quarantined_at=at)
+    history = (*state.quarantine_history, at)[-MAX_QUARANTINE_HISTORY:]
+    return replace(state, health=Health.QUARANTINED, quarantined_at=at, quarantine_history=history)
 
 
 def heartbeat_silence(state: NodeState, silent_for: float, policy: Policy) -> NodeState:
@@ -164,8 +166,9 @@ def _collector_hung(state: NodeState, signal: Signal) -> NodeState:
 
 
 def recovered(state: NodeState) -> NodeState:
-    """Back in service: forget the incidents' counts so old faults do not re-trigger."""
-    return NodeState(node=state.node)
+    """Back in service: forget the incidents' counts so old faults do not re-trigger; remember how
+    often it was quarantined (a repeat offender is not released automatically)."""
+    return NodeState(node=state.node, quarantine_history=state.quarantine_history)
 
 
 def _prune(recent: dict[str, tuple[float, ...]], at: float, horizon: float) -> dict[str, tuple[float, ...]]:

@@ -38,7 +38,7 @@ from controller.metrics import ControllerMetrics
 from controller.node_state import Health, NodeState
 from controller.policy import Policy, Severity
 from controller.quarantine_feed import QuarantineFeed
-from controller.recovery import RecoveryConfig
+from controller.recovery import RecoveryConfig, repeat_offender, repeat_offender_note
 from controller.release_checks import ReleaseChecks
 from controller.store import PendingAction, Store
 from protos.vigil.v1 import agent_pb2
@@ -219,6 +219,10 @@ class Engine:
         if entry is not None and entry.state.health is Health.UNHEALTHY:
             entry.state = quarantine_confirmed(entry.state, self.clock())
             self.store.nodes.save([entry.state])
+            if times := repeat_offender(entry.state, self.recovery, self.clock()):
+                text = repeat_offender_note(times, self.recovery)
+                self.runner.request(PageUpdate(action.incident_id, action.node, "REPEAT", text))
+                log.error("repeat_offender", node=action.node, quarantines=times)
         if self.drain_after_quarantine:
             drain = Drain(action.incident_id, action.node)
             self.runner.request(drain)

@@ -37,6 +37,7 @@ class NodeState:
     quarantined_at: float = 0.0  # when the actuator took it out of service (the hold-down counts from here)
     recent: dict[str, tuple[float, ...]] = field(default_factory=dict)  # key -> observation times
     incidents: tuple[IncidentRef, ...] = ()
+    quarantine_history: tuple[float, ...] = ()  # when it was taken out of service, latest last (kept across releases)
 
 
 def state_to_json(state: NodeState) -> str:
@@ -48,6 +49,7 @@ def state_to_json(state: NodeState) -> str:
             "quarantined_at": state.quarantined_at,
             "recent": state.recent,
             "incidents": [[r.id, r.key, r.severity.value, r.last_at] for r in state.incidents],
+            "quarantines": list(state.quarantine_history),
         }
     )
 
@@ -62,4 +64,5 @@ def state_from_json(text: str, node: str | None = None) -> NodeState:
         quarantined_at=float(data.get("quarantined_at", 0.0)),
         recent={k: tuple(v) for k, v in data["recent"].items()},
         incidents=tuple(IncidentRef(i, k, Severity(s), t) for i, k, s, t in data["incidents"]),
+        quarantine_history=tuple(float(t) for t in data.get("quarantines", ())),
     )

@@ -21,12 +21,33 @@ class RecoveryConfig(BaseModel):
     check: str = Field(default="gpu_health", description="the agent check that must pass")
     check_every_s: float = Field(default=300.0, gt=0, description="how often to re-check a node that failed")
     check_deadline_s: float = Field(default=60.0, gt=0)
+    max_quarantines: int = Field(
+        default=3, ge=1, le=32, description="quarantined this often within repeat_window_s: no automatic release"
+    )
+    repeat_window_s: float = Field(default=7 * 86400.0, gt=0)
+
+
+def repeat_offender(state: NodeState, config: RecoveryConfig, now: float) -> int:
+    """How often the node was quarantined within the window when that is ``max_quarantines`` or more
+    (a candidate for replacement: no automatic release); else 0."""
+    times = sum(1 for t in state.quarantine_history if t > now - config.repeat_window_s)
+    return times if times >= config.max_quarantines else 0
+
+
+def repeat_offender_note(times: int, config: RecoveryConfig) -> str:
+    days = config.repeat_window_s / 86400
+    return (
+        f"Repeat offender: quarantined {times} times in {days:g} days; it will not be released automatically: "
+        "a candidate for replacement"
+    )
 
 
 def release_check_due(state: NodeState, last_check_at: float | None, config: RecoveryConfig, now: float) -> bool:
     """Whether to ask the node's agent for its release check now."""
     if not config.auto_release or state.health is not Health.QUARANTINED or state.quarantined_at <= 0:
         return False
+    if repeat_offender(state, config, now):
+        return False  # a person decides: repair or replace
     if now - state.quarantined_at < config.hold_down_s:
         return False
     return last_check_at is None or now - last_check_at >= config.check_every_s

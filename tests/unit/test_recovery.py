@@ -1,14 +1,22 @@
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from pathlib import Path
 
 from controller.actuators import NullPager
+from controller.decide import quarantine_confirmed, recovered
 from controller.engine import Engine
 from controller.local_actuator import LocalActuator, LocalQuarantines
-from controller.node_state import Health, NodeState
+from controller.node_state import Health, NodeState, state_from_json, state_to_json
 from controller.policy import Policy
-from controller.recovery import RecoveryConfig, check_releases, release_check_due
+from controller.recovery import (
+    RecoveryConfig,
+    check_releases,
+    release_check_due,
+    repeat_offender,
+    repeat_offender_note,
+)
 from controller.store import Store
 from protos.vigil.v1 import common_pb2
 from vigil_core.signals import GpuRef, Signal, SignalKind
@@ -108,3 +116,18 @@ def test_a_node_back_with_fewer_gpus_is_quarantined_and_its_expectation_kept(tmp
         await e.shutdown()
 
     asyncio.run(scenario())
+
+
+def test_a_repeat_offender_is_not_released_automatically() -> None:
+    config = RecoveryConfig(hold_down_s=10.0, max_quarantines=3, repeat_window_s=1000.0)
+    state = NodeState("n1")
+    for at in (100.0, 200.0):
+        state = recovered(quarantine_confirmed(replace(state, health=Health.UNHEALTHY), at))
+    assert state.quarantine_history == (100.0, 200.0)  # a release keeps the history
+    third = quarantine_confirmed(replace(state, health=Health.UNHEALTHY), 300.0)
+    assert repeat_offender(third, config, 400.0) == 3
+    assert not release_check_due(third, None, config, 400.0)
+    assert "candidate for replacement" in repeat_offender_note(3, config)
+    # Out of the window, the old quarantines no longer count.
+    assert repeat_offender(third, config, 1150.0) == 0 and release_check_due(third, None, config, 1150.0)
+    assert state_from_json(state_to_json(third), "n1").quarantine_history == (100.0, 200.0, 300.0)
