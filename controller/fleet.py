@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from controller.node_state import Health, NodeState
+from controller.policy import Severity
 from controller.store import NodeRow
 
 
@@ -45,6 +46,10 @@ class FleetView(Protocol):
 
     def connected(self) -> list[str]:
         """The nodes whose agents are connected now, sorted."""
+        ...
+
+    def last_fault_at(self, node: str) -> float:
+        """When the node's latest page-worthy fault was observed (0: none the controller remembers)."""
         ...
 
     def is_connected(self, node: str) -> bool: ...
@@ -101,6 +106,11 @@ class Fleet:
     def is_connected(self, node: str) -> bool:
         entry = self.nodes.get(node)
         return entry is not None and entry.connected
+
+    def last_fault_at(self, node: str) -> float:
+        entry = self.nodes.get(node)
+        refs = entry.state.incidents if entry is not None else ()
+        return max((r.last_at for r in refs if r.severity is not Severity.RECORD), default=0.0)
 
     def address(self, node: str) -> str:
         entry = self.nodes.get(node)

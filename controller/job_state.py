@@ -57,6 +57,8 @@ class Job:
     unit: Unit = Unit.MFU  # what the figures are: MFU where the job reports it, else tokens/s
     phase: JobPhase = JobPhase.RUNNING
     command: trainer_pb2.CheckpointAndRestart | None = None  # the one sent in this run, if any
+    low_since: float = 0.0  # when the current run of low windows began (the job's clock); 0: not low
+    window_s: float = 0.0  # the last window's length
     sweep_on_stop: bool = False  # this stop follows an MFU drop: sweep the nodes it will restart on
     exclude: set[str] = field(default_factory=set)
     incidents: list[str] = field(default_factory=list)  # paged incidents that this stop follows

@@ -155,6 +155,11 @@ class JobMonitor:
             job.figures.clear()
         job.track, reading = observe(job.track, figure, self.config)
         job.figures.append(figure)
+        job.window_s = max(0.0, p.window_end - p.window_start)
+        if reading in (Reading.LOW, Reading.DROP):
+            job.low_since = job.low_since or (p.window_start or self.clock())
+        else:
+            job.low_since = 0.0
         self._metrics.job_mfu.labels(job.job_id).set(p.mfu)
         self._metrics.job_tokens_per_s.labels(job.job_id).set(p.tokens_per_s)
         if reading is Reading.DROP:
@@ -164,12 +169,20 @@ class JobMonitor:
     def _drop(self, job: Job, figure: float, times: Sequence[RankTime]) -> None:
         baseline = job.track.baseline or 0.0
         job.drops += 1
-        doubted = {}
+        # A doubted node is blamed only for a fault of its own inside the drop (from one window before
+        # the low windows began): a node SUSPECT since long before explains nothing about this drop.
+        doubted, since = {}, job.low_since - job.window_s
         for node in job.nodes:
             health = self._fleet.health(node)
-            if health is not None and health not in (Health.HEALTHY, Health.UNKNOWN):
-                incident = self._fleet.incident_of(node)
-                doubted[node] = f"{health.value}" + (f" (incident {incident})" if incident else "")
+            if health is None or health in (Health.HEALTHY, Health.UNKNOWN):
+                continue
+            if self._fleet.last_fault_at(node) < since:
+                log.info(
+                    "mfu_drop_not_blamed", job=job.job_id, node=node, health=health.value, why="fault before the drop"
+                )
+                continue
+            incident = self._fleet.incident_of(node)
+            doubted[node] = f"{health.value}" + (f" (incident {incident})" if incident else "")
         found = blame(job.nodes, stragglers(times, self.config.straggler_ratio), doubted)
         self._metrics.mfu_drops.labels("yes" if found.nodes else "no").inc()
         shown = ", ".join(describe_figure(f, job.unit) for f in job.figures)
@@ -200,7 +213,8 @@ class JobMonitor:
         did = (
             f"blamed {', '.join(blamed)} but took no action (dry-run, breaker or act_on_drop off)"
             if blamed
-            else "nothing: no node to blame; the job runs on"
+            else "nothing: the drop is not attributable to a node (no straggler rank, no node's fault during it); "
+            "the job runs on"
         )
         page = Page(incident_id, "", Severity.SUSPECT, what, f"look at the job; evidence: {evidence}", did=did)
         self._request(page)

@@ -12,11 +12,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+import grpc
 import yaml
 
 from bench.scenarios.score import Observed
-from bench.scenarios.spec import Event, Scenario
+from bench.scenarios.spec import Event, Job, JobWindows, Scenario
 from gpus.simulated import simulated_gpus
+from protos.vigil.v1 import trainer_pb2, trainer_pb2_grpc
 from vigil.admin_client import AdminClient
 from vigil.demo import Cluster, DemoFailed, wait_for, xid_line
 
@@ -69,11 +71,16 @@ def _controller_config(workdir: Path, settings: dict[str, Any]) -> Path:
 def _play(cluster: Cluster, admin: AdminClient, scenario: Scenario) -> dict[str, list[float]]:
     """Inject the events on their timeline; returns when each node's faults were injected (wall clock)."""
     started, seq = time.monotonic(), 10_000
+    job = _JobReporter(f"127.0.0.1:{cluster.port}", scenario.job) if scenario.job else None
     faults: dict[str, list[float]] = {}
     for event in sorted(scenario.events, key=lambda e: e.at):
         time.sleep(max(0.0, started + event.at - time.monotonic()))
         if event.is_fault and scenario.timed:
             faults.setdefault(event.node, []).append(time.time())
+        if event.job_windows is not None:
+            assert scenario.job is not None and job is not None
+            job.windows(event.job_windows)
+            continue
         seq = _inject(cluster, admin, event, seq)
     return faults
 
@@ -97,6 +104,41 @@ def _inject(cluster: Cluster, admin: AdminClient, event: Event, seq: int) -> int
     elif event.uncordon is not None:
         admin.uncordon(node, event.uncordon.by, event.uncordon.reason)
     return seq
+
+
+class _JobReporter:
+    """The job's rank 0, as the training hook reports (real gRPC to the trainer gateway)."""
+
+    def __init__(self, target: str, job: Job) -> None:
+        self._stub = trainer_pb2_grpc.TrainerGatewayStub(grpc.insecure_channel(target))
+        self._job = job
+        self._step = 0
+
+    def windows(self, w: JobWindows) -> None:
+        job = self._job
+        for i in range(w.count):
+            now = time.time()
+            times = [
+                trainer_pb2.RankStepTime(rank=r, node=node, step_time_s=w.slow.get(node, w.step_time_s))
+                for k, node in enumerate(job.nodes)
+                for r in range(k * job.ranks_per_node, (k + 1) * job.ranks_per_node)
+            ]
+            self._step += 10
+            p = trainer_pb2.Progress(
+                job_id=job.id,
+                step=self._step,
+                window_start=now - job.window_s,
+                window_end=now,
+                mfu=w.mfu,
+                tokens=1000,
+                tokens_per_s=1000 / job.window_s,
+                step_times=times,
+                nodes=list(job.nodes),
+                world_size=len(times),
+                event="start" if w.start and i == 0 else "",
+            )
+            self._stub.Report(p, timeout=5)
+            time.sleep(job.window_s)
 
 
 def _fault_line(cluster: Cluster, node: str, line: dict[str, Any]) -> None:

@@ -71,17 +71,39 @@ class Uncordon(_Strict):
     reason: str = "scenario: a person returns the node"
 
 
-EVENT_KINDS = ("kernel_log", "nvml_xid", "gpu", "restart_agent", "uncordon")
+EVENT_KINDS = ("kernel_log", "nvml_xid", "gpu", "restart_agent", "uncordon", "job_windows")
+
+
+class JobWindows(_Strict):
+    """Training windows reported by the job's rank 0 (``job:`` names the job): ``count`` windows
+    back to back, each ``window_s`` long, at this MFU, every rank ``step_time_s`` except where
+    ``slow`` says (node -> its ranks' step time). ``start``: the first is the job's start event."""
+
+    count: int = Field(default=1, ge=1, le=100)
+    mfu: float = Field(default=0.5, ge=0, le=1.5)
+    step_time_s: float = Field(default=0.1, gt=0)
+    slow: dict[str, float] = Field(default_factory=dict)
+    start: bool = False
+
+
+class Job(_Strict):
+    """A training job on some of the fleet's nodes, reported to the controller as its hook would."""
+
+    id: str = "train"
+    nodes: tuple[str, ...] = Field(min_length=1)
+    ranks_per_node: int = Field(default=8, ge=1, le=64)
+    window_s: float = Field(default=0.2, gt=0, le=60, description="each window's length, as reported")
 
 
 class Event(_Strict):
     at: float = Field(0.0, ge=0, le=600)
-    node: str
+    node: str = Field(default="", description="the node it happens on (not for job_windows)")
     kernel_log: KernelXid | None = None
     nvml_xid: NvmlXid | None = None
     gpu: GpuState | None = None
     restart_agent: RestartAgent | None = None
     uncordon: Uncordon | None = None
+    job_windows: JobWindows | None = None
 
     @model_validator(mode="after")
     def _one_kind(self) -> Event:
@@ -110,6 +132,7 @@ class Scenario(_Strict):
     description: str
     covers: tuple[str, ...] = ()
     fleet: Fleet = Fleet()
+    job: Job | None = None
     controller: dict[str, Any] = Field(default_factory=dict)
     events: tuple[Event, ...] = ()
     expect: Expect = Expect()
@@ -120,7 +143,13 @@ class Scenario(_Strict):
     @model_validator(mode="after")
     def _names_known(self) -> Scenario:
         names = set(self.fleet.names)
-        named = {e.node for e in self.events} | self.expect.quarantined | self.expect.paged
+        if any(e.job_windows for e in self.events) and self.job is None:
+            raise ValueError("job_windows events need a job: section")
+        if bad := [e for e in self.events if bool(e.node) == bool(e.job_windows)]:
+            raise ValueError(f"an event at {bad[0].at} s needs a node (and job_windows none)")
+        named = {e.node for e in self.events if e.node} | set(self.job.nodes if self.job else ())
+        named |= {n for e in self.events if e.job_windows for n in e.job_windows.slow}
+        named |= self.expect.quarantined | self.expect.paged
         named |= set(self.expect.health) | set(self.expect.pages)
         unknown = sorted(named - names)
         if unknown:
