@@ -22,6 +22,7 @@ import time
 from datetime import timedelta
 from typing import TYPE_CHECKING, NamedTuple
 
+from checks.devices import Device, refuse_if_busy
 from checks.program import check_main
 from checks.result import CheckResult, Verdict
 from vigil_core.ports import free_port
@@ -197,6 +198,10 @@ def run(args: argparse.Namespace) -> CheckResult:
     started = time.time()
     use_gpus = torch.cuda.is_available()
     sizes = args.sizes or (GPU_SIZES if use_gpus else CPU_SIZES)
+    if use_gpus:  # invasive, like matmul and membw: never on GPUs a workload is using
+        gpus = gpus_used(args, torch.cuda.device_count())
+        if (refusal := refuse_if_busy("allreduce", [Device(g, "", f"cuda:{g}") for g in gpus])) is not None:
+            return CheckResult("allreduce", Verdict.UNKNOWN, refusal, {}, started, time.time())
     if args.master:  # one member (a machine) of a group another program started
         local = args.local_ranks
         world_size = args.world_size * local
@@ -217,6 +222,13 @@ def run(args: argparse.Namespace) -> CheckResult:
     return CheckResult(
         "allreduce", verdict, f"{'nccl' if use_gpus else 'gloo'}, {reason}", figures, started, time.time()
     )
+
+
+def gpus_used(args: argparse.Namespace, device_count: int) -> list[int]:
+    """The GPUs this machine's members of the all-reduce will use. Pure."""
+    if args.master:
+        return [args.gpu] if args.local_ranks == 1 else list(range(args.local_ranks))
+    return list(range(args.nproc or device_count))
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

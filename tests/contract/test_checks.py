@@ -137,3 +137,17 @@ def test_the_agent_runs_a_workload_check_as_a_subprocess() -> None:
     verdict, tflops, torch_loaded = out.stdout.split()
     assert int(verdict) == common_pb2.OK and float(tflops) > 0
     assert torch_loaded == "False"
+
+
+def test_the_allreduce_guards_exactly_the_gpus_its_members_use() -> None:
+    import argparse
+
+    from checks.allreduce import add_arguments, gpus_used
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    assert gpus_used(parser.parse_args([]), 8) == list(range(8))  # local: every GPU
+    assert gpus_used(parser.parse_args(["--nproc", "2"]), 8) == [0, 1]
+    pairwise = ["--master", "10.0.0.1:29400", "--rank", "1", "--world-size", "2", "--gpu", "5"]
+    assert gpus_used(parser.parse_args(pairwise), 8) == [5]  # one member of a pair: its own GPU
+    assert gpus_used(parser.parse_args([*pairwise[:6], "--local-ranks", "4"]), 8) == [0, 1, 2, 3]

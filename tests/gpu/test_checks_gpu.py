@@ -30,3 +30,22 @@ def test_nccl_allreduce() -> None:
     result = run_check("allreduce", [], deadline_s=300)
     print(f"\nallreduce: {result.reason}")
     assert result.verdict is Verdict.OK and "nccl" in result.reason
+
+
+@pytest.mark.parametrize("check", ["matmul", "allreduce"])
+def test_an_invasive_check_refuses_a_gpu_a_workload_is_using(check: str) -> None:
+    import subprocess
+    import sys
+    import time
+
+    hog = subprocess.Popen(
+        [sys.executable, "-c", "import torch, time; x = torch.ones(1, device='cuda:0'); time.sleep(60)"]
+    )
+    try:
+        time.sleep(8)  # its CUDA context is up
+        result = run_check(check, [], deadline_s=120)
+        print(f"\n{check} beside a workload: {result.verdict.value} {result.reason}")
+        assert result.verdict is Verdict.UNKNOWN and "a workload is using the GPU" in result.reason
+    finally:
+        hog.kill()
+        hog.wait()
