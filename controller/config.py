@@ -10,6 +10,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from controller.agent_tokens import AgentTokensConfig
+from controller.app_faults import AppFaultConfig
 from controller.guard_rules import GuardrailConfig
 from controller.recovery import RecoveryConfig
 from controller.sweep_spec import SweepConfig
@@ -113,6 +114,7 @@ class ControllerConfig(BaseModel):
     leader_election: LeaderElectionConfig = Field(default_factory=LeaderElectionConfig)
     sweep: SweepConfig = Field(default_factory=SweepConfig)
     jobs: JobsConfig = Field(default_factory=JobsConfig)
+    app_faults: AppFaultConfig = Field(default_factory=AppFaultConfig)
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
     tls_dir: Path | None = Field(
         default=None, description="mutual TLS: ca.crt, tls.crt and tls.key (vigil certs, or a cert-manager secret)"

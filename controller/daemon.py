@@ -22,6 +22,7 @@ from controller.actuators import Actuator, ConsolePager, NullPager, Pager
 from controller.admin import Admin
 from controller.agent_gateway import AgentGateway
 from controller.agent_outboxes import AgentOutboxes
+from controller.app_faults import AppFaults, JobMembership
 from controller.authz import RoleInterceptor
 from controller.config import ControllerConfig
 from controller.engine import Engine
@@ -72,6 +73,7 @@ class Controller:
         self.config = config
         self.store = Store(config.database)
         outboxes, quarantines = AgentOutboxes(), QuarantineFeed()  # the engine's, shared as below
+        membership = JobMembership()  # the job monitor's record of the jobs' nodes, read by the engine
         self.engine = Engine(
             self.store,
             load_policy(config.policy),
@@ -83,6 +85,7 @@ class Controller:
             drain=config.actuator == "kubernetes" and config.kubernetes.drain,
             agents=outboxes,
             quarantines=quarantines,
+            app_faults=AppFaults(membership, config.app_faults),
         )
         self.gateway = AgentGateway(self.engine, outboxes, config.limits)
         # Read now, so a standby replica refuses bad certificates at start and exports their expiry.
@@ -92,7 +95,14 @@ class Controller:
         e = self.engine
         self.sweeper = Sweeper(e.fleet, e.checks, e.actuator, e.check_failed, self.store.records, config.sweep)
         self.jobs = JobMonitor(
-            e.fleet, e.check_failed, e.runner.request, e.metrics, self.sweeper, config.jobs, quarantines
+            e.fleet,
+            e.check_failed,
+            e.runner.request,
+            e.metrics,
+            self.sweeper,
+            config.jobs,
+            quarantines,
+            membership=membership,
         )
         self.server: grpc.aio.Server | None = None
         self.port = 0

@@ -45,8 +45,11 @@ def signal_key(signal: Signal) -> str:
     return f"{signal.gpu.key}|{signal.kind.value}|{signal.code}"
 
 
-def decide(state: NodeState, signal: Signal, policy: Policy, now: float, incident_id: str) -> Decision:
-    """What one signal means for its node. ``incident_id`` names the incident if one is opened."""
+def decide(
+    state: NodeState, signal: Signal, policy: Policy, now: float, incident_id: str, job_fault: str = ""
+) -> Decision:
+    """What one signal means for its node. ``incident_id`` names the incident if one is opened;
+    ``job_fault``: the job whose own crash this application XID is part of (recorded, no action)."""
     if signal.kind is SignalKind.COLLECTOR_HUNG:
         state = _collector_hung(state, signal)
         if signal.code == 0:
@@ -63,6 +66,9 @@ def decide(state: NodeState, signal: Signal, policy: Policy, now: float, inciden
     severity = rule.severity_at(len(prior) + signal.count)
     if state.health in _OUT_OF_SERVICE:
         severity = Severity.RECORD  # already out of service: keep the evidence, act no further
+    meaning = rule.meaning
+    if job_fault and rule.application:
+        severity, meaning = Severity.RECORD, f"{rule.meaning} (part of job {job_fault}'s own crash)"
     summary = f"{signal.describe()}: {rule.meaning}"
     if signal.kind is SignalKind.CHECK_FAILED and signal.message:
         summary += f": {signal.message}"  # the check's own reason is the whole point of its page
@@ -87,7 +93,7 @@ def decide(state: NodeState, signal: Signal, policy: Policy, now: float, inciden
             kind=signal.kind,
             code=signal.code,
             severity=severity,
-            meaning=rule.meaning,
+            meaning=meaning,
             remedy=rule.remedy,
             first_message=signal.message,
             first_seq=signal.seq,

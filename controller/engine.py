@@ -19,6 +19,7 @@ from controller.action_runner import ActionRunner
 from controller.actions import Drain, Page, PageUpdate, Quarantine, action_kind
 from controller.actuators import Actuator, Pager
 from controller.agent_outboxes import AgentOutboxes
+from controller.app_faults import AppFaults, JobMembership
 from controller.apply import Applier, Received
 from controller.check_requests import CheckRequests
 from controller.decide import (
@@ -71,6 +72,7 @@ class Engine:
         drain: bool = False,
         agents: AgentOutboxes | None = None,
         quarantines: QuarantineFeed | None = None,
+        app_faults: AppFaults | None = None,
     ) -> None:
         self.store = store
         self.policy = policy
@@ -83,6 +85,7 @@ class Engine:
         # must act on them too (the job monitor).
         self.agents = agents or AgentOutboxes()
         self.quarantines = quarantines or QuarantineFeed()
+        self.app_faults = app_faults or AppFaults(JobMembership())
         self.checks = CheckRequests(store.records, self.agents.send)
         self.fleet = Fleet(store.nodes.load(), store.incidents.latest_open(), clock())
         bucket = TokenBucket(self.guardrails.quarantines_per_s, self.guardrails.quarantine_burst)
@@ -204,7 +207,10 @@ class Engine:
 
     def _decide(self, state: NodeState, signal: Signal, now: float, incident_id: str) -> tuple[NodeState, Received]:
         """Decide one signal and pass its actions through the guardrails."""
-        decision = decide(state, signal, self.policy, now, incident_id)
+        job, page = self.app_faults.crash_of(signal, self.policy, now)
+        if page is not None:
+            self.runner.request(page, now)
+        decision = decide(state, signal, self.policy, now, incident_id, job)
         actions, held = self.guard.apply(decision.actions, now)
         state = decision.state
         if any(isinstance(a, Quarantine) and a.dry_run for a in actions):

@@ -28,6 +28,7 @@ from collections.abc import Callable, Sequence
 import structlog
 
 from controller.actions import ExternalAction, Page, PageUpdate, Quarantine
+from controller.app_faults import JobMembership
 from controller.config import JobsConfig
 from controller.fleet import FleetView, ReportFailure, UnknownNode
 from controller.goodput import KINDS, committed, started, trained
@@ -57,11 +58,13 @@ class JobMonitor:
         config: JobsConfig,
         quarantines: QuarantineFeed,
         clock: Callable[[], float] = time.time,
+        membership: JobMembership | None = None,
     ) -> None:
         self._fleet = fleet
         self._report_failure = report_failure  # a blamed node goes through the policy and the guardrails
         self._request = request  # pages and thread notes, through the action runner
         self._metrics = metrics
+        self._membership = membership or JobMembership()  # the jobs' nodes, for the engine's application faults
         self._sweeper = sweeper
         self.config = config
         self.clock = clock
@@ -86,12 +89,14 @@ class JobMonitor:
         self._account(job, p, restarted, now)
         if p.nodes:
             job.nodes = tuple(dict.fromkeys(p.nodes))
+            self._membership.set(job.job_id, job.nodes)
         job.step, job.last_report = (p.step if restarted else max(job.step, p.step)), now
         job.committed_step = max(job.committed_step, p.committed_step)
         if p.event == "end":  # finished: a later job of the same id starts afresh
             log.info("job_finished", job=p.job_id, step=p.step, goodput=job.goodput.ratio)
             job.move(JobPhase.FINISHED)
             self.finished.append(self.jobs.pop(p.job_id))
+            self._membership.forget(p.job_id)
             return []
         for ack in p.acks:
             if job.phase is JobPhase.STOPPING and job.command is not None and ack.id == job.command.id:
@@ -368,6 +373,7 @@ class JobMonitor:
             elif now - job.last_report > self.config.forget_after_s and job.phase is not JobPhase.SWEEPING:
                 log.info("job_forgotten", job=job_id, silent_s=round(now - job.last_report))
                 del self.jobs[job_id]
+                self._membership.forget(job_id)
 
     async def watch(self, stop: asyncio.Event, every_s: float = 1.0) -> None:
         while not stop.is_set():

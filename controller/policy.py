@@ -38,6 +38,7 @@ class Rule(BaseModel):
     min_value: float = Field(0.0, ge=0, description="ignore signals whose value is below this")
     meaning: str = ""
     remedy: str = ""
+    application: bool = Field(False, description="usually the application's fault: on most of a job's nodes, the job's")
 
     @property
     def count_cap(self) -> int:
@@ -56,10 +57,10 @@ def _rule(action: str, meaning: str, remedy: str = "", **kw: Any) -> Rule:
 
 _APP_FAULT = "usually the application; check the job's code before the GPU"
 DEFAULT_XID_RULES: dict[int, Rule] = {
-    13: _rule("suspect", "graphics engine exception", _APP_FAULT, threshold=3),
-    31: _rule("suspect", "GPU memory page fault", _APP_FAULT, threshold=3),
-    43: _rule("record", "GPU stopped processing"),
-    45: _rule("record", "preemptive cleanup after an earlier error"),
+    13: _rule("suspect", "graphics engine exception", _APP_FAULT, threshold=3, application=True),
+    31: _rule("suspect", "GPU memory page fault", _APP_FAULT, threshold=3, application=True),
+    43: _rule("record", "GPU stopped processing", application=True),
+    45: _rule("record", "preemptive cleanup after an earlier error", application=True),
     48: _rule("quarantine", "double-bit ECC error", "reset the GPU"),
     63: _rule("record", "row remap event"),
     64: _rule("quarantine", "row remap failure", "replace the GPU"),

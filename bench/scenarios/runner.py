@@ -7,8 +7,10 @@ from __future__ import annotations
 import contextlib
 import json
 import shutil
+import sqlite3
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +50,8 @@ def run_scenario(name: str, scenario: Scenario, keep: bool = False) -> Observed:
                 )
             time.sleep(scenario.settle_s)  # let a wrong action show itself
             cluster.check_alive()
-            return _observe(admin, faults).observed
+            seen = _observe(admin, faults).observed
+            return replace(seen, job_pages=_job_pages(workdir / "controller.db"))
     except DemoFailed as exc:
         return Observed(frozenset(), frozenset(), {}, error=f"{exc} (logs in {workdir})")
     finally:
@@ -144,6 +147,14 @@ class _JobReporter:
 def _fault_line(cluster: Cluster, node: str, line: dict[str, Any]) -> None:
     with open(cluster.fault_file(node), "a") as f:
         f.write(json.dumps(line) + "\n")
+
+
+def _job_pages(database: Path) -> int:
+    """Pages about a job rather than a node: not in any node's incidents, so read from the
+    controller's own record of its actions."""
+    with contextlib.closing(sqlite3.connect(f"file:{database}?mode=ro", uri=True)) as db:
+        rows = db.execute("SELECT payload FROM actions WHERE kind LIKE 'PAGE%' AND status = 'DONE'").fetchall()
+    return sum(1 for (payload,) in rows if not json.loads(payload).get("node"))
 
 
 def _all_healthy(admin: AdminClient, nodes: list[str]) -> bool:

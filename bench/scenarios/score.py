@@ -19,6 +19,7 @@ class Observed:
     health: dict[str, str]  # each node's health at the end
     fault_to_action_s: tuple[float, ...] = ()  # first injected fault on a node -> its first quarantine or page
     pages: dict[str, int] = field(default_factory=dict)  # node -> pages sent for it
+    job_pages: int = 0  # pages about a job, not a node (an MFU drop, a job's own crash)
     error: str = ""  # the run itself broke (a process died, the fleet never came up)
 
 
@@ -52,6 +53,8 @@ def judge(name: str, scenario: Scenario, seen: Observed) -> Outcome:
     for node, count in sorted(want.pages.items()):
         if seen.pages.get(node, 0) != count:
             problems.append(f"{node} was paged {seen.pages.get(node, 0)} time(s), expected {count}")
+    if want.job_pages is not None and seen.job_pages != want.job_pages:
+        problems.append(f"{seen.job_pages} page(s) about the job, expected {want.job_pages}")
     for node, health in sorted(want.health.items()):
         if seen.health.get(node) != health:
             problems.append(f"{node} is {seen.health.get(node, 'unknown to the controller')}, expected {health}")

@@ -126,6 +126,7 @@ class Expect(_Strict):
     paged: frozenset[str] = frozenset()
     health: dict[str, Health] = Field(default_factory=dict)
     pages: dict[str, int] = Field(default_factory=dict, description="exactly this many pages for the node")
+    job_pages: int | None = Field(default=None, ge=0, description="exactly this many pages about jobs, not nodes")
 
 
 class Scenario(_Strict):
