@@ -12,6 +12,7 @@ import structlog
 from controller.actuators import SelectionError
 from controller.engine import Engine, UnknownNode
 from controller.jobs import JobMonitor
+from controller.operators import IncidentNotOpen, UnknownIncident
 from controller.sweep import SweepBusy, Sweeper
 from controller.sweep_spec import SweepError, sweep_spec
 from protos.codec import gpu_to_proto
@@ -95,7 +96,7 @@ class Admin(admin_pb2_grpc.AdminServicer):
         self, request: admin_pb2.UncordonRequest, context: grpc.aio.ServicerContext
     ) -> admin_pb2.UncordonReply:
         try:
-            health, detail = await self._engine.uncordon(
+            health, detail = await self._engine.operators.uncordon(
                 request.node, request.requested_by or "unknown", request.reason
             )
         except UnknownNode:
@@ -105,12 +106,25 @@ class Admin(admin_pb2_grpc.AdminServicer):
             await context.abort(grpc.StatusCode.UNAVAILABLE, f"could not release {request.node!r}: {exc}")
         return admin_pb2.UncordonReply(node=request.node, health=health.value, detail=detail)
 
+    async def Resolve(  # noqa: N802
+        self, request: admin_pb2.ResolveRequest, context: grpc.aio.ServicerContext
+    ) -> admin_pb2.ResolveReply:
+        try:
+            node, health, detail = self._engine.operators.resolve_incident(
+                request.incident_id, request.requested_by or "unknown", request.note
+            )
+        except UnknownIncident:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"no incident {request.incident_id[:200]!r}")
+        except IncidentNotOpen as exc:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+        return admin_pb2.ResolveReply(incident_id=request.incident_id, node=node, health=health.value, detail=detail)
+
     async def Resume(  # noqa: N802
         self, request: admin_pb2.ResumeRequest, context: grpc.aio.ServicerContext
     ) -> admin_pb2.ResumeReply:
         if not self._engine.breaker.tripped:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"automation is {self._engine.automation}")
-        applied, dropped = await self._engine.resume(
+        applied, dropped = await self._engine.operators.resume(
             request.requested_by or "unknown", request.reason, request.apply_held
         )
         return admin_pb2.ResumeReply(automation=self._engine.automation, applied=applied, dropped=dropped)

@@ -171,6 +171,15 @@ def _collector_hung(state: NodeState, signal: Signal) -> NodeState:
     return heartbeat_returned(state)  # the agent just spoke, so only a hung collector keeps it blind
 
 
+def incident_resolved(state: NodeState, incident_id: str, others_open: bool) -> NodeState:
+    """A person resolved one incident of a node in service: it no longer folds new signals, and a
+    SUSPECT node whose last open incident it was is HEALTHY again."""
+    state = replace(state, incidents=tuple(r for r in state.incidents if r.id != incident_id))
+    if state.health is Health.SUSPECT and not others_open:
+        return recovered(state)
+    return state
+
+
 def recovered(state: NodeState) -> NodeState:
     """Back in service: forget the incidents' counts so old faults do not re-trigger; remember how
     often it was quarantined (a repeat offender is not released automatically)."""

@@ -28,7 +28,6 @@ from controller.decide import (
     heartbeat_silence,
     quarantine_confirmed,
     quarantine_not_carried_out,
-    recovered,
     suspicion_lapsed,
 )
 from controller.fleet import Fleet, NodeEntry, UnknownNode
@@ -37,6 +36,7 @@ from controller.guard import Guard
 from controller.guard_rules import BreakerState, GuardrailConfig, TokenBucket
 from controller.metrics import ControllerMetrics
 from controller.node_state import Health, NodeState
+from controller.operators import Operators
 from controller.policy import Policy, Severity
 from controller.quarantine_feed import QuarantineFeed
 from controller.recovery import RecoveryConfig, repeat_offender, repeat_offender_note
@@ -100,9 +100,10 @@ class Engine:
             on_ack=self._send_ack,
         )
         self.folds = FoldReports(fold_report_s, store.incidents.signal_counts, self.runner.schedule, clock)
-        self.releases = ReleaseChecks(self.fleet, self.checks, self.recovery, self.uncordon, clock)
         self.applier = Applier(store, self.runner.schedule, self.fleet, self.folds, self.quarantines, self.metrics)
         self.guard = Guard(self.guardrails, store.records, self.runner, self.metrics, lambda: len(self.fleet), clock)
+        self.operators = Operators(self.fleet, store, self.runner, self.folds, self.guard, clock)
+        self.releases = ReleaseChecks(self.fleet, self.checks, self.recovery, self.operators.uncordon, clock)
 
     @property
     def actuator(self) -> Actuator:
@@ -306,7 +307,7 @@ class Engine:
         lapsed = [n for n, e in self.fleet.entries() if suspicion_lapsed(e.state, now, self.policy)]
         for node in lapsed:
             quiet_s = self.policy.suspect_clear_s
-            self._resolve(node, f"Resolved: {node} quiet for {quiet_s:.0f} s, back to HEALTHY", now)
+            self.operators.resolve_node(node, f"Resolved: {node} quiet for {quiet_s:.0f} s, back to HEALTHY", now)
             log.info("suspicion_lapsed", node=node, quiet_s=quiet_s)
         return lapsed
 
@@ -327,50 +328,6 @@ class Engine:
             self.folds.report()
             self.update_gauges()
             await wait_event(stop, every_s)
-
-    # Operators -----------------------------------------------------------------------------
-
-    async def uncordon(self, node: str, requested_by: str, reason: str) -> tuple[Health, str]:
-        """Return a node to service, at a person's request: only what Vigil quarantined is released."""
-        entry = self.fleet.entry(node)
-        release = await asyncio.to_thread(self.actuator.release, node, reason or f"requested by {requested_by}")
-        now = self.clock()
-        self.store.records.operator_action("uncordon", node, requested_by, reason, release.detail, now)
-        if not release.released and entry.state.health not in (Health.UNHEALTHY, Health.QUARANTINED):
-            return entry.state.health, release.detail
-        text = f"Resolved: {node} returned to service by {requested_by}" + (f" ({reason})" if reason else "")
-        resolved = self._resolve(node, text, now)
-        log.info("node_uncordoned", node=node, by=requested_by, reason=reason, incidents_resolved=resolved)
-        return entry.state.health, f"{release.detail}; back in service; {resolved} incident(s) resolved"
-
-    def _resolve(self, node: str, text: str, now: float) -> int:
-        """Back in service: the node's open incidents resolved, each thread told; returns how many."""
-        entry = self.fleet.entry(node)
-        open_incidents = self.store.incidents.list(open_only=True, node=node, limit=10000)
-        resolved = self.store.incidents.resolve(node, now)
-        self.fleet.open_incident.pop(node, None)
-        entry.state = recovered(entry.state)
-        self.store.nodes.save([entry.state])
-        for incident in open_incidents:
-            self.folds.resolved(incident.id)
-            self.runner.request(PageUpdate(incident.id, node, "RESOLVED", text, resolve=True), now)
-        return resolved
-
-    async def resume(self, requested_by: str, reason: str, apply_held: bool) -> tuple[int, int]:
-        """A person resumes automation after the breaker tripped; returns (applied, dropped) held actions."""
-        held = self.store.actions.held()
-        self.guard.resume()
-        keys = [(h.incident_id, action_kind(h.action)) for h in held]
-        if apply_held:
-            self.store.actions.set_status(keys, "PENDING", f"released by {requested_by}")
-            for h in held:
-                self.runner.schedule(h)
-        else:
-            self.store.actions.set_status(keys, "SKIPPED", f"dropped when {requested_by} resumed automation")
-        detail = f"{'applied' if apply_held else 'dropped'} {len(held)} held action(s)"
-        self.store.records.operator_action("resume", "", requested_by, reason, detail, self.clock())
-        log.warning("automation_resumed", by=requested_by, reason=reason, apply_held=apply_held, held=len(held))
-        return (len(held), 0) if apply_held else (0, len(held))
 
     # Sweeps --------------------------------------------------------------------------------
 

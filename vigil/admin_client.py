@@ -30,6 +30,11 @@ class AdminClient:
         reply: admin_pb2.UncordonReply = self._stub.Uncordon(request, timeout=self._timeout)
         return reply
 
+    def resolve(self, incident_id: str, requested_by: str, note: str) -> admin_pb2.ResolveReply:
+        request = admin_pb2.ResolveRequest(incident_id=incident_id, requested_by=requested_by, note=note)
+        reply: admin_pb2.ResolveReply = self._stub.Resolve(request, timeout=self._timeout)
+        return reply
+
     def resume(self, requested_by: str, reason: str, apply_held: bool) -> admin_pb2.ResumeReply:
         request = admin_pb2.ResumeRequest(requested_by=requested_by, reason=reason, apply_held=apply_held)
         reply: admin_pb2.ResumeReply = self._stub.Resume(request, timeout=self._timeout)

@@ -255,6 +255,19 @@ def uncordon(
     raise typer.Exit(request_uncordon(controller, node, getpass.getuser(), reason))
 
 
+@app.command()
+def resolve(
+    incident: Annotated[str, typer.Argument(help="the incident's id (vigil incidents)")],
+    controller: ControllerOpt = "127.0.0.1:7070",
+    note: Annotated[str, typer.Option(help="why: recorded, and said in the incident's thread")] = "",
+) -> None:
+    """Resolve an open incident of a node still in service (a SUSPECT explained away); a quarantined
+    node comes back with vigil uncordon."""
+    from vigil.operator_views import request_resolve
+
+    raise typer.Exit(request_resolve(controller, incident, getpass.getuser(), note))
+
+
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def check(
     ctx: typer.Context,

@@ -133,18 +133,27 @@ def print_incidents(target: str, open_only: bool, node: str, limit: int, as_json
 
 
 def request_uncordon(target: str, node: str, who: str, reason: str) -> int:
-    reply = _ask(target, lambda client: client.uncordon(node, who, reason))
-    if reply is None:
-        return 2
-    _console.print(f"{reply.node}: {reply.health} ({reply.detail})")
-    return 0
+    return _request(target, lambda c: c.uncordon(node, who, reason), lambda r: f"{r.node}: {r.health} ({r.detail})")
+
+
+def request_resolve(target: str, incident_id: str, who: str, note: str) -> int:
+    return _request(
+        target, lambda c: c.resolve(incident_id, who, note), lambda r: f"{r.incident_id} ({r.node}): {r.detail}"
+    )
 
 
 def request_resume(target: str, who: str, reason: str, apply_held: bool) -> int:
-    reply = _ask(target, lambda client: client.resume(who, reason, apply_held))
+    return _request(
+        target,
+        lambda c: c.resume(who, reason, apply_held),
+        lambda r: f"automation: {r.automation} (held quarantines applied {r.applied}, dropped {r.dropped})",
+    )
+
+
+def _request(target: str, call: Callable[[AdminClient], T], say: Callable[[T], str]) -> int:
+    """Ask the controller to do something; print what it says it did (0), or why it could not (2)."""
+    reply = _ask(target, call)
     if reply is None:
         return 2
-    _console.print(
-        f"automation: {reply.automation} (held quarantines applied {reply.applied}, dropped {reply.dropped})"
-    )
+    _console.print(say(reply))
     return 0

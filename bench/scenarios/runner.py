@@ -106,6 +106,9 @@ def _inject(cluster: Cluster, admin: AdminClient, event: Event, seq: int) -> int
         cluster.start_agent(node, event.restart_agent.gpus, restart=True)
     elif event.uncordon is not None:
         admin.uncordon(node, event.uncordon.by, event.uncordon.reason)
+    elif event.resolve is not None:
+        for incident in admin.incidents(open_only=True, node=node):
+            admin.resolve(incident.id, event.resolve.by, event.resolve.note)
     return seq
 
 

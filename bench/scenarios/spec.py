@@ -16,7 +16,8 @@ expect:
 Event kinds (one per event): ``kernel_log`` (an XID line in the node's kernel log), ``nvml_xid``
 (an XID event from NVML), ``gpu`` (what a GPU reports from now on: ``GpuFaults`` fields),
 ``restart_agent`` (the agent restarts, optionally with fewer GPUs), ``uncordon`` (a person returns
-the node to service). ``at`` is seconds after every node reported healthy.
+the node to service), ``resolve`` (a person resolves the node's open incidents), ``job_windows``
+(the training job's rank 0 reports windows; needs ``job:``). ``at`` is seconds after every node reported healthy.
 """
 
 from __future__ import annotations
@@ -71,7 +72,12 @@ class Uncordon(_Strict):
     reason: str = "scenario: a person returns the node"
 
 
-EVENT_KINDS = ("kernel_log", "nvml_xid", "gpu", "restart_agent", "uncordon", "job_windows")
+EVENT_KINDS = ("kernel_log", "nvml_xid", "gpu", "restart_agent", "uncordon", "resolve", "job_windows")
+
+
+class Resolve(_Strict):
+    by: str = "sre@example.com"
+    note: str = "scenario: a person explains the incident away"
 
 
 class JobWindows(_Strict):
@@ -103,6 +109,7 @@ class Event(_Strict):
     gpu: GpuState | None = None
     restart_agent: RestartAgent | None = None
     uncordon: Uncordon | None = None
+    resolve: Resolve | None = None  # a person resolves the node's open incidents (vigil resolve)
     job_windows: JobWindows | None = None
 
     @model_validator(mode="after")

@@ -158,6 +158,17 @@ class IncidentLog:
             ).rowcount
         return new == 1
 
+    def resolve_one(self, incident_id: str, now: float) -> bool:
+        """One OPEN incident resolved; False when there is no open incident of that id."""
+        with self._db.tx() as db:
+            return (
+                db.execute(
+                    "UPDATE incidents SET status = 'RESOLVED', last_at = ? WHERE id = ? AND status = 'OPEN'",
+                    (now, incident_id),
+                ).rowcount
+                == 1
+            )
+
     def resolve(self, node: str, now: float) -> int:
         with self._db.tx() as db:
             return db.execute(
@@ -189,6 +200,11 @@ class IncidentLog:
             ):
                 view.actions.append(ActionView(a[0], a[1], a[2], a[3], a[4] or ""))
         return views
+
+    def get(self, incident_id: str) -> tuple[str, str] | None:
+        """(node, status) of an incident; None when there is none of that id."""
+        rows = self._db.read("SELECT node, status FROM incidents WHERE id = ?", (incident_id,))
+        return (str(rows[0][0]), str(rows[0][1])) if rows else None
 
     def latest_open(self) -> dict[str, str]:
         """node -> the id of its most recently opened OPEN incident."""

@@ -63,3 +63,36 @@ def test_open_incidents_in_status_survive_a_restart(tmp_path: Path) -> None:
         await stop_controller(again)
 
     asyncio.run(scenario())
+
+
+def test_a_person_resolves_an_incident_of_a_node_in_service_and_only_that(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        controller = await start_controller(tmp_path / "ctl.db")
+        await send_raw(controller.port, raw_batch("s1", [1], code=92), until_ack=1)  # node-a: SUSPECT
+        await controller.engine.drain()
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{controller.port}") as channel:
+            admin = admin_pb2_grpc.AdminStub(channel)
+            assert (await admin.GetStatus(admin_pb2.StatusRequest())).nodes[0].health == "SUSPECT"
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await admin.Resolve(admin_pb2.ResolveRequest(incident_id="no-such-incident"))
+            assert err.value.code() == grpc.StatusCode.NOT_FOUND
+
+            request = admin_pb2.ResolveRequest(incident_id="node-a-s1-1", requested_by="sre", note="a bad kernel")
+            reply = await admin.Resolve(request)
+            assert (reply.node, reply.health) == ("node-a", "HEALTHY")
+            assert not (await admin.ListIncidents(admin_pb2.IncidentsRequest(open_only=True))).incidents
+            (record,) = controller.store.records.operator_actions()
+            assert record[1:5] == ("resolve", "node-a", "sre", "a bad kernel")
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await admin.Resolve(request)
+            assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "RESOLVED" in err.value.details()
+
+            await send_raw(controller.port, raw_batch("s1", [2], code=79), until_ack=2)  # now quarantined
+            await controller.engine.drain()
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await admin.Resolve(admin_pb2.ResolveRequest(incident_id="node-a-s1-2"))
+            assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+            assert "vigil uncordon" in err.value.details()
+        await stop_controller(controller)
+
+    asyncio.run(scenario())

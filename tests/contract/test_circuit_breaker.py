@@ -80,7 +80,7 @@ def test_thirty_percent_failing_trips_the_breaker(cluster: tuple[KubeApiServer, 
         assert NODES[10] in e.breaker.held
 
         # A person resumes and asks for the held quarantines to be carried out.
-        applied, dropped = await e.resume("sre", "checked: four bad GPUs", apply_held=True)
+        applied, dropped = await e.operators.resume("sre", "checked: four bad GPUs", apply_held=True)
         await e.drain()
         assert (applied, dropped) == (8, 0)  # a quarantine and a page for each of the 4 held nodes
         assert cordoned(kube) == sorted(failing + [NODES[10]])
@@ -101,7 +101,7 @@ def test_resume_without_applying_drops_the_held(cluster: tuple[KubeApiServer, Fa
         await asyncio.sleep(0.1)
         await e.drain()
         assert cordoned(kube) == NODES[:1]
-        assert await e.resume("sre", "a bad driver roll-out, not the nodes", apply_held=False) == (0, 4)
+        assert await e.operators.resume("sre", "a bad driver roll-out, not the nodes", apply_held=False) == (0, 4)
         await e.drain()
         assert cordoned(kube) == NODES[:1]
         assert {a.status for i in e.store.incidents.list(node=NODES[1]) for a in i.actions} == {"SKIPPED"}

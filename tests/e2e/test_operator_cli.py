@@ -1,4 +1,4 @@
-"""The operator's commands against a running controller: status, incidents, resume, uncordon."""
+"""The operator's commands against a running controller: status, incidents, resume, uncordon, resolve."""
 
 from __future__ import annotations
 
@@ -80,6 +80,16 @@ def test_operator_commands(tmp_path: Path) -> None:
         # Piped, a table keeps each row on one line (whole rows for grep), however wide it is.
         (row,) = [line for line in table.stdout.splitlines() if listed[0]["id"] in line]
         assert "XID 79: GPU has fallen off the bus" in row and "QUARANTINE:DONE" in row
+
+        with open(kmsgs["node-c"], "a") as f:  # XID 92: SUSPECT, still in service
+            f.write(xid_line(simulated_gpus("node-c", 8)[1].pci_bus_id, 92, "high single-bit ECC rate", 2))
+        with AdminClient(target) as admin:
+            (suspect,) = poll_until(lambda: admin.incidents(open_only=True, node="node-c"), what="node-c's incident")
+        resolved = cli("resolve", suspect.id, "--controller", target, "--note", "a known firmware counter bug")
+        assert resolved.returncode == 0 and "node-c is HEALTHY" in resolved.stdout, resolved.stdout + resolved.stderr
+        node_b = next(i["id"] for i in listed if i["node"] == "node-b")
+        quarantined = cli("resolve", node_b, "--controller", target)  # node-b: out of service
+        assert quarantined.returncode == 2 and "vigil uncordon" in quarantined.stdout + quarantined.stderr
     finally:
         for proc in procs:
             proc.send_signal(signal.SIGTERM)

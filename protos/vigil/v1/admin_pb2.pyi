@@ -125,6 +125,28 @@ class UncordonReply(_message.Message):
     detail: str
     def __init__(self, node: _Optional[str] = ..., health: _Optional[str] = ..., detail: _Optional[str] = ...) -> None: ...
 
+class ResolveRequest(_message.Message):
+    __slots__ = ("incident_id", "requested_by", "note")
+    INCIDENT_ID_FIELD_NUMBER: _ClassVar[int]
+    REQUESTED_BY_FIELD_NUMBER: _ClassVar[int]
+    NOTE_FIELD_NUMBER: _ClassVar[int]
+    incident_id: str
+    requested_by: str
+    note: str
+    def __init__(self, incident_id: _Optional[str] = ..., requested_by: _Optional[str] = ..., note: _Optional[str] = ...) -> None: ...
+
+class ResolveReply(_message.Message):
+    __slots__ = ("incident_id", "node", "health", "detail")
+    INCIDENT_ID_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    HEALTH_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    incident_id: str
+    node: str
+    health: str
+    detail: str
+    def __init__(self, incident_id: _Optional[str] = ..., node: _Optional[str] = ..., health: _Optional[str] = ..., detail: _Optional[str] = ...) -> None: ...
+
 class ResumeRequest(_message.Message):
     __slots__ = ("requested_by", "reason", "apply_held")
     REQUESTED_BY_FIELD_NUMBER: _ClassVar[int]

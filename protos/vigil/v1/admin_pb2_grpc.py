@@ -49,6 +49,11 @@ class AdminStub:
                 request_serializer=protos_dot_vigil_dot_v1_dot_admin__pb2.UncordonRequest.SerializeToString,
                 response_deserializer=protos_dot_vigil_dot_v1_dot_admin__pb2.UncordonReply.FromString,
                 _registered_method=True)
+        self.Resolve = channel.unary_unary(
+                '/vigil.v1.Admin/Resolve',
+                request_serializer=protos_dot_vigil_dot_v1_dot_admin__pb2.ResolveRequest.SerializeToString,
+                response_deserializer=protos_dot_vigil_dot_v1_dot_admin__pb2.ResolveReply.FromString,
+                _registered_method=True)
         self.Resume = channel.unary_unary(
                 '/vigil.v1.Admin/Resume',
                 request_serializer=protos_dot_vigil_dot_v1_dot_admin__pb2.ResumeRequest.SerializeToString,
@@ -83,6 +88,13 @@ class AdminServicer:
 
     def Uncordon(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Resolve(self, request, context):
+        """A person resolves an open incident of a node still in service (a SUSPECT it explains away).
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -124,6 +136,11 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.Uncordon,
                     request_deserializer=protos_dot_vigil_dot_v1_dot_admin__pb2.UncordonRequest.FromString,
                     response_serializer=protos_dot_vigil_dot_v1_dot_admin__pb2.UncordonReply.SerializeToString,
+            ),
+            'Resolve': grpc.unary_unary_rpc_method_handler(
+                    servicer.Resolve,
+                    request_deserializer=protos_dot_vigil_dot_v1_dot_admin__pb2.ResolveRequest.FromString,
+                    response_serializer=protos_dot_vigil_dot_v1_dot_admin__pb2.ResolveReply.SerializeToString,
             ),
             'Resume': grpc.unary_unary_rpc_method_handler(
                     servicer.Resume,
@@ -222,6 +239,33 @@ class Admin:
             '/vigil.v1.Admin/Uncordon',
             protos_dot_vigil_dot_v1_dot_admin__pb2.UncordonRequest.SerializeToString,
             protos_dot_vigil_dot_v1_dot_admin__pb2.UncordonReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Resolve(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/vigil.v1.Admin/Resolve',
+            protos_dot_vigil_dot_v1_dot_admin__pb2.ResolveRequest.SerializeToString,
+            protos_dot_vigil_dot_v1_dot_admin__pb2.ResolveReply.FromString,
             options,
             channel_credentials,
             insecure,
