@@ -56,6 +56,7 @@ class Operators:
         if not release.released and entry.state.health not in (Health.UNHEALTHY, Health.QUARANTINED):
             return entry.state.health, release.detail
         text = f"Resolved: {node} returned to service by {requested_by}" + (f" ({reason})" if reason else "")
+        text += f"; {release.detail}"  # e.g. "left cordoned: kubectl-cordon changed its cordon ..."
         resolved = self.resolve_node(node, text, now)
         log.info("node_uncordoned", node=node, by=requested_by, reason=reason, incidents_resolved=resolved)
         return entry.state.health, f"{release.detail}; back in service; {resolved} incident(s) resolved"

@@ -25,7 +25,7 @@ from kubernetes.client.exceptions import ApiException
 
 from controller.actions import Drain, Quarantine
 from controller.actuators import FoundQuarantine, PermanentActionError, Release, SelectionError
-from controller.kube.plans import Json, found_quarantine, plan_quarantine, plan_release
+from controller.kube.plans import FIELD_MANAGER, Json, found_quarantine, plan_quarantine, plan_release
 
 log = structlog.get_logger(__name__)
 
@@ -114,7 +114,9 @@ class KubeActuator:
     def _patch_node(self, name: str, body: Json) -> bool:
         """False on 409 (the node changed since it was read)."""
         try:
-            self._core.patch_node(name, body, _content_type=MERGE_PATCH, _request_timeout=self._timeout)
+            self._core.patch_node(
+                name, body, field_manager=FIELD_MANAGER, _content_type=MERGE_PATCH, _request_timeout=self._timeout
+            )
         except ApiException as exc:
             if exc.status == 409:
                 log.info("node_conflict", node=name)
@@ -192,6 +194,9 @@ class KubeActuator:
                 continue
             self._patch_status(node, plan.status_patch)
             self._create_event(plan.event)
+            if plan.changed_by:
+                log.warning("release_left_cordoned", node=node, changed_by=plan.changed_by)
+                return Release(True, f"Vigil's taint removed; left cordoned: {plan.changed_by}")
             kept = "; it stays cordoned, as it was before Vigil" if plan.keeps_cordon else ""
             return Release(True, f"taint removed, uncordoned{kept}")
         raise RuntimeError(f"node {node!r} kept changing: {_CONFLICT_RETRIES} conflicts in a row")

@@ -29,8 +29,10 @@ INCIDENT = f"{DOMAIN}/incident"
 REASON = f"{DOMAIN}/reason"
 AT = f"{DOMAIN}/quarantined-at"
 WAS_UNSCHEDULABLE = f"{DOMAIN}/was-unschedulable"
+SPEC_AFTER = f"{DOMAIN}/spec-after"  # a fingerprint of the cordon and taints as the quarantine left them
 OWNER_VALUE = "vigil"
-ANNOTATIONS = (OWNER, INCIDENT, REASON, AT, WAS_UNSCHEDULABLE)
+FIELD_MANAGER = "vigil"  # the name Vigil's writes carry in the node's managedFields
+ANNOTATIONS = (OWNER, INCIDENT, REASON, AT, WAS_UNSCHEDULABLE, SPEC_AFTER)
 
 Json = dict[str, Any]
 
@@ -89,6 +91,7 @@ def plan_quarantine(node: Json, incident_id: str, reason: str, now: float, names
                 REASON: reason[:1024],
                 AT: rfc3339(now),
                 WAS_UNSCHEDULABLE: "true" if spec.get("unschedulable") else "false",
+                SPEC_AFTER: spec_fingerprint(True, taints),
             },
         },
         "spec": {"unschedulable": True, "taints": taints},
@@ -96,12 +99,47 @@ def plan_quarantine(node: Json, incident_id: str, reason: str, now: float, names
     return QuarantinePlan(node_patch, status_patch, event)
 
 
+def spec_fingerprint(unschedulable: bool, taints: list[Json]) -> str:
+    """What the scheduler sees of a node besides Vigil's own taint: the cordon and the other taints."""
+    others = sorted(
+        f"{t.get('key')}={t.get('value', '')}:{t.get('effect')}" for t in taints if t.get("key") != TAINT_KEY
+    )
+    return hashlib.sha1(f"{bool(unschedulable)}|{'|'.join(others)}".encode()).hexdigest()[:16]
+
+
+def changed_since_quarantine(node: Json) -> str:
+    """Who or what changed the node's cordon or taints since Vigil quarantined it ('' when nobody):
+    another writer of ``spec`` in its managedFields after the quarantine, or a cordon and taints
+    that differ from what the quarantine left (older quarantines, without the fingerprint: '')."""
+    annotations = _annotations(node)
+    try:
+        since = parse_rfc3339(annotations.get(AT, ""))
+    except ValueError:
+        since = None
+    for entry in node.get("metadata", {}).get("managedFields") or []:
+        spec = (entry.get("fieldsV1") or {}).get("f:spec") or {}
+        if entry.get("manager") in (FIELD_MANAGER, None) or not ({"f:unschedulable", "f:taints"} & set(spec)):
+            continue
+        try:
+            at = parse_rfc3339(entry.get("time", ""))
+        except ValueError:
+            continue
+        if since is not None and at >= since:
+            return f"{entry['manager']} changed its cordon or taints at {entry['time']}"
+    expected = annotations.get(SPEC_AFTER)
+    spec = node.get("spec", {})
+    if expected and spec_fingerprint(bool(spec.get("unschedulable")), spec.get("taints") or []) != expected:
+        return "someone changed its cordon or taints after Vigil quarantined it"
+    return ""
+
+
 @dataclass(frozen=True, slots=True)
 class ReleasePlan:
     node_patch: Json
     status_patch: Json
     event: Json
-    keeps_cordon: bool  # a person had cordoned the node before Vigil: it stays cordoned
+    keeps_cordon: bool  # a person had cordoned the node before Vigil, or changed it since: it stays cordoned
+    changed_by: str = ""  # who or what changed it since the quarantine ('' when nobody)
 
 
 def plan_release(node: Json, reason: str, now: float, namespace: str) -> ReleasePlan | None:
@@ -109,7 +147,8 @@ def plan_release(node: Json, reason: str, now: float, namespace: str) -> Release
     incident = owner_incident(node)
     if incident is None:
         return None
-    keeps_cordon = _annotations(node).get(WAS_UNSCHEDULABLE) == "true"
+    changed_by = changed_since_quarantine(node)
+    keeps_cordon = _annotations(node).get(WAS_UNSCHEDULABLE) == "true" or bool(changed_by)
     taints = [t for t in node.get("spec", {}).get("taints") or [] if t.get("key") != TAINT_KEY]
     node_patch = {
         "metadata": {
@@ -122,7 +161,7 @@ def plan_release(node: Json, reason: str, now: float, namespace: str) -> Release
     event = _event(
         node, f"{incident}-release", "VigilRelease", f"released by Vigil: {reason}", "Normal", now, namespace
     )
-    return ReleasePlan(node_patch, status_patch, event, keeps_cordon)
+    return ReleasePlan(node_patch, status_patch, event, keeps_cordon, changed_by)
 
 
 def found_quarantine(node: Json) -> tuple[str, str, float] | None:

@@ -147,6 +147,26 @@ def test_release_undoes_exactly_what_vigil_did(kube: KubeApiServer, tmp_path: Pa
     assert [e["reason"] for e in kube.objects_of("events")] == ["VigilQuarantine", "VigilRelease"]
 
 
+def test_a_release_leaves_cordoned_a_node_someone_changed_since_the_quarantine(
+    kube: KubeApiServer, tmp_path: Path
+) -> None:
+    from kubernetes import client as k8s
+
+    kube.add_node("gpu-1")
+    act = actuator(kube, tmp_path)
+    act.quarantine(quarantine("gpu-1"))
+    # An SRE marks the node for repair (as `kubectl taint` does), through their own client.
+    person = k8s.CoreV1Api(api_client(kube.kubeconfig(tmp_path / "person-kubeconfig")))
+    taints = [*kube.node("gpu-1")["spec"]["taints"], {"key": "repair", "value": "rma", "effect": "NoSchedule"}]
+    person.patch_node("gpu-1", {"spec": {"taints": taints}}, field_manager="kubectl-taint")
+    release = act.release("gpu-1", "check passed")
+    assert release.released and "left cordoned" in release.detail
+    node = kube.node("gpu-1")
+    assert node["spec"]["unschedulable"] is True  # the person's repair is not undone
+    assert [t["key"] for t in node["spec"]["taints"]] == ["repair"]  # only Vigil's own taint went
+    assert OWNER not in (node["metadata"].get("annotations") or {})
+
+
 def test_adopt_finds_vigils_quarantines_only(kube: KubeApiServer, tmp_path: Path) -> None:
     for name in ("gpu-1", "gpu-2", "gpu-3"):
         kube.add_node(name)
