@@ -41,7 +41,7 @@ lint: $(VENV)/.dev  ## style, types, and the layering contracts (pyproject.toml 
 protos: $(VENV)/.dev  ## regenerate the committed protobuf/gRPC code from protos/vigil/v1/*.proto
 	$(BIN)/python -m protos.generate
 
-scenarios: $(VENV)/.runtime  ## the labelled fault scenarios through real processes, and their scorecard
+scenarios: $(VENV)/.dev  ## the labelled fault scenarios through real processes, and their scorecard
 	$(BIN)/python -m bench.scenarios
 
 bench: $(VENV)/.dev  ## benchmarks; each prints its figures and appends them to bench/results/

@@ -12,17 +12,20 @@ import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 import yaml
 
 from bench.scenarios.score import Observed
-from bench.scenarios.spec import Event, Job, JobWindows, Scenario
+from bench.scenarios.spec import Event, Job, JobWindows, Person, Scenario
 from gpus.simulated import simulated_gpus
 from protos.vigil.v1 import trainer_pb2, trainer_pb2_grpc
 from vigil.admin_client import AdminClient
 from vigil.demo import Cluster, DemoFailed, wait_for, xid_line
+
+if TYPE_CHECKING:
+    from tests.fakes.kube_api import KubeApiServer
 
 START_TIMEOUT_S = 30.0
 OUTCOME_TIMEOUT_S = 15.0  # for the expected quarantines and pages to show, after the last event
@@ -30,15 +33,32 @@ OUTCOME_TIMEOUT_S = 15.0  # for the expected quarantines and pages to show, afte
 
 def run_scenario(name: str, scenario: Scenario, keep: bool = False) -> Observed:
     workdir = Path(tempfile.mkdtemp(prefix=f"vigil-scenario-{name}-"))
+    with contextlib.ExitStack() as stack:
+        kube = None
+        if scenario.fleet.kubernetes:  # a test double of the API server, as the contract tests use
+            from tests.fakes.kube_api import KubeApiServer
+
+            kube = stack.enter_context(KubeApiServer())
+            for node in scenario.fleet.names:
+                kube.add_node(node, labels=scenario.fleet.labels.get(node, {}))
+        return _run(workdir, scenario, kube, keep)
+    raise AssertionError("unreachable")
+
+
+def _run(workdir: Path, scenario: Scenario, kube: KubeApiServer | None, keep: bool) -> Observed:
     cluster = Cluster(workdir, scenario.fleet.names, scenario.fleet.gpus)
+    settings = dict(scenario.controller)
+    if kube is not None:
+        kubeconfig = str(kube.kubeconfig(workdir / "kubeconfig"))
+        settings |= {"actuator": "kubernetes", "kubernetes": {"kubeconfig": kubeconfig}}
     try:
-        cluster.start_controller(START_TIMEOUT_S, _controller_config(workdir, scenario.controller))
+        cluster.start_controller(START_TIMEOUT_S, _controller_config(workdir, settings))
         cluster.start_agents()
         with AdminClient(f"127.0.0.1:{cluster.port}", plaintext=True) as admin:
             wait_for(
                 lambda: _all_healthy(admin, cluster.nodes), START_TIMEOUT_S, "every node HEALTHY", cluster.check_alive
             )
-            faults = _play(cluster, admin, scenario)
+            faults = _play(cluster, admin, scenario, kube)
             want = scenario.expect
             with contextlib.suppress(DemoFailed):  # judged below: what was missed is named there
                 wait_for(
@@ -51,7 +71,8 @@ def run_scenario(name: str, scenario: Scenario, keep: bool = False) -> Observed:
             time.sleep(scenario.settle_s)  # let a wrong action show itself
             cluster.check_alive()
             seen = _observe(admin, faults).observed
-            return replace(seen, job_pages=_job_pages(workdir / "controller.db"))
+            cordoned = frozenset(n for n in cluster.nodes if kube and kube.node(n)["spec"].get("unschedulable"))
+            return replace(seen, job_pages=_job_pages(workdir / "controller.db"), cordoned=cordoned)
     except DemoFailed as exc:
         return Observed(frozenset(), frozenset(), {}, error=f"{exc} (logs in {workdir})")
     finally:
@@ -71,7 +92,9 @@ def _controller_config(workdir: Path, settings: dict[str, Any]) -> Path:
     return path
 
 
-def _play(cluster: Cluster, admin: AdminClient, scenario: Scenario) -> dict[str, list[float]]:
+def _play(
+    cluster: Cluster, admin: AdminClient, scenario: Scenario, kube: KubeApiServer | None
+) -> dict[str, list[float]]:
     """Inject the events on their timeline; returns when each node's faults were injected (wall clock)."""
     started, seq = time.monotonic(), 10_000
     job = _JobReporter(f"127.0.0.1:{cluster.port}", scenario.job) if scenario.job else None
@@ -83,6 +106,10 @@ def _play(cluster: Cluster, admin: AdminClient, scenario: Scenario) -> dict[str,
         if event.job_windows is not None:
             assert scenario.job is not None and job is not None
             job.windows(event.job_windows)
+            continue
+        if event.person is not None:
+            assert kube is not None
+            _person(kube, cluster.workdir, event.node, event.person)
             continue
         seq = _inject(cluster, admin, event, seq)
     return faults
@@ -145,6 +172,21 @@ class _JobReporter:
             )
             self._stub.Report(p, timeout=5)
             time.sleep(job.window_s)
+
+
+def _person(kube: KubeApiServer, workdir: Path, node: str, person: Person) -> None:
+    """What ``kubectl cordon`` or ``kubectl taint`` does, through the person's own client."""
+    from kubernetes import client as k8s
+
+    from controller.kube.client import api_client
+
+    api = k8s.CoreV1Api(api_client(kube.kubeconfig(workdir / "person-kubeconfig")))
+    if person.cordon:
+        api.patch_node(node, {"spec": {"unschedulable": True}}, field_manager="kubectl-cordon")
+    if person.taint:
+        key, _, value = person.taint.partition("=")
+        taints = [*(kube.node(node)["spec"].get("taints") or []), {"key": key, "value": value, "effect": "NoSchedule"}]
+        api.patch_node(node, {"spec": {"taints": taints}}, field_manager="kubectl-taint")
 
 
 def _fault_line(cluster: Cluster, node: str, line: dict[str, Any]) -> None:

@@ -20,6 +20,7 @@ class Observed:
     fault_to_action_s: tuple[float, ...] = ()  # first injected fault on a node -> its first quarantine or page
     pages: dict[str, int] = field(default_factory=dict)  # node -> pages sent for it
     job_pages: int = 0  # pages about a job, not a node (an MFU drop, a job's own crash)
+    cordoned: frozenset[str] = frozenset()  # Nodes cordoned at the end (a Kubernetes fleet)
     error: str = ""  # the run itself broke (a process died, the fleet never came up)
 
 
@@ -55,6 +56,8 @@ def judge(name: str, scenario: Scenario, seen: Observed) -> Outcome:
             problems.append(f"{node} was paged {seen.pages.get(node, 0)} time(s), expected {count}")
     if want.job_pages is not None and seen.job_pages != want.job_pages:
         problems.append(f"{seen.job_pages} page(s) about the job, expected {want.job_pages}")
+    if want.cordoned is not None and seen.cordoned != want.cordoned:
+        problems.append(f"cordoned at the end: {sorted(seen.cordoned)}, expected {sorted(want.cordoned)}")
     for node, health in sorted(want.health.items()):
         if seen.health.get(node) != health:
             problems.append(f"{node} is {seen.health.get(node, 'unknown to the controller')}, expected {health}")

@@ -40,6 +40,10 @@ class _Strict(BaseModel):
 class Fleet(_Strict):
     nodes: int = Field(default=4, ge=1, le=64)
     gpus: int = Field(default=8, ge=1, le=64)
+    kubernetes: bool = Field(
+        default=False, description="Node objects in a Kubernetes API on loopback; the controller acts through it"
+    )
+    labels: dict[str, dict[str, str]] = Field(default_factory=dict, description="node -> its labels (kubernetes)")
 
     @property
     def names(self) -> list[str]:
@@ -72,7 +76,20 @@ class Uncordon(_Strict):
     reason: str = "scenario: a person returns the node"
 
 
-EVENT_KINDS = ("kernel_log", "nvml_xid", "gpu", "restart_agent", "uncordon", "resolve", "job_windows")
+EVENT_KINDS = ("kernel_log", "nvml_xid", "gpu", "restart_agent", "uncordon", "resolve", "person", "job_windows")
+
+
+class Person(_Strict):
+    """What a person does to a Node through the Kubernetes API (needs ``fleet.kubernetes``)."""
+
+    cordon: bool = False  # kubectl cordon
+    taint: str = ""  # kubectl taint KEY=VALUE:NoSchedule, e.g. "repair=rma"
+
+    @model_validator(mode="after")
+    def _something(self) -> Person:
+        if not self.cordon and not self.taint:
+            raise ValueError("a person event needs cordon: true or a taint")
+        return self
 
 
 class Resolve(_Strict):
@@ -110,6 +127,7 @@ class Event(_Strict):
     restart_agent: RestartAgent | None = None
     uncordon: Uncordon | None = None
     resolve: Resolve | None = None  # a person resolves the node's open incidents (vigil resolve)
+    person: Person | None = None  # a person changes the Node through the Kubernetes API
     job_windows: JobWindows | None = None
 
     @model_validator(mode="after")
@@ -134,6 +152,7 @@ class Expect(_Strict):
     health: dict[str, Health] = Field(default_factory=dict)
     pages: dict[str, int] = Field(default_factory=dict, description="exactly this many pages for the node")
     job_pages: int | None = Field(default=None, ge=0, description="exactly this many pages about jobs, not nodes")
+    cordoned: frozenset[str] | None = Field(default=None, description="exactly these Nodes cordoned at the end")
 
 
 class Scenario(_Strict):
@@ -151,13 +170,16 @@ class Scenario(_Strict):
     @model_validator(mode="after")
     def _names_known(self) -> Scenario:
         names = set(self.fleet.names)
+        if (any(e.person for e in self.events) or self.expect.cordoned is not None) and not self.fleet.kubernetes:
+            raise ValueError("person events and expect.cordoned need fleet.kubernetes: true")
         if any(e.job_windows for e in self.events) and self.job is None:
             raise ValueError("job_windows events need a job: section")
         if bad := [e for e in self.events if bool(e.node) == bool(e.job_windows)]:
             raise ValueError(f"an event at {bad[0].at} s needs a node (and job_windows none)")
         named = {e.node for e in self.events if e.node} | set(self.job.nodes if self.job else ())
         named |= {n for e in self.events if e.job_windows for n in e.job_windows.slow}
-        named |= self.expect.quarantined | self.expect.paged
+        named |= self.expect.quarantined | self.expect.paged | (self.expect.cordoned or frozenset())
+        named |= set(self.fleet.labels)
         named |= set(self.expect.health) | set(self.expect.pages)
         unknown = sorted(named - names)
         if unknown:
