@@ -70,6 +70,10 @@ class Actuator(NodeSelector, Protocol):
         """The quarantines Vigil made that the cluster records (empty where the store is the record)."""
         ...
 
+    def node_labels(self) -> dict[str, dict[str, str]]:
+        """Every node's labels (the failure domains come from them)."""
+        ...
+
 
 class Pager(Protocol):
     def page(self, action: Page) -> str: ...

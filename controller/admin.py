@@ -122,7 +122,7 @@ class Admin(admin_pb2_grpc.AdminServicer):
     async def Resume(  # noqa: N802
         self, request: admin_pb2.ResumeRequest, context: grpc.aio.ServicerContext
     ) -> admin_pb2.ResumeReply:
-        if not self._engine.breaker.tripped:
+        if not self._engine.guard.holding:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"automation is {self._engine.automation}")
         applied, dropped = await self._engine.operators.resume(
             request.requested_by or "unknown", request.reason, request.apply_held

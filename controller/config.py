@@ -115,6 +115,9 @@ class ControllerConfig(BaseModel):
     sweep: SweepConfig = Field(default_factory=SweepConfig)
     jobs: JobsConfig = Field(default_factory=JobsConfig)
     app_faults: AppFaultConfig = Field(default_factory=AppFaultConfig)
+    node_labels: dict[str, dict[str, str]] = Field(
+        default_factory=dict, description="the local actuator's nodes' labels (failure domains); Kubernetes has its own"
+    )
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
     tls_dir: Path | None = Field(
         default=None, description="mutual TLS: ca.crt, tls.crt and tls.key (vigil certs, or a cert-manager secret)"

@@ -46,7 +46,7 @@ LOST_LEADERSHIP_EXIT = 1
 
 def build_actuator(config: ControllerConfig, store: Store) -> Actuator:
     if config.actuator == "local":
-        return LocalActuator(store.db)
+        return LocalActuator(store.db, config.node_labels)
     from controller.kube.actuator import KubeActuator
     from controller.kube.client import api_client
 

@@ -101,7 +101,16 @@ class Engine:
         )
         self.folds = FoldReports(fold_report_s, store.incidents.signal_counts, self.runner.schedule, clock)
         self.applier = Applier(store, self.runner.schedule, self.fleet, self.folds, self.quarantines, self.metrics)
-        self.guard = Guard(self.guardrails, store.records, self.runner, self.metrics, lambda: len(self.fleet), clock)
+        self.labels: dict[str, dict[str, str]] = {}  # node -> its labels, refreshed from the actuator
+        self.guard = Guard(
+            self.guardrails,
+            store.records,
+            self.runner,
+            self.metrics,
+            lambda: len(self.fleet),
+            clock,
+            lambda node: self.labels.get(node, {}),
+        )
         self.operators = Operators(self.fleet, store, self.runner, self.folds, self.guard, clock)
         self.releases = ReleaseChecks(self.fleet, self.checks, self.recovery, self.operators.uncordon, clock)
 
@@ -180,7 +189,7 @@ class Engine:
         entry = self.fleet.entry(node)
         now = self.clock()
         state, last_seq, received = entry.state, entry.last_seq, []
-        breaker_before = self.breaker
+        guard_before = self.guard.state
         for signal in sorted(signals, key=lambda s: s.seq):
             if signal.seq <= last_seq:
                 self.metrics.duplicates.inc()
@@ -191,7 +200,7 @@ class Engine:
         if not received:
             return self.ack_seq(node)
         self.applier.commit(entry.spool_id, received, state, last_seq, now)
-        if self.breaker != breaker_before:
+        if self.guard.state != guard_before:
             self.guard.save()
         entry.state, entry.last_seq, entry.last_heartbeat = state, last_seq, now
         return self.ack_seq(node)
@@ -320,8 +329,19 @@ class Engine:
         self.metrics.connected_agents.set(len(self.fleet.connected()))
         self.metrics.automation_paused.set(1 if self.breaker.tripped else 0)
 
-    async def watch(self, stop: asyncio.Event, every_s: float = 1.0) -> None:
+    async def refresh_labels(self) -> None:
+        """The nodes' labels (their failure domains), read from the cluster off the event loop."""
+        try:
+            self.labels = await asyncio.to_thread(self.actuator.node_labels)
+        except Exception as exc:  # the API server is away: keep the last ones, say so
+            log.warning("node_labels_unavailable", error=repr(exc)[:300])
+
+    async def watch(self, stop: asyncio.Event, every_s: float = 1.0, labels_every_s: float = 30.0) -> None:
+        last_labels = float("-inf")
         while not stop.is_set():
+            if time.monotonic() - last_labels >= labels_every_s:
+                await self.refresh_labels()
+                last_labels = time.monotonic()
             self.check_silence()
             self.clear_quiet_suspects()
             self.releases.ask()
@@ -343,11 +363,11 @@ class Engine:
         now = self.clock()
         signal = Signal(node, kind, message=reason, source=source, observed_at=now)
         incident_id = f"{node}-{key}"
-        breaker_before = self.breaker
+        guard_before = self.guard.state
         state, item = self._decide(entry.state, signal, now, incident_id)
         # The signal is filed under the sweep, not the agent's spool: the agent's sequence stays its own.
         self.applier.commit(key, [item], state, entry.last_seq, now)
-        if self.breaker != breaker_before:
+        if self.guard.state != guard_before:
             self.guard.save()
         entry.state = state
         held = item.held

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 
 import structlog
 
 from controller.action_runner import ActionRunner
 from controller.actions import Action, Page, Quarantine, action_kind
+from controller.domain_guard import DomainAdmission, DomainState, admit_in_domains, domain_summary, node_domains
 from controller.guard_rules import (
     Admission,
     BreakerState,
@@ -29,6 +30,7 @@ from controller.store import Records
 log = structlog.get_logger(__name__)
 
 _BREAKER_KEY = "circuit_breaker"
+_DOMAINS_KEY = "domain_guard"
 DRY_RUN_DID = "DRY RUN: would quarantine the node (taint, cordon, condition); nothing was changed"
 
 
@@ -41,6 +43,7 @@ class Guard:
         metrics: ControllerMetrics,
         fleet_size: Callable[[], int],
         clock: Callable[[], float],
+        labels: Callable[[str], Mapping[str, str]] = lambda node: {},
     ) -> None:
         self.config = config
         self._records = records
@@ -49,13 +52,28 @@ class Guard:
         self._fleet_size = fleet_size
         self._clock = clock
         self.breaker = _load(records.get_meta(_BREAKER_KEY))
+        self.domains = _load_domains(records.get_meta(_DOMAINS_KEY))
+        self._labels = labels  # a node's labels: its failure domains
         self._page_task: asyncio.Task[None] | None = None
+        self._page_tasks: set[asyncio.Task[None]] = set()
 
     @property
     def automation(self) -> str:
         if self.breaker.tripped:
             return f"paused: circuit breaker tripped, {len(self.breaker.held)} quarantine(s) held"
-        return "dry-run" if self.config.dry_run else "active"
+        mode = "dry-run" if self.config.dry_run else "active"
+        if self.domains.suspect:
+            mode += f"; holding quarantines in suspect domains: {', '.join(self.domains.suspect)}"
+        return mode
+
+    @property
+    def holding(self) -> bool:
+        """Quarantines are held for a person: the breaker tripped, or a domain is suspect."""
+        return self.breaker.tripped or bool(self.domains.suspect)
+
+    @property
+    def state(self) -> tuple[BreakerState, DomainState]:
+        return self.breaker, self.domains
 
     def apply(self, actions: tuple[Action, ...], now: float) -> tuple[tuple[Action, ...], frozenset[str]]:
         """One decision's actions, and the kinds among them that are held back (not carried out)."""
@@ -64,6 +82,16 @@ class Guard:
             return actions, frozenset()
         if self.config.dry_run:
             return tuple(_dry(a) for a in actions), frozenset()
+        held_kinds = frozenset(action_kind(a) for a in actions if isinstance(a, (Quarantine, Page)))
+        cfg = self.config.domains
+        domains = node_domains(self._labels(quarantine.node), cfg)
+        self.domains, in_domain, domain = admit_in_domains(self.domains, quarantine.node, domains, cfg, now)
+        if in_domain is not DomainAdmission.GO:
+            if in_domain is DomainAdmission.SUSPECT:
+                log.error("domain_suspected", domain=domain, node=quarantine.node)
+                self._page_tasks.add(asyncio.get_running_loop().create_task(self._page_domain(domain)))
+            log.warning("quarantine_held", node=quarantine.node, incident=quarantine.incident_id, domain=domain)
+            return actions, held_kinds  # one page for the domain, not one per node
         self.breaker, admission = admit_quarantine(self.breaker, quarantine.node, self._fleet_size(), self.config, now)
         if admission is Admission.GO:
             return actions, frozenset()
@@ -73,10 +101,11 @@ class Guard:
             self._page_task = asyncio.get_running_loop().create_task(self._page())
         log.warning("quarantine_held", node=quarantine.node, incident=quarantine.incident_id)
         # Its page is held too: one page for the breaker, not one per node of a mass failure.
-        return actions, frozenset(action_kind(a) for a in actions if isinstance(a, (Quarantine, Page)))
+        return actions, held_kinds
 
     def save(self) -> None:
         self._records.set_meta(_BREAKER_KEY, _dump(self.breaker))
+        self._records.set_meta(_DOMAINS_KEY, json.dumps({"recent": self.domains.recent, "held": self.domains.held}))
 
     def count_adopted(self, quarantines: list[tuple[str, float]]) -> None:
         self.breaker = with_adopted(self.breaker, quarantines, self.config, self._clock())
@@ -84,11 +113,27 @@ class Guard:
 
     def resume(self) -> None:
         self.breaker = resumed(self.breaker)
+        self.domains = replace(self.domains, held=())
         self.save()
 
     def cancel(self) -> None:
         if self._page_task is not None:
             self._page_task.cancel()
+        for task in self._page_tasks:
+            task.cancel()
+
+    async def _page_domain(self, domain: str) -> None:
+        await asyncio.sleep(self.config.breaker_page_delay_s)  # gather the rest of the burst
+        page = Page(
+            incident_id=f"domain-{domain}-{int(self._clock())}",
+            node="",
+            severity=Severity.QUARANTINE,
+            summary=domain_summary(self.domains, domain, self.config.domains),
+            remedy=f"check what the nodes of {domain} share (switch, PDU, cooling); then `vigil resume` "
+            "(add --apply-held to quarantine the held nodes after all)",
+            did=f"held the quarantines past {self.config.domains.max_nodes} in {domain}",
+        )
+        self._runner.request(page)
 
     async def _page(self) -> None:
         await asyncio.sleep(self.config.breaker_page_delay_s)  # gather the rest of the burst
@@ -115,6 +160,13 @@ def _dry(action: Action) -> Action:
 
 def _dump(state: BreakerState) -> str:
     return json.dumps({"tripped_at": state.tripped_at, "recent": state.recent, "held": state.held})
+
+
+def _load_domains(text: str | None) -> DomainState:
+    if not text:
+        return DomainState()
+    d = json.loads(text)
+    return DomainState(tuple((a, b, t) for a, b, t in d["recent"]), tuple((a, b) for a, b in d["held"]))
 
 
 def _load(text: str | None) -> BreakerState:

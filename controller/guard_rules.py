@@ -19,6 +19,8 @@ from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from controller.domain_guard import DomainGuardConfig
+
 
 class GuardrailConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -32,6 +34,7 @@ class GuardrailConfig(BaseModel):
     )
     quarantines_per_s: float = Field(default=100.0, gt=0, description="rate limit on quarantines (token bucket)")
     quarantine_burst: int = Field(default=200, ge=1)
+    domains: DomainGuardConfig = Field(default_factory=DomainGuardConfig)
 
 
 class Admission(StrEnum):

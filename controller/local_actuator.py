@@ -46,8 +46,9 @@ class LocalQuarantines:
 
 
 class LocalActuator:
-    def __init__(self, db: Database) -> None:
+    def __init__(self, db: Database, labels: dict[str, dict[str, str]] | None = None) -> None:
         self.quarantines = LocalQuarantines(db)
+        self._labels = labels or {}  # no Node objects here: the configuration's node_labels
 
     def quarantine(self, action: Quarantine) -> str:
         done = self.quarantines.add(action.node, action.incident_id, action.reason, time.time())
@@ -61,6 +62,9 @@ class LocalActuator:
 
     def adopt(self) -> list[FoundQuarantine]:
         return []
+
+    def node_labels(self) -> dict[str, dict[str, str]]:
+        return {node: dict(labels) for node, labels in self._labels.items()}
 
     def drain(self, action: Drain) -> str:
         return "nothing to drain (local actuator: no pods)"

@@ -72,7 +72,7 @@ def _run(workdir: Path, scenario: Scenario, kube: KubeApiServer | None, keep: bo
             cluster.check_alive()
             seen = _observe(admin, faults).observed
             cordoned = frozenset(n for n in cluster.nodes if kube and kube.node(n)["spec"].get("unschedulable"))
-            return replace(seen, job_pages=_job_pages(workdir / "controller.db"), cordoned=cordoned)
+            return replace(seen, fleet_pages=_fleet_pages(workdir / "controller.db"), cordoned=cordoned)
     except DemoFailed as exc:
         return Observed(frozenset(), frozenset(), {}, error=f"{exc} (logs in {workdir})")
     finally:
@@ -194,7 +194,7 @@ def _fault_line(cluster: Cluster, node: str, line: dict[str, Any]) -> None:
         f.write(json.dumps(line) + "\n")
 
 
-def _job_pages(database: Path) -> int:
+def _fleet_pages(database: Path) -> int:
     """Pages about a job rather than a node: not in any node's incidents, so read from the
     controller's own record of its actions."""
     with contextlib.closing(sqlite3.connect(f"file:{database}?mode=ro", uri=True)) as db:

@@ -19,7 +19,7 @@ class Observed:
     health: dict[str, str]  # each node's health at the end
     fault_to_action_s: tuple[float, ...] = ()  # first injected fault on a node -> its first quarantine or page
     pages: dict[str, int] = field(default_factory=dict)  # node -> pages sent for it
-    job_pages: int = 0  # pages about a job, not a node (an MFU drop, a job's own crash)
+    fleet_pages: int = 0  # pages about a job or a domain, not one node (an MFU drop, a job's crash, a rack)
     cordoned: frozenset[str] = frozenset()  # Nodes cordoned at the end (a Kubernetes fleet)
     error: str = ""  # the run itself broke (a process died, the fleet never came up)
 
@@ -54,8 +54,8 @@ def judge(name: str, scenario: Scenario, seen: Observed) -> Outcome:
     for node, count in sorted(want.pages.items()):
         if seen.pages.get(node, 0) != count:
             problems.append(f"{node} was paged {seen.pages.get(node, 0)} time(s), expected {count}")
-    if want.job_pages is not None and seen.job_pages != want.job_pages:
-        problems.append(f"{seen.job_pages} page(s) about the job, expected {want.job_pages}")
+    if want.fleet_pages is not None and seen.fleet_pages != want.fleet_pages:
+        problems.append(f"{seen.fleet_pages} page(s) about a job or a domain, expected {want.fleet_pages}")
     if want.cordoned is not None and seen.cordoned != want.cordoned:
         problems.append(f"cordoned at the end: {sorted(seen.cordoned)}, expected {sorted(want.cordoned)}")
     for node, health in sorted(want.health.items()):

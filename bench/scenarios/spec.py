@@ -151,7 +151,7 @@ class Expect(_Strict):
     paged: frozenset[str] = frozenset()
     health: dict[str, Health] = Field(default_factory=dict)
     pages: dict[str, int] = Field(default_factory=dict, description="exactly this many pages for the node")
-    job_pages: int | None = Field(default=None, ge=0, description="exactly this many pages about jobs, not nodes")
+    fleet_pages: int | None = Field(default=None, ge=0, description="exactly this many pages about jobs or domains")
     cordoned: frozenset[str] | None = Field(default=None, description="exactly these Nodes cordoned at the end")
 
 

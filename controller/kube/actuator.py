@@ -201,6 +201,10 @@ class KubeActuator:
             return Release(True, f"taint removed, uncordoned{kept}")
         raise RuntimeError(f"node {node!r} kept changing: {_CONFLICT_RETRIES} conflicts in a row")
 
+    def node_labels(self) -> dict[str, dict[str, str]]:
+        resp = self._core.list_node(_preload_content=False, _request_timeout=self._timeout)
+        return {n["metadata"]["name"]: dict(n["metadata"].get("labels") or {}) for n in _json(resp)["items"]}
+
     def adopt(self) -> list[FoundQuarantine]:
         resp = self._core.list_node(_preload_content=False, _request_timeout=self._timeout)
         found = []

@@ -77,6 +77,9 @@ class BlockingActuator:
     def __init__(self) -> None:
         self.release = threading.Event()
 
+    def node_labels(self) -> dict[str, dict[str, str]]:
+        return {}
+
     def quarantine(self, action: Quarantine) -> str:
         self.release.wait(10)
         raise RuntimeError("this process is gone")

@@ -1,0 +1,75 @@
+"""The blast-radius guard per failure domain (``controller.domain_guard``, pure)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from controller.actuators import NullPager
+from controller.domain_guard import (
+    DomainAdmission,
+    DomainGuardConfig,
+    DomainState,
+    admit_in_domains,
+    domain_summary,
+    node_domains,
+)
+from controller.engine import Engine
+from controller.guard_rules import GuardrailConfig
+from controller.local_actuator import LocalActuator, LocalQuarantines
+from controller.policy import Policy
+from controller.store import Store
+from vigil_core.signals import GpuRef, Signal, SignalKind
+
+CFG = DomainGuardConfig(labels=("rack", "leaf"), max_nodes=2, window_s=600.0)
+
+
+def test_a_nodes_domains_come_from_the_configured_labels() -> None:
+    assert node_domains({"rack": "r1", "leaf": "sw3", "zone": "a"}, CFG) == ["rack=r1", "leaf=sw3"]
+    assert node_domains({"zone": "a"}, CFG) == []
+
+
+def test_past_the_limit_a_domain_is_suspect_and_its_later_quarantines_held() -> None:
+    state, seen = DomainState(), []
+    for i, node in enumerate(["n1", "n2", "n3", "n4"]):
+        state, admission, domain = admit_in_domains(state, node, ["rack=r1"], CFG, 100.0 + i)
+        seen.append((admission, domain))
+    assert seen == [
+        (DomainAdmission.GO, ""),
+        (DomainAdmission.GO, ""),
+        (DomainAdmission.SUSPECT, "rack=r1"),  # paged once
+        (DomainAdmission.HOLD, "rack=r1"),
+    ]
+    assert state.suspect == ("rack=r1",) and [n for _, n in state.held] == ["n3", "n4"]
+    # Another rack is not held; the same node again is not counted twice.
+    assert admit_in_domains(state, "n9", ["rack=r2"], CFG, 105.0)[1] is DomainAdmission.GO
+    assert "held: n3, n4" in domain_summary(state, "rack=r1", CFG)
+
+
+def test_the_window_forgets_old_quarantines_and_a_node_counts_once() -> None:
+    state, _, _ = admit_in_domains(DomainState(), "n1", ["rack=r1"], CFG, 0.0)
+    state, _, _ = admit_in_domains(state, "n2", ["rack=r1"], CFG, 10.0)
+    assert admit_in_domains(state, "n1", ["rack=r1"], CFG, 20.0)[1] is DomainAdmission.GO  # n1 again
+    assert admit_in_domains(state, "n3", ["rack=r1"], CFG, 700.0)[1] is DomainAdmission.GO  # n1's aged out
+    assert admit_in_domains(state, "n3", [], CFG, 20.0)[1] is DomainAdmission.GO  # no labels: no domain
+
+
+def test_the_engine_holds_a_suspect_domain_until_a_person_resumes(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        store = Store(tmp_path / "ctl.db")
+        labels = {n: {"vigil.dev/rack": "r1"} for n in ("n1", "n2", "n3")}
+        guardrails = GuardrailConfig(breaker_max_fraction=1.0, breaker_page_delay_s=0, domains={"max_nodes": 1})
+        e = Engine(store, Policy(), LocalActuator(store.db, labels), NullPager(), guardrails=guardrails)
+        await e.refresh_labels()
+        for seq, node in enumerate(("n1", "n2", "n3"), start=1):
+            e.hello(node, "s", 8)
+            e.receive(node, [Signal(node, SignalKind.XID, GpuRef(0, "GPU-0", "0000:18:00"), 79, seq=seq)])
+        await e.drain()
+        assert LocalQuarantines(store.db).nodes().keys() == {"n1"}
+        assert e.guard.holding and "vigil.dev/rack=r1" in e.automation
+        assert await e.operators.resume("sre", "the rack's switch was replaced", apply_held=True) == (4, 0)
+        await e.drain()
+        assert LocalQuarantines(store.db).nodes().keys() == {"n1", "n2", "n3"} and not e.guard.holding
+        await e.shutdown()
+
+    asyncio.run(scenario())
