@@ -42,7 +42,6 @@ def run_scenario(name: str, scenario: Scenario, keep: bool = False) -> Observed:
             for node in scenario.fleet.names:
                 kube.add_node(node, labels=scenario.fleet.labels.get(node, {}))
         return _run(workdir, scenario, kube, keep)
-    raise AssertionError("unreachable")
 
 
 def _run(workdir: Path, scenario: Scenario, kube: KubeApiServer | None, keep: bool) -> Observed:
