@@ -119,6 +119,25 @@ class Admin(admin_pb2_grpc.AdminServicer):
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
         return admin_pb2.ResolveReply(incident_id=request.incident_id, node=node, health=health.value, detail=detail)
 
+    async def ListRules(  # noqa: N802
+        self, request: admin_pb2.RulesRequest, context: grpc.aio.ServicerContext
+    ) -> admin_pb2.RulesReply:
+        stats = await asyncio.to_thread(self._engine.operators.rules)
+        return admin_pb2.RulesReply(
+            rules=[
+                admin_pb2.RuleStats(
+                    rule=s.rule,
+                    quarantines=s.quarantines,
+                    pages=s.pages,
+                    undone=s.undone,
+                    resolved_by_hand=s.resolved_by_hand,
+                    precision=s.precision if s.precision is not None else 0.0,
+                )
+                for s in stats
+            ],
+            undo_window_s=self._engine.recovery.undo_window_s,
+        )
+
     async def Resume(  # noqa: N802
         self, request: admin_pb2.ResumeRequest, context: grpc.aio.ServicerContext
     ) -> admin_pb2.ResumeReply:

@@ -38,6 +38,7 @@ from controller.metrics import ControllerMetrics
 from controller.node_state import NodeState
 from controller.policy import Severity
 from controller.quarantine_feed import QuarantineFeed
+from controller.rule_stats import rule_id
 from controller.store import ActionLog, IncidentLog, NodeTable, PendingAction, Store
 from vigil_core.signals import Signal
 
@@ -123,6 +124,9 @@ class Applier:
                 if action_kind(action) in item.held:
                     return  # the breaker holds it: a person applies or drops it (``vigil resume``)
                 self._schedule(PendingAction(action.incident_id, action, 0, item.signal.seq))
+                if isinstance(action, (Quarantine, Page)) and not (isinstance(action, Quarantine) and action.dry_run):
+                    rule = rule_id(item.signal.kind.value, item.signal.code)
+                    self._metrics.rule_decisions.labels(rule, action_kind(action).split(":")[0]).inc()
                 if isinstance(action, Page):
                     self._folds.paged(action.incident_id, node)
                 elif isinstance(action, Quarantine) and not action.dry_run:

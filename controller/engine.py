@@ -111,7 +111,9 @@ class Engine:
             clock,
             lambda node: self.labels.get(node, {}),
         )
-        self.operators = Operators(self.fleet, store, self.runner, self.folds, self.guard, clock)
+        self.operators = Operators(
+            self.fleet, store, self.runner, self.folds, self.guard, clock, self.metrics, self.recovery.undo_window_s
+        )
         self.releases = ReleaseChecks(self.fleet, self.checks, self.recovery, self.operators.uncordon, clock)
 
     @property

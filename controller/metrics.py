@@ -53,6 +53,13 @@ class ControllerMetrics:
         self.job_commands = Counter(
             "vigil_controller_job_commands_total", "CHECKPOINT_AND_RESTART commands sent", ["reason"], registry=r
         )
+        self.rule_decisions = Counter(
+            "vigil_controller_rule_decisions_total", "Quarantines and pages carried out, by rule", ["rule", "action"],
+            registry=r,
+        )  # fmt: skip
+        self.rule_undone = Counter(
+            "vigil_controller_rule_undone_total", "Quarantines a person undid soon after, by rule", ["rule"], registry=r
+        )
         self.mfu_drops = Counter("vigil_controller_mfu_drops_total", "MFU drops detected", ["blamed"], registry=r)
         self.job_time = Gauge(
             "vigil_controller_job_time_seconds",

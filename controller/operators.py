@@ -16,7 +16,9 @@ from controller.decide import incident_resolved, recovered
 from controller.fleet import Fleet
 from controller.fold_reports import FoldReports
 from controller.guard import Guard
+from controller.metrics import ControllerMetrics
 from controller.node_state import Health
+from controller.rule_stats import AUTOMATIC, Decision, PersonAction, RuleStats, count_rules, rule_id
 from controller.store import Store
 
 log = structlog.get_logger(__name__)
@@ -39,6 +41,8 @@ class Operators:
         folds: FoldReports,
         guard: Guard,
         clock: Callable[[], float],
+        metrics: ControllerMetrics,
+        undo_window_s: float,
     ) -> None:
         self._fleet = fleet
         self._store = store
@@ -46,6 +50,8 @@ class Operators:
         self._folds = folds
         self._guard = guard
         self._clock = clock
+        self._metrics = metrics
+        self._undo_window_s = undo_window_s
 
     async def uncordon(self, node: str, requested_by: str, reason: str) -> tuple[Health, str]:
         """Return a node to service, at a person's request: only what Vigil quarantined is released."""
@@ -55,11 +61,32 @@ class Operators:
         self._store.records.operator_action("uncordon", node, requested_by, reason, release.detail, now)
         if not release.released and entry.state.health not in (Health.UNHEALTHY, Health.QUARANTINED):
             return entry.state.health, release.detail
+        if requested_by != AUTOMATIC:
+            self._count_undone(node, now)
         text = f"Resolved: {node} returned to service by {requested_by}" + (f" ({reason})" if reason else "")
         text += f"; {release.detail}"  # e.g. "left cordoned: kubectl-cordon changed its cordon ..."
         resolved = self.resolve_node(node, text, now)
         log.info("node_uncordoned", node=node, by=requested_by, reason=reason, incidents_resolved=resolved)
         return entry.state.health, f"{release.detail}; back in service; {resolved} incident(s) resolved"
+
+    def _count_undone(self, node: str, now: float) -> None:
+        """A person releases a node soon after Vigil quarantined it: a false positive of that rule."""
+        for incident in self._store.incidents.list(open_only=True, node=node, limit=10000):
+            done = [a.done_at for a in incident.actions if a.kind == "QUARANTINE" and a.status == "DONE"]
+            if done and done[0] is not None and now - done[0] <= self._undo_window_s:
+                self._metrics.rule_undone.labels(rule_id(incident.kind, incident.code)).inc()
+
+    def rules(self) -> list[RuleStats]:
+        """Each rule's quarantines and pages, and how often a person undid them within the window."""
+        decisions = [
+            Decision(i, node, rule_id(kind, code), "QUARANTINE" if a == "QUARANTINE" else "PAGE", at)
+            for i, node, kind, code, a, at in self._store.incidents.decisions()
+        ]
+        people = [
+            PersonAction(w, n or "", b or "", at, d or "")
+            for at, w, n, b, _, d in self._store.records.operator_actions()
+        ]
+        return count_rules(decisions, people, self._undo_window_s)
 
     def resolve_incident(self, incident_id: str, requested_by: str, note: str) -> tuple[str, Health, str]:
         """A person resolves an open incident of a node still in service; returns (node, its health,

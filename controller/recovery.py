@@ -25,6 +25,9 @@ class RecoveryConfig(BaseModel):
         default=3, ge=1, le=32, description="quarantined this often within repeat_window_s: no automatic release"
     )
     repeat_window_s: float = Field(default=7 * 86400.0, gt=0)
+    undo_window_s: float = Field(
+        default=3600.0, gt=0, description="a person's release this soon after a quarantine counts against its rule"
+    )
 
 
 def repeat_offender(state: NodeState, config: RecoveryConfig, now: float) -> int:

@@ -13,6 +13,7 @@ import structlog
 from controller.check_requests import CheckRequests
 from controller.fleet import Fleet
 from controller.recovery import RecoveryConfig, check_releases, release_check_due
+from controller.rule_stats import AUTOMATIC
 from protos.vigil.v1 import agent_pb2, common_pb2
 
 log = structlog.get_logger(__name__)
@@ -58,9 +59,7 @@ class ReleaseChecks:
         entry = self._fleet.entry(node)
         if check_releases(entry.state, verdict, r.started_at, self.config, entry.gpus, entry.expected_gpus):
             reason = f"{r.check} passed after the hold-down: {r.reason}"
-            task: asyncio.Task[object] = asyncio.get_running_loop().create_task(
-                self._release(node, "vigil (automatic)", reason)
-            )
+            task: asyncio.Task[object] = asyncio.get_running_loop().create_task(self._release(node, AUTOMATIC, reason))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
         else:

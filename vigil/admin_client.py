@@ -40,6 +40,10 @@ class AdminClient:
         reply: admin_pb2.ResumeReply = self._stub.Resume(request, timeout=self._timeout)
         return reply
 
+    def rules(self) -> admin_pb2.RulesReply:
+        reply: admin_pb2.RulesReply = self._stub.ListRules(admin_pb2.RulesRequest(), timeout=self._timeout)
+        return reply
+
     def jobs(self) -> list[admin_pb2.JobStatus]:
         return list(self._stub.ListJobs(admin_pb2.JobsRequest(), timeout=self._timeout).jobs)
 

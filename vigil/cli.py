@@ -230,6 +230,16 @@ def jobs(
 
 
 @app.command()
+def rules(
+    controller: ControllerOpt = "127.0.0.1:7070", as_json: Annotated[bool, typer.Option("--json")] = False
+) -> None:
+    """Each rule's quarantines and pages, and how often a person undid them soon after (its precision)."""
+    from vigil.operator_views import print_rules
+
+    raise typer.Exit(print_rules(controller, as_json))
+
+
+@app.command()
 def incidents(
     controller: ControllerOpt = "127.0.0.1:7070",
     open_only: Annotated[bool, typer.Option("--open", help="open incidents only")] = False,

@@ -112,6 +112,24 @@ def print_jobs(target: str, as_json: bool) -> int:
     return 0
 
 
+def print_rules(target: str, as_json: bool) -> int:
+    reply = _ask(target, AdminClient.rules)
+    if reply is None:
+        return 2
+    if as_json:
+        _print_json(list(reply.rules))
+        return 0
+    window = f"{reply.undo_window_s / 60:g} min"
+    table = Table(title=f"Vigil rules: decisions, and those a person undid within {window}")
+    for column in ("rule", "quarantines", "undone", "precision", "pages", "resolved by hand"):
+        table.add_column(column)
+    for r in reply.rules:
+        precision = f"{r.precision:.0%}" if r.quarantines else "-"
+        table.add_row(r.rule, str(r.quarantines), str(r.undone), precision, str(r.pages), str(r.resolved_by_hand))
+    _console.print(table)
+    return 0
+
+
 def print_incidents(target: str, open_only: bool, node: str, limit: int, as_json: bool) -> int:
     incidents = _ask(target, lambda client: client.incidents(open_only, node, limit))
     if incidents is None:

@@ -71,7 +71,9 @@ def _run(workdir: Path, scenario: Scenario, kube: KubeApiServer | None, keep: bo
             cluster.check_alive()
             seen = _observe(admin, faults).observed
             cordoned = frozenset(n for n in cluster.nodes if kube and kube.node(n)["spec"].get("unschedulable"))
-            return replace(seen, fleet_pages=_fleet_pages(workdir / "controller.db"), cordoned=cordoned)
+            undone = {r.rule: r.undone for r in admin.rules().rules}
+            fleet_pages = _fleet_pages(workdir / "controller.db")
+            return replace(seen, fleet_pages=fleet_pages, cordoned=cordoned, undone=undone)
     except DemoFailed as exc:
         return Observed(frozenset(), frozenset(), {}, error=f"{exc} (logs in {workdir})")
     finally:

@@ -21,6 +21,7 @@ class Observed:
     pages: dict[str, int] = field(default_factory=dict)  # node -> pages sent for it
     fleet_pages: int = 0  # pages about a job or a domain, not one node (an MFU drop, a job's crash, a rack)
     cordoned: frozenset[str] = frozenset()  # Nodes cordoned at the end (a Kubernetes fleet)
+    undone: dict[str, int] = field(default_factory=dict)  # rule -> quarantines a person undid (vigil rules)
     error: str = ""  # the run itself broke (a process died, the fleet never came up)
 
 
@@ -58,6 +59,9 @@ def judge(name: str, scenario: Scenario, seen: Observed) -> Outcome:
         problems.append(f"{seen.fleet_pages} page(s) about a job or a domain, expected {want.fleet_pages}")
     if want.cordoned is not None and seen.cordoned != want.cordoned:
         problems.append(f"cordoned at the end: {sorted(seen.cordoned)}, expected {sorted(want.cordoned)}")
+    for rule, count in sorted(want.undone.items()):
+        if seen.undone.get(rule, 0) != count:
+            problems.append(f"vigil rules: {rule} undone {seen.undone.get(rule, 0)} time(s), expected {count}")
     for node, health in sorted(want.health.items()):
         if seen.health.get(node) != health:
             problems.append(f"{node} is {seen.health.get(node, 'unknown to the controller')}, expected {health}")

@@ -153,6 +153,9 @@ class Expect(_Strict):
     pages: dict[str, int] = Field(default_factory=dict, description="exactly this many pages for the node")
     fleet_pages: int | None = Field(default=None, ge=0, description="exactly this many pages about jobs or domains")
     cordoned: frozenset[str] | None = Field(default=None, description="exactly these Nodes cordoned at the end")
+    undone: dict[str, int] = Field(
+        default_factory=dict, description="rule -> quarantines a person undid soon after (vigil rules)"
+    )
 
 
 class Scenario(_Strict):

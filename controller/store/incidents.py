@@ -206,6 +206,16 @@ class IncidentLog:
         rows = self._db.read("SELECT node, status FROM incidents WHERE id = ?", (incident_id,))
         return (str(rows[0][0]), str(rows[0][1])) if rows else None
 
+    def decisions(self) -> tuple[tuple[str, str, str, int, str, float], ...]:
+        """(incident, node, kind, code, action kind, done at) of every quarantine (not a dry run) and
+        page carried out for a node's incident."""
+        rows = self._db.read(
+            "SELECT i.id, i.node, i.kind, i.code, a.kind, a.done_at FROM incidents i JOIN actions a "
+            "ON a.incident_id = i.id WHERE a.status = 'DONE' AND (a.kind = 'QUARANTINE' OR a.kind LIKE 'PAGE%') "
+            "AND a.detail NOT LIKE 'dry run%' ORDER BY a.done_at"
+        )
+        return tuple((str(r[0]), str(r[1]), str(r[2]), int(r[3] or 0), str(r[4]), float(r[5] or 0.0)) for r in rows)
+
     def latest_open(self) -> dict[str, str]:
         """node -> the id of its most recently opened OPEN incident."""
         rows = self._db.read("SELECT node, id FROM incidents WHERE status = 'OPEN' ORDER BY opened_at")

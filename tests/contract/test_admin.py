@@ -96,3 +96,25 @@ def test_a_person_resolves_an_incident_of_a_node_in_service_and_only_that(tmp_pa
         await stop_controller(controller)
 
     asyncio.run(scenario())
+
+
+def test_rules_count_a_quarantine_a_person_undid_soon_after(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        controller = await start_controller(tmp_path / "ctl.db")
+        await send_raw(controller.port, raw_batch("s1", [1], code=79), until_ack=1)
+        await controller.engine.drain()
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{controller.port}") as channel:
+            admin = admin_pb2_grpc.AdminStub(channel)
+            (rule,) = (await admin.ListRules(admin_pb2.RulesRequest())).rules
+            assert (rule.rule, rule.quarantines, rule.pages, rule.undone, rule.precision) == ("xid-79", 1, 1, 0, 1.0)
+            await admin.Uncordon(admin_pb2.UncordonRequest(node="node-a", requested_by="sre", reason="false alarm"))
+            reply = await admin.ListRules(admin_pb2.RulesRequest())
+            (rule,) = reply.rules
+            assert (rule.quarantines, rule.undone, rule.precision) == (1, 1, 0.0) and reply.undo_window_s == 3600
+        metrics = controller.engine.metrics.registry
+        assert metrics.get_sample_value("vigil_controller_rule_undone_total", {"rule": "xid-79"}) == 1
+        decided = {"rule": "xid-79", "action": "QUARANTINE"}
+        assert metrics.get_sample_value("vigil_controller_rule_decisions_total", decided) == 1
+        await stop_controller(controller)
+
+    asyncio.run(scenario())

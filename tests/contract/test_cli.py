@@ -16,7 +16,7 @@ def vigil(*args: str) -> subprocess.CompletedProcess[str]:
 def test_help_lists_the_subcommands() -> None:
     out = vigil("--help")
     assert out.returncode == 0
-    for name in ("agent", "controller", "demo", "status", "incidents", "uncordon", "resolve", "resume"):
+    for name in ("agent", "controller", "demo", "status", "incidents", "uncordon", "resolve", "rules", "resume"):
         assert name in out.stdout
 
 

@@ -147,6 +147,34 @@ class ResolveReply(_message.Message):
     detail: str
     def __init__(self, incident_id: _Optional[str] = ..., node: _Optional[str] = ..., health: _Optional[str] = ..., detail: _Optional[str] = ...) -> None: ...
 
+class RulesRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class RuleStats(_message.Message):
+    __slots__ = ("rule", "quarantines", "pages", "undone", "resolved_by_hand", "precision")
+    RULE_FIELD_NUMBER: _ClassVar[int]
+    QUARANTINES_FIELD_NUMBER: _ClassVar[int]
+    PAGES_FIELD_NUMBER: _ClassVar[int]
+    UNDONE_FIELD_NUMBER: _ClassVar[int]
+    RESOLVED_BY_HAND_FIELD_NUMBER: _ClassVar[int]
+    PRECISION_FIELD_NUMBER: _ClassVar[int]
+    rule: str
+    quarantines: int
+    pages: int
+    undone: int
+    resolved_by_hand: int
+    precision: float
+    def __init__(self, rule: _Optional[str] = ..., quarantines: _Optional[int] = ..., pages: _Optional[int] = ..., undone: _Optional[int] = ..., resolved_by_hand: _Optional[int] = ..., precision: _Optional[float] = ...) -> None: ...
+
+class RulesReply(_message.Message):
+    __slots__ = ("rules", "undo_window_s")
+    RULES_FIELD_NUMBER: _ClassVar[int]
+    UNDO_WINDOW_S_FIELD_NUMBER: _ClassVar[int]
+    rules: _containers.RepeatedCompositeFieldContainer[RuleStats]
+    undo_window_s: float
+    def __init__(self, rules: _Optional[_Iterable[_Union[RuleStats, _Mapping]]] = ..., undo_window_s: _Optional[float] = ...) -> None: ...
+
 class ResumeRequest(_message.Message):
     __slots__ = ("requested_by", "reason", "apply_held")
     REQUESTED_BY_FIELD_NUMBER: _ClassVar[int]

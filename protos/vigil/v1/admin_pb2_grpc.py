@@ -54,6 +54,11 @@ class AdminStub:
                 request_serializer=protos_dot_vigil_dot_v1_dot_admin__pb2.ResolveRequest.SerializeToString,
                 response_deserializer=protos_dot_vigil_dot_v1_dot_admin__pb2.ResolveReply.FromString,
                 _registered_method=True)
+        self.ListRules = channel.unary_unary(
+                '/vigil.v1.Admin/ListRules',
+                request_serializer=protos_dot_vigil_dot_v1_dot_admin__pb2.RulesRequest.SerializeToString,
+                response_deserializer=protos_dot_vigil_dot_v1_dot_admin__pb2.RulesReply.FromString,
+                _registered_method=True)
         self.Resume = channel.unary_unary(
                 '/vigil.v1.Admin/Resume',
                 request_serializer=protos_dot_vigil_dot_v1_dot_admin__pb2.ResumeRequest.SerializeToString,
@@ -94,6 +99,13 @@ class AdminServicer:
 
     def Resolve(self, request, context):
         """A person resolves an open incident of a node still in service (a SUSPECT it explains away).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListRules(self, request, context):
+        """Each rule's decisions and how often a person undid them (precision over time).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -141,6 +153,11 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.Resolve,
                     request_deserializer=protos_dot_vigil_dot_v1_dot_admin__pb2.ResolveRequest.FromString,
                     response_serializer=protos_dot_vigil_dot_v1_dot_admin__pb2.ResolveReply.SerializeToString,
+            ),
+            'ListRules': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListRules,
+                    request_deserializer=protos_dot_vigil_dot_v1_dot_admin__pb2.RulesRequest.FromString,
+                    response_serializer=protos_dot_vigil_dot_v1_dot_admin__pb2.RulesReply.SerializeToString,
             ),
             'Resume': grpc.unary_unary_rpc_method_handler(
                     servicer.Resume,
@@ -266,6 +283,33 @@ class Admin:
             '/vigil.v1.Admin/Resolve',
             protos_dot_vigil_dot_v1_dot_admin__pb2.ResolveRequest.SerializeToString,
             protos_dot_vigil_dot_v1_dot_admin__pb2.ResolveReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListRules(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/vigil.v1.Admin/ListRules',
+            protos_dot_vigil_dot_v1_dot_admin__pb2.RulesRequest.SerializeToString,
+            protos_dot_vigil_dot_v1_dot_admin__pb2.RulesReply.FromString,
             options,
             channel_credentials,
             insecure,
