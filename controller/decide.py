@@ -134,8 +134,7 @@ def suspicion_lapsed(state: NodeState, now: float, policy: Policy) -> bool:
     """A SUSPECT node whose last page-worthy signal is older than the policy's quiet period."""
     if state.health is not Health.SUSPECT or policy.suspect_clear_s is None:
         return False
-    last = max((r.last_at for r in state.incidents if r.severity is not Severity.RECORD), default=0.0)
-    return now - last > policy.suspect_clear_s
+    return now - state.last_fault_at > policy.suspect_clear_s
 
 
 def quarantine_confirmed(state: NodeState, at: float) -> NodeState:

@@ -9,7 +9,6 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from controller.node_state import Health, NodeState
-from controller.policy import Severity
 from controller.store import NodeRow
 
 
@@ -109,8 +108,7 @@ class Fleet:
 
     def last_fault_at(self, node: str) -> float:
         entry = self.nodes.get(node)
-        refs = entry.state.incidents if entry is not None else ()
-        return max((r.last_at for r in refs if r.severity is not Severity.RECORD), default=0.0)
+        return entry.state.last_fault_at if entry is not None else 0.0
 
     def address(self, node: str) -> str:
         entry = self.nodes.get(node)

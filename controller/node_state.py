@@ -39,6 +39,11 @@ class NodeState:
     incidents: tuple[IncidentRef, ...] = ()
     quarantine_history: tuple[float, ...] = ()  # when it was taken out of service, latest last (kept across releases)
 
+    @property
+    def last_fault_at(self) -> float:
+        """When its latest page-worthy fault was observed (0: none it remembers)."""
+        return max((r.last_at for r in self.incidents if r.severity is not Severity.RECORD), default=0.0)
+
 
 def state_to_json(state: NodeState) -> str:
     return json.dumps(
