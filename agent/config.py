@@ -33,7 +33,7 @@ class AgentConfig(BaseModel):
     gpu_backend: Literal["nvml", "simulated"] = "nvml"
     simulated_gpus: int = Field(8, ge=1, le=64)
     simulated_faults: Path | None = None  # a fault file the simulated backend reads (gpus.simulated)
-    gpu_poll_s: float = Field(1.0, gt=0, le=300)
+    gpu_poll_s: float = Field(0.5, gt=0, le=300)
     throttle_report_s: float = Field(5.0, gt=0)
     # Kernel log: "auto" picks a file when `kernel_log` names one, else /dev/kmsg when readable,
     # else journald when journalctl exists, else none (with a warning).

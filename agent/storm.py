@@ -5,11 +5,14 @@ context, XID 13 from every warp). Sending each one costs the spool, the link and
 work in proportion to lines; folding here makes a 100,000-line flood cost work in proportion to
 incidents, end to end.
 
-The first signal of a GPU, kind and code goes out at once: folding never delays a new fault. Its
-repeats within ``flush_s`` are counted, and at most once per ``flush_s`` they leave as one signal
-carrying the count and the first and last times (the controller's incident keeps both), so a
-threshold rule ("three XID 13 in ten minutes") is at most ``flush_s`` late. State signals
-(a collector hung, then recovered) are never folded: their order is their meaning.
+The first ``burst`` signals of a GPU, kind and code go out at once: folding never delays a new
+fault, nor a threshold rule up to ``burst`` ("three XID 13 in ten minutes" decides on the third
+line, not a fold later; the default policy's highest threshold is 3). Past the burst, repeats
+within ``flush_s`` are counted, and at most once per ``flush_s`` they leave as one signal carrying
+the count and the first and last times (the controller's incident keeps both), so a higher
+threshold is at most ``flush_s`` late. The burst is granted once per storm: a key folds until it
+has been quiet for ``flush_s``. State signals (a collector hung, then recovered) are never folded:
+their order is their meaning.
 
 The pending counts are part of the agent's durable state: ``snapshot`` goes to the spool in the
 same transaction as the kernel-log cursor that read those lines, so a killed agent neither loses
@@ -25,6 +28,7 @@ from typing import Any
 from vigil_core.signals import STATE_KINDS, GpuRef, Signal, SignalKind
 
 MAX_KEYS = 4096  # distinct faults tracked at once; beyond it a new key is simply not folded
+BURST = 4  # signals of one key sent at once before folding starts (above the default policy's thresholds)
 
 
 @dataclass
@@ -35,12 +39,14 @@ class _Fold:
     first_at: float = 0.0
     last_at: float = 0.0
     value: float = 0.0
+    sent: int = 1  # signals of this storm sent one by one (the burst), before the first fold
 
 
 class StormFolder:
-    def __init__(self, flush_s: float = 1.0, max_keys: int = MAX_KEYS) -> None:
+    def __init__(self, flush_s: float = 1.0, max_keys: int = MAX_KEYS, burst: int = BURST) -> None:
         self.flush_s = flush_s
         self.max_keys = max_keys
+        self.burst = max(1, burst)
         self._folds: dict[tuple[str, str, int], _Fold] = {}
         self.folded = 0  # repeats held back into a summary, for the agent's metric
         self.dirty = False  # pending counts changed since the last snapshot was taken
@@ -60,6 +66,11 @@ class StormFolder:
                     self._folds[key] = _Fold(emitted_at=at)
                 out.append(s)
                 continue
+            if fold.count == 0 and fold.sent < self.burst:
+                fold.sent += s.count
+                fold.emitted_at = at
+                out.append(s)
+                continue
             first = s.first_observed_at or at
             if fold.count == 0:
                 fold.pending, fold.first_at, fold.value = s, first, s.value
@@ -77,7 +88,7 @@ class StormFolder:
         for key, fold in list(self._folds.items()):
             if fold.count and now - fold.emitted_at >= self.flush_s:
                 out.append(self._summary(fold))
-                fold.emitted_at, fold.pending, fold.count = now, None, 0
+                fold.emitted_at, fold.pending, fold.count, fold.sent = now, None, 0, self.burst
                 self.dirty = True
             elif not fold.count and now - fold.emitted_at > 60 * max(self.flush_s, 1.0):
                 del self._folds[key]

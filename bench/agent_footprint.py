@@ -1,12 +1,13 @@
-"""The resident agent's footprint: CPU (% of one core) and RSS while it polls 8 simulated GPUs at 1 Hz.
+"""The resident agent's footprint: CPU (% of one core) and RSS while it polls 8 simulated GPUs.
 
-    python -m bench.agent_footprint [--seconds 60]
+    python -m bench.agent_footprint [--seconds 60] [--gpu-poll-s S]
 
 Three processes are measured side by side over the same window, after a warm-up:
 
-- the agent (`vigil agent --gpu-backend simulated --simulated-gpus 8`, defaults otherwise: GPU
-  poll 1 s, host statistics every 5 s, the kernel log every 0.1 s, /metrics served), connected to
-  a real controller and heartbeating;
+- the agent (`vigil agent --gpu-backend simulated --simulated-gpus 8`, defaults otherwise: GPUs
+  polled every ``gpu_poll_s`` (the agent's default unless ``--gpu-poll-s``), host statistics
+  every 5 s, the kernel log every 0.1 s, /metrics served), connected to a real controller and
+  heartbeating;
 - a baseline: an idle Python interpreter (`time.sleep`), the floor any Python daemon pays;
 - the controller is started too but not measured (it is not resident on GPU nodes).
 
@@ -28,6 +29,7 @@ from pathlib import Path
 
 import psutil
 
+from agent.config import AgentConfig
 from bench.record import append_result
 
 
@@ -51,6 +53,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--warmup", type=float, default=5.0)
+    parser.add_argument("--gpu-poll-s", type=float, default=AgentConfig.model_fields["gpu_poll_s"].default)
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="vigil-footprint-"))
     vigil = [sys.executable, "-m", "vigil"]
@@ -71,10 +74,13 @@ def main() -> int:
         **quiet,  # type: ignore[call-overload]
     )
     port = _wait_for(work / "port", controller)
+    agent_config = work / "agent.yaml"
+    agent_config.write_text(f"gpu_poll_s: {args.gpu_poll_s}\n")
     agent_cmd = [
         *vigil, "agent", "--plaintext", "--gpu-backend", "simulated", "--simulated-gpus", "8", "--node", "bench-node",
         "--controller", f"127.0.0.1:{port}", "--kernel-log-source", kernel_log,
         "--spool", str(work / "spool.db"), "--metrics-port", "0", "--log-format", "json",
+        "--config", str(agent_config),
     ]  # fmt: skip
     agent = subprocess.Popen(agent_cmd, **quiet)  # type: ignore[call-overload]
     baseline = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(100000)"], **quiet)  # type: ignore[call-overload]
@@ -105,7 +111,7 @@ def main() -> int:
         "machine": f"{platform.machine()} {os.cpu_count()} cpus, Python {platform.python_version()}",
         "seconds": round(wall, 1),
         "gpus": 8,
-        "gpu_poll_s": 1.0,
+        "gpu_poll_s": args.gpu_poll_s,
         "kernel_log": kernel_log,
         "agent_cpu_pct_of_core": round(cpu["agent"], 3),
         "agent_peak_rss_mb": round(mb["agent"], 1),
@@ -115,7 +121,7 @@ def main() -> int:
         "torch_loaded": torch_loaded,
         "targets_met": cpu["agent"] <= 1.0 and mb["agent"] <= 80.0 and not torch_loaded,
     }
-    print(f"agent (8 simulated GPUs, 1 Hz, kernel log: {kernel_log}) over {wall:.0f} s:")
+    print(f"agent (8 simulated GPUs, polled every {args.gpu_poll_s:g} s, kernel log: {kernel_log}) over {wall:.0f} s:")
     print(f"  CPU  {cpu['agent']:.2f}% of one core   (idle Python: {cpu['idle_python']:.2f}%)   target <= 1%")
     ratio = result["rss_ratio_vs_idle_python"]
     print(f"  RSS  {mb['agent']:.1f} MB peak (idle Python: {mb['idle_python']:.1f} MB, ratio {ratio})  target <= 80 MB")
