@@ -4,9 +4,14 @@ bad GPUs. They are recorded on each node, paged once for the job, and make no no
 
 The job monitor keeps ``JobMembership`` (which nodes each job runs on, from its reports); the engine
 asks ``AppFaults`` before it decides an application XID. A crash is recognised once more than
-``fraction`` of the job's nodes have reported one within ``window_s``; the agent folds repeats for a
-second (``storm_fold_s``) before a node reaches its threshold, which gives the other nodes of a job
-that crashed everywhere at once the time to report theirs first.
+``fraction`` of the job's nodes have reported one within ``window_s``.
+
+Nodes of a job that crashed everywhere at once do not report in the same millisecond. So an
+application XID that would make a node of a job (of at least ``min_nodes``) SUSPECT is held for
+``grace_s``: recorded at once, decided only when no crash of its job claimed it by then (the
+engine's watch asks ``due``). The node being in service either way, waiting costs nothing; deciding
+first would page a node for its job's crash. The held decisions live in memory: a controller
+restart within the grace leaves them recorded but undecided.
 """
 
 from __future__ import annotations
@@ -22,6 +27,8 @@ from vigil_core.signals import Signal, SignalKind
 
 log = structlog.get_logger(__name__)
 
+MAX_HELD = 4096  # application XIDs waiting for their job's other nodes at once
+
 
 class AppFaultConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -30,6 +37,9 @@ class AppFaultConfig(BaseModel):
     fraction: float = Field(default=0.5, ge=0, lt=1, description="more than this fraction of its nodes: the job's")
     min_nodes: int = Field(default=2, ge=2, description="a job on fewer nodes is judged node by node")
     page_every_s: float = Field(default=600.0, gt=0, description="one page per job crash within this")
+    grace_s: float = Field(
+        default=2.0, ge=0, le=60, description="a job's node's application XID waits this for the job's other nodes"
+    )
 
 
 def job_crashed(nodes: Sequence[str], last_hit: Mapping[str, float], now: float, config: AppFaultConfig) -> bool:
@@ -62,6 +72,7 @@ class AppFaults:
         self.config = config or AppFaultConfig()
         self._last_hit: dict[str, float] = {}  # node -> its latest application XID
         self._paged_at: dict[str, float] = {}  # job -> when its crash was last paged
+        self._held: list[tuple[float, Signal]] = []  # (decide at, signal): waiting for the job's other nodes
 
     def observe(self, node: str, at: float) -> tuple[str, tuple[str, ...]] | None:
         """An application XID on ``node``: the job (and its nodes) whose crash it is part of, if any."""
@@ -79,10 +90,28 @@ class AppFaults:
         if crash is None:
             return "", None
         job, nodes = crash
+        claimed = set(self.hit_nodes(nodes, now))
+        self._held = [(at, s) for at, s in self._held if s.node not in claimed]  # part of the crash
         if not self.page_due(job, now):
             return job, None
         log.warning("job_crash_recognised", job=job, nodes=list(nodes))
         return job, job_crash_page(job, nodes, self.hit_nodes(nodes, now), now)
+
+    def may_be_crash(self, node: str) -> bool:
+        """Whether the node's application XIDs could yet turn out to be its job's crash."""
+        if self.config.grace_s <= 0:
+            return False
+        return any(len(nodes) >= self.config.min_nodes for _, nodes in self.membership.jobs_of(node))
+
+    def hold(self, signal: Signal, now: float) -> None:
+        """Decide ``signal`` after the grace, unless a crash of its job claims it first."""
+        self._held = [*self._held, (now + self.config.grace_s, signal)][-MAX_HELD:]
+
+    def due(self, now: float) -> list[Signal]:
+        """The held signals whose grace is over, no job crash having claimed them."""
+        due = [s for at, s in self._held if at <= now]
+        self._held = [(at, s) for at, s in self._held if at > now]
+        return due
 
     def page_due(self, job: str, now: float) -> bool:
         """True once per crash of the job (then not again within ``page_every_s``)."""

@@ -53,6 +53,7 @@ class Received:
     incident_id: str
     actions: tuple[Action, ...]
     held: frozenset[str] = frozenset()  # kinds of its actions that the guardrails hold back
+    new: bool = True  # False: a signal recorded before, decided again (a held application XID)
 
 
 class Applier:
@@ -79,12 +80,14 @@ class Applier:
         then let the views follow and start the external actions."""
         with self._store.tx() as db:
             for item in received:
-                IncidentLog.signal(db, state.node, filed_under, item.signal, item.incident_id, now)
+                if item.new:
+                    IncidentLog.signal(db, state.node, filed_under, item.signal, item.incident_id, now)
                 for action in item.actions:
                     self._record(db, action, item, now)
             NodeTable.received(db, state, last_seq, now)
         for item in received:
-            self._metrics.signals.labels(item.signal.kind.value).inc()
+            if item.new:
+                self._metrics.signals.labels(item.signal.kind.value).inc()
             for action in item.actions:
                 self._follow(state.node, action, item)
 

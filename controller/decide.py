@@ -46,10 +46,18 @@ def signal_key(signal: Signal) -> str:
 
 
 def decide(
-    state: NodeState, signal: Signal, policy: Policy, now: float, incident_id: str, job_fault: str = ""
+    state: NodeState,
+    signal: Signal,
+    policy: Policy,
+    now: float,
+    incident_id: str,
+    job_fault: str = "",
+    hold: bool = False,
 ) -> Decision:
     """What one signal means for its node. ``incident_id`` names the incident if one is opened;
-    ``job_fault``: the job whose own crash this application XID is part of (recorded, no action)."""
+    ``job_fault``: the job whose own crash this application XID is part of (recorded, no action);
+    ``hold``: an application XID waiting for its job's other nodes (recorded and counted, decided
+    later by ``decide_held``)."""
     if signal.kind is SignalKind.COLLECTOR_HUNG:
         state = _collector_hung(state, signal)
         if signal.code == 0:
@@ -69,6 +77,8 @@ def decide(
     meaning = rule.meaning
     if job_fault and rule.application:
         severity, meaning = Severity.RECORD, f"{rule.meaning} (part of job {job_fault}'s own crash)"
+    elif hold and rule.application:
+        severity = Severity.RECORD
     summary = f"{signal.describe()}: {rule.meaning}"
     if signal.kind is SignalKind.CHECK_FAILED and signal.message:
         summary += f": {signal.message}"  # the check's own reason is the whole point of its page
@@ -119,6 +129,16 @@ def decide(
         actions.append(Page(target, signal.node, severity, summary, rule.remedy, at, describe_gpu(signal.gpu), did))
     new_state = replace(state, health=health, health_before_unknown=before_unknown, recent=recent, incidents=refs)
     return Decision(new_state, tuple(actions))
+
+
+def decide_held(state: NodeState, signal: Signal, policy: Policy, now: float) -> Decision:
+    """A held application XID, decided now that no crash of its job claimed it: what its count (the
+    held signals are already in it) means, as if it had arrived now, without counting it again.
+    Nothing when its incident is gone meanwhile (a person resolved it)."""
+    decision = decide(state, replace(signal, count=0, observed_at=now), policy, now, incident_id="")
+    if any(isinstance(a, OpenIncident) for a in decision.actions):
+        return Decision(state, ())
+    return decision
 
 
 def quarantine_not_carried_out(state: NodeState) -> NodeState:

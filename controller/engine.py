@@ -16,7 +16,7 @@ from dataclasses import replace
 import structlog
 
 from controller.action_runner import ActionRunner
-from controller.actions import Drain, Page, PageUpdate, Quarantine, action_kind
+from controller.actions import Action, Drain, Page, PageUpdate, Quarantine, action_kind
 from controller.actuators import Actuator, Pager
 from controller.agent_outboxes import AgentOutboxes
 from controller.app_faults import AppFaults, JobMembership
@@ -24,6 +24,7 @@ from controller.apply import Applier, Received
 from controller.check_requests import CheckRequests
 from controller.decide import (
     decide,
+    decide_held,
     heartbeat_returned,
     heartbeat_silence,
     quarantine_confirmed,
@@ -50,6 +51,10 @@ log = structlog.get_logger(__name__)
 
 
 __all__ = ["Engine", "UnknownNode", "incident_id_for"]
+
+
+def _pages(actions: Sequence[Action]) -> bool:
+    return any(isinstance(a, Page) for a in actions)
 
 
 def incident_id_for(node: str, spool_id: str, seq: int) -> str:
@@ -223,11 +228,45 @@ class Engine:
         if page is not None:
             self.runner.request(page, now)
         decision = decide(state, signal, self.policy, now, incident_id, job)
-        actions, held = self.guard.apply(decision.actions, now)
-        state = decision.state
+        application = not job and self.policy.rule_for(signal).application
+        if application and _pages(decision.actions) and self.app_faults.may_be_crash(signal.node):
+            # Its job's other nodes may not have reported theirs yet: wait for them before deciding.
+            decision = decide(state, signal, self.policy, now, incident_id, hold=True)
+            self.app_faults.hold(signal, now)
+        return self._guarded(decision.state, decision.actions, Received(signal, incident_id, ()), now)
+
+    def decide_held(self) -> int:
+        """Application XIDs whose grace is over, no crash of their job having claimed them: decided
+        now. Returns how many."""
+        now = self.clock()
+        due = self.app_faults.due(now)
+        for signal in due:
+            entry = self.fleet.nodes.get(signal.node)
+            if entry is None:
+                continue
+            decision = decide_held(entry.state, signal, self.policy, now)
+            if not decision.actions:
+                continue
+            item = Received(signal, "", (), new=False)
+            guard_before = self.guard.state
+            state, item = self._guarded(decision.state, decision.actions, item, now)
+            self.applier.commit(entry.spool_id, [item], state, entry.last_seq, now)
+            if self.guard.state != guard_before:
+                self.guard.save()
+            entry.state = state
+            log.info(
+                "application_fault_decided", node=signal.node, code=signal.code, held_s=self.app_faults.config.grace_s
+            )
+        return len(due)
+
+    def _guarded(
+        self, state: NodeState, decided: tuple[Action, ...], item: Received, now: float
+    ) -> tuple[NodeState, Received]:
+        """Pass a decision's actions through the guardrails."""
+        actions, held = self.guard.apply(decided, now)
         if any(isinstance(a, Quarantine) and a.dry_run for a in actions):
             state = quarantine_not_carried_out(state)
-        return state, Received(signal, incident_id, actions, held)
+        return state, replace(item, actions=actions, held=held)
 
     def _action_done(self, pending: PendingAction, detail: str) -> None:
         action = pending.action
@@ -345,6 +384,7 @@ class Engine:
                 await self.refresh_labels()
                 last_labels = time.monotonic()
             self.check_silence()
+            self.decide_held()
             self.clear_quiet_suspects()
             self.releases.ask()
             self.folds.report()

@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
+from dataclasses import replace
+from pathlib import Path
+
+from controller.actions import Page
+from controller.actuators import NullPager
 from controller.app_faults import AppFaultConfig, AppFaults, JobMembership, job_crashed
 from controller.decide import decide
+from controller.engine import Engine
+from controller.local_actuator import LocalActuator
 from controller.node_state import Health, NodeState
-from controller.policy import Policy
+from controller.policy import Policy, Severity
+from controller.store import Store
 from vigil_core.signals import GpuRef, Signal, SignalKind
 
 NODES = ("n1", "n2", "n3", "n4")
@@ -47,3 +56,78 @@ def test_an_application_xid_of_a_crashed_job_is_recorded_without_action() -> Non
     assert alone.state.health is Health.SUSPECT  # the same third XID 13 without the job's crash
     hardware = decide(NodeState("n1"), xid("n1", 79, 10.0), policy, 10.0, "inc-h", job_fault="train")
     assert hardware.state.health is Health.UNHEALTHY  # job_fault never hides a hardware XID
+
+
+class _Pages(NullPager):
+    def __init__(self) -> None:
+        self.pages: list[Page] = []
+
+    def page(self, action: Page) -> str:
+        self.pages.append(action)
+        return "recorded"
+
+
+def _engine(tmp_path: Path, now: list[float]) -> tuple[Engine, _Pages, JobMembership]:
+    store, pager, membership = Store(tmp_path / "ctl.db"), _Pages(), JobMembership()
+    faults = AppFaults(membership, AppFaultConfig(grace_s=2.0))
+    engine = Engine(store, Policy(), LocalActuator(store.db), pager, clock=lambda: now[0], app_faults=faults)
+    for n in NODES:
+        engine.hello(n, f"spool-{n}", 8)
+    membership.set("train", NODES)
+    return engine, pager, membership
+
+
+def three_xid13(engine: Engine, node: str, at: float) -> None:
+    engine.receive(node, [replace(xid(node, 13, at), seq=i + 1) for i in range(3)])
+
+
+def test_a_jobs_node_waits_the_grace_for_the_others_then_is_decided(tmp_path: Path) -> None:
+    """Three XID 13 at once on one node of a four-node job: no page at once (the job's other nodes
+    may be about to report theirs); after the grace, none having come, the node is SUSPECT and paged."""
+
+    async def scenario() -> None:
+        now = [1000.0]
+        engine, pager, _ = _engine(tmp_path, now)
+        three_xid13(engine, "n1", now[0])
+        await engine.drain()
+        assert engine.fleet.nodes["n1"].state.health is Health.HEALTHY and pager.pages == []
+        now[0] += 1.0
+        assert engine.decide_held() == 0  # still within the grace
+        now[0] += 1.5
+        assert engine.decide_held() == 1
+        await engine.drain()
+        assert engine.fleet.nodes["n1"].state.health is Health.SUSPECT
+        assert [(p.node, p.severity) for p in pager.pages] == [("n1", Severity.SUSPECT)]
+        (incident,) = engine.store.incidents.list(node="n1")
+        assert incident.severity == "suspect" and incident.signal_count == 3  # held, not counted twice
+
+    asyncio.run(scenario())
+
+
+def test_the_others_reporting_within_the_grace_make_it_the_jobs_crash(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        now = [1000.0]
+        engine, pager, _ = _engine(tmp_path, now)
+        three_xid13(engine, "n1", now[0])  # first, alone: held
+        now[0] += 0.3
+        three_xid13(engine, "n2", now[0])
+        three_xid13(engine, "n3", now[0])  # more than half of the job: its own crash
+        now[0] += 5.0
+        assert engine.decide_held() == 0  # n1's held XIDs were part of the crash
+        await engine.drain()
+        assert {n: engine.fleet.nodes[n].state.health for n in NODES} == dict.fromkeys(NODES, Health.HEALTHY)
+        assert [p.node for p in pager.pages] == [""]  # one page, about the job
+
+    asyncio.run(scenario())
+
+
+def test_without_a_job_the_third_xid13_is_decided_at_once(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        now = [1000.0]
+        engine, pager, membership = _engine(tmp_path, now)
+        membership.forget("train")
+        three_xid13(engine, "n1", now[0])
+        await engine.drain()
+        assert engine.fleet.nodes["n1"].state.health is Health.SUSPECT and len(pager.pages) == 1
+
+    asyncio.run(scenario())
