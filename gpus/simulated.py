@@ -73,6 +73,7 @@ class SimulatedBackend:
         self._clock = clock
         self._fault_file = fault_file
         self._fault_file_offset = 0
+        self._fault_file_lock = threading.Lock()  # the poll and the event drain both read it
 
     def gpus(self) -> list[GpuRef]:
         return list(self._gpus)
@@ -156,14 +157,15 @@ class SimulatedBackend:
         """Apply the fault file's new complete lines (a line still being written waits)."""
         if self._fault_file is None:
             return
-        try:
-            with open(self._fault_file, "rb") as f:
-                f.seek(self._fault_file_offset)
-                data = f.read()
-        except FileNotFoundError:
-            return
-        complete = data[: data.rfind(b"\n") + 1]
-        self._fault_file_offset += len(complete)
+        with self._fault_file_lock:
+            try:
+                with open(self._fault_file, "rb") as f:
+                    f.seek(self._fault_file_offset)
+                    data = f.read()
+            except FileNotFoundError:
+                return
+            complete = data[: data.rfind(b"\n") + 1]
+            self._fault_file_offset += len(complete)
         for raw in complete.splitlines():
             if raw.strip():
                 problem = self._apply_fault_line(raw)
@@ -188,7 +190,7 @@ class SimulatedBackend:
             self.add_xid(gpu, code, str(line.get("message", "")))
             return ""
         changes = line.get("set")
-        allowed = {f.name: f.type for f in fields(GpuFaults) if f.name != "hang"}
+        allowed = {f.name: f.type for f in fields(GpuFaults) if f.name != "hang"} | {"hang": "bool"}
         if not isinstance(changes, dict) or not changes:
             return 'needs "xid" or a non-empty "set" object'
         unknown = sorted(set(changes) - set(allowed))
@@ -197,12 +199,19 @@ class SimulatedBackend:
         bad = [k for k, v in changes.items() if type(v) is not (bool if allowed[k] == "bool" else int)]
         if bad:
             return f"{bad[0]} must be {'true or false' if allowed[bad[0]] == 'bool' else 'an integer'}"
-        self.set_faults(gpu, **changes)
+        if "hang" in changes:  # true: reads of this GPU block (a wedged driver) until a line says false
+            hang = changes.pop("hang")
+            if hang and self.faults(gpu).hang is None:
+                self.set_faults(gpu, hang=threading.Event())
+            elif not hang:
+                self.release_hangs(gpu)
+        if changes:
+            self.set_faults(gpu, **changes)
         return ""
 
-    def release_hangs(self) -> None:
+    def release_hangs(self, index: int | None = None) -> None:
         with self._lock:
-            for faults in self._faults:
-                if faults.hang is not None:
+            for i, faults in enumerate(self._faults):
+                if faults.hang is not None and index in (None, i):
                     faults.hang.set()
                     faults.hang = None

@@ -10,6 +10,7 @@ quarantined and paged.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -43,6 +44,8 @@ class Cluster:
     gpus: int
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     port: int = 0
+    agent_config: Path | None = None  # every agent's --config
+    env: dict[str, str] = field(default_factory=dict)  # added to every process's environment
 
     def kernel_log(self, node: str) -> Path:
         return self.workdir / f"{node}.kmsg"
@@ -51,11 +54,17 @@ class Cluster:
         # The child keeps its own copies of the descriptors; ours can close at once.
         with open(self.workdir / f"{name}.out", "ab") as out, open(self.workdir / f"{name}.log", "ab") as err:
             self.procs[name] = subprocess.Popen(
-                [sys.executable, "-m", "vigil", *args], stdout=out, stderr=err, stdin=subprocess.DEVNULL
+                [sys.executable, "-m", "vigil", *args],
+                stdout=out,
+                stderr=err,
+                stdin=subprocess.DEVNULL,
+                env={**os.environ, **self.env},
             )
 
     def start_controller(self, timeout: float, config: Path | None = None) -> None:
+        """Start the controller; again after ``stop_controller``: on the same database and port."""
         port_file = self.workdir / "controller.port"
+        port_file.unlink(missing_ok=True)
         self._spawn(
             "controller",
             [
@@ -63,7 +72,7 @@ class Cluster:
                 "--plaintext",  # the demo runs on loopback; a cluster uses mutual TLS (vigil certs)
                 *(["--config", str(config)] if config else []),
                 "--port",
-                "0",
+                str(self.port),
                 "--port-file",
                 str(port_file),
                 "--database",
@@ -99,11 +108,17 @@ class Cluster:
         args = simulated_agent_args(
             node, f"127.0.0.1:{self.port}", log, spool, gpus or self.gpus, self.fault_file(node)
         )
-        self._spawn(node, args)
+        self._spawn(node, [*args, *(["--config", str(self.agent_config)] if self.agent_config else [])])
 
-    def stop_agent(self, node: str) -> None:
-        proc = self.procs.pop(node)
-        proc.send_signal(signal.SIGTERM)
+    def stop_controller(self, kill: bool = False) -> None:
+        self._stop("controller", kill)
+
+    def stop_agent(self, node: str, kill: bool = False) -> None:
+        self._stop(node, kill)
+
+    def _stop(self, name: str, kill: bool) -> None:
+        proc = self.procs.pop(name)
+        proc.send_signal(signal.SIGKILL if kill else signal.SIGTERM)
         try:
             proc.wait(timeout=10)
         except subprocess.TimeoutExpired:

@@ -1,6 +1,8 @@
 """Runs one scenario through real processes: a ``vigil controller`` (configured as the scenario
-says), one ``vigil agent`` per node on simulated GPUs with a kmsg-format kernel log and a fault
-file, the events injected on their timeline, then what Vigil did read back from its admin API."""
+says, paging a Slack Web API on loopback through the real ``slack-sdk``), one ``vigil agent`` per
+node on simulated GPUs with a kmsg-format kernel log and a fault file, the events injected on their
+timeline (a sweep is ``vigil sweep --json``, as a person runs it), then what Vigil did read back
+from its admin API, its database and the Slack channel."""
 
 from __future__ import annotations
 
@@ -8,6 +10,8 @@ import contextlib
 import json
 import shutil
 import sqlite3
+import subprocess
+import sys
 import tempfile
 import time
 from dataclasses import replace
@@ -17,8 +21,8 @@ from typing import TYPE_CHECKING, Any
 import grpc
 import yaml
 
-from bench.scenarios.score import Observed
-from bench.scenarios.spec import Event, Job, JobWindows, Person, Scenario
+from bench.scenarios.score import Observed, SweepSeen
+from bench.scenarios.spec import Event, Job, JobWindows, Person, Scenario, Sweep
 from gpus.simulated import simulated_gpus
 from protos.vigil.v1 import trainer_pb2, trainer_pb2_grpc
 from vigil.admin_client import AdminClient
@@ -26,14 +30,19 @@ from vigil.demo import Cluster, DemoFailed, wait_for, xid_line
 
 if TYPE_CHECKING:
     from tests.fakes.kube_api import KubeApiServer
+    from tests.fakes.slack_api import FakeSlack
 
 START_TIMEOUT_S = 30.0
 OUTCOME_TIMEOUT_S = 15.0  # for the expected quarantines and pages to show, after the last event
+SWEEP_TIMEOUT_S = 180.0
 
 
 def run_scenario(name: str, scenario: Scenario, keep: bool = False) -> Observed:
     workdir = Path(tempfile.mkdtemp(prefix=f"vigil-scenario-{name}-"))
     with contextlib.ExitStack() as stack:
+        from tests.fakes.slack_api import FakeSlack  # the Slack Web API the contract tests use
+
+        slack = stack.enter_context(FakeSlack())
         kube = None
         if scenario.fleet.kubernetes:  # a test double of the API server, as the contract tests use
             from tests.fakes.kube_api import KubeApiServer
@@ -41,23 +50,29 @@ def run_scenario(name: str, scenario: Scenario, keep: bool = False) -> Observed:
             kube = stack.enter_context(KubeApiServer())
             for node in scenario.fleet.names:
                 kube.add_node(node, labels=scenario.fleet.labels.get(node, {}))
-        return _run(workdir, scenario, kube, keep)
+        return _run(workdir, scenario, slack, kube, keep)
 
 
-def _run(workdir: Path, scenario: Scenario, kube: KubeApiServer | None, keep: bool) -> Observed:
-    cluster = Cluster(workdir, scenario.fleet.names, scenario.fleet.gpus)
-    settings = dict(scenario.controller)
+def _run(workdir: Path, scenario: Scenario, slack: FakeSlack, kube: KubeApiServer | None, keep: bool) -> Observed:
+    from tests.fakes.slack_api import CHANNEL, TOKEN
+
+    cluster = Cluster(workdir, scenario.fleet.names, scenario.fleet.gpus, env={"VIGIL_SLACK_TOKEN": TOKEN})
+    if scenario.agent:
+        cluster.agent_config = workdir / "agent.yaml"
+        cluster.agent_config.write_text(yaml.safe_dump(dict(scenario.agent)))
+    settings = {"pager": "slack", "slack": {"channel": CHANNEL, "base_url": slack.base_url}} | scenario.controller
     if kube is not None:
         kubeconfig = str(kube.kubeconfig(workdir / "kubeconfig"))
         settings |= {"actuator": "kubernetes", "kubernetes": {"kubeconfig": kubeconfig}}
+    config = _controller_config(workdir, settings)
     try:
-        cluster.start_controller(START_TIMEOUT_S, _controller_config(workdir, settings))
+        cluster.start_controller(START_TIMEOUT_S, config)
         cluster.start_agents()
         with AdminClient(f"127.0.0.1:{cluster.port}", plaintext=True) as admin:
             wait_for(
                 lambda: _all_healthy(admin, cluster.nodes), START_TIMEOUT_S, "every node HEALTHY", cluster.check_alive
             )
-            faults = _play(cluster, admin, scenario, kube)
+            faults, sweeps = _play(cluster, config, admin, scenario, kube)
             want = scenario.expect
             with contextlib.suppress(DemoFailed):  # judged below: what was missed is named there
                 wait_for(
@@ -72,8 +87,16 @@ def _run(workdir: Path, scenario: Scenario, kube: KubeApiServer | None, keep: bo
             seen = _observe(admin, faults).observed
             cordoned = frozenset(n for n in cluster.nodes if kube and kube.node(n)["spec"].get("unschedulable"))
             undone = {r.rule: r.undone for r in admin.rules().rules}
-            fleet_pages = _fleet_pages(workdir / "controller.db")
-            return replace(seen, fleet_pages=fleet_pages, cordoned=cordoned, undone=undone)
+            recorded = _recorded_pages(workdir / "controller.db")
+            return replace(
+                seen,
+                fleet_pages=sum(1 for _, node in recorded if not node),
+                cordoned=cordoned,
+                undone=undone,
+                paged_incidents=frozenset(incident for incident, _ in recorded),
+                slack_posts=_slack_posts(slack),
+                sweeps=tuple(sweeps),
+            )
     except DemoFailed as exc:
         return Observed(frozenset(), frozenset(), {}, error=f"{exc} (logs in {workdir})")
     finally:
@@ -94,12 +117,14 @@ def _controller_config(workdir: Path, settings: dict[str, Any]) -> Path:
 
 
 def _play(
-    cluster: Cluster, admin: AdminClient, scenario: Scenario, kube: KubeApiServer | None
-) -> dict[str, list[float]]:
-    """Inject the events on their timeline; returns when each node's faults were injected (wall clock)."""
+    cluster: Cluster, config: Path, admin: AdminClient, scenario: Scenario, kube: KubeApiServer | None
+) -> tuple[dict[str, list[float]], list[SweepSeen]]:
+    """Inject the events on their timeline; returns when each node's faults were injected (wall
+    clock), and what each sweep found."""
     started, seq = time.monotonic(), 10_000
     job = _JobReporter(f"127.0.0.1:{cluster.port}", scenario.job) if scenario.job else None
     faults: dict[str, list[float]] = {}
+    sweeps: list[SweepSeen] = []
     for event in sorted(scenario.events, key=lambda e: e.at):
         time.sleep(max(0.0, started + event.at - time.monotonic()))
         if event.is_fault and scenario.timed:
@@ -112,8 +137,40 @@ def _play(
             assert kube is not None
             _person(kube, cluster.workdir, event.node, event.person)
             continue
+        if event.sweep is not None:
+            sweeps.append(_sweep(f"127.0.0.1:{cluster.port}", event.sweep))
+            continue
+        if event.stop_controller is not None:
+            cluster.stop_controller(kill=event.stop_controller.kill)
+            continue
+        if event.start_controller is not None:
+            cluster.start_controller(START_TIMEOUT_S, config)
+            continue
         seq = _inject(cluster, admin, event, seq)
-    return faults
+    return faults, sweeps
+
+
+def _sweep(target: str, sweep: Sweep) -> SweepSeen:
+    """``vigil sweep --json``, the command a person runs."""
+    command = [sys.executable, "-m", "vigil", "sweep", "--controller", target, "--json"]
+    command += ["--checks", ",".join(sweep.checks), "--min-busbw-gbps", str(sweep.min_busbw_gbps)]
+    command += [a for p in sweep.params for a in ("-p", p)]
+    command += [*(["--quarantine"] if sweep.quarantine else []), *sweep.nodes]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=SWEEP_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        return SweepSeen(exit_code=-1, error=f"vigil sweep did not finish in {SWEEP_TIMEOUT_S:.0f} s")
+    try:
+        summary = json.loads(done.stdout)
+    except ValueError:
+        return SweepSeen(exit_code=done.returncode, error=f"no JSON summary: {done.stderr.strip()[-500:]}")
+    rows = {(r["node"], r["check"]): r.get("verdict", "VERDICT_UNSPECIFIED") for r in summary.get("rows", [])}
+    return SweepSeen(
+        exit_code=done.returncode,
+        verdict=summary.get("verdict", ""),
+        rows=rows,
+        findings=tuple(sorted(f["node"] for f in summary.get("findings", []))),
+    )
 
 
 def _inject(cluster: Cluster, admin: AdminClient, event: Event, seq: int) -> int:
@@ -195,12 +252,20 @@ def _fault_line(cluster: Cluster, node: str, line: dict[str, Any]) -> None:
         f.write(json.dumps(line) + "\n")
 
 
-def _fleet_pages(database: Path) -> int:
-    """Pages about a job rather than a node: not in any node's incidents, so read from the
-    controller's own record of its actions."""
+def _recorded_pages(database: Path) -> list[tuple[str, str]]:
+    """(incident, node) of every page the controller recorded as sent, from its own record of its
+    actions: pages about a job or a domain are in no node's incidents ('' for the node)."""
     with contextlib.closing(sqlite3.connect(f"file:{database}?mode=ro", uri=True)) as db:
         rows = db.execute("SELECT payload FROM actions WHERE kind LIKE 'PAGE%' AND status = 'DONE'").fetchall()
-    return sum(1 for (payload,) in rows if not json.loads(payload).get("node"))
+    pages = [json.loads(payload) for (payload,) in rows]
+    return [(str(p.get("incident_id", "")), str(p.get("node") or "")) for p in pages]
+
+
+def _slack_posts(slack: FakeSlack) -> tuple[str, ...]:
+    """The incident of each top-level message in the channel (its metadata names it)."""
+    with slack.state.lock:
+        top = slack.state.top_level()
+    return tuple(str(m.get("metadata", {}).get("event_payload", {}).get("incident_id", "")) for m in top)
 
 
 def _all_healthy(admin: AdminClient, nodes: list[str]) -> bool:

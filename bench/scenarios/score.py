@@ -2,12 +2,24 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from bench.record import percentile
-from bench.scenarios.spec import Scenario
+from bench.scenarios.spec import Scenario, Sweep
+
+
+@dataclass(frozen=True)
+class SweepSeen:
+    """What one ``vigil sweep --json`` printed, and its exit status."""
+
+    exit_code: int
+    verdict: str = ""
+    rows: dict[tuple[str, str], str] = field(default_factory=dict)  # (node, check) -> verdict
+    findings: tuple[str, ...] = ()  # culprit nodes, or "a|b" for a link
+    error: str = ""
 
 
 @dataclass(frozen=True)
@@ -22,6 +34,9 @@ class Observed:
     fleet_pages: int = 0  # pages about a job or a domain, not one node (an MFU drop, a job's crash, a rack)
     cordoned: frozenset[str] = frozenset()  # Nodes cordoned at the end (a Kubernetes fleet)
     undone: dict[str, int] = field(default_factory=dict)  # rule -> quarantines a person undid (vigil rules)
+    paged_incidents: frozenset[str] = frozenset()  # incidents the controller recorded a sent page for
+    slack_posts: tuple[str, ...] = ()  # the incident of each top-level message in the Slack channel
+    sweeps: tuple[SweepSeen, ...] = ()  # in the order of the scenario's sweep events
     error: str = ""  # the run itself broke (a process died, the fleet never came up)
 
 
@@ -65,6 +80,13 @@ def judge(name: str, scenario: Scenario, seen: Observed) -> Outcome:
     for node, health in sorted(want.health.items()):
         if seen.health.get(node) != health:
             problems.append(f"{node} is {seen.health.get(node, 'unknown to the controller')}, expected {health}")
+    if not seen.error:
+        problems += _slack_problems(seen)
+        wanted = [e.sweep for e in sorted(scenario.events, key=lambda e: e.at) if e.sweep is not None]
+        for i, (sweep, got) in enumerate(zip(wanted, seen.sweeps, strict=False)):
+            problems += [f"sweep {i + 1}: {p}" for p in _sweep_problems(sweep, got)]
+        if len(seen.sweeps) != len(wanted):
+            problems.append(f"{len(seen.sweeps)} sweep(s) ran, expected {len(wanted)}")
     return Outcome(
         name=name,
         passed=not problems,
@@ -77,6 +99,33 @@ def judge(name: str, scenario: Scenario, seen: Observed) -> Outcome:
         missed_pages=len(missed_p),
         fault_to_action_s=seen.fault_to_action_s,
     )
+
+
+def _slack_problems(seen: Observed) -> list[str]:
+    """Each incident the controller recorded as paged is exactly one top-level Slack message (an
+    escalation updates it), and the channel holds nothing else."""
+    posts = Counter(seen.slack_posts)
+    problems = [f"incident {i} posted {n} times to Slack" for i, n in sorted(posts.items()) if n > 1]
+    if missing := seen.paged_incidents - set(posts):
+        problems.append(f"recorded as paged but not in Slack: {', '.join(sorted(missing))}")
+    if extra := set(posts) - seen.paged_incidents:
+        problems.append(f"in Slack but not recorded as paged: {', '.join(sorted(extra))}")
+    return problems
+
+
+def _sweep_problems(want: Sweep, got: SweepSeen) -> list[str]:
+    if got.error:
+        return [got.error]
+    problems = []
+    if want.verdict is not None and got.verdict != want.verdict:
+        problems.append(f"verdict {got.verdict or 'none'}, expected {want.verdict}")
+    for node, checks in sorted(want.rows.items()):
+        for check, verdict in sorted(checks.items()):
+            if got.rows.get((node, check)) != verdict:
+                problems.append(f"{node} {check}: {got.rows.get((node, check), 'no row')}, expected {verdict}")
+    if want.findings is not None and got.findings != tuple(sorted(want.findings)):
+        problems.append(f"findings {list(got.findings)}, expected {sorted(want.findings)}")
+    return problems
 
 
 def scorecard(outcomes: Sequence[Outcome]) -> dict[str, Any]:

@@ -16,8 +16,14 @@ expect:
 Event kinds (one per event): ``kernel_log`` (an XID line in the node's kernel log), ``nvml_xid``
 (an XID event from NVML), ``gpu`` (what a GPU reports from now on: ``GpuFaults`` fields),
 ``restart_agent`` (the agent restarts, optionally with fewer GPUs), ``uncordon`` (a person returns
-the node to service), ``resolve`` (a person resolves the node's open incidents), ``job_windows``
-(the training job's rank 0 reports windows; needs ``job:``). ``at`` is seconds after every node reported healthy.
+the node to service), ``resolve`` (a person resolves the node's open incidents), ``person`` (a
+person cordons or taints the Node), ``job_windows`` (the training job's rank 0 reports windows;
+needs ``job:``), ``sweep`` (a person runs ``vigil sweep``; what it must find is part of the event),
+``stop_controller`` / ``start_controller`` (the controller goes away, SIGTERM or SIGKILL, and comes
+back on the same database and port). ``at`` is seconds after every node reported healthy.
+
+Every page goes to a Slack Web API on loopback (the real ``slack-sdk``); the judge checks that
+each incident Vigil recorded as paged is one top-level Slack message, and that nothing else is.
 """
 
 from __future__ import annotations
@@ -76,7 +82,20 @@ class Uncordon(_Strict):
     reason: str = "scenario: a person returns the node"
 
 
-EVENT_KINDS = ("kernel_log", "nvml_xid", "gpu", "restart_agent", "uncordon", "resolve", "person", "job_windows")
+EVENT_KINDS = (
+    "kernel_log",
+    "nvml_xid",
+    "gpu",
+    "restart_agent",
+    "uncordon",
+    "resolve",
+    "person",
+    "job_windows",
+    "sweep",
+    "stop_controller",
+    "start_controller",
+)
+Verdict = Literal["OK", "FAIL", "UNKNOWN"]
 
 
 class Person(_Strict):
@@ -109,6 +128,27 @@ class JobWindows(_Strict):
     start: bool = False
 
 
+class Sweep(_Strict):
+    """``vigil sweep --json`` as a person runs it, and what it must find."""
+
+    checks: tuple[str, ...] = Field(min_length=1)
+    nodes: tuple[str, ...] = ()  # default: every connected agent's
+    params: tuple[str, ...] = ()  # CHECK.ARG=VALUE
+    min_busbw_gbps: float = Field(default=0.0, ge=0)
+    quarantine: bool = False
+    verdict: Verdict | None = Field(default=None, description="the sweep's own verdict")
+    rows: dict[str, dict[str, Verdict]] = Field(default_factory=dict, description="node -> check -> verdict")
+    findings: tuple[str, ...] | None = Field(default=None, description="exactly these culprits ('a|b': a link)")
+
+
+class StopController(_Strict):
+    kill: bool = Field(default=False, description="SIGKILL, not SIGTERM")
+
+
+class StartController(_Strict):
+    pass
+
+
 class Job(_Strict):
     """A training job on some of the fleet's nodes, reported to the controller as its hook would."""
 
@@ -129,21 +169,29 @@ class Event(_Strict):
     resolve: Resolve | None = None  # a person resolves the node's open incidents (vigil resolve)
     person: Person | None = None  # a person changes the Node through the Kubernetes API
     job_windows: JobWindows | None = None
+    sweep: Sweep | None = None
+    stop_controller: StopController | None = None
+    start_controller: StartController | None = None
 
     @model_validator(mode="after")
     def _one_kind(self) -> Event:
-        kinds = [k for k in EVENT_KINDS if getattr(self, k)]
+        kinds = [k for k in EVENT_KINDS if getattr(self, k) is not None]
         if len(kinds) != 1:
             raise ValueError(f"an event has exactly one of {', '.join(EVENT_KINDS)}; got {kinds or 'none'}")
         return self
 
     @property
     def kind(self) -> str:
-        return next(k for k in EVENT_KINDS if getattr(self, k))
+        return next(k for k in EVENT_KINDS if getattr(self, k) is not None)
 
     @property
     def is_fault(self) -> bool:
         return self.kind in ("kernel_log", "nvml_xid", "gpu")
+
+    @property
+    def fleet_wide(self) -> bool:
+        """Happens to the fleet or the controller, not to one node."""
+        return self.kind in ("job_windows", "sweep", "stop_controller", "start_controller")
 
 
 class Expect(_Strict):
@@ -164,6 +212,7 @@ class Scenario(_Strict):
     fleet: Fleet = Fleet()
     job: Job | None = None
     controller: dict[str, Any] = Field(default_factory=dict)
+    agent: dict[str, Any] = Field(default_factory=dict, description="AgentConfig fields for every agent")
     events: tuple[Event, ...] = ()
     expect: Expect = Expect()
     settle_s: float = Field(1.5, ge=0, le=120, description="after the last event and the expected outcome")
@@ -177,10 +226,21 @@ class Scenario(_Strict):
             raise ValueError("person events and expect.cordoned need fleet.kubernetes: true")
         if any(e.job_windows for e in self.events) and self.job is None:
             raise ValueError("job_windows events need a job: section")
-        if bad := [e for e in self.events if bool(e.node) == bool(e.job_windows)]:
-            raise ValueError(f"an event at {bad[0].at} s needs a node (and job_windows none)")
+        if bad := [e for e in self.events if bool(e.node) == e.fleet_wide]:
+            raise ValueError(f"the {bad[0].kind} event at {bad[0].at} s: only a node's own events name a node")
+        running = True
+        for e in sorted(self.events, key=lambda e: e.at):
+            if e.kind in ("stop_controller", "start_controller"):
+                if running != (e.kind == "stop_controller"):
+                    raise ValueError(f"{e.kind} at {e.at} s: the controller is already {'up' if running else 'down'}")
+                running = not running
+            elif not running and e.kind in ("uncordon", "resolve", "sweep", "job_windows"):
+                raise ValueError(f"{e.kind} at {e.at} s needs the controller, which is down")
+        if not running:
+            raise ValueError("the controller is down at the end: add a start_controller event")
         named = {e.node for e in self.events if e.node} | set(self.job.nodes if self.job else ())
         named |= {n for e in self.events if e.job_windows for n in e.job_windows.slow}
+        named |= {n for e in self.events if e.sweep for n in (*e.sweep.nodes, *e.sweep.rows)}
         named |= self.expect.quarantined | self.expect.paged | (self.expect.cordoned or frozenset())
         named |= set(self.fleet.labels)
         named |= set(self.expect.health) | set(self.expect.pages)

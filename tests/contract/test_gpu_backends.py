@@ -135,3 +135,20 @@ def test_the_simulated_backend_reads_faults_from_its_file_as_it_grows(tmp_path: 
     with open(faults, "a") as f:
         f.write("\n")
     assert b.read(0).lost and b.drain_xid_events() == []  # each line applies once
+
+
+def test_a_fault_file_line_can_hang_a_gpus_reads_and_another_release_them(tmp_path: Path) -> None:
+    """A wedged driver, for the hung-collector scenario: reads of that GPU block until a later line
+    (read by another caller, as the agent's NVML event drain does) says hang: false."""
+    faults = tmp_path / "node.faults"
+    b = SimulatedBackend("n1", 2, fault_file=faults)
+    faults.write_text('{"gpu": 1, "set": {"hang": true}}\n')
+    assert not b.read(0).lost  # applies the line; GPU 0 is not hung
+    done = threading.Event()
+    reader = threading.Thread(target=lambda: (b.read(1), done.set()), daemon=True)
+    reader.start()
+    assert not done.wait(0.3)  # GPU 1's read does not come back
+    with open(faults, "a") as f:
+        f.write('{"gpu": 1, "set": {"hang": false}}\n')
+    b.drain_xid_events()  # another caller reads the file and releases the hang
+    assert done.wait(5)

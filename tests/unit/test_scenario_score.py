@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from bench.scenarios.score import Observed, judge, scorecard
+from bench.scenarios.score import Observed, SweepSeen, judge, scorecard
 from bench.scenarios.spec import Scenario, load_scenario, scenario_paths
 from vigil_core.config_file import ConfigError
 
@@ -58,3 +59,57 @@ def test_the_scorecard_counts_precision_recall_and_pages_over_all_scenarios() ->
     assert card["false_pages"] == 0 and card["missed_faults"] == 2  # node-2 neither quarantined nor paged
     assert card["fault_to_action_s"]["n"] == 2 and card["fault_to_action_s"]["max"] == 0.3
     assert scorecard([quiet])["quarantine_precision"] == 1.0  # nothing quarantined, nothing wrongly
+
+
+def test_every_recorded_page_is_one_slack_message_and_nothing_else_is() -> None:
+    want = scenario(paged=["node-1"])
+    seen = Observed(frozenset(), frozenset({"node-1"}), {}, paged_incidents=frozenset({"i1"}), slack_posts=("i1",))
+    assert judge("s", want, seen).passed
+    twice = judge("s", want, replace(seen, slack_posts=("i1", "i1")))
+    assert twice.problems == ("incident i1 posted 2 times to Slack",)
+    lost = judge("s", want, replace(seen, slack_posts=()))
+    assert lost.problems == ("recorded as paged but not in Slack: i1",)
+    stray = judge("s", want, replace(seen, slack_posts=("i1", "i2")))
+    assert stray.problems == ("in Slack but not recorded as paged: i2",)
+
+
+def test_a_sweep_is_judged_on_its_verdict_rows_and_findings() -> None:
+    want = Scenario.model_validate(
+        {
+            "description": "t",
+            "fleet": {"nodes": 2},
+            "events": [
+                {
+                    "sweep": {
+                        "checks": ["pairs"],
+                        "verdict": "UNKNOWN",
+                        "rows": {"node-1": {"pairs": "UNKNOWN"}},
+                        "findings": [],
+                    }
+                }
+            ],
+        }
+    )
+    good = SweepSeen(exit_code=2, verdict="UNKNOWN", rows={("node-1", "pairs"): "UNKNOWN"})
+    assert judge("s", want, Observed(frozenset(), frozenset(), {}, sweeps=(good,))).passed
+    invented = replace(good, verdict="FAIL", findings=("node-1|node-2",))
+    problems = judge("s", want, Observed(frozenset(), frozenset(), {}, sweeps=(invented,))).problems
+    assert problems == ("sweep 1: verdict FAIL, expected UNKNOWN", "sweep 1: findings ['node-1|node-2'], expected []")
+    missing = judge("s", want, Observed(frozenset(), frozenset(), {})).problems
+    assert missing == ("0 sweep(s) ran, expected 1",)
+
+
+def test_the_controller_must_be_up_for_what_needs_it_and_at_the_end(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("description: x\nevents: [{at: 1, stop_controller: {}}]\n")
+    with pytest.raises(ConfigError, match="down at the end"):
+        load_scenario(bad)
+    bad.write_text("description: x\nevents: [{at: 1, stop_controller: {}}, {at: 2, node: node-1, uncordon: {}}]\n")
+    with pytest.raises(ConfigError, match="uncordon at 2.0 s needs the controller"):
+        load_scenario(bad)
+    bad.write_text("description: x\nevents: [{at: 1, start_controller: {}}]\n")
+    with pytest.raises(ConfigError, match="already up"):
+        load_scenario(bad)
+    bad.write_text("description: x\nevents: [{at: 1, node: node-1, sweep: {checks: [gpu_health]}}]\n")
+    with pytest.raises(ConfigError, match="only a node's own events name a node"):
+        load_scenario(bad)
