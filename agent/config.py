@@ -11,9 +11,9 @@ import socket
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
-from vigil_core.config_file import load_yaml_model
+from vigil_core.config_file import ConfigModel, FilePath, HttpUrl, load_yaml_model
 from vigil_core.names import ADDRESS_RE, NODE_NAME_RE
 from vigil_core.tls import transport_problem
 
@@ -23,9 +23,7 @@ def default_node_name() -> str:
     return os.environ.get("NODE_NAME") or socket.gethostname().lower()
 
 
-class AgentConfig(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
+class AgentConfig(ConfigModel):
     # The default is validated too: a host name with "_" would be refused by the controller forever.
     node: str = Field(default_factory=default_node_name, validate_default=True)
     controller: str = "127.0.0.1:7070"
@@ -49,7 +47,7 @@ class AgentConfig(BaseModel):
         1.0, ge=0, le=60, description="repeats of one fault within this leave as one signal with a count (0: off)"
     )
     # dcgm-exporter, when it runs on the node: its /metrics URL.
-    dcgm_exporter_url: str | None = None
+    dcgm_exporter_url: HttpUrl | None = None
     dcgm_poll_s: float = Field(10.0, gt=0, le=600)
     # Host signals.
     host_poll_s: float = Field(5.0, gt=0, le=600)
@@ -58,7 +56,7 @@ class AgentConfig(BaseModel):
     disk_used_max: float = Field(0.95, gt=0, le=1, description="checkpoint filesystem used above this: disk full")
     # Watchdog: a collector call that overruns this is reported as COLLECTOR_HUNG.
     collector_deadline_s: float = Field(10.0, gt=0, le=600)
-    spool: Path = Path("/var/lib/vigil/spool.db")
+    spool: FilePath = Path("/var/lib/vigil/spool.db")
     spool_max_signals: int = Field(20_000, ge=10)
     metrics_port: int | None = Field(9402, ge=0, le=65535)  # 9400 is dcgm-exporter's
     metrics_address: str = "0.0.0.0"
@@ -99,13 +97,6 @@ class AgentConfig(BaseModel):
             host, sep, port = target.strip().rpartition(":")
             if not sep or not host or not port.isdigit():
                 raise ValueError(f"expected HOST:PORT[,HOST:PORT...], got {value!r}")
-        return value
-
-    @field_validator("dcgm_exporter_url")
-    @classmethod
-    def _http_url(cls, value: str | None) -> str | None:
-        if value is not None and not value.startswith(("http://", "https://")):
-            raise ValueError(f"expected an http:// or https:// URL, got {value!r}")
         return value
 
     @model_validator(mode="after")

@@ -16,7 +16,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+
+from vigil_core.config_file import ConfigModel
 
 NODE_KEY = "authentication.kubernetes.io/node-name"
 
@@ -25,9 +27,7 @@ class ReviewUnavailable(Exception):
     """The API server could not be asked: the token is neither accepted nor refused (try again)."""
 
 
-class AgentTokensConfig(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
+class AgentTokensConfig(ConfigModel):
     enabled: bool = Field(default=False, description="agents may connect with a service-account token")
     audience: str = Field(default="vigil", min_length=1, description="the projected token's audience")
     service_account: str = Field(

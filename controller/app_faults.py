@@ -19,10 +19,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 import structlog
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from controller.actions import Page
 from controller.policy import Policy, Severity
+from vigil_core.config_file import ConfigModel
 from vigil_core.signals import Signal, SignalKind
 
 log = structlog.get_logger(__name__)
@@ -30,9 +31,7 @@ log = structlog.get_logger(__name__)
 MAX_HELD = 4096  # application XIDs waiting for their job's other nodes at once
 
 
-class AppFaultConfig(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
+class AppFaultConfig(ConfigModel):
     window_s: float = Field(default=60.0, gt=0, description="application XIDs on a job's nodes within this")
     fraction: float = Field(default=0.5, ge=0, lt=1, description="more than this fraction of its nodes: the job's")
     min_nodes: int = Field(default=2, ge=2, description="a job on fewer nodes is judged node by node")

@@ -7,20 +7,18 @@ import socket
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
 from controller.agent_tokens import AgentTokensConfig
 from controller.app_faults import AppFaultConfig
 from controller.guard_rules import GuardrailConfig
 from controller.recovery import RecoveryConfig
 from controller.sweep_spec import SweepConfig
-from vigil_core.config_file import load_yaml_model
+from vigil_core.config_file import ConfigModel, FilePath, HttpUrl, load_yaml_model
 from vigil_core.tls import transport_problem
 
 
-class JobsConfig(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
+class JobsConfig(ConfigModel):
     warmup_windows: int = Field(default=1, ge=0, description="windows after each (re)start that never count")
     baseline_windows: int = Field(default=3, ge=1, description="the baseline is the median of these windows")
     drop_fraction: float = Field(default=0.2, gt=0, lt=1, description="δ: below (1-δ)·baseline is low")
@@ -32,9 +30,7 @@ class JobsConfig(BaseModel):
     forget_after_s: float = Field(default=3600.0, gt=0, description="a job silent this long is forgotten")
 
 
-class KubernetesConfig(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
+class KubernetesConfig(ConfigModel):
     kubeconfig: Path | None = Field(default=None, description="default: in-cluster, else ~/.kube/config")
     context: str | None = None
     events_namespace: str = "default"
@@ -43,12 +39,10 @@ class KubernetesConfig(BaseModel):
     )
 
 
-class SlackConfig(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
+class SlackConfig(ConfigModel):
     channel: str
     token_env: str = Field(default="VIGIL_SLACK_TOKEN", description="environment variable holding the bot token")
-    base_url: str = "https://slack.com/api/"
+    base_url: HttpUrl = "https://slack.com/api/"
 
     def token(self) -> str:
         token = os.environ.get(self.token_env, "")
@@ -57,16 +51,12 @@ class SlackConfig(BaseModel):
         return token
 
 
-class WebhookConfig(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    url: str
+class WebhookConfig(ConfigModel):
+    url: HttpUrl
     headers: dict[str, str] = Field(default_factory=dict)
 
 
-class LeaderElectionConfig(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
+class LeaderElectionConfig(ConfigModel):
     enabled: bool = False
     namespace: str = "vigil"
     lease_name: str = "vigil-controller"
@@ -82,10 +72,8 @@ class LeaderElectionConfig(BaseModel):
         return self
 
 
-class LimitsConfig(BaseModel):
+class LimitsConfig(ConfigModel):
     """What one client may send: beyond these, a call is refused (RESOURCE_EXHAUSTED) and logged."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
     max_message_bytes: int = Field(default=4 << 20, ge=64 << 10, le=64 << 20, description="one gRPC message")
     agent_messages_per_s: float = Field(default=20.0, gt=0, description="per node: heartbeats, batches, results")
@@ -94,13 +82,11 @@ class LimitsConfig(BaseModel):
     report_burst: int = Field(default=50, ge=1)
 
 
-class ControllerConfig(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
+class ControllerConfig(ConfigModel):
     listen: str = "0.0.0.0"
     port: int = Field(default=7070, ge=0, le=65535)
     port_file: Path | None = Field(default=None, description="write the bound port here (for port 0)")
-    database: Path = Path("/var/lib/vigil/controller.db")
+    database: FilePath = Path("/var/lib/vigil/controller.db")
     policy: Path | None = None
     actuator: Literal["local", "kubernetes"] = "local"
     pager: Literal["console", "none", "slack", "webhook"] = "console"

@@ -14,14 +14,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+
+from vigil_core.config_file import ConfigModel
 
 DEFAULT_DOMAIN_LABELS = ("vigil.dev/rack", "vigil.dev/leaf-switch", "topology.kubernetes.io/rack")
 
 
-class DomainGuardConfig(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
+class DomainGuardConfig(ConfigModel):
     labels: tuple[str, ...] = Field(default=DEFAULT_DOMAIN_LABELS, description="node label keys naming a domain")
     max_nodes: int = Field(default=2, ge=1, description="quarantines in one domain within the window")
     window_s: float = Field(default=600.0, gt=0)

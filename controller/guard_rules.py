@@ -17,14 +17,13 @@ import math
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from controller.domain_guard import DomainGuardConfig
+from vigil_core.config_file import ConfigModel
 
 
-class GuardrailConfig(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
+class GuardrailConfig(ConfigModel):
     dry_run: bool = Field(default=False, description="decide and page ('would quarantine'), change nothing")
     breaker_max_nodes: int = Field(default=20, ge=1, description="quarantines allowed within the window")
     breaker_max_fraction: float = Field(default=0.05, gt=0, le=1, description="...or this share of the fleet, if fewer")

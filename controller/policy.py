@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
-from vigil_core.config_file import load_yaml_model
+from vigil_core.config_file import ConfigModel, load_yaml_model
 from vigil_core.signals import Signal, SignalKind
 
 
@@ -28,9 +28,7 @@ class Severity(StrEnum):
         return list(Severity).index(self)
 
 
-class Rule(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
+class Rule(ConfigModel):
     action: Severity
     threshold: int = Field(1, ge=1, description="signals within window_s before the action fires")
     window_s: float = Field(600.0, gt=0)
@@ -98,10 +96,11 @@ DEFAULT_KIND_RULES: dict[SignalKind, Rule] = {
 }
 
 
-class Policy(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+XidCode = Annotated[int, Field(ge=1, le=65535, strict=True)]  # an XID number, as the driver prints it
 
-    xid: dict[int, Rule] = Field(default_factory=lambda: dict(DEFAULT_XID_RULES))
+
+class Policy(ConfigModel):
+    xid: dict[XidCode, Rule] = Field(default_factory=lambda: dict(DEFAULT_XID_RULES))
     unknown_xid: Rule = DEFAULT_UNKNOWN_XID
     kinds: dict[SignalKind, Rule] = Field(default_factory=lambda: dict(DEFAULT_KIND_RULES))
     fold_window_s: float = Field(300.0, gt=0, description="same GPU, kind and code within this: one incident")

@@ -8,14 +8,13 @@ person cordoned stays as the person left it.
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from controller.node_state import Health, NodeState
+from vigil_core.config_file import ConfigModel
 
 
-class RecoveryConfig(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
+class RecoveryConfig(ConfigModel):
     auto_release: bool = Field(default=True, description="release quarantined nodes whose checks pass")
     hold_down_s: float = Field(default=1800.0, ge=0, description="time out of service before any check")
     check: str = Field(default="gpu_health", description="the agent check that must pass")

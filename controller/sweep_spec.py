@@ -12,7 +12,9 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field, field_validator
+
+from vigil_core.config_file import ConfigModel
 
 LOCAL_CHECKS = ("gpu_health", "matmul", "membw", "allreduce")
 PAIRS = "pairs"
@@ -31,9 +33,7 @@ class SweepError(ValueError):
     """A sweep request that cannot run: the message names the problem."""
 
 
-class SweepConfig(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
+class SweepConfig(ConfigModel):
     checks: tuple[str, ...] = ALL_CHECKS
     deadline_s: dict[str, float] = Field(default_factory=lambda: dict(DEFAULT_DEADLINES_S))
     params: dict[str, dict[str, str]] = Field(

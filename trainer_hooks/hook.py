@@ -45,11 +45,12 @@ import psutil
 import structlog
 import torch
 import torch.distributed as dist
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import Field, ValidationError, field_validator
 
 from protos.vigil.v1 import trainer_pb2
 from trainer_hooks.reporter import Reporter
 from trainer_hooks.window import RankWindow, figures
+from vigil_core.config_file import ConfigModel
 from vigil_core.names import is_job_id, is_node_name
 from vigil_core.tls import TlsError, TlsFiles
 
@@ -70,9 +71,7 @@ class HookConfigError(ValueError):
     pass
 
 
-class HookConfig(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
+class HookConfig(ConfigModel):
     job_id: str = "job"
     controller: str = Field(default="", description="the controller's host:port; empty: report nothing")
     node: str = Field(default_factory=lambda: socket.gethostname().lower())

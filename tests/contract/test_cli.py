@@ -46,8 +46,8 @@ def test_unusable_spool_path_is_a_clear_error(tmp_path: Path) -> None:
         "--metrics-port",
         "0",
     )
-    assert out.returncode == 2 and "cannot start" in out.stderr and "Traceback" not in out.stderr
-    assert str(not_a_dir) in out.stderr and "writable" in out.stderr  # what failed, and the remedy
+    assert out.returncode == 2 and "spool: " in out.stderr and "Traceback" not in out.stderr
+    assert f"{not_a_dir} is a file, not a directory" in out.stderr  # what is wrong, before anything starts
 
 
 def test_an_invalid_default_node_name_is_refused_at_start(tmp_path: Path) -> None:

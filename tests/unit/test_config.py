@@ -146,3 +146,54 @@ def test_the_readmes_policy_example_loads(tmp_path: Path) -> None:
     path.write_text(example[1])
     policy = load_policy(path)
     assert policy.kinds[SignalKind.THROTTLE].min_value == 60 and policy.xid[13].threshold == 3
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("port: true\nplaintext: true\n", "port: must be a number, not true"),
+        ("metrics_port: false\nplaintext: true\n", "metrics_port: must be a number, not false"),
+        ("guardrails: {breaker_max_fraction: true}\nplaintext: true\n", "guardrails.breaker_max_fraction"),
+        ("pager: webhook\nwebhook: {url: 'ftp://example.com/hook'}\nplaintext: true\n", "webhook.url"),
+        ("pager: webhook\nwebhook: {url: 'hooks.example.com'}\nplaintext: true\n", "is not an http(s) URL"),
+        ("pager: slack\nslack: {channel: C1, base_url: 'file:///etc'}\nplaintext: true\n", "slack.base_url"),
+        ("database: '{file}/controller.db'\nplaintext: true\n", "is a file, not a directory"),
+        ("database: '{dir}'\nplaintext: true\n", "is a directory; name a file in it"),
+        ("42\n", "expected a mapping at the top level, got int"),
+    ],
+)
+def test_a_controller_configuration_cannot_be_half_right(tmp_path: Path, text: str, expected: str) -> None:
+    """Each refused with the file and the key named, never silently coerced (``port: true`` is not port 1)."""
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
+    path = write(tmp_path, text.replace("{file}", str(a_file)).replace("{dir}", str(tmp_path)))
+    with pytest.raises(ConfigError) as err:
+        load_controller_config(path, {})
+    assert expected in str(err.value) and str(path) in str(err.value)
+
+
+def test_a_file_that_is_not_utf8_text_is_named(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_bytes(b"port: 7070\n\xff\xfe\x00binary")
+    with pytest.raises(ConfigError, match=r"not UTF-8 text \(byte 11\)"):
+        load_controller_config(path, {})
+    path.write_bytes(b"port: 7070\n\x00\x01binary")  # UTF-8, but not YAML's printable text
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_controller_config(path, {})
+
+
+@pytest.mark.parametrize("code", ["-5", "0", "70000"])
+def test_a_policy_xid_must_be_an_xid_number(tmp_path: Path, code: str) -> None:
+    with pytest.raises(ConfigError, match=f"xid.{code}"):
+        load_policy(write(tmp_path, f"xid:\n  {code}: {{action: quarantine}}\n"))
+
+
+def test_an_agent_spool_under_a_file_and_a_bool_for_a_number_are_refused(tmp_path: Path) -> None:
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
+    with pytest.raises(ConfigError, match="spool: .*is a file, not a directory"):
+        load_agent_config(write(tmp_path, f"spool: {a_file}/spool.db\nplaintext: true\n"), {})
+    with pytest.raises(ConfigError, match="gpu_poll_s: .*must be a number, not true"):
+        load_agent_config(write(tmp_path, "gpu_poll_s: true\nplaintext: true\n"), {})
+    cfg = load_agent_config(write(tmp_path, "plaintext: true\n"), {"spool": tmp_path / "new" / "spool.db"})
+    assert cfg.spool == tmp_path / "new" / "spool.db"  # a directory still to be made is fine

@@ -9,12 +9,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
+
+from vigil_core.config_file import ConfigModel
 
 
-class ModelConfig(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
+class ModelConfig(ConfigModel):
     vocab_size: int = Field(default=512, ge=2)
     dim: int = Field(default=64, ge=8)
     n_layers: int = Field(default=2, ge=1)
@@ -60,9 +60,7 @@ PRESETS: dict[str, ModelConfig] = {
 }
 
 
-class TrainConfig(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
+class TrainConfig(ConfigModel):
     preset: str = "debug"
     out: Path = Path("runs/debug")
     data: Path | None = Field(default=None, description="a folder of *.bin token shards (uint16); default: synthetic")
