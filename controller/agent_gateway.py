@@ -57,6 +57,17 @@ def hello_problem(hello: agent_pb2.Hello) -> str:
     return ""
 
 
+def seq_problem(signals: list[Signal], last_seq: int, max_gap: int) -> str:
+    """Why a batch's numbering cannot be taken; "" when it can. A spool numbers its signals one by
+    one (a gap is what its bound dropped, far below ``max_gap``), so a number far past the last one
+    received is a broken or hostile agent: taken, it would make every later signal look replayed.
+    Before anything was received from the spool, any number is the spool's own. Pure."""
+    top = max((s.seq for s in signals), default=0)
+    if last_seq and top - last_seq > max_gap:
+        return f"signal seq={top} is {top - last_seq} past this spool's last ({last_seq}); at most {max_gap}"
+    return ""
+
+
 class AgentGateway(agent_pb2_grpc.AgentGatewayServicer):
     def __init__(self, engine: Engine, outboxes: AgentOutboxes, limits: LimitsConfig | None = None) -> None:
         self._engine = engine
@@ -125,6 +136,9 @@ class AgentGateway(agent_pb2_grpc.AgentGatewayServicer):
                 except BadSignal as exc:
                     log.warning("bad_signal", node=node, error=str(exc))
                     await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+                if problem := seq_problem(signals, self._engine.fleet.entry(node).last_seq, self._limits.max_seq_gap):
+                    log.warning("bad_signal", node=node, error=problem)
+                    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
                 foreign = [s.node for s in signals if s.node != node]
                 if foreign:
                     await context.abort(

@@ -1,19 +1,44 @@
 """Checks the controller asks agents to run, and the futures their results resolve.
 
-Every result is filed in the store, whoever asked. A waiter learns its result or, when the node's
-agent disconnects first, an UNKNOWN that says so: nobody waits for a deadline on an agent that is
-gone (a late result from the reconnected agent is still filed).
+Every result is filed in the store, whoever asked, bounded first (``bounded``: an agent's answer is
+input like any other; a 3.5 MB reason is not kept whole). A waiter learns its result or, when the
+node's agent disconnects first, an UNKNOWN that says so: nobody waits for a deadline on an agent
+that is gone (a late result from the reconnected agent is still filed).
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Callable
 
 from controller.store import Records
 from protos.vigil.v1 import agent_pb2, common_pb2
 
 Send = Callable[[str, agent_pb2.ControllerMessage], bool]  # False: that node's agent is not connected
+MAX_REASON_CHARS = 4096
+MAX_FIGURES = 256
+MAX_NAME_CHARS = 128  # a check's name, a request id, a figure's name
+
+
+def bounded(r: common_pb2.CheckResult) -> common_pb2.CheckResult:
+    """The result as the controller keeps it: reason, names and figures bounded, non-finite figures
+    dropped, what was cut said in the reason. Pure."""
+    cut = []
+    reason = r.reason
+    if len(reason) > MAX_REASON_CHARS:
+        cut.append(f"reason cut from {len(reason)} characters")
+        reason = reason[:MAX_REASON_CHARS]
+    named = sorted((k, v) for k, v in r.figures.items() if len(k) <= MAX_NAME_CHARS and math.isfinite(v))
+    if len(named) != len(r.figures) or len(named) > MAX_FIGURES:
+        cut.append(f"{len(r.figures) - min(len(named), MAX_FIGURES)} of {len(r.figures)} figures dropped")
+    out = common_pb2.CheckResult()
+    out.CopyFrom(r)
+    out.request_id, out.check = r.request_id[:MAX_NAME_CHARS], r.check[:MAX_NAME_CHARS]
+    out.reason = reason + (f" [{'; '.join(cut)}]" if cut else "")
+    out.figures.clear()
+    out.figures.update(dict(named[:MAX_FIGURES]))
+    return out
 
 
 class CheckRequests:
@@ -35,8 +60,9 @@ class CheckRequests:
         """Stop waiting for a check (it overran its deadline)."""
         self._waiting.pop(request_id, None)
 
-    def answered(self, node: str, r: common_pb2.CheckResult) -> None:
-        verdict = common_pb2.Verdict.Name(r.verdict)
+    def answered(self, node: str, answer: common_pb2.CheckResult) -> None:
+        r = bounded(answer)
+        verdict = common_pb2.Verdict.Name(r.verdict) if r.verdict in common_pb2.Verdict.values() else "UNKNOWN"
         figures = dict(r.figures)
         self._records.check_result(r.request_id, node, r.check, verdict, r.reason, figures, r.started_at, r.finished_at)
         waiting = self._waiting.get(r.request_id)

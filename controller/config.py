@@ -80,6 +80,12 @@ class LimitsConfig(ConfigModel):
     agent_burst: int = Field(default=200, ge=1)
     reports_per_s: float = Field(default=5.0, gt=0, description="per training job: Progress and Plan calls")
     report_burst: int = Field(default=50, ge=1)
+    max_seq_gap: int = Field(
+        default=10_000_000,
+        ge=1000,
+        description="a signal numbered this far past its spool's last one is refused (INVALID_ARGUMENT), "
+        "not taken: taking it would silence every later signal of that spool",
+    )
 
 
 class ControllerConfig(ConfigModel):

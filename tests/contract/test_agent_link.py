@@ -12,6 +12,7 @@ import pytest
 import agent.link as agent_link
 from agent.link import ControllerLink
 from agent.spool import Spool
+from controller.agent_gateway import seq_problem
 from controller.config import LimitsConfig
 from controller.daemon import Controller
 from protos.codec import signal_to_proto
@@ -308,3 +309,32 @@ def test_a_spool_behind_the_controller_is_renumbered_so_nothing_is_taken_for_a_r
         await stop_controller(controller)
 
     asyncio.run(scenario())
+
+
+def test_a_seq_far_past_the_spools_last_is_refused_and_does_not_silence_the_node(tmp_path: Path) -> None:
+    """seq = 2^63-1 taken would make every later signal of that spool look replayed, for good."""
+
+    async def scenario() -> None:
+        controller = await start_controller(tmp_path / "ctl.db")
+        first = await send_raw(controller.port, raw_batch("s9", [1, 2]), until_ack=2)
+        assert first[-1].ack.acked_seq == 2
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{controller.port}") as channel:
+            call = agent_pb2_grpc.AgentGatewayStub(channel).Connect()
+            hello, batch = raw_batch("s9", [2**63 - 1])
+            await call.write(hello)
+            assert (await call.read()).ack.acked_seq == 2
+            await call.write(batch)
+            code, details = await asyncio.wait_for(call.code(), 10), await call.details()
+        assert code == grpc.StatusCode.INVALID_ARGUMENT and "past this spool's last (2)" in str(details)
+        later = await send_raw(controller.port, raw_batch("s9", [3]), until_ack=3)
+        assert later[-1].ack.acked_seq == 3  # the node's next signal is still taken
+        await stop_controller(controller)
+
+    asyncio.run(scenario())
+
+
+def test_seq_problem_allows_a_fresh_spool_any_number_and_a_known_one_a_bounded_gap() -> None:
+    batch = [xid(45).numbered(5_000_000)]
+    assert seq_problem(batch, 0, 1000) == ""  # nothing received from this spool yet: its own numbering
+    assert seq_problem(batch, 4_999_500, 1000) == ""
+    assert "past this spool's last" in seq_problem(batch, 100, 1000)
