@@ -97,6 +97,12 @@ class ControllerConfig(ConfigModel):
     actuator: Literal["local", "kubernetes"] = "local"
     pager: Literal["console", "none", "slack", "webhook"] = "console"
     fold_report_s: float = Field(default=300.0, gt=0, description="a flooding incident's count: at most this often")
+    retention_days: float | None = Field(
+        default=28.0,
+        gt=0,
+        description="finished incidents, their signals, check results and sweeps older than this are deleted "
+        "(null: kept forever); open incidents and unsettled actions are kept whatever their age",
+    )
     metrics_port: int | None = Field(default=None, ge=0, le=65535)
     kubernetes: KubernetesConfig = Field(default_factory=KubernetesConfig)
     slack: SlackConfig | None = None

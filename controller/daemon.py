@@ -86,6 +86,7 @@ class Controller:
             agents=outboxes,
             quarantines=quarantines,
             app_faults=AppFaults(membership, config.app_faults),
+            retention_s=config.retention_days * 86400 if config.retention_days is not None else None,
         )
         self.gateway = AgentGateway(self.engine, outboxes, config.limits)
         # Read now, so a standby replica refuses bad certificates at start and exports their expiry.

@@ -78,6 +78,7 @@ class Engine:
         agents: AgentOutboxes | None = None,
         quarantines: QuarantineFeed | None = None,
         app_faults: AppFaults | None = None,
+        retention_s: float | None = None,
     ) -> None:
         self.store = store
         self.policy = policy
@@ -86,6 +87,7 @@ class Engine:
         self.guardrails = guardrails or GuardrailConfig()
         self.recovery = recovery or RecoveryConfig()
         self.drain_after_quarantine = drain
+        self.retention_s = retention_s  # None: keep everything
         # Commands to connected agents (the gateway opens their queues); quarantines told to whoever
         # must act on them too (the job monitor).
         self.agents = agents or AgentOutboxes()
@@ -377,12 +379,26 @@ class Engine:
         except Exception as exc:  # the API server is away: keep the last ones, say so
             log.warning("node_labels_unavailable", error=repr(exc)[:300])
 
-    async def watch(self, stop: asyncio.Event, every_s: float = 1.0, labels_every_s: float = 30.0) -> None:
-        last_labels = float("-inf")
+    def apply_retention(self) -> dict[str, int]:
+        """Delete what finished longer than ``retention_s`` ago; returns what went."""
+        if self.retention_s is None:
+            return {}
+        gone = self.store.prune(self.clock() - self.retention_s)
+        if gone:
+            log.info("retention_applied", retention_days=round(self.retention_s / 86400, 2), **gone)
+        return gone
+
+    async def watch(
+        self, stop: asyncio.Event, every_s: float = 1.0, labels_every_s: float = 30.0, retention_every_s: float = 600.0
+    ) -> None:
+        last_labels = last_retention = float("-inf")
         while not stop.is_set():
             if time.monotonic() - last_labels >= labels_every_s:
                 await self.refresh_labels()
                 last_labels = time.monotonic()
+            if time.monotonic() - last_retention >= retention_every_s:
+                self.apply_retention()
+                last_retention = time.monotonic()
             self.check_silence()
             self.decide_held()
             self.clear_quiet_suspects()

@@ -23,6 +23,7 @@ from controller.store.database import Database
 from controller.store.incidents import ActionView, IncidentLog, IncidentView
 from controller.store.nodes import NodeRow, NodeTable
 from controller.store.records import Records
+from controller.store.retention import prune
 
 __all__ = [
     "ActionLog",
@@ -51,6 +52,10 @@ class Store:
         """One transaction across the domains (a received batch)."""
         with self.db.tx() as db:
             yield db
+
+    def prune(self, before: float) -> dict[str, int]:
+        """Retention: delete what finished before ``before`` (``controller.store.retention``)."""
+        return prune(self.db, before)
 
     def read(self, sql: str, args: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
         """A read-only query, for views and tests that look at a table directly."""
