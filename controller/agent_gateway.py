@@ -91,6 +91,11 @@ class AgentGateway(agent_pb2_grpc.AgentGatewayServicer):
         if who is not None and who.name != node:
             log.warning("call_refused", peer=context.peer(), why=f"{who} said Hello as {node}")
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, f"{who} cannot report for {node}")
+        fleet = self._engine.fleet
+        if node not in fleet.nodes and len(fleet) >= self._limits.max_nodes:  # names are the caller's to make up
+            why = f"{len(fleet)} nodes are known already (limits.max_nodes); {node!r} is not one of them"
+            log.warning("call_refused", peer=context.peer(), why=why)
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, why)
         address = hello.address or peer_host(context.peer())
         acked = self._engine.hello(node, hello.spool_id, len(hello.gpus), address)
         log.info("agent_connected", node=node, peer=context.peer(), acked_seq=acked, gpus=len(hello.gpus))

@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
 import grpc
 import structlog
 
 from controller.agent_tokens import ReviewUnavailable
+from controller.interceptors import WrappingInterceptor
 from vigil_core.tls import Identity, peer_identity
 
 if TYPE_CHECKING:  # the kubernetes client is imported only where agents may bring tokens
@@ -92,19 +93,12 @@ async def _require(service: str, context: grpc.aio.ServicerContext, tokens: Toke
     _CALLER.set(who)
 
 
-class RoleInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+class RoleInterceptor(WrappingInterceptor):
     def __init__(self, tokens: TokenReviewer | None = None) -> None:
         self.tokens = tokens
 
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
-        details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler | None:
-        handler = await continuation(details)
-        if handler is None:
-            return None
-        return _guarded(handler, details.method.split("/")[1], self.tokens)
+    def wrap(self, handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
+        return _guarded(handler, method.split("/")[1], self.tokens)
 
 
 def _guarded(handler: grpc.RpcMethodHandler, service: str, tokens: TokenReviewer | None) -> grpc.RpcMethodHandler:

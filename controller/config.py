@@ -28,6 +28,7 @@ class JobsConfig(ConfigModel):
     act_on_drop: bool = Field(default=True, description="stop, sweep and restart the job after a blamed drop")
     sweep_checks: tuple[str, ...] = Field(default=("gpu_health",), description="the sweep of a stopped job's nodes")
     forget_after_s: float = Field(default=3600.0, gt=0, description="a job silent this long is forgotten")
+    max_jobs: int = Field(default=1000, ge=1, description="jobs followed at once; a new job id beyond is refused")
 
 
 class KubernetesConfig(ConfigModel):
@@ -80,6 +81,9 @@ class LimitsConfig(ConfigModel):
     agent_burst: int = Field(default=200, ge=1)
     reports_per_s: float = Field(default=5.0, gt=0, description="per training job: Progress and Plan calls")
     report_burst: int = Field(default=50, ge=1)
+    max_nodes: int = Field(
+        default=50_000, ge=1, description="nodes the controller knows at most; a Hello from a new one beyond is refused"
+    )
     max_seq_gap: int = Field(
         default=10_000_000,
         ge=1000,

@@ -33,6 +33,7 @@ from controller.quarantine_feed import QuarantineFeed
 from controller.store import Store
 from controller.sweep import Sweeper
 from controller.trainer_gateway import TrainerGateway
+from controller.undecodable import DecodeInterceptor
 from protos.vigil.v1 import admin_pb2_grpc, agent_pb2_grpc, trainer_pb2_grpc
 from vigil_core.cert_reload import CertificateSource, server_credentials
 
@@ -115,7 +116,8 @@ class Controller:
         tokens = self._token_reviewer()
         size = self.config.limits.max_message_bytes
         self.server = grpc.aio.server(
-            interceptors=[RoleInterceptor(tokens)] if self.tls else [],
+            # Undecodable bytes are refused first (INVALID_ARGUMENT); then, under TLS, the caller's role.
+            interceptors=[DecodeInterceptor(), *([RoleInterceptor(tokens)] if self.tls else [])],
             options=[("grpc.max_receive_message_length", size), ("grpc.max_send_message_length", size)],
         )
         agent_pb2_grpc.add_AgentGatewayServicer_to_server(self.gateway, self.server)

@@ -21,6 +21,10 @@ class BadProgress(ValueError):
     """A report that cannot be taken: the message names the field."""
 
 
+class TooManyJobs(Exception):
+    """A report of a new job while ``jobs.max_jobs`` are followed already."""
+
+
 class JobPhase(StrEnum):
     """Where a job is in its life as the monitor sees it."""
 

@@ -32,7 +32,7 @@ from controller.app_faults import JobMembership
 from controller.config import JobsConfig
 from controller.fleet import FleetView, ReportFailure, UnknownNode
 from controller.goodput import KINDS, committed, started, trained
-from controller.job_state import BadProgress, Job, JobPhase, status_figures, validate
+from controller.job_state import BadProgress, Job, JobPhase, TooManyJobs, status_figures, validate
 from controller.metrics import ControllerMetrics
 from controller.mfu import RankTime, Reading, Track, blame, describe_figure, observe, stragglers, window_figure
 from controller.node_state import Health
@@ -81,6 +81,11 @@ class JobMonitor:
         now = self.clock()
         job = self.jobs.get(p.job_id)
         if job is None:
+            if len(self.jobs) >= self.config.max_jobs:
+                raise TooManyJobs(
+                    f"{len(self.jobs)} jobs are followed already (jobs.max_jobs); a silent one is forgotten "
+                    f"after {self.config.forget_after_s:.0f} s, a finished one at once"
+                )
             job = self.jobs[p.job_id] = Job(p.job_id)
             log.info("job_registered", job=p.job_id, nodes=list(p.nodes), world_size=p.world_size)
         restarted = p.event == "start" or p.restart_count > job.restart_count

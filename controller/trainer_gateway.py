@@ -13,7 +13,7 @@ import structlog
 
 from controller.config import LimitsConfig
 from controller.guard_rules import RateLimiter
-from controller.job_state import BadProgress
+from controller.job_state import BadProgress, TooManyJobs
 from controller.jobs import JobMonitor
 from protos.vigil.v1 import trainer_pb2, trainer_pb2_grpc
 
@@ -45,6 +45,9 @@ class TrainerGateway(trainer_pb2_grpc.TrainerGatewayServicer):
         except BadProgress as exc:
             log.warning("bad_progress", job=request.job_id[:200], peer=context.peer(), error=str(exc))
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        except TooManyJobs as exc:
+            log.warning("job_refused", job=request.job_id[:200], peer=context.peer(), why=str(exc))
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
         return trainer_pb2.ReportReply(commands=commands)
 
     async def Plan(  # noqa: N802

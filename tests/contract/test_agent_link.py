@@ -338,3 +338,23 @@ def test_seq_problem_allows_a_fresh_spool_any_number_and_a_known_one_a_bounded_g
     assert seq_problem(batch, 0, 1000) == ""  # nothing received from this spool yet: its own numbering
     assert seq_problem(batch, 4_999_500, 1000) == ""
     assert "past this spool's last" in seq_problem(batch, 100, 1000)
+
+
+def test_a_hello_that_makes_up_a_node_beyond_max_nodes_is_refused(tmp_path: Path) -> None:
+    """In plaintext any caller can name any node: the nodes table is bounded, known nodes still connect."""
+
+    async def scenario() -> None:
+        controller = await start_controller(tmp_path / "ctl.db", limits=LimitsConfig(max_nodes=1))
+        first = await send_raw(controller.port, raw_batch("s1", [1]), until_ack=1)
+        assert first[-1].ack.acked_seq == 1  # NODE, the first and only one allowed
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{controller.port}") as channel:
+            call = agent_pb2_grpc.AgentGatewayStub(channel).Connect()
+            await call.write(agent_pb2.AgentMessage(hello=agent_pb2.Hello(node="made-up-node", spool_id="x")))
+            code, details = await asyncio.wait_for(call.code(), 10), await call.details()
+        assert code == grpc.StatusCode.RESOURCE_EXHAUSTED and "limits.max_nodes" in str(details)
+        again = await send_raw(controller.port, raw_batch("s1", [2]), until_ack=2)
+        assert again[-1].ack.acked_seq == 2
+        assert len(controller.engine.fleet) == 1
+        await stop_controller(controller)
+
+    asyncio.run(scenario())

@@ -318,3 +318,29 @@ def test_a_jobs_figures_come_in_the_unit_it_reports(tmp_path: Path) -> None:
         assert (j.baseline_mfu, j.baseline_tokens_per_s, j.last_tokens_per_s) == (0.0, 3000.0, 3000.0)
 
     run(tmp_path, test)
+
+
+def test_new_jobs_beyond_max_jobs_are_refused_and_followed_jobs_go_on(tmp_path: Path) -> None:
+    """Job ids are the client's to choose: 12,000 of them were all kept. Beyond ``jobs.max_jobs`` a
+    new id is refused (RESOURCE_EXHAUSTED, named); the jobs already followed report on, and a
+    finished job's place is free at once."""
+
+    async def test(r: Rig) -> None:
+        async def report(job_id: str, event: str = "") -> grpc.StatusCode:
+            p = trainer_pb2.Progress(job_id=job_id, step=1, nodes=["node-0"], world_size=1, event=event)
+            try:
+                await r.trainer.Report(p)
+            except grpc.aio.AioRpcError as exc:
+                assert "jobs.max_jobs" in str(exc.details())
+                return exc.code()
+            return grpc.StatusCode.OK
+
+        assert [await report(f"job-{i}") for i in range(4)] == [grpc.StatusCode.OK] * 3 + [
+            grpc.StatusCode.RESOURCE_EXHAUSTED
+        ]
+        assert await report("job-0") == grpc.StatusCode.OK  # a followed job goes on
+        assert await report("job-1", event="end") == grpc.StatusCode.OK  # finished: its place is free
+        assert await report("job-3") == grpc.StatusCode.OK
+        assert len((await r.admin.ListJobs(admin_pb2.JobsRequest())).jobs) == 4  # 3 followed, 1 finished
+
+    run(tmp_path, test, jobs=FAST.model_copy(update={"max_jobs": 3}))
