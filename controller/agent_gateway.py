@@ -134,7 +134,7 @@ class AgentGateway(agent_pb2_grpc.AgentGatewayServicer):
                 await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, why)
             body = msg.WhichOneof("body")
             if body == "heartbeat":
-                self._engine.heartbeat(node, msg.heartbeat.dropped_faults)
+                self._engine.heartbeat(node, msg.heartbeat.dropped_faults, msg.heartbeat.spooled)
             elif body == "signals":
                 try:
                     signals = [signal_from_proto(s) for s in msg.signals.signals]

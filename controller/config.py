@@ -97,6 +97,11 @@ class ControllerConfig(ConfigModel):
     port: int = Field(default=7070, ge=0, le=65535)
     port_file: Path | None = Field(default=None, description="write the bound port here (for port 0)")
     database: FilePath = Path("/var/lib/vigil/controller.db")
+    cluster_name: str = Field(
+        default="default",
+        pattern=r"^[a-z0-9]([-a-z0-9.]{0,61}[a-z0-9])?$",
+        description="recorded in the database at creation: a database of another cluster is refused",
+    )
     policy: Path | None = None
     actuator: Literal["local", "kubernetes"] = "local"
     pager: Literal["console", "none", "slack", "webhook"] = "console"

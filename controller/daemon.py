@@ -30,7 +30,7 @@ from controller.jobs import JobMonitor
 from controller.local_actuator import LocalActuator
 from controller.policy import load_policy
 from controller.quarantine_feed import QuarantineFeed
-from controller.store import Store
+from controller.store import Opened, Store
 from controller.sweep import Sweeper
 from controller.trainer_gateway import TrainerGateway
 from controller.undecodable import DecodeInterceptor
@@ -72,7 +72,7 @@ def build_pager(config: ControllerConfig, store: Store) -> Pager:
 class Controller:
     def __init__(self, config: ControllerConfig) -> None:
         self.config = config
-        self.store = Store(config.database)
+        self.store = Store(config.database, config.cluster_name)
         outboxes, quarantines = AgentOutboxes(), QuarantineFeed()  # the engine's, shared as below
         membership = JobMembership()  # the job monitor's record of the jobs' nodes, read by the engine
         self.engine = Engine(
@@ -94,6 +94,13 @@ class Controller:
         self.tls = CertificateSource(config.tls_dir) if config.tls_dir is not None else None
         if self.tls is not None:
             self.engine.metrics.certificate_expiry.set_function(self.tls.expires_at)
+        if self.store.opened is Opened.EMPTY:  # its history is gone: loudly, once, and as a gauge
+            log.error(
+                "database_started_empty",
+                database=str(config.database),
+                why="the file was there with nothing in it: every incident, count and held action it had is gone",
+            )
+        self.engine.metrics.database_started_empty.set(1 if self.store.opened is Opened.EMPTY else 0)
         e = self.engine
         self.sweeper = Sweeper(e.fleet, e.checks, e.actuator, e.check_failed, self.store.records, config.sweep)
         self.jobs = JobMonitor(
@@ -150,6 +157,7 @@ class Controller:
             port=self.port,
             nodes=len(self.engine.fleet),
             database=str(self.config.database),
+            database_was=self.store.opened.value,
             automation=self.engine.automation,
             transport=transport,
         )

@@ -149,7 +149,8 @@ class Engine:
             entry = self.fleet.add(node, NodeEntry(NodeState(node=node), spool_id, 0, now, gpus))
         elif entry.spool_id != spool_id:
             log.info("agent_new_spool", node=node, old=entry.spool_id, new=spool_id, old_last_seq=entry.last_seq)
-            entry.spool_id, entry.last_seq = spool_id, 0
+            self._spool_replaced(node, entry, now)
+            entry.spool_id, entry.last_seq, entry.spooled = spool_id, 0, 0
         entry.state = heartbeat_returned(entry.state)
         entry.last_heartbeat, entry.gpus, entry.connected, entry.address = now, gpus, True, address
         expected, entry.expected_gpus = entry.expected_gpus, max(entry.expected_gpus, gpus)
@@ -159,6 +160,20 @@ class Engine:
             outcome = self.report(node, SignalKind.GPU_LOST, f"inventory-{int(now)}", reason, "inventory")
             log.error("gpus_missing", node=node, gpus=gpus, expected=expected, outcome=outcome)
         return self.ack_seq(node)
+
+    def _spool_replaced(self, node: str, entry: NodeEntry, now: float) -> None:
+        """An agent came back with another spool while its old one still held unsent signals: they
+        may be gone. Said aloud (an incident, paged as the policy says SPOOL_LOST; the agent's own
+        SPOOL_LOST, when it found the damage, folds into it) and counted."""
+        if entry.spooled <= 0:
+            return
+        reason = (
+            f"the agent came back with a new spool ({entry.spool_id[:12]} was replaced); {entry.spooled} signal(s) "
+            f"waiting in the old one at its last heartbeat may be gone: read the node's kernel log since then"
+        )
+        self.metrics.spool_signals_maybe_lost.labels(node).inc(entry.spooled)
+        outcome = self.report(node, SignalKind.SPOOL_LOST, f"spool-{entry.spool_id[:12]}", reason, "controller")
+        log.error("agent_spool_signals_maybe_lost", node=node, signals=entry.spooled, outcome=outcome)
 
     def _send_ack(self, node: str) -> None:
         """An action finished: the agent may now drop the signals that asked for it."""
@@ -170,9 +185,9 @@ class Engine:
         held_back = self.runner.held_back_seq(node)
         return entry.last_seq if held_back is None else min(entry.last_seq, held_back - 1)
 
-    def heartbeat(self, node: str, dropped_faults: int = 0) -> None:
+    def heartbeat(self, node: str, dropped_faults: int = 0, spooled: int = 0) -> None:
         entry = self.fleet.entry(node)
-        entry.last_heartbeat = self.clock()
+        entry.last_heartbeat, entry.spooled = self.clock(), max(0, spooled)
         if dropped_faults > entry.dropped_faults:
             # The agent's spool overflowed during an outage: faults were lost before they got here.
             log.error(

@@ -30,6 +30,7 @@ class NodeEntry:
     gpus: int
     connected: bool = False
     dropped_faults: int = 0  # as the agent last reported it
+    spooled: int = 0  # signals waiting in its agent's spool, at its last heartbeat
     address: str = ""  # where the node's peers reach it (pairwise checks); known once its agent connects
     expected_gpus: int = 0  # the most GPUs it has ever reported: fewer is a fault, and blocks its release
 

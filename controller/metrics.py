@@ -25,6 +25,17 @@ class ControllerMetrics:
             registry=r,
         )
         self.nodes = Gauge("vigil_controller_nodes", "Nodes by health", ["health"], registry=r)
+        self.database_started_empty = Gauge(
+            "vigil_controller_database_started_empty",
+            "1 when the controller found its database file empty (0 bytes) at start: its history is gone",
+            registry=r,
+        )
+        self.spool_signals_maybe_lost = Counter(
+            "vigil_controller_agent_spool_signals_maybe_lost_total",
+            "Signals waiting in an agent's spool (its last heartbeat) when the agent came back with another spool",
+            ["node"],
+            registry=r,
+        )
         self.agent_dropped_faults = Gauge(
             "vigil_controller_agent_dropped_fault_signals",
             "Fault signals an agent's full spool had to drop, as the agent reports it",

@@ -20,6 +20,7 @@ from typing import Any
 
 from controller.store.action_log import ActionLog, PendingAction
 from controller.store.database import Database
+from controller.store.identity import DatabaseRefused, Opened, before_opening, check_identity, open_database, stamp
 from controller.store.incidents import ActionView, IncidentLog, IncidentView
 from controller.store.nodes import NodeRow, NodeTable
 from controller.store.records import Records
@@ -29,10 +30,12 @@ __all__ = [
     "ActionLog",
     "ActionView",
     "Database",
+    "DatabaseRefused",
     "IncidentLog",
     "IncidentView",
     "NodeRow",
     "NodeTable",
+    "Opened",
     "PendingAction",
     "Records",
     "Store",
@@ -40,12 +43,21 @@ __all__ = [
 
 
 class Store:
-    def __init__(self, path: Path) -> None:
-        self.db = Database(path)
+    def __init__(self, path: Path, cluster: str = "default") -> None:
+        """Open (or create) the database; raises DatabaseRefused for one that is damaged, foreign,
+        or newer than this controller (``controller.store.identity``). ``opened`` says what it was."""
+        self.opened = before_opening(path)
+        self.db = open_database(path)
+        try:
+            check_identity(self.db, path, cluster)
+        except DatabaseRefused:
+            self.db.close()
+            raise
         self.nodes = NodeTable(self.db)
         self.incidents = IncidentLog(self.db)
         self.actions = ActionLog(self.db)
         self.records = Records(self.db)
+        stamp(self.db, cluster)
 
     @contextmanager
     def tx(self) -> Iterator[sqlite3.Connection]:
