@@ -13,7 +13,6 @@ kind of action is given its effects, in three steps read top to bottom:
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -39,7 +38,7 @@ from controller.node_state import NodeState
 from controller.policy import Severity
 from controller.quarantine_feed import QuarantineFeed
 from controller.rule_stats import rule_id
-from controller.store import ActionLog, IncidentLog, NodeTable, PendingAction, Store
+from controller.store import ActionLog, IncidentLog, NodeTable, PendingAction, Store, Tx
 from vigil_core.signals import Signal
 
 log = structlog.get_logger(__name__)
@@ -92,7 +91,7 @@ class Applier:
                 self._follow(state.node, action, item)
 
     @staticmethod
-    def _record(db: sqlite3.Connection, action: Action, item: Received, now: float) -> None:
+    def _record(db: Tx, action: Action, item: Received, now: float) -> None:
         match action:
             case OpenIncident():
                 IncidentLog.open(db, action, now)

@@ -14,7 +14,7 @@ from controller.app_faults import AppFaultConfig
 from controller.guard_rules import GuardrailConfig
 from controller.recovery import RecoveryConfig
 from controller.sweep_spec import SweepConfig
-from vigil_core.config_file import ConfigModel, FilePath, HttpUrl, load_yaml_model
+from vigil_core.config_file import ConfigModel, DatabaseTarget, HttpUrl, load_yaml_model
 from vigil_core.tls import transport_problem
 
 
@@ -96,7 +96,13 @@ class ControllerConfig(ConfigModel):
     listen: str = "0.0.0.0"
     port: int = Field(default=7070, ge=0, le=65535)
     port_file: Path | None = Field(default=None, description="write the bound port here (for port 0)")
-    database: FilePath = Path("/var/lib/vigil/controller.db")
+    database: DatabaseTarget = Field(
+        default=Path("/var/lib/vigil/controller.db"),
+        description="an SQLite file (one controller) or a postgresql:// DSN (HA replicas sharing one database)",
+    )
+    database_dsn_file: Path | None = Field(
+        default=None, description="a file holding the postgresql:// DSN (a mounted Secret); overrides database"
+    )
     cluster_name: str = Field(
         default="default",
         pattern=r"^[a-z0-9]([-a-z0-9.]{0,61}[a-z0-9])?$",
@@ -138,6 +144,19 @@ class ControllerConfig(ConfigModel):
             raise ValueError(problem)
         if self.agent_tokens.enabled and self.tls_dir is None:
             raise ValueError("agent_tokens needs tls_dir: a token is only sent over TLS")
+        return self
+
+    @model_validator(mode="after")
+    def _dsn_from_file(self) -> ControllerConfig:
+        if self.database_dsn_file is None:
+            return self
+        try:
+            dsn = self.database_dsn_file.read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ValueError(f"database_dsn_file {self.database_dsn_file}: cannot read: {exc}") from None
+        if not dsn.startswith(("postgresql://", "postgres://")):
+            raise ValueError(f"database_dsn_file {self.database_dsn_file}: does not hold a postgresql:// DSN")
+        object.__setattr__(self, "database", dsn)  # frozen: set once, here, before anyone reads it
         return self
 
     @model_validator(mode="after")

@@ -97,7 +97,7 @@ class Controller:
         if self.store.opened is Opened.EMPTY:  # its history is gone: loudly, once, and as a gauge
             log.error(
                 "database_started_empty",
-                database=str(config.database),
+                database=self.store.db.where,
                 why="the file was there with nothing in it: every incident, count and held action it had is gone",
             )
         self.engine.metrics.database_started_empty.set(1 if self.store.opened is Opened.EMPTY else 0)
@@ -156,7 +156,7 @@ class Controller:
             "controller_started",
             port=self.port,
             nodes=len(self.engine.fleet),
-            database=str(self.config.database),
+            database=self.store.db.where,
             database_was=self.store.opened.value,
             automation=self.engine.automation,
             transport=transport,

@@ -28,7 +28,7 @@ class LocalQuarantines:
         """True when this call quarantined the node; False when it already was (idempotent)."""
         with self._db.tx() as db:
             inserted = db.execute(
-                "INSERT OR IGNORE INTO quarantines VALUES (?, ?, ?, ?)", (node, incident_id, reason, now)
+                "INSERT INTO quarantines VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING", (node, incident_id, reason, now)
             ).rowcount
         return inserted == 1
 

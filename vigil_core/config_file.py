@@ -13,7 +13,15 @@ from typing import Annotated, Any, TypeVar
 from urllib.parse import urlsplit
 
 import yaml
-from pydantic import AfterValidator, BaseModel, ConfigDict, ValidationError, ValidationInfo, field_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -64,8 +72,18 @@ def _file_path(value: Path) -> Path:
     return value
 
 
+def _file_or_postgres(value: object) -> object:
+    if isinstance(value, str) and value.startswith(("postgresql://", "postgres://")):
+        if not urlsplit(value).hostname and "host=" not in value:
+            raise ValueError("a postgresql:// DSN needs a host (postgresql://USER@HOST:PORT/DATABASE)")
+        return value
+    return _file_path(Path(value)) if isinstance(value, str | Path) else value
+
+
 HttpUrl = Annotated[str, AfterValidator(_http_url)]  # an http(s) URL with a host, kept as text
 FilePath = Annotated[Path, AfterValidator(_file_path)]  # a file that is, or can be made, there
+# A database: a file (SQLite) that is, or can be made, there; or a postgresql:// DSN, kept as text.
+DatabaseTarget = Annotated[Path | str, BeforeValidator(_file_or_postgres)]
 
 
 def load_yaml_model(model: type[M], path: Path | None, overrides: dict[str, Any] | None = None) -> M:

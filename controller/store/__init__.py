@@ -12,15 +12,14 @@ point neither forgets an incident nor loses a signal; actions left PENDING resum
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from controller.store.action_log import ActionLog, PendingAction
-from controller.store.database import Database
-from controller.store.identity import DatabaseRefused, Opened, before_opening, check_identity, open_database, stamp
+from controller.store.database import Database, SqliteDatabase, Tx
+from controller.store.identity import DatabaseRefused, Opened, check_identity, open_database, stamp
 from controller.store.incidents import ActionView, IncidentLog, IncidentView
 from controller.store.nodes import NodeRow, NodeTable
 from controller.store.records import Records
@@ -38,18 +37,20 @@ __all__ = [
     "Opened",
     "PendingAction",
     "Records",
+    "SqliteDatabase",
     "Store",
+    "Tx",
 ]
 
 
 class Store:
-    def __init__(self, path: Path, cluster: str = "default") -> None:
-        """Open (or create) the database; raises DatabaseRefused for one that is damaged, foreign,
-        or newer than this controller (``controller.store.identity``). ``opened`` says what it was."""
-        self.opened = before_opening(path)
-        self.db = open_database(path)
+    def __init__(self, target: Path | str, cluster: str = "default") -> None:
+        """Open (or create) the database a file path or a ``postgresql://`` DSN names; raises
+        DatabaseRefused for one that is damaged, foreign, or newer than this controller
+        (``controller.store.identity``). ``opened`` says what it was."""
+        self.db, self.opened = open_database(target)
         try:
-            check_identity(self.db, path, cluster)
+            check_identity(self.db, cluster)
         except DatabaseRefused:
             self.db.close()
             raise
@@ -60,7 +61,7 @@ class Store:
         stamp(self.db, cluster)
 
     @contextmanager
-    def tx(self) -> Iterator[sqlite3.Connection]:
+    def tx(self) -> Iterator[Tx]:
         """One transaction across the domains (a received batch)."""
         with self.db.tx() as db:
             yield db

@@ -6,12 +6,11 @@ drops it (SKIPPED); HELD while the circuit breaker holds it back. PENDING action
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from controller.actions import ExternalAction, action_from_json, action_kind, action_to_json
-from controller.store.database import Database
+from controller.store.database import Database, Tx
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS actions (
@@ -37,12 +36,12 @@ class ActionLog:
         db.create(SCHEMA)
 
     @staticmethod
-    def add_in(db: sqlite3.Connection, action: ExternalAction, now: float, seq: int = 0, held: bool = False) -> bool:
+    def add_in(db: Tx, action: ExternalAction, now: float, seq: int = 0, held: bool = False) -> bool:
         """In the caller's transaction; False when that incident already has an action of this kind."""
         return (
             db.execute(
-                "INSERT OR IGNORE INTO actions (incident_id, kind, status, payload, requested_at, seq) "
-                "VALUES (?, ?, ?, ?, ?, ?)",
+                "INSERT INTO actions (incident_id, kind, status, payload, requested_at, seq) "
+                "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
                 (
                     action.incident_id,
                     action_kind(action),

@@ -1,23 +1,72 @@
-"""The controller's SQLite database: one connection, its lock, and transactions.
+"""The controller's database: one interface, two backends.
+
+- ``SqliteDatabase`` (the default: a file, one controller; the demo): one connection, its lock,
+  ``BEGIN IMMEDIATE`` transactions, WAL.
+- ``PostgresDatabase`` (``controller.store.postgres``; HA replicas sharing one database): a
+  connection pool, one transaction per ``tx``.
 
 Each domain's tables (``nodes``, ``incidents``, ``action_log``, ``records``, and the local
-actuator's) bring their own schema and share this connection, so one transaction can span them:
-a received batch commits its signals, incidents, actions and the node's state together.
+actuator's) bring their own schema and share the database, so one transaction can span them: a
+received batch commits its signals, incidents, actions and the node's state together. The SQL is
+written once, in the subset both speak (``?`` placeholders, ``ON CONFLICT`` upserts, ``INTEGER``,
+``REAL`` and ``TEXT`` columns); the PostgreSQL backend translates placeholders and column types.
 """
 
 from __future__ import annotations
 
 import sqlite3
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 
-class Database:
+class Cursor(Protocol):
+    @property
+    def rowcount(self) -> int: ...
+
+    def fetchall(self) -> list[Any]: ...
+
+    def fetchone(self) -> Any: ...
+
+
+class Tx(Protocol):
+    """A transaction's connection: statements run in it commit together."""
+
+    def execute(self, sql: str, args: Sequence[Any] = ..., /) -> Cursor: ...
+
+    def executemany(self, sql: str, rows: Sequence[Sequence[Any]], /) -> Any: ...
+
+
+class Database(Protocol):
+    where: str  # for messages: the file, or the server and database (never a password)
+
+    def create(self, schema: str) -> None: ...
+
+    def add_column(self, table: str, column: str, definition: str) -> None:
+        """Bring a table written by an older controller up to this schema (no-op if it is new or has it)."""
+        ...
+
+    def tx(self) -> AbstractContextManager[Tx]:
+        """One write transaction; it commits when the block ends and rolls back if it raises."""
+        ...
+
+    def read(self, sql: str, args: Sequence[Any] = ()) -> list[tuple[Any, ...]]: ...
+
+    def tables(self) -> set[str]: ...
+
+    def check(self) -> list[str]:
+        """What is wrong with the database itself (empty: nothing)."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class SqliteDatabase:
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
+        self.where = str(path)
         self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         self._lock = threading.RLock()
         self._db.execute("PRAGMA journal_mode=WAL")
@@ -28,22 +77,27 @@ class Database:
             self._db.executescript(schema)
 
     def add_column(self, table: str, column: str, definition: str) -> None:
-        """Bring a table written by an older controller up to this schema (no-op if it is new or has it)."""
         with self._lock:
             columns = {r[1] for r in self._db.execute(f"PRAGMA table_info({table})")}
             if columns and column not in columns:
                 self._db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {definition}")
 
     @contextmanager
-    def tx(self) -> Iterator[sqlite3.Connection]:
-        """One write transaction; it commits when the block ends and rolls back if it raises."""
+    def tx(self) -> Iterator[Tx]:
         with self._lock, self._db:
             self._db.execute("BEGIN IMMEDIATE")
             yield self._db
 
-    def read(self, sql: str, args: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    def read(self, sql: str, args: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         with self._lock:
-            return list(self._db.execute(sql, args).fetchall())
+            return list(self._db.execute(sql, tuple(args)).fetchall())
+
+    def tables(self) -> set[str]:
+        return {str(r[0]) for r in self.read("SELECT name FROM sqlite_master WHERE type = 'table'")}
+
+    def check(self) -> list[str]:
+        problems = [str(r[0]) for r in self.read("PRAGMA quick_check")]
+        return [] if problems == ["ok"] else problems
 
     def close(self) -> None:
         with self._lock:

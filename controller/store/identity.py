@@ -17,7 +17,8 @@ import sqlite3
 from enum import Enum
 from pathlib import Path
 
-from controller.store.database import Database
+from controller.store.database import Database, SqliteDatabase
+from controller.store.postgres import PostgresDatabase, is_postgres
 
 SCHEMA_VERSION = 1  # bumped with each change an older controller could not read; migrations in Store
 
@@ -32,30 +33,31 @@ class DatabaseRefused(ValueError):
     """A database this controller must not use; the message names the file, why, and what to do."""
 
 
-def before_opening(path: Path) -> Opened:
-    if not path.exists():
-        return Opened.NEW
-    return Opened.EMPTY if path.stat().st_size == 0 else Opened.EXISTING
-
-
-def open_database(path: Path) -> Database:
+def open_database(target: Path | str) -> tuple[Database, Opened]:
+    """The database a file path or a ``postgresql://`` DSN names, and what it was before."""
+    if isinstance(target, str) and is_postgres(target):
+        db: Database = PostgresDatabase(target)
+        return db, Opened.EXISTING if db.tables() else Opened.NEW
+    path = Path(target)
+    opened = Opened.NEW if not path.exists() else Opened.EMPTY if path.stat().st_size == 0 else Opened.EXISTING
     try:
-        db = Database(path)
-        problems = [str(r[0]) for r in db.read("PRAGMA quick_check")]
+        db = SqliteDatabase(path)
+        problems = db.check()
     except sqlite3.DatabaseError as exc:
         raise DatabaseRefused(_damaged(path, str(exc))) from None
-    if problems != ["ok"]:
+    if problems:
         db.close()
         raise DatabaseRefused(_damaged(path, "; ".join(problems)[:500]))
-    return db
+    return db, opened
 
 
-def check_identity(db: Database, path: Path, cluster: str) -> None:
+def check_identity(db: Database, cluster: str) -> None:
     """Refuse a database that is not this cluster's Vigil database of a schema this controller knows."""
-    tables = {str(r[0]) for r in db.read("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    path = db.where
+    tables = db.tables()
     if tables and "meta" not in tables:
         raise DatabaseRefused(
-            f"{path} is an SQLite database but not a Vigil controller's (its tables: {', '.join(sorted(tables)[:8])}): "
+            f"{path} is a database but not a Vigil controller's (its tables: {', '.join(sorted(tables)[:8])}): "
             "point --database at the controller's own file"
         )
     if "meta" not in tables:
@@ -81,10 +83,10 @@ def stamp(db: Database, cluster: str) -> None:
             "INSERT INTO meta VALUES ('schema_version', ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
             (str(SCHEMA_VERSION),),
         )
-        c.execute("INSERT OR IGNORE INTO meta VALUES ('cluster', ?)", (cluster,))
+        c.execute("INSERT INTO meta VALUES ('cluster', ?) ON CONFLICT DO NOTHING", (cluster,))
 
 
-def _damaged(path: Path, detail: str) -> str:
+def _damaged(path: Path | str, detail: str) -> str:
     return (
         f"{path} is damaged ({detail}). Vigil does not replace it: move it aside to start with an empty history, "
         "or restore it from a backup"

@@ -7,13 +7,12 @@ its signals with its incidents, its actions and the node's state); the reads are
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from controller.actions import EscalateIncident, FoldIntoIncident, OpenIncident
 from controller.policy import Severity
-from controller.store.database import Database
+from controller.store.database import Database, Tx
 from vigil_core.signals import GpuRef, Signal
 
 SCHEMA = """
@@ -72,9 +71,9 @@ class IncidentLog:
     # Writes, in the caller's transaction ------------------------------------------------------
 
     @staticmethod
-    def signal(db: sqlite3.Connection, node: str, spool_id: str, s: Signal, incident_id: str, now: float) -> None:
+    def signal(db: Tx, node: str, spool_id: str, s: Signal, incident_id: str, now: float) -> None:
         db.execute(
-            "INSERT OR IGNORE INTO signals VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "INSERT INTO signals VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
             (
                 node,
                 spool_id,
@@ -95,7 +94,7 @@ class IncidentLog:
         )
 
     @staticmethod
-    def open(db: sqlite3.Connection, action: OpenIncident, now: float) -> None:
+    def open(db: Tx, action: OpenIncident, now: float) -> None:
         i = action.incident
         db.execute(
             "INSERT INTO incidents VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
@@ -128,14 +127,14 @@ class IncidentLog:
         )
 
     @staticmethod
-    def fold(db: sqlite3.Connection, action: FoldIntoIncident) -> None:
+    def fold(db: Tx, action: FoldIntoIncident) -> None:
         db.execute(
             "UPDATE incidents SET signal_count = signal_count + ?, last_at = ? WHERE id = ?",
             (action.count, action.at, action.incident_id),
         )
 
     @staticmethod
-    def escalate(db: sqlite3.Connection, action: EscalateIncident) -> None:
+    def escalate(db: Tx, action: EscalateIncident) -> None:
         db.execute(
             "UPDATE incidents SET signal_count = signal_count + ?, last_at = ?, severity = ?, status = ? WHERE id = ?",
             (action.count, action.at, action.severity.value, status_for(action.severity), action.incident_id),
@@ -150,10 +149,11 @@ class IncidentLog:
         finishes a quarantine that the earlier leader left half-written."""
         with self._db.tx() as db:
             new = db.execute(
-                "INSERT OR IGNORE INTO incidents (id, node, gpu_index, gpu_uuid, pci_bus_id, kind, code, severity, "
+                "INSERT INTO incidents (id, node, gpu_index, gpu_uuid, pci_bus_id, kind, code, severity, "
                 "meaning, remedy, status, signal_count, first_message, first_seq, first_observed_at, received_at, "
                 "opened_at, last_at) "
-                "VALUES (?, ?, -1, '', '', 'XID', 0, 'QUARANTINE', ?, '', 'OPEN', 1, ?, 0, ?, ?, ?, ?)",
+                "VALUES (?, ?, -1, '', '', 'XID', 0, 'QUARANTINE', ?, '', 'OPEN', 1, ?, 0, ?, ?, ?, ?) "
+                "ON CONFLICT DO NOTHING",
                 (incident_id, node, reason, "adopted from the node's Vigil annotations", at, now, at, at),
             ).rowcount
         return new == 1

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from controller.node_state import NodeState, state_from_json, state_to_json
-from controller.store.database import Database
+from controller.store.database import Database, Tx
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS nodes (
@@ -57,7 +56,7 @@ class NodeTable:
             )
 
     @staticmethod
-    def received(db: sqlite3.Connection, state: NodeState, last_seq: int, now: float) -> None:
+    def received(db: Tx, state: NodeState, last_seq: int, now: float) -> None:
         """In a batch's transaction: the node's new state and the last seq received from its agent."""
         db.execute(
             "UPDATE nodes SET health = ?, state = ?, last_seq = ?, last_heartbeat = ? WHERE node = ?",

@@ -66,7 +66,9 @@ class Records:
         """A finished sweep: its summary (JSON), next to its checks' results in check_results."""
         with self._db.tx() as db:
             db.execute(
-                "INSERT OR REPLACE INTO sweeps VALUES (?, ?, ?, ?, ?)",
+                "INSERT INTO sweeps VALUES (?, ?, ?, ?, ?) ON CONFLICT (id) DO UPDATE SET "
+                "requested_by = excluded.requested_by, started_at = excluded.started_at, "
+                "finished_at = excluded.finished_at, summary = excluded.summary",
                 (sweep_id, requested_by, started, finished, summary),
             )
 

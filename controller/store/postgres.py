@@ -1,0 +1,109 @@
+"""The PostgreSQL backend of the controller's database (``database: postgresql://...``).
+
+HA replicas share one database, so a new leader continues every incident, count, breaker window
+and held action where the old one left them. psycopg 3 with a small connection pool; the SQL is
+the store's own (``controller.store.database``), its ``?`` placeholders and SQLite column types
+translated here. psycopg is imported only when a PostgreSQL database is configured (the ``postgres``
+extra; the controller's image has it).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+from urllib.parse import urlsplit
+
+from controller.store.database import Cursor, Tx
+
+_TYPES = ((re.compile(r"\bINTEGER\b"), "BIGINT"), (re.compile(r"\bREAL\b"), "DOUBLE PRECISION"))
+
+
+def is_postgres(target: str) -> bool:
+    return target.startswith(("postgresql://", "postgres://"))
+
+
+def redacted(dsn: str) -> str:
+    """The DSN without its password, for messages and logs."""
+    parts = urlsplit(dsn)
+    user = f"{parts.username}@" if parts.username else ""
+    port = f":{parts.port}" if parts.port else ""
+    return f"{parts.scheme}://{user}{parts.hostname or ''}{port}{parts.path}"
+
+
+def to_postgres(sql: str, has_args: bool) -> str:
+    """A statement in the store's SQL, as PostgreSQL (psycopg) takes it. Pure."""
+    if not has_args:
+        return sql  # without parameters psycopg leaves % alone
+    return sql.replace("%", "%%").replace("?", "%s")
+
+
+def ddl_to_postgres(schema: str) -> list[str]:
+    """A schema script, one statement per item, in PostgreSQL's column types. Pure."""
+    for pattern, replacement in _TYPES:
+        schema = pattern.sub(replacement, schema)
+    return [s.strip() for s in schema.split(";") if s.strip()]
+
+
+class _PgTx:
+    def __init__(self, connection: Any) -> None:
+        self._c = connection
+
+    def execute(self, sql: str, args: Sequence[Any] = (), /) -> Cursor:
+        cursor: Cursor = self._c.execute(to_postgres(sql, bool(args)), tuple(args) if args else None)
+        return cursor
+
+    def executemany(self, sql: str, rows: Sequence[Sequence[Any]], /) -> None:
+        with self._c.cursor() as cursor:
+            cursor.executemany(to_postgres(sql, True), [tuple(r) for r in rows])
+
+
+class PostgresDatabase:
+    def __init__(self, dsn: str, pool_size: int = 4, timeout_s: float = 10.0) -> None:
+        try:
+            from psycopg_pool import ConnectionPool
+        except ImportError as exc:
+            raise ValueError(
+                f"database {redacted(dsn)} needs psycopg: pip install 'vigil-gpu[postgres]' ({exc})"
+            ) from None
+        self.where = redacted(dsn)
+        self._pool = ConnectionPool(dsn, min_size=1, max_size=pool_size, timeout=timeout_s, open=False)
+        try:
+            self._pool.open(wait=True, timeout=timeout_s)
+        except Exception as exc:  # PoolTimeout: the server is away, or refuses us
+            self._pool.close()
+            raise ValueError(f"cannot connect to {self.where}: {exc}") from None
+
+    def create(self, schema: str) -> None:
+        with self.tx() as tx:
+            for statement in ddl_to_postgres(schema):
+                tx.execute(statement)
+
+    def add_column(self, table: str, column: str, definition: str) -> None:
+        if table in self.tables():
+            (definition,) = ddl_to_postgres(definition)
+            with self.tx() as tx:
+                tx.execute(f"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS {column} {definition}")
+
+    @contextmanager
+    def tx(self) -> Iterator[Tx]:
+        with self._pool.connection() as connection, connection.transaction():
+            yield _PgTx(connection)
+
+    def read(self, sql: str, args: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        with self._pool.connection() as connection:
+            rows: list[tuple[Any, ...]] = connection.execute(
+                to_postgres(sql, bool(args)), tuple(args) if args else None
+            ).fetchall()
+            return rows
+
+    def tables(self) -> set[str]:
+        rows = self.read("SELECT table_name FROM information_schema.tables WHERE table_schema = current_schema()")
+        return {str(r[0]) for r in rows}
+
+    def check(self) -> list[str]:
+        return []  # the server keeps its own files whole; what it holds is checked by identity
+
+    def close(self) -> None:
+        self._pool.close()
