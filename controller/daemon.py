@@ -28,6 +28,7 @@ from controller.config import ControllerConfig
 from controller.engine import Engine
 from controller.jobs import JobMonitor
 from controller.local_actuator import LocalActuator
+from controller.metrics import ControllerMetrics
 from controller.policy import load_policy
 from controller.quarantine_feed import QuarantineFeed
 from controller.store import Opened, Store
@@ -73,6 +74,24 @@ class Controller:
     def __init__(self, config: ControllerConfig) -> None:
         self.config = config
         self.store = Store(config.database, config.cluster_name)
+        # Read now, so a standby replica refuses bad certificates at start and exports their expiry.
+        self.tls = CertificateSource(config.tls_dir) if config.tls_dir is not None else None
+        self._build(ControllerMetrics())
+        if self.tls is not None:
+            self.engine.metrics.certificate_expiry.set_function(self.tls.expires_at)
+        if self.store.opened is Opened.EMPTY:  # its history is gone: loudly, once, and as a gauge
+            log.error(
+                "database_started_empty",
+                database=self.store.db.where,
+                why="the file was there with nothing in it: every incident, count and held action it had is gone",
+            )
+        self.engine.metrics.database_started_empty.set(1 if self.store.opened is Opened.EMPTY else 0)
+        self.server: grpc.aio.Server | None = None
+        self.port = 0
+
+    def _build(self, metrics: ControllerMetrics) -> None:
+        """The engine and what hangs on it, from what the store holds now."""
+        config = self.config
         outboxes, quarantines = AgentOutboxes(), QuarantineFeed()  # the engine's, shared as below
         membership = JobMembership()  # the job monitor's record of the jobs' nodes, read by the engine
         self.engine = Engine(
@@ -80,6 +99,7 @@ class Controller:
             load_policy(config.policy),
             build_actuator(config, self.store),
             build_pager(config, self.store),
+            metrics=metrics,
             guardrails=config.guardrails,
             recovery=config.recovery,
             fold_report_s=config.fold_report_s,
@@ -90,17 +110,6 @@ class Controller:
             retention_s=config.retention_days * 86400 if config.retention_days is not None else None,
         )
         self.gateway = AgentGateway(self.engine, outboxes, config.limits)
-        # Read now, so a standby replica refuses bad certificates at start and exports their expiry.
-        self.tls = CertificateSource(config.tls_dir) if config.tls_dir is not None else None
-        if self.tls is not None:
-            self.engine.metrics.certificate_expiry.set_function(self.tls.expires_at)
-        if self.store.opened is Opened.EMPTY:  # its history is gone: loudly, once, and as a gauge
-            log.error(
-                "database_started_empty",
-                database=self.store.db.where,
-                why="the file was there with nothing in it: every incident, count and held action it had is gone",
-            )
-        self.engine.metrics.database_started_empty.set(1 if self.store.opened is Opened.EMPTY else 0)
         e = self.engine
         self.sweeper = Sweeper(e.fleet, e.checks, e.actuator, e.check_failed, self.store.records, config.sweep)
         self.jobs = JobMonitor(
@@ -113,11 +122,13 @@ class Controller:
             quarantines,
             membership=membership,
         )
-        self.server: grpc.aio.Server | None = None
-        self.port = 0
 
     async def start(self) -> int:
         """Serve as the leader (or as the only replica)."""
+        if self.config.leader_election.enabled and self.store.shared:
+            # The database is shared with the replica that led before: what it wrote while this one
+            # stood by (incidents, counts, the breaker's window, held actions) is read now.
+            self._build(self.engine.metrics)
         if self.config.leader_election.enabled:
             await self.engine.adopt_cluster_state()
         tokens = self._token_reviewer()

@@ -119,7 +119,12 @@ def controller(
     config: ConfigOpt = None,
     port: Annotated[Optional[int], typer.Option(help="gRPC port (0: any free port)")] = None,
     port_file: Annotated[Optional[Path], typer.Option(help="write the bound port to this file")] = None,
-    database: Annotated[Optional[Path], typer.Option(help="incident store (SQLite) path")] = None,
+    database: Annotated[
+        Optional[str], typer.Option(help="incident store: an SQLite file, or a postgresql:// DSN (HA replicas)")
+    ] = None,
+    database_dsn_file: Annotated[
+        Optional[Path], typer.Option(help="a file holding the postgresql:// DSN (a mounted Secret)")
+    ] = None,
     policy: Annotated[Optional[Path], typer.Option(help="policy YAML file")] = None,
     pager: Annotated[Optional[str], typer.Option(help="console, none, slack or webhook")] = None,
     actuator: Annotated[Optional[str], typer.Option(help="local or kubernetes")] = None,
@@ -137,6 +142,7 @@ def controller(
         "port": port,
         "port_file": port_file,
         "database": database,
+        "database_dsn_file": database_dsn_file,
         "policy": policy,
         "pager": pager,
         "actuator": actuator,

@@ -60,6 +60,11 @@ class Store:
         self.records = Records(self.db)
         stamp(self.db, cluster)
 
+    @property
+    def shared(self) -> bool:
+        """Other replicas may write this database (PostgreSQL): a new leader reads it again."""
+        return self.db.shared
+
     @contextmanager
     def tx(self) -> Iterator[Tx]:
         """One transaction across the domains (a received batch)."""

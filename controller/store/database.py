@@ -41,6 +41,7 @@ class Tx(Protocol):
 
 class Database(Protocol):
     where: str  # for messages: the file, or the server and database (never a password)
+    shared: bool  # other controller replicas may write it (a standby reads it again when it leads)
 
     def create(self, schema: str) -> None: ...
 
@@ -64,6 +65,8 @@ class Database(Protocol):
 
 
 class SqliteDatabase:
+    shared = False
+
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.where = str(path)

@@ -60,6 +60,8 @@ class _PgTx:
 
 
 class PostgresDatabase:
+    shared = True
+
     def __init__(self, dsn: str, pool_size: int = 4, timeout_s: float = 10.0) -> None:
         try:
             from psycopg_pool import ConnectionPool

@@ -62,7 +62,13 @@ def overlays(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Objects]:
     (drain / "kustomization.yaml").write_text(
         yaml.safe_dump({"resources": ["../../base"], "components": ["../../components/drain"]})
     )
-    return {name: render(copy / "overlays" / name) for name in ("example", "cert-manager", "with-drain")}
+    postgres = copy / "overlays" / "with-postgres"  # the base and the PostgreSQL component alone
+    postgres.mkdir()
+    (postgres / "kustomization.yaml").write_text(
+        yaml.safe_dump({"resources": ["../../base"], "components": ["../../components/postgres"]})
+    )
+    names = ("example", "cert-manager", "with-drain", "with-postgres")
+    return {name: render(copy / "overlays" / name) for name in names}
 
 
 def find(objects: Objects, kind: str, name: str = "") -> list[dict[str, Any]]:
@@ -108,7 +114,7 @@ def test_the_schema_check_does_catch_a_bad_field(overlays: dict[str, Objects]) -
 def test_the_pods_mount_what_the_overlay_generated(overlays: dict[str, Objects]) -> None:
     """Kustomize renames generated secrets and config maps (a hash suffix); the pods must follow."""
     for name, objects in overlays.items():
-        if name == "with-drain":
+        if name in ("with-drain", "with-postgres"):  # the base and one component: its secrets are the user's
             continue
         generated = {o["metadata"]["name"] for o in objects if o["kind"] in ("Secret", "ConfigMap")}
         generated |= {o["spec"]["secretName"] for o in find(objects, "Certificate")}
@@ -231,6 +237,34 @@ def test_the_mounted_configuration_loads(overlays: dict[str, Objects], overlay: 
     (daemonset,) = find(objects, "DaemonSet")
     (agent_container,) = daemonset["spec"]["template"]["spec"]["containers"]
     assert agent_container["ports"] == [{"name": "metrics", "containerPort": agent.metrics_port}]
+
+
+def test_the_postgres_component_gives_the_controller_its_dsn_from_the_secret(
+    overlays: dict[str, Objects], tmp_path: Path
+) -> None:
+    (deployment,) = find(overlays["with-postgres"], "Deployment")
+    spec = deployment["spec"]["template"]["spec"]
+    (container,) = spec["containers"]
+    flag = container["args"].index("--database-dsn-file")
+    dsn_file = Path(container["args"][flag + 1])
+    (mount,) = [m for m in container["volumeMounts"] if m["name"] == "postgres"]
+    assert dsn_file.parent == Path(mount["mountPath"]) and mount["readOnly"]
+    (volume,) = [v for v in spec["volumes"] if v["name"] == "postgres"]
+    assert volume["secret"]["secretName"] == "vigil-postgres"
+    assert volume["secret"]["items"] == [{"key": "dsn", "path": dsn_file.name}]
+    assert container["args"][:flag] == [
+        "controller",
+        "--config",
+        "/etc/vigil/config/controller.yaml",
+        "--log-format",
+        "json",
+    ]
+    # What the controller makes of that file, with the base's configuration
+    (config_map,) = find(overlays["with-postgres"], "ConfigMap", "vigil-controller-config")
+    (tmp_path / "controller.yaml").write_text(config_map["data"]["controller.yaml"])
+    (tmp_path / "dsn").write_text("postgresql://vigil:secret@db.example:5432/vigil\n")
+    ctl = load_controller_config(tmp_path / "controller.yaml", {"database_dsn_file": tmp_path / "dsn"})
+    assert ctl.database == "postgresql://vigil:secret@db.example:5432/vigil"
 
 
 # Prometheus and Grafana ----------------------------------------------------------------------

@@ -94,6 +94,31 @@ def port_of(tmp: Path, name: str) -> int:
     return int((tmp / f"{name}.port").read_text())
 
 
+def fast_lease(identity: str) -> dict[str, Any]:
+    """Leader election on a short Lease, so a test sees a take-over within seconds."""
+    return {
+        "enabled": True,
+        "namespace": "vigil",
+        "identity": identity,
+        "lease_duration_s": 3,
+        "renew_deadline_s": 2,
+        "retry_period_s": 1,
+    }
+
+
+def stop_all(procs: Sequence[subprocess.Popen[bytes]]) -> None:
+    """SIGTERM to every process still running, then wait for each (SIGKILL after 10 s)."""
+    for proc in procs:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+    for proc in procs:
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 def json_lines(path: Path) -> list[dict[str, Any]]:
     """A process's JSON log lines (other lines, a traceback say, are left out)."""
     lines = path.read_text().splitlines() if path.exists() else []

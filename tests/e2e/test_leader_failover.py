@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from gpus.simulated import simulated_gpus
-from tests.e2e.processes import configured_controller, start_agent
+from tests.e2e.processes import configured_controller, fast_lease, start_agent, stop_all
 from tests.fakes.kube_api import KubeApiServer
 from tests.fakes.slack_api import CHANNEL, TOKEN, FakeSlack
 from tests.helpers import free_port, poll_until
@@ -33,14 +33,7 @@ def controller(tmp: Path, name: str, port: int, kube: KubeApiServer, slack: Fake
         # Two nodes: the default 5 % would let one quarantine through per window (the new leader counts
         # the one it adopts), and this test is about failover, not the breaker.
         guardrails={"breaker_max_nodes": 10, "breaker_max_fraction": 1.0},
-        leader_election={
-            "enabled": True,
-            "namespace": "vigil",
-            "identity": name,
-            "lease_duration_s": 3,
-            "renew_deadline_s": 2,
-            "retry_period_s": 1,
-        },
+        leader_election=fast_lease(name),
     )
 
 
@@ -119,11 +112,4 @@ def test_leader_killed_mid_action_standby_finishes_without_repeating(tmp_path: P
             ids = sorted(m["metadata"]["event_payload"]["incident_id"] for m in slack.state.top_level())
             assert ids == sorted(i.id for i in incidents.values())
         finally:
-            for proc in procs:
-                if proc.poll() is None:
-                    proc.send_signal(signal.SIGTERM)
-            for proc in procs:
-                try:
-                    proc.wait(10)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
+            stop_all(procs)
