@@ -95,6 +95,7 @@ class Admin(admin_pb2_grpc.AdminServicer):
     async def Uncordon(  # noqa: N802
         self, request: admin_pb2.UncordonRequest, context: grpc.aio.ServicerContext
     ) -> admin_pb2.UncordonReply:
+        await _bounded(context, requested_by=request.requested_by, reason=request.reason)
         try:
             health, detail = await self._engine.operators.uncordon(
                 request.node, request.requested_by or "unknown", request.reason
@@ -109,6 +110,7 @@ class Admin(admin_pb2_grpc.AdminServicer):
     async def Resolve(  # noqa: N802
         self, request: admin_pb2.ResolveRequest, context: grpc.aio.ServicerContext
     ) -> admin_pb2.ResolveReply:
+        await _bounded(context, requested_by=request.requested_by, note=request.note, incident_id=request.incident_id)
         try:
             node, health, detail = self._engine.operators.resolve_incident(
                 request.incident_id, request.requested_by or "unknown", request.note
@@ -141,6 +143,7 @@ class Admin(admin_pb2_grpc.AdminServicer):
     async def Resume(  # noqa: N802
         self, request: admin_pb2.ResumeRequest, context: grpc.aio.ServicerContext
     ) -> admin_pb2.ResumeReply:
+        await _bounded(context, requested_by=request.requested_by, reason=request.reason)
         if not self._engine.guard.holding:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"automation is {self._engine.automation}")
         applied, dropped = await self._engine.operators.resume(
@@ -151,6 +154,7 @@ class Admin(admin_pb2_grpc.AdminServicer):
     async def Sweep(  # noqa: N802
         self, request: admin_pb2.SweepRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[admin_pb2.SweepUpdate]:
+        await _bounded(context, requested_by=request.requested_by)
         bad = [n for n in request.nodes if not is_node_name(n)]
         if bad:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"not a node name: {bad[0]!r}")
@@ -179,3 +183,16 @@ class Admin(admin_pb2_grpc.AdminServicer):
             yield update
             if update.phase == "done":
                 return
+
+
+MAX_TEXT = {"requested_by": 200, "incident_id": 200, "reason": 2000, "note": 2000}
+
+
+async def _bounded(context: grpc.aio.ServicerContext, **fields: str) -> None:
+    """A person's words are kept (operator actions, Slack threads): each field within its bound,
+    else INVALID_ARGUMENT naming it."""
+    for name, text in fields.items():
+        if len(text) > MAX_TEXT[name]:
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, f"{name} is {len(text)} characters; at most {MAX_TEXT[name]}"
+            )

@@ -118,3 +118,25 @@ def test_rules_count_a_quarantine_a_person_undid_soon_after(tmp_path: Path) -> N
         await stop_controller(controller)
 
     asyncio.run(scenario())
+
+
+def test_a_persons_overlong_words_are_refused_by_name_and_nothing_is_recorded(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        controller = await start_controller(tmp_path / "ctl.db")
+        await send_raw(controller.port, raw_batch("s1", [1], code=92), until_ack=1)  # node-a: SUSPECT
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{controller.port}") as channel:
+            admin = admin_pb2_grpc.AdminStub(channel)
+            calls = [
+                admin.Resolve(admin_pb2.ResolveRequest(incident_id="node-a-s1-1", note="n" * 3_000_000)),
+                admin.Uncordon(admin_pb2.UncordonRequest(node="node-a", requested_by="x" * 500)),
+                admin.Resume(admin_pb2.ResumeRequest(reason="r" * 5000)),
+            ]
+            for call, field in zip(calls, ("note is 3000000", "requested_by is 500", "reason is 5000"), strict=True):
+                with pytest.raises(grpc.aio.AioRpcError) as err:
+                    await call
+                assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and field in str(err.value.details())
+            assert controller.store.records.operator_actions() == []
+            assert (await admin.GetStatus(admin_pb2.StatusRequest())).nodes[0].health == "SUSPECT"
+        await stop_controller(controller)
+
+    asyncio.run(scenario())

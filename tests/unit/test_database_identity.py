@@ -83,3 +83,22 @@ def test_a_controller_on_an_empty_file_says_so_in_its_metrics(tmp_path: Path) ->
     again = Controller(config)  # the same file, now a database: nothing to say
     assert again.engine.metrics.registry.get_sample_value("vigil_controller_database_started_empty") == 0
     again.store.close()
+
+
+def test_an_older_database_is_brought_up_to_this_schema(tmp_path: Path) -> None:
+    """A database written before schema versions and the later columns (signals.count,
+    nodes.expected_gpus): opened, upgraded, stamped, its rows kept."""
+    path = tmp_path / "old.db"
+    with sqlite3.connect(path) as db:
+        db.executescript(
+            "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);"
+            "CREATE TABLE signals (node TEXT NOT NULL, spool_id TEXT NOT NULL, seq INTEGER NOT NULL, kind TEXT NOT NULL,"
+            " code INTEGER, gpu_index INTEGER, gpu_uuid TEXT, pci_bus_id TEXT, value REAL, message TEXT, source TEXT,"
+            " observed_at REAL, received_at REAL, incident_id TEXT, PRIMARY KEY (node, spool_id, seq));"
+            "INSERT INTO signals VALUES ('n1', 's', 1, 'XID', 79, 0, '', '', 0, 'old', '', 1.0, 1.0, 'i1');"
+        )
+    store = Store(path)
+    assert store.opened is Opened.EXISTING
+    assert store.records.get_meta("schema_version") == str(SCHEMA_VERSION)
+    assert store.read("SELECT node, count FROM signals") == [("n1", 1)]  # the column added, its default filled
+    store.close()
