@@ -92,9 +92,10 @@ def test_an_older_database_is_brought_up_to_this_schema(tmp_path: Path) -> None:
     with sqlite3.connect(path) as db:
         db.executescript(
             "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);"
-            "CREATE TABLE signals (node TEXT NOT NULL, spool_id TEXT NOT NULL, seq INTEGER NOT NULL, kind TEXT NOT NULL,"
-            " code INTEGER, gpu_index INTEGER, gpu_uuid TEXT, pci_bus_id TEXT, value REAL, message TEXT, source TEXT,"
-            " observed_at REAL, received_at REAL, incident_id TEXT, PRIMARY KEY (node, spool_id, seq));"
+            "CREATE TABLE signals (node TEXT NOT NULL, spool_id TEXT NOT NULL, seq INTEGER NOT NULL,"
+            " kind TEXT NOT NULL, code INTEGER, gpu_index INTEGER, gpu_uuid TEXT, pci_bus_id TEXT, value REAL,"
+            " message TEXT, source TEXT, observed_at REAL, received_at REAL, incident_id TEXT,"
+            " PRIMARY KEY (node, spool_id, seq));"
             "INSERT INTO signals VALUES ('n1', 's', 1, 'XID', 79, 0, '', '', 0, 'old', '', 1.0, 1.0, 'i1');"
         )
     store = Store(path)
