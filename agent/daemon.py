@@ -110,7 +110,7 @@ class Agent:
         self.config = config
         self.clock = clock
         try:
-            self.spool = Spool(config.spool, config.spool_max_signals)
+            self.spool = Spool(config.spool, config.spool_max_signals, config.node)
         except SpoolError as exc:
             raise AgentStartError(f"{exc} (set spool to a writable path)") from None
         self.backend = backend or make_backend(config)

@@ -77,7 +77,7 @@ def _row(s: Signal) -> tuple[int, bytes, str, str, int, int]:
 
 
 class Spool:
-    def __init__(self, path: Path, max_signals: int = 20_000) -> None:
+    def __init__(self, path: Path, max_signals: int = 20_000, node: str = "") -> None:
         self.path = path
         self.max_signals = max_signals
         self.damage = ""  # what happened to the spool that was here before; "" when nothing
@@ -92,6 +92,14 @@ class Spool:
                 raise SpoolError(f"cannot open the spool {path}: {exc}") from None
             self.damage = _move_aside(path, exc, time.time())
             self._db = _open(path)
+        if node and (owner := _owner(self._db)) not in ("", node):
+            # Another node's spool (a cloned disk, a renamed node): the controller would refuse every
+            # signal in it as that node's, for good. Set aside, said, and a spool of this node's own.
+            self._db.close()
+            self.damage = _move_aside(
+                path, SpoolError(f"it is node {owner!r}'s spool, this agent is {node!r}"), time.time()
+            )
+            self._db = _open(path)
         self.dropped: Counter[str] = Counter()  # kind -> observations dropped to keep the bound
         self.merged = 0  # signals merged into an earlier repeat (nothing lost)
         self.sent_upto = 0  # the link's: the highest seq sent on the current stream
@@ -101,6 +109,8 @@ class Spool:
                 "INSERT OR IGNORE INTO meta VALUES ('spool_id', ?)", (uuid.uuid4().hex,)
             ).rowcount
             self._db.execute("INSERT OR IGNORE INTO meta VALUES ('next_seq', '1'), ('acked_seq', '0')")
+            if node:
+                self._db.execute("INSERT OR IGNORE INTO meta VALUES ('node', ?)", (node,))
         self.spool_id = self._meta("spool_id")
         self._check_identity(bool(created))
 
@@ -303,6 +313,12 @@ def _open(path: Path) -> sqlite3.Connection:
     return db
 
 
+def _owner(db: sqlite3.Connection) -> str:
+    """The node a spool was written by ('' for a new spool, or one from before this was recorded)."""
+    row = db.execute("SELECT value FROM meta WHERE key = 'node'").fetchone()
+    return str(row[0]) if row else ""
+
+
 def _move_aside(path: Path, error: Exception, now: float) -> str:
     """Move a damaged spool (and its WAL and shared-memory files) aside; says what may be lost."""
     try:
@@ -316,6 +332,6 @@ def _move_aside(path: Path, error: Exception, now: float) -> str:
         if source.exists():
             os.replace(source, aside.with_name(aside.name + suffix))
     return (
-        f"spool {path} could not be read ({error}); moved aside to {aside} and a new spool started: "
+        f"spool {path} could not be used ({error}); moved aside to {aside} and a new spool started: "
         f"{waiting} unacknowledged signal(s) it held may be lost"
     )

@@ -145,7 +145,7 @@ def test_a_garbage_spool_is_moved_aside_and_said_aloud(tmp_path: Path) -> None:
     Spool(path).close()
     path.write_bytes(b"this is not a database" * 100)
     spool = Spool(path)
-    assert "could not be read" in spool.damage and str(path) in spool.damage
+    assert "could not be used" in spool.damage and str(path) in spool.damage
     aside = [p.name for p in tmp_path.iterdir() if ".damaged-" in p.name]
     assert len(aside) == 1 and spool.append([draft(79)])[0].seq == 1  # and it works again
 
@@ -182,3 +182,21 @@ def test_a_spool_that_went_back_is_renumbered_after_what_the_controller_holds(tm
     assert spool.renumber_after(40) == 2
     assert [s.seq for s in spool.pending(after_seq=40)] == [41, 42]
     assert spool.acked_seq == 40 and [s.seq for s in spool.append([draft(48)])] == [43]
+
+
+def test_another_nodes_spool_is_set_aside_with_what_it_held(tmp_path: Path) -> None:
+    """A cloned disk or a renamed node: the controller would refuse every signal of node-a's spool
+    from node-b's agent, for good. Moved aside, said (with its count), and a spool of node-b's own."""
+    path = tmp_path / "s.db"
+    mine = Spool(path, node="node-a")
+    mine.append([draft(13), draft(79)])
+    first_id = mine.spool_id
+    mine.close()
+    again = Spool(path, node="node-a")
+    assert again.damage == "" and again.spool_id == first_id  # its own node: nothing to say
+    again.close()
+    other = Spool(path, node="node-b")
+    assert "node 'node-a''s spool, this agent is 'node-b'" in other.damage
+    assert "2 unacknowledged signal(s)" in other.damage
+    assert other.spool_id != first_id and other.pending(after_seq=0) == []
+    assert len([p for p in tmp_path.iterdir() if ".damaged-" in p.name and p.name.endswith(tuple("0123456789"))]) == 1
