@@ -1,6 +1,7 @@
 """Fault → cordon PATCH at the API server, and fault → Slack message at Slack: single faults and a burst.
 
     python -m bench.fault_to_action [--nodes 2000] [--single 200] [--burst 375] [--heartbeat-s 5]
+                                    [--databases sqlite,postgresql]
 
 A real ``vigil controller`` process (Kubernetes actuator, Slack pager) serves a fleet of simulated
 agents (one real gRPC stream per node, heartbeating) and talks to a Kubernetes API server and a
@@ -13,14 +14,18 @@ clock starts when the agent stamps the signal (``observed_at``) and sends it.
 
 The circuit breaker is set wide open for this run (it would rightly hold back 375 of 2,000), and
 the rate limit is the default (100 quarantines/s, burst 200). Baseline: a bare PATCH round trip
-from this process to the same API server. Figures are printed and appended to
-bench/results/fault_to_action.jsonl with the command that produced them.
+from this process to the same API server. ``--databases`` runs the whole measurement once per
+incident store, one after the other in one invocation: SQLite (a file) and PostgreSQL (a private
+server of Debian's postgresql package, on loopback, as ``tests/postgres.py`` starts it), and
+prints their ratio. Figures are printed and appended to bench/results/fault_to_action.jsonl (one
+line per store) with the command that produced them.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import statistics
 import sys
@@ -36,6 +41,8 @@ from bench.record import append_result, header, percentile
 from tests.fakes.fleet import Fleet
 from tests.fakes.kube_api import KubeApiServer
 from tests.fakes.slack_api import CHANNEL, TOKEN, FakeSlack
+from tests.postgres import postgres_server
+from tests.postgres import unavailable as postgres_unavailable
 from vigil.admin_client import AdminClient
 
 
@@ -117,13 +124,13 @@ def controller_settings(workdir: Path, kube: KubeApiServer, slack: FakeSlack, no
     }
 
 
-async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+async def run(args: argparse.Namespace, workdir: Path, database: str) -> dict[str, Any]:
     with KubeApiServer() as kube, FakeSlack() as slack:
         names = [f"gpu-{i:05d}" for i in range(args.nodes)]
         for name in names:
             kube.add_node(name)
         baseline = baseline_patch_rtt(kube, workdir)
-        settings = controller_settings(workdir, kube, slack, args.nodes)
+        settings = controller_settings(workdir, kube, slack, args.nodes) | {"database": database}
         controller = start_controller(workdir, settings, {"VIGIL_SLACK_TOKEN": TOKEN})
         try:
             target = await controller_target(workdir, controller)
@@ -193,19 +200,46 @@ def main() -> int:
     parser.add_argument("--single", type=int, default=200)
     parser.add_argument("--burst", type=int, default=375, help="0: single faults only (e.g. with --nodes 20000)")
     parser.add_argument("--heartbeat-s", type=float, default=5.0)
+    parser.add_argument("--databases", default="sqlite", help="comma-separated: sqlite, postgresql")
     args = parser.parse_args()
     if args.single + args.burst > args.nodes:
         parser.error("--single + --burst must not exceed --nodes (each fault gets a fresh node)")
-    with tempfile.TemporaryDirectory(prefix="vigil-bench-") as tmp:
+    databases = [d.strip() for d in args.databases.split(",") if d.strip()]
+    if unknown := set(databases) - {"sqlite", "postgresql"}:
+        parser.error(f"--databases: unknown {sorted(unknown)}; known: sqlite, postgresql")
+    if "postgresql" in databases and (why := postgres_unavailable()):
+        parser.error(f"--databases postgresql: {why}")
+    records = {}
+    for database in databases:
+        record = measure(args, database)
+        if record is None:
+            return 1
+        records[database] = record
+    if len(records) == 2:
+        for phase in ("single", "burst"):
+            for what in ("cordon", "slack"):
+                if records["sqlite"][phase] and what in records["sqlite"][phase]:
+                    a, b = records["sqlite"][phase][what], records["postgresql"][phase][what]
+                    print(
+                        f"{phase:6} {what:7}: PostgreSQL / SQLite  p50 ×{b['p50_s'] / a['p50_s']:.2f}  "
+                        f"p99 ×{b['p99_s'] / a['p99_s']:.2f}"
+                    )
+    return 0
+
+
+def measure(args: argparse.Namespace, database: str) -> dict[str, Any] | None:
+    with tempfile.TemporaryDirectory(prefix="vigil-bench-") as tmp, contextlib.ExitStack() as stack:
+        target = stack.enter_context(postgres_server()) if database == "postgresql" else str(Path(tmp) / "ctl.db")
         try:
-            figures = asyncio.run(run(args, Path(tmp)))
+            figures = asyncio.run(run(args, Path(tmp), target))
         except (TimeoutError, RuntimeError) as exc:
             print(f"bench failed: {exc!r}; the controller's last words:", file=sys.stderr)
             print((Path(tmp) / "controller.out").read_text()[-3000:], file=sys.stderr)
-            return 1
+            return None
     record = {
         **header("fault_to_action"),
         "nodes": args.nodes,
+        "database": database,
         **figures,
     }
     print(json.dumps(record, indent=2))
@@ -216,11 +250,11 @@ def main() -> int:
                 continue
             s = figures[phase][what]
             print(
-                f"{phase:6} {what:20}: p50 {s['p50_s']:.3f} s  p99 {s['p99_s']:.3f} s  "
+                f"{database:10} {phase:6} {what:20}: p50 {s['p50_s']:.3f} s  p99 {s['p99_s']:.3f} s  "
                 f"(p50 = {s['p50_s'] / base:.0f}× a bare PATCH round trip)"
             )
     append_result("fault_to_action", record)
-    return 0
+    return record
 
 
 if __name__ == "__main__":

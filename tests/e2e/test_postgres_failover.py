@@ -1,7 +1,9 @@
 """Two controller replicas on one PostgreSQL database (a real server), Lease leader election; the
 leader is SIGKILLed. The standby takes over where it left off: an XID count two-thirds of the way
-to its threshold, a quarantine and its page, the circuit breaker's half-full window. Nothing is
-repeated, nothing forgotten. (With a database per replica, the count and the window would be gone.)"""
+to its threshold, two quarantines and their pages, the circuit breaker's full window and the
+quarantine it holds. Nothing is repeated, nothing forgotten: the count reaches its threshold, the
+held quarantine is still held (automation paused) until a person resumes it on the new leader.
+(With a database per replica, the count and the held action would be gone.)"""
 
 from __future__ import annotations
 
@@ -74,34 +76,39 @@ def test_the_new_leader_continues_counts_incidents_and_the_breaker_window(tmp_pa
             with AdminClient(f"127.0.0.1:{port_a}") as admin:
                 poll_until(lambda: len(admin.status().nodes) == len(NODES), what="every agent on the leader")
                 inject(kmsg["node-a"], "node-a", 13, 100, times=2)  # two of the three XID 13 the rule wants
-                inject(kmsg["node-b"], "node-b", 79, 100)  # a quarantine: the breaker's window is half full
+                inject(kmsg["node-b"], "node-b", 79, 100)
                 poll_until(lambda: cordoned(kube, "node-b"), what="node-b cordoned by ctl-a")
-                poll_until(lambda: len(slack.state.top_level()) == 1, what="node-b paged by ctl-a")
+                inject(kmsg["node-c"], "node-c", 79, 100)  # the window's second quarantine: now it is full
+                poll_until(lambda: cordoned(kube, "node-c"), what="node-c cordoned by ctl-a")
+                inject(kmsg["node-d"], "node-d", 79, 100)  # a third: the breaker holds it
+                poll_until(lambda: admin.status().automation != "active", what="the breaker trips on ctl-a")
                 poll_until(
                     lambda: {n.node: n.last_seq for n in admin.status().nodes}.get("node-a") == 2,
                     what="both XID 13 recorded",
                 )
             ctl_a.send_signal(signal.SIGKILL)
             ctl_a.wait()
+            assert not cordoned(kube, "node-d")
 
             poll_until(lambda: (tmp_path / "ctl-b.port").exists(), timeout=30, what="ctl-b takes over")
             with AdminClient(f"127.0.0.1:{port_b}") as admin:
                 poll_until(lambda: len(admin.status().nodes) == len(NODES), timeout=30, what="agents on ctl-b")
-                health = {n.node: n.health for n in admin.status().nodes}
-                assert health["node-b"] == "QUARANTINED"
+                status = admin.status()
+                assert status.automation != "active"  # the held quarantine is still held
+                assert {n.node: n.health for n in status.nodes}["node-b"] == "QUARANTINED"
                 inject(kmsg["node-a"], "node-a", 13, 200)  # the third: counted with the two before
                 poll_until(
                     lambda: {n.node: n.health for n in admin.status().nodes}["node-a"] == "SUSPECT",
                     what="node-a SUSPECT: the count survived the failover",
                 )
-                inject(kmsg["node-c"], "node-c", 79, 100)  # the window's second quarantine: allowed
-                poll_until(lambda: cordoned(kube, "node-c"), what="node-c cordoned by ctl-b")
-                inject(kmsg["node-d"], "node-d", 79, 100)  # a third within the window: the breaker holds it
-                poll_until(lambda: admin.status().automation != "active", what="the breaker trips")
                 assert not cordoned(kube, "node-d")
+                reply = admin.resume("sre@example.com", "the rack is fine", apply_held=True)
+                assert reply.applied >= 1
+                poll_until(lambda: cordoned(kube, "node-d"), what="node-d cordoned once a person resumed")
                 incidents = admin.incidents()
-            # Nothing repeated: one cordon write for node-b, one message per paged incident.
-            assert len(kube.requests("PATCH", r"/api/v1/nodes/node-b$")) == 1
+            # Nothing repeated: one cordon write per quarantined node, one message per paged incident.
+            for node in ("node-b", "node-c", "node-d"):
+                assert len(kube.requests("PATCH", rf"/api/v1/nodes/{node}$")) == 1, node
             posted = [m["metadata"]["event_payload"]["incident_id"] for m in slack.state.top_level()]
             assert len(posted) == len(set(posted))
             paged = {
