@@ -115,6 +115,7 @@ class Agent:
             raise AgentStartError(f"{exc} (set spool to a writable path)") from None
         self.backend = backend or make_backend(config)
         self.metrics = AgentMetrics(config.node)
+        self.metrics.gpus_known(self.backend.gpus())
         self.watchdog = Watchdog(config.node, clock)
         self.folder = XidFolder(config.xid_fold_window_s)
         self.storm = StormFolder(config.storm_fold_s)
@@ -208,6 +209,8 @@ class Agent:
         self._unsaved, self._unsaved_cursors = [], {}
         for s in numbered:
             self.metrics.signals.labels(self.config.node, s.kind.value).inc()
+            if s.kind is SignalKind.XID and s.gpu.index >= 0:
+                self.metrics.xid(s)
             log.info(
                 "signal",
                 node=s.node,

@@ -10,7 +10,7 @@ NVLink, PCIe replays) are exported as counters, since they only grow until a dri
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
@@ -19,7 +19,7 @@ from prometheus_client.registry import Collector
 
 from agent.host import HostReading
 from gpus.backend import GpuReading
-from vigil_core.signals import THROTTLE_HARMFUL_MASK, throttle_reason_names
+from vigil_core.signals import THROTTLE_HARMFUL_MASK, GpuRef, Signal, throttle_reason_names
 
 _GPU = ["node", "gpu", "uuid", "pci_bus_id"]
 _THROTTLE_BITS = [1 << i for i in range(8)]
@@ -144,6 +144,25 @@ class AgentMetrics:
         r = self.registry
         r.register(self.readings)
         self.signals = Counter("vigil_agent_signals", "Signals spooled", ["node", "kind"], registry=r)
+        # Per GPU and XID code, for shops that alert from Prometheus alone. A counter series appears
+        # only with its first XID (so increase() over it misses that one); the last-XID gauges exist
+        # for every GPU from the start, so changes() on the timestamp sees the very first XID.
+        gpu = ["node", "gpu", "uuid"]
+        self.xid_errors = Counter(
+            "vigil_gpu_xid_errors",
+            "XID errors observed, per GPU and code (a storm's repeats counted)",
+            [*gpu, "code"],
+            registry=r,
+        )
+        self.last_xid_code = Gauge(
+            "vigil_gpu_last_xid_code", "The GPU's latest XID code (0: none yet)", gpu, registry=r
+        )
+        self.last_xid_at = Gauge(
+            "vigil_gpu_last_xid_timestamp_seconds",
+            "When the GPU's latest XID was observed (0: none yet)",
+            gpu,
+            registry=r,
+        )
         self.unparsed = Counter(
             "vigil_agent_kernel_log_unparsed",
             "Kernel-log lines that looked like a driver fault but could not be used, by reason "
@@ -206,3 +225,15 @@ class AgentMetrics:
             ["node", "collector"],
             registry=r,
         )
+
+    def gpus_known(self, gpus: Sequence[GpuRef]) -> None:
+        """Every GPU's last-XID series, from the start (0: no XID yet)."""
+        for g in gpus:
+            self.last_xid_code.labels(self.node, str(g.index), g.uuid).set(0)
+            self.last_xid_at.labels(self.node, str(g.index), g.uuid).set(0)
+
+    def xid(self, s: Signal) -> None:
+        labels = (self.node, str(s.gpu.index), s.gpu.uuid)
+        self.xid_errors.labels(*labels, str(s.code)).inc(s.count)
+        self.last_xid_code.labels(*labels).set(s.code)
+        self.last_xid_at.labels(*labels).set(s.observed_at)

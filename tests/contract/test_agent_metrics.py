@@ -84,3 +84,51 @@ def test_the_connected_gauge_is_the_links_state_at_the_scrape(tmp_path: Path) ->
             await task
 
     asyncio.run(scenario())
+
+
+def test_xids_are_counted_per_gpu_and_code_and_every_gpu_has_a_last_xid_series_from_the_start(
+    tmp_path: Path,
+) -> None:
+    """A Prometheus-only shop alerts per GPU and per code: the first XID of a GPU shows as a change
+    of its last-XID timestamp (a series present, at 0, before any XID)."""
+
+    async def scenario() -> tuple[str, str]:
+        agent = Agent(agent_config(tmp_path, "127.0.0.1:1"))
+        stop = asyncio.Event()
+        task = asyncio.create_task(agent.run(stop))
+        await wait_until(lambda: agent.metrics_port is not None, what="/metrics served")
+        before = await scrape(agent)
+        faults = GpuFaults(agent.backend)
+        faults.xid(3, 79, "GPU has fallen off the bus.")
+        faults.xid(5, 13)
+        faults.xid(5, 13)
+
+        def counted() -> bool:
+            value = agent.metrics.registry.get_sample_value(
+                "vigil_gpu_xid_errors_total",
+                {"node": "node-m", "gpu": "5", "uuid": agent.backend.gpus()[5].uuid, "code": "13"},
+            )
+            return value == 2
+
+        await wait_until(counted, what="both XID 13 counted")
+        after = await scrape(agent)
+        stop.set()
+        await task
+        return before, after
+
+    before, after = asyncio.run(scenario())
+    first = {f.name: f for f in text_string_to_metric_families(before)}
+    assert sorted(int(s.labels["gpu"]) for s in first["vigil_gpu_last_xid_timestamp_seconds"].samples) == list(range(8))
+    assert all(s.value == 0 for s in first["vigil_gpu_last_xid_code"].samples)
+    assert "vigil_gpu_xid_errors" not in first or not first["vigil_gpu_xid_errors"].samples
+    families = {f.name: f for f in text_string_to_metric_families(after)}
+    errors = {
+        (s.labels["gpu"], s.labels["code"]): s.value
+        for s in families["vigil_gpu_xid_errors"].samples
+        if s.name.endswith("_total")
+    }
+    assert errors == {("3", "79"): 1, ("5", "13"): 2}
+    last = {s.labels["gpu"]: s.value for s in families["vigil_gpu_last_xid_code"].samples}
+    assert (last["3"], last["5"], last["0"]) == (79, 13, 0)
+    stamped = {s.labels["gpu"]: s.value for s in families["vigil_gpu_last_xid_timestamp_seconds"].samples}
+    assert stamped["3"] > 0 and stamped["0"] == 0
