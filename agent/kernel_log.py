@@ -30,7 +30,7 @@ from typing import Protocol
 
 import structlog
 
-from agent.kmsg import GpuAnnounce, UnparsedLine, XidLine, parse_nvrm, parse_record
+from agent.kmsg import GpuAnnounce, SxidLine, UnparsedLine, XidLine, parse_nvrm, parse_record
 from protos.codec import valid_text
 from vigil_core.signals import GpuRef, Signal, SignalKind
 
@@ -272,6 +272,16 @@ class KernelLogCollector:
             return None
         if parsed is None:
             return None
+        if isinstance(parsed, SxidLine):
+            return Signal(
+                node=self._node,
+                kind=SignalKind.SXID_FATAL if parsed.fatal else SignalKind.SXID_NONFATAL,
+                gpu=GpuRef(pci_bus_id=parsed.pci_bus_id),  # the switch's bus; no GPU
+                code=parsed.code,
+                message=message.strip()[:1000],
+                source=self.source,
+                observed_at=self._clock(),
+            )
         return self._xid_signal(parsed, message)
 
     def _xid_signal(self, xid: XidLine, message: str) -> Signal:

@@ -9,6 +9,9 @@ Driver formats seen in the field:
 - R3xx/R4xx: ``NVRM: Xid (0000:03:00): 13, 0003 00000000 0000a1c0 ...`` (no ``PCI:``, no pid)
 - the bus drop without an Xid: ``NVRM: GPU 0000:3b:00.0: GPU has fallen off the bus.``
 - the start-up line that maps a bus id to a UUID: ``NVRM: GPU at PCI:0000:3b:00: GPU-5b8d...``
+- an NVSwitch error: ``nvidia-nvswitch3: SXid (PCI:0000:05:00.0): 12028, Non-fatal, Link 32 egress
+  non-posted PRIV error (First)``; the driver follows it with lines of the same SXid that carry no
+  severity (``..., Severity 0 Engine instance 32 ...``, ``..., Data {0x...}``): those add nothing
 
 Any process with root can write to ``/dev/kmsg``, and a buggy driver can write anything, so every
 number is read with a bounded pattern of ASCII digits and range-checked before it becomes an
@@ -31,6 +34,12 @@ _XID_LONG_CODE_RE = re.compile(r"NVRM: Xid \(" + _BUS + r"\): [0-9]{25}")
 _PID_RE = re.compile(r"^pid=(?P<pid>'<unknown>'|<unknown>|[0-9]{1,10}(?![0-9]))(?:,\s*name=(?P<name>[^,]*))?,?\s*")
 _BUS_DROP_RE = re.compile(r"NVRM: GPU (?:at )?" + _BUS + r":? GPU has fallen off the bus")
 _ANNOUNCE_RE = re.compile(r"NVRM: GPU at " + _BUS + r": (?P<uuid>GPU-[0-9a-fA-F-]{36})")
+_SXID_RE = re.compile(
+    r"nvidia-nvswitch(?P<switch>[0-9]{1,4}): SXid \(" + _BUS + r"\): (?P<code>[0-9]{1,10})(?![0-9]),\s*"
+    r"(?P<severity>Fatal|Non-fatal)(?:,\s*(?P<rest>.*))?$",
+    re.S,
+)
+_SXID_MORE_RE = re.compile(r"nvidia-nvswitch[0-9]{1,4}: SXid \(" + _BUS + r"\): [0-9]{1,10},\s*(?:Severity|Data)\b")
 _KMSG_RE = re.compile(r"^(?P<prio>[0-9]{1,4}),(?P<seq>[0-9]{1,19}),(?P<ts>[0-9]{1,19}),[^;]*;(?P<msg>.*)$", re.S)
 
 XID_FALLEN_OFF_BUS = 79
@@ -64,6 +73,15 @@ class XidLine:
 
 
 @dataclass(frozen=True, slots=True)
+class SxidLine:
+    switch: int  # the N of nvidia-nvswitchN
+    pci_bus_id: str  # the switch's
+    code: int
+    fatal: bool
+    detail: str
+
+
+@dataclass(frozen=True, slots=True)
 class GpuAnnounce:
     pci_bus_id: str
     uuid: str
@@ -83,14 +101,24 @@ def parse_record(line: str) -> KmsgRecord:
 
 def is_driver_fault_line(message: str) -> bool:
     """A line the parser is expected to understand; one it then cannot parse is counted."""
-    return "NVRM: Xid" in message or "fallen off the bus" in message
+    return "NVRM: Xid" in message or "fallen off the bus" in message or "SXid" in message
 
 
-def parse_nvrm(message: str) -> XidLine | GpuAnnounce | None:
-    """An XID (or bus drop, reported as XID 79) or a GPU announce line; None for a line that is not a
-    driver fault's. Raises ``UnparsedLine`` for a driver fault line it cannot use."""
+def parse_nvrm(message: str) -> XidLine | SxidLine | GpuAnnounce | None:
+    """An XID (or bus drop, reported as XID 79), an NVSwitch SXid or a GPU announce line; None for a
+    line that is not a driver fault's (or adds nothing to one). Raises ``UnparsedLine`` for a driver
+    fault line it cannot use."""
     if (match := _XID_RE.search(message)) is not None:
         return _xid_line(match)
+    if (match := _SXID_RE.search(message)) is not None:
+        code = int(match["code"])
+        if code > MAX_XID_CODE:
+            raise UnparsedLine("out_of_range", f"SXid code {match['code']} is beyond any driver's")
+        fatal = match["severity"] == "Fatal"
+        detail = (match["rest"] or "").strip()
+        return SxidLine(int(match["switch"]), normalize_pci_bus_id(match["bus"]), code, fatal, detail)
+    if _SXID_MORE_RE.search(message) is not None:
+        return None  # the same SXid's severity number or data words: its first line said it all
     if (match := _BUS_DROP_RE.search(message)) is not None:
         return XidLine(normalize_pci_bus_id(match["bus"]), XID_FALLEN_OFF_BUS, None, "", "GPU has fallen off the bus.")
     if (match := _ANNOUNCE_RE.search(message)) is not None:

@@ -93,6 +93,19 @@ DEFAULT_KIND_RULES: dict[SignalKind, Rule] = {
         "the agent's spool was damaged or lost: faults it had not delivered may be gone",
         "check the node's disk; read its kernel log for faults since the agent last reported",
     ),
+    # NVSwitch errors (the driver's own severity): a fatal one breaks the node's NVLink fabric; a
+    # non-fatal one alone is noise, repeated it is a link or switch going bad.
+    SignalKind.SXID_FATAL: _rule(
+        "quarantine",
+        "NVSwitch fatal error (SXid): the node's NVLink fabric is broken",
+        "reset the fabric (reboot the node); read nv-fabricmanager's log; replace the tray if it recurs",
+    ),
+    SignalKind.SXID_NONFATAL: _rule(
+        "suspect",
+        "NVSwitch non-fatal errors (SXid), repeated",
+        "watch for a fatal SXid; check the link's cable or the switch tray",
+        threshold=3,
+    ),
 }
 
 

@@ -24,6 +24,8 @@ class SignalKind(StrEnum):
     DISK_FULL = "DISK_FULL"
     NIC_ERRORS = "NIC_ERRORS"
     SPOOL_LOST = "SPOOL_LOST"
+    SXID_FATAL = "SXID_FATAL"  # an NVSwitch error the driver calls Fatal (code: the SXid)
+    SXID_NONFATAL = "SXID_NONFATAL"
 
 
 # Signals an agent may drop first when its spool is full: measurements of degradation, not faults.
@@ -36,7 +38,13 @@ LOW_SEVERITY_KINDS = frozenset(
 QUARANTINE_XIDS = frozenset({48, 64, 74, 79, 95, 119, 120, 140})
 # Other kinds that are faults by themselves (the default policy quarantines on them).
 QUARANTINE_KINDS = frozenset(
-    {SignalKind.ECC_DBE, SignalKind.ROW_REMAP_PENDING, SignalKind.ROW_REMAP_FAILURE, SignalKind.GPU_LOST}
+    {
+        SignalKind.ECC_DBE,
+        SignalKind.ROW_REMAP_PENDING,
+        SignalKind.ROW_REMAP_FAILURE,
+        SignalKind.GPU_LOST,
+        SignalKind.SXID_FATAL,
+    }
 )
 # Kinds that report a state (stuck, recovered) rather than an event: order matters, so they are
 # never folded or merged with their repeats.
@@ -151,5 +159,8 @@ class Signal:
         return self.kind in QUARANTINE_KINDS or self.kind is SignalKind.SPOOL_LOST
 
     def describe(self) -> str:
+        if self.kind in (SignalKind.SXID_FATAL, SignalKind.SXID_NONFATAL):
+            severity = "fatal" if self.kind is SignalKind.SXID_FATAL else "non-fatal"
+            return f"SXid {self.code} ({severity}) on {self.node} NVSwitch at PCI {self.gpu.pci_bus_id or '?'}"
         what = f"XID {self.code}" if self.kind is SignalKind.XID else self.kind.value
         return f"{what} on {self.node} {self.gpu.describe()}"

@@ -182,6 +182,12 @@ def _inject(cluster: Cluster, admin: AdminClient, event: Event, seq: int) -> int
         with open(cluster.kernel_log(node), "a") as f:
             f.write("".join(lines))
         return seq + k.repeat
+    if event.kernel_line is not None:
+        uptime_us, text = int(time.monotonic() * 1e6), event.kernel_line.text.replace("\n", " ")
+        lines = [f"3,{seq + i},{uptime_us},-;{text}\n" for i in range(event.kernel_line.repeat)]
+        with open(cluster.kernel_log(node), "a") as f:
+            f.write("".join(lines))
+        return seq + event.kernel_line.repeat
     if event.nvml_xid is not None:
         _fault_line(cluster, node, {"gpu": event.nvml_xid.gpu, "xid": event.nvml_xid.xid})
     elif event.gpu is not None:

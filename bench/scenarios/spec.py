@@ -13,7 +13,8 @@ expect:
   health: {node-2: QUARANTINED}  # final health, where it matters
 ```
 
-Event kinds (one per event): ``kernel_log`` (an XID line in the node's kernel log), ``nvml_xid``
+Event kinds (one per event): ``kernel_log`` (an XID line in the node's kernel log), ``kernel_line``
+(any line there, as the driver writes it: an NVSwitch SXid), ``nvml_xid``
 (an XID event from NVML), ``gpu`` (what a GPU reports from now on: ``GpuFaults`` fields),
 ``restart_agent`` (the agent restarts, optionally with fewer GPUs), ``uncordon`` (a person returns
 the node to service), ``resolve`` (a person resolves the node's open incidents), ``person`` (a
@@ -63,6 +64,13 @@ class KernelXid(_Strict):
     repeat: int = Field(1, ge=1, le=100_000, description="this many lines at once")
 
 
+class KernelLine(_Strict):
+    """Any line in the node's kernel log, as the driver writes it (an NVSwitch SXid, say)."""
+
+    text: str = Field(min_length=1, max_length=4000)
+    repeat: int = Field(1, ge=1, le=100_000)
+
+
 class NvmlXid(_Strict):
     xid: int = Field(ge=1, lt=1 << 16)
     gpu: int = Field(0, ge=0)
@@ -84,6 +92,7 @@ class Uncordon(_Strict):
 
 EVENT_KINDS = (
     "kernel_log",
+    "kernel_line",
     "nvml_xid",
     "gpu",
     "restart_agent",
@@ -162,6 +171,7 @@ class Event(_Strict):
     at: float = Field(0.0, ge=0, le=600)
     node: str = Field(default="", description="the node it happens on (not for job_windows)")
     kernel_log: KernelXid | None = None
+    kernel_line: KernelLine | None = None
     nvml_xid: NvmlXid | None = None
     gpu: GpuState | None = None
     restart_agent: RestartAgent | None = None
@@ -186,7 +196,7 @@ class Event(_Strict):
 
     @property
     def is_fault(self) -> bool:
-        return self.kind in ("kernel_log", "nvml_xid", "gpu")
+        return self.kind in ("kernel_log", "kernel_line", "nvml_xid", "gpu")
 
     @property
     def fleet_wide(self) -> bool:

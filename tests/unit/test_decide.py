@@ -305,3 +305,16 @@ def test_suspicion_lapses_after_the_quiet_period_and_only_then() -> None:
     assert not suspicion_lapsed(d.state, 1e9, Policy(suspect_clear_s=None))  # null: never
     (q,) = run([xid(79, 10.0)], policy)
     assert not suspicion_lapsed(q.state, 1e9, policy)  # only SUSPECT lapses
+
+
+def test_a_fatal_sxid_quarantines_and_non_fatal_ones_make_the_node_suspect_only_when_repeated() -> None:
+    switch = GpuRef(pci_bus_id="0000:c6:00")
+    (fatal,) = run([Signal("n1", SignalKind.SXID_FATAL, switch, 24007, 0.0, "Fatal", "kmsg", 5.0, 1)])
+    assert fatal.state.health is Health.UNHEALTHY
+    assert any(a.__class__.__name__ == "Quarantine" for a in fatal.actions)
+    nonfatal = [
+        Signal("n1", SignalKind.SXID_NONFATAL, switch, 12028, 0.0, "", "kmsg", 5.0 + i, i + 1) for i in range(3)
+    ]
+    ds = run(nonfatal)
+    assert [d.state.health for d in ds] == [Health.HEALTHY, Health.HEALTHY, Health.SUSPECT]
+    assert not any(a.__class__.__name__ == "Page" for d in ds[:2] for a in d.actions)

@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from agent.kernel_log import KernelLogCollector
-from agent.kmsg import GpuAnnounce, XidLine, parse_nvrm, parse_record
+from agent.kmsg import GpuAnnounce, SxidLine, XidLine, parse_nvrm, parse_record
 from vigil_core.signals import GpuRef, SignalKind, normalize_pci_bus_id
 
 REAL_LINES = [
@@ -144,3 +144,53 @@ def test_parser_never_raises(text: str) -> None:
     collector = collector_for([text, "NVRM: Xid (" + text])
     collector.collect()
     assert collector.unparsed_lines <= 2
+
+
+SXID_LINES = [
+    # (line as it reaches the agent, switch, bus, code, fatal, detail)
+    (
+        "3,812,9913120,-;nvidia-nvswitch3: SXid (PCI:0000:05:00.0): 12028, Non-fatal, Link 32 egress non-posted "
+        "PRIV error (First)",
+        3,
+        "0000:05:00",
+        12028,
+        False,
+        "Link 32 egress non-posted PRIV error (First)",
+    ),
+    (
+        "[ 4821.331] nvidia-nvswitch0: SXid (PCI:0000:c6:00.0): 24007, Fatal, Link 44 sourcetrack timeout "
+        "error (First)",
+        0,
+        "0000:c6:00",
+        24007,
+        True,
+        "Link 44 sourcetrack timeout error (First)",
+    ),
+    ("kernel: nvidia-nvswitch11: SXid (PCI:0000:9d:00.0): 20034, Fatal", 11, "0000:9d:00", 20034, True, ""),
+]
+
+
+@pytest.mark.parametrize(("line", "switch", "bus", "code", "fatal", "detail"), SXID_LINES)
+def test_real_sxid_lines(line: str, switch: int, bus: str, code: int, fatal: bool, detail: str) -> None:
+    parsed = parse_nvrm(parse_record(line).message)
+    assert parsed == SxidLine(switch, bus, code, fatal, detail)
+
+
+def test_sxid_lines_become_fatal_or_nonfatal_signals_and_their_follow_ups_add_nothing() -> None:
+    lines = [
+        SXID_LINES[0][0],
+        "3,813,9913121,-;nvidia-nvswitch3: SXid (PCI:0000:05:00.0): 12028, Severity 0 Engine instance 32 "
+        "Sub-engine instance 00",
+        "3,814,9913122,-;nvidia-nvswitch3: SXid (PCI:0000:05:00.0): 12028, Data {0x00000000, 0x00000004}",
+        SXID_LINES[1][0],
+        "nvidia-nvswitch2: SXid (PCI:0000:06:00.0): twelve, Fatal",  # malformed: counted, like a bad Xid
+        "nvidia-nvswitch2: SXid (PCI:0000:06:00.0): 99999999999, Fatal",  # no driver's number
+    ]
+    collector = collector_for(lines)
+    signals = collector.collect()
+    assert [(s.kind, s.code, s.gpu.pci_bus_id, s.gpu.index) for s in signals] == [
+        (SignalKind.SXID_NONFATAL, 12028, "0000:05:00", -1),
+        (SignalKind.SXID_FATAL, 24007, "0000:c6:00", -1),
+    ]
+    assert signals[1].describe() == "SXid 24007 (fatal) on n1 NVSwitch at PCI 0000:c6:00"
+    assert collector.unparsed == {"unrecognised": 2}

@@ -26,6 +26,8 @@ class SignalKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     DISK_FULL: _ClassVar[SignalKind]
     NIC_ERRORS: _ClassVar[SignalKind]
     SPOOL_LOST: _ClassVar[SignalKind]
+    SXID_FATAL: _ClassVar[SignalKind]
+    SXID_NONFATAL: _ClassVar[SignalKind]
 
 class Verdict(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -50,6 +52,8 @@ HOST_MEMORY_PRESSURE: SignalKind
 DISK_FULL: SignalKind
 NIC_ERRORS: SignalKind
 SPOOL_LOST: SignalKind
+SXID_FATAL: SignalKind
+SXID_NONFATAL: SignalKind
 VERDICT_UNSPECIFIED: Verdict
 OK: Verdict
 FAIL: Verdict
