@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Protocol
 
 from agent.dcgm import DcgmCollector
 from agent.gpu_collector import GpuCollector, xid_signals
 from agent.host import HostCollector
+from agent.infiniband import PortReading, PortWatch, read_ports
 from agent.kernel_log import KernelLogCollector, KmsgSource, LineSource
 from agent.metrics import AgentMetrics
 from agent.watchdog import Watchdog
@@ -76,6 +79,24 @@ class HostPoll:
 
     def show(self, metrics: AgentMetrics, fresh: bool) -> None:
         metrics.readings.host = self.collector.reading if fresh else None
+
+
+class IbPoll:
+    """InfiniBand/RoCE ports from sysfs (``agent.infiniband``): down time, rate, error counters."""
+
+    name, blocking = "infiniband", True
+
+    def __init__(self, watch: PortWatch, root: Path, interval_s: float, clock: Callable[[], float]) -> None:
+        self.watch, self.root, self.interval_s, self._clock = watch, root, interval_s, clock
+        self.readings: list[PortReading] = []
+
+    def poll(self) -> Poll:
+        self.readings = read_ports(self.root)
+        return Poll(self.watch.observe(self.readings, self._clock()))
+
+    def show(self, metrics: AgentMetrics, fresh: bool) -> None:
+        now = self._clock()
+        metrics.readings.ib = [(r, self.watch.down_total_s(r.hca, r.port, now)) for r in self.readings] if fresh else []
 
 
 class DcgmScrape:

@@ -49,6 +49,15 @@ class AgentConfig(ConfigModel):
     # dcgm-exporter, when it runs on the node: its /metrics URL.
     dcgm_exporter_url: HttpUrl | None = None
     dcgm_poll_s: float = Field(10.0, gt=0, le=600)
+    # InfiniBand/RoCE ports (sysfs); a node without them has nothing there and reports nothing.
+    ib_sysfs_root: Path = Path("/sys/class/infiniband")
+    ib_poll_s: float = Field(1.0, gt=0, le=600)
+    ib_transport_timeout_s: float = Field(
+        7.0, gt=0, le=600, description="a port down longer than this failed the collectives through it"
+    )
+    ib_error_rates: dict[str, float] | None = Field(
+        None, description="counter -> growth per minute that is a signal (default: agent.infiniband's table)"
+    )
     # Host signals.
     host_poll_s: float = Field(5.0, gt=0, le=600)
     checkpoint_path: Path | None = None

@@ -28,11 +28,12 @@ import grpc
 import structlog
 from prometheus_client import start_http_server
 
-from agent.collectors import Collector, DcgmScrape, GpuPoll, HostPoll, KernelLog, NvmlEvents, Poll
+from agent.collectors import Collector, DcgmScrape, GpuPoll, HostPoll, IbPoll, KernelLog, NvmlEvents, Poll
 from agent.config import AgentConfig
 from agent.dcgm import DcgmCollector
 from agent.gpu_collector import GpuCollector
 from agent.host import HostCollector
+from agent.infiniband import PortWatch
 from agent.kernel_log import FileTail, JournaldSource, KernelLogCollector, KmsgSource, LineSource
 from agent.link import ControllerLink
 from agent.local_checks import LocalChecks
@@ -130,6 +131,12 @@ class Agent:
         self.collectors: list[Collector] = [
             GpuPoll(gpu, config.gpu_poll_s, self.spool.cursor("gpu")),
             HostPoll(host, config.host_poll_s),
+            IbPoll(
+                PortWatch(node, config.ib_transport_timeout_s, config.ib_error_rates),
+                config.ib_sysfs_root,
+                config.ib_poll_s,
+                clock,
+            ),
             NvmlEvents(node, self.backend, self.watchdog, config.collector_deadline_s, config.kernel_log_poll_s),
         ]
         if url := config.dcgm_exporter_url:

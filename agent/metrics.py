@@ -18,6 +18,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from agent.host import HostReading
+from agent.infiniband import PortReading
 from gpus.backend import GpuReading
 from vigil_core.signals import THROTTLE_HARMFUL_MASK, GpuRef, Signal, throttle_reason_names
 
@@ -32,11 +33,36 @@ class _Readings(Collector):
         self.node = node
         self.gpus: list[GpuReading] = []
         self.host: HostReading | None = None
+        self.ib: list[tuple[PortReading, float]] = []  # each port, and its cumulative seconds down
 
     def collect(self) -> Iterator[Any]:
         yield from _gpu_families(self.node, self.gpus)
         if self.host is not None:
             yield from _host_families(self.node, self.host)
+        if self.ib:
+            yield from _ib_families(self.node, self.ib)
+
+
+def _ib_families(node: str, ports: list[tuple[PortReading, float]]) -> Iterator[Any]:
+    labels = ["node", "hca", "port", "link_layer"]
+    up = GaugeMetricFamily("vigil_ib_port_up", "1 when the port is ACTIVE and LinkUp", labels=labels)
+    rate = GaugeMetricFamily("vigil_ib_port_rate_gbps", "The port's link rate (Gb/s)", labels=labels)
+    width = GaugeMetricFamily("vigil_ib_port_width_lanes", "The port's link width (lanes; 4 for 4X)", labels=labels)
+    down = CounterMetricFamily(
+        "vigil_ib_port_down_seconds", "Seconds the port has been down since the agent started", labels=labels
+    )
+    counters = CounterMetricFamily(
+        "vigil_ib_port_counter", "The port's counters and RoCE hw_counters, as sysfs reads", labels=[*labels, "counter"]
+    )
+    for r, down_s in ports:
+        values = [node, r.hca, str(r.port), r.link_layer]
+        up.add_metric(values, 1.0 if r.up else 0.0)
+        rate.add_metric(values, r.rate_gbps)
+        width.add_metric(values, float(r.width))
+        down.add_metric(values, down_s)
+        for name, value in sorted(r.counters.items()):
+            counters.add_metric([*values, name], float(value))
+    yield from (up, rate, width, down, counters)
 
 
 def _gpu_families(node: str, readings: list[GpuReading]) -> Iterator[Any]:

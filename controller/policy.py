@@ -106,6 +106,23 @@ DEFAULT_KIND_RULES: dict[SignalKind, Rule] = {
         "watch for a fatal SXid; check the link's cable or the switch tray",
         threshold=3,
     ),
+    # InfiniBand/RoCE ports: down past the transport timeout failed every collective through it; a
+    # leaf switch or its uplink failing takes many nodes' ports at once, which the domain guard
+    # turns into one "shared component" incident.
+    SignalKind.IB_PORT_DOWN: _rule(
+        "quarantine",
+        "InfiniBand/RoCE port down past the transport timeout",
+        "check the cable and the switch port; the leaf switch if its other nodes' ports went down too",
+    ),
+    SignalKind.IB_PORT_FLAP: _rule(
+        "suspect", "InfiniBand/RoCE port flapping", "reseat or replace the cable; check the switch port", threshold=3
+    ),
+    SignalKind.IB_PORT_DEGRADED: _rule(
+        "suspect", "InfiniBand/RoCE link below its rate or width", "reseat or replace the cable or transceiver"
+    ),
+    SignalKind.IB_PORT_ERRORS: _rule(
+        "suspect", "InfiniBand/RoCE error counters growing", "check the cable, transceiver and switch port"
+    ),
 }
 
 

@@ -26,11 +26,25 @@ class SignalKind(StrEnum):
     SPOOL_LOST = "SPOOL_LOST"
     SXID_FATAL = "SXID_FATAL"  # an NVSwitch error the driver calls Fatal (code: the SXid)
     SXID_NONFATAL = "SXID_NONFATAL"
+    IB_PORT_DOWN = "IB_PORT_DOWN"  # an InfiniBand/RoCE port down past the transport timeout
+    IB_PORT_FLAP = "IB_PORT_FLAP"
+    IB_PORT_DEGRADED = "IB_PORT_DEGRADED"
+    IB_PORT_ERRORS = "IB_PORT_ERRORS"
 
 
 # Signals an agent may drop first when its spool is full: measurements of degradation, not faults.
 LOW_SEVERITY_KINDS = frozenset(
-    {SignalKind.THROTTLE, SignalKind.PCIE_REPLAY, SignalKind.NVLINK_ERRORS, SignalKind.NIC_ERRORS}
+    {
+        SignalKind.THROTTLE,
+        SignalKind.PCIE_REPLAY,
+        SignalKind.NVLINK_ERRORS,
+        SignalKind.NIC_ERRORS,
+        SignalKind.IB_PORT_ERRORS,
+        SignalKind.IB_PORT_FLAP,
+    }
+)
+IB_KINDS = frozenset(
+    {SignalKind.IB_PORT_DOWN, SignalKind.IB_PORT_FLAP, SignalKind.IB_PORT_DEGRADED, SignalKind.IB_PORT_ERRORS}
 )
 
 # XIDs whose default rule takes the node out of service (the design's table). The agent's spool never
@@ -44,6 +58,7 @@ QUARANTINE_KINDS = frozenset(
         SignalKind.ROW_REMAP_FAILURE,
         SignalKind.GPU_LOST,
         SignalKind.SXID_FATAL,
+        SignalKind.IB_PORT_DOWN,
     }
 )
 # Kinds that report a state (stuck, recovered) rather than an event: order matters, so they are
@@ -162,5 +177,7 @@ class Signal:
         if self.kind in (SignalKind.SXID_FATAL, SignalKind.SXID_NONFATAL):
             severity = "fatal" if self.kind is SignalKind.SXID_FATAL else "non-fatal"
             return f"SXid {self.code} ({severity}) on {self.node} NVSwitch at PCI {self.gpu.pci_bus_id or '?'}"
+        if self.kind in IB_KINDS:  # the message starts with the port: "mlx5_0 port 1: ..."
+            return f"{self.kind.value} on {self.node} {self.message.partition(':')[0][:80]}"
         what = f"XID {self.code}" if self.kind is SignalKind.XID else self.kind.value
         return f"{what} on {self.node} {self.gpu.describe()}"

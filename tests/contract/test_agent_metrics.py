@@ -11,6 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from agent.config import AgentConfig
 from agent.daemon import Agent
 from tests.fakes.gpu_faults import GpuFaults
+from tests.fakes.ib_sysfs import IbSysfs
 from tests.helpers import start_controller, stop_controller, wait_until
 
 
@@ -132,3 +133,40 @@ def test_xids_are_counted_per_gpu_and_code_and_every_gpu_has_a_last_xid_series_f
     assert (last["3"], last["5"], last["0"]) == (79, 13, 0)
     stamped = {s.labels["gpu"]: s.value for s in families["vigil_gpu_last_xid_timestamp_seconds"].samples}
     assert stamped["3"] > 0 and stamped["0"] == 0
+
+
+def test_infiniband_ports_are_watched_by_the_running_agent_and_shown_in_its_metrics(tmp_path: Path) -> None:
+    """The real collector on a fixture sysfs tree: a port down past the transport timeout is one
+    IB_PORT_DOWN signal, and every port's state, rate, down time and counters are in /metrics."""
+    ib = IbSysfs(tmp_path / "sys")
+    ib.add_port("mlx5_0", 1, "0000:17:00.0")
+    ib.add_port("mlx5_1", 1, "0000:3d:00.0", link_layer="Ethernet", rate="200 Gb/sec (4X HDR)")
+    config = agent_config(tmp_path, "127.0.0.1:1").model_copy(
+        update={"ib_sysfs_root": ib.root, "ib_poll_s": 0.05, "ib_transport_timeout_s": 0.3}
+    )
+
+    async def scenario() -> str:
+        agent = Agent(config)
+        stop = asyncio.Event()
+        task = asyncio.create_task(agent.run(stop))
+        await wait_until(lambda: agent.metrics.readings.ib, what="the first InfiniBand poll")
+        ib.set_up("mlx5_1", 1, False)
+        down = {"node": "node-m", "kind": "IB_PORT_DOWN"}
+        await wait_until(
+            lambda: agent.metrics.registry.get_sample_value("vigil_agent_signals_total", down) == 1,
+            what="the port down past the transport timeout",
+        )
+        body = await scrape(agent)
+        stop.set()
+        await task
+        return body
+
+    families = {f.name: f for f in text_string_to_metric_families(asyncio.run(scenario()))}
+    up = {s.labels["hca"]: s.value for s in families["vigil_ib_port_up"].samples}
+    assert up == {"mlx5_0": 1.0, "mlx5_1": 0.0}
+    rate = {s.labels["hca"]: s.value for s in families["vigil_ib_port_rate_gbps"].samples}
+    assert rate == {"mlx5_0": 400.0, "mlx5_1": 200.0}
+    down_s = {s.labels["hca"]: s.value for s in families["vigil_ib_port_down_seconds"].samples}
+    assert down_s["mlx5_0"] == 0 and down_s["mlx5_1"] >= 0.3
+    roce = {s.labels["counter"] for s in families["vigil_ib_port_counter"].samples if s.labels["hca"] == "mlx5_1"}
+    assert {"out_of_sequence", "symbol_error"} <= roce

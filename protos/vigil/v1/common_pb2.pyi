@@ -28,6 +28,10 @@ class SignalKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     SPOOL_LOST: _ClassVar[SignalKind]
     SXID_FATAL: _ClassVar[SignalKind]
     SXID_NONFATAL: _ClassVar[SignalKind]
+    IB_PORT_DOWN: _ClassVar[SignalKind]
+    IB_PORT_FLAP: _ClassVar[SignalKind]
+    IB_PORT_DEGRADED: _ClassVar[SignalKind]
+    IB_PORT_ERRORS: _ClassVar[SignalKind]
 
 class Verdict(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -54,6 +58,10 @@ NIC_ERRORS: SignalKind
 SPOOL_LOST: SignalKind
 SXID_FATAL: SignalKind
 SXID_NONFATAL: SignalKind
+IB_PORT_DOWN: SignalKind
+IB_PORT_FLAP: SignalKind
+IB_PORT_DEGRADED: SignalKind
+IB_PORT_ERRORS: SignalKind
 VERDICT_UNSPECIFIED: Verdict
 OK: Verdict
 FAIL: Verdict
