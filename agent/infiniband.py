@@ -10,9 +10,11 @@ the transport timeout (about 7 s) fails every collective through it, long before
   warning that the policy pages on when it repeats. Cumulative down time is kept per port.
 - **degraded link**: a rate below the most this port has run at since the agent started, or a
   width below 4X (IB_PORT_DEGRADED, once per degradation);
-- **error counters** (``counters/*``, RoCE's ``hw_counters/*``): a counter growing faster than its
-  configured rate per minute (IB_PORT_ERRORS, the counter and its rate in the message, at most
-  once a minute per counter). A counter that goes back (a reset) sets a new baseline.
+- **error counters** (``counters/*``, RoCE's ``hw_counters/*``): a counter that grew by more than
+  its configured number within the last minute (a sliding window, so one error between two polls
+  a tenth of a second apart is one error, not 600 a minute): IB_PORT_ERRORS, the counter and its
+  growth in the message, at most once a minute per counter. A counter that goes back (a reset)
+  starts a new window.
 
 The root is injectable: tests use fixture trees in the real mlx5 layout (``tests/fakes/ib_sysfs``).
 Files that are missing or unreadable are skipped: a port without ``hw_counters`` is an InfiniBand
@@ -131,6 +133,9 @@ def read_ports(root: Path = SYSFS_ROOT) -> list[PortReading]:
     return readings
 
 
+WINDOW_S = 60.0
+
+
 @dataclass
 class _Port:
     down_since: float | None = None
@@ -138,8 +143,7 @@ class _Port:
     down_total_s: float = 0.0  # cumulative, across outages
     max_rate_gbps: float = 0.0
     degraded_reported: bool = False
-    counters: dict[str, int] = field(default_factory=dict)
-    counters_at: float = 0.0
+    history: dict[str, list[tuple[float, int]]] = field(default_factory=dict)  # counter -> the last minute
     reported_at: dict[str, float] = field(default_factory=dict)  # counter -> its last signal
 
 
@@ -224,20 +228,22 @@ class PortWatch:
         return [self._signal(r, SignalKind.IB_PORT_DEGRADED, what, now, r.rate_gbps)]
 
     def _errors(self, r: PortReading, p: _Port, now: float) -> list[Signal]:
-        before, before_at = p.counters, p.counters_at
-        p.counters, p.counters_at = dict(r.counters), now
-        if not before or now <= before_at:
-            return []
-        minutes = (now - before_at) / 60.0
         signals = []
         for name, limit in sorted(self.error_rates.items()):
-            if name not in r.counters or name not in before or r.counters[name] < before[name]:
-                continue  # not on this port, or reset: a new baseline
-            grown = r.counters[name] - before[name]
-            per_minute = grown / minutes
-            if grown <= 0 or per_minute <= limit or now - p.reported_at.get(name, float("-inf")) < 60.0:
+            if name not in r.counters:
+                continue  # not on this port
+            value = r.counters[name]
+            history = p.history.setdefault(name, [])
+            if history and value < history[-1][1]:
+                history.clear()  # the counter went back (reset): a new window
+            history.append((now, value))
+            while len(history) > 1 and history[0][0] < now - WINDOW_S:
+                history.pop(0)
+            since, base = history[0]
+            grown = value - base
+            if grown <= limit or now - p.reported_at.get(name, float("-inf")) < WINDOW_S:
                 continue
             p.reported_at[name] = now
-            what = f"{name} grew by {grown} ({per_minute:.0f}/min, more than {limit:g}/min)"
+            what = f"{name} grew by {grown} in {now - since:.0f} s (more than {limit:g} a minute)"
             signals.append(self._signal(r, SignalKind.IB_PORT_ERRORS, what, now, float(grown)))
         return signals

@@ -45,6 +45,7 @@ class Cluster:
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     port: int = 0
     agent_config: Path | None = None  # every agent's --config
+    agent_configs: dict[str, Path] = field(default_factory=dict)  # a node's own --config, if it has one
     env: dict[str, str] = field(default_factory=dict)  # added to every process's environment
 
     def kernel_log(self, node: str) -> Path:
@@ -108,7 +109,8 @@ class Cluster:
         args = simulated_agent_args(
             node, f"127.0.0.1:{self.port}", log, spool, gpus or self.gpus, self.fault_file(node)
         )
-        self._spawn(node, [*args, *(["--config", str(self.agent_config)] if self.agent_config else [])])
+        config = self.agent_configs.get(node, self.agent_config)
+        self._spawn(node, [*args, *(["--config", str(config)] if config else [])])
 
     def stop_controller(self, kill: bool = False) -> None:
         self._stop("controller", kill)

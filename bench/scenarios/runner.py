@@ -25,6 +25,7 @@ from bench.scenarios.score import Observed, SweepSeen
 from bench.scenarios.spec import Event, Job, JobWindows, Person, Scenario, Sweep
 from gpus.simulated import simulated_gpus
 from protos.vigil.v1 import trainer_pb2, trainer_pb2_grpc
+from tests.fakes.ib_sysfs import IbSysfs
 from vigil.admin_client import AdminClient
 from vigil.demo import Cluster, DemoFailed, wait_for, xid_line
 
@@ -60,6 +61,12 @@ def _run(workdir: Path, scenario: Scenario, slack: FakeSlack, kube: KubeApiServe
     if scenario.agent:
         cluster.agent_config = workdir / "agent.yaml"
         cluster.agent_config.write_text(yaml.safe_dump(dict(scenario.agent)))
+    if scenario.fleet.infiniband:
+        for node in scenario.fleet.names:
+            ib = IbSysfs(workdir / "ib" / node)
+            ib.add_port("mlx5_0", 1, "0000:17:00.0")
+            path = cluster.agent_configs[node] = workdir / f"{node}.agent.yaml"
+            path.write_text(yaml.safe_dump(dict(scenario.agent) | {"ib_sysfs_root": str(ib.root), "ib_poll_s": 0.1}))
     settings = {"pager": "slack", "slack": {"channel": CHANNEL, "base_url": slack.base_url}} | scenario.controller
     if kube is not None:
         kubeconfig = str(kube.kubeconfig(workdir / "kubeconfig"))
@@ -182,6 +189,15 @@ def _inject(cluster: Cluster, admin: AdminClient, event: Event, seq: int) -> int
         with open(cluster.kernel_log(node), "a") as f:
             f.write("".join(lines))
         return seq + k.repeat
+    if event.ib_port is not None:
+        ib, e = IbSysfs(cluster.workdir / "ib" / node), event.ib_port
+        if e.up is not None:
+            ib.set_up(e.hca, e.port, e.up)
+        if e.rate is not None:
+            ib.set_rate(e.hca, e.port, e.rate)
+        for counter, by in e.bump.items():
+            ib.bump(e.hca, e.port, counter, by)
+        return seq
     if event.kernel_line is not None:
         uptime_us, text = int(time.monotonic() * 1e6), event.kernel_line.text.replace("\n", " ")
         lines = [f"3,{seq + i},{uptime_us},-;{text}\n" for i in range(event.kernel_line.repeat)]

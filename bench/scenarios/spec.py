@@ -20,8 +20,9 @@ Event kinds (one per event): ``kernel_log`` (an XID line in the node's kernel lo
 the node to service), ``resolve`` (a person resolves the node's open incidents), ``person`` (a
 person cordons or taints the Node), ``job_windows`` (the training job's rank 0 reports windows;
 needs ``job:``), ``sweep`` (a person runs ``vigil sweep``; what it must find is part of the event),
-``stop_controller`` / ``start_controller`` (the controller goes away, SIGTERM or SIGKILL, and comes
-back on the same database and port). ``at`` is seconds after every node reported healthy.
+``ib_port`` (what a node's InfiniBand port reads: up, rate, counters; needs
+``fleet.infiniband``), ``stop_controller`` / ``start_controller`` (the controller goes away,
+SIGTERM or SIGKILL, and comes back on the same database and port). ``at`` is seconds after every node reported healthy.
 
 Every page goes to a Slack Web API on loopback (the real ``slack-sdk``); the judge checks that
 each incident Vigil recorded as paged is one top-level Slack message, and that nothing else is.
@@ -51,6 +52,9 @@ class Fleet(_Strict):
         default=False, description="Node objects in a Kubernetes API on loopback; the controller acts through it"
     )
     labels: dict[str, dict[str, str]] = Field(default_factory=dict, description="node -> its labels (kubernetes)")
+    infiniband: bool = Field(
+        default=False, description="each node has an InfiniBand HCA, mlx5_0 port 1 at 400 Gb/s (a sysfs tree)"
+    )
 
     @property
     def names(self) -> list[str]:
@@ -100,6 +104,7 @@ EVENT_KINDS = (
     "resolve",
     "person",
     "job_windows",
+    "ib_port",
     "sweep",
     "stop_controller",
     "start_controller",
@@ -150,6 +155,22 @@ class Sweep(_Strict):
     findings: tuple[str, ...] | None = Field(default=None, description="exactly these culprits ('a|b': a link)")
 
 
+class IbPort(_Strict):
+    """What the node's InfiniBand port reads from now on (needs ``fleet.infiniband``)."""
+
+    hca: str = "mlx5_0"
+    port: int = Field(1, ge=1, le=16)
+    up: bool | None = None
+    rate: str | None = Field(None, description='as sysfs says it: "200 Gb/sec (4X HDR)"')
+    bump: dict[str, int] = Field(default_factory=dict, description="counter -> how much it grows")
+
+    @model_validator(mode="after")
+    def _something(self) -> IbPort:
+        if self.up is None and self.rate is None and not self.bump:
+            raise ValueError("an ib_port event needs up, rate or bump")
+        return self
+
+
 class StopController(_Strict):
     kill: bool = Field(default=False, description="SIGKILL, not SIGTERM")
 
@@ -179,6 +200,7 @@ class Event(_Strict):
     resolve: Resolve | None = None  # a person resolves the node's open incidents (vigil resolve)
     person: Person | None = None  # a person changes the Node through the Kubernetes API
     job_windows: JobWindows | None = None
+    ib_port: IbPort | None = None
     sweep: Sweep | None = None
     stop_controller: StopController | None = None
     start_controller: StartController | None = None
@@ -196,7 +218,7 @@ class Event(_Strict):
 
     @property
     def is_fault(self) -> bool:
-        return self.kind in ("kernel_log", "kernel_line", "nvml_xid", "gpu")
+        return self.kind in ("kernel_log", "kernel_line", "nvml_xid", "gpu", "ib_port")
 
     @property
     def fleet_wide(self) -> bool:
@@ -234,6 +256,8 @@ class Scenario(_Strict):
         names = set(self.fleet.names)
         if (any(e.person for e in self.events) or self.expect.cordoned is not None) and not self.fleet.kubernetes:
             raise ValueError("person events and expect.cordoned need fleet.kubernetes: true")
+        if any(e.ib_port for e in self.events) and not self.fleet.infiniband:
+            raise ValueError("ib_port events need fleet.infiniband: true")
         if any(e.job_windows for e in self.events) and self.job is None:
             raise ValueError("job_windows events need a job: section")
         if bad := [e for e in self.events if bool(e.node) == e.fleet_wide]:
