@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
-from gpus.backend import GpuReading
+from gpus.backend import GpuReading, fabric_failure
 from gpus.health import pcie_degradation
 from vigil_core.signals import GpuRef, Signal, SignalKind
 
@@ -36,6 +36,7 @@ class FaultState:
     nvlink_down: tuple[int, ...] = ()
     pcie_replays: int | None = None
     pcie_degraded: str = ""
+    fabric_failed: int = 0  # NVML's status of a failed fabric registration
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -69,6 +70,7 @@ def fault_state(reading: GpuReading, before: FaultState | None) -> FaultState:
         nvlink_down=_keep(reading.nvlink_links_down, prior.nvlink_down),
         pcie_replays=_keep(reading.pcie_replays, prior.pcie_replays),
         pcie_degraded=pcie_degradation(reading),
+        fabric_failed=fabric_failure(reading),
     )
 
 
@@ -106,6 +108,9 @@ def diff_faults(
         out.append(signal(SignalKind.PCIE_REPLAY, grew, f"{grew} new PCIe replay(s)"))
     if now.pcie_degraded and now.pcie_degraded != b.pcie_degraded:
         out.append(signal(SignalKind.PCIE_LINK_DEGRADED, 1, f"PCIe link degraded: {now.pcie_degraded}"))
+    if now.fabric_failed and not b.fabric_failed:
+        what = f"NVLink fabric registration failed (NVML status {now.fabric_failed}): its NVLink peers are unreachable"
+        out.append(signal(SignalKind.GPU_FABRIC_FAILED, now.fabric_failed, what))
     return out
 
 

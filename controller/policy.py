@@ -120,6 +120,11 @@ DEFAULT_KIND_RULES: dict[SignalKind, Rule] = {
     SignalKind.IB_PORT_DEGRADED: _rule(
         "suspect", "InfiniBand/RoCE link below its rate or width", "reseat or replace the cable or transceiver"
     ),
+    SignalKind.GPU_FABRIC_FAILED: _rule(
+        "quarantine",
+        "the GPU did not join its NVLink fabric (NVSwitch): its NVLink peers are unreachable",
+        "check nv-fabricmanager on the node; reset the GPU or reboot",
+    ),
     SignalKind.IB_PORT_ERRORS: _rule(
         "suspect", "InfiniBand/RoCE error counters growing", "check the cable, transceiver and switch port"
     ),

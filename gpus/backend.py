@@ -60,6 +60,10 @@ class GpuReading:
     pcie_generation_max: int | None = None
     pcie_width: int | None = None
     pcie_width_max: int | None = None
+    # NVLink fabric (NVSwitch systems, Hopper and later): NVML's registration state, and its status
+    # once completed (0: joined). None where the GPU has no fabric or the driver does not say.
+    fabric_state: int | None = None
+    fabric_status: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,3 +93,13 @@ class GpuBackend(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+FABRIC_COMPLETED = 3  # NVML_GPU_FABRIC_STATE_COMPLETED
+
+
+def fabric_failure(reading: GpuReading) -> int:
+    """NVML's failing status of a fabric registration that completed without joining; 0 when none."""
+    if reading.fabric_state == FABRIC_COMPLETED and reading.fabric_status:
+        return reading.fabric_status
+    return 0

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from gpus.backend import GpuReading
+from gpus.backend import GpuReading, fabric_failure
 from vigil_core.signals import THROTTLE_HARMFUL_MASK, throttle_reason_names
 
 BUSY_UTILIZATION_PCT = 50.0
@@ -38,6 +38,8 @@ def health_problems(readings: list[GpuReading]) -> list[str]:
             problems.append(f"{name} has a page retirement pending")
         if r.nvlink_links_down:
             problems.append(f"{name} NVLink(s) {list(r.nvlink_links_down)} down")
+        if status := fabric_failure(r):
+            problems.append(f"{name} NVLink fabric registration failed (NVML status {status})")
         if degraded := pcie_degradation(r):
             problems.append(f"{name} PCIe link degraded: {degraded}")
         if harmful := (r.throttle_reasons or 0) & THROTTLE_HARMFUL_MASK:

@@ -139,6 +139,17 @@ class NvmlBackend:
         except self._nvml.NVMLError:
             return None
 
+    def _fabric(self, call: _Calls) -> tuple[int | None, int | None]:
+        """The GPU's NVLink fabric registration (nvmlDeviceGetGpuFabricInfo): (state, status), or
+        Nones where the GPU has no fabric or the driver does not say."""
+        struct = getattr(self._nvml, "c_nvmlGpuFabricInfo_t", None)
+        if struct is None:
+            return None, None
+        info = struct()
+        if call("nvmlDeviceGetGpuFabricInfo", ctypes.byref(info)) is None or info.state == 0:
+            return None, None  # 0: NVML_GPU_FABRIC_STATE_NOT_SUPPORTED (no NVSwitch fabric)
+        return int(info.state), int(info.status)
+
     def read(self, index: int) -> GpuReading:
         gpu, handle = self._gpus[index], self._handles[index]
         if handle is None:
@@ -156,6 +167,7 @@ class NvmlBackend:
         pending = call("nvmlDeviceGetRetiredPagesPendingStatus")
         sbe_pages = call("nvmlDeviceGetRetiredPages", 0)  # NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT
         dbe_pages = call("nvmlDeviceGetRetiredPages", 1)  # NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT
+        fabric = self._fabric(call)
         reasons = call("nvmlDeviceGetCurrentClocksEventReasons")
         if reasons is None:
             reasons = call("nvmlDeviceGetCurrentClocksThrottleReasons")  # drivers before R535
@@ -189,6 +201,8 @@ class NvmlBackend:
             pcie_generation_max=_int(call("nvmlDeviceGetMaxPcieLinkGeneration")),
             pcie_width=_int(call("nvmlDeviceGetCurrPcieLinkWidth")),
             pcie_width_max=_int(call("nvmlDeviceGetMaxPcieLinkWidth")),
+            fabric_state=fabric[0],
+            fabric_status=fabric[1],
         )
 
     @staticmethod

@@ -55,6 +55,7 @@ class GpuFaults:
     nvlink_crc: int = 0
     pcie_replays: int = 0
     pcie_width: int = 16
+    fabric_failed: bool = False  # its NVLink fabric registration completed with an error
     hang: threading.Event | None = None  # set: reads of this GPU block until it is cleared
 
 
@@ -121,6 +122,8 @@ class SimulatedBackend:
             pcie_generation_max=5,
             pcie_width=faults.pcie_width,
             pcie_width_max=16,
+            fabric_state=3 if faults.fabric_failed else None,  # NVML_GPU_FABRIC_STATE_COMPLETED
+            fabric_status=999 if faults.fabric_failed else None,  # NVML_ERROR_UNKNOWN
         )
 
     def drain_xid_events(self) -> list[XidEvent]:

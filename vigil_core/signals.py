@@ -30,6 +30,7 @@ class SignalKind(StrEnum):
     IB_PORT_FLAP = "IB_PORT_FLAP"
     IB_PORT_DEGRADED = "IB_PORT_DEGRADED"
     IB_PORT_ERRORS = "IB_PORT_ERRORS"
+    GPU_FABRIC_FAILED = "GPU_FABRIC_FAILED"  # the GPU did not join its NVLink fabric (NVSwitch systems)
 
 
 # Signals an agent may drop first when its spool is full: measurements of degradation, not faults.
@@ -59,6 +60,7 @@ QUARANTINE_KINDS = frozenset(
         SignalKind.GPU_LOST,
         SignalKind.SXID_FATAL,
         SignalKind.IB_PORT_DOWN,
+        SignalKind.GPU_FABRIC_FAILED,
     }
 )
 # Kinds that report a state (stuck, recovered) rather than an event: order matters, so they are

@@ -13,6 +13,7 @@ import pytest
 
 from agent.gpu_collector import GpuCollector
 from gpus.backend import GpuBackend, GpuReading
+from gpus.health import health_problems
 from gpus.nvml_backend import NvmlBackend
 from gpus.simulated import SimulatedBackend
 from tests.fakes.gpu_faults import GpuFaults
@@ -28,12 +29,15 @@ class Faults:
     xid: Callable[[int, int], None]
     hang: Callable[[int], None]
     release: Callable[[], None]
+    fabric_fail: Callable[[int], None]
 
 
 def simulated() -> tuple[GpuBackend, Faults]:
     b = SimulatedBackend("n1", 4)
     f = GpuFaults(b)
-    return b, Faults(f.gpu_lost, lambda i: f.row_remap(i, pending=True), f.xid, f.hang, b.release_hangs)
+    return b, Faults(
+        f.gpu_lost, lambda i: f.row_remap(i, pending=True), f.xid, f.hang, b.release_hangs, f.fabric_failed
+    )
 
 
 def nvml() -> tuple[GpuBackend, Faults]:
@@ -49,7 +53,13 @@ def nvml() -> tuple[GpuBackend, Faults]:
     def hang(i: int) -> None:
         lib.gpus[i].hang = gate
 
-    return NvmlBackend(lib, event_wait_ms=20), Faults(lose, remap, lambda i, c: lib.events.put((i, c)), hang, gate.set)
+    def fabric_fail(i: int) -> None:
+        lib.gpus[i].fabric = (3, 999)  # NVML_GPU_FABRIC_STATE_COMPLETED, NVML_ERROR_UNKNOWN
+
+    for gpu in lib.gpus:
+        gpu.fabric = (3, 0)  # an HGX board: every GPU joined its NVLink fabric
+    xid = lambda i, c: lib.events.put((i, c))  # noqa: E731
+    return NvmlBackend(lib, event_wait_ms=20), Faults(lose, remap, xid, hang, gate.set, fabric_fail)
 
 
 @pytest.fixture(params=[simulated, nvml], ids=["simulated", "nvml"])
@@ -152,3 +162,17 @@ def test_a_fault_file_line_can_hang_a_gpus_reads_and_another_release_them(tmp_pa
         f.write('{"gpu": 1, "set": {"hang": false}}\n')
     b.drain_xid_events()  # another caller reads the file and releases the hang
     assert done.wait(5)
+
+
+def test_a_gpu_cut_off_its_nvlink_fabric_is_one_signal_and_fails_its_health_check(
+    subject: tuple[GpuBackend, Faults],
+) -> None:
+    backend, faults = subject
+    collector = GpuCollector("n1", backend, lambda: 100.0)
+    assert collector.collect() == []  # every GPU joined (or, simulated, has no fabric to join)
+    faults.fabric_fail(2)
+    (signal,) = collector.collect()
+    assert (signal.kind, signal.gpu.index, signal.value) == (SignalKind.GPU_FABRIC_FAILED, 2, 999)
+    assert collector.collect() == []  # a state, said once
+    problems = health_problems([backend.read(i) for i in range(len(backend.gpus()))])
+    assert problems == ["GPU 2 NVLink fabric registration failed (NVML status 999)"]

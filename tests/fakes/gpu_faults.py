@@ -32,6 +32,10 @@ class GpuFaults:
     def nvlink_errors(self, index: int, count: int) -> None:
         self._backend.set_faults(index, nvlink_crc=self._backend.faults(index).nvlink_crc + count)
 
+    def fabric_failed(self, index: int) -> None:
+        """The GPU's NVLink fabric registration completes with an error (it is cut off its peers)."""
+        self._backend.set_faults(index, fabric_failed=True)
+
     def hang(self, index: int) -> None:
         """Reads of this GPU block (as NVML does under a wedged driver) until ``release_hangs``."""
         self._backend.set_faults(index, hang=threading.Event())

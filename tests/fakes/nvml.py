@@ -33,6 +33,7 @@ class FakeGpu:
     nvlink_errors: dict[tuple[int, int], int] = field(default_factory=dict)
     pcie: tuple[int, int, int, int] = (5, 5, 16, 16)  # gen, max gen, width, max width
     replays: int = 0
+    fabric: tuple[int, int] = (0, 0)  # NVML fabric (state, status); state 0: not supported
     unsupported: set[str] = field(default_factory=set)
     lost: bool = False
     hang: threading.Event | None = None
@@ -40,6 +41,7 @@ class FakeGpu:
 
 class FakeNvml:
     NVMLError = pynvml.NVMLError
+    c_nvmlGpuFabricInfo_t = pynvml.c_nvmlGpuFabricInfo_t
     NVML_NVLINK_MAX_LINKS = 18
     nvmlEventTypeXidCriticalError = pynvml.nvmlEventTypeXidCriticalError
 
@@ -164,6 +166,12 @@ class FakeNvml:
 
     def nvmlDeviceGetMaxPcieLinkWidth(self, h: Any) -> int:
         return self._gpu(h, "nvmlDeviceGetMaxPcieLinkWidth").pcie[3]
+
+    def nvmlDeviceGetGpuFabricInfo(self, h: Any, info: Any) -> int:
+        """As pynvml's: fills the structure passed by reference."""
+        state, status = self._gpu(h, "nvmlDeviceGetGpuFabricInfo").fabric
+        info._obj.state, info._obj.status = state, status
+        return 0
 
     # Events -------------------------------------------------------------------------------------
 

@@ -32,6 +32,7 @@ class SignalKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     IB_PORT_FLAP: _ClassVar[SignalKind]
     IB_PORT_DEGRADED: _ClassVar[SignalKind]
     IB_PORT_ERRORS: _ClassVar[SignalKind]
+    GPU_FABRIC_FAILED: _ClassVar[SignalKind]
 
 class Verdict(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -62,6 +63,7 @@ IB_PORT_DOWN: SignalKind
 IB_PORT_FLAP: SignalKind
 IB_PORT_DEGRADED: SignalKind
 IB_PORT_ERRORS: SignalKind
+GPU_FABRIC_FAILED: SignalKind
 VERDICT_UNSPECIFIED: Verdict
 OK: Verdict
 FAIL: Verdict
