@@ -213,19 +213,17 @@ class Engine:
         entry = self.fleet.entry(node)
         now = self.clock()
         state, last_seq, received = entry.state, entry.last_seq, []
-        guard_before = self.guard.state
-        for signal in sorted(signals, key=lambda s: s.seq):
-            if signal.seq <= last_seq:
-                self.metrics.duplicates.inc()
-                continue
-            state, item = self._decide(state, signal, now, incident_id_for(node, entry.spool_id, signal.seq))
-            last_seq = signal.seq
-            received.append(item)
-        if not received:
-            return self.ack_seq(node)
-        self.applier.commit(entry.spool_id, received, state, last_seq, now)
-        if self.guard.state != guard_before:
-            self.guard.save()
+        with self.guard.saving():
+            for signal in sorted(signals, key=lambda s: s.seq):
+                if signal.seq <= last_seq:
+                    self.metrics.duplicates.inc()
+                    continue
+                state, item = self._decide(state, signal, now, incident_id_for(node, entry.spool_id, signal.seq))
+                last_seq = signal.seq
+                received.append(item)
+            if not received:
+                return self.ack_seq(node)
+            self.applier.commit(entry.spool_id, received, state, last_seq, now)
         entry.state, entry.last_seq, entry.last_heartbeat = state, last_seq, now
         return self.ack_seq(node)
 
@@ -264,12 +262,9 @@ class Engine:
             decision = decide_held(entry.state, signal, self.policy, now)
             if not decision.actions:
                 continue
-            item = Received(signal, "", (), new=False)
-            guard_before = self.guard.state
-            state, item = self._guarded(decision.state, decision.actions, item, now)
-            self.applier.commit(entry.spool_id, [item], state, entry.last_seq, now)
-            if self.guard.state != guard_before:
-                self.guard.save()
+            with self.guard.saving():
+                state, item = self._guarded(decision.state, decision.actions, Received(signal, "", (), new=False), now)
+                self.applier.commit(entry.spool_id, [item], state, entry.last_seq, now)
             entry.state = state
             log.info(
                 "application_fault_decided", node=signal.node, code=signal.code, held_s=self.app_faults.config.grace_s
@@ -436,12 +431,10 @@ class Engine:
         now = self.clock()
         signal = Signal(node, kind, message=reason, source=source, observed_at=now)
         incident_id = f"{node}-{key}"
-        guard_before = self.guard.state
-        state, item = self._decide(entry.state, signal, now, incident_id)
-        # The signal is filed under the sweep, not the agent's spool: the agent's sequence stays its own.
-        self.applier.commit(key, [item], state, entry.last_seq, now)
-        if self.guard.state != guard_before:
-            self.guard.save()
+        with self.guard.saving():
+            state, item = self._decide(entry.state, signal, now, incident_id)
+            # The signal is filed under the sweep, not the agent's spool: the agent's sequence stays its own.
+            self.applier.commit(key, [item], state, entry.last_seq, now)
         entry.state = state
         held = item.held
         quarantine = next((a for a in item.actions if isinstance(a, Quarantine)), None)

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import replace
 
 import structlog
@@ -102,6 +103,15 @@ class Guard:
         log.warning("quarantine_held", node=quarantine.node, incident=quarantine.incident_id)
         # Its page is held too: one page for the breaker, not one per node of a mass failure.
         return actions, held_kinds
+
+    @contextmanager
+    def saving(self) -> Iterator[None]:
+        """Save the guard's state after the block if the block changed it (not when the block raises:
+        what it decided was not committed either)."""
+        before = self.state
+        yield
+        if self.state != before:
+            self.save()
 
     def save(self) -> None:
         self._records.set_meta(_BREAKER_KEY, _dump(self.breaker))
