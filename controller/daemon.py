@@ -111,7 +111,16 @@ class Controller:
         )
         self.gateway = AgentGateway(self.engine, outboxes, config.limits)
         e = self.engine
-        self.sweeper = Sweeper(e.fleet, e.checks, e.actuator, e.check_failed, self.store.records, config.sweep)
+        self.sweeper = Sweeper(
+            e.fleet,
+            e.checks,
+            e.actuator,
+            e.check_failed,
+            self.store.records,
+            config.sweep,
+            labels=e.actuator.node_labels,
+            report_component=e.component_failed,
+        )
         self.jobs = JobMonitor(
             e.fleet,
             e.check_failed,

@@ -63,6 +63,18 @@ def admit_in_domains(
     return replace(state, recent=(*recent, *((d, node, now) for d in domains))), DomainAdmission.GO, ""
 
 
+def hold_domain(state: DomainState, domain: str, nodes: Sequence[str]) -> DomainState:
+    """A shared component found at fault (a sweep blamed a leaf switch, say): its domain is suspect
+    at once, and the quarantines of the nodes behind it are held for a person."""
+    held = [*state.held, *((domain, n) for n in nodes if (domain, n) not in state.held)]
+    return replace(state, held=tuple(held))
+
+
+def held_domains(state: DomainState, node: str) -> list[str]:
+    """The domains a node is held in by name (a component found at fault), whatever its labels."""
+    return [d for d, n in state.held if n == node]
+
+
 def domain_summary(state: DomainState, domain: str, config: DomainGuardConfig) -> str:
     quarantined = sorted({n for d, n, _ in state.recent if d == domain})
     held = [n for d, n in state.held if d == domain]

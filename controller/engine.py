@@ -38,6 +38,7 @@ from controller.guard_rules import BreakerState, GuardrailConfig, TokenBucket
 from controller.metrics import ControllerMetrics
 from controller.node_state import Health, NodeState
 from controller.operators import Operators
+from controller.pairing import Finding
 from controller.policy import Policy, Severity
 from controller.quarantine_feed import QuarantineFeed
 from controller.recovery import RecoveryConfig, repeat_offender, repeat_offender_note
@@ -423,6 +424,21 @@ class Engine:
         """A failure the controller found itself (a sweep's check, a job's blamed node), decided and
         acted on like an agent's CHECK_FAILED signal. Returns what became of it."""
         return self.report(node, SignalKind.CHECK_FAILED, key, reason, "sweep")
+
+    def component_failed(self, finding: Finding, domain: str, key: str) -> str:
+        """A fabric component a sweep blamed (a leaf switch, an uplink, a spine): one page names it,
+        and the nodes behind it go through the policy with their quarantines held in its failure
+        domain, never cordoned one by one. Returns what became of them."""
+        domain = domain or f"fabric={finding.node}"
+        nodes = [n for n in finding.nodes if n in self.fleet.nodes]
+        with self.guard.saving():
+            news = self.guard.hold_component(finding.node, domain, nodes, finding.reason, self.clock())
+        for node in nodes:
+            self.report(
+                node, SignalKind.CHECK_FAILED, f"{key}-{domain}", f"behind {finding.node}: {finding.reason}", "sweep"
+            )
+        paged = "paged once" if news else "its domain was suspect already: not paged again"
+        return f"held in {domain}: {len(nodes)} node(s) behind it, none cordoned; {paged}"
 
     def report(self, node: str, kind: SignalKind, key: str, reason: str, source: str) -> str:
         """A fault the controller found itself, decided and acted on like an agent's signal: through

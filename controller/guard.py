@@ -14,7 +14,15 @@ import structlog
 
 from controller.action_runner import ActionRunner
 from controller.actions import Action, Page, Quarantine, action_kind
-from controller.domain_guard import DomainAdmission, DomainState, admit_in_domains, domain_summary, node_domains
+from controller.domain_guard import (
+    DomainAdmission,
+    DomainState,
+    admit_in_domains,
+    domain_summary,
+    held_domains,
+    hold_domain,
+    node_domains,
+)
 from controller.guard_rules import (
     Admission,
     BreakerState,
@@ -85,7 +93,8 @@ class Guard:
             return tuple(_dry(a) for a in actions), frozenset()
         held_kinds = frozenset(action_kind(a) for a in actions if isinstance(a, (Quarantine, Page)))
         cfg = self.config.domains
-        domains = node_domains(self._labels(quarantine.node), cfg)
+        named = node_domains(self._labels(quarantine.node), cfg)
+        domains = list(dict.fromkeys([*named, *held_domains(self.domains, quarantine.node)]))
         self.domains, in_domain, domain = admit_in_domains(self.domains, quarantine.node, domains, cfg, now)
         if in_domain is not DomainAdmission.GO:
             if in_domain is DomainAdmission.SUSPECT:
@@ -103,6 +112,26 @@ class Guard:
         log.warning("quarantine_held", node=quarantine.node, incident=quarantine.incident_id)
         # Its page is held too: one page for the breaker, not one per node of a mass failure.
         return actions, held_kinds
+
+    def hold_component(self, component: str, domain: str, nodes: list[str], evidence: str, now: float) -> bool:
+        """A fabric component found at fault: its domain turns suspect, the quarantines of the nodes
+        behind it are held for a person, and one page names it. Returns whether it was news (a
+        domain suspect already is not paged again)."""
+        news = domain not in self.domains.suspect
+        self.domains = hold_domain(self.domains, domain, nodes)
+        if news:
+            log.error("component_suspected", component=component, domain=domain, nodes=len(nodes))
+            page = Page(
+                incident_id=f"domain-{domain}-{int(now)}",
+                node="",
+                severity=Severity.QUARANTINE,
+                summary=f"{component} is slow ({len(nodes)} node(s) behind it): {evidence}",
+                remedy=f"check {component} (ports, cables, optics, its counters); then `vigil resume` "
+                "(add --apply-held to quarantine the nodes behind it after all)",
+                did=f"held the quarantines of the {len(nodes)} node(s) in {domain}; cordoned none",
+            )
+            self._runner.request(page)
+        return news
 
     @contextmanager
     def saving(self) -> Iterator[None]:

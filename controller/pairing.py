@@ -13,7 +13,7 @@ both fast with good partners is reported as the link between them.
 from __future__ import annotations
 
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from checks.judge import fleet_outliers
@@ -55,14 +55,20 @@ class IsolationPlan:
     untestable: list[str]  # suspects left without a good partner (too few good nodes)
 
 
-def plan_isolation(slow: Sequence[Pair], all_pairs: Sequence[Pair]) -> IsolationPlan:
+def plan_isolation(
+    slow: Sequence[Pair], all_pairs: Sequence[Pair], prefer: Callable[[str, list[str]], list[str]] | None = None
+) -> IsolationPlan:
+    """Each member of a slow pair with a known-good node (one that was in a fast pair only),
+    spread over them. ``prefer(suspect, good)``: the good nodes to take first for this suspect
+    (a topology-aware sweep re-tests across leaves what was slow across leaves)."""
     suspects = list(dict.fromkeys(n for p in slow for n in p))
     good = [n for p in all_pairs if p not in slow for n in p if n not in suspects]
     good = list(dict.fromkeys(good))
     pairs, untestable = [], []
     for i, suspect in enumerate(suspects):
-        if good:
-            pairs.append((suspect, good[i % len(good)]))
+        candidates = (prefer(suspect, good) if prefer else []) or good
+        if candidates:
+            pairs.append((suspect, candidates[i % len(candidates)]))
         else:
             untestable.append(suspect)
     return IsolationPlan(pairs, untestable)
@@ -70,8 +76,15 @@ def plan_isolation(slow: Sequence[Pair], all_pairs: Sequence[Pair]) -> Isolation
 
 @dataclass(frozen=True, slots=True)
 class Finding:
-    node: str  # the culprit, or "a|b" for a link between two nodes that are each fine
-    reason: str
+    node: str  # the culprit node, "a|b" for the link between two nodes that are each fine, or a component
+    reason: str  # the evidence
+    kind: str = "node"  # node, link, node-uplink; leaf, leaf-uplink, spine (controller.fabric)
+    nodes: tuple[str, ...] = ()  # the nodes behind a component
+
+    @property
+    def is_component(self) -> bool:
+        """A part of the fabric above the nodes: nobody's own fault."""
+        return self.kind in ("leaf", "leaf-uplink", "spine")
 
 
 def culprits(
@@ -81,9 +94,11 @@ def culprits(
     min_busbw_gbps: float,
     max_below_median: float,
     errors: Mapping[Pair, str] | None = None,
+    retest_slow: Mapping[Pair, str] | None = None,
 ) -> list[Finding]:
     """Who is to blame for each slow pair, from the re-pairing round. ``errors``: why a pair that
-    counts as 0 GB/s could not run at all."""
+    counts as 0 GB/s could not run at all. ``retest_slow``: the re-tests judged already (at each
+    size, with the evidence), instead of by their bandwidth against the first round's."""
     good_level = [v for p, v in first.items() if p not in slow]
     reference = statistics.median(good_level) if good_level else 0.0
 
@@ -91,25 +106,30 @@ def culprits(
         return value < min_busbw_gbps or (reference > 0 and value < (1 - max_below_median) * reference)
 
     errors = errors or {}
-    slow_alone = {pair: v for pair, v in retest.items() if is_slow(v)}
+    if retest_slow is not None:
+        slow_alone = {pair: v for pair, v in retest.items() if pair in retest_slow}
+    else:
+        slow_alone = {pair: v for pair, v in retest.items() if is_slow(v)}
     findings: list[Finding] = []
     for a, b in slow:
         for (n, good), value in slow_alone.items():
             if n not in (a, b):
                 continue
             if error := errors.get((n, good)):
-                findings.append(Finding(n, f"all-reduce with known-good {good} failed too: {error}"))
+                findings.append(Finding(n, f"all-reduce with known-good {good} failed too: {error}", "node", (n,)))
             else:
-                why = f"slow with known-good {good} too: {value:.3g} GB/s (fleet {reference:.3g})"
-                findings.append(Finding(n, why))
+                measured = retest_slow[(n, good)] if retest_slow is not None else f"{value:.3g} GB/s"
+                why = f"slow with known-good {good} too: {measured}" + (
+                    "" if retest_slow is not None else f" (fleet {reference:.3g})"
+                )
+                findings.append(Finding(n, why, "node", (n,)))
         blamed = [n for n in (a, b) if any(s == n for s, _ in slow_alone)]
         # The link only on evidence: each member was re-tested with a known-good node and was fast
         # there. A member never re-tested (no known-good partner, no agent to run it) is unknown.
         fast_elsewhere = all(any((n, g) not in slow_alone for g in _partners(retest, n)) for n in (a, b))
         if not blamed and fast_elsewhere:
-            findings.append(
-                Finding(f"{a}|{b}", f"each is fast with another node: the link between them, {first[(a, b)]:.3g} GB/s")
-            )
+            why = f"each is fast with another node: the link between them, {first[(a, b)]:.3g} GB/s"
+            findings.append(Finding(f"{a}|{b}", why, "link", (a, b)))
     return list({f.node: f for f in findings}.values())
 
 

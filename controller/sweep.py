@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import secrets
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 import structlog
@@ -23,6 +23,7 @@ from checks.codec import result_from_proto, result_to_proto
 from checks.result import CheckResult, Verdict, unknown
 from controller.actuators import NodeSelector
 from controller.check_requests import CheckRequests
+from controller.fabric import FabricJudge, findings, first_stage, judge_first_stage
 from controller.fleet import FleetView, ReportFailure, UnknownNode
 from controller.pairing import Finding, Pair, batches, culprits, pair_up, plan_isolation, slow_pairs
 from controller.store import Records
@@ -40,6 +41,7 @@ from controller.sweep_judge import (
     row_for,
 )
 from controller.sweep_spec import PAIR_PROGRAM, PAIRS, SweepConfig, SweepError, SweepSpec, master_address, pair_params
+from controller.topology import Place, TopologyError, from_labels, is_topology_aware, merged, parse_topology_file
 from protos.vigil.v1 import admin_pb2, agent_pb2
 
 log = structlog.get_logger(__name__)
@@ -57,6 +59,12 @@ class _PairStage:
     findings: list[Finding] = field(default_factory=list)
     rounds: int = 0
     pairs: int = 0
+    domains: dict[str, str] = field(default_factory=dict)  # blamed component -> its failure domain
+
+
+# A blamed fabric component, its failure domain and the sweep: what became of the nodes behind it.
+ReportComponent = Callable[[Finding, str, str], str]
+Labels = Callable[[], Mapping[str, Mapping[str, str]]]
 
 
 def row_to_proto(row: Row) -> admin_pb2.SweepRow:
@@ -85,8 +93,12 @@ class Sweeper:
         report_failure: ReportFailure,
         records: Records,
         config: SweepConfig,
+        labels: Labels = dict,
+        report_component: ReportComponent | None = None,
     ) -> None:
         self._fleet = fleet
+        self._labels = labels  # every node's labels (where it sits in the fabric), read off the event loop
+        self._report_component = report_component
         self._checks = checks
         self._selector = selector
         self._report_failure = report_failure
@@ -150,11 +162,13 @@ class Sweeper:
         local = await self._local_checks(sweep_id, spec, nodes, progress)
         rows = [row_for(nc.node, nc.result) for nc in judge_fleet(local, self.config.fleet_max_below_median)]
         findings: list[Finding] = []
+        domains: dict[str, str] = {}
         rounds = pairs = 0
         if spec.pairs:
             pair_result = await self._pairwise(sweep_id, spec, nodes, progress)
             rows += pair_result.rows
             findings, rounds, pairs = pair_result.findings, pair_result.rounds, pair_result.pairs
+            domains = pair_result.domains
         order = {n: i for i, n in enumerate(nodes)}
         rows.sort(key=lambda r: (order.get(r.node, len(order)), spec.checks.index(r.check)))
         result = outcome(rows, findings)
@@ -165,10 +179,15 @@ class Sweeper:
                     quarantine[node] = self._report_failure(node, sweep_id, failure_reasons(rows, node))
                 except UnknownNode:
                     quarantine[node] = "not quarantined: no agent of that name has ever connected"
+            for f in findings:
+                if f.is_component and self._report_component is not None:
+                    quarantine[f.node] = self._report_component(f, domains.get(f.node, ""), sweep_id)
         summary = admin_pb2.SweepSummary(
             sweep_id=sweep_id,
             rows=[row_to_proto(r) for r in rows],
-            findings=[admin_pb2.SweepFinding(node=f.node, reason=f.reason) for f in findings],
+            findings=[
+                admin_pb2.SweepFinding(node=f.node, reason=f.reason, kind=f.kind, nodes=f.nodes) for f in findings
+            ],
             nodes=len(nodes),
             failed_nodes=len(result.failed),
             unknown_nodes=len(result.unknown),
@@ -238,6 +257,9 @@ class Sweeper:
         if len(reachable) < 2:
             why = "pairwise all-reduce needs at least two nodes with connected agents"
             return _PairStage(left_out + [Row(n, PAIRS, Verdict.UNKNOWN, "", why) for n in reachable])
+        topology = await self._topology(reachable)
+        if is_topology_aware(reachable, topology):
+            return await self._fabric(sweep_id, spec, reachable, topology, progress, _PairStage(left_out))
         stage = _PairStage(left_out)
         first_pairs = pair_up(reachable)
         progress.total += len(first_pairs)
@@ -256,6 +278,60 @@ class Sweeper:
         stage.findings = culprits(slow, again, busbw, spec.min_busbw_gbps, cfg.pair_max_below_median, errors)
         basis = pair_basis(first, spec.min_busbw_gbps, cfg.pair_max_below_median)
         stage.rows += pair_rows(reachable, first, retest, slow, plan.untestable, stage.findings, basis)
+        return stage
+
+    async def _topology(self, nodes: list[str]) -> dict[str, Place]:
+        """Where the swept nodes sit: their labels, then the topology file (which wins)."""
+        cfg = self.config.topology
+        try:
+            labels = await asyncio.to_thread(self._labels)
+        except Exception as exc:  # the API server is away: the file alone, or no topology
+            log.warning("sweep_labels_unavailable", error=repr(exc)[:300])
+            labels = {}
+        found = from_labels(labels, cfg)
+        if cfg.file is not None:
+            try:
+                text = await asyncio.to_thread(cfg.file.read_text, encoding="utf-8")
+            except (OSError, UnicodeDecodeError) as exc:
+                raise SweepError(f"topology file {cfg.file}: cannot read it: {exc}") from None
+            try:
+                found = merged(found, parse_topology_file(text, str(cfg.file)))
+            except TopologyError as exc:
+                raise SweepError(str(exc)) from None
+        return {n: found[n] for n in nodes if n in found}
+
+    async def _fabric(
+        self,
+        sweep_id: str,
+        spec: SweepSpec,
+        nodes: list[str],
+        topology: dict[str, Place],
+        progress: _Progress,
+        stage: _PairStage,
+    ) -> _PairStage:
+        """Neighbours first, then across leaves, at several sizes; then the component to blame
+        (``controller.fabric``), and node re-tests for the slow pairs no component explains."""
+        cfg, sizes = self.config, ",".join(map(str, self.config.topology.pair_sizes))
+        spec = replace(spec, params={**spec.params, PAIRS: {"sizes": sizes, **spec.params.get(PAIRS, {})}})
+        judge = FabricJudge(
+            topology, spec.min_busbw_gbps, cfg.pair_max_below_median, cfg.topology.leaf_label, cfg.topology.spine_label
+        )
+        within, across = first_stage(nodes, topology)
+        progress.total += len(within) + len(across)
+        first = await self._round(sweep_id, "neighbours", spec, within, progress, stage)
+        first |= await self._round(sweep_id, "across leaves", spec, across, progress, stage)
+        judged = judge_first_stage(nodes, first, judge)
+        retest: dict[Pair, PairRun] = {}
+        if judged.plan.pairs:
+            progress.total += len(judged.plan.pairs)
+            retest = await self._round(sweep_id, "isolation", spec, judged.plan.pairs, progress, stage)
+        stage.findings = findings(judged, first, retest, judge)
+        stage.domains = judged.where.domains
+        basis = f"within {cfg.pair_max_below_median:.0%} of healthy pairs at each size"
+        explained = judged.where.explained
+        stage.rows += pair_rows(
+            nodes, first, retest, judged.slow, judged.plan.untestable, stage.findings, basis, explained
+        )
         return stage
 
     async def _round(

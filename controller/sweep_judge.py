@@ -9,8 +9,8 @@ the sweep's outcome.
 from __future__ import annotations
 
 import statistics
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 
 from checks.judge import fleet_outliers
 from checks.result import CheckResult, Verdict
@@ -89,16 +89,24 @@ def headline(result: CheckResult) -> str:
 
 def largest_busbw(figures: Mapping[str, float]) -> float | None:
     """Bus bandwidth at the largest message size an all-reduce measured."""
-    sizes = [int(k.rsplit("_", 1)[1]) for k in figures if k.startswith("busbw_gbps_")]
-    return figures[f"busbw_gbps_{max(sizes)}"] if sizes else None
+    by_size = busbw_by_size(figures)
+    return by_size[max(by_size)] if by_size else None
+
+
+def busbw_by_size(figures: Mapping[str, float]) -> dict[int, float]:
+    """An all-reduce's bus bandwidth at each message size it measured (bytes -> GB/s)."""
+    prefix = "busbw_gbps_"
+    return {int(k[len(prefix) :]): v for k, v in figures.items() if k.startswith(prefix) and k[len(prefix) :].isdigit()}
 
 
 @dataclass(frozen=True, slots=True)
 class PairRun:
-    """One pair's all-reduce: its bus bandwidth, or 0 with the reason it could not run."""
+    """One pair's all-reduce: its bus bandwidth at the largest size and at each size (GB/s), or 0
+    with the reason it could not run."""
 
     busbw_gbps: float
     error: str = ""
+    by_size: Mapping[int, float] = field(default_factory=dict)
 
 
 def pair_run(pair: Pair, first: CheckResult, second: CheckResult) -> PairRun:
@@ -109,7 +117,9 @@ def pair_run(pair: Pair, first: CheckResult, second: CheckResult) -> PairRun:
     values = [v for r in (first, second) if (v := largest_busbw(r.figures)) is not None]
     if not values:
         return PairRun(0.0, "the all-reduce reported no bus bandwidth")
-    return PairRun(min(values))
+    sized = [busbw_by_size(r.figures) for r in (first, second)]
+    by_size = {s: min(m[s] for m in sized if s in m) for s in set().union(*sized)}
+    return PairRun(min(values), by_size=by_size)
 
 
 def pair_result(run: PairRun, rank0: CheckResult) -> CheckResult:
@@ -134,26 +144,40 @@ def pair_rows(
     nodes: Sequence[str],
     first: Mapping[Pair, PairRun],
     retest: Mapping[Pair, PairRun],
-    slow: Sequence[Pair],
+    slow: Collection[Pair],
     untestable: Sequence[str],
     findings: Sequence[Finding],
     basis: str,
+    explained: Collection[Pair] = (),
 ) -> list[Row]:
     """Each paired node's verdict for the pairwise stage, from both rounds and the findings.
-    ``basis``: what a pair that is not slow was judged against (``pair_basis``)."""
-    blamed = {f.node: f.reason for f in findings}
-    links = {n for f in findings if "|" in f.node for n in f.node.split("|")}
+    ``basis``: what a pair that is not slow was judged against (``pair_basis``). A node behind a
+    blamed component (a leaf switch, an uplink, a spine) is not blamed itself, nor one slow only
+    with such nodes (``explained``: the slow pairs the components account for)."""
+    blamed = {f.node: f.reason for f in findings if not f.is_component}
+    behind = {n: f for f in findings if f.is_component for n in f.nodes}
+    links = {n for f in findings if f.kind == "link" for n in f.node.split("|")}
     rows = []
     for node in nodes:
         mine = [(p, run) for p, run in first.items() if node in p]
         if not mine:
             continue
-        pair, run = mine[0]
+        slow_mine = [(p, run) for p, run in mine if p in slow and p not in explained]
+        through = [p[1] if p[0] == node else p[0] for p, _ in mine if p in explained]
+        pair, run = (slow_mine or mine)[0]
         partner = pair[1] if pair[0] == node else pair[0]
-        figure = f"{run.busbw_gbps:.3g} GB/s with {partner}"
+        figure = "; ".join(f"{r.busbw_gbps:.3g} GB/s with {p[1] if p[0] == node else p[0]}" for p, r in mine)
         if node in blamed:
             rows.append(Row(node, PAIRS, Verdict.FAIL, figure, blamed[node]))
-        elif pair not in slow:
+        elif node in behind and behind[node].kind == "leaf":
+            why = f"behind {behind[node].node}, which is slow: the node itself cannot be judged"
+            rows.append(Row(node, PAIRS, Verdict.UNKNOWN, figure, why))
+        elif node in behind:
+            rows.append(Row(node, PAIRS, Verdict.OK, figure, f"fine within its leaf; {behind[node].node} is slow"))
+        elif not slow_mine and through:
+            why = f"slow only with nodes behind a blamed component ({', '.join(through)}); {basis} otherwise"
+            rows.append(Row(node, PAIRS, Verdict.OK, figure, why))
+        elif not slow_mine:
             rows.append(Row(node, PAIRS, Verdict.OK, figure, basis))
         elif node in untestable:
             why = run.error or "slow"
@@ -189,14 +213,15 @@ def row_for(node: str, result: CheckResult) -> Row:
 class Outcome:
     failed: list[str]  # nodes with a FAIL, in order
     unknown: list[str]  # nodes with an UNKNOWN and no FAIL
-    verdict: Verdict  # FAIL: a node failed or a link is slow; UNKNOWN: something could not be judged
+    # FAIL: a node failed, or a link or a fabric component is slow; UNKNOWN: something could not be judged
+    verdict: Verdict
 
 
 def outcome(rows: Sequence[Row], findings: Sequence[Finding]) -> Outcome:
     failed = list(dict.fromkeys(r.node for r in rows if r.verdict is Verdict.FAIL))
     unknown = list(dict.fromkeys(r.node for r in rows if r.verdict is Verdict.UNKNOWN and r.node not in failed))
-    bad_link = any("|" in f.node for f in findings)
-    verdict = Verdict.FAIL if failed or bad_link else Verdict.UNKNOWN if unknown else Verdict.OK
+    bad_fabric = any(f.kind == "link" or f.is_component for f in findings)
+    verdict = Verdict.FAIL if failed or bad_fabric else Verdict.UNKNOWN if unknown else Verdict.OK
     return Outcome(failed, unknown, verdict)
 
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from pydantic import Field, field_validator
 
+from controller.topology import TopologyConfig
 from vigil_core.config_file import ConfigModel
 
 LOCAL_CHECKS = ("gpu_health", "matmul", "membw", "allreduce")
@@ -44,6 +45,9 @@ class SweepConfig(ConfigModel):
     min_busbw_gbps: float = Field(default=0.0, ge=0, description="pairs below this bus bandwidth are slow")
     pair_max_below_median: float = Field(default=0.5, gt=0, lt=1, description="pairs this far below the median")
     fleet_max_below_median: float = Field(default=0.25, gt=0, lt=1, description="GPUs this far below the fleet's")
+    topology: TopologyConfig = Field(
+        default_factory=TopologyConfig, description="where each node sits in the fabric: labels or a file"
+    )
 
     @field_validator("checks")
     @classmethod

@@ -86,6 +86,25 @@ def _follow(updates: Iterator[admin_pb2.SweepUpdate]) -> admin_pb2.SweepSummary 
     return None
 
 
+_FINDING = {
+    "node": "culprit",
+    "node-uplink": "culprit (a node's uplink)",
+    "link": "culprit (link)",
+    "leaf": "culprit (leaf switch)",
+    "leaf-uplink": "culprit (a leaf's uplink)",
+    "spine": "culprit (spine)",
+}
+
+
+def _named(f: admin_pb2.SweepFinding) -> str:
+    """What a finding blames, in words: the link's two ends, a component with how many nodes sit behind it."""
+    if f.kind == "link" or (not f.kind and "|" in f.node):
+        return f.node.replace("|", " <-> ")
+    if f.kind in ("leaf", "leaf-uplink", "spine"):
+        return f"{f.node} ({len(f.nodes)} node(s) behind it)"
+    return f.node
+
+
 def print_summary(summary: admin_pb2.SweepSummary, show_all: bool = False) -> None:
     every_row = show_all or summary.nodes <= FULL_TABLE_NODES
     rows = [r for r in summary.rows if every_row or r.verdict != common_pb2.OK]
@@ -101,8 +120,7 @@ def print_summary(summary: admin_pb2.SweepSummary, show_all: bool = False) -> No
         passed = summary.nodes - summary.failed_nodes - summary.unknown_nodes
         _console.print(f"{passed} node(s) passed every check (--all lists them)")
     for f in summary.findings:
-        what = f"link {f.node.replace('|', ' <-> ')}" if "|" in f.node else f.node
-        _console.print(f"[bold red]culprit:[/] {what}: {f.reason}")
+        _console.print(f"[bold red]{_FINDING.get(f.kind, 'culprit')}:[/] {_named(f)}: {f.reason}")
     for node, what in sorted(summary.quarantine.items()):
         _console.print(f"[bold]quarantine:[/] {node}: {what}")
     verdict = _verdict(summary.verdict)

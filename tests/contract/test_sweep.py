@@ -279,3 +279,54 @@ def test_vigil_sweep_prints_the_table_and_exits_by_the_verdict(
         assert "INVALID_ARGUMENT: no check named 'warp_drive'" in capsys.readouterr().err
 
     run(tmp_path, 8, sim, test)
+
+
+def fat_tree(bad: str) -> tuple[dict[str, dict[str, str]], SimulatedChecks]:
+    """Twelve nodes under three leaves; ``bad`` is "leaf-b" (the switch: every pair through it
+    slow) or "uplink-c" (leaf-c's uplink: its pairs across leaves slow, within fine)."""
+    leaf = {f"node-{i}": "abc"[i // 4] for i in range(12)}
+
+    def path_gbps(a: str, b: str) -> float:
+        ends = {leaf[a], leaf[b]}
+        slow = "b" in ends if bad == "leaf-b" else ("c" in ends and len(ends) == 2)
+        return 2.0 if slow else 40.0
+
+    labels = {n: {"vigil.dev/leaf-switch": f"leaf-{x}"} for n, x in leaf.items()}
+    return labels, SimulatedChecks(path_gbps=path_gbps)
+
+
+def test_a_slow_leaf_switch_is_named_and_its_nodes_held_not_cordoned(tmp_path: Path) -> None:
+    labels, sim = fat_tree("leaf-b")
+    behind = [f"node-{i}" for i in range(4, 8)]
+
+    async def test(c: Cluster) -> None:
+        _, summary = await c.sweep(checks=["pairs"], quarantine=True, requested_by="sre")
+        assert [(f.kind, f.node, list(f.nodes)) for f in summary.findings] == [("leaf", "leaf leaf-b", behind)]
+        assert "4 of its 4 nodes slow in every pair" in summary.findings[0].reason
+        pairs = verdicts(summary, "pairs")
+        assert {n: pairs[n] for n in behind} == dict.fromkeys(behind, "UNKNOWN")  # not blamed: behind it
+        assert {v for n, v in pairs.items() if n not in behind} == {"OK"}, summary
+        assert common_pb2.Verdict.Name(summary.verdict) == "FAIL" and summary.failed_nodes == 0
+        assert "none cordoned; paged once" in summary.quarantine["leaf leaf-b"]
+        assert LocalQuarantines(c.controller.store.db).nodes() == {}
+        assert c.controller.engine.guard.holding  # the nodes behind it wait for a person
+        sizes = {r.params.get("sizes") for _, r in c.checks.requests if "master" in r.params}
+        assert sizes == {"8,65536,16777216,1073741824"}  # latency to bandwidth, nccl-tests style
+        assert summary.rounds <= 4  # neighbours, across, the nodes a leaf's bye left out
+
+    guard = GuardrailConfig(breaker_max_fraction=1.0, breaker_page_delay_s=0)
+    run(tmp_path, 12, sim, test, node_labels=labels, guardrails=guard)
+
+
+def test_a_slow_uplink_is_named_and_its_nodes_are_fine_within_their_leaf(tmp_path: Path) -> None:
+    labels, sim = fat_tree("uplink-c")
+
+    async def test(c: Cluster) -> None:
+        _, summary = await c.sweep(checks=["pairs"], requested_by="sre")
+        ((kind, node),) = [(f.kind, f.node) for f in summary.findings]
+        assert (kind, node) == ("leaf-uplink", "uplink of leaf leaf-c")
+        pairs = rows(summary, "pairs")
+        assert pairs["node-9"].verdict == common_pb2.OK and "uplink of leaf leaf-c is slow" in pairs["node-9"].reason
+        assert summary.quarantine == {}  # without --quarantine nothing is done
+
+    run(tmp_path, 12, sim, test, node_labels=labels)

@@ -4,6 +4,12 @@ Node i lives in namespace ``<prefix>n<i>`` with address 10.213.0.<i+1>/24 on its
 (in the root namespace, 10.213.0.254) joins them, so the controller listens there and every node
 reaches every other. ``throttle`` caps a node's link with ``tc ... tbf`` (a token bucket on its
 egress: every all-reduce it is part of slows down, as with a degraded NIC or a bad cable).
+
+With ``leaves``, a two-tier fabric: the nodes hang, in order and as evenly as they divide, from
+leaf bridges ``<prefix>l<j>``, and each leaf joins the spine (the first bridge) through an uplink,
+a veth pair ``<prefix>u<j>`` (leaf side) / ``<prefix>s<j>`` (spine side). ``throttle_uplink`` caps
+both directions of one uplink; ``throttle_leaf`` caps every port of one leaf (toward its nodes and
+toward the spine), as a failing switch would.
 """
 
 from __future__ import annotations
@@ -30,6 +36,11 @@ def _tbf(namespace: str, device: str, rate: str) -> None:
     )
 
 
+def _tbf_root(device: str, rate: str) -> None:
+    shape = ["root", "tbf", "rate", rate, "burst", "64kb", "latency", "50ms"]
+    subprocess.run(["tc", "qdisc", "replace", "dev", device, *shape], check=True, capture_output=True, text=True)
+
+
 def unavailable() -> str | None:
     """Why namespaces cannot be made here, or None."""
     if os.geteuid() != 0:
@@ -52,9 +63,34 @@ def unavailable() -> str | None:
 
 
 class Nodes:
-    def __init__(self, count: int, prefix: str) -> None:
-        self.count, self.prefix = count, prefix
+    def __init__(self, count: int, prefix: str, leaves: int = 0) -> None:
+        self.count, self.prefix, self.leaves = count, prefix, leaves
         self.bridge = f"{prefix}br"
+
+    def leaf_of(self, i: int) -> int:
+        return i * self.leaves // self.count
+
+    def leaf_name(self, j: int) -> str:
+        return f"leaf-{j}"
+
+    def labels(self, names: list[str], key: str = "vigil.dev/leaf-switch") -> dict[str, dict[str, str]]:
+        """Each node's leaf as a label, for the controller's ``node_labels``."""
+        return {name: {key: self.leaf_name(self.leaf_of(i))} for i, name in enumerate(names)}
+
+    def throttle_uplink(self, j: int, rate: str = "100mbit") -> None:
+        for device in (f"{self.prefix}u{j}", f"{self.prefix}s{j}"):
+            _tbf_root(device, rate)
+
+    def throttle_leaf(self, j: int, rate: str = "100mbit") -> None:
+        ports = [f"{self.prefix}h{i}" for i in range(self.count) if self.leaf_of(i) == j]
+        for device in (*ports, f"{self.prefix}u{j}"):
+            _tbf_root(device, rate)
+
+    def unthrottle_fabric(self) -> None:
+        devices = [f"{self.prefix}h{i}" for i in range(self.count)]
+        devices += [f"{self.prefix}{end}{j}" for j in range(self.leaves) for end in "us"]
+        for device in devices:
+            subprocess.run(["tc", "qdisc", "del", "dev", device, "root"], capture_output=True)
 
     def namespace(self, i: int) -> str:
         return f"{self.prefix}n{i}"
@@ -80,12 +116,20 @@ class Nodes:
         _ip("link", "add", self.bridge, "type", "bridge")
         _ip("addr", "add", f"{HOST}/24", "dev", self.bridge)
         _ip("link", "set", self.bridge, "up")
+        for j in range(self.leaves):
+            leaf, up, down = f"{self.prefix}l{j}", f"{self.prefix}u{j}", f"{self.prefix}s{j}"
+            _ip("link", "add", leaf, "type", "bridge")
+            _ip("link", "set", leaf, "up")
+            _ip("link", "add", up, "type", "veth", "peer", "name", down)
+            _ip("link", "set", up, "master", leaf, "up")
+            _ip("link", "set", down, "master", self.bridge, "up")
         for i in range(self.count):
             ns, veth, host_end = self.namespace(i), self.veth(i), f"{self.prefix}h{i}"
             _ip("netns", "add", ns)
             _ip("link", "add", host_end, "type", "veth", "peer", "name", veth)
             _ip("link", "set", veth, "netns", ns)
-            _ip("link", "set", host_end, "master", self.bridge, "up")
+            bridge = f"{self.prefix}l{self.leaf_of(i)}" if self.leaves else self.bridge
+            _ip("link", "set", host_end, "master", bridge, "up")
             _ip("-n", ns, "addr", "add", f"{self.address(i)}/24", "dev", veth)
             _ip("-n", ns, "link", "set", veth, "up")
             _ip("-n", ns, "link", "set", "lo", "up")
@@ -93,12 +137,15 @@ class Nodes:
     def remove(self) -> None:
         for i in range(self.count):
             subprocess.run(["ip", "netns", "del", self.namespace(i)], capture_output=True)
+        for j in range(self.leaves):
+            subprocess.run(["ip", "link", "del", f"{self.prefix}u{j}"], capture_output=True)
+            subprocess.run(["ip", "link", "del", f"{self.prefix}l{j}"], capture_output=True)
         subprocess.run(["ip", "link", "del", self.bridge], capture_output=True)
 
 
 @contextmanager
-def namespaced_nodes(count: int, prefix: str = "vg") -> Iterator[Nodes]:
-    nodes = Nodes(count, prefix)
+def namespaced_nodes(count: int, prefix: str = "vg", leaves: int = 0) -> Iterator[Nodes]:
+    nodes = Nodes(count, prefix, leaves)
     nodes.remove()  # what a killed earlier run left behind
     nodes._create()
     try:

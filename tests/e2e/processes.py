@@ -173,3 +173,14 @@ def job_cluster(tmp: Path, nodes: Sequence[str] = ("node-a", "node-b"), **settin
             proc.send_signal(signal.SIGTERM)
         for proc in cluster.procs:
             proc.wait(10)
+
+
+def sweep_pairs(target: str, *params: str, timeout: float = 300) -> tuple[int, dict[str, Any]]:
+    """``vigil sweep --checks pairs --json`` with ``-p`` parameters: its exit code and its summary."""
+    command = [sys.executable, "-m", "vigil", "sweep", "--controller", target, "--checks", "pairs", "--json"]
+    for param in params:
+        command += ["-p", param]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+    assert done.stdout.strip(), done.stderr
+    summary: dict[str, Any] = json.loads(done.stdout)
+    return done.returncode, summary

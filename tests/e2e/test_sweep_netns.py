@@ -12,30 +12,18 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from tests.e2e.netns import HOST, namespaced_nodes, unavailable
-from tests.e2e.processes import configured_controller, port_of, start_agent
+from tests.e2e.processes import configured_controller, port_of, start_agent, sweep_pairs
 from tests.helpers import poll_until
 from vigil.admin_client import AdminClient
 
 pytestmark = pytest.mark.e2e
 
 NODES = 6
-
-
-def sweep(target: str) -> tuple[int, dict[str, object]]:
-    command = [
-        sys.executable, "-m", "vigil", "sweep", "--controller", target, "--checks", "pairs", "--json",
-        "-p", "pairs.sizes=1048576", "-p", "pairs.iters=9",
-    ]  # fmt: skip
-    done = subprocess.run(command, capture_output=True, text=True, timeout=240)
-    assert done.stdout.strip(), done.stderr
-    return done.returncode, json.loads(done.stdout)
 
 
 @pytest.mark.skipif(bool(why := unavailable()), reason=why or "")
@@ -53,13 +41,13 @@ def test_the_throttled_node_is_named_in_repeated_sweeps(tmp_path: Path) -> None:
                 poll_until(lambda: len(admin.status().nodes) == NODES, what="every agent connected", timeout=60)
             for throttled in (2, 2, 5, 5):  # node-2 is rank 0 of its pair, node-5 rank 1 of its own
                 nodes.throttle(throttled)
-                code, summary = sweep(target)
+                code, summary = sweep_pairs(target, "pairs.sizes=1048576", "pairs.iters=9")
                 nodes.unthrottle(throttled)
-                figures = {r["node"]: r.get("figure", "") for r in summary["rows"]}  # type: ignore[union-attr]
+                figures = {r["node"]: r.get("figure", "") for r in summary["rows"]}
                 print(f"\nthrottled node-{throttled}: {figures}; {summary['findings']}")  # pytest -s: the record
                 findings = summary.get("findings", [])
-                assert [f["node"] for f in findings] == [f"node-{throttled}"], json.dumps(summary, indent=1)  # type: ignore[index]
-                pairs = {r["node"]: r for r in summary["rows"]}  # type: ignore[union-attr]
+                assert [f["node"] for f in findings] == [f"node-{throttled}"], json.dumps(summary, indent=1)
+                pairs = {r["node"]: r for r in summary["rows"]}
                 partner = throttled ^ 1
                 assert pairs[f"node-{partner}"]["verdict"] == "OK", pairs[f"node-{partner}"]
                 assert code == 1 and summary["rounds"] == 2

@@ -5,13 +5,16 @@ scripted per node and check: "fail", "crash" (UNKNOWN, as the agent reports a cr
 (no answer at all), "slow" (every GPU at 70%: passes its own node's comparison, not the fleet's) or
 "misnamed" (answers OK for another check than the one asked).
 A pair's all-reduce meets at its master address, as the real members meet at rank 0's store, and
-runs at the link speed of its slower member: a throttled NIC caps the pair.
+runs at the link speed of its slower member (a throttled NIC caps the pair), or at what ``path_gbps``
+says for the two (a fabric with switches on the path). It reports each size it was asked for
+(``sizes``), at that speed.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from protos.vigil.v1 import agent_pb2, common_pb2
@@ -36,6 +39,7 @@ class SimulatedChecks:
     pair_duration_s: float = 0.0
     link_gbps: dict[str, float] = field(default_factory=dict)  # per node; others run at default_gbps
     default_gbps: float = 40.0
+    path_gbps: Callable[[str, str], float] | None = None  # the pair's speed through the fabric
     script: dict[tuple[str, str], str] = field(default_factory=dict)  # (node, check) -> behaviour
     requests: list[tuple[str, agent_pb2.RunCheck]] = field(default_factory=list)
     _meeting: dict[str, tuple[str, asyncio.Future[float]]] = field(default_factory=dict)
@@ -50,7 +54,8 @@ class SimulatedChecks:
                 result.verdict, result.reason = common_pb2.UNKNOWN, "the check crashed: the peer never joined"
             else:
                 result.verdict, result.reason = common_pb2.OK, f"gloo, 2 ranks: bus bandwidth {busbw:.2f} GB/s"
-                result.figures.update({"world_size": 2.0, f"busbw_gbps_{PAIR_BYTES}": busbw})
+                sizes = [int(x) for x in run.params["sizes"].split(",")] if "sizes" in run.params else [PAIR_BYTES]
+                result.figures.update({"world_size": 2.0} | {f"busbw_gbps_{size}": busbw for size in sizes})
             result.finished_at = time.time()
             return result
         behaviour = self.script.get((node, run.check), "ok")
@@ -84,7 +89,10 @@ class SimulatedChecks:
                     del self._meeting[master]
         partner, met = self._meeting.pop(master)
         await asyncio.sleep(self.pair_duration_s)
-        busbw = min(self.link_gbps.get(node, self.default_gbps), self.link_gbps.get(partner, self.default_gbps))
+        if self.path_gbps is not None:
+            busbw = self.path_gbps(node, partner)
+        else:
+            busbw = min(self.link_gbps.get(node, self.default_gbps), self.link_gbps.get(partner, self.default_gbps))
         if not met.done():
             met.set_result(busbw)
         return busbw

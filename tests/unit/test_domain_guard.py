@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+from controller.actions import Page
 from controller.actuators import NullPager
 from controller.domain_guard import (
     DomainAdmission,
@@ -12,11 +13,14 @@ from controller.domain_guard import (
     DomainState,
     admit_in_domains,
     domain_summary,
+    held_domains,
+    hold_domain,
     node_domains,
 )
 from controller.engine import Engine
 from controller.guard_rules import GuardrailConfig
 from controller.local_actuator import LocalActuator, LocalQuarantines
+from controller.pairing import Finding
 from controller.policy import Policy
 from controller.store import Store
 from vigil_core.signals import GpuRef, Signal, SignalKind
@@ -70,6 +74,46 @@ def test_the_engine_holds_a_suspect_domain_until_a_person_resumes(tmp_path: Path
         assert await e.operators.resume("sre", "the rack's switch was replaced", apply_held=True) == (4, 0)
         await e.drain()
         assert LocalQuarantines(store.db).nodes().keys() == {"n1", "n2", "n3"} and not e.guard.holding
+        await e.shutdown()
+
+    asyncio.run(scenario())
+
+
+def test_a_component_found_at_fault_holds_its_nodes_whatever_their_labels() -> None:
+    state = hold_domain(DomainState(), "fabric=spine s1", ["n1", "n2"])
+    assert state.suspect == ("fabric=spine s1",) and held_domains(state, "n1") == ["fabric=spine s1"]
+    assert hold_domain(state, "fabric=spine s1", ["n2", "n3"]).held == (
+        ("fabric=spine s1", "n1"),
+        ("fabric=spine s1", "n2"),
+        ("fabric=spine s1", "n3"),
+    )
+
+
+def test_a_blamed_leaf_pages_once_and_cordons_none_of_its_nodes(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        store = Store(tmp_path / "ctl.db")
+        labels = {n: {"vigil.dev/leaf-switch": "leaf-a"} for n in ("n1", "n2", "n3")}
+        guardrails = GuardrailConfig(breaker_max_fraction=1.0, breaker_page_delay_s=0)
+        pages: list[Page] = []
+
+        class Recording(NullPager):
+            def page(self, action: Page) -> str:
+                pages.append(action)
+                return "paged"
+
+        e = Engine(store, Policy(), LocalActuator(store.db, labels), Recording(), guardrails=guardrails)
+        await e.refresh_labels()
+        for node in ("n1", "n2", "n3"):
+            e.hello(node, "s", 8)
+        leaf = Finding("leaf leaf-a", "3 of its 3 nodes slow in every pair", "leaf", ("n1", "n2", "n3"))
+        said = e.component_failed(leaf, "vigil.dev/leaf-switch=leaf-a", "sweep-1")
+        again = e.component_failed(leaf, "vigil.dev/leaf-switch=leaf-a", "sweep-2")
+        await e.drain()
+        assert "3 node(s) behind it, none cordoned; paged once" in said and "not paged again" in again
+        assert LocalQuarantines(store.db).nodes() == {}
+        assert [p.summary.split(" is slow")[0] for p in pages] == ["leaf leaf-a"]
+        assert e.guard.holding and "vigil.dev/leaf-switch=leaf-a" in e.automation
+        assert await e.operators.resume("sre", "the leaf was replaced", apply_held=False) == (0, 6)
         await e.shutdown()
 
     asyncio.run(scenario())

@@ -122,10 +122,10 @@ def test_a_pair_that_could_not_run_counts_as_zero_with_its_reason() -> None:
     ok = CheckResult("allreduce", Verdict.OK, "", {"busbw_gbps_1024": 9.0})
     slower = CheckResult("allreduce", Verdict.OK, "", {"busbw_gbps_1024": 8.5})
     crashed = CheckResult("allreduce", Verdict.UNKNOWN, "did not finish within its 60 s deadline")
-    assert pair_run(("a", "b"), ok, slower) == PairRun(8.5)
+    assert pair_run(("a", "b"), ok, slower) == PairRun(8.5, by_size={1024: 8.5})
     assert pair_run(("a", "b"), ok, crashed) == PairRun(0.0, "b: did not finish within its 60 s deadline")
     silent = CheckResult("allreduce", Verdict.OK, "", {})
-    assert pair_run(("a", "b"), silent, ok) == PairRun(9.0)  # both members time the same all-reduce
+    assert pair_run(("a", "b"), silent, ok) == PairRun(9.0, by_size={1024: 9.0})  # both time the same all-reduce
     assert pair_run(("a", "b"), silent, silent).error == "the all-reduce reported no bus bandwidth"
 
 
@@ -151,7 +151,8 @@ def test_what_a_pair_is_judged_against_is_said() -> None:
 def test_the_outcome_fails_on_a_slow_link_even_when_every_node_passes() -> None:
     ok = [Row("a", "pairs", Verdict.OK, "", ""), Row("b", "pairs", Verdict.OK, "", "")]
     assert outcome(ok, []).verdict is Verdict.OK
-    assert outcome(ok, [Finding("a|b", "the link between them")]).verdict is Verdict.FAIL
+    assert outcome(ok, [Finding("a|b", "the link between them", "link", ("a", "b"))]).verdict is Verdict.FAIL
+    assert outcome(ok, [Finding("leaf x", "slow", "leaf", ("a", "b"))]).verdict is Verdict.FAIL
     mixed = [*ok, Row("a", "matmul", Verdict.UNKNOWN, "", ""), Row("b", "gpu_health", Verdict.FAIL, "", "")]
     result = outcome(mixed, [])
     assert (result.failed, result.unknown, result.verdict) == (["b"], ["a"], Verdict.FAIL)

@@ -255,12 +255,16 @@ class SweepRow(_message.Message):
     def __init__(self, node: _Optional[str] = ..., check: _Optional[str] = ..., verdict: _Optional[_Union[_common_pb2.Verdict, str]] = ..., figure: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class SweepFinding(_message.Message):
-    __slots__ = ("node", "reason")
+    __slots__ = ("node", "reason", "kind", "nodes")
     NODE_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
     node: str
     reason: str
-    def __init__(self, node: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+    kind: str
+    nodes: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, node: _Optional[str] = ..., reason: _Optional[str] = ..., kind: _Optional[str] = ..., nodes: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class SweepSummary(_message.Message):
     __slots__ = ("sweep_id", "rows", "findings", "nodes", "failed_nodes", "unknown_nodes", "rounds", "pairs", "wall_s", "quarantine", "verdict")

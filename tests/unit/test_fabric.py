@@ -1,0 +1,190 @@
+"""Topology-aware pairing and localisation (``controller.fabric``), on a simulated fat tree.
+
+A pair's all-reduce runs at the speed of the slowest part on its path: each member's NIC, each
+member's leaf switch; across leaves also each member's own uplink out of its leaf, each leaf's
+uplink and each leaf's spine. Healthy parts run at 9-11 GB/s (noise); a bad part at a tenth.
+The pipeline is the sweep's (``controller.sweep.Sweeper._fabric``) without the I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from controller.fabric import (
+    ACROSS,
+    WITHIN,
+    FabricJudge,
+    cross_pairs,
+    findings,
+    first_stage,
+    judge_first_stage,
+    neighbour_pairs,
+    pair_class,
+    tournament,
+)
+from controller.pairing import Finding, Pair, batches
+from controller.sweep_judge import PairRun
+from controller.topology import Place
+
+SIZES = (8, 1 << 20, 1 << 30)
+
+
+@dataclass
+class Fabric:
+    leaves: int
+    per_leaf: int
+    spines: int = 1
+    bad: dict[str, float] = field(default_factory=dict)  # part -> its speed: "node:n", "leaf:l", ...
+    noise: Callable[[Pair], float] = lambda pair: 10.0
+    latency_only: bool = False  # the bad part slows small messages only
+
+    @property
+    def topology(self) -> dict[str, Place]:
+        return {
+            f"l{leaf}n{i}": Place(leaf=f"l{leaf}", spine=f"s{leaf % self.spines}" if self.spines > 1 else "")
+            for leaf in range(self.leaves)
+            for i in range(self.per_leaf)
+        }
+
+    @property
+    def nodes(self) -> list[str]:
+        return list(self.topology)
+
+    def path(self, pair: Pair) -> list[str]:
+        topo = self.topology
+        parts = [f"node:{n}" for n in pair] + [f"leaf:{topo[n].leaf}" for n in pair]
+        if pair_class(pair, topo) == ACROSS:
+            parts += [f"node-uplink:{n}" for n in pair] + [f"leaf-uplink:{topo[n].leaf}" for n in pair]
+            parts += [f"spine:{topo[n].spine}" for n in pair]
+        return parts
+
+    def run(self, pair: Pair) -> PairRun:
+        base = self.noise(pair)
+        worst = min([self.bad.get(part, base) for part in self.path(pair)])
+        by_size = {s: base * s / SIZES[-1] for s in SIZES}  # small sizes: latency-bound, low GB/s
+        for s in SIZES:
+            if not self.latency_only or s < SIZES[-1]:
+                by_size[s] = by_size[s] * worst / base
+        return PairRun(by_size[SIZES[-1]], by_size=by_size)
+
+
+@dataclass
+class Swept:
+    findings: list[Finding]
+    rounds: int
+
+
+def sweep(fabric: Fabric, max_below: float = 0.5) -> Swept:
+    nodes = fabric.nodes
+    judge = FabricJudge(fabric.topology, 0.0, max_below, "leaf", "spine")
+    within, across = first_stage(nodes, fabric.topology)
+    first = {p: fabric.run(p) for p in [*within, *across]}
+    judged = judge_first_stage(nodes, first, judge)
+    retest = {p: fabric.run(p) for p in judged.plan.pairs}
+    rounds = len(batches(within)) + len(batches(across)) + len(batches(judged.plan.pairs))
+    return Swept(findings(judged, first, retest, judge), rounds)
+
+
+def named(swept: Swept) -> list[tuple[str, str]]:
+    return [(f.kind, f.node) for f in swept.findings]
+
+
+def test_the_tournament_meets_every_leaf_once() -> None:
+    for teams in range(2, 12):
+        met = [frozenset(m) for r in tournament(teams) for m in r]
+        assert len(met) == len(set(met)) == teams * (teams - 1) // 2
+        for r in tournament(teams):
+            assert len({t for m in r for t in m}) == 2 * len(r)  # nobody twice in a round
+
+
+def test_neighbours_first_then_across_each_pair_a_matching() -> None:
+    fabric = Fabric(leaves=4, per_leaf=3)
+    topo = fabric.topology
+    within = neighbour_pairs(fabric.nodes, topo)
+    assert all(pair_class(p, topo) == WITHIN for p in within)
+    assert ("l0n2", "l0n0") in within  # the odd one out of a leaf, in a later batch
+    across = cross_pairs(fabric.nodes, topo)
+    assert all(pair_class(p, topo) == ACROSS for p in across)
+    assert len(batches(across)) == 1  # one round
+    met = {topo[b].leaf for a, b in across if topo[a].leaf == "l0"} | {
+        topo[a].leaf for a, b in across if topo[b].leaf == "l0"
+    }
+    assert len(met) == 3  # three nodes, three other leaves
+
+
+def test_a_healthy_fabric_blames_nothing() -> None:
+    assert named(sweep(Fabric(leaves=4, per_leaf=4))) == []
+
+
+@pytest.mark.parametrize(
+    ("bad", "expected"),
+    [
+        ({"leaf:l1": 1.0}, [("leaf", "leaf l1")]),
+        ({"leaf-uplink:l2": 1.0}, [("leaf-uplink", "uplink of leaf l2")]),
+        ({"node:l3n1": 1.0}, [("node", "l3n1")]),
+        ({"node-uplink:l0n2": 1.0}, [("node-uplink", "l0n2")]),
+    ],
+)
+def test_the_smallest_component_is_named(bad: dict[str, float], expected: list[tuple[str, str]]) -> None:
+    assert named(sweep(Fabric(leaves=4, per_leaf=4, bad=bad))) == expected
+
+
+def test_the_nodes_behind_a_leaf_are_listed_not_blamed() -> None:
+    (finding,) = sweep(Fabric(leaves=4, per_leaf=4, bad={"leaf:l1": 1.0})).findings
+    assert finding.nodes == ("l1n0", "l1n1", "l1n2", "l1n3") and "4 of its 4 nodes" in finding.reason
+
+
+def test_a_spine_above_most_of_its_leaves_is_named() -> None:
+    swept = sweep(Fabric(leaves=6, per_leaf=4, spines=2, bad={"spine:s1": 1.0}))
+    assert named(swept) == [("spine", "spine s1")]
+    assert set(swept.findings[0].nodes) == {n for n in Fabric(6, 4, 2).nodes if n[1] in "135"}
+
+
+def test_two_leaves_only_blames_the_path_between_them() -> None:
+    swept = sweep(Fabric(leaves=2, per_leaf=4, bad={"leaf-uplink:l0": 1.0}))
+    assert [k for k, _ in named(swept)] == ["spine"] and "l0, l1" in swept.findings[0].node
+
+
+def test_a_latency_fault_is_found_at_the_small_sizes() -> None:
+    swept = sweep(Fabric(leaves=4, per_leaf=4, bad={"node:l2n0": 1.0}, latency_only=True))
+    assert named(swept) == [("node", "l2n0")]
+    assert "8 B" in swept.findings[0].reason and "1 GiB" not in swept.findings[0].reason
+
+
+def test_a_thousand_nodes_under_32_leaves_one_bad_leaf() -> None:
+    fabric = Fabric(leaves=32, per_leaf=31, bad={"leaf:l7": 1.0})
+    swept = sweep(fabric)
+    assert named(swept) == [("leaf", "leaf l7")]
+    assert swept.rounds == 3  # neighbours (two batches: 31 is odd), one across, no isolation
+
+
+@dataclass(frozen=True)
+class Fault:
+    part: str
+    expected: tuple[str, str]
+
+
+def faults(leaves: int, per_leaf: int) -> st.SearchStrategy[Fault]:
+    leaf = st.integers(0, leaves - 1)
+    node = st.tuples(leaf, st.integers(0, per_leaf - 1)).map(lambda t: f"l{t[0]}n{t[1]}")
+    options = [
+        node.map(lambda n: Fault(f"node:{n}", ("node", n))),
+        leaf.map(lambda i: Fault(f"leaf:l{i}", ("leaf", f"leaf l{i}"))),
+        leaf.map(lambda i: Fault(f"leaf-uplink:l{i}", ("leaf-uplink", f"uplink of leaf l{i}"))),
+        node.map(lambda n: Fault(f"node-uplink:{n}", ("node-uplink", n))),
+    ]
+    return st.one_of(options)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.integers(3, 12), st.integers(2, 9), st.data())
+def test_one_fault_anywhere_is_named_as_its_component(leaves: int, per_leaf: int, data: st.DataObject) -> None:
+    fault = data.draw(faults(leaves, per_leaf))
+    noise = data.draw(st.dictionaries(st.text(min_size=1, max_size=1), st.floats(9.0, 11.0)))
+    fabric = Fabric(leaves, per_leaf, bad={fault.part: 1.0}, noise=lambda pair: noise.get(pair[0][-1], 10.0))
+    assert named(sweep(fabric)) == [fault.expected]
