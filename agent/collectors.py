@@ -97,6 +97,7 @@ class IbPoll:
     def show(self, metrics: AgentMetrics, fresh: bool) -> None:
         now = self._clock()
         metrics.readings.ib = [(r, self.watch.down_total_s(r.hca, r.port, now)) for r in self.readings] if fresh else []
+        metrics.readings.pci_root = self.root.parent.parent / "bus" / "pci" / "devices"  # the same sysfs
 
 
 class DcgmScrape:

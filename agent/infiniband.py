@@ -29,6 +29,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from agent.pcie import pcie_path
 from vigil_core.signals import GpuRef, Signal, SignalKind, normalize_pci_bus_id
 
 SYSFS_ROOT = Path("/sys/class/infiniband")
@@ -65,6 +66,7 @@ class PortReading:
     width: int  # lanes (4 for 4X); 0 when not said
     link_layer: str  # "InfiniBand" or "Ethernet" (RoCE)
     counters: Mapping[str, int] = field(default_factory=dict)
+    pcie_path: tuple[str, ...] = ()  # the HCA's place in the PCIe tree (``agent.pcie``)
 
     @property
     def name(self) -> str:
@@ -108,11 +110,8 @@ def read_ports(root: Path = SYSFS_ROOT) -> list[PortReading]:
     except OSError:
         return readings
     for hca in hcas[:64]:
-        try:
-            device = (hca / "device").resolve().name
-        except OSError:
-            device = ""
-        bus = normalize_pci_bus_id(device) if device.count(":") >= 2 else ""
+        path = pcie_path(hca / "device")
+        bus = normalize_pci_bus_id(path[-1]) if path else ""
         for port_dir in sorted((hca / "ports").iterdir())[:16]:
             if not port_dir.name.isdigit():
                 continue
@@ -128,6 +127,7 @@ def read_ports(root: Path = SYSFS_ROOT) -> list[PortReading]:
                     width=int(rate["width"]) if rate and rate["width"] else 0,
                     link_layer=_read(port_dir / "link_layer")[:32],
                     counters=_counters(port_dir / "counters") | _counters(port_dir / "hw_counters"),
+                    pcie_path=path,
                 )
             )
     return readings

@@ -10,7 +10,7 @@ NVLink, PCIe replays) are exported as counters, since they only grow until a dri
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
@@ -19,6 +19,7 @@ from prometheus_client.registry import Collector
 
 from agent.host import HostReading
 from agent.infiniband import PortReading
+from agent.pcie import SYS_BUS_PCI, nearest_gpus, pcie_path, sysfs_device
 from gpus.backend import GpuReading
 from vigil_core.signals import THROTTLE_HARMFUL_MASK, GpuRef, Signal, throttle_reason_names
 
@@ -34,17 +35,29 @@ class _Readings(Collector):
         self.gpus: list[GpuReading] = []
         self.host: HostReading | None = None
         self.ib: list[tuple[PortReading, float]] = []  # each port, and its cumulative seconds down
+        self.pci_root = SYS_BUS_PCI  # where each GPU's PCIe place is read (the port -> GPU label)
+        self._gpu_paths: dict[str, tuple[str, ...]] = {}
 
     def collect(self) -> Iterator[Any]:
         yield from _gpu_families(self.node, self.gpus)
         if self.host is not None:
             yield from _host_families(self.node, self.host)
         if self.ib:
-            yield from _ib_families(self.node, self.ib)
+            yield from _ib_families(self.node, self.ib, self._port_gpus())
+
+    def _port_gpus(self) -> dict[str, str]:
+        """Each port's HCA -> the GPU(s) it serves, "0" or "0,1" (none where the topology does not tell)."""
+        for r in self.gpus:
+            bus = r.gpu.pci_bus_id
+            if bus and bus not in self._gpu_paths:
+                device = sysfs_device(self.pci_root, bus)
+                self._gpu_paths[bus] = pcie_path(device) if device else ()
+        paths = {str(r.gpu.index): self._gpu_paths.get(r.gpu.pci_bus_id, ()) for r in self.gpus}
+        return {p.hca: ",".join(nearest_gpus(p.pcie_path, paths)) for p, _ in self.ib}
 
 
-def _ib_families(node: str, ports: list[tuple[PortReading, float]]) -> Iterator[Any]:
-    labels = ["node", "hca", "port", "link_layer"]
+def _ib_families(node: str, ports: list[tuple[PortReading, float]], gpus: Mapping[str, str]) -> Iterator[Any]:
+    labels = ["node", "hca", "port", "link_layer", "gpu"]
     up = GaugeMetricFamily("vigil_ib_port_up", "1 when the port is ACTIVE and LinkUp", labels=labels)
     rate = GaugeMetricFamily("vigil_ib_port_rate_gbps", "The port's link rate (Gb/s)", labels=labels)
     width = GaugeMetricFamily("vigil_ib_port_width_lanes", "The port's link width (lanes; 4 for 4X)", labels=labels)
@@ -55,7 +68,7 @@ def _ib_families(node: str, ports: list[tuple[PortReading, float]]) -> Iterator[
         "vigil_ib_port_counter", "The port's counters and RoCE hw_counters, as sysfs reads", labels=[*labels, "counter"]
     )
     for r, down_s in ports:
-        values = [node, r.hca, str(r.port), r.link_layer]
+        values = [node, r.hca, str(r.port), r.link_layer, gpus.get(r.hca, "")]
         up.add_metric(values, 1.0 if r.up else 0.0)
         rate.add_metric(values, r.rate_gbps)
         width.add_metric(values, float(r.width))

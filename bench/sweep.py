@@ -20,6 +20,7 @@ import json
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,11 +36,20 @@ from tests.fakes.sim_checks import SimulatedChecks
 LOCAL_CHECKS = ["gpu_health", "matmul", "membw", "allreduce"]
 
 
-async def sweep_once(nodes: int, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
-    names = [f"gpu-{i:05d}" for i in range(nodes)]
-    slow = names[nodes // 3]
-    sim = SimulatedChecks(duration_s=args.check_s, pair_duration_s=args.pair_s, link_gbps={slow: 4.0})
-    controller = start_controller(workdir, {"pager": "none", "database": str(workdir / f"ctl-{nodes}.db")})
+@dataclass
+class Swept:
+    summary: admin_pb2.SweepSummary
+    wall_s: float
+    controller_cpu_s: float
+    updates: int
+
+
+async def run_sweep(
+    names: list[str], sim: SimulatedChecks, settings: dict[str, Any], workdir: Path, checks: list[str]
+) -> Swept:
+    """One sweep of ``checks`` by a real controller process (``settings`` added to its config) over
+    simulated agents, one real gRPC stream per node."""
+    controller = start_controller(workdir, {"pager": "none", **settings})
     try:
         target = await controller_target(workdir, controller)
         fleet = Fleet(target, names, heartbeat_s=5.0, checks=sim)
@@ -48,7 +58,7 @@ async def sweep_once(nodes: int, args: argparse.Namespace, workdir: Path) -> dic
         cpu_before = sum(ctl.cpu_times()[:2])
         started = time.monotonic()
         async with grpc.aio.insecure_channel(target) as channel:
-            request = admin_pb2.SweepRequest(checks=[*LOCAL_CHECKS, "pairs"], requested_by="bench")
+            request = admin_pb2.SweepRequest(checks=checks, requested_by="bench")
             updates = [u async for u in admin_pb2_grpc.AdminStub(channel).Sweep(request)]
         wall_s = time.monotonic() - started
         cpu_s = sum(ctl.cpu_times()[:2]) - cpu_before
@@ -57,7 +67,19 @@ async def sweep_once(nodes: int, args: argparse.Namespace, workdir: Path) -> dic
         controller.terminate()
         controller.wait(30)
         (workdir / "port").unlink(missing_ok=True)
-    summary = updates[-1].summary
+    if updates[-1].error:
+        raise RuntimeError(f"the sweep broke: {updates[-1].error}")
+    return Swept(updates[-1].summary, wall_s, cpu_s, len(updates))
+
+
+async def sweep_once(nodes: int, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+    names = [f"gpu-{i:05d}" for i in range(nodes)]
+    slow = names[nodes // 3]
+    sim = SimulatedChecks(duration_s=args.check_s, pair_duration_s=args.pair_s, link_gbps={slow: 4.0})
+    swept = await run_sweep(
+        names, sim, {"database": str(workdir / f"ctl-{nodes}.db")}, workdir, [*LOCAL_CHECKS, "pairs"]
+    )
+    summary, wall_s = swept.summary, swept.wall_s
     floor_s = len(LOCAL_CHECKS) * args.check_s + summary.rounds * args.pair_s
     return {
         "nodes": nodes,
@@ -66,8 +88,8 @@ async def sweep_once(nodes: int, args: argparse.Namespace, workdir: Path) -> dic
         "wall_s": round(wall_s, 3),
         "floor_s": floor_s,
         "overhead_s": round(wall_s - floor_s, 3),
-        "controller_cpu_s": round(cpu_s, 2),
-        "updates": len(updates),
+        "controller_cpu_s": round(swept.controller_cpu_s, 2),
+        "updates": swept.updates,
         "culprits": [f.node for f in summary.findings],
         "culprit_found": [f.node for f in summary.findings] == [slow],
     }

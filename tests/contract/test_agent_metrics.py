@@ -139,7 +139,11 @@ def test_infiniband_ports_are_watched_by_the_running_agent_and_shown_in_its_metr
     """The real collector on a fixture sysfs tree: a port down past the transport timeout is one
     IB_PORT_DOWN signal, and every port's state, rate, down time and counters are in /metrics."""
     ib = IbSysfs(tmp_path / "sys")
-    ib.add_port("mlx5_0", 1, "0000:17:00.0")
+    # mlx5_0 sits on GPU 0's PCIe switch; mlx5_1 on a switch of its own (it serves no GPU in particular).
+    switch = ("0000:15:01.0", "0000:16:00.0")
+    ib.add_port("mlx5_0", 1, "0000:19:00.0", bridges=(*switch, "0000:17:10.0"))
+    ib.add_gpu("0000:18:00.0", (*switch, "0000:17:08.0"))
+    ib.add_gpu("0000:2a:00.0", ("0000:27:01.0", "0000:28:00.0", "0000:29:08.0"))
     ib.add_port("mlx5_1", 1, "0000:3d:00.0", link_layer="Ethernet", rate="200 Gb/sec (4X HDR)")
     config = agent_config(tmp_path, "127.0.0.1:1").model_copy(
         update={"ib_sysfs_root": ib.root, "ib_poll_s": 0.05, "ib_transport_timeout_s": 0.3}
@@ -164,6 +168,8 @@ def test_infiniband_ports_are_watched_by_the_running_agent_and_shown_in_its_metr
     families = {f.name: f for f in text_string_to_metric_families(asyncio.run(scenario()))}
     up = {s.labels["hca"]: s.value for s in families["vigil_ib_port_up"].samples}
     assert up == {"mlx5_0": 1.0, "mlx5_1": 0.0}
+    serves = {s.labels["hca"]: s.labels["gpu"] for s in families["vigil_ib_port_up"].samples}
+    assert serves == {"mlx5_0": "0", "mlx5_1": ""}  # from the PCIe tree
     rate = {s.labels["hca"]: s.value for s in families["vigil_ib_port_rate_gbps"].samples}
     assert rate == {"mlx5_0": 400.0, "mlx5_1": 200.0}
     down_s = {s.labels["hca"]: s.value for s in families["vigil_ib_port_down_seconds"].samples}

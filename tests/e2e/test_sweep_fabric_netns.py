@@ -54,7 +54,7 @@ def test_the_throttled_uplink_leaf_or_node_is_named_as_such(tmp_path: Path) -> N
                 poll_until(lambda: len(admin.status().nodes) == NODES, what="every agent connected", timeout=60)
             for what, throttle, expected in CASES:
                 throttle(nodes)
-                code, summary = sweep_pairs(target, "pairs.sizes=1048576,4194304", "pairs.iters=7")
+                code, summary = sweep_pairs(target, "pairs.sizes=1048576,4194304", "pairs.iters=5")
                 nodes.unthrottle_fabric()
                 nodes.unthrottle(4)
                 findings = summary.get("findings", [])

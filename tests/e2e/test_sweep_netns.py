@@ -4,7 +4,7 @@ Six "nodes", each a network namespace with its own agent, joined by veth pairs t
 the controller listens on the bridge. One node's link is throttled with ``tc ... tbf``. The sweep
 pairs the nodes for real gloo all-reduces between the namespaces, flags the slow pair against the
 others, re-pairs both members with known-good nodes and must name the throttled node, never its
-partner: in repeated runs, with the throttle on a rank-0 member and then on a rank-1 member.
+partner: with the throttle on a rank-0 member, then on a rank-1 member.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ NODES = 6
 
 
 @pytest.mark.skipif(bool(why := unavailable()), reason=why or "")
-def test_the_throttled_node_is_named_in_repeated_sweeps(tmp_path: Path) -> None:
+def test_the_throttled_node_is_named_rank_0_or_rank_1(tmp_path: Path) -> None:
     with namespaced_nodes(NODES, prefix=f"vg{os.getpid() % 1000}") as nodes:
         # Six nodes' all-reduces share two cores here: a healthy pair may run at half another's speed. A
         # pair counts as slow 80% below the median (the default, 50%, suits a real fabric); throttled
@@ -39,7 +39,7 @@ def test_the_throttled_node_is_named_in_repeated_sweeps(tmp_path: Path) -> None:
         try:
             with AdminClient(target) as admin:
                 poll_until(lambda: len(admin.status().nodes) == NODES, what="every agent connected", timeout=60)
-            for throttled in (2, 2, 5, 5):  # node-2 is rank 0 of its pair, node-5 rank 1 of its own
+            for throttled in (2, 5):  # node-2 is rank 0 of its pair, node-5 rank 1 of its own
                 nodes.throttle(throttled)
                 code, summary = sweep_pairs(target, "pairs.sizes=1048576", "pairs.iters=9")
                 nodes.unthrottle(throttled)

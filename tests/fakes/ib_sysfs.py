@@ -28,9 +28,10 @@ class IbSysfs:
 
     def add_port(
         self, hca: str, port: int = 1, bus: str = "0000:17:00.0", link_layer: str = "InfiniBand",
-        rate: str = "400 Gb/sec (4X NDR)",
+        rate: str = "400 Gb/sec (4X NDR)", bridges: tuple[str, ...] = (),
     ) -> None:  # fmt: skip
-        device = self._devices / bus
+        """``bridges``: the PCIe bridges above the HCA, from the root port down (none: a flat tree)."""
+        device = self._pci_dir(bus, bridges)
         device.mkdir(parents=True, exist_ok=True)
         (self.root / hca).mkdir(parents=True, exist_ok=True)
         if not (self.root / hca / "device").exists():
@@ -46,6 +47,19 @@ class IbSysfs:
             (d / "hw_counters").mkdir(exist_ok=True)
             for name in ROCE_HW_COUNTERS:
                 (d / "hw_counters" / name).write_text("0\n")
+
+    def add_gpu(self, bus: str, bridges: tuple[str, ...]) -> None:
+        """A GPU's place in the PCIe tree, linked from ``bus/pci/devices`` as the kernel does."""
+        device = self._pci_dir(bus, bridges)
+        device.mkdir(parents=True, exist_ok=True)
+        link = self.root.parent.parent / "bus" / "pci" / "devices" / bus
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(device)
+
+    def _pci_dir(self, bus: str, bridges: tuple[str, ...]) -> Path:
+        if not bridges:
+            return self._devices / bus
+        return self._devices / f"pci{bridges[0][:7]}" / Path(*bridges) / bus
 
     def set_up(self, hca: str, port: int, up: bool) -> None:
         d = self.port_dir(hca, port)
