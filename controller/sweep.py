@@ -318,8 +318,9 @@ class Sweeper:
         )
         within, across = first_stage(nodes, topology)
         progress.total += len(within) + len(across)
-        first = await self._round(sweep_id, "neighbours", spec, within, progress, stage)
-        first |= await self._round(sweep_id, "across leaves", spec, across, progress, stage)
+        # One stage: batches pack the pairs of both (a leaf's odd one out meets its neighbour while
+        # the others run across), so an uneven fleet costs a round or two less.
+        first = await self._round(sweep_id, "neighbours and across leaves", spec, across + within, progress, stage)
         judged = judge_first_stage(nodes, first, judge)
         retest: dict[Pair, PairRun] = {}
         if judged.plan.pairs:

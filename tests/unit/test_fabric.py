@@ -86,7 +86,7 @@ def sweep(fabric: Fabric, max_below: float = 0.5) -> Swept:
     first = {p: fabric.run(p) for p in [*within, *across]}
     judged = judge_first_stage(nodes, first, judge)
     retest = {p: fabric.run(p) for p in judged.plan.pairs}
-    rounds = len(batches(within)) + len(batches(across)) + len(batches(judged.plan.pairs))
+    rounds = len(batches(across + within)) + len(batches(judged.plan.pairs))
     return Swept(findings(judged, first, retest, judge), rounds)
 
 
@@ -160,7 +160,7 @@ def test_a_thousand_nodes_under_32_leaves_one_bad_leaf() -> None:
     fabric = Fabric(leaves=32, per_leaf=31, bad={"leaf:l7": 1.0})
     swept = sweep(fabric)
     assert named(swept) == [("leaf", "leaf l7")]
-    assert swept.rounds == 3  # neighbours (two batches: 31 is odd), one across, no isolation
+    assert swept.rounds == 3  # neighbours and across, packed (31 is odd: one batch more), no isolation
 
 
 @dataclass(frozen=True)
