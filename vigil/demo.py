@@ -47,15 +47,21 @@ class Cluster:
     agent_config: Path | None = None  # every agent's --config
     agent_configs: dict[str, Path] = field(default_factory=dict)  # a node's own --config, if it has one
     env: dict[str, str] = field(default_factory=dict)  # added to every process's environment
+    host: str = "127.0.0.1"  # where the controller listens (its config's listen) and the agents dial
+    prefixes: dict[str, list[str]] = field(default_factory=dict)  # a node's command prefix (ip netns exec ...)
 
     def kernel_log(self, node: str) -> Path:
         return self.workdir / f"{node}.kmsg"
+
+    @property
+    def target(self) -> str:
+        return f"{self.host}:{self.port}"
 
     def _spawn(self, name: str, args: list[str]) -> None:
         # The child keeps its own copies of the descriptors; ours can close at once.
         with open(self.workdir / f"{name}.out", "ab") as out, open(self.workdir / f"{name}.log", "ab") as err:
             self.procs[name] = subprocess.Popen(
-                [sys.executable, "-m", "vigil", *args],
+                [*self.prefixes.get(name, []), sys.executable, "-m", "vigil", *args],
                 stdout=out,
                 stderr=err,
                 stdin=subprocess.DEVNULL,
@@ -106,9 +112,7 @@ class Cluster:
         if not restart:
             log.write_text("".join(_boot_lines(node, self.gpus)))
         spool = self.workdir / f"{node}.spool.db"
-        args = simulated_agent_args(
-            node, f"127.0.0.1:{self.port}", log, spool, gpus or self.gpus, self.fault_file(node)
-        )
+        args = simulated_agent_args(node, self.target, log, spool, gpus or self.gpus, self.fault_file(node))
         config = self.agent_configs.get(node, self.agent_config)
         self._spawn(node, [*args, *(["--config", str(config)] if config else [])])
 

@@ -1,7 +1,8 @@
 """``python -m bench.scenarios [NAME ...] [--json] [--keep] [--no-record]``: run the labelled fault
 scenarios (all of them, or those named) through real processes and print the scorecard; the figures
 are appended to ``bench/results/scenarios.jsonl``. Exits 1 when a scenario fails that is not marked
-as a known defect."""
+as a known defect. A scenario this machine cannot run (network namespaces need root) is skipped,
+named, and left out of the figures."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import time
 from dataclasses import asdict
 
 from bench.record import append_result, header
-from bench.scenarios.runner import run_scenario
+from bench.scenarios.runner import run_scenario, unavailable
 from bench.scenarios.score import Outcome, judge, scorecard
 from bench.scenarios.spec import load_scenario, scenario_paths
 from vigil_core.config_file import ConfigError
@@ -32,14 +33,19 @@ def main() -> int:
         print(f"scenarios: {exc}", file=sys.stderr)
         return 2
     outcomes: list[Outcome] = []
+    skipped: list[str] = []
     started = time.monotonic()
     for name, scenario in scenarios:
+        if why := unavailable(scenario):
+            skipped.append(name)
+            print(f"SKIP   {name:44} {why}", file=sys.stderr)
+            continue
         t = time.monotonic()
         outcome = judge(name, scenario, run_scenario(name, scenario, keep=args.keep))
         outcomes.append(outcome)
         if not args.json:
             _print_outcome(outcome, time.monotonic() - t)
-    card = {**scorecard(outcomes), "wall_s": round(time.monotonic() - started, 1)}
+    card = {**scorecard(outcomes), "skipped": skipped, "wall_s": round(time.monotonic() - started, 1)}
     if args.json:
         print(json.dumps({"outcomes": [asdict(o) for o in outcomes], "scorecard": card}, indent=2))
     else:
@@ -62,6 +68,8 @@ def _print_outcome(o: Outcome, wall_s: float) -> None:
 def _print_card(card: dict[str, object]) -> None:
     print()
     print(f"scenarios: {card['passed']}/{card['scenarios']} passed in {card['wall_s']} s")
+    if card["skipped"]:
+        print(f"skipped here (see SKIP above): {', '.join(card['skipped'])}")  # type: ignore[arg-type]
     print(f"quarantine precision {card['quarantine_precision']}, recall {card['quarantine_recall']}")
     print(f"false quarantines {card['false_quarantines']}, false pages {card['false_pages']}, "
           f"missed faults {card['missed_faults']}")  # fmt: skip

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import shutil
 import sqlite3
 import subprocess
@@ -22,7 +23,7 @@ import grpc
 import yaml
 
 from bench.scenarios.score import Observed, SweepSeen
-from bench.scenarios.spec import Event, Job, JobWindows, Person, Scenario, Sweep
+from bench.scenarios.spec import Event, Job, JobWindows, Person, Scenario, Sweep, Throttle
 from gpus.simulated import simulated_gpus
 from protos.vigil.v1 import trainer_pb2, trainer_pb2_grpc
 from tests.fakes.ib_sysfs import IbSysfs
@@ -30,6 +31,7 @@ from vigil.admin_client import AdminClient
 from vigil.demo import Cluster, DemoFailed, wait_for, xid_line
 
 if TYPE_CHECKING:
+    from tests.e2e.netns import Nodes
     from tests.fakes.kube_api import KubeApiServer
     from tests.fakes.slack_api import FakeSlack
 
@@ -51,13 +53,38 @@ def run_scenario(name: str, scenario: Scenario, keep: bool = False) -> Observed:
             kube = stack.enter_context(KubeApiServer())
             for node in scenario.fleet.names:
                 kube.add_node(node, labels=scenario.fleet.labels.get(node, {}))
-        return _run(workdir, scenario, slack, kube, keep)
+        fabric = None
+        if scenario.fleet.fabric is not None:  # each node in a network namespace under its leaf
+            from tests.e2e.netns import namespaced_nodes
+
+            nodes, leaves = len(scenario.fleet.names), scenario.fleet.fabric.leaves
+            fabric = stack.enter_context(namespaced_nodes(nodes, prefix=f"vs{os.getpid() % 1000}", leaves=leaves))
+        return _run(workdir, scenario, slack, kube, fabric, keep)
 
 
-def _run(workdir: Path, scenario: Scenario, slack: FakeSlack, kube: KubeApiServer | None, keep: bool) -> Observed:
+def unavailable(scenario: Scenario) -> str | None:
+    """Why the scenario cannot run on this machine, or None."""
+    if scenario.fleet.fabric is None:
+        return None
+    from tests.e2e.netns import unavailable as netns_unavailable
+
+    return netns_unavailable()
+
+
+def _run(
+    workdir: Path, scenario: Scenario, slack: FakeSlack, kube: KubeApiServer | None, fabric: Nodes | None, keep: bool
+) -> Observed:
     from tests.fakes.slack_api import CHANNEL, TOKEN
 
     cluster = Cluster(workdir, scenario.fleet.names, scenario.fleet.gpus, env={"VIGIL_SLACK_TOKEN": TOKEN})
+    labels = scenario.fleet.labels
+    if fabric is not None:
+        from tests.e2e.netns import HOST
+
+        cluster.host = HOST
+        cluster.prefixes = {node: fabric.exec_prefix(i) for i, node in enumerate(cluster.nodes)}
+        leaves = fabric.labels(cluster.nodes)
+        labels = {n: {**leaves.get(n, {}), **labels.get(n, {})} for n in {*leaves, *labels}}
     if scenario.agent:
         cluster.agent_config = workdir / "agent.yaml"
         cluster.agent_config.write_text(yaml.safe_dump(dict(scenario.agent)))
@@ -68,6 +95,8 @@ def _run(workdir: Path, scenario: Scenario, slack: FakeSlack, kube: KubeApiServe
             path = cluster.agent_configs[node] = workdir / f"{node}.agent.yaml"
             path.write_text(yaml.safe_dump(dict(scenario.agent) | {"ib_sysfs_root": str(ib.root), "ib_poll_s": 0.1}))
     settings = {"pager": "slack", "slack": {"channel": CHANNEL, "base_url": slack.base_url}} | scenario.controller
+    if fabric is not None:
+        settings |= {"listen": cluster.host, "node_labels": labels}
     if kube is not None:
         kubeconfig = str(kube.kubeconfig(workdir / "kubeconfig"))
         settings |= {"actuator": "kubernetes", "kubernetes": {"kubeconfig": kubeconfig}}
@@ -75,11 +104,11 @@ def _run(workdir: Path, scenario: Scenario, slack: FakeSlack, kube: KubeApiServe
     try:
         cluster.start_controller(START_TIMEOUT_S, config)
         cluster.start_agents()
-        with AdminClient(f"127.0.0.1:{cluster.port}", plaintext=True) as admin:
+        with AdminClient(cluster.target, plaintext=True) as admin:
             wait_for(
                 lambda: _all_healthy(admin, cluster.nodes), START_TIMEOUT_S, "every node HEALTHY", cluster.check_alive
             )
-            faults, sweeps = _play(cluster, config, admin, scenario, kube)
+            faults, sweeps = _play(cluster, config, admin, scenario, kube, fabric)
             want = scenario.expect
             with contextlib.suppress(DemoFailed):  # judged below: what was missed is named there
                 wait_for(
@@ -124,12 +153,17 @@ def _controller_config(workdir: Path, settings: dict[str, Any]) -> Path:
 
 
 def _play(
-    cluster: Cluster, config: Path, admin: AdminClient, scenario: Scenario, kube: KubeApiServer | None
+    cluster: Cluster,
+    config: Path,
+    admin: AdminClient,
+    scenario: Scenario,
+    kube: KubeApiServer | None,
+    fabric: Nodes | None,
 ) -> tuple[dict[str, list[float]], list[SweepSeen]]:
     """Inject the events on their timeline; returns when each node's faults were injected (wall
     clock), and what each sweep found."""
     started, seq = time.monotonic(), 10_000
-    job = _JobReporter(f"127.0.0.1:{cluster.port}", scenario.job) if scenario.job else None
+    job = _JobReporter(cluster.target, scenario.job) if scenario.job else None
     faults: dict[str, list[float]] = {}
     sweeps: list[SweepSeen] = []
     for event in sorted(scenario.events, key=lambda e: e.at):
@@ -145,16 +179,33 @@ def _play(
             _person(kube, cluster.workdir, event.node, event.person)
             continue
         if event.sweep is not None:
-            sweeps.append(_sweep(f"127.0.0.1:{cluster.port}", event.sweep))
+            sweeps.append(_sweep(cluster.target, event.sweep))
             continue
         if event.stop_controller is not None:
             cluster.stop_controller(kill=event.stop_controller.kill)
+            continue
+        if event.throttle is not None:
+            assert fabric is not None
+            _throttle(fabric, cluster.nodes, event.throttle)
             continue
         if event.start_controller is not None:
             cluster.start_controller(START_TIMEOUT_S, config)
             continue
         seq = _inject(cluster, admin, event, seq)
     return faults, sweeps
+
+
+def _throttle(fabric: Nodes, nodes: list[str], throttle: Throttle) -> None:
+    if throttle.clear:
+        fabric.unthrottle_fabric()
+        for i in range(len(nodes)):
+            fabric.unthrottle(i)
+    elif throttle.uplink is not None:
+        fabric.throttle_uplink(throttle.uplink, throttle.rate)
+    elif throttle.leaf is not None:
+        fabric.throttle_leaf(throttle.leaf, throttle.rate)
+    else:
+        fabric.throttle(nodes.index(throttle.node), throttle.rate)
 
 
 def _sweep(target: str, sweep: Sweep) -> SweepSeen:

@@ -45,6 +45,14 @@ class _Strict(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
+class FabricSpec(_Strict):
+    """A two-tier fabric of network namespaces (``tests.e2e.netns``): the nodes hang, in order and as
+    evenly as they divide, from ``leaves`` leaf bridges ``leaf-0`` ..; the controller knows each
+    node's leaf from its ``vigil.dev/leaf-switch`` label."""
+
+    leaves: int = Field(ge=2, le=8)
+
+
 class Fleet(_Strict):
     nodes: int = Field(default=4, ge=1, le=64)
     gpus: int = Field(default=8, ge=1, le=64)
@@ -54,6 +62,10 @@ class Fleet(_Strict):
     labels: dict[str, dict[str, str]] = Field(default_factory=dict, description="node -> its labels (kubernetes)")
     infiniband: bool = Field(
         default=False, description="each node has an InfiniBand HCA, mlx5_0 port 1 at 400 Gb/s (a sysfs tree)"
+    )
+    fabric: FabricSpec | None = Field(
+        default=None,
+        description="each node in a network namespace, under leaf bridges joined by a spine bridge (needs root)",
     )
 
     @property
@@ -108,6 +120,7 @@ EVENT_KINDS = (
     "sweep",
     "stop_controller",
     "start_controller",
+    "throttle",
 )
 Verdict = Literal["OK", "FAIL", "UNKNOWN"]
 
@@ -171,6 +184,22 @@ class IbPort(_Strict):
         return self
 
 
+class Throttle(_Strict):
+    """Slow one part of the fabric with ``tc ... tbf`` (needs ``fleet.fabric``), or lift every throttle."""
+
+    uplink: int | None = Field(None, ge=0, description="the uplink of leaf-N, both directions")
+    leaf: int | None = Field(None, ge=0, description="every port of leaf-N, as a failing switch")
+    node: str = Field("", description="one node's own link")
+    clear: bool = False
+    rate: str = Field("100mbit", pattern=r"^[0-9]+[kmg]?bit$")
+
+    @model_validator(mode="after")
+    def _one(self) -> Throttle:
+        if sum((self.uplink is not None, self.leaf is not None, bool(self.node), self.clear)) != 1:
+            raise ValueError("a throttle event names one of uplink, leaf, node, or clear: true")
+        return self
+
+
 class StopController(_Strict):
     kill: bool = Field(default=False, description="SIGKILL, not SIGTERM")
 
@@ -204,6 +233,7 @@ class Event(_Strict):
     sweep: Sweep | None = None
     stop_controller: StopController | None = None
     start_controller: StartController | None = None
+    throttle: Throttle | None = None
 
     @model_validator(mode="after")
     def _one_kind(self) -> Event:
@@ -223,7 +253,7 @@ class Event(_Strict):
     @property
     def fleet_wide(self) -> bool:
         """Happens to the fleet or the controller, not to one node."""
-        return self.kind in ("job_windows", "sweep", "stop_controller", "start_controller")
+        return self.kind in ("job_windows", "sweep", "stop_controller", "start_controller", "throttle")
 
 
 class Expect(_Strict):
@@ -258,6 +288,12 @@ class Scenario(_Strict):
             raise ValueError("person events and expect.cordoned need fleet.kubernetes: true")
         if any(e.ib_port for e in self.events) and not self.fleet.infiniband:
             raise ValueError("ib_port events need fleet.infiniband: true")
+        if any(e.throttle for e in self.events) and self.fleet.fabric is None:
+            raise ValueError("throttle events need fleet.fabric")
+        if self.fleet.fabric and any(
+            e.throttle and (e.throttle.uplink or e.throttle.leaf or 0) >= self.fleet.fabric.leaves for e in self.events
+        ):
+            raise ValueError(f"a throttle names a leaf beyond the fabric's {self.fleet.fabric.leaves} (leaf-0 ..)")
         if any(e.job_windows for e in self.events) and self.job is None:
             raise ValueError("job_windows events need a job: section")
         if bad := [e for e in self.events if bool(e.node) == e.fleet_wide]:
@@ -275,6 +311,7 @@ class Scenario(_Strict):
         named = {e.node for e in self.events if e.node} | set(self.job.nodes if self.job else ())
         named |= {n for e in self.events if e.job_windows for n in e.job_windows.slow}
         named |= {n for e in self.events if e.sweep for n in (*e.sweep.nodes, *e.sweep.rows)}
+        named |= {e.throttle.node for e in self.events if e.throttle and e.throttle.node}
         named |= self.expect.quarantined | self.expect.paged | (self.expect.cordoned or frozenset())
         named |= set(self.fleet.labels)
         named |= set(self.expect.health) | set(self.expect.pages)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.scenarios.runner import run_scenario
+from bench.scenarios.runner import run_scenario, unavailable
 from bench.scenarios.score import judge
 from bench.scenarios.spec import load_scenario, scenario_paths
 
@@ -18,6 +18,8 @@ pytestmark = pytest.mark.e2e
 def _case(path: Path) -> object:
     scenario = load_scenario(path)
     marks = [pytest.mark.xfail(reason=scenario.known_defect, strict=True)] if scenario.known_defect else []
+    if why := unavailable(scenario):
+        marks.append(pytest.mark.skip(reason=why))
     return pytest.param(path, id=path.stem, marks=marks)
 
 
