@@ -10,5 +10,6 @@
 - act: ``apply`` (what each action means: recorded, followed, executed), ``action_runner``
   (retries, acks), ``actuators`` / ``local_actuator`` / ``kube`` and ``pagers``; ``store`` (SQLite,
   by domain) holds it all durably.
-- recover: ``recovery`` (pure rules) and ``release_checks``; ``sweep`` and ``pairing`` run checks.
+- recover: ``recovery`` (pure rules) and ``release_checks``; ``sweep``, ``pairing``, ``fabric`` and
+  ``topology`` run checks and localise a slow node, link or fabric component.
 """
