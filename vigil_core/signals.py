@@ -6,6 +6,8 @@ import re
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
+from vigil_core.sxid import sxid_meaning
+
 
 class SignalKind(StrEnum):
     XID = "XID"
@@ -178,7 +180,8 @@ class Signal:
     def describe(self) -> str:
         if self.kind in (SignalKind.SXID_FATAL, SignalKind.SXID_NONFATAL):
             severity = "fatal" if self.kind is SignalKind.SXID_FATAL else "non-fatal"
-            return f"SXid {self.code} ({severity}) on {self.node} NVSwitch at PCI {self.gpu.pci_bus_id or '?'}"
+            where = f"{self.node} NVSwitch at PCI {self.gpu.pci_bus_id or '?'}"
+            return f"SXid {self.code} ({severity}: {sxid_meaning(self.code or 0)}) on {where}"
         if self.kind in IB_KINDS:  # the message starts with the port: "mlx5_0 port 1: ..."
             return f"{self.kind.value} on {self.node} {self.message.partition(':')[0][:80]}"
         what = f"XID {self.code}" if self.kind is SignalKind.XID else self.kind.value

@@ -277,7 +277,7 @@ class Scenario(_Strict):
     agent: dict[str, Any] = Field(default_factory=dict, description="AgentConfig fields for every agent")
     events: tuple[Event, ...] = ()
     expect: Expect = Expect()
-    settle_s: float = Field(1.5, ge=0, le=120, description="after the last event and the expected outcome")
+    settle_s: float = Field(1.0, ge=0, le=120, description="after the last event and the expected outcome")
     known_defect: str = Field("", description="a defect not fixed yet: the scenario is expected to fail")
     timed: bool = Field(True, description="false: the policy waits on purpose (a throttle's duration); not timed")
 

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from agent.kernel_log import KernelLogCollector
 from agent.kmsg import GpuAnnounce, SxidLine, XidLine, parse_nvrm, parse_record
 from vigil_core.signals import GpuRef, SignalKind, normalize_pci_bus_id
+from vigil_core.sxid import sxid_meaning
 
 REAL_LINES = [
     # (line, bus, code, pid, process)
@@ -192,5 +193,14 @@ def test_sxid_lines_become_fatal_or_nonfatal_signals_and_their_follow_ups_add_no
         (SignalKind.SXID_NONFATAL, 12028, "0000:05:00", -1),
         (SignalKind.SXID_FATAL, 24007, "0000:c6:00", -1),
     ]
-    assert signals[1].describe() == "SXid 24007 (fatal) on n1 NVSwitch at PCI 0000:c6:00"
+    what = "fatal: an error in the NVSwitch SOE (the switch's management engine) unit"
+    assert signals[1].describe() == f"SXid 24007 ({what}) on n1 NVSwitch at PCI 0000:c6:00"
+    assert "(non-fatal: egress non-posted PRIV error)" in signals[0].describe()
     assert collector.unparsed == {"unrecognised": 2}
+
+
+def test_the_sxid_catalog_names_codes_and_units() -> None:
+    assert sxid_meaning(12022) == "egress input ECC double-bit error"
+    assert "corrected by the switch" in sxid_meaning(19071)
+    assert sxid_meaning(15999) == "an error in the NVSwitch route unit"
+    assert sxid_meaning(99001) == "an NVSwitch error this catalog does not name"
