@@ -69,4 +69,3 @@ def sxid_meaning(code: int) -> str:
     if unit := _UNITS.get(code // 1000):
         return f"an error in the NVSwitch {unit} unit"
     return "an NVSwitch error this catalog does not name"
-
