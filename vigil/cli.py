@@ -355,6 +355,84 @@ def sweep(
 
 
 @app.command()
+def plan(
+    gpus: Annotated[int, typer.Option("--gpus", min=1, help="the job's GPUs")],
+    failures_per_1000_gpu_days: Annotated[
+        Optional[float], typer.Option("--failures-per-1000-gpu-days", min=0.0, help="the GPUs' failure rate")
+    ] = None,
+    gpu_mtbf_hours: Annotated[Optional[float], typer.Option("--gpu-mtbf-hours", help="or one GPU's MTBF")] = None,
+    from_history: Annotated[
+        bool, typer.Option("--from-history", help="or fit it: the nodes the controller quarantined, per GPU-day")
+    ] = False,
+    history_days: Annotated[float, typer.Option("--history-days", min=1.0, help="the history to fit")] = 28.0,
+    controller: ControllerOpt = "127.0.0.1:7070",
+    save_s: Annotated[Optional[float], typer.Option("--save-s", help="a checkpoint blocks training (s)")] = None,
+    restart_s: Annotated[
+        Optional[float], typer.Option("--restart-s", help="told to stop -> training again (s)")
+    ] = None,
+    days: Annotated[float, typer.Option("--days", min=0.01, help="the run's wall time")] = 30.0,
+    stragglers: Annotated[
+        float, typer.Option("--stragglers-per-1000-gpu-days", min=0.0, help="slow-node episodes")
+    ] = 0.0,
+    straggler_slowdown: Annotated[float, typer.Option("--straggler-slowdown", min=0.0, max=10.0)] = 0.3,
+    watchdog_s: Annotated[float, typer.Option("--watchdog-s", help="without Vigil: NCCL's watchdog")] = 600.0,
+    person_s: Annotated[float, typer.Option("--person-s", help="without Vigil: a person finds the node")] = 1800.0,
+    runs: Annotated[int, typer.Option("--runs", min=10, max=100_000, help="simulated runs")] = 200,
+    seed: Annotated[int, typer.Option("--seed")] = 0,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+    plot: Annotated[Optional[Path], typer.Option("--plot", help="write ETTR against the interval (PNG)")] = None,
+) -> None:
+    """How often to checkpoint, and what share of the run trains, with Vigil and without it."""
+    from dataclasses import replace
+
+    from controller.plan import HistoryError, PlanInputs, make_plan
+    from controller.plan_model import Baseline
+    from vigil.plan_view import dumps, print_plan, write_plot
+
+    given = [x for x in (failures_per_1000_gpu_days, gpu_mtbf_hours) if x is not None] + ([1] if from_history else [])
+    if len(given) != 1:
+        _fail("give one failure rate: --failures-per-1000-gpu-days, --gpu-mtbf-hours or --from-history")
+    if gpu_mtbf_hours is not None:
+        if gpu_mtbf_hours <= 0:
+            _fail(f"--gpu-mtbf-hours must be above 0, not {gpu_mtbf_hours:g}")
+        rate = 1000.0 * 24.0 / gpu_mtbf_hours
+    elif from_history:
+        from vigil.plan_history import fitted_rate
+
+        try:
+            rate = fitted_rate(controller, history_days)
+        except HistoryError as exc:
+            _fail(f"--from-history: {exc}")
+    else:
+        rate = float(failures_per_1000_gpu_days or 0.0)
+    if rate <= 0:
+        _fail("the failure rate must be above 0")
+    for name, value in (("--save-s", save_s), ("--restart-s", restart_s)):
+        if value is not None and value < 0:
+            _fail(f"{name} must be 0 or more, not {value:g}")
+    inputs = PlanInputs(gpus, rate, days=days, stragglers_per_1000_gpu_days=stragglers, runs=runs, seed=seed)
+    inputs = replace(
+        inputs,
+        save_s=inputs.save_s if save_s is None else save_s,
+        restart_s=inputs.restart_s if restart_s is None else restart_s,
+        straggler_slowdown=straggler_slowdown,
+        baseline=Baseline(watchdog_s=watchdog_s, person_s=person_s),
+    )
+    result = make_plan(inputs)
+    if plot is not None:
+        try:
+            write_plot(result, plot)
+        except ImportError:
+            _fail("--plot needs matplotlib: pip install 'vigil[plot]'")
+        except OSError as exc:
+            _fail(f"--plot {plot}: {exc.strerror or exc}")
+    if as_json:
+        print(dumps(result))
+    else:
+        print_plan(result)
+
+
+@app.command()
 def resume(
     controller: ControllerOpt = "127.0.0.1:7070",
     reason: Annotated[str, typer.Option(help="why (recorded)")] = "",

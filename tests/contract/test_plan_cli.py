@@ -1,0 +1,74 @@
+"""``vigil plan``: the plan as JSON and as a plot, bad input named, and the history asked of a real
+controller over gRPC."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from controller.config import ControllerConfig
+from controller.daemon import Controller
+from tests.helpers import stop_controller
+
+
+def vigil(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "vigil", *args], capture_output=True, text=True, timeout=120)
+
+
+def test_the_plan_as_json_and_as_a_plot(tmp_path: Path) -> None:
+    png = tmp_path / "plan.png"
+    out = vigil(
+        "plan", "--gpus", "3072", "--failures-per-1000-gpu-days", "1", "--days", "90", "--save-s", "30",
+        "--restart-s", "300", "--runs", "50", "--json", "--plot", str(png),
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    plan = json.loads(out.stdout)
+    assert plan["mtbf_s"] == pytest.approx(1000 * 86400 / 3072)
+    assert plan["vigil"]["ettr"] > plan["baseline"]["ettr"] and plan["ettr_points_saved"] > 0.03
+    assert set(plan["vigil"]["badput"]) == {"checkpoint", "lost_work", "detection", "restart", "stragglers"}
+    assert plan["vigil"]["simulated"]["runs"] == 50 and len(plan["vigil"]["curve"]) == 60
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_table_by_default_with_the_measured_defaults_named() -> None:
+    out = vigil("plan", "--gpus", "16384", "--gpu-mtbf-hours", "50000", "--runs", "20")
+    assert out.returncode == 0, out.stderr
+    assert "ETTR (formula)" in out.stdout and "without Vigil" in out.stdout
+    assert "Vigil's measurement" in out.stdout  # save and restart defaulted: where they come from
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--gpus", "8"], "give one failure rate"),
+        (["--gpus", "8", "--failures-per-1000-gpu-days", "1", "--gpu-mtbf-hours", "9"], "give one failure rate"),
+        (["--gpus", "8", "--gpu-mtbf-hours", "0"], "--gpu-mtbf-hours must be above 0"),
+        (["--gpus", "8", "--failures-per-1000-gpu-days", "1", "--save-s", "-1"], "--save-s must be 0 or more"),
+        (["--gpus", "0", "--failures-per-1000-gpu-days", "1"], "--gpus"),
+        (["--gpus", "8", "--failures-per-1000-gpu-days", "1", "--plot", "/nonexistent/dir/p.png"], "--plot"),
+    ],
+)
+def test_bad_input_is_named_without_a_traceback(args: list[str], says: str) -> None:
+    out = vigil("plan", *args)
+    assert out.returncode == 2 and says in out.stderr and "Traceback" not in out.stderr
+
+
+def test_from_history_asks_the_controller_and_says_why_it_cannot_fit(tmp_path: Path) -> None:
+    async def scenario() -> subprocess.CompletedProcess[str]:
+        cfg = ControllerConfig(listen="127.0.0.1", port=0, database=tmp_path / "c.db", pager="none", plaintext=True)
+        controller = Controller(cfg)
+        await controller.start()
+        try:
+            target = f"127.0.0.1:{controller.port}"
+            return await asyncio.to_thread(vigil, "plan", "--gpus", "64", "--from-history", "--controller", target)
+        finally:
+            await stop_controller(controller)
+
+    out = asyncio.run(scenario())
+    assert out.returncode == 2 and "--from-history: " in out.stderr, out.stderr
+    assert "watches no GPU node" in out.stderr  # a fresh controller: no agent, no history
