@@ -12,4 +12,5 @@
   by domain) holds it all durably.
 - recover: ``recovery`` (pure rules) and ``release_checks``; ``sweep``, ``pairing``, ``fabric`` and
   ``topology`` run checks and localise a slow node, link or fabric component.
+- plan: ``plan`` (with ``plan_model``, ``plan_faults``, ``plan_sim``) does the math behind ``vigil plan``.
 """
