@@ -29,6 +29,9 @@ class JobsConfig(ConfigModel):
     sweep_checks: tuple[str, ...] = Field(default=("gpu_health",), description="the sweep of a stopped job's nodes")
     forget_after_s: float = Field(default=3600.0, gt=0, description="a job silent this long is forgotten")
     max_jobs: int = Field(default=1000, ge=1, description="jobs followed at once; a new job id beyond is refused")
+    failures_per_1000_gpu_days: float = Field(
+        default=1.0, gt=0, description="the GPUs' failure rate, for each job's planned ETTR (vigil plan)"
+    )
 
 
 class KubernetesConfig(ConfigModel):

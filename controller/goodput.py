@@ -39,6 +39,20 @@ class Goodput:
     step: int = 0  # the newest step accounted for
     at: float | None = None  # the job's clock at the newest time accounted for
     spans: tuple[Span, ...] = field(default=())  # productive time not yet protected by a commit
+    committed_step: int = 0  # the newest committed checkpoint
+    saves: int = 0  # checkpoints committed (each a new, later step)
+    restarts: int = 0  # runs started after the first
+    restarts_s: float = 0.0  # their restore and recovery, together
+
+    @property
+    def mean_save_s(self) -> float | None:
+        """What one save blocked the job, on average; None before any."""
+        return self.checkpoint_s / self.saves if self.saves else None
+
+    @property
+    def mean_restart_s(self) -> float | None:
+        """From a run's last report to the next run's first step (restore included); None before any."""
+        return self.restarts_s / self.restarts if self.restarts else None
 
     @property
     def total_s(self) -> float:
@@ -66,6 +80,8 @@ def started(g: Goodput, at: float, step: int, restore_s: float) -> Goodput:
         step=step,
         at=max(at, g.at),
         spans=kept,
+        restarts=g.restarts + 1,
+        restarts_s=g.restarts_s + restore_s + recovery,
     )
 
 
@@ -91,7 +107,9 @@ def trained(g: Goodput, at: float, step: int, checkpoint_s: float, since: float 
 
 def committed(g: Goodput, step: int) -> Goodput:
     """A checkpoint at ``step`` is committed: the steps up to it can no longer be lost."""
-    return replace(g, spans=tuple(s for s in g.spans if s.last > step))
+    saves = g.saves + 1 if step > g.committed_step else g.saves
+    spans = tuple(s for s in g.spans if s.last > step)
+    return replace(g, spans=spans, committed_step=max(step, g.committed_step), saves=saves)
 
 
 def _rewind(spans: tuple[Span, ...], step: int) -> tuple[tuple[Span, ...], float]:

@@ -70,6 +70,7 @@ class Job:
     commands_sent: int = 0
     drops: int = 0
     goodput: Goodput = field(default_factory=Goodput)
+    world_size: int = 0  # ranks, as the job reports (one GPU each)
 
     def move(self, to: JobPhase) -> None:
         if to not in _TRANSITIONS[self.phase]:

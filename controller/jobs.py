@@ -36,6 +36,7 @@ from controller.job_state import BadProgress, Job, JobPhase, TooManyJobs, status
 from controller.metrics import ControllerMetrics
 from controller.mfu import RankTime, Reading, Track, blame, describe_figure, observe, stragglers, window_figure
 from controller.node_state import Health
+from controller.plan import JobPlan, job_plan
 from controller.policy import Severity
 from controller.quarantine_feed import QuarantineFeed
 from controller.sweep import SweepBusy, Sweeper
@@ -95,6 +96,7 @@ class JobMonitor:
         if p.nodes:
             job.nodes = tuple(dict.fromkeys(p.nodes))
             self._membership.set(job.job_id, job.nodes)
+        job.world_size = p.world_size or job.world_size
         job.step, job.last_report = (p.step if restarted else max(job.step, p.step)), now
         job.committed_step = max(job.committed_step, p.committed_step)
         if p.event == "end":  # finished: a later job of the same id starts afresh
@@ -132,6 +134,14 @@ class JobMonitor:
             metrics.job_time.labels(job.job_id, kind).set(getattr(job.goodput, f"{kind}_s"))
         if job.goodput.ratio is not None:
             metrics.job_goodput.labels(job.job_id).set(job.goodput.ratio)
+        if (plan := self.plan_of(job)) is not None:
+            metrics.job_planned_ettr.labels(job.job_id).set(plan.ettr)
+            metrics.job_recommended_checkpoint.labels(job.job_id).set(plan.interval_s)
+
+    def plan_of(self, job: Job) -> JobPlan | None:
+        """The job's plan, from its size and its own measured save and restart times."""
+        g = job.goodput
+        return job_plan(job.world_size, self.config.failures_per_1000_gpu_days, g.mean_save_s, g.mean_restart_s)
 
     def _on_nodes_out_of_service(self, job: Job) -> None:
         """A job that runs on a node already quarantined (it started there, or the controller
@@ -312,6 +322,8 @@ class JobMonitor:
                     recovery_s=g.recovery_s,
                     goodput=g.ratio or 0.0,
                     drops=job.drops,
+                    gpus=job.world_size,
+                    **_planned(self.plan_of(job)),
                 )  # fmt: skip
             )
         return found
@@ -396,3 +408,9 @@ class JobMonitor:
         """A word in the thread of each incident this job's stop follows."""
         for incident_id in job.incidents or ([f"mfu-{job.job_id}-{job.drops}"] if job.drops else []):
             self._request(PageUpdate(incident_id, "", f"{tag}:{job.job_id}", f"Job {job.job_id} {text}"))
+
+
+def _planned(plan: JobPlan | None) -> dict[str, float]:
+    if plan is None:
+        return {}
+    return {"planned_ettr": plan.ettr, "recommended_checkpoint_s": plan.interval_s, "planned_save_s": plan.save_s}

@@ -81,3 +81,15 @@ class ControllerMetrics:
         self.job_goodput = Gauge(
             "vigil_controller_job_goodput_ratio", "Productive time over all the job's time seen", ["job"], registry=r
         )
+        self.job_planned_ettr = Gauge(
+            "vigil_controller_job_planned_ettr_ratio",
+            "The ETTR the plan expects at the job's size and its measured save and restart times (vigil plan)",
+            ["job"],
+            registry=r,
+        )
+        self.job_recommended_checkpoint = Gauge(
+            "vigil_controller_job_recommended_checkpoint_seconds",
+            "How often the job should save, for its measured save time (Daly's interval)",
+            ["job"],
+            registry=r,
+        )

@@ -116,6 +116,31 @@ def _scenario(
     )
 
 
+@dataclass(frozen=True, slots=True)
+class JobPlan:
+    """A running job's plan: its ETTR expected at its size, and how often it should save."""
+
+    ettr: float
+    interval_s: float
+    save_s: float  # what was planned with: the job's measured mean, else Vigil's measurement
+    restart_s: float
+
+
+def job_plan(
+    gpus: int, failures_per_1000_gpu_days: float, save_s: float | None, restart_s: float | None
+) -> JobPlan | None:
+    """The plan for a job of ``gpus`` ranks from its own measured save and restart times where it
+    has them (Vigil's measurements until then); None for a job whose size is not known."""
+    if gpus <= 0:
+        return None
+    save = MEASURED["save_s"][0] if save_s is None else save_s
+    restart = MEASURED["restart_s"][0] if restart_s is None else restart_s
+    cluster = Cluster(gpus, failures_per_1000_gpu_days)
+    times = Times(save_s=save, detect_s=mean_detect_s(LLAMA3_MIX, True, Baseline().watchdog_s), restart_s=restart)
+    interval = max(1.0, daly_interval_s(save, cluster.mtbf_s))
+    return JobPlan(expected(cluster, times, interval).ettr, interval, save, restart)
+
+
 class HistoryError(ValueError):
     """The controller's history cannot give a failure rate; the message says why."""
 

@@ -99,17 +99,41 @@ def print_jobs(target: str, as_json: bool) -> int:
         _print_json(jobs)
         return 0
     table = Table(title=f"Vigil training jobs ({len(jobs)})")
-    for column in ("job", "state", "nodes", "step", "committed", "restarts", "baseline", "last", "goodput", *KINDS):
+    columns = (
+        "job",
+        "state",
+        "nodes",
+        "step",
+        "committed",
+        "restarts",
+        "baseline",
+        "last",
+        "goodput",
+        "plan",
+        "save every",
+    )
+    for column in (*columns, *KINDS):
         table.add_column(column)
     for j in jobs:
         table.add_row(
             j.job_id, j.state, ",".join(j.nodes) + (f" (out: {','.join(j.excluded)})" if j.excluded else ""),
             str(j.step), str(j.committed_step), str(j.restart_count),
             _figure(j.baseline_mfu, j.baseline_tokens_per_s), _figure(j.last_mfu, j.last_tokens_per_s),
-            f"{j.goodput:.1%}", *_seconds(j),
+            f"{j.goodput:.1%}", *_plan(j), *_seconds(j),
         )  # fmt: skip
     _console.print(table)
+    if any(j.gpus for j in jobs):
+        _console.print(
+            "[dim]plan: the ETTR vigil plan expects at the job's size (jobs.failures_per_1000_gpu_days), "
+            "with its measured save and restart times; save every: Daly's interval for its save time[/]"
+        )
     return 0
+
+
+def _plan(j: admin_pb2.JobStatus) -> tuple[str, str]:
+    if not j.gpus:
+        return "-", "-"
+    return f"{j.planned_ettr:.1%}", f"{j.recommended_checkpoint_s / 60:.3g} min (a save: {j.planned_save_s:.3g} s)"
 
 
 def print_rules(target: str, as_json: bool) -> int:

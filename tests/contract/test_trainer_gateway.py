@@ -5,6 +5,8 @@ are in ``tests/e2e/test_job_restart.py``."""
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -16,6 +18,7 @@ import pytest
 
 from controller.config import ControllerConfig, JobsConfig, LimitsConfig
 from controller.daemon import Controller
+from controller.plan import job_plan
 from protos.vigil.v1 import admin_pb2, admin_pb2_grpc, trainer_pb2, trainer_pb2_grpc
 from tests.fakes.fleet import Fleet
 from tests.fakes.sim_checks import SimulatedChecks
@@ -252,6 +255,16 @@ def test_list_jobs_reports_each_jobs_state_and_where_its_time_went(tmp_path: Pat
         assert (j.state, j.restart_count, list(j.nodes), j.step) == ("running", 1, ["node-0", "node-2"], 25)
         assert (j.productive_s, j.checkpoint_s, j.restore_s, j.wasted_s) == (23.0, 3.0, 1.5, 0.0)
         assert j.recovery_s == pytest.approx(34 - 26 - 1.5) and j.goodput == pytest.approx(23 / 34)
+        # Beside the goodput, the plan for a job of its size from its own times: two saves of 1.5 s
+        # on average, one restart of 8 s back to training (vigil plan's model, the default rate).
+        planned = job_plan(3, 1.0, save_s=1.5, restart_s=8.0)
+        assert planned is not None and (j.gpus, j.planned_save_s) == (3, 1.5)
+        assert (j.planned_ettr, j.recommended_checkpoint_s) == pytest.approx((planned.ettr, planned.interval_s))
+        gauge = r.controller.engine.metrics.job_recommended_checkpoint.labels("moe")._value.get()
+        assert gauge == pytest.approx(planned.interval_s)
+        command = [sys.executable, "-m", "vigil", "jobs", "--controller", f"127.0.0.1:{r.controller.port}"]
+        shown = await asyncio.to_thread(subprocess.run, command, capture_output=True, text=True, timeout=60)
+        assert f"{planned.ettr:.1%}" in shown.stdout and "(a save: 1.5 s)" in shown.stdout, shown.stderr
         await r.window(0.5, event="end", step=25, window_end=1035.0)
         assert (await jobs())["moe"].state == "finished"
         metrics = r.controller.engine.metrics

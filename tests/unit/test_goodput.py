@@ -21,6 +21,9 @@ def test_a_crash_loses_the_steps_after_the_committed_checkpoint() -> None:
     assert (g.productive_s, g.checkpoint_s, g.wasted_s, g.restore_s, g.recovery_s) == (18.0, 2.0, 10.0, 2.0, 8.0)
     assert g.total_s == 40.0  # 100 -> 140, every second once
     assert g.ratio == pytest.approx(18 / 40)
+    # What the plan compares: two saves blocked 2 s (1 s each), one restart took 10 s back to training.
+    assert (g.saves, g.mean_save_s, g.restarts, g.mean_restart_s) == (2, 1.0, 1, 10.0)
+    assert committed(g, 20).saves == 2  # the same checkpoint again is not another save
 
 
 def test_a_clean_stop_wastes_nothing_and_its_save_counts_as_checkpoint_time() -> None:
