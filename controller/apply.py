@@ -38,6 +38,7 @@ from controller.node_state import NodeState
 from controller.policy import Severity
 from controller.quarantine_feed import QuarantineFeed
 from controller.rule_stats import rule_id
+from controller.save_now import EARLY_WARNING_KINDS
 from controller.store import ActionLog, IncidentLog, NodeTable, PendingAction, Store, Tx
 from vigil_core.signals import Signal
 
@@ -87,6 +88,8 @@ class Applier:
         for item in received:
             if item.new:
                 self._metrics.signals.labels(item.signal.kind.value).inc()
+                if item.signal.kind in EARLY_WARNING_KINDS:
+                    self._quarantines.warn(state.node, item.signal.describe())
             for action in item.actions:
                 self._follow(state.node, action, item)
 

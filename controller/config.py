@@ -32,6 +32,8 @@ class JobsConfig(ConfigModel):
     failures_per_1000_gpu_days: float = Field(
         default=1.0, gt=0, description="the GPUs' failure rate, for each job's planned ETTR (vigil plan)"
     )
+    checkpoint_now: bool = Field(default=True, description="ask a job to save when a node of it shows early signs")
+    checkpoint_now_every_s: float = Field(default=600.0, gt=0, description="at most one such ask per job this often")
 
 
 class KubernetesConfig(ConfigModel):

@@ -10,6 +10,7 @@ from enum import StrEnum
 
 from controller.goodput import Goodput
 from controller.mfu import Track, Unit
+from controller.save_now import SaveRequests
 from protos.vigil.v1 import trainer_pb2
 from vigil_core.names import is_job_id, is_node_name
 
@@ -71,6 +72,7 @@ class Job:
     drops: int = 0
     goodput: Goodput = field(default_factory=Goodput)
     world_size: int = 0  # ranks, as the job reports (one GPU each)
+    saves: SaveRequests = field(default_factory=SaveRequests)  # CHECKPOINT_NOW asks (controller.save_now)
 
     def move(self, to: JobPhase) -> None:
         if to not in _TRANSITIONS[self.phase]:

@@ -73,6 +73,7 @@ class JobMonitor:
         self.finished: deque[Job] = deque(maxlen=64)  # for reports only
         self._tasks: set[asyncio.Task[None]] = set()
         quarantines.subscribe(self.node_quarantined)  # a node is going: the jobs on it must stop
+        quarantines.subscribe_warnings(self.node_warned)  # a node may go soon: the jobs on it should save
 
     # Reports -------------------------------------------------------------------------------
 
@@ -110,8 +111,12 @@ class JobMonitor:
                 log.info("job_checkpointed", job=job.job_id, command=ack.id, step=ack.checkpoint_step)
                 self._note(job, "JOB-CHECKPOINTED", f"checkpointed at step {ack.checkpoint_step} and exited")
                 self._stopped(job)
+            elif job.saves.acknowledged(ack.id):
+                log.info("job_saved_on_request", job=job.job_id, command=ack.id, step=ack.checkpoint_step)
         if job.phase is JobPhase.RUNNING:
             self._on_nodes_out_of_service(job)
+        if job.phase is JobPhase.RUNNING and self.config.checkpoint_now:
+            self._ask_to_save(job, now)
         if not p.event and job.phase is JobPhase.RUNNING:
             self._judge(job, p)
         return self._commands(job)
@@ -267,9 +272,31 @@ class JobMonitor:
         self._note(job, "JOB-STOPPING", f"asked to checkpoint and restart without {', '.join(sorted(job.exclude))}")
 
     def _commands(self, job: Job) -> list[trainer_pb2.JobCommand]:
+        if job.phase is JobPhase.RUNNING and (save := job.saves.outstanding(self.clock(), 4 * job.window_s + 30)):
+            return [trainer_pb2.JobCommand(checkpoint_now=save)]
         if job.phase is not JobPhase.STOPPING:
             return []
         return [trainer_pb2.JobCommand(checkpoint_and_restart=job.command)]
+
+    # Saves on early warnings (controller.save_now) -----------------------------------------------
+
+    def node_warned(self, node: str, what: str) -> None:
+        for job in self.jobs.values():
+            if node in job.nodes and job.phase is JobPhase.RUNNING:
+                job.saves.warn(node, what)
+
+    def _ask_to_save(self, job: Job, now: float) -> None:
+        suspects = {n for n in job.nodes if self._fleet.health(n) is Health.SUSPECT}
+        every_s = self.config.checkpoint_now_every_s
+        if (asked := job.saves.decide(job.job_id, job.nodes, suspects, now, every_s)) is not None:
+            log.warning("job_asked_to_save", job=job.job_id, command=asked.id, reason=asked.reason)
+            self._metrics.checkpoint_now.labels(job.job_id).inc()
+
+    def recommended_checkpoint_s(self, job_id: str) -> float:
+        """How often the job should save (0: not known yet): for ReportReply."""
+        job = self.jobs.get(job_id)
+        plan = self.plan_of(job) if job is not None else None
+        return plan.interval_s if plan is not None else 0.0
 
     def _stopped(self, job: Job) -> None:
         if not job.sweep_on_stop:

@@ -81,6 +81,12 @@ class ControllerMetrics:
         self.job_goodput = Gauge(
             "vigil_controller_job_goodput_ratio", "Productive time over all the job's time seen", ["job"], registry=r
         )
+        self.checkpoint_now = Counter(
+            "vigil_controller_checkpoint_now",
+            "Jobs asked to save now (CHECKPOINT_NOW): a node of theirs showed early signs of failing",
+            ["job"],
+            registry=r,
+        )
         self.job_planned_ettr = Gauge(
             "vigil_controller_job_planned_ettr_ratio",
             "The ETTR the plan expects at the job's size and its measured save and restart times (vigil plan)",

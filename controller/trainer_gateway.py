@@ -48,7 +48,8 @@ class TrainerGateway(trainer_pb2_grpc.TrainerGatewayServicer):
         except TooManyJobs as exc:
             log.warning("job_refused", job=request.job_id[:200], peer=context.peer(), why=str(exc))
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
-        return trainer_pb2.ReportReply(commands=commands)
+        interval = self._jobs.recommended_checkpoint_s(request.job_id)
+        return trainer_pb2.ReportReply(commands=commands, recommended_checkpoint_s=interval)
 
     async def Plan(  # noqa: N802
         self, request: trainer_pb2.PlanRequest, context: grpc.aio.ServicerContext

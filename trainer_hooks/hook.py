@@ -20,6 +20,11 @@ What it does:
   Nothing on the step path waits on the network; an unreachable controller costs nothing but logs.
 - A stop is asked for by ``request_stop`` (safe in a signal handler: it only sets a string) or by
   the controller's CHECKPOINT_AND_RESTART, which reaches rank 0's reporter thread.
+- A save without a stop: the controller's CHECKPOINT_NOW (a node of the job shows early signs of
+  failing), or, with ``auto_checkpoint``, the interval the controller recommends for the job's size
+  and measured save time (vigil plan) having passed since the last save. Rank 0 decides; the
+  exchange tells every rank, so ``save_due`` turns True on all of them at the same step: the loop
+  saves then and calls ``checkpoint_saved`` (which acknowledges the command).
 
 ``step_time_s`` is the rank's own time for the step, measured before ``step_end`` (the exchange,
 where ranks wait for each other, is not in it). Skew across ranks shows a rank that is slow outside
@@ -28,7 +33,7 @@ wait in those collectives, and shows as the job's drop plus the node's own signa
 
 Configured from the environment by whoever launches the job (``vigil launch``, a Kubernetes Job):
 VIGIL_JOB_ID, VIGIL_CONTROLLER (host:port; empty: report nothing), VIGIL_NODE, VIGIL_RESTART_COUNT,
-VIGIL_WINDOW_STEPS, VIGIL_SYNC_S.
+VIGIL_WINDOW_STEPS, VIGIL_SYNC_S, VIGIL_AUTO_CHECKPOINT.
 """
 
 from __future__ import annotations
@@ -64,6 +69,7 @@ _ENV = {
     "window_steps": "VIGIL_WINDOW_STEPS",
     "sync_s": "VIGIL_SYNC_S",
     "tls_dir": "VIGIL_TLS_DIR",
+    "auto_checkpoint": "VIGIL_AUTO_CHECKPOINT",
 }
 
 
@@ -84,6 +90,9 @@ class HookConfig(ConfigModel):
         description="exchange step times and the stop flag about this often; 0: every step (stragglers show)",
     )
     tls_dir: Path | None = Field(default=None, description="mutual TLS: a trainer: certificate (vigil certs)")
+    auto_checkpoint: bool = Field(
+        default=False, description="save_due also when the controller's recommended interval has passed"
+    )
     flops_per_token: float = Field(default=0.0, ge=0, description="the model's training FLOPs per token")
     peak_flops: float = Field(default=0.0, ge=0, description="one device's peak FLOP/s; 0: MFU unknown")
 
@@ -131,6 +140,10 @@ class VigilHook:
         self._group: Any = None
         self._stop_why = ""  # this rank's own request (a signal)
         self._command: trainer_pb2.CheckpointAndRestart | None = None  # rank 0: from the controller
+        self._save_command: trainer_pb2.CheckpointNow | None = None  # rank 0: a save asked for, not yet done
+        self._acks: list[trainer_pb2.CommandAck] = []  # rank 0: saves done for a command, for the next report
+        self._last_save = time.monotonic()
+        self.save_due = False  # every rank: save at this step boundary (then call checkpoint_saved)
         self._reporter: Reporter | None = None
         self._sync_every = 1  # steps between exchanges; rank 0 adapts it to the step time
         self._pending_s, self._pending_steps = 0.0, 0  # this rank's steps since the last exchange
@@ -202,26 +215,48 @@ class VigilHook:
         sets the steps until the next exchange (the same on every rank, as they must agree when to
         meet): as many as take ``sync_s``, so short steps do not pay for a collective each."""
         asked = bool(self._stop_why) or self._command is not None
+        save = self._save_wanted()
         if self._group is not None:
             mean_s = self._pending_s / self._pending_steps
             every = math.ceil(self.config.sync_s / max(mean_s, 1e-6))
             proposal = min(self.config.window_steps, max(1, every))
-            mine = torch.tensor([self._pending_s, float(asked), float(proposal)], dtype=torch.float64)
+            mine = torch.tensor([self._pending_s, float(asked), float(proposal), float(save)], dtype=torch.float64)
             rows = [torch.empty_like(mine) for _ in range(self.world)]
             dist.all_gather(rows, mine, group=self._group)
             times, stop = [float(r[0]) for r in rows], any(float(r[1]) > 0 for r in rows)
             self._sync_every = int(rows[0][2])
+            self.save_due = any(float(r[3]) > 0 for r in rows)
         else:
             times, stop = [self._pending_s], asked
+            self.save_due = save
         self._sums = [s + t for s, t in zip(self._sums, times, strict=True)]
         self._window_steps += self._pending_steps
         self._pending_s, self._pending_steps = 0.0, 0
         return stop
 
-    def checkpoint_saved(self, blocked_s: float, committed_step: int) -> None:
-        """A save: the seconds training was blocked, and the newest committed step."""
+    def _save_wanted(self) -> bool:
+        """Rank 0: a CHECKPOINT_NOW is waiting, or (auto_checkpoint) the recommended interval passed."""
+        if self._save_command is not None:
+            return True
+        advice = self._reporter.recommended_checkpoint_s if self._reporter is not None else 0.0
+        return self.config.auto_checkpoint and advice > 0 and time.monotonic() - self._last_save >= advice
+
+    @property
+    def recommended_checkpoint_s(self) -> float:
+        """Rank 0: the interval the controller recommends (0: none yet, or not rank 0)."""
+        return self._reporter.recommended_checkpoint_s if self._reporter is not None else 0.0
+
+    def checkpoint_saved(self, blocked_s: float, committed_step: int, saved_step: int | None = None) -> None:
+        """A save, on every rank: the seconds training was blocked, the newest committed step, and
+        the step this save holds (an asynchronous save commits it later; default: committed_step)."""
         self._checkpoint_s += blocked_s
         self.committed_step = max(self.committed_step, committed_step)
+        self.save_due, self._last_save = False, time.monotonic()
+        if self._save_command is not None:
+            step = committed_step if saved_step is None else saved_step
+            self._acks.append(trainer_pb2.CommandAck(id=self._save_command.id, checkpoint_step=step))
+            log.info("vigil_checkpoint_now_done", job=self.config.job_id, command=self._save_command.id, step=step)
+            self._save_command = None
 
     def end(self, checkpoint_step: int = 0, checkpoint_s: float = 0.0) -> bool:
         """At the end of the run, or after the stop's checkpoint is committed (``checkpoint_step``);
@@ -234,7 +269,7 @@ class VigilHook:
             acks = [trainer_pb2.CommandAck(id=command.id, checkpoint_step=checkpoint_step, detail=self.stop_reason)]
         self.committed_step = max(self.committed_step, checkpoint_step)
         last = self._base("checkpointed" if checkpoint_step else "end")
-        last.acks.extend(acks)
+        last.acks.extend([*self._acks, *acks])  # a CHECKPOINT_NOW done since the last window, too
         last.checkpoint_s = self._checkpoint_s + max(0.0, checkpoint_s)  # saves since the last window too
         # An acknowledgement is worth a few seconds of retries (the controller moves on at once, not at
         # the deadline); the end of a run is said once.
@@ -254,6 +289,12 @@ class VigilHook:
             self._command = command.checkpoint_and_restart
             log.warning("vigil_checkpoint_and_restart", job=self.config.job_id, command=self._command.id,
                         reason=self._command.reason, exclude=list(self._command.exclude_nodes))  # fmt: skip
+        elif command.HasField("checkpoint_now") and self._save_command is None:
+            if any(a.id == command.checkpoint_now.id for a in self._acks):
+                return  # done already; the acknowledgement is on its way
+            self._save_command = command.checkpoint_now
+            log.warning("vigil_checkpoint_now", job=self.config.job_id, command=self._save_command.id,
+                        reason=self._save_command.reason)  # fmt: skip
 
     def _base(self, event: str) -> trainer_pb2.Progress:
         return trainer_pb2.Progress(
@@ -268,7 +309,7 @@ class VigilHook:
         )
 
     def _heartbeat(self) -> trainer_pb2.Progress:
-        return self._base("heartbeat")
+        return self._base("heartbeat")  # acknowledgements go with the next window (the training thread's)
 
     def _window(self) -> trainer_pb2.Progress:
         p = self._base("")
@@ -277,6 +318,8 @@ class VigilHook:
         p.window_start, p.window_end = self._window_start, time.time()
         p.tokens, p.tokens_per_s, p.mfu, p.loss = self._tokens, fig.tokens_per_s, fig.mfu, self._loss
         p.checkpoint_s = self._checkpoint_s
+        p.acks.extend(self._acks)
+        self._acks = []
         p.step_times.extend(
             trainer_pb2.RankStepTime(rank=w.rank, node=self.rank_nodes[w.rank], step_time_s=w.mean_step_s)
             for w in windows

@@ -48,6 +48,7 @@ class Reporter:
         self.target = target
         self.reachable = True
         self.sent = self.failed = 0
+        self.recommended_checkpoint_s = 0.0  # the controller's latest advice (0: none yet)
 
     def start(self) -> None:
         self._thread.start()
@@ -84,6 +85,8 @@ class Reporter:
             self.reachable = True
             log.info("vigil_controller_reachable_again", target=self.target)
         self.sent += 1
+        if reply.recommended_checkpoint_s > 0:
+            self.recommended_checkpoint_s = reply.recommended_checkpoint_s  # read by the training thread
         for command in reply.commands:
             self._on_command(command)
         return True

@@ -357,3 +357,31 @@ def test_new_jobs_beyond_max_jobs_are_refused_and_followed_jobs_go_on(tmp_path: 
         assert len((await r.admin.ListJobs(admin_pb2.JobsRequest())).jobs) == 4  # 3 followed, 1 finished
 
     run(tmp_path, test, jobs=FAST.model_copy(update={"max_jobs": 3}))
+
+
+def test_early_signs_on_a_jobs_node_ask_it_to_save_and_the_reply_says_how_often(tmp_path: Path) -> None:
+    """XID 92 (a high single-bit ECC rate) makes node-1 SUSPECT: the job's next reply asks for a
+    checkpoint now (not a stop); it goes out until the job acknowledges it. Every reply carries the
+    recommended interval."""
+
+    async def test(r: Rig) -> None:
+        async def reply(**fields: Any) -> trainer_pb2.ReportReply:
+            p = trainer_pb2.Progress(job_id="moe", nodes=NODES, world_size=3, **{"step": 10, **fields})
+            return await r.trainer.Report(p)
+
+        first = await reply(event="start", step=0)
+        planned = job_plan(3, 1.0, None, None)
+        assert planned is not None and first.recommended_checkpoint_s == pytest.approx(planned.interval_s)
+        assert list(first.commands) == []
+        r.fleet.nodes["node-1"].fault(92, message="High single-bit ECC error rate")
+        health = r.controller.engine.fleet.health
+        await wait_until(lambda: health("node-1") is not None and health("node-1").value == "SUSPECT", what="SUSPECT")
+        (command,) = (await reply()).commands
+        assert command.HasField("checkpoint_now") and command.checkpoint_now.reason == "node-1 is SUSPECT"
+        assert (await reply()).commands[0].checkpoint_now.id == command.checkpoint_now.id  # until acknowledged
+        ack = trainer_pb2.CommandAck(id=command.checkpoint_now.id, checkpoint_step=12)
+        assert list((await reply(step=12, acks=[ack])).commands) == []
+        assert r.controller.engine.metrics.checkpoint_now.labels("moe")._value.get() == 1
+        assert r.controller.jobs.jobs["moe"].phase.value == "running"  # saved, never stopped
+
+    run(tmp_path, test)

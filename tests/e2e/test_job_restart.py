@@ -115,3 +115,29 @@ def test_a_slow_rank_is_detected_blamed_on_its_node_and_left_out_of_the_restart(
         (incident,) = admin.incidents(node="node-b")
     assert health == {"node-a": "HEALTHY", "node-b": "QUARANTINED"}
     assert incident.kind == common_pb2.CHECK_FAILED and "step time" in incident.first_message
+
+
+def test_an_early_warning_on_a_node_makes_the_job_save_and_train_on(cluster: JobCluster) -> None:
+    """A non-fatal NVSwitch error on node-b (an early warning: counted, nobody quarantined): the
+    controller asks the job for a checkpoint now; every rank saves at the same step, outside its
+    schedule (none: --checkpoint-every 1000), acknowledges it, and trains on to the end."""
+    run_dir = cluster.tmp / "run"
+    launcher = launch(cluster, "--checkpoint-every", "1000")
+    poll_until(lambda: any(e["step"] >= 10 for e in events(run_dir, "step")), timeout=120, what="training")
+    sxid = "nvidia-nvswitch3: SXid (PCI:0000:05:00.0): 12028, Non-fatal, Link 32 egress non-posted PRIV error"
+    with open(cluster.kmsg["node-b"], "a") as f:
+        f.write(f"3,500,{int(1e9)},-;{sxid}\n")
+    assert launcher.wait(180) == 0, (cluster.tmp / "launch.log").read_text()[-3000:]
+
+    (asked,) = [e for e in events(run_dir, "checkpoint") if e["asked_by_vigil"]]  # rank 0's log: once
+    assert 10 <= asked["step"] < 150
+    assert not events(run_dir, "checkpointed_and_exiting") and events(run_dir, "finished")[-1]["step"] == 150
+    log = json_lines(cluster.tmp / "ctl.log")
+    (request,) = [e for e in log if e["event"] == "job_asked_to_save"]
+    assert "node-b: SXid 12028 (non-fatal: egress non-posted PRIV error)" in request["reason"]
+    (done,) = [e for e in log if e["event"] == "job_saved_on_request"]
+    assert (done["command"], done["step"]) == (request["command"], asked["step"])  # the step it saved
+    with AdminClient(cluster.controller) as admin:
+        health = {n.node: n.health for n in admin.status().nodes}
+        (job,) = admin.jobs()
+    assert health["node-b"] == "HEALTHY" and job.restart_count == 0  # saved, not stopped

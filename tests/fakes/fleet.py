@@ -72,16 +72,16 @@ class FleetNode:
                 yield agent_pb2.AgentMessage(heartbeat=agent_pb2.Heartbeat(sent_at=time.time()))
                 next_beat = time.monotonic() + heartbeat_s
 
-    def fault(self, code: int = 79) -> float:
-        """Send an XID now; returns its observed_at."""
+    def fault(self, code: int = 79, kind: int = common_pb2.XID, message: str = "GPU has fallen off the bus.") -> float:
+        """Send a signal now (an XID by default); returns its observed_at."""
         self.seq += 1
         now = time.time()
         signal = common_pb2.Signal(
             node=self.name,
             gpu=common_pb2.GpuRef(index=2, uuid=f"GPU-{self.name}-2"),
-            kind=common_pb2.XID,
+            kind=kind,  # type: ignore[arg-type]
             code=code,
-            message="GPU has fallen off the bus.",
+            message=message,
             source="bench",
             observed_at=now,
             seq=self.seq,

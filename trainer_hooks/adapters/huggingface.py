@@ -15,8 +15,10 @@ Trainer's step begin to its end, over every micro-batch) and the tokens the whol
 the Trainer counts them when ``include_num_input_tokens_seen`` is on; otherwise give
 ``tokens_per_step``, or none are reported (step times still are). When the controller asks for a
 stop, the callback sets ``should_save`` and ``should_training_stop`` at that step on every rank: the
-Trainer saves ``checkpoint-<step>`` in ``output_dir`` and ends, and ``exit_code`` says 75. The time
-from a step's end to a save's end counts as checkpoint time.
+Trainer saves ``checkpoint-<step>`` in ``output_dir`` and ends, and ``exit_code`` says 75. When it
+asks for a save only (CHECKPOINT_NOW: a node shows early signs of failing), the callback sets
+``should_save`` alone and training goes on. The time from a step's end to a save's end counts as
+checkpoint time.
 """
 
 from __future__ import annotations
@@ -66,6 +68,8 @@ class VigilTrainerCallback(TrainerCallback):
             self._stopping = True
             control.should_save = True
             control.should_training_stop = True
+        elif self.hook.save_due:  # CHECKPOINT_NOW (or the recommended interval): save, train on
+            control.should_save = True
         self._step_ended = time.perf_counter()
 
     def on_log(

@@ -13,7 +13,9 @@ step's time (the batches' own time, summed over gradient accumulation: data load
 checkpoint saves between steps are left out) and the job's tokens (this rank's batch times the world
 size). When the controller asks for a stop (or SIGTERM is routed to ``hook.request_stop``), every
 rank saves ``last.ckpt`` in the ModelCheckpoint's directory at the same step, the run ends, and
-``exit_code`` says 75. The loss is read once per reporting window (reading it waits for the GPU).
+``exit_code`` says 75. When it asks for a save only (CHECKPOINT_NOW), every rank saves ``last.ckpt``
+there at the same step and training goes on. The loss is read once per reporting window (reading it
+waits for the GPU).
 """
 
 from __future__ import annotations
@@ -74,6 +76,8 @@ class VigilCallback(Callback):
         self._busy_s, self._step_tokens = 0.0, 0
         if stop:
             self._stop(trainer)
+        elif self.hook.save_due:  # CHECKPOINT_NOW (or the recommended interval): save, train on
+            self._save_now(trainer)
 
     def on_save_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, ckpt: dict[str, Any]) -> None:
         if not self.exit_code:
@@ -82,6 +86,14 @@ class VigilCallback(Callback):
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if not self.exit_code:
             self.hook.end()
+
+    def _save_now(self, trainer: pl.Trainer) -> None:
+        """Every rank gets here at the same step: save ``last.ckpt`` where a restart looks for it."""
+        path = os.path.join(_checkpoint_dir(trainer), ModelCheckpoint.CHECKPOINT_NAME_LAST + ".ckpt")
+        began = time.perf_counter()
+        trainer.save_checkpoint(path)
+        self._saved_at = None  # timed here: not again by on_save_checkpoint's
+        self.hook.checkpoint_saved(time.perf_counter() - began, trainer.global_step)
 
     def _stop(self, trainer: pl.Trainer) -> None:
         """Every rank gets here at the same step: save (a collective in Lightning), tell Vigil, stop."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from vigil_core.config_file import ConfigModel
 
@@ -71,7 +71,10 @@ class TrainConfig(ConfigModel):
     warmup_steps: int = Field(default=10, ge=0)
     weight_decay: float = Field(default=0.1, ge=0)
     seed: int = 1234
-    checkpoint_every: int = Field(default=20, ge=1)
+    checkpoint_every: int | Literal["auto"] = Field(
+        default=20,
+        description="steps between saves, or auto: as often as Vigil recommends for this job (vigil plan)",
+    )
     keep_checkpoints: int = Field(default=3, ge=1)
     async_checkpoint: bool = True
     log_every: int = Field(default=1, ge=1)
@@ -81,6 +84,13 @@ class TrainConfig(ConfigModel):
     slow_node: str | None = Field(default=None, description="inject: the ranks on this node (VIGIL_NODE) turn slow")
     slow_s: float = Field(default=0.0, ge=0, description="inject: seconds added to each of their steps")
     slow_from_step: int = Field(default=0, ge=0, description="inject: from this step on")
+
+    @field_validator("checkpoint_every")
+    @classmethod
+    def _every(cls, value: int | str) -> int | str:
+        if value != "auto" and int(value) < 1:
+            raise ValueError(f"checkpoint_every is a number of steps (1 or more) or auto, not {value}")
+        return value
 
     @model_validator(mode="after")
     def _known_preset(self) -> TrainConfig:

@@ -77,7 +77,10 @@ def main(argv: list[str] | None = None) -> int:
     arch = cfg.architecture
     peak = peak_flops(torch.cuda.get_device_name(device) if on_gpu else "cpu", cfg.peak_tflops)
     try:
-        hook = VigilHook(HookConfig.from_env(flops_per_token=flops_per_token(arch), peak_flops=peak or 0.0))
+        auto = cfg.checkpoint_every == "auto"
+        hook = VigilHook(
+            HookConfig.from_env(flops_per_token=flops_per_token(arch), peak_flops=peak or 0.0, auto_checkpoint=auto)
+        )
     except HookConfigError as exc:
         print(exc, file=sys.stderr)
         dist.destroy_process_group()
@@ -143,10 +146,13 @@ def main(argv: list[str] | None = None) -> int:
                       acknowledged=acked)  # fmt: skip
             dist.destroy_process_group()
             return CHECKPOINTED_EXIT_CODE
-        if state.step % cfg.checkpoint_every == 0 and state.step < cfg.steps:
+        on_schedule = cfg.checkpoint_every != "auto" and state.step % int(cfg.checkpoint_every) == 0
+        asked = hook.save_due  # Vigil asks for a save now (the same on every rank at this step)
+        if (on_schedule or asked) and state.step < cfg.steps:
             blocked = checkpointer.save(state, asynchronous=cfg.async_checkpoint)
-            hook.checkpoint_saved(blocked, checkpointer.last_committed)
-            log.event("checkpoint", step=state.step, asynchronous=cfg.async_checkpoint, blocked_s=round(blocked, 4))
+            hook.checkpoint_saved(blocked, checkpointer.last_committed, saved_step=state.step)
+            log.event("checkpoint", step=state.step, asynchronous=cfg.async_checkpoint, blocked_s=round(blocked, 4),
+                      asked_by_vigil=asked)  # fmt: skip
 
     blocked = checkpointer.save(state, asynchronous=False)
     hook.end(checkpoint_s=blocked)

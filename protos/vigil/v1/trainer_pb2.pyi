@@ -76,17 +76,29 @@ class CheckpointAndRestart(_message.Message):
     deadline: float
     def __init__(self, id: _Optional[str] = ..., reason: _Optional[str] = ..., exclude_nodes: _Optional[_Iterable[str]] = ..., deadline: _Optional[float] = ...) -> None: ...
 
+class CheckpointNow(_message.Message):
+    __slots__ = ("id", "reason")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    reason: str
+    def __init__(self, id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
 class JobCommand(_message.Message):
-    __slots__ = ("checkpoint_and_restart",)
+    __slots__ = ("checkpoint_and_restart", "checkpoint_now")
     CHECKPOINT_AND_RESTART_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_NOW_FIELD_NUMBER: _ClassVar[int]
     checkpoint_and_restart: CheckpointAndRestart
-    def __init__(self, checkpoint_and_restart: _Optional[_Union[CheckpointAndRestart, _Mapping]] = ...) -> None: ...
+    checkpoint_now: CheckpointNow
+    def __init__(self, checkpoint_and_restart: _Optional[_Union[CheckpointAndRestart, _Mapping]] = ..., checkpoint_now: _Optional[_Union[CheckpointNow, _Mapping]] = ...) -> None: ...
 
 class ReportReply(_message.Message):
-    __slots__ = ("commands",)
+    __slots__ = ("commands", "recommended_checkpoint_s")
     COMMANDS_FIELD_NUMBER: _ClassVar[int]
+    RECOMMENDED_CHECKPOINT_S_FIELD_NUMBER: _ClassVar[int]
     commands: _containers.RepeatedCompositeFieldContainer[JobCommand]
-    def __init__(self, commands: _Optional[_Iterable[_Union[JobCommand, _Mapping]]] = ...) -> None: ...
+    recommended_checkpoint_s: float
+    def __init__(self, commands: _Optional[_Iterable[_Union[JobCommand, _Mapping]]] = ..., recommended_checkpoint_s: _Optional[float] = ...) -> None: ...
 
 class PlanRequest(_message.Message):
     __slots__ = ("job_id", "nodes", "stopped")
