@@ -141,3 +141,18 @@ def test_an_early_warning_on_a_node_makes_the_job_save_and_train_on(cluster: Job
         health = {n.node: n.health for n in admin.status().nodes}
         (job,) = admin.jobs()
     assert health["node-b"] == "HEALTHY" and job.restart_count == 0  # saved, not stopped
+
+
+def test_checkpoint_every_auto_follows_the_recommended_interval(tmp_path: Path) -> None:
+    """--checkpoint-every auto: the job saves as often as the controller recommends for its size and
+    measured save time. A cluster failing absurdly often (2,000,000 failures per 1,000 GPU-days: a
+    2-GPU job's MTBF is 22 s) makes the recommended interval about a second, so a 150-step run saves
+    several times, none on a step schedule."""
+    with job_cluster(tmp_path, pager="none", jobs={"failures_per_1000_gpu_days": 2e6}) as c:
+        launcher = c.launch("moe", ["node-a", "node-b"], [*ARGS, "--checkpoint-every", "auto"], ENV)
+        assert launcher.wait(180) == 0, (c.tmp / "launch.log").read_text()[-3000:]
+        with AdminClient(c.controller) as admin:
+            (job,) = admin.jobs()
+    saves = events(c.tmp / "run", "checkpoint")
+    assert len(saves) >= 2 and all(s["asked_by_vigil"] for s in saves)
+    assert job.recommended_checkpoint_s < 5 and events(c.tmp / "run", "finished")[-1]["step"] == 150
