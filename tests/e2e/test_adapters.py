@@ -1,8 +1,10 @@
 """The Lightning and Hugging Face Trainer adapters with the real libraries, across real processes: a
 controller, two simulated-GPU agents, and ``vigil launch`` running each adapter's example
 (``trainer_hooks/examples``) with one gloo rank per node. The job reports Progress (the controller
-knows it, its nodes and its MFU baseline), and an XID on node-b makes it obey the command: both ranks
-save a checkpoint at the same step and exit 75, and the job comes back on node-a at that step."""
+knows it, its nodes and its MFU baseline); an early warning on node-a makes both ranks save at the
+same step and train on (CHECKPOINT_NOW, acknowledged); and an XID on node-b makes it obey the stop:
+both ranks save a checkpoint at the same step and exit 75, and the job comes back on node-a at that
+step."""
 
 from __future__ import annotations
 
@@ -48,6 +50,15 @@ def test_the_adapter_reports_progress_and_obeys_the_checkpoint_command(
             )
 
         poll_until(learned, timeout=120, what="the job's baseline from its reports")
+        # An early warning on node-a (a non-fatal NVSwitch error): the job saves and trains on.
+        with open(cluster.kmsg["node-a"], "a") as f:
+            f.write(f"3,500,{int(1e9)},-;nvidia-nvswitch0: SXid (PCI:0000:05:00.0): 12028, Non-fatal, Link 3\n")
+
+        def saved_on_request() -> bool:
+            return any(e.get("event") == "job_saved_on_request" for e in json_lines(tmp_path / "ctl.log"))
+
+        poll_until(saved_on_request, timeout=60, what="the save CHECKPOINT_NOW asked for, acknowledged")
+        assert admin.jobs()[0].state == "running"
         cluster.xid("node-b")
         assert launcher.wait(180) == 0, (tmp_path / "launch.log").read_text()[-3000:]
         (job,) = admin.jobs()
