@@ -36,8 +36,11 @@ ENV = {"VIGIL_WINDOW_STEPS": str(WINDOW_STEPS), "OMP_NUM_THREADS": "1"}
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[JobCluster]:
     # The slow rank's drop is about 78 %; on a shared CPU, throughput noise alone can dip 20 % (the GPU
-    # default), so the test's jobs, like the training demo's, call a drop only past 40 %.
-    with job_cluster(tmp_path, pager="console", jobs={"drop_fraction": 0.4}) as c:
+    # default), so the test's jobs, like the training demo's, call a drop only past 40 %. A cluster
+    # failing absurdly often (2,000,000 failures per 1,000 GPU-days: a 2-GPU job's MTBF is 22 s) makes
+    # the recommended checkpoint interval about a second, for the job that follows it (auto).
+    jobs = {"drop_fraction": 0.4, "failures_per_1000_gpu_days": 2e6}
+    with job_cluster(tmp_path, pager="console", jobs=jobs) as c:
         yield c
 
 
@@ -117,42 +120,29 @@ def test_a_slow_rank_is_detected_blamed_on_its_node_and_left_out_of_the_restart(
     assert incident.kind == common_pb2.CHECK_FAILED and "step time" in incident.first_message
 
 
-def test_an_early_warning_on_a_node_makes_the_job_save_and_train_on(cluster: JobCluster) -> None:
-    """A non-fatal NVSwitch error on node-b (an early warning: counted, nobody quarantined): the
-    controller asks the job for a checkpoint now; every rank saves at the same step, outside its
-    schedule (none: --checkpoint-every 1000), acknowledges it, and trains on to the end."""
+def test_the_job_saves_on_an_early_warning_and_as_often_as_recommended(cluster: JobCluster) -> None:
+    """--checkpoint-every auto: the job saves as often as the controller recommends for its size and
+    measured save time (about a second here), none on a step schedule. A non-fatal NVSwitch error on
+    node-b (an early warning: counted, nobody quarantined) makes the controller ask for a checkpoint
+    now: every rank saves at the same step, acknowledges it, and trains on to the end."""
     run_dir = cluster.tmp / "run"
-    launcher = launch(cluster, "--checkpoint-every", "1000")
+    launcher = launch(cluster, "--checkpoint-every", "auto")
     poll_until(lambda: any(e["step"] >= 10 for e in events(run_dir, "step")), timeout=120, what="training")
     sxid = "nvidia-nvswitch3: SXid (PCI:0000:05:00.0): 12028, Non-fatal, Link 32 egress non-posted PRIV error"
     with open(cluster.kmsg["node-b"], "a") as f:
         f.write(f"3,500,{int(1e9)},-;{sxid}\n")
     assert launcher.wait(180) == 0, (cluster.tmp / "launch.log").read_text()[-3000:]
 
-    (asked,) = [e for e in events(run_dir, "checkpoint") if e["asked_by_vigil"]]  # rank 0's log: once
-    assert 10 <= asked["step"] < 150
+    saves = events(run_dir, "checkpoint")  # rank 0's log
+    assert len(saves) >= 3 and all(s["asked_by_vigil"] for s in saves)
     assert not events(run_dir, "checkpointed_and_exiting") and events(run_dir, "finished")[-1]["step"] == 150
     log = json_lines(cluster.tmp / "ctl.log")
     (request,) = [e for e in log if e["event"] == "job_asked_to_save"]
     assert "node-b: SXid 12028 (non-fatal: egress non-posted PRIV error)" in request["reason"]
     (done,) = [e for e in log if e["event"] == "job_saved_on_request"]
-    assert (done["command"], done["step"]) == (request["command"], asked["step"])  # the step it saved
+    assert done["command"] == request["command"] and done["step"] in {s["step"] for s in saves}
     with AdminClient(cluster.controller) as admin:
         health = {n.node: n.health for n in admin.status().nodes}
         (job,) = admin.jobs()
     assert health["node-b"] == "HEALTHY" and job.restart_count == 0  # saved, not stopped
-
-
-def test_checkpoint_every_auto_follows_the_recommended_interval(tmp_path: Path) -> None:
-    """--checkpoint-every auto: the job saves as often as the controller recommends for its size and
-    measured save time. A cluster failing absurdly often (2,000,000 failures per 1,000 GPU-days: a
-    2-GPU job's MTBF is 22 s) makes the recommended interval about a second, so a 150-step run saves
-    several times, none on a step schedule."""
-    with job_cluster(tmp_path, pager="none", jobs={"failures_per_1000_gpu_days": 2e6}) as c:
-        launcher = c.launch("moe", ["node-a", "node-b"], [*ARGS, "--checkpoint-every", "auto"], ENV)
-        assert launcher.wait(180) == 0, (c.tmp / "launch.log").read_text()[-3000:]
-        with AdminClient(c.controller) as admin:
-            (job,) = admin.jobs()
-    saves = events(c.tmp / "run", "checkpoint")
-    assert len(saves) >= 2 and all(s["asked_by_vigil"] for s in saves)
-    assert job.recommended_checkpoint_s < 5 and events(c.tmp / "run", "finished")[-1]["step"] == 150
+    assert 0 < job.recommended_checkpoint_s < 5
