@@ -38,7 +38,9 @@ class PlanInputs:
     gpus: int
     failures_per_1000_gpu_days: float
     save_s: float = MEASURED["save_s"][0]
-    restart_s: float = MEASURED["restart_s"][0]
+    restart_s: float = MEASURED["restart_s"][0]  # relaunch; the measured figure includes the load
+    restore_s: float = 0.0  # loading the checkpoint, where not counted in restart_s
+    detect_s: float | None = None  # with Vigil, for every fault; None: each kind's measured latency
     days: float = 30.0
     stragglers_per_1000_gpu_days: float = 0.0
     straggler_slowdown: float = 0.3
@@ -76,10 +78,12 @@ class Plan:
 def make_plan(inputs: PlanInputs, mix: tuple[FaultKind, ...] = LLAMA3_MIX) -> Plan:
     cluster = Cluster(inputs.gpus, inputs.failures_per_1000_gpu_days)
     watchdog = inputs.baseline.watchdog_s
+    if inputs.detect_s is not None:  # one detection time given for every kind of fault
+        mix = tuple(replace(k, vigil_s=inputs.detect_s) for k in mix)
     times = Times(
         save_s=inputs.save_s,
         detect_s=mean_detect_s(mix, True, watchdog),
-        restart_s=inputs.restart_s,
+        restart_s=inputs.restart_s + inputs.restore_s,
         straggler_detect_s=inputs.straggler_detect_s,
         stragglers_per_1000_gpu_days=inputs.stragglers_per_1000_gpu_days,
         straggler_slowdown=inputs.straggler_slowdown,

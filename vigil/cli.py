@@ -361,6 +361,10 @@ def plan(
         Optional[float], typer.Option("--failures-per-1000-gpu-days", min=0.0, help="the GPUs' failure rate")
     ] = None,
     gpu_mtbf_hours: Annotated[Optional[float], typer.Option("--gpu-mtbf-hours", help="or one GPU's MTBF")] = None,
+    failures_per_1000_node_days: Annotated[
+        Optional[float], typer.Option("--failures-per-1000-node-days", min=0.0, help="or the nodes' rate")
+    ] = None,
+    gpus_per_node: Annotated[int, typer.Option("--gpus-per-node", min=1, max=1024)] = 8,
     from_history: Annotated[
         bool, typer.Option("--from-history", help="or fit it: the nodes the controller quarantined, per GPU-day")
     ] = False,
@@ -369,6 +373,10 @@ def plan(
     save_s: Annotated[Optional[float], typer.Option("--save-s", help="a checkpoint blocks training (s)")] = None,
     restart_s: Annotated[
         Optional[float], typer.Option("--restart-s", help="told to stop -> training again (s)")
+    ] = None,
+    restore_s: Annotated[float, typer.Option("--restore-s", min=0.0, help="loading the checkpoint, if apart")] = 0.0,
+    detect_s: Annotated[
+        Optional[float], typer.Option("--detect-s", min=0.0, help="fault -> job told, with Vigil (every fault)")
     ] = None,
     days: Annotated[float, typer.Option("--days", min=0.01, help="the run's wall time")] = 30.0,
     stragglers: Annotated[
@@ -389,10 +397,18 @@ def plan(
     from controller.plan_model import Baseline
     from vigil.plan_view import dumps, print_plan, write_plot
 
-    given = [x for x in (failures_per_1000_gpu_days, gpu_mtbf_hours) if x is not None] + ([1] if from_history else [])
+    rates = (failures_per_1000_gpu_days, failures_per_1000_node_days, gpu_mtbf_hours)
+    given = [x for x in rates if x is not None] + ([1] if from_history else [])
     if len(given) != 1:
-        _fail("give one failure rate: --failures-per-1000-gpu-days, --gpu-mtbf-hours or --from-history")
-    if gpu_mtbf_hours is not None:
+        _fail(
+            "give one failure rate: --failures-per-1000-gpu-days, --failures-per-1000-node-days, "
+            "--gpu-mtbf-hours or --from-history"
+        )
+    if gpus % gpus_per_node:
+        _fail(f"--gpus {gpus} is not a whole number of nodes of --gpus-per-node {gpus_per_node}")
+    if failures_per_1000_node_days is not None:
+        rate = failures_per_1000_node_days / gpus_per_node
+    elif gpu_mtbf_hours is not None:
         if gpu_mtbf_hours <= 0:
             _fail(f"--gpu-mtbf-hours must be above 0, not {gpu_mtbf_hours:g}")
         rate = 1000.0 * 24.0 / gpu_mtbf_hours
@@ -415,6 +431,8 @@ def plan(
         inputs,
         save_s=inputs.save_s if save_s is None else save_s,
         restart_s=inputs.restart_s if restart_s is None else restart_s,
+        restore_s=restore_s,
+        detect_s=detect_s,
         straggler_slowdown=straggler_slowdown,
         baseline=Baseline(watchdog_s=watchdog_s, person_s=person_s),
     )

@@ -35,6 +35,18 @@ def test_the_plan_as_json_and_as_a_plot(tmp_path: Path) -> None:
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_a_node_rate_and_every_time_given_reproduce_the_published_example() -> None:
+    out = vigil(
+        "plan", "--gpus", "16384", "--gpus-per-node", "8", "--failures-per-1000-node-days", "6.5",
+        "--save-s", "60", "--restart-s", "540", "--restore-s", "60", "--detect-s", "0", "--runs", "20", "--json",
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    plan = json.loads(out.stdout)
+    assert plan["mtbf_s"] / 3600 == pytest.approx(1.80, abs=0.01)
+    assert plan["vigil"]["times"]["restart_s"] == 600 and plan["vigil"]["times"]["detect_s"] == 0
+    assert plan["vigil"]["ettr"] == pytest.approx(0.77, abs=0.02)  # the 16K-GPU worked example
+
+
 def test_a_table_by_default_with_the_measured_defaults_named() -> None:
     out = vigil("plan", "--gpus", "16384", "--gpu-mtbf-hours", "50000", "--runs", "20")
     assert out.returncode == 0, out.stderr
@@ -50,6 +62,7 @@ def test_a_table_by_default_with_the_measured_defaults_named() -> None:
         (["--gpus", "8", "--gpu-mtbf-hours", "0"], "--gpu-mtbf-hours must be above 0"),
         (["--gpus", "8", "--failures-per-1000-gpu-days", "1", "--save-s", "-1"], "--save-s must be 0 or more"),
         (["--gpus", "0", "--failures-per-1000-gpu-days", "1"], "--gpus"),
+        (["--gpus", "12", "--failures-per-1000-gpu-days", "1"], "not a whole number of nodes"),
         (["--gpus", "8", "--failures-per-1000-gpu-days", "1", "--plot", "/nonexistent/dir/p.png"], "--plot"),
     ],
 )
