@@ -3,7 +3,8 @@
 Six "nodes", each a network namespace with its own agent, hang two by two from three leaf bridges;
 each leaf joins the spine bridge (where the controller listens) through an uplink veth pair. The
 controller knows each node's leaf from its labels. One part is throttled with ``tc ... tbf`` at a
-time: a leaf's uplink (both directions), a whole leaf (every port of it), one node's own link. The
+time: a whole leaf (every port of it), one node's own link (a leaf's uplink is the scenario
+``fabric-bad-uplink-is-named-not-its-nodes``, on the same fabric). The
 sweep pairs neighbours, then across leaves, runs real gloo all-reduces between the namespaces at
 two sizes, and must name the throttled part: the uplink or the leaf as such (its nodes are not
 blamed), the node as a node.
@@ -29,8 +30,9 @@ pytestmark = pytest.mark.e2e
 NODES, LEAVES = 6, 3
 
 
+# A throttled uplink is the scenario fabric-bad-uplink-is-named-not-its-nodes (the same fabric, with
+# --quarantine): it is not swept again here.
 CASES: list[tuple[str, Callable[[Nodes], None], tuple[str, str]]] = [
-    ("uplink of leaf-0", lambda n: n.throttle_uplink(0), ("leaf-uplink", "uplink of leaf leaf-0")),
     ("leaf-1", lambda n: n.throttle_leaf(1), ("leaf", "leaf leaf-1")),
     ("node-4's own link", lambda n: n.throttle(4), ("node", "node-4")),
 ]
@@ -38,7 +40,7 @@ CASES: list[tuple[str, Callable[[Nodes], None], tuple[str, str]]] = [
 
 @pytest.mark.timeout(600)
 @pytest.mark.skipif(bool(why := unavailable()), reason=why or "")
-def test_the_throttled_uplink_leaf_or_node_is_named_as_such(tmp_path: Path) -> None:
+def test_the_throttled_leaf_or_node_is_named_as_such(tmp_path: Path) -> None:
     names = [f"node-{i}" for i in range(NODES)]
     with namespaced_nodes(NODES, prefix=f"vf{os.getpid() % 1000}", leaves=LEAVES) as nodes:
         # Six nodes' all-reduces share two cores here: a pair counts as slow 80% below healthy pairs
