@@ -145,3 +145,31 @@ def test_an_unreachable_controller_leaves_training_unharmed(
     assert losses(tmp_path) == uninterrupted  # the same curve, bit for bit
     rank0 = (tmp_path / "rank0.log").read_text()
     assert rank0.count("vigil_controller_unreachable") == 1  # said once per outage, not per window
+
+
+def test_the_speed_options_on_follow_the_same_loss_curve(tmp_path: Path, uninterrupted: dict[int, float]) -> None:
+    """torch.compile per block, RoPE without the float stack, the cross-entropy in chunks and full
+    activation checkpointing, all on (they are off on CPU by default), across two FSDP2 ranks: the
+    same losses as the plain run, step for step, and the run says what it ran with."""
+    fast = ("--compile", "on", "--fused-rope", "on", "--ce-chunk-tokens", "100", "--activation-checkpointing", "full")
+    assert run(2, tmp_path, *ARGS, *fast) == [0, 0], (tmp_path / "rank0.log").read_text()[-3000:]
+    got = losses(tmp_path)
+    assert [got[s] for s in range(1, 31)] == pytest.approx([uninterrupted[s] for s in range(1, 31)], abs=1e-5)
+    (start,) = events(tmp_path, "start")
+    assert start["compiled"] and start["speed"] == {
+        "fused_rope": True, "ce_chunk_tokens": 100, "checkpoint": "full", "checkpoint_layers": None}  # fmt: skip
+
+
+def test_the_speed_options_are_checked_and_resolved_per_device() -> None:
+    from trainer_hooks.moe_job.config import TrainConfig
+
+    plain, compiled = TrainConfig().speed(on_gpu=False)
+    assert (plain.fused_rope, plain.ce_chunk_tokens, plain.checkpoint, compiled) == (False, 0, "none", False)
+    gpu, compiled = TrainConfig(preset="h100").speed(on_gpu=True)
+    assert (gpu.fused_rope, gpu.ce_chunk_tokens, gpu.checkpoint, compiled) == (True, 8192, "full", True)
+    assert TrainConfig(preset="1b").speed(on_gpu=True)[0].checkpoint == "none"
+    ranged, _ = TrainConfig(activation_checkpointing="experts", checkpoint_layers="2-5").speed(on_gpu=False)
+    assert ranged.checkpoints(3, "experts") and not ranged.checkpoints(6, "experts")
+    assert not ranged.checkpoints(3, "attention")
+    with pytest.raises(ValueError, match="checkpoint_layers is FIRST-LAST"):
+        TrainConfig(checkpoint_layers="5-2")

@@ -9,9 +9,16 @@ torch = pytest.importorskip("torch", reason="the training job needs torch (make 
 import torch.nn.functional as F  # noqa: E402
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
-from trainer_hooks.moe_job.config import PRESETS, ModelConfig  # noqa: E402
+from trainer_hooks.moe_job.config import PRESETS, ModelConfig, Speed  # noqa: E402
 from trainer_hooks.moe_job.flops import active_params, flops_per_token, peak_flops, total_params  # noqa: E402
-from trainer_hooks.moe_job.model import MoETransformer, loss_fn  # noqa: E402
+from trainer_hooks.moe_job.model import (  # noqa: E402
+    MoETransformer,
+    apply_fused_rope,
+    apply_rope,
+    fused_rope_tables,
+    loss_fn,
+    rope_tables,
+)
 
 DEBUG = PRESETS["debug"]
 
@@ -99,3 +106,45 @@ def test_bad_shapes_are_named() -> None:
         ModelConfig(dim=64, n_heads=3)
     with pytest.raises(ValueError, match="top_k 5 cannot exceed n_experts 4"):
         ModelConfig(top_k=5)
+
+
+@pytest.mark.parametrize(
+    "speed",
+    [
+        Speed(fused_rope=True),
+        Speed(ce_chunk_tokens=50),  # 3 x 64 tokens: four chunks, the last short
+        Speed(checkpoint="full"),
+        Speed(checkpoint="attention", checkpoint_layers=(1, 1)),
+        Speed(checkpoint="experts", checkpoint_layers=(0, 0)),
+        Speed(fused_rope=True, ce_chunk_tokens=64, checkpoint="full"),
+    ],
+    ids=["fused-rope", "chunked-ce", "ac-full", "ac-attention-layer-1", "ac-experts-layer-0", "all"],
+)
+def test_each_speed_option_leaves_the_loss_and_the_gradients_as_they_were(speed: Speed) -> None:
+    cfg = DEBUG.model_copy(update={"n_shared_experts": 1})
+    torch.manual_seed(0)
+    plain, fast = MoETransformer(cfg), MoETransformer(cfg, speed)
+    fast.load_state_dict(plain.state_dict())
+    batch = tokens(cfg)
+    losses = [loss_fn(m, batch)[1] for m in (plain, fast)]
+    for loss in losses:
+        loss.backward()
+    assert losses[1].item() == pytest.approx(losses[0].item(), rel=1e-5)
+    for (name, a), b in zip(plain.named_parameters(), fast.parameters(), strict=True):
+        assert a.grad is not None and b.grad is not None
+        assert torch.allclose(a.grad, b.grad, rtol=1e-4, atol=1e-6), name
+
+
+def test_the_fused_rope_is_the_same_rotation_in_bf16() -> None:
+    cos, sin = rope_tables(16, 8, 10000.0)
+    x = torch.randn(2, 3, 16, 8)
+    exact = apply_rope(x, cos, sin)
+    assert torch.allclose(apply_fused_rope(x, *fused_rope_tables(cos, sin)), exact, atol=1e-6)
+    in_bf16 = apply_fused_rope(x.bfloat16(), *fused_rope_tables(cos, sin))
+    assert in_bf16.dtype == torch.bfloat16 and torch.allclose(in_bf16.float(), exact, atol=0.05)
+
+
+def test_the_expert_counts_need_no_host_sync_and_match_bincount() -> None:
+    experts = torch.tensor([3, 0, 3, 1, 3])
+    counts = torch.zeros(5, dtype=torch.long).index_add_(0, experts, torch.ones_like(experts))
+    assert counts.tolist() == torch.bincount(experts, minlength=5).tolist() == [1, 1, 0, 3, 0]

@@ -1,11 +1,17 @@
 """The job's configuration: the model's shape and the run's settings, validated, with named presets.
 
 ``debug`` is CPU-sized (tests, the demo); ``small`` fits a laptop GPU; ``1b`` is about a billion
-parameters (a quarter of them active per token), sized for one H100/H200.
+parameters (a quarter of them active per token); ``h100`` about 2.2 billion (0.86 active), sized for
+one H100/H200 at full speed.
+
+The speed options (``compile``, ``fused_rope``, ``ce_chunk_tokens``, ``activation_checkpointing``)
+change speed and memory, never the math; ``auto`` turns each on for a GPU and off on a CPU, so the
+CPU tests and the golden loss run the plain path.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -45,6 +51,20 @@ PRESETS: dict[str, ModelConfig] = {
     "small": ModelConfig(
         vocab_size=32768, dim=512, n_layers=8, n_heads=8, n_experts=8, top_k=2, expert_dim=1024, seq_len=1024
     ),
+    # 2.2 B parameters, 0.86 B active per token: sized for one H100/H200 (80 GB) with activation
+    # checkpointing and a per-GPU batch of 16 (on GPU its options default to compile, fused RoPE,
+    # chunked cross-entropy and full activation checkpointing).
+    "h100": ModelConfig(
+        vocab_size=32768,
+        dim=2048,
+        n_layers=12,
+        n_heads=16,
+        n_experts=8,
+        top_k=2,
+        n_shared_experts=1,
+        expert_dim=2816,
+        seq_len=2048,
+    ),
     # 1.03 B parameters, 0.31 B active per token (see flops.py); small: 143 M, 50 M active.
     "1b": ModelConfig(
         vocab_size=32768,
@@ -58,6 +78,28 @@ PRESETS: dict[str, ModelConfig] = {
         seq_len=2048,
     ),
 }
+
+
+AC_ON_GPU = frozenset({"h100"})  # presets whose activations need checkpointing to fit their batch
+
+
+@dataclass(frozen=True, slots=True)
+class Speed:
+    """What changes the model's speed and memory, never its math (``model.py`` applies it)."""
+
+    fused_rope: bool = False
+    ce_chunk_tokens: int = 0  # 0: the whole batch's logits at once
+    checkpoint: str = "none"  # activation checkpointing: none, full, attention, experts
+    checkpoint_layers: tuple[int, int] | None = None  # [first, last] layers it applies to; None: all
+
+    def checkpoints(self, layer: int, part: str) -> bool:
+        if self.checkpoint == "none" or (self.checkpoint != "full" and self.checkpoint != part):
+            return False
+        first, last = self.checkpoint_layers or (0, 1 << 30)
+        return first <= layer <= last
+
+
+PLAIN = Speed()  # every option off: the CPU path, the golden loss
 
 
 class TrainConfig(ConfigModel):
@@ -79,11 +121,51 @@ class TrainConfig(ConfigModel):
     async_checkpoint: bool = True
     log_every: int = Field(default=1, ge=1)
     dtype: Literal["auto", "float32", "bfloat16"] = Field(default="auto", description="auto: bf16 on GPU, fp32 on CPU")
+    compile: Literal["auto", "on", "off"] = Field(default="auto", description="torch.compile each block (auto: GPU)")
+    fused_rope: Literal["auto", "on", "off"] = Field(default="auto", description="RoPE in bf16, no stack (auto: GPU)")
+    ce_chunk_tokens: int | Literal["auto"] = Field(
+        default="auto", description="cross-entropy in chunks of this many tokens, 0: off (auto: 8192 on GPU)"
+    )
+    activation_checkpointing: Literal["auto", "none", "full", "attention", "experts"] = Field(
+        default="auto", description="recompute in the backward (auto: full for the h100 preset on GPU, else none)"
+    )
+    checkpoint_layers: str = Field(default="", description="FIRST-LAST: the layers activation checkpointing covers")
     peak_tflops: float | None = Field(default=None, gt=0, description="override the GPU's dense bf16 peak for MFU")
     # Fault injection, for the tests and the demo: the ranks on one node turn slow.
     slow_node: str | None = Field(default=None, description="inject: the ranks on this node (VIGIL_NODE) turn slow")
     slow_s: float = Field(default=0.0, ge=0, description="inject: seconds added to each of their steps")
     slow_from_step: int = Field(default=0, ge=0, description="inject: from this step on")
+
+    @field_validator("checkpoint_layers")
+    @classmethod
+    def _layer_range(cls, value: str) -> str:
+        if value:
+            first, dash, last = value.partition("-")
+            if not (dash and first.isdigit() and last.isdigit() and int(first) <= int(last)):
+                raise ValueError(f"checkpoint_layers is FIRST-LAST (layers, from 0), not {value!r}")
+        return value
+
+    @field_validator("ce_chunk_tokens")
+    @classmethod
+    def _chunk(cls, value: int | str) -> int | str:
+        if value != "auto" and int(value) < 0:
+            raise ValueError(f"ce_chunk_tokens is 0 (off), a number of tokens or auto, not {value}")
+        return value
+
+    def speed(self, on_gpu: bool) -> tuple[Speed, bool]:
+        """The model's speed options and whether to compile each block, ``auto`` resolved for the device."""
+        ac = self.activation_checkpointing
+        if ac == "auto":
+            ac = "full" if on_gpu and self.preset in AC_ON_GPU else "none"
+        chunk = (8192 if on_gpu else 0) if self.ce_chunk_tokens == "auto" else int(self.ce_chunk_tokens)
+        layers = tuple(int(x) for x in self.checkpoint_layers.split("-")) if self.checkpoint_layers else None
+        speed = Speed(
+            fused_rope=self.fused_rope == "on" or (self.fused_rope == "auto" and on_gpu),
+            ce_chunk_tokens=chunk,
+            checkpoint=ac,
+            checkpoint_layers=(layers[0], layers[1]) if layers else None,
+        )
+        return speed, self.compile == "on" or (self.compile == "auto" and on_gpu)
 
     @field_validator("checkpoint_every")
     @classmethod

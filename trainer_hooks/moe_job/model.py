@@ -9,7 +9,14 @@ router probability), which is 1 when the load is even.
 
 The experts run as grouped matrix products (``torch.nn.functional.grouped_mm``: one kernel for all
 experts, tokens sorted by expert) where the torch build has it and the shapes meet its 16-byte
-alignment; elsewhere a loop over the experts computes the same thing.
+alignment; elsewhere a loop over the experts computes the same thing. The dispatch never waits on
+the host in the grouped path (the counts per expert by ``index_add_``, no ``bincount``/``tolist``).
+
+``Speed`` holds what changes the speed and memory, never the math (each off by default, as on CPU):
+RoPE in the activations' dtype without a float stack (``fused_rope``), the cross-entropy in chunks
+of tokens whose fp32 logits are recomputed in the backward instead of kept (``ce_chunk_tokens``),
+and activation checkpointing of the attention, the experts or both, for a range of layers.
+``torch.compile`` per block is applied by the job (``train.py``).
 
 Tensor names carry their shapes. Legend:
     B batch   S sequence   D model dim   H heads   K head dim   V vocab
@@ -23,8 +30,9 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
-from trainer_hooks.moe_job.config import ModelConfig
+from trainer_hooks.moe_job.config import PLAIN, ModelConfig, Speed
 
 
 def rope_tables(seq_len: int, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -41,6 +49,21 @@ def apply_rope(x_BHSK: torch.Tensor, cos_SK2: torch.Tensor, sin_SK2: torch.Tenso
     return out.flatten(-2).type_as(x_BHSK)
 
 
+def fused_rope_tables(cos_SK2: torch.Tensor, sin_SK2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The same rotation as whole-width tables: cos repeated per pair, sin signed (-sin, +sin)."""
+    cos_SK = cos_SK2.repeat_interleave(2, dim=-1)
+    sin_SK = torch.stack((-sin_SK2, sin_SK2), dim=-1).flatten(-2)
+    return cos_SK, sin_SK
+
+
+def apply_fused_rope(x_BHSK: torch.Tensor, cos_SK: torch.Tensor, sin_SK: torch.Tensor) -> torch.Tensor:
+    """``apply_rope`` in the activations' own dtype, without a float copy or a stack: x·cos + swap(x)·sin,
+    where swap turns each (even, odd) pair into (odd, even) and the table carries the signs."""
+    swapped = x_BHSK.view(*x_BHSK.shape[:-1], -1, 2).flip(-1).flatten(-2)
+    out: torch.Tensor = x_BHSK * cos_SK.to(x_BHSK.dtype) + swapped * sin_SK.to(x_BHSK.dtype)
+    return out
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -48,10 +71,12 @@ class Attention(nn.Module):
         self.qkv = nn.Linear(cfg.dim, 3 * cfg.dim, bias=False)
         self.out = nn.Linear(cfg.dim, cfg.dim, bias=False)
 
-    def forward(self, x_BSD: torch.Tensor, cos_SK2: torch.Tensor, sin_SK2: torch.Tensor) -> torch.Tensor:
+    def forward(self, x_BSD: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, fused: bool = False) -> torch.Tensor:
+        """``cos``/``sin``: (S, K/2) tables, or (S, K) ones with ``fused`` (``fused_rope_tables``)."""
         B, S, D = x_BSD.shape
         q_BHSK, k_BHSK, v_BHSK = self.qkv(x_BSD).view(B, S, 3, self.n_heads, self.head_dim).permute(2, 0, 3, 1, 4)
-        q_BHSK, k_BHSK = apply_rope(q_BHSK, cos_SK2, sin_SK2), apply_rope(k_BHSK, cos_SK2, sin_SK2)
+        rope = apply_fused_rope if fused else apply_rope
+        q_BHSK, k_BHSK = rope(q_BHSK, cos, sin), rope(k_BHSK, cos, sin)
         o_BHSK = F.scaled_dot_product_attention(q_BHSK, k_BHSK, v_BHSK, is_causal=True)
         out_BSD: torch.Tensor = self.out(o_BHSK.transpose(1, 2).reshape(B, S, D))
         return out_BSD
@@ -73,12 +98,14 @@ class SwiGLU(nn.Module):
 
 def _grouped_mm_fits(*tensors: torch.Tensor) -> bool:
     """grouped_mm wants every row of every operand to start on a 16-byte boundary, and on a GPU
-    bf16 operands (its kernels need SM 80 or newer)."""
+    (or compiled) bf16 operands (its kernels need SM 80 or newer)."""
     if not hasattr(F, "grouped_mm"):
         return False
     x = tensors[0]
     if x.is_cuda and (x.dtype != torch.bfloat16 or torch.cuda.get_device_capability(x.device) < (8, 0)):
         return False
+    if torch.compiler.is_compiling() and x.dtype != torch.bfloat16:
+        return False  # compiled, its shape checks want bf16 everywhere (eager takes fp32 on CPU)
     return all(t.shape[-1] * t.element_size() % 16 == 0 for t in tensors)
 
 
@@ -105,7 +132,9 @@ class MoE(nn.Module):
         experts_R = experts_TA.flatten()
         order_R = experts_R.argsort(stable=True)
         tokens_R = order_R // self.top_k
-        counts_E = torch.bincount(experts_R, minlength=self.n_experts)
+        # Counted on the device: bincount would wait for the host to size its output.
+        counts_E = torch.zeros(self.n_experts, dtype=torch.long, device=x_TD.device)
+        counts_E.index_add_(0, experts_R, torch.ones_like(experts_R))
         y_RD = self._experts(x_TD[tokens_R], counts_E) * weights_TA.flatten()[order_R, None]
         out_TD = torch.zeros_like(x_TD).index_add_(0, tokens_R, y_RD)
         if self.shared is not None:
@@ -131,30 +160,45 @@ class MoE(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, layer: int = 0, speed: Speed = PLAIN) -> None:
         super().__init__()
         self.attn_norm = nn.RMSNorm(cfg.dim)
         self.attn = Attention(cfg)
         self.moe_norm = nn.RMSNorm(cfg.dim)
         self.moe = MoE(cfg)
+        self.layer, self.speed = layer, speed
 
-    def forward(
-        self, x_BSD: torch.Tensor, cos_SK2: torch.Tensor, sin_SK2: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        x_BSD = x_BSD + self.attn(self.attn_norm(x_BSD), cos_SK2, sin_SK2)
-        moe_BSD, aux_loss = self.moe(self.moe_norm(x_BSD))
+    def forward(self, x_BSD: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        speed = self.speed
+        if speed.checkpoints(self.layer, "attention"):
+            attn_BSD = checkpoint(self._attention, x_BSD, cos, sin, use_reentrant=False)
+        else:
+            attn_BSD = self._attention(x_BSD, cos, sin)
+        x_BSD = x_BSD + attn_BSD
+        if speed.checkpoints(self.layer, "experts"):
+            moe_BSD, aux_loss = checkpoint(self._experts, x_BSD, use_reentrant=False)
+        else:
+            moe_BSD, aux_loss = self._experts(x_BSD)
         return x_BSD + moe_BSD, aux_loss
+
+    def _attention(self, x_BSD: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.attn(self.attn_norm(x_BSD), cos, sin, self.speed.fused_rope)
+        return out
+
+    def _experts(self, x_BSD: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        out: tuple[torch.Tensor, torch.Tensor] = self.moe(self.moe_norm(x_BSD))
+        return out
 
 
 class MoETransformer(nn.Module):
     rope_cos: torch.Tensor
     rope_sin: torch.Tensor
 
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, speed: Speed = PLAIN) -> None:
         super().__init__()
-        self.cfg = cfg
+        self.cfg, self.speed = cfg, speed
         self.embed = nn.Embedding(cfg.vocab_size, cfg.dim)
-        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.blocks = nn.ModuleList(Block(cfg, i, speed) for i in range(cfg.n_layers))
         self.norm = nn.RMSNorm(cfg.dim)
         self.lm_head = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
         cos, sin = rope_tables(cfg.seq_len, cfg.head_dim, cfg.rope_theta)
@@ -176,21 +220,41 @@ class MoETransformer(nn.Module):
         self.rope_cos.copy_(cos)
         self.rope_sin.copy_(sin)
 
-    def forward(self, tokens_BS: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Logits (B, S, V) and the mean load-balancing loss of the MoE layers."""
+    def forward(
+        self, tokens_BS: torch.Tensor, targets_BS: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Logits (B, S, V), or with ``targets`` the mean next-token cross-entropy; and the mean
+        load-balancing loss of the MoE layers."""
         S = tokens_BS.shape[1]
         x_BSD = self.embed(tokens_BS)
-        cos_SK2, sin_SK2 = self.rope_cos[:S], self.rope_sin[:S]
+        cos, sin = self.rope_cos[:S], self.rope_sin[:S]
+        if self.speed.fused_rope:
+            cos, sin = fused_rope_tables(cos, sin)
         aux = torch.zeros((), device=x_BSD.device)
         for block in self.blocks:
-            x_BSD, block_aux = block(x_BSD, cos_SK2, sin_SK2)
+            x_BSD, block_aux = block(x_BSD, cos, sin)
             aux = aux + block_aux
-        logits_BSV: torch.Tensor = self.lm_head(self.norm(x_BSD))
-        return logits_BSV, aux / len(self.blocks)
+        h_BSD = self.norm(x_BSD)
+        if targets_BS is None:
+            logits_BSV: torch.Tensor = self.lm_head(h_BSD)
+            return logits_BSV, aux / len(self.blocks)
+        return self._cross_entropy(h_BSD.flatten(0, 1), targets_BS.flatten()), aux / len(self.blocks)
+
+    def _cross_entropy(self, h_TD: torch.Tensor, targets_T: torch.Tensor) -> torch.Tensor:
+        """The mean over tokens; in chunks whose fp32 logits the backward recomputes (``ce_chunk_tokens``)."""
+        chunk = self.speed.ce_chunk_tokens
+        if not chunk or chunk >= len(targets_T):
+            return F.cross_entropy(self.lm_head(h_TD).float(), targets_T)
+        total = torch.zeros((), device=h_TD.device)
+        for h_cD, t_c in zip(torch.split(h_TD, chunk), torch.split(targets_T, chunk), strict=True):
+            total = total + checkpoint(self._ce_sum, h_cD, t_c, use_reentrant=False)
+        return total / len(targets_T)
+
+    def _ce_sum(self, h_cD: torch.Tensor, targets_c: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(self.lm_head(h_cD).float(), targets_c, reduction="sum")
 
 
 def loss_fn(model: MoETransformer, tokens_BS1: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Next-token cross-entropy over (B, S+1) tokens, and the total loss with the balancing term."""
-    logits_BSV, aux = model(tokens_BS1[:, :-1])
-    ce = F.cross_entropy(logits_BSV.flatten(0, 1).float(), tokens_BS1[:, 1:].flatten())
+    ce, aux = model(tokens_BS1[:, :-1], tokens_BS1[:, 1:])
     return ce, ce + model.cfg.aux_loss_coef * aux

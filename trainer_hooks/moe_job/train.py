@@ -23,6 +23,7 @@ import os
 import signal
 import sys
 import time
+from dataclasses import asdict
 from types import FrameType
 
 import torch
@@ -92,7 +93,12 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, on_sigterm)
 
     torch.manual_seed(cfg.seed)  # the same initial weights on every rank, before sharding
-    model = shard(MoETransformer(arch).to(device), bf16)
+    speed, compiled = cfg.speed(on_gpu)
+    model = MoETransformer(arch, speed).to(device)
+    if compiled:
+        for block in model.blocks:
+            block.compile()  # before sharding, so each block's own FSDP hooks run around its graph
+    model = shard(model, bf16)
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay, eps=1e-8
     )
@@ -103,7 +109,8 @@ def main(argv: list[str] | None = None) -> int:
     sampler = Sampler(shards, arch.seq_len, cfg.seed)
     log = MetricsLog(cfg.out / FILE, rank == 0)
     log.event("start", step=state.step, consumed=state.consumed, world_size=world, resumed_from=str(resumed or ""),
-              node=hook.config.node, restart=hook.config.restart_count)  # fmt: skip
+              node=hook.config.node, restart=hook.config.restart_count, compiled=compiled,
+              speed=asdict(speed))  # fmt: skip
     hook.start(state.step, max(checkpointer.last_committed, 0))  # restore: the time since the process started
     slow = cfg.slow_s if cfg.slow_node == hook.config.node else 0.0
 
@@ -135,8 +142,10 @@ def main(argv: list[str] | None = None) -> int:
         if state.step % cfg.log_every == 0 or stopping:
             tokens_per_s = tokens_per_step / seconds
             mfu = tokens_per_s / world * flops_per_token(arch) / peak if peak else None
+            peak_gib = torch.cuda.max_memory_allocated(device) / 2**30 if on_gpu else None
             log.event("step", step=state.step, loss=mean_loss, lr=learning_rate(cfg, state.step - 1),
-                      tokens_per_s=round(tokens_per_s, 1), step_s=round(seconds, 4), mfu=mfu)  # fmt: skip
+                      tokens_per_s=round(tokens_per_s, 1), step_s=round(seconds, 4), mfu=mfu,
+                      peak_gib=peak_gib)  # fmt: skip
 
         checkpointer.poll()
         if stopping:
