@@ -56,13 +56,15 @@ def test_grouped_matmul_and_the_expert_loop_agree_forward_and_backward() -> None
 
 
 def test_parameter_counts_match_the_model() -> None:
-    for name in ("debug", "small"):
+    for name in ("debug", "small", "h100"):  # on the meta device: no memory
         cfg = PRESETS[name]
         with torch.device("meta"):
             model = MoETransformer(cfg)
         assert sum(p.numel() for p in model.parameters()) == total_params(cfg), name
     big = PRESETS["1b"]
     assert 1.0e9 < total_params(big) < 1.15e9 and 0.25e9 < active_params(big) < 0.35e9
+    h100 = PRESETS["h100"]  # "around 2-4 B total parameters", sized for one 80 GB GPU
+    assert 2.0e9 < total_params(h100) < 2.4e9 and 0.85e9 < active_params(h100) < 0.95e9
 
 
 def test_the_flop_formula_matches_what_torch_counts() -> None:

@@ -1,7 +1,7 @@
 """The job's configuration: the model's shape and the run's settings, validated, with named presets.
 
 ``debug`` is CPU-sized (tests, the demo); ``small`` fits a laptop GPU; ``1b`` is about a billion
-parameters (a quarter of them active per token); ``h100`` about 2.2 billion (0.86 active), sized for
+parameters (a quarter of them active per token); ``h100`` about 2.2 billion (0.89 active), sized for
 one H100/H200 at full speed.
 
 The speed options (``compile``, ``fused_rope``, ``ce_chunk_tokens``, ``activation_checkpointing``)
@@ -51,7 +51,7 @@ PRESETS: dict[str, ModelConfig] = {
     "small": ModelConfig(
         vocab_size=32768, dim=512, n_layers=8, n_heads=8, n_experts=8, top_k=2, expert_dim=1024, seq_len=1024
     ),
-    # 2.2 B parameters, 0.86 B active per token: sized for one H100/H200 (80 GB) with activation
+    # 2.2 B parameters, 0.89 B active per token: sized for one H100/H200 (80 GB) with activation
     # checkpointing and a per-GPU batch of 16 (on GPU its options default to compile, fused RoPE,
     # chunked cross-entropy and full activation checkpointing).
     "h100": ModelConfig(
