@@ -201,10 +201,15 @@ class MoETransformer(nn.Module):
         self.blocks = nn.ModuleList(Block(cfg, i, speed) for i in range(cfg.n_layers))
         self.norm = nn.RMSNorm(cfg.dim)
         self.lm_head = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
-        cos, sin = rope_tables(cfg.seq_len, cfg.head_dim, cfg.rope_theta)
+        cos, sin = self._rope_tables()
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
         self.reset_parameters()
+
+    def _rope_tables(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(S, K/2) tables, or the fused (S, K) ones: made once, not at every step."""
+        cos, sin = rope_tables(self.cfg.seq_len, self.cfg.head_dim, self.cfg.rope_theta)
+        return fused_rope_tables(cos, sin) if self.speed.fused_rope else (cos, sin)
 
     @torch.no_grad()
     def reset_parameters(self) -> None:
@@ -216,7 +221,7 @@ class MoETransformer(nn.Module):
                 p.fill_(1.0)
             else:
                 p.normal_(0.0, out_std if name.endswith(("out.weight", "w2_EFD", "w2.weight")) else std)
-        cos, sin = rope_tables(self.cfg.seq_len, self.cfg.head_dim, self.cfg.rope_theta)
+        cos, sin = self._rope_tables()
         self.rope_cos.copy_(cos)
         self.rope_sin.copy_(sin)
 
@@ -228,8 +233,6 @@ class MoETransformer(nn.Module):
         S = tokens_BS.shape[1]
         x_BSD = self.embed(tokens_BS)
         cos, sin = self.rope_cos[:S], self.rope_sin[:S]
-        if self.speed.fused_rope:
-            cos, sin = fused_rope_tables(cos, sin)
         aux = torch.zeros((), device=x_BSD.device)
         for block in self.blocks:
             x_BSD, block_aux = block(x_BSD, cos, sin)
