@@ -10,8 +10,9 @@ from enum import StrEnum
 
 from controller.goodput import Goodput
 from controller.mfu import Track, Unit
+from controller.plan import JobPlan
 from controller.save_now import SaveRequests
-from protos.vigil.v1 import trainer_pb2
+from protos.vigil.v1 import admin_pb2, trainer_pb2
 from vigil_core.names import is_job_id, is_node_name
 
 MAX_RANKS = 1 << 17
@@ -122,3 +123,34 @@ def status_figures(job: Job) -> dict[str, float]:
     """The run's baseline and last window, in the JobStatus fields of the job's unit."""
     baseline, last = job.track.baseline or 0.0, job.figures[-1] if job.figures else 0.0
     return {f"baseline_{job.unit.value}": baseline, f"last_{job.unit.value}": last}
+
+
+def job_status(job: Job, plan: JobPlan | None) -> admin_pb2.JobStatus:
+    """What ``vigil jobs`` shows of a job: its state, where its time went, and its plan."""
+    g = job.goodput
+    planned = {}
+    if plan is not None:
+        planned = {
+            "planned_ettr": plan.ettr,
+            "recommended_checkpoint_s": plan.interval_s,
+            "planned_save_s": plan.save_s,
+        }
+    return admin_pb2.JobStatus(
+        job_id=job.job_id,
+        state=job.state,
+        nodes=job.nodes,
+        step=job.step,
+        committed_step=job.committed_step,
+        restart_count=max(job.restart_count, 0),
+        **status_figures(job),
+        excluded=sorted(job.exclude),
+        productive_s=g.productive_s,
+        checkpoint_s=g.checkpoint_s,
+        restore_s=g.restore_s,
+        wasted_s=g.wasted_s,
+        recovery_s=g.recovery_s,
+        goodput=g.ratio or 0.0,
+        drops=job.drops,
+        gpus=job.world_size,
+        **planned,
+    )

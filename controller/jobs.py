@@ -32,7 +32,7 @@ from controller.app_faults import JobMembership
 from controller.config import JobsConfig
 from controller.fleet import FleetView, ReportFailure, UnknownNode
 from controller.goodput import KINDS, committed, started, trained
-from controller.job_state import BadProgress, Job, JobPhase, TooManyJobs, status_figures, validate
+from controller.job_state import BadProgress, Job, JobPhase, TooManyJobs, job_status, validate
 from controller.metrics import ControllerMetrics
 from controller.mfu import RankTime, Reading, Track, blame, describe_figure, observe, stragglers, window_figure
 from controller.node_state import Health
@@ -329,31 +329,8 @@ class JobMonitor:
 
     def statuses(self) -> list[admin_pb2.JobStatus]:
         """Every job, running ones first, for ``vigil jobs``."""
-        found = []
-        for job in [*sorted(self.jobs.values(), key=lambda j: j.job_id), *reversed(self.finished)]:
-            g = job.goodput
-            found.append(
-                admin_pb2.JobStatus(
-                    job_id=job.job_id,
-                    state=job.state,
-                    nodes=job.nodes,
-                    step=job.step,
-                    committed_step=job.committed_step,
-                    restart_count=max(job.restart_count, 0),
-                    **status_figures(job),
-                    excluded=sorted(job.exclude),
-                    productive_s=g.productive_s,
-                    checkpoint_s=g.checkpoint_s,
-                    restore_s=g.restore_s,
-                    wasted_s=g.wasted_s,
-                    recovery_s=g.recovery_s,
-                    goodput=g.ratio or 0.0,
-                    drops=job.drops,
-                    gpus=job.world_size,
-                    **_planned(self.plan_of(job)),
-                )  # fmt: skip
-            )
-        return found
+        jobs = [*sorted(self.jobs.values(), key=lambda j: j.job_id), *reversed(self.finished)]
+        return [job_status(job, self.plan_of(job)) for job in jobs]
 
     def _out_of_service(
         self, nodes: Sequence[str], states: tuple[Health, ...] = (Health.UNHEALTHY, Health.QUARANTINED)
@@ -435,9 +412,3 @@ class JobMonitor:
         """A word in the thread of each incident this job's stop follows."""
         for incident_id in job.incidents or ([f"mfu-{job.job_id}-{job.drops}"] if job.drops else []):
             self._request(PageUpdate(incident_id, "", f"{tag}:{job.job_id}", f"Job {job.job_id} {text}"))
-
-
-def _planned(plan: JobPlan | None) -> dict[str, float]:
-    if plan is None:
-        return {}
-    return {"planned_ettr": plan.ettr, "recommended_checkpoint_s": plan.interval_s, "planned_save_s": plan.save_s}
