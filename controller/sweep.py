@@ -119,6 +119,8 @@ class Sweeper:
             chosen = self._fleet.connected()
         if not chosen:
             raise SweepError("no nodes to sweep: none named, none matched, or no agent is connected")
+        if self.config.topology.file is not None:
+            await self._topology(chosen)  # a bad topology file is refused now, not half-way through the sweep
         return chosen
 
     def start(self, spec: SweepSpec, nodes: Sequence[str], emit: Emit) -> str:

@@ -330,3 +330,26 @@ def test_a_slow_uplink_is_named_and_its_nodes_are_fine_within_their_leaf(tmp_pat
         assert summary.quarantine == {}  # without --quarantine nothing is done
 
     run(tmp_path, 12, sim, test, node_labels=labels)
+
+
+def test_a_topology_file_places_the_nodes_and_a_bad_one_is_refused_before_the_sweep(tmp_path: Path) -> None:
+    """The leaves come from a topology file (no labels): the sweep names the slow leaf. Once the
+    file is broken, the next sweep is refused at once, the file and the problem named."""
+    labels, sim = fat_tree("leaf-b")
+    topology = tmp_path / "topology.yaml"
+    by_leaf: dict[str, list[str]] = {}
+    for node, mine in labels.items():
+        by_leaf.setdefault(mine["vigil.dev/leaf-switch"], []).append(node)
+    topology.write_text(json.dumps({"leaves": {leaf: {"nodes": nodes} for leaf, nodes in by_leaf.items()}}))
+
+    async def test(c: Cluster) -> None:
+        _, summary = await c.sweep(checks=["pairs"])
+        assert [(f.kind, f.node) for f in summary.findings] == [("leaf", "leaf leaf-b")]
+        topology.write_text("leaves: {leaf-a: {nodes: [node-0]}, leaf-b: {nodes: [node-0]}}")
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            async for _ in c.admin.Sweep(admin_pb2.SweepRequest(checks=["pairs"])):
+                pass
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert f"{topology}: node node-0 is under two leaves" in (err.value.details() or "")
+
+    run(tmp_path, 12, sim, test, sweep=SweepConfig(topology={"file": topology}))
