@@ -93,6 +93,9 @@ class HookConfig(ConfigModel):
     auto_checkpoint: bool = Field(
         default=False, description="save_due also when the controller's recommended interval has passed"
     )
+    auto_fallback_s: float = Field(
+        default=1800.0, gt=0, description="auto_checkpoint without the controller's advice (none yet): this often"
+    )
     flops_per_token: float = Field(default=0.0, ge=0, description="the model's training FLOPs per token")
     peak_flops: float = Field(default=0.0, ge=0, description="one device's peak FLOP/s; 0: MFU unknown")
 
@@ -239,7 +242,8 @@ class VigilHook:
         if self._save_command is not None:
             return True
         advice = self._reporter.recommended_checkpoint_s if self._reporter is not None else 0.0
-        return self.config.auto_checkpoint and advice > 0 and time.monotonic() - self._last_save >= advice
+        every = advice if advice > 0 else self.config.auto_fallback_s
+        return self.config.auto_checkpoint and time.monotonic() - self._last_save >= every
 
     @property
     def recommended_checkpoint_s(self) -> float:
