@@ -11,6 +11,7 @@ surrogates (journald's JSON escapes), and real lines with all of those spliced i
 
 from __future__ import annotations
 
+import os
 import re
 import tempfile
 from collections.abc import Iterator
@@ -28,7 +29,7 @@ from agent.kmsg import UnparsedLine, parse_nvrm, parse_record
 from tests.unit.test_kmsg import REAL_LINES
 from vigil_core.signals import SignalKind
 
-EXAMPLES = 300  # each example is a whole agent fed a burst of lines; 1,000 took 35 s on 2 cores
+EXAMPLES = int(os.environ.get("VIGIL_FUZZ_EXAMPLES", "150"))  # each a whole agent fed a burst; more: set it
 SEEDS_PER_EXAMPLE = 10  # hypothesis draws these; each is fed in VARIANTS forms
 VARIANTS = 10
 REAL = [line for line, *_ in REAL_LINES]
