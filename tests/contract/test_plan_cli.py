@@ -10,10 +10,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
 from controller.config import ControllerConfig
 from controller.daemon import Controller
 from tests.helpers import stop_controller
+from vigil.cli import app
 
 
 def vigil(*args: str) -> subprocess.CompletedProcess[str]:
@@ -67,8 +69,8 @@ def test_a_table_by_default_with_the_measured_defaults_named() -> None:
     ],
 )
 def test_bad_input_is_named_without_a_traceback(args: list[str], says: str) -> None:
-    out = vigil("plan", *args)
-    assert out.returncode == 2 and says in out.stderr and "Traceback" not in out.stderr
+    out = CliRunner().invoke(app, ["plan", *args])  # in-process: the command as the shell runs it
+    assert out.exit_code == 2 and says in out.output and "Traceback" not in out.output, out.output
 
 
 def test_from_history_asks_the_controller_and_says_why_it_cannot_fit(tmp_path: Path) -> None:

@@ -3,7 +3,7 @@
 The checks' answers are scripted (``tests.fakes.sim_checks``); what is under test is the
 controller's side: fan-out, deadlines, fleet judgement, pairing rounds, culprit isolation, the
 incident store and the guarded quarantine path. Real all-reduce between processes and a real slow
-link are in ``tests/e2e/test_sweep_netns.py``.
+link, leaf or uplink are in ``tests/e2e/test_sweep_fabric_netns.py`` and the fabric scenario.
 """
 
 from __future__ import annotations

@@ -6,8 +6,8 @@ controller knows each node's leaf from its labels. One part is throttled with ``
 time: a whole leaf (every port of it), one node's own link (a leaf's uplink is the scenario
 ``fabric-bad-uplink-is-named-not-its-nodes``, on the same fabric). The
 sweep pairs neighbours, then across leaves, runs real gloo all-reduces between the namespaces at
-two sizes, and must name the throttled part: the uplink or the leaf as such (its nodes are not
-blamed), the node as a node.
+two sizes, and must name the throttled part: the leaf as such (its nodes are not blamed), the node
+as a node, never its partner (re-paired with known-good nodes, as a sweep without a topology does).
 """
 
 from __future__ import annotations
