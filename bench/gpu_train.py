@@ -33,29 +33,12 @@ import torch
 from bench.record import append_result, header, percentile
 from tests.training.launch import events, run
 
-SETS = {
-    "plain": (
-        "--compile",
-        "off",
-        "--fused-rope",
-        "off",
-        "--ce-chunk-tokens",
-        "0",
-        "--activation-checkpointing",
-        "none",
-    ),
-    "auto": (),
-    "compile": (
-        "--compile",
-        "on",
-        "--fused-rope",
-        "off",
-        "--ce-chunk-tokens",
-        "0",
-        "--activation-checkpointing",
-        "none",
-    ),
-    "ac": ("--compile", "off", "--fused-rope", "off", "--ce-chunk-tokens", "0", "--activation-checkpointing", "full"),
+_OFF = {"--compile": "off", "--fused-rope": "off", "--ce-chunk-tokens": "0", "--activation-checkpointing": "none"}
+SETS: dict[str, dict[str, str]] = {
+    "plain": _OFF,
+    "auto": {},
+    "compile": _OFF | {"--compile": "on"},
+    "ac": _OFF | {"--activation-checkpointing": "full"},
 }
 
 
@@ -75,7 +58,8 @@ def device() -> dict[str, Any]:
 def one(preset: str, name: str, args: argparse.Namespace, out: Path) -> dict[str, Any]:
     command = (
         "--preset", preset, "--steps", str(args.steps), "--global-batch", str(args.batch * args.ranks),
-        "--checkpoint-every", str(args.steps + 1), "--log-every", "1", *SETS[name],
+        "--checkpoint-every", str(args.steps + 1), "--log-every", "1",
+        *(word for option in SETS[name].items() for word in option),
     )  # fmt: skip
     codes = run(args.ranks, out, *command, timeout=3600)
     if codes != [0] * args.ranks:

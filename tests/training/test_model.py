@@ -45,14 +45,17 @@ def test_grouped_matmul_and_the_expert_loop_agree_forward_and_backward() -> None
     looped.load_state_dict(grouped.state_dict())
     for block in looped.blocks:
         block.moe.use_grouped_mm = False
-    batch = tokens(cfg)
-    losses = [loss_fn(m, batch)[1] for m in (grouped, looped)]
+    assert_same_loss_and_gradients(grouped, looped, tokens(cfg))
+
+
+def assert_same_loss_and_gradients(a: MoETransformer, b: MoETransformer, batch: torch.Tensor) -> None:
+    losses = [loss_fn(m, batch)[1] for m in (a, b)]
     for loss in losses:
         loss.backward()
-    assert losses[0].item() == pytest.approx(losses[1].item(), rel=1e-5)
-    for (name, a), b in zip(grouped.named_parameters(), looped.parameters(), strict=True):
-        assert a.grad is not None and b.grad is not None
-        assert torch.allclose(a.grad, b.grad, rtol=1e-4, atol=1e-6), name
+    assert losses[1].item() == pytest.approx(losses[0].item(), rel=1e-5)
+    for (name, pa), pb in zip(a.named_parameters(), b.parameters(), strict=True):
+        assert pa.grad is not None and pb.grad is not None
+        assert torch.allclose(pa.grad, pb.grad, rtol=1e-4, atol=1e-6), name
 
 
 def test_parameter_counts_match_the_model() -> None:
@@ -127,14 +130,7 @@ def test_each_speed_option_leaves_the_loss_and_the_gradients_as_they_were(speed:
     torch.manual_seed(0)
     plain, fast = MoETransformer(cfg), MoETransformer(cfg, speed)
     fast.load_state_dict(plain.state_dict())
-    batch = tokens(cfg)
-    losses = [loss_fn(m, batch)[1] for m in (plain, fast)]
-    for loss in losses:
-        loss.backward()
-    assert losses[1].item() == pytest.approx(losses[0].item(), rel=1e-5)
-    for (name, a), b in zip(plain.named_parameters(), fast.parameters(), strict=True):
-        assert a.grad is not None and b.grad is not None
-        assert torch.allclose(a.grad, b.grad, rtol=1e-4, atol=1e-6), name
+    assert_same_loss_and_gradients(plain, fast, tokens(cfg))
 
 
 def test_the_fused_rope_is_the_same_rotation_in_bf16() -> None:
