@@ -225,11 +225,8 @@ def localise(
         between.setdefault(frozenset(_leaf(topology, n) for n in pair), []).append(pair)
     # A bad edge: two leaves whose pairs are mostly slow.
     edges = {e for e, ps in between.items() if "" not in e and sum(p in slow for p in ps) * 2 > len(ps)}
-    fine_within = {
-        leaf
-        for leaf in groups
-        if sum(p in slow for p in _within(runs, topology, leaf)) * 2 <= len(_within(runs, topology, leaf))
-    }
+    within_of = {leaf: _within(runs, topology, leaf) for leaf in groups}
+    fine_within = {leaf for leaf, ps in within_of.items() if sum(p in slow for p in ps) * 2 <= len(ps)}
     # A leaf slow with most of the leaves it met (two or more) is a candidate; take the one with the
     # most slow leaves not yet explained, until every slow pair of leaves is explained.
     met = {leaf: sum(leaf in e for e in between if "" not in e) for leaf in fine_within}
