@@ -20,6 +20,7 @@ import os
 import shutil
 import signal
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from functools import partial
@@ -125,6 +126,7 @@ class Agent:
         # What record could not write yet (the spool failed): written first at the next step.
         self._unsaved: list[Signal] = []
         self._unsaved_cursors: dict[str, str] = {}
+        self._unsaved_lost: Counter[str] = Counter()  # dropped from memory meanwhile: counted in the spool later
         node = config.node
         gpu = GpuCollector(node, self.backend, clock, config.throttle_report_s)
         host = HostCollector(node, clock, config.checkpoint_path, config.memory_available_min, config.disk_used_max)
@@ -211,9 +213,9 @@ class Agent:
     def _spool_unsaved(self) -> None:
         if not self._unsaved and not self._unsaved_cursors:
             return
-        dropped_before = dict(self.spool.dropped)
-        numbered = self.spool.append(self._unsaved, self._unsaved_cursors)
-        self._unsaved, self._unsaved_cursors = [], {}
+        dropped_before = self.spool.dropped + self._unsaved_lost  # those are exported already
+        numbered = self.spool.append(self._unsaved, self._unsaved_cursors, self._unsaved_lost)
+        self._unsaved, self._unsaved_cursors, self._unsaved_lost = [], {}, Counter()
         for s in numbered:
             self.metrics.signals.labels(self.config.node, s.kind.value).inc()
             if s.kind is SignalKind.XID and s.gpu.index >= 0:
@@ -240,10 +242,16 @@ class Agent:
         if excess <= 0:
             return
         droppable = [i for i, s in enumerate(self._unsaved) if not s.must_keep][:excess]
+        lost: Counter[str] = Counter()
         for i in droppable:
-            self.metrics.spool_dropped.labels(self.config.node, self._unsaved[i].kind.value).inc(self._unsaved[i].count)
+            lost[self._unsaved[i].kind.value] += self._unsaved[i].count
+        for kind, count in lost.items():
+            self.metrics.spool_dropped.labels(self.config.node, kind).inc(count)
+        self._unsaved_lost.update(lost)
         gone = set(droppable)
         self._unsaved = [s for i, s in enumerate(self._unsaved) if i not in gone]
+        if lost:
+            log.error("unsaved_signals_dropped", node=self.config.node, dropped=dict(lost), kept=len(self._unsaved))
 
     # Driving the collectors, all alike --------------------------------------------------------------
 

@@ -77,7 +77,6 @@ class ControllerLink:
                 log.exception("controller_link_error", target=self._target, attempt=self.attempt)
             finally:
                 self.connected = False
-                self._spool.sent_upto = 0  # unacknowledged signals wait to be sent again
             if stop.is_set():
                 break
             self._target = self._targets[(self._targets.index(self._target) + 1) % len(self._targets)]
@@ -120,17 +119,19 @@ class ControllerLink:
             self._spool.ack(seq)
 
     async def _send_loop(self, call: grpc.aio.StreamStreamCall, stop: asyncio.Event) -> None:
-        sent_upto = self._spool.sent_upto = self._spool.acked_seq
+        sent_upto = self._spool.acked_seq  # unacknowledged signals are sent again, unchanged
         loop = asyncio.get_running_loop()
         next_heartbeat = loop.time()
         while not stop.is_set():
             while not self._outbox.empty():
                 await call.write(self._outbox.get_nowait())
-            batch = self._spool.pending(after_seq=sent_upto, limit=BATCH_LIMIT)
+            # Marked handed before the write yields to the loop: a signal recorded meanwhile that goes
+            # over the spool's bound is never merged into one the controller may already hold.
+            batch = self._spool.take(after_seq=sent_upto, limit=BATCH_LIMIT)
             if batch:
                 msg = agent_pb2.SignalBatch(signals=[signal_to_proto(s) for s in batch])
+                sent_upto = batch[-1].seq
                 await call.write(agent_pb2.AgentMessage(signals=msg))
-                sent_upto = self._spool.sent_upto = batch[-1].seq
                 continue
             if loop.time() >= next_heartbeat:
                 beat = agent_pb2.Heartbeat(

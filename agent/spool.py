@@ -9,12 +9,15 @@ Collectors' cursors (the kernel log's last record, the GPU fault baseline, the s
 repeats) are written in the same transaction as the signals they produced, so a restarted agent
 resumes exactly where the spool is: nothing it observed is lost, and nothing is reported twice.
 
-The bound. Only signals *waiting to be sent* count toward ``max_signals``: one already sent waits
-for its acknowledgement and is never dropped (the controller may be acting on it right now). Past
-the bound, in this order, until the waiting signals are back under 90 % of it:
+The bound. Only signals *waiting to be sent* count toward ``max_signals``. A signal once handed to
+the link (``take``) is never changed, merged or dropped again, on this stream or any later one: the
+controller may hold it already (its ack lost with a broken stream), and a count merged into a copy
+it holds would be acknowledged and deleted unseen. ``handed_upto`` marks them; it never goes back,
+and a reopened spool starts it at its last signal (an earlier process may have sent any of them).
+Past the bound, in this order, until the waiting signals are back under 90 % of it:
 
-1. repeats are merged: the waiting signals of one GPU, kind and code become the oldest of them with
-   their counts added up (nothing is lost; only the times between first and last are);
+1. repeats are merged: the waiting signals of one GPU, kind and code become the oldest *waiting*
+   one with their counts added up (nothing is lost; only the times between first and last are);
 2. the oldest low-severity signals (throttling, counter growth) are dropped;
 3. the oldest other faults are dropped, except those the default policy quarantines on
    (``Signal.must_keep``: XID 48, 79, a double-bit ECC error...), which are the root cause a flood
@@ -22,7 +25,9 @@ the bound, in this order, until the waiting signals are back under 90 % of it:
 4. only past ``4 × max_signals`` are must-keep faults dropped too, the newest first.
 
 Every dropped observation is counted exactly (a merged signal counts as many as it stands for):
-``dropped`` per kind, and ``dropped_faults`` durably, which the agent reports in every heartbeat.
+``dropped`` per kind in this process, ``dropped_total`` (every kind) and ``dropped_faults`` durably;
+the agent reports ``dropped_faults`` in every heartbeat, and each drop is logged (at most every
+``DROP_LOG_EVERY_S`` for one spool, with the totals since the last line).
 
 Damage. A spool SQLite cannot read is moved aside (``<spool>.damaged-<time>``) and a new one started;
 a spool that is empty where ``<spool>.id`` says another one was (truncated, deleted, its WAL lost) is
@@ -50,6 +55,7 @@ from vigil_core.signals import LOW_SEVERITY_KINDS, STATE_KINDS, Signal
 log = structlog.get_logger(__name__)
 FAULT_BOUND_FACTOR = 4
 LOW_WATER = 0.9  # a bound enforced down to this fraction, so it is not enforced again at every append
+DROP_LOG_EVERY_S = 10.0
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -102,7 +108,8 @@ class Spool:
             self._db = _open(path)
         self.dropped: Counter[str] = Counter()  # kind -> observations dropped to keep the bound
         self.merged = 0  # signals merged into an earlier repeat (nothing lost)
-        self.sent_upto = 0  # the link's: the highest seq sent on the current stream
+        self._unlogged: Counter[str] = Counter()  # dropped since the last log line
+        self._drop_logged_at = float("-inf")
         with self._db:
             self._db.execute("BEGIN IMMEDIATE")
             created = self._db.execute(
@@ -112,6 +119,8 @@ class Spool:
             if node:
                 self._db.execute("INSERT OR IGNORE INTO meta VALUES ('node', ?)", (node,))
         self.spool_id = self._meta("spool_id")
+        # Whatever an earlier process numbered it may have sent: never changed again.
+        self.handed_upto = self.last_seq
         self._check_identity(bool(created))
 
     def _check_identity(self, created: bool) -> None:
@@ -148,20 +157,37 @@ class Spool:
 
     @property
     def dropped_faults(self) -> int:
-        row = self._db.execute("SELECT value FROM meta WHERE key = 'dropped_faults'").fetchone()
+        """Fault observations dropped to keep the bound, ever (low severity apart): durable."""
+        return self._counter("dropped_faults")
+
+    @property
+    def dropped_total(self) -> int:
+        """Observations of every kind dropped to keep the bound, ever: durable."""
+        return self._counter("dropped_total")
+
+    def _counter(self, key: str) -> int:
+        row = self._db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
         return int(row[0]) if row else 0
 
     def cursor(self, name: str) -> str | None:
         row = self._db.execute("SELECT value FROM meta WHERE key = ?", (f"cursor:{name}",)).fetchone()
         return str(row[0]) if row else None
 
-    def append(self, signals: Sequence[Signal], cursors: Mapping[str, str] | None = None) -> list[Signal]:
+    def append(
+        self,
+        signals: Sequence[Signal],
+        cursors: Mapping[str, str] | None = None,
+        lost: Mapping[str, int] | None = None,
+    ) -> list[Signal]:
         """Number and store signals, and the cursors that produced them, in one transaction;
-        returns the signals with their ``seq``."""
-        if not signals and not cursors:
+        returns the signals with their ``seq``. ``lost`` (kind -> observations) is what the caller
+        had to drop before it could write here (the spool was failing): counted with the rest."""
+        if not signals and not cursors and not lost:
             return []
         with self._db:
             self._db.execute("BEGIN IMMEDIATE")
+            if lost:
+                self._count_dropped(Counter(lost))
             first = int(self._meta("next_seq"))
             numbered = [s.numbered(first + i) for i, s in enumerate(signals)]
             self._db.executemany(_INSERT, [_row(s) for s in numbered])
@@ -176,12 +202,11 @@ class Spool:
     # The bound ------------------------------------------------------------------------------------
 
     def waiting(self) -> int:
-        """Signals not yet sent on the current stream: what the bound applies to."""
-        after = max(self.sent_upto, int(self._meta("acked_seq")))
-        return int(self._db.execute("SELECT COUNT(*) FROM signals WHERE seq > ?", (after,)).fetchone()[0])
+        """Signals never handed to the link: what the bound applies to."""
+        return int(self._db.execute("SELECT COUNT(*) FROM signals WHERE seq > ?", (self.handed_upto,)).fetchone()[0])
 
     def _enforce_bound(self) -> None:
-        after = max(self.sent_upto, int(self._meta("acked_seq")))
+        after = self.handed_upto
         target = int(self.max_signals * LOW_WATER)
         self._merge_repeats(after)
         excess = self.waiting() - target
@@ -193,10 +218,7 @@ class Spool:
             )
         excess = self.waiting() - FAULT_BOUND_FACTOR * self.max_signals
         if excess > 0:
-            lost = self._drop(
-                "SELECT seq, kind, count FROM signals WHERE seq > ? ORDER BY seq DESC LIMIT ?", (after, excess)
-            )
-            log.error("spool_dropped_faults", dropped=lost, dropped_total=self.dropped_faults, bound=self.max_signals)
+            self._drop("SELECT seq, kind, count FROM signals WHERE seq > ? ORDER BY seq DESC LIMIT ?", (after, excess))
 
     def _merge_repeats(self, after: int) -> None:
         keys = [
@@ -228,26 +250,54 @@ class Spool:
             self._db.executemany("DELETE FROM signals WHERE seq = ?", [(seq,) for seq, _ in rows[1:]])
             self.merged += len(rows) - 1
 
-    def _drop(self, query: str, args: tuple[int, int]) -> int:
-        """Delete the rows the query names; returns the fault observations lost (low severity apart)."""
+    def _drop(self, query: str, args: tuple[int, int]) -> None:
+        """Delete the rows the query names, and count what they stood for."""
         rows = self._db.execute(query, args).fetchall()
         self._db.executemany("DELETE FROM signals WHERE seq = ?", [(seq,) for seq, _, _ in rows])
-        faults = 0
-        for _, kind, count in rows:
-            self.dropped[kind] += count
-            faults += 0 if kind in _LOW_KINDS else count
-        if faults:
-            total = self.dropped_faults + faults
-            self._db.execute("INSERT OR REPLACE INTO meta VALUES ('dropped_faults', ?)", (str(total),))
-        return faults
+        self._count_dropped(_sum(rows))
+
+    def _count_dropped(self, lost: Counter[str]) -> None:
+        """Count observations dropped (durably, inside the caller's transaction) and say so."""
+        lost = +lost
+        if not lost:
+            return
+        faults = sum(n for kind, n in lost.items() if kind not in _LOW_KINDS)
+        for key, n in (("dropped_total", sum(lost.values())), ("dropped_faults", faults)):
+            if n:
+                self._db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, str(self._counter(key) + n)))
+        self.dropped.update(lost)
+        self._unlogged.update(lost)
+        now = time.monotonic()
+        if now - self._drop_logged_at >= DROP_LOG_EVERY_S:
+            self._drop_logged_at = now
+            faults_since = sum(n for kind, n in self._unlogged.items() if kind not in _LOW_KINDS)
+            say = log.error if faults_since else log.warning
+            say(
+                "spool_dropped",
+                path=str(self.path),
+                bound=self.max_signals,
+                dropped_since_last_line=dict(self._unlogged),
+                dropped_total=self._counter("dropped_total"),
+                dropped_faults_total=self._counter("dropped_faults"),
+            )
+            self._unlogged.clear()
 
     # Delivery -------------------------------------------------------------------------------------
 
     def pending(self, after_seq: int, limit: int = 500) -> list[Signal]:
+        """Read the signals after ``after_seq`` (for a look: nothing is marked)."""
         rows = self._db.execute(
             "SELECT payload FROM signals WHERE seq > ? ORDER BY seq LIMIT ?", (after_seq, limit)
         ).fetchall()
         return [signal_from_proto(common_pb2.Signal.FromString(row[0])) for row in rows]
+
+    def take(self, after_seq: int, limit: int = 500) -> list[Signal]:
+        """The signals after ``after_seq`` for the link to send, marked handed before they are returned:
+        from here on the bound never merges into them, merges them away or drops them."""
+        batch = self.pending(after_seq, limit)
+        if batch:
+            self.handed_upto = max(self.handed_upto, batch[-1].seq)
+        return batch
 
     def ack(self, seq: int) -> int:
         """Drop everything up to ``seq``; returns how many signals were dropped."""
@@ -274,6 +324,7 @@ class Spool:
                 self._db.execute(_INSERT, _row(s))
             self._db.execute("UPDATE meta SET value = ? WHERE key = 'next_seq'", (str(seq + 1 + len(rows)),))
             self._db.execute("UPDATE meta SET value = ? WHERE key = 'acked_seq'", (str(seq),))
+        self.handed_upto = max(self.handed_upto, seq)  # none of the renumbered ones was handed yet
         log.error(
             "spool_went_back",
             path=str(self.path),
@@ -291,6 +342,13 @@ class Spool:
 
 
 _LOW_KINDS = frozenset(k.value for k in LOW_SEVERITY_KINDS)
+
+
+def _sum(rows: list[tuple[int, str, int]]) -> Counter[str]:
+    total: Counter[str] = Counter()
+    for _, kind, count in rows:
+        total[kind] += count
+    return total
 
 
 def _open(path: Path) -> sqlite3.Connection:

@@ -95,13 +95,15 @@ def test_the_root_cause_outlives_a_flood_of_follow_up_errors(tmp_path: Path) -> 
 def test_only_signals_waiting_to_be_sent_count_toward_the_bound(tmp_path: Path) -> None:
     spool = Spool(tmp_path / "s.db", max_signals=10)
     spool.append([xid_on(i, 13) for i in range(8)])
-    spool.sent_upto = 8  # on the wire, waiting for the controller's ack: never dropped
+    assert len(spool.take(after_seq=0)) == 8  # on the wire, waiting for the controller's ack: never dropped
     spool.append([xid_on(i, 31) for i in range(8)])
     assert spool.count() == 16 and not spool.dropped
-    spool.sent_upto = 0  # the stream broke: all of them wait to be sent again
-    spool.append([xid_on(9, 43)])
-    assert spool.waiting() == 9 and spool.dropped_faults == 8
-    assert [s.code for s in spool.pending(after_seq=0)][:1] == [31]  # the oldest went first
+    # The stream broke: the 8 are sent again as they were (the controller may hold them already),
+    # still never dropped; the bound applies to what was never handed to the link.
+    spool.append([xid_on(9, 43)] + [xid_on(10 + i, 43) for i in range(3)])
+    assert spool.waiting() == 9 and spool.dropped_faults == 3
+    assert [s.code for s in spool.pending(after_seq=0)][:8] == [13] * 8
+    assert [s.code for s in spool.pending(after_seq=8)][:1] == [31]
 
 
 def test_faults_to_keep_are_dropped_only_far_past_the_bound_and_counted(tmp_path: Path) -> None:
