@@ -27,7 +27,6 @@ from functools import partial
 
 import grpc
 import structlog
-from prometheus_client import start_http_server
 
 from agent.collectors import Collector, DcgmScrape, GpuPoll, HostPoll, IbPoll, KernelLog, NvmlEvents, Poll
 from agent.config import AgentConfig
@@ -48,7 +47,9 @@ from protos.codec import gpu_to_proto, signal_problem
 from protos.vigil.v1 import agent_pb2
 from vigil_core import __version__
 from vigil_core.cert_reload import CertificateSource
+from vigil_core.http_status import serve_http
 from vigil_core.signals import Signal, SignalKind
+from vigil_core.supervise import Tasks, supervise
 from vigil_core.tls import aio_channel
 from vigil_core.waiting import wait_event
 
@@ -118,6 +119,7 @@ class Agent:
         self.backend = backend or make_backend(config)
         self.metrics = AgentMetrics(config.node)
         self.metrics.gpus_known(self.backend.gpus())
+        self.tasks = Tasks(lambda task: self.metrics.task_failures.labels(config.node, task).inc(), node=config.node)
         self.watchdog = Watchdog(config.node, clock)
         self.folder = XidFolder(config.xid_fold_window_s)
         self.storm = StormFolder(config.storm_fold_s)
@@ -172,6 +174,13 @@ class Agent:
             self.metrics.spool_damaged.labels(config.node).inc()
             lost = Signal(config.node, SignalKind.SPOOL_LOST, message=self.spool.damage[:1000], source="spool")
             self.record([replace(lost, observed_at=clock())])
+
+    def problems(self) -> list[str]:
+        """Why this agent is not ready (the readiness probe's 503): a loop down, signals it cannot spool."""
+        found = [f"task {name} failing: {error}" for name, error in self.tasks.down().items()]
+        if self._unsaved:
+            found.append(f"{len(self._unsaved)} signal(s) wait in memory: spool {self.config.spool} takes no writes")
+        return found
 
     def _hello(self) -> agent_pb2.Hello:
         return agent_pb2.Hello(
@@ -309,9 +318,8 @@ class Agent:
 
     async def run(self, stop: asyncio.Event) -> None:
         if self.config.metrics_port is not None:
-            server, _ = start_http_server(
-                self.config.metrics_port, self.config.metrics_address, registry=self.metrics.registry
-            )
+            address, port = self.config.metrics_address, self.config.metrics_port
+            server = serve_http(address, port, self.metrics.registry, self.problems)
             self.metrics_port = server.server_port
         log.info(
             "agent_started",
@@ -324,8 +332,12 @@ class Agent:
             kernel_log=self._kernel_cursor.removeprefix("kernel-log:") or "none",
             dcgm_exporter=self.config.dcgm_exporter_url,
         )
-        tasks = [asyncio.create_task(self._drive(stop, c)) for c in self.collectors]
-        tasks.append(asyncio.create_task(self.link.run(stop)))
+        # Each loop supervised: one that raises is logged, counted and started again after a backoff.
+        tasks = [
+            asyncio.create_task(supervise(f"collector:{c.name}", partial(self._drive, stop, c), stop, self.tasks))
+            for c in self.collectors
+        ]
+        tasks.append(asyncio.create_task(supervise("link", partial(self.link.run, stop), stop, self.tasks)))
         try:
             await asyncio.gather(*tasks)
         finally:

@@ -264,6 +264,18 @@ class AgentMetrics:
             ["node", "collector"],
             registry=r,
         )
+        self.task_failures = Counter(
+            "vigil_agent_task_failures_total",
+            "Exceptions that ended one of the agent's loops (a collector's, the link's); each restarts with backoff",
+            ["node", "task"],
+            registry=r,
+        )
+        self.unparsed_samples_sent = Counter(
+            "vigil_agent_unparsed_driver_lines_sent_total",
+            "Driver lines the agent could not parse, sent to the controller as samples (bounded)",
+            ["node"],
+            registry=r,
+        )
 
     def gpus_known(self, gpus: Sequence[GpuRef]) -> None:
         """Every GPU's last-XID series, from the start (0: no XID yet)."""

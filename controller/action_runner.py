@@ -22,6 +22,7 @@ from controller.apply import execute
 from controller.guard_rules import TokenBucket
 from controller.metrics import ControllerMetrics
 from controller.store import ActionLog, PendingAction
+from vigil_core.supervise import Tasks
 
 log = structlog.get_logger(__name__)
 
@@ -49,8 +50,10 @@ class ActionRunner:
         clock: Callable[[], float] = time.time,
         on_done: Callable[[PendingAction, str], None] = lambda pending, detail: None,
         on_ack: Callable[[str], None] = lambda node: None,
+        tasks: Tasks | None = None,
     ) -> None:
         self.actions = actions
+        self.tasks = tasks or Tasks()
         self.actuator = actuator
         self.pager = pager
         self.metrics = metrics
@@ -84,6 +87,7 @@ class ActionRunner:
         if pending.seq > 0:
             self._unfinished.setdefault(pending.action.node, {})[key] = pending.seq
         task = asyncio.get_running_loop().create_task(self._run(pending, key))
+        self.tasks.watch("action", task)  # an exception (the database away at _finish) is said
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 

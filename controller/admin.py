@@ -55,6 +55,7 @@ class Admin(admin_pb2_grpc.AdminServicer):
             held_nodes=list(self._engine.breaker.held),
             replica=self._replica,
             leader=True,  # only the leader serves: a standby replica has not opened its port
+            problems=self._engine.problems(),
         )
 
     async def ListIncidents(  # noqa: N802

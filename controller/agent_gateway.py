@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
+from typing import NoReturn
 from urllib.parse import unquote
 
 import grpc
@@ -21,6 +22,7 @@ from controller.authz import caller
 from controller.config import LimitsConfig
 from controller.engine import Engine
 from controller.guard_rules import RateLimiter
+from controller.store.health import is_database_error
 from protos.codec import BadSignal, signal_from_proto
 from protos.vigil.v1 import agent_pb2, agent_pb2_grpc
 from vigil_core.names import is_address, is_node_name
@@ -97,7 +99,10 @@ class AgentGateway(agent_pb2_grpc.AgentGatewayServicer):
             log.warning("call_refused", peer=context.peer(), why=why)
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, why)
         address = hello.address or peer_host(context.peer())
-        acked = self._engine.hello(node, hello.spool_id, len(hello.gpus), address)
+        try:
+            acked = self._engine.hello(node, hello.spool_id, len(hello.gpus), address)
+        except Exception as exc:
+            await self._cannot_record(exc, context)
         log.info("agent_connected", node=node, peer=context.peer(), acked_seq=acked, gpus=len(hello.gpus))
         outbox = self._outboxes.open(node)
         yield agent_pb2.ControllerMessage(ack=agent_pb2.Ack(acked_seq=acked))
@@ -149,12 +154,26 @@ class AgentGateway(agent_pb2_grpc.AgentGatewayServicer):
                     await context.abort(
                         grpc.StatusCode.PERMISSION_DENIED, f"agent for {node!r} sent a signal for {foreign[0]!r}"
                     )
-                acked = await self._receive(node, signals)
+                try:
+                    acked = await self._receive(node, signals)
+                except Exception as exc:
+                    await self._cannot_record(exc, context)
                 outbox.put_nowait(agent_pb2.ControllerMessage(ack=agent_pb2.Ack(acked_seq=acked)))
             elif body == "check_result":
                 self._engine.checks.answered(node, msg.check_result)
             else:
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"unexpected message {body!r} after Hello")
+
+    @staticmethod
+    async def _cannot_record(exc: Exception, context: grpc.aio.ServicerContext) -> NoReturn:
+        """The database failed (said aloud by the store's health): the agent is told UNAVAILABLE and
+        keeps the batch in its spool, to send again. Anything else is a bug, raised as it is."""
+        if not is_database_error(exc):
+            raise exc
+        await context.abort(
+            grpc.StatusCode.UNAVAILABLE, f"the controller cannot record now ({exc!r:.200}): keep the signals, retry"
+        )
+        raise AssertionError("abort returned")  # grpc's abort always raises
 
     async def _receive(self, node: str, signals: list[Signal]) -> int:
         """Decide a batch in chunks, letting the event loop run between them: one node's flood never

@@ -98,7 +98,10 @@ class LimitsConfig(ConfigModel):
 
 
 class ControllerConfig(ConfigModel):
-    listen: str = "0.0.0.0"
+    listen: str | None = Field(
+        default=None,
+        description="the gRPC address; default 0.0.0.0 under TLS, 127.0.0.1 in plaintext (another is warned about)",
+    )
     port: int = Field(default=7070, ge=0, le=65535)
     port_file: Path | None = Field(default=None, description="write the bound port here (for port 0)")
     database: DatabaseTarget = Field(
@@ -124,6 +127,9 @@ class ControllerConfig(ConfigModel):
         "(null: kept forever); open incidents and unsettled actions are kept whatever their age",
     )
     metrics_port: int | None = Field(default=None, ge=0, le=65535)
+    metrics_address: str | None = Field(
+        default=None, description="where /metrics and /readyz listen; default: the gRPC address (listen)"
+    )
     kubernetes: KubernetesConfig = Field(default_factory=KubernetesConfig)
     slack: SlackConfig | None = None
     webhook: WebhookConfig | None = None
@@ -150,6 +156,17 @@ class ControllerConfig(ConfigModel):
         if self.agent_tokens.enabled and self.tls_dir is None:
             raise ValueError("agent_tokens needs tls_dir: a token is only sent over TLS")
         return self
+
+    @property
+    def listen_address(self) -> str:
+        """Where gRPC listens: plaintext stays on loopback unless told otherwise."""
+        if self.listen is not None:
+            return self.listen
+        return "127.0.0.1" if self.tls_dir is None else "0.0.0.0"
+
+    @property
+    def metrics_bind(self) -> str:
+        return self.metrics_address if self.metrics_address is not None else self.listen_address
 
     @model_validator(mode="after")
     def _dsn_from_file(self) -> ControllerConfig:

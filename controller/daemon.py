@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING
 
 import grpc
 import structlog
-from prometheus_client import start_http_server
 
 from controller.actuators import Actuator, ConsolePager, NullPager, Pager
 from controller.admin import Admin
@@ -37,6 +36,9 @@ from controller.trainer_gateway import TrainerGateway
 from controller.undecodable import DecodeInterceptor
 from protos.vigil.v1 import admin_pb2_grpc, agent_pb2_grpc, trainer_pb2_grpc
 from vigil_core.cert_reload import CertificateSource, server_credentials
+from vigil_core.http_status import serve_http
+from vigil_core.names import is_loopback
+from vigil_core.supervise import supervise
 
 if TYPE_CHECKING:
     from controller.kube.tokens import TokenReviewer
@@ -88,6 +90,7 @@ class Controller:
         self.engine.metrics.database_started_empty.set(1 if self.store.opened is Opened.EMPTY else 0)
         self.server: grpc.aio.Server | None = None
         self.port = 0
+        self.metrics_port: int | None = None
 
     def _build(self, metrics: ControllerMetrics) -> None:
         """The engine and what hangs on it, from what the store holds now."""
@@ -153,7 +156,7 @@ class Controller:
         trainer_pb2_grpc.add_TrainerGatewayServicer_to_server(
             TrainerGateway(self.jobs, self.config.limits), self.server
         )
-        address = f"{self.config.listen}:{self.config.port}"
+        address = f"{self.config.listen_address}:{self.config.port}"
         try:
             if self.tls is not None:
                 self.port = self.server.add_secure_port(address, server_credentials(self.tls))
@@ -170,11 +173,20 @@ class Controller:
             tmp.write_text(str(self.port))
             tmp.replace(self.config.port_file)
         transport = "plaintext (local use only)"
+        exposed = self.tls is None and not is_loopback(self.config.listen_address)
+        self.engine.metrics.plaintext_exposed.set(1 if exposed else 0)
+        if exposed:
+            log.warning(
+                "plaintext_on_a_network_address",
+                listen=self.config.listen_address,
+                detail="anyone who reaches this address can report faults and act as an operator: use tls_dir",
+            )
         if self.tls is not None:
             transport = "mutual TLS" + (", agents' tokens" if tokens else "")
         log.info(
             "controller_started",
             port=self.port,
+            metrics_port=self.metrics_port,
             nodes=len(self.engine.fleet),
             database=self.store.db.where,
             database_was=self.store.opened.value,
@@ -193,14 +205,28 @@ class Controller:
         k = self.config.kubernetes
         return TokenReviewer(api_client(k.kubeconfig, k.context), self.config.agent_tokens)
 
+    def problems(self) -> list[str]:
+        """Why this replica is not ready to serve (the readiness probe's 503); empty when it is."""
+        if self.server is None:
+            return ["not serving: a standby replica, or still starting"]
+        return self.engine.problems()
+
     async def run(self, stop: asyncio.Event) -> None:
         if self.config.metrics_port is not None:
-            start_http_server(self.config.metrics_port, registry=self.engine.metrics.registry)
+            # Read through self: a replica that becomes leader builds its engine (and metrics) again.
+            self.http = serve_http(
+                self.config.metrics_bind, self.config.metrics_port, self.engine.metrics.registry, self.problems
+            )
+            self.metrics_port = self.http.server_port
         if self.config.leader_election.enabled and not await self._wait_for_leadership(stop):
             self.store.close()
             return
         await self.start()
-        watchers = [asyncio.create_task(self.engine.watch(stop)), asyncio.create_task(self.jobs.watch(stop))]
+        tasks = self.engine.tasks
+        watchers = [
+            asyncio.create_task(supervise("engine", lambda: self.engine.watch(stop), stop, tasks)),
+            asyncio.create_task(supervise("jobs", lambda: self.jobs.watch(stop), stop, tasks)),
+        ]
         await stop.wait()
         assert self.server is not None
         await self.server.stop(grace=1.0)

@@ -46,6 +46,7 @@ from controller.release_checks import ReleaseChecks
 from controller.store import PendingAction, Store
 from protos.vigil.v1 import agent_pb2
 from vigil_core.signals import Signal, SignalKind
+from vigil_core.supervise import Tasks
 from vigil_core.waiting import wait_event
 
 log = structlog.get_logger(__name__)
@@ -80,11 +81,17 @@ class Engine:
         quarantines: QuarantineFeed | None = None,
         app_faults: AppFaults | None = None,
         retention_s: float | None = None,
+        tasks: Tasks | None = None,
     ) -> None:
         self.store = store
         self.policy = policy
         self.metrics = metrics or ControllerMetrics()
         self.clock = clock
+        # The background work's health: failures logged, counted, and retried with backoff.
+        self.tasks = tasks or Tasks(lambda task: self.metrics.task_failures.labels(task).inc())
+        store.health.on_failure = self.metrics.store_write_failures.inc
+        self.metrics.store_up.set_function(lambda: 0 if store.health.failing_since is not None else 1)
+        self.metrics.tasks_down.set_function(lambda: len(self.tasks.down()))
         self.guardrails = guardrails or GuardrailConfig()
         self.recovery = recovery or RecoveryConfig()
         self.drain_after_quarantine = drain
@@ -106,6 +113,7 @@ class Engine:
             clock,
             on_done=self._action_done,
             on_ack=self._send_ack,
+            tasks=self.tasks,
         )
         self.folds = FoldReports(fold_report_s, store.incidents.signal_counts, self.runner.schedule, clock)
         self.applier = Applier(store, self.runner.schedule, self.fleet, self.folds, self.quarantines, self.metrics)
@@ -122,7 +130,9 @@ class Engine:
         self.operators = Operators(
             self.fleet, store, self.runner, self.folds, self.guard, clock, self.metrics, self.recovery.undo_window_s
         )
-        self.releases = ReleaseChecks(self.fleet, self.checks, self.recovery, self.operators.uncordon, clock)
+        self.releases = ReleaseChecks(
+            self.fleet, self.checks, self.recovery, self.operators.uncordon, clock, self.tasks
+        )
 
     @property
     def actuator(self) -> Actuator:
@@ -356,7 +366,7 @@ class Engine:
         for name, entry in self.fleet.entries():
             new_state = heartbeat_silence(entry.state, now - entry.last_heartbeat, self.policy)
             if new_state is not entry.state:
-                entry.state = new_state
+                entry.state = new_state  # shown at once, even while the database cannot record it
                 changed.append(new_state)
                 log.warning("node_unknown", node=name, silent_s=round(now - entry.last_heartbeat, 1))
         if changed:
@@ -375,6 +385,7 @@ class Engine:
         return lapsed
 
     def update_gauges(self) -> None:
+        self.metrics.database_bytes.set(self.store.db.size_bytes())
         counts = {h: 0 for h in Health}
         for _, entry in self.fleet.entries():
             counts[entry.state.health] += 1
@@ -402,21 +413,35 @@ class Engine:
     async def watch(
         self, stop: asyncio.Event, every_s: float = 1.0, labels_every_s: float = 30.0, retention_every_s: float = 600.0
     ) -> None:
+        """The periodic work, each step on its own: one that raises (the database away) is logged,
+        counted and tried again after its backoff, while the others go on."""
         last_labels = last_retention = float("-inf")
+        steps: list[tuple[str, Callable[[], object]]] = [
+            ("silence", self.check_silence),
+            ("held_decisions", self.decide_held),
+            ("quiet_suspects", self.clear_quiet_suspects),
+            ("releases", self.releases.ask),
+            ("fold_reports", self.folds.report),
+            ("gauges", self.update_gauges),
+        ]
         while not stop.is_set():
             if time.monotonic() - last_labels >= labels_every_s:
                 await self.refresh_labels()
                 last_labels = time.monotonic()
-            if time.monotonic() - last_retention >= retention_every_s:
-                self.apply_retention()
+            if time.monotonic() - last_retention >= retention_every_s and self.tasks.run_step(
+                "retention", self.apply_retention
+            ):
                 last_retention = time.monotonic()
-            self.check_silence()
-            self.decide_held()
-            self.clear_quiet_suspects()
-            self.releases.ask()
-            self.folds.report()
-            self.update_gauges()
+            for name, step in steps:
+                self.tasks.run_step(name, step)
             await wait_event(stop, every_s)
+
+    def problems(self) -> list[str]:
+        """What keeps this controller from doing its work now (readiness, ``vigil status``)."""
+        found = [f"task {name} failing: {error}" for name, error in self.tasks.down().items()]
+        if problem := self.store.health.problem:
+            found.insert(0, problem)
+        return found
 
     # Sweeps --------------------------------------------------------------------------------
 

@@ -135,10 +135,14 @@ class Guard:
 
     @contextmanager
     def saving(self) -> Iterator[None]:
-        """Save the guard's state after the block if the block changed it (not when the block raises:
-        what it decided was not committed either)."""
+        """Save the guard's state after the block if the block changed it. When the block raises, what it
+        decided was not committed either: the guard's state goes back to what it was."""
         before = self.state
-        yield
+        try:
+            yield
+        except BaseException:
+            self.breaker, self.domains = before  # the batch comes again: count it then, not twice
+            raise
         if self.state != before:
             self.save()
 

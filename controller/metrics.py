@@ -99,3 +99,30 @@ class ControllerMetrics:
             ["job"],
             registry=r,
         )
+        self.task_failures = Counter(
+            "vigil_controller_task_failures_total",
+            "Exceptions in the controller's background work, by task (each is logged, and the task resumes)",
+            ["task"],
+            registry=r,
+        )
+        self.tasks_down = Gauge(
+            "vigil_controller_tasks_down", "Background tasks failing now (readiness fails meanwhile)", registry=r
+        )
+        self.store_up = Gauge(
+            "vigil_controller_store_up", "1 while the database takes writes; 0 during an outage", registry=r
+        )
+        self.store_write_failures = Counter(
+            "vigil_controller_store_write_failures_total", "Database transactions that failed", registry=r
+        )
+        self.database_bytes = Gauge("vigil_controller_database_bytes", "The database's size on disk", registry=r)
+        self.plaintext_exposed = Gauge(
+            "vigil_controller_plaintext_exposed",
+            "1 when the controller serves plaintext gRPC on an address other than loopback",
+            registry=r,
+        )
+        self.check_results_refused = Counter(
+            "vigil_controller_check_results_refused_total",
+            "Check results not stored: the node sent more than limits.check_results_per_node_hour",
+            ["node"],
+            registry=r,
+        )

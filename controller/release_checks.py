@@ -15,6 +15,7 @@ from controller.fleet import Fleet
 from controller.recovery import RecoveryConfig, check_releases, release_check_due
 from controller.rule_stats import AUTOMATIC
 from protos.vigil.v1 import agent_pb2, common_pb2
+from vigil_core.supervise import Tasks
 
 log = structlog.get_logger(__name__)
 
@@ -23,8 +24,15 @@ Release = Callable[[str, str, str], Coroutine[Any, Any, object]]  # (node, reque
 
 class ReleaseChecks:
     def __init__(
-        self, fleet: Fleet, checks: CheckRequests, config: RecoveryConfig, release: Release, clock: Callable[[], float]
+        self,
+        fleet: Fleet,
+        checks: CheckRequests,
+        config: RecoveryConfig,
+        release: Release,
+        clock: Callable[[], float],
+        tasks: Tasks | None = None,
     ) -> None:
+        self._supervisor = tasks or Tasks()
         self._fleet = fleet
         self._checks = checks
         self.config = config
@@ -60,6 +68,7 @@ class ReleaseChecks:
         if check_releases(entry.state, verdict, r.started_at, self.config, entry.gpus, entry.expected_gpus):
             reason = f"{r.check} passed after the hold-down: {r.reason}"
             task: asyncio.Task[object] = asyncio.get_running_loop().create_task(self._release(node, AUTOMATIC, reason))
+            self._supervisor.watch("release", task)
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
         else:

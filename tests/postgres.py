@@ -14,6 +14,7 @@ import subprocess
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 from tests.helpers import free_port
@@ -45,9 +46,30 @@ def _as_server_user(command: list[str]) -> list[str]:
     return ["runuser", "-u", "postgres", "--", *command] if os.geteuid() == 0 else command
 
 
+@dataclass
+class PostgresServer:
+    """A running private server: its DSN, and a stop and start of the same cluster (an outage)."""
+
+    dsn: str
+    _ctl: list[str]
+
+    def stop(self) -> None:
+        subprocess.run(_as_server_user([*self._ctl, "-m", "immediate", "-w", "stop"]), check=True, capture_output=True)
+
+    def start(self) -> None:
+        subprocess.run(_as_server_user([*self._ctl, "-w", "start"]), check=True, capture_output=True)
+
+
 @contextmanager
 def postgres_server() -> Iterator[str]:
     """A fresh server; yields the DSN of its empty ``vigil`` database."""
+    with postgres_cluster() as server:
+        yield server.dsn
+
+
+@contextmanager
+def postgres_cluster() -> Iterator[PostgresServer]:
+    """A fresh server, as a handle that can stop and start it again."""
     initdb, pg_ctl = _tool("initdb"), _tool("pg_ctl")
     assert initdb and pg_ctl, unavailable()
     root = Path(tempfile.mkdtemp(prefix="vigil-pg-"))
@@ -58,11 +80,14 @@ def postgres_server() -> Iterator[str]:
     try:
         run(initdb, "-D", str(data), "-U", "vigil", "--auth=trust", "--no-sync", "-E", "UTF8")
         options = f"-p {port} -k {root} -c listen_addresses=127.0.0.1 -c fsync=off"
-        run(pg_ctl, "-D", str(data), "-o", options, "-l", str(root / "server.log"), "-w", "start")
+        ctl = [pg_ctl, "-D", str(data), "-o", options, "-l", str(root / "server.log")]
+        run(*ctl, "-w", "start")
         try:
             run(_tool("createdb") or "createdb", "-h", "127.0.0.1", "-p", str(port), "-U", "vigil", "vigil")
-            yield f"postgresql://vigil@127.0.0.1:{port}/vigil"
+            yield PostgresServer(f"postgresql://vigil@127.0.0.1:{port}/vigil", ctl)
         finally:
-            run(pg_ctl, "-D", str(data), "-m", "immediate", "-w", "stop")
+            subprocess.run(
+                _as_server_user([pg_ctl, "-D", str(data), "-m", "immediate", "-w", "stop"]), capture_output=True
+            )
     finally:
         shutil.rmtree(root, ignore_errors=True)

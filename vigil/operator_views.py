@@ -13,6 +13,7 @@ import grpc
 from google.protobuf.json_format import MessageToDict
 from google.protobuf.message import Message
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from controller.goodput import KINDS
@@ -65,6 +66,10 @@ def print_status(target: str, as_json: bool) -> int:
     _console.print(f"automation: [{style}]{reply.automation or 'active'}[/]   nodes: {by_state}")
     if reply.held_nodes:
         _console.print(f"held by the circuit breaker: {', '.join(reply.held_nodes)}  (vigil resume [--apply-held])")
+    for problem in reply.problems:
+        _console.print(f"[red]the controller is impaired: {escape(problem)}[/]")
+    if reply.problems:
+        _console.print("[red]faults wait in the agents' spools until it records again: health may be stale[/]")
     table = Table(title=f"Vigil nodes ({len(reply.nodes)})")
     for column in ("node", "health", "GPUs", "last heartbeat", "open incident"):
         table.add_column(column)

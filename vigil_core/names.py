@@ -3,6 +3,7 @@ agents advertise. Pure."""
 
 from __future__ import annotations
 
+import ipaddress
 import re
 
 # A Kubernetes node name: a DNS subdomain (RFC 1123), lower case.
@@ -23,3 +24,13 @@ def is_job_id(name: str) -> bool:
 
 def is_address(text: str) -> bool:
     return bool(ADDRESS_RE.match(text))
+
+
+def is_loopback(host: str) -> bool:
+    """Whether a listening address is reachable from this machine only ("localhost", 127.0.0.0/8, ::1)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False

@@ -19,6 +19,7 @@ from typing import Any
 
 from controller.store.action_log import ActionLog, PendingAction
 from controller.store.database import Database, SqliteDatabase, Tx
+from controller.store.health import StoreHealth, WatchedDatabase
 from controller.store.identity import DatabaseRefused, Opened, check_identity, open_database, stamp
 from controller.store.incidents import ActionView, IncidentLog, IncidentView
 from controller.store.nodes import NodeRow, NodeTable
@@ -39,6 +40,7 @@ __all__ = [
     "Records",
     "SqliteDatabase",
     "Store",
+    "StoreHealth",
     "Tx",
 ]
 
@@ -48,12 +50,14 @@ class Store:
         """Open (or create) the database a file path or a ``postgresql://`` DSN names; raises
         DatabaseRefused for one that is damaged, foreign, or newer than this controller
         (``controller.store.identity``). ``opened`` says what it was."""
-        self.db, self.opened = open_database(target)
+        raw, self.opened = open_database(target)
         try:
-            check_identity(self.db, cluster)
+            check_identity(raw, cluster)
         except DatabaseRefused:
-            self.db.close()
+            raw.close()
             raise
+        self.health = StoreHealth(raw.where)
+        self.db: Database = WatchedDatabase(raw, self.health)
         self.nodes = NodeTable(self.db)
         self.incidents = IncidentLog(self.db)
         self.actions = ActionLog(self.db)

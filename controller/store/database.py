@@ -61,6 +61,10 @@ class Database(Protocol):
         """What is wrong with the database itself (empty: nothing)."""
         ...
 
+    def size_bytes(self) -> int:
+        """How much room it takes (SQLite: the file and its write-ahead log)."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -70,6 +74,7 @@ class SqliteDatabase:
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.where = str(path)
+        self._path = path
         self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         self._lock = threading.RLock()
         self._db.execute("PRAGMA journal_mode=WAL")
@@ -101,6 +106,9 @@ class SqliteDatabase:
     def check(self) -> list[str]:
         problems = [str(r[0]) for r in self.read("PRAGMA quick_check")]
         return [] if problems == ["ok"] else problems
+
+    def size_bytes(self) -> int:
+        return sum(p.stat().st_size for p in (self._path, self._path.with_name(self._path.name + "-wal")) if p.exists())
 
     def close(self) -> None:
         with self._lock:

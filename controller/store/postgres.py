@@ -107,5 +107,8 @@ class PostgresDatabase:
     def check(self) -> list[str]:
         return []  # the server keeps its own files whole; what it holds is checked by identity
 
+    def size_bytes(self) -> int:
+        return int(self.read("SELECT pg_database_size(current_database())")[0][0])
+
     def close(self) -> None:
         self._pool.close()

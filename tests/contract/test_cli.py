@@ -67,7 +67,7 @@ def test_port_in_use_is_a_clear_error(tmp_path: Path) -> None:
         taken.listen()
         port = taken.getsockname()[1]
         out = vigil("controller", "--plaintext", "--port", str(port), "--database", str(tmp_path / "c.db"))
-    assert out.returncode == 2 and f"cannot listen on 0.0.0.0:{port}" in out.stderr
+    assert out.returncode == 2 and f"cannot listen on 127.0.0.1:{port}" in out.stderr  # plaintext: loopback
     assert "Traceback" not in out.stderr
 
 

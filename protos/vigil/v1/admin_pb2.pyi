@@ -28,20 +28,22 @@ class NodeStatus(_message.Message):
     def __init__(self, node: _Optional[str] = ..., health: _Optional[str] = ..., last_heartbeat: _Optional[float] = ..., last_seq: _Optional[int] = ..., gpus: _Optional[int] = ..., open_incident: _Optional[str] = ...) -> None: ...
 
 class StatusReply(_message.Message):
-    __slots__ = ("nodes", "now", "automation", "held_nodes", "replica", "leader")
+    __slots__ = ("nodes", "now", "automation", "held_nodes", "replica", "leader", "problems")
     NODES_FIELD_NUMBER: _ClassVar[int]
     NOW_FIELD_NUMBER: _ClassVar[int]
     AUTOMATION_FIELD_NUMBER: _ClassVar[int]
     HELD_NODES_FIELD_NUMBER: _ClassVar[int]
     REPLICA_FIELD_NUMBER: _ClassVar[int]
     LEADER_FIELD_NUMBER: _ClassVar[int]
+    PROBLEMS_FIELD_NUMBER: _ClassVar[int]
     nodes: _containers.RepeatedCompositeFieldContainer[NodeStatus]
     now: float
     automation: str
     held_nodes: _containers.RepeatedScalarFieldContainer[str]
     replica: str
     leader: bool
-    def __init__(self, nodes: _Optional[_Iterable[_Union[NodeStatus, _Mapping]]] = ..., now: _Optional[float] = ..., automation: _Optional[str] = ..., held_nodes: _Optional[_Iterable[str]] = ..., replica: _Optional[str] = ..., leader: _Optional[bool] = ...) -> None: ...
+    problems: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, nodes: _Optional[_Iterable[_Union[NodeStatus, _Mapping]]] = ..., now: _Optional[float] = ..., automation: _Optional[str] = ..., held_nodes: _Optional[_Iterable[str]] = ..., replica: _Optional[str] = ..., leader: _Optional[bool] = ..., problems: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class IncidentsRequest(_message.Message):
     __slots__ = ("open_only", "node", "limit")

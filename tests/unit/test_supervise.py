@@ -1,0 +1,111 @@
+"""Supervised background work: a failure is logged, counted, retried after a backoff, and shown as
+down until the task succeeds again; the other steps of the same loop go on."""
+
+from __future__ import annotations
+
+import asyncio
+import urllib.error
+import urllib.request
+
+from prometheus_client import CollectorRegistry, Counter
+from structlog.testing import capture_logs
+
+from vigil_core.http_status import serve_http
+from vigil_core.supervise import Tasks, backoff_s, supervise
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_backoff_doubles_up_to_its_cap() -> None:
+    assert [backoff_s(n, 0.5, 4.0) for n in range(1, 7)] == [0.5, 1.0, 2.0, 4.0, 4.0, 4.0]
+
+
+def test_a_failing_step_is_counted_skipped_during_its_backoff_and_up_again_once_it_succeeds() -> None:
+    clock, failures = Clock(), []
+    tasks = Tasks(failures.append, base_s=1.0, cap_s=8.0, clock=clock)
+    broken = {"on": True}
+    calls = []
+
+    def step() -> None:
+        calls.append(clock.now)
+        if broken["on"]:
+            raise OSError(28, "No space left on device")
+
+    with capture_logs() as logs:
+        assert not tasks.run_step("silence", step)
+        assert not tasks.run_step("silence", step)  # within its 1 s backoff: not called
+        assert tasks.run_step("gauges", lambda: None)  # the loop's other steps go on
+        clock.now = 1.0
+        assert not tasks.run_step("silence", step)  # called, fails again: 2 s now
+        assert "No space left" in tasks.down()["silence"]
+        clock.now = 2.5
+        assert not tasks.run_step("silence", step)
+        broken["on"] = False
+        clock.now = 3.0
+        assert tasks.run_step("silence", step)
+    assert calls == [0.0, 1.0, 3.0] and failures == ["silence", "silence"] and tasks.down() == {}
+    assert [e["event"] for e in logs] == ["task_failed", "task_failed", "task_recovered"]
+    assert logs[0]["log_level"] == "error" and logs[0]["task"] == "silence"
+
+
+def test_a_supervised_loop_that_raises_is_started_again() -> None:
+    async def main() -> tuple[int, list[str]]:
+        stop, failures, runs = asyncio.Event(), [], []
+        tasks = Tasks(failures.append, base_s=0.01, cap_s=0.02)
+
+        async def body() -> None:
+            runs.append(1)
+            if len(runs) < 3:
+                raise RuntimeError("boom")
+            stop.set()
+
+        await asyncio.wait_for(supervise("engine", body, stop, tasks, up_after_s=0.001), 5)
+        return len(runs), failures
+
+    runs, failures = asyncio.run(main())
+    assert runs == 3 and failures == ["engine", "engine"]
+
+
+def test_a_loop_that_returns_before_the_stop_counts_as_failed() -> None:
+    async def main() -> list[str]:
+        stop, failures = asyncio.Event(), []
+        tasks = Tasks(failures.append, base_s=0.01, cap_s=0.01)
+        runs = []
+
+        async def body() -> None:
+            runs.append(1)
+            if len(runs) == 2:
+                stop.set()
+
+        await asyncio.wait_for(supervise("jobs", body, stop, tasks), 5)
+        return failures
+
+    assert asyncio.run(main()) == ["jobs"]
+
+
+def test_readyz_says_what_is_wrong_and_metrics_are_served_beside_it() -> None:
+    registry = CollectorRegistry()
+    Counter("vigil_test_total", "a counter", registry=registry).inc()
+    problems: list[str] = ["task silence failing: OSError(28)"]
+    server = serve_http("127.0.0.1", 0, registry, lambda: problems)
+    base = f"http://127.0.0.1:{server.server_port}"
+    try:
+        try:
+            urllib.request.urlopen(f"{base}/readyz", timeout=5)
+            raise AssertionError("expected 503")
+        except urllib.error.HTTPError as exc:
+            assert exc.code == 503 and exc.read().decode() == "task silence failing: OSError(28)\n"
+        problems.clear()
+        with urllib.request.urlopen(f"{base}/readyz", timeout=5) as reply:
+            assert reply.status == 200 and reply.read() == b"ok\n"
+        with urllib.request.urlopen(f"{base}/metrics", timeout=5) as reply:
+            assert "vigil_test_total 1.0" in reply.read().decode()
+    finally:
+        server.shutdown()
+        server.server_close()
