@@ -70,6 +70,9 @@ class AgentConfig(ConfigModel):
     metrics_port: int | None = Field(9402, ge=0, le=65535)  # 9400 is dcgm-exporter's
     metrics_address: str = "0.0.0.0"
     heartbeat_s: float = Field(5.0, gt=0, le=300)
+    # The training jobs of this node's processes (their VIGIL_JOB_ID), reported with the heartbeat.
+    jobs_scan_s: float = Field(10.0, gt=0, le=3600)
+    proc_root: Path = Path("/proc")
     # Where this node's peers reach it for the sweep's pairwise all-reduce (the DaemonSet passes the
     # node's IP); empty: the address the controller sees this agent's connection come from.
     advertise_address: str = Field("", pattern=ADDRESS_RE.pattern)

@@ -34,6 +34,7 @@ from agent.dcgm import DcgmCollector
 from agent.gpu_collector import GpuCollector
 from agent.host import HostCollector
 from agent.infiniband import PortWatch
+from agent.job_processes import jobs_on_node
 from agent.kernel_log import FileTail, JournaldSource, KernelLogCollector, KmsgSource, LineSource
 from agent.link import ControllerLink
 from agent.local_checks import LocalChecks
@@ -150,9 +151,12 @@ class Agent:
         self._kernel_cursor = f"kernel-log:{opened[0]}" if opened else ""
         self._kernel_saved = self.spool.cursor(self._kernel_cursor) if opened else None
         self._kernel_saved_at = 0.0
+        self.kernel_lines: KernelLogCollector | None = None
         if opened is not None:
             lines = KernelLogCollector(node, opened[1].read_lines, self.backend.gpus(), clock, opened[0])
+            self.kernel_lines = lines
             self.collectors.append(KernelLog(node, opened[1], lines, config.kernel_log_poll_s))
+        self.jobs_seen: list[str] = []  # the training jobs this node's processes run (job_processes)
         # Re-read on every (re)connection: a renewed certificate is taken up without a restart.
         tls = CertificateSource(config.tls_dir, token_file=config.token_file) if config.tls_dir else None
         if tls is not None:
@@ -164,6 +168,7 @@ class Agent:
             LocalChecks(config.node, self.backend).run,
             heartbeat_s=config.heartbeat_s,
             channel_factory=partial(_channel, tls=tls),
+            fill_heartbeat=self._fill_heartbeat,
         )
         # Exported from the start (a scrape before the first collector step sees them too), and the
         # link's state as it is at the scrape.
@@ -181,6 +186,20 @@ class Agent:
         if self._unsaved:
             found.append(f"{len(self._unsaved)} signal(s) wait in memory: spool {self.config.spool} takes no writes")
         return found
+
+    def _fill_heartbeat(self, beat: agent_pb2.Heartbeat) -> None:
+        beat.jobs.extend(self.jobs_seen)
+        if self.kernel_lines is not None:
+            samples = self.kernel_lines.take_samples()
+            beat.unparsed_lines.extend(samples)
+            beat.unparsed_total = self.kernel_lines.unparsed_lines
+            self.metrics.unparsed_samples_sent.labels(self.config.node).inc(len(samples))
+
+    async def _scan_jobs(self, stop: asyncio.Event) -> None:
+        """Which jobs this node's processes run, every ``jobs_scan_s``, off the event loop."""
+        while not stop.is_set():
+            self.jobs_seen = await asyncio.to_thread(jobs_on_node, self.config.node, self.config.proc_root)
+            await wait_event(stop, self.config.jobs_scan_s)
 
     def _hello(self) -> agent_pb2.Hello:
         return agent_pb2.Hello(
@@ -338,6 +357,7 @@ class Agent:
             for c in self.collectors
         ]
         tasks.append(asyncio.create_task(supervise("link", partial(self.link.run, stop), stop, self.tasks)))
+        tasks.append(asyncio.create_task(supervise("jobs", partial(self._scan_jobs, stop), stop, self.tasks)))
         try:
             await asyncio.gather(*tasks)
         finally:

@@ -23,7 +23,7 @@ import queue
 import subprocess
 import threading
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Protocol
@@ -40,6 +40,8 @@ _MAX_READ = 1 << 20
 MAX_LINE_BYTES = 64 * 1024  # a kernel record is at most about 1 KiB; a longer line keeps its head only
 _MAX_RECORDS = 10_000  # per call, so a flood cannot starve the event loop
 BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
+SAMPLES_KEPT = 5  # unparsed driver lines sent with each heartbeat, at most
+SAMPLE_CHARS = 512
 
 
 class LineSource(Protocol):
@@ -235,6 +237,8 @@ class KernelLogCollector:
         self._by_bus = {g.pci_bus_id: g for g in gpus if g.pci_bus_id}
         self._clock = clock
         self.unparsed: Counter[str] = Counter()  # reason -> lines
+        # The latest unparsed driver lines, for the controller (a sample: the fleet sees what it misses).
+        self.samples: deque[str] = deque(maxlen=SAMPLES_KEPT)
 
     @property
     def unparsed_lines(self) -> int:
@@ -256,8 +260,15 @@ class KernelLogCollector:
                 signals.append(signal)
         return signals
 
+    def take_samples(self) -> list[str]:
+        """The unparsed lines kept since the last call (at most ``SAMPLES_KEPT``), each cut short."""
+        taken = list(self.samples)
+        self.samples.clear()
+        return taken
+
     def _count_unparsed(self, reason: str, line: str, error: str = "") -> None:
         self.unparsed[reason] += 1
+        self.samples.append(f"{reason}: {valid_text(line)[:SAMPLE_CHARS]}")
         if self.unparsed[reason] <= 100 or self.unparsed[reason] % 1000 == 0:  # a flood logs sparsely
             log.warning("kernel_log_unparsed", reason=reason, count=self.unparsed[reason], line=line[:300], error=error)
 

@@ -47,7 +47,9 @@ class ControllerLink:
         run_check: CheckRunner,
         heartbeat_s: float = 5.0,
         channel_factory: Callable[[str], grpc.aio.Channel] = grpc.aio.insecure_channel,
+        fill_heartbeat: Callable[[agent_pb2.Heartbeat], None] = lambda beat: None,
     ) -> None:
+        self._fill_heartbeat = fill_heartbeat  # what else the node says with each beat
         self._targets = [t.strip() for t in target.split(",") if t.strip()]
         self._target = self._targets[0]
         self._spool = spool
@@ -137,6 +139,7 @@ class ControllerLink:
                 beat = agent_pb2.Heartbeat(
                     sent_at=time.time(), spooled=self._spool.count(), dropped_faults=self._spool.dropped_faults
                 )
+                self._fill_heartbeat(beat)
                 await call.write(agent_pb2.AgentMessage(heartbeat=beat))
                 next_heartbeat = loop.time() + self._heartbeat_s
             self._wake.clear()

@@ -10,6 +10,7 @@ import grpc
 import structlog
 
 from controller.actuators import SelectionError
+from controller.authz import caller
 from controller.engine import Engine, UnknownNode
 from controller.jobs import JobMonitor
 from controller.operators import IncidentNotOpen, UnknownIncident
@@ -99,7 +100,7 @@ class Admin(admin_pb2_grpc.AdminServicer):
         await _bounded(context, requested_by=request.requested_by, reason=request.reason)
         try:
             health, detail = await self._engine.operators.uncordon(
-                request.node, request.requested_by or "unknown", request.reason
+                request.node, _who(request.requested_by), request.reason
             )
         except UnknownNode:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"no node named {request.node!r}")
@@ -114,7 +115,7 @@ class Admin(admin_pb2_grpc.AdminServicer):
         await _bounded(context, requested_by=request.requested_by, note=request.note, incident_id=request.incident_id)
         try:
             node, health, detail = self._engine.operators.resolve_incident(
-                request.incident_id, request.requested_by or "unknown", request.note
+                request.incident_id, _who(request.requested_by), request.note
             )
         except UnknownIncident:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"no incident {request.incident_id[:200]!r}")
@@ -148,7 +149,7 @@ class Admin(admin_pb2_grpc.AdminServicer):
         if not self._engine.guard.holding:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"automation is {self._engine.automation}")
         applied, dropped = await self._engine.operators.resume(
-            request.requested_by or "unknown", request.reason, request.apply_held
+            _who(request.requested_by), request.reason, request.apply_held
         )
         return admin_pb2.ResumeReply(automation=self._engine.automation, applied=applied, dropped=dropped)
 
@@ -166,7 +167,7 @@ class Admin(admin_pb2_grpc.AdminServicer):
                 dict(request.params),
                 request.quarantine,
                 request.min_busbw_gbps,
-                request.requested_by,
+                _who(request.requested_by),
             )
             nodes = await self._sweeper.select(list(request.nodes), request.selector, request.job, request.namespace)
         except (SweepError, SelectionError) as exc:
@@ -184,6 +185,16 @@ class Admin(admin_pb2_grpc.AdminServicer):
             yield update
             if update.phase == "done":
                 return
+
+
+def _who(requested_by: str) -> str:
+    """Who asked, as recorded: the caller's certificate under TLS (what the client says of itself is
+    kept as a note beside it); in plaintext only the client's word is there."""
+    who = caller()
+    said = requested_by.strip()
+    if who is None:
+        return said or "unknown"
+    return str(who) if not said or said == str(who) else f"{who} (says {said!r})"
 
 
 MAX_TEXT = {"requested_by": 200, "incident_id": 200, "reason": 2000, "note": 2000}

@@ -139,7 +139,11 @@ class AgentGateway(agent_pb2_grpc.AgentGatewayServicer):
                 await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, why)
             body = msg.WhichOneof("body")
             if body == "heartbeat":
-                self._engine.heartbeat(node, msg.heartbeat.dropped_faults, msg.heartbeat.spooled)
+                beat = msg.heartbeat
+                unparsed = list(beat.unparsed_lines)
+                self._engine.heartbeat(
+                    node, beat.dropped_faults, beat.spooled, list(beat.jobs), unparsed, beat.unparsed_total
+                )
             elif body == "signals":
                 try:
                     signals = [signal_from_proto(s) for s in msg.signals.signals]

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
@@ -129,7 +130,35 @@ def _streaming(
 
     async def guarded(argument: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
         await _require(service, context, tokens)
+        who, token = caller(), bearer(context.invocation_metadata())
+        if tokens is not None and token and who is not None and hasattr(argument, "__aiter__"):
+            argument = _rechecked(argument, context, service, tokens, token, who)
         async for reply in inner(argument, context):
             yield reply
 
     return guarded
+
+
+async def _rechecked(
+    requests: AsyncIterator[Any],
+    context: grpc.aio.ServicerContext,
+    service: str,
+    tokens: TokenReviewer,
+    token: str,
+    who: Identity,
+) -> AsyncIterator[Any]:
+    """A token-proven stream's messages, the token reviewed again every ``recheck_s``: one revoked
+    (or now naming another node) ends the stream, UNAUTHENTICATED, at its next message."""
+    reviewed_at = time.monotonic()
+    async for message in requests:
+        if time.monotonic() - reviewed_at >= tokens.recheck_s:
+            try:
+                again = await asyncio.to_thread(tokens.review, token)
+            except ReviewUnavailable:
+                again = who  # the API server is away: neither accepted nor refused; ask again next time
+            else:
+                reviewed_at = time.monotonic()
+            if again != who:
+                why = again if isinstance(again, str) else f"the token now speaks for {again}, not {who}"
+                await _refuse(context, service, grpc.StatusCode.UNAUTHENTICATED, f"token no longer accepted: {why}")
+        yield message

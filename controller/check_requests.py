@@ -1,19 +1,26 @@
 """Checks the controller asks agents to run, and the futures their results resolve.
 
 Every result is filed in the store, whoever asked, bounded first (``bounded``: an agent's answer is
-input like any other; a 3.5 MB reason is not kept whole). A waiter learns its result or, when the
-node's agent disconnects first, an UNKNOWN that says so: nobody waits for a deadline on an agent
-that is gone (a late result from the reconnected agent is still filed).
+input like any other; a 3.5 MB reason is not kept whole). Results nobody is waiting for (unsolicited,
+or late) are filed at most ``unsolicited_per_hour`` per node and clock hour: past that they are
+counted (``refused``) and logged once an hour, never stored, so one node cannot grow the database.
+A waiter learns its result or, when the node's agent disconnects first, an UNKNOWN that says so:
+nobody waits for a deadline on an agent that is gone.
 """
 
 from __future__ import annotations
 
 import asyncio
 import math
+import time
 from collections.abc import Callable
+
+import structlog
 
 from controller.store import Records
 from protos.vigil.v1 import agent_pb2, common_pb2
+
+log = structlog.get_logger(__name__)
 
 Send = Callable[[str, agent_pb2.ControllerMessage], bool]  # False: that node's agent is not connected
 MAX_REASON_CHARS = 4096
@@ -42,9 +49,20 @@ def bounded(r: common_pb2.CheckResult) -> common_pb2.CheckResult:
 
 
 class CheckRequests:
-    def __init__(self, records: Records, send: Send) -> None:
+    def __init__(
+        self,
+        records: Records,
+        send: Send,
+        unsolicited_per_hour: int = 120,
+        refused: Callable[[str], None] = lambda node: None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self._records = records
         self._send = send
+        self._unsolicited_per_hour = unsolicited_per_hour
+        self._refused = refused
+        self._clock = clock
+        self._filed: dict[str, tuple[int, int]] = {}  # node -> (clock hour, unsolicited results filed in it)
         self._waiting: dict[str, tuple[str, str, asyncio.Future[common_pb2.CheckResult]]] = {}  # id -> node, check
 
     def ask(self, node: str, run: agent_pb2.RunCheck) -> asyncio.Future[common_pb2.CheckResult] | None:
@@ -60,7 +78,25 @@ class CheckRequests:
         """Stop waiting for a check (it overran its deadline)."""
         self._waiting.pop(request_id, None)
 
+    def _within_budget(self, node: str) -> bool:
+        hour = int(self._clock() // 3600)
+        seen_hour, filed = self._filed.get(node, (hour, 0))
+        if seen_hour != hour:
+            filed = 0
+        if filed >= self._unsolicited_per_hour:
+            if filed == self._unsolicited_per_hour:  # said once an hour
+                log.warning("check_results_refused", node=node, per_hour=self._unsolicited_per_hour,
+                            why="results nobody asked for, past the node's hourly bound: not stored")  # fmt: skip
+            self._filed[node] = (hour, filed + 1)
+            self._refused(node)
+            return False
+        self._filed[node] = (hour, filed + 1)
+        return True
+
     def answered(self, node: str, answer: common_pb2.CheckResult) -> None:
+        waiting = self._waiting.get(answer.request_id[:MAX_NAME_CHARS])
+        if (waiting is None or waiting[0] != node) and not self._within_budget(node):
+            return
         r = bounded(answer)
         verdict = common_pb2.Verdict.Name(r.verdict) if r.verdict in common_pb2.Verdict.values() else "UNKNOWN"
         figures = dict(r.figures)

@@ -34,6 +34,11 @@ class JobsConfig(ConfigModel):
     )
     checkpoint_now: bool = Field(default=True, description="ask a job to save when a node of it shows early signs")
     checkpoint_now_every_s: float = Field(default=600.0, gt=0, description="at most one such ask per job this often")
+    blame_needs_agents: bool | None = Field(
+        default=None,
+        description="act on a job's blame of a node only where that node's own agent sees the job's processes "
+        "(else page only); default: on under TLS, where callers have identities, off in plaintext",
+    )
 
 
 class KubernetesConfig(ConfigModel):
@@ -86,6 +91,9 @@ class LimitsConfig(ConfigModel):
     agent_burst: int = Field(default=200, ge=1)
     reports_per_s: float = Field(default=5.0, gt=0, description="per training job: Progress and Plan calls")
     report_burst: int = Field(default=50, ge=1)
+    check_results_per_node_hour: int = Field(
+        default=120, ge=1, description="check results nobody asked for, stored per node and hour; past it, counted"
+    )
     max_nodes: int = Field(
         default=50_000, ge=1, description="nodes the controller knows at most; a Hello from a new one beyond is refused"
     )

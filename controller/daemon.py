@@ -111,8 +111,12 @@ class Controller:
             quarantines=quarantines,
             app_faults=AppFaults(membership, config.app_faults),
             retention_s=config.retention_days * 86400 if config.retention_days is not None else None,
+            check_results_per_node_hour=config.limits.check_results_per_node_hour,
         )
         self.gateway = AgentGateway(self.engine, outboxes, config.limits)
+        jobs_config = config.jobs
+        if jobs_config.blame_needs_agents is None:  # callers have identities only under TLS
+            jobs_config = jobs_config.model_copy(update={"blame_needs_agents": config.tls_dir is not None})
         e = self.engine
         self.sweeper = Sweeper(
             e.fleet,
@@ -130,7 +134,7 @@ class Controller:
             e.runner.request,
             e.metrics,
             self.sweeper,
-            config.jobs,
+            jobs_config,
             quarantines,
             membership=membership,
         )

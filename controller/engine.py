@@ -45,6 +45,7 @@ from controller.recovery import RecoveryConfig, repeat_offender, repeat_offender
 from controller.release_checks import ReleaseChecks
 from controller.store import PendingAction, Store
 from protos.vigil.v1 import agent_pb2
+from vigil_core.names import is_job_id
 from vigil_core.signals import Signal, SignalKind
 from vigil_core.supervise import Tasks
 from vigil_core.waiting import wait_event
@@ -53,6 +54,7 @@ log = structlog.get_logger(__name__)
 
 
 __all__ = ["Engine", "UnknownNode", "incident_id_for"]
+MAX_JOBS_PER_NODE = 64
 
 
 def _pages(actions: Sequence[Action]) -> bool:
@@ -82,6 +84,7 @@ class Engine:
         app_faults: AppFaults | None = None,
         retention_s: float | None = None,
         tasks: Tasks | None = None,
+        check_results_per_node_hour: int = 120,
     ) -> None:
         self.store = store
         self.policy = policy
@@ -101,7 +104,13 @@ class Engine:
         self.agents = agents or AgentOutboxes()
         self.quarantines = quarantines or QuarantineFeed()
         self.app_faults = app_faults or AppFaults(JobMembership())
-        self.checks = CheckRequests(store.records, self.agents.send)
+        self.checks = CheckRequests(
+            store.records,
+            self.agents.send,
+            check_results_per_node_hour,
+            lambda node: self.metrics.check_results_refused.labels(node).inc(),
+            clock,
+        )
         self.fleet = Fleet(store.nodes.load(), store.incidents.latest_open(), clock())
         bucket = TokenBucket(self.guardrails.quarantines_per_s, self.guardrails.quarantine_burst)
         self.runner = ActionRunner(
@@ -196,9 +205,21 @@ class Engine:
         held_back = self.runner.held_back_seq(node)
         return entry.last_seq if held_back is None else min(entry.last_seq, held_back - 1)
 
-    def heartbeat(self, node: str, dropped_faults: int = 0, spooled: int = 0) -> None:
+    def heartbeat(
+        self,
+        node: str,
+        dropped_faults: int = 0,
+        spooled: int = 0,
+        jobs: Sequence[str] = (),
+        unparsed: Sequence[str] = (),
+        unparsed_total: int = 0,
+    ) -> None:
         entry = self.fleet.entry(node)
         entry.last_heartbeat, entry.spooled = self.clock(), max(0, spooled)
+        entry.jobs = frozenset(j for j in jobs[:MAX_JOBS_PER_NODE] if is_job_id(j))
+        if unparsed:  # driver lines its agent could not read: what the fleet misses, said
+            self.metrics.agent_unparsed_lines.labels(node).set(max(0, unparsed_total))
+            log.warning("agent_unparsed_driver_lines", node=node, total=unparsed_total, samples=list(unparsed[:5]))
         if dropped_faults > entry.dropped_faults:
             # The agent's spool overflowed during an outage: faults were lost before they got here.
             log.error(

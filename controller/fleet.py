@@ -33,6 +33,7 @@ class NodeEntry:
     spooled: int = 0  # signals waiting in its agent's spool, at its last heartbeat
     address: str = ""  # where the node's peers reach it (pairwise checks); known once its agent connects
     expected_gpus: int = 0  # the most GPUs it has ever reported: fewer is a fault, and blocks its release
+    jobs: frozenset[str] = frozenset()  # the training jobs its agent sees its processes run
 
 
 class FleetView(Protocol):
@@ -56,6 +57,10 @@ class FleetView(Protocol):
 
     def address(self, node: str) -> str:
         """Where the node's peers reach it, as its agent last said ('' when it never did)."""
+        ...
+
+    def runs_job(self, node: str, job_id: str) -> bool:
+        """Whether the node's own agent saw a process of that job there at its last heartbeat."""
         ...
 
 
@@ -114,3 +119,7 @@ class Fleet:
     def address(self, node: str) -> str:
         entry = self.nodes.get(node)
         return "" if entry is None else entry.address
+
+    def runs_job(self, node: str, job_id: str) -> bool:
+        entry = self.nodes.get(node)
+        return entry is not None and job_id in entry.jobs

@@ -222,8 +222,14 @@ class JobMonitor:
         if not found.nodes or not self.config.act_on_drop:
             self._page_drop(job, what, evidence, found.nodes)
             return
+        confirmed = self._confirmed(job, found.nodes)
+        if len(confirmed) < len(found.nodes):
+            unconfirmed = [n for n in found.nodes if n not in confirmed]
+            self._page_drop(job, what, evidence, unconfirmed, unconfirmed=True)
+            if not confirmed:
+                return
         job.sweep_on_stop = True  # the command the blame brings (through a quarantine) is a drop's
-        for node in found.nodes:
+        for node in confirmed:
             try:
                 outcome = self._report_failure(node, f"mfu-{job.job_id}-{job.drops}", f"{what}; {evidence}")
             except UnknownNode:
@@ -233,10 +239,25 @@ class JobMonitor:
             job.sweep_on_stop = False
             self._page_drop(job, what, evidence, found.nodes)
 
-    def _page_drop(self, job: Job, what: str, evidence: str, blamed: Sequence[str]) -> None:
+    def _confirmed(self, job: Job, blamed: Sequence[str]) -> list[str]:
+        """The blamed nodes the controller may act on: where required, only those whose own agents see
+        the job's processes (a trainer's word alone never takes a node out of service)."""
+        if not self.config.blame_needs_agents:
+            return list(blamed)
+        confirmed = [n for n in blamed if self._fleet.runs_job(n, job.job_id)]
+        for node in blamed:
+            if node not in confirmed:
+                self._metrics.blame_unconfirmed.inc()
+                log.warning("mfu_blame_unconfirmed", job=job.job_id, node=node, why="its agent does not see the job")
+        return confirmed
+
+    def _page_drop(self, job: Job, what: str, evidence: str, blamed: Sequence[str], unconfirmed: bool = False) -> None:
         incident_id = f"mfu-{job.job_id}-{job.drops}"
         did = (
-            f"blamed {', '.join(blamed)} but took no action (dry-run, breaker or act_on_drop off)"
+            f"blamed {', '.join(blamed)} but took no action there: its agent does not see the job's processes "
+            "on it, so the job's word alone is not enough"
+            if unconfirmed
+            else f"blamed {', '.join(blamed)} but took no action (dry-run, breaker or act_on_drop off)"
             if blamed
             else "nothing: the drop is not attributable to a node (no straggler rank, no node's fault during it); "
             "the job runs on"

@@ -126,3 +126,14 @@ class ControllerMetrics:
             ["node"],
             registry=r,
         )
+        self.agent_unparsed_lines = Gauge(
+            "vigil_controller_agent_unparsed_driver_lines",
+            "Driver kernel-log lines a node's agent could not parse (its samples are logged as they come)",
+            ["node"],
+            registry=r,
+        )
+        self.blame_unconfirmed = Counter(
+            "vigil_controller_job_blame_unconfirmed_total",
+            "Nodes a job's MFU drop blamed that their own agents did not see run the job: paged, not acted on",
+            registry=r,
+        )

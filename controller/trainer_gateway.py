@@ -2,15 +2,22 @@
 
 Both are unary calls: a job's rank 0 reports once per window and polls once a second in between,
 so a command waits at most that long; the controller never holds a stream per job.
+
+Under mutual TLS a job belongs to the ``trainer:`` identity that first reported or planned it: another
+trainer's certificate may neither report it (its nodes, its step times, its end) nor plan it
+(PERMISSION_DENIED, logged). An ``admin:`` certificate may speak for any job. The binding lives as
+long as the controller process: after a restart the first caller binds the job again.
 """
 
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
 
 import grpc
 import structlog
 
+from controller.authz import caller
 from controller.config import LimitsConfig
 from controller.guard_rules import RateLimiter
 from controller.job_state import BadProgress, TooManyJobs
@@ -29,6 +36,21 @@ class TrainerGateway(trainer_pb2_grpc.TrainerGatewayServicer):
         self._limits = limits or LimitsConfig()
         # Per job id, its reports and its launcher's plans; ids are the client's to choose.
         self._rate = RateLimiter(self._limits.reports_per_s, self._limits.report_burst, MAX_TRACKED_JOBS)
+        self._owners: OrderedDict[str, str] = OrderedDict()  # job id -> the trainer identity that owns it
+
+    async def _owned(self, job_id: str, context: grpc.aio.ServicerContext) -> None:
+        """A trainer speaks only for its own jobs (under TLS; in plaintext nobody is checked)."""
+        who = caller()
+        if who is None or who.role != "trainer":
+            return
+        owner = self._owners.setdefault(job_id[:128], str(who))
+        self._owners.move_to_end(job_id[:128])
+        if len(self._owners) > MAX_TRACKED_JOBS:
+            self._owners.popitem(last=False)
+        if owner != str(who):
+            why = f"job {job_id[:128]!r} belongs to {owner}; {who} may not report or plan it"
+            log.warning("call_refused", peer=context.peer(), why=why)
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, why)
 
     async def _within_rate(self, job_id: str, context: grpc.aio.ServicerContext) -> None:
         if not self._rate.allow(job_id[:128], time.monotonic()):
@@ -40,6 +62,7 @@ class TrainerGateway(trainer_pb2_grpc.TrainerGatewayServicer):
         self, request: trainer_pb2.Progress, context: grpc.aio.ServicerContext
     ) -> trainer_pb2.ReportReply:
         await self._within_rate(request.job_id, context)
+        await self._owned(request.job_id, context)
         try:
             commands = self._jobs.report(request)
         except BadProgress as exc:
@@ -55,6 +78,7 @@ class TrainerGateway(trainer_pb2_grpc.TrainerGatewayServicer):
         self, request: trainer_pb2.PlanRequest, context: grpc.aio.ServicerContext
     ) -> trainer_pb2.PlanReply:
         await self._within_rate(request.job_id, context)
+        await self._owned(request.job_id, context)
         try:
             return self._jobs.plan(request)
         except BadProgress as exc:

@@ -32,6 +32,11 @@ class TokenReviewer:
         self._cache: dict[str, tuple[float, str]] = {}
         self._lock = threading.Lock()
 
+    @property
+    def recheck_s(self) -> float:
+        """How often a token is reviewed again on a stream already open (a revoked one is refused then)."""
+        return max(5.0, self._config.cache_s)
+
     def review(self, token: str) -> Identity | str:
         """The token's node identity, or why it is refused. Raises ReviewUnavailable when the API
         server cannot be asked."""

@@ -24,6 +24,10 @@ log = structlog.get_logger(__name__)
 
 def is_database_error(exc: BaseException) -> bool:
     """The database's own failure (a full disk, a server gone), not a bug of the code inside a transaction."""
+    if isinstance(exc, sqlite3.ProgrammingError) or (
+        isinstance(exc, sqlite3.OperationalError) and str(exc).startswith(("no such", "syntax error"))
+    ):
+        return False  # the SQL's fault, not the database's
     return isinstance(exc, (sqlite3.Error, OSError)) or type(exc).__module__.startswith(("psycopg", "psycopg_pool"))
 
 

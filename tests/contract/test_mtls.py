@@ -5,6 +5,7 @@ that bring a service-account token instead, reviewed by a Kubernetes API server 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import subprocess
 import sys
@@ -37,7 +38,7 @@ def certs(out: Path, *args: str) -> None:
 def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("pki")
     certs(root / "ours", "--nodes", "node-1", "--admin", "alice", "--trainer", "jobs", "--agents")
-    certs(root / "ours", "--nodes", "node-2")  # a second run adds to the same CA
+    certs(root / "ours", "--nodes", "node-2", "--trainer", "other")  # a second run adds to the same CA
     certs(root / "theirs", "--nodes", "node-1", "--admin", "alice")  # another cluster's CA
     return root
 
@@ -73,10 +74,10 @@ async def status(target: str, creds: Creds) -> grpc.StatusCode:
         return await outcome(admin_pb2_grpc.AdminStub(channel).GetStatus(admin_pb2.StatusRequest(), timeout=10))
 
 
-async def report(target: str, creds: Creds) -> grpc.StatusCode:
+async def report(target: str, creds: Creds, job: str = "j", **fields: Any) -> grpc.StatusCode:
     async with _channel(target, creds) as channel:
         stub = trainer_pb2_grpc.TrainerGatewayStub(channel)
-        return await outcome(stub.Report(trainer_pb2.Progress(job_id="j"), timeout=10))
+        return await outcome(stub.Report(trainer_pb2.Progress(job_id=job, **fields), timeout=10))
 
 
 async def sweep(target: str, creds: Creds) -> grpc.StatusCode:
@@ -275,3 +276,70 @@ def test_a_real_agent_connects_with_its_token(pki: Path, tmp_path: Path) -> None
             await registers(target, pki, tmp_path, ["--tls-dir", shared, "--token-file", str(token)])
 
         serve_with_tokens(pki, tmp_path, kube, test)
+
+
+def test_a_trainer_speaks_only_for_its_own_jobs(pki: Path, tmp_path: Path) -> None:
+    """trainer:jobs started job "moe"; trainer:other may neither report it (blame its nodes) nor end it."""
+
+    async def test(target: str) -> None:
+        owner, other, admin = mine(pki, "trainer-jobs"), mine(pki, "trainer-other"), mine(pki, "admin-alice")
+        assert await report(target, owner, "moe", nodes=["node-1"], event="start") is grpc.StatusCode.OK
+        assert await report(target, other, "moe", nodes=["node-2"]) is grpc.StatusCode.PERMISSION_DENIED
+        assert await report(target, other, "moe", event="end") is grpc.StatusCode.PERMISSION_DENIED
+        async with _channel(target, other) as channel:
+            plan = trainer_pb2_grpc.TrainerGatewayStub(channel).Plan(trainer_pb2.PlanRequest(job_id="moe"), timeout=10)
+            assert await outcome(plan) is grpc.StatusCode.PERMISSION_DENIED
+        assert await report(target, other, "theirs", event="start") is grpc.StatusCode.OK  # its own job
+        assert await report(target, admin, "moe") is grpc.StatusCode.OK  # an operator may speak for any
+        assert await report(target, owner, "moe", event="end") is grpc.StatusCode.OK
+
+    serve(pki, tmp_path, test)
+
+
+def test_an_operators_action_is_recorded_under_its_certificate_not_its_word(pki: Path, tmp_path: Path) -> None:
+    async def test(target: str) -> None:
+        async with _channel(target, mine(pki, "node-node-1")) as channel:  # node-1 known, then quarantined by hand
+            call = agent_pb2_grpc.AgentGatewayStub(channel).Connect()
+            await call.write(agent_pb2.AgentMessage(hello=agent_pb2.Hello(node="node-1", spool_id="s1")))
+            await asyncio.wait_for(call.read(), 10)
+            call.cancel()
+        async with _channel(target, mine(pki, "admin-alice")) as channel:
+            stub = admin_pb2_grpc.AdminStub(channel)
+            request = admin_pb2.UncordonRequest(node="node-1", requested_by="mallory", reason="looks fine")
+            await stub.Uncordon(request, timeout=10)
+
+    serve(pki, tmp_path, test)
+    import sqlite3
+
+    with sqlite3.connect(tmp_path / "c.db") as db:
+        (who,) = db.execute("SELECT requested_by FROM operator_actions WHERE node = 'node-1'").fetchone()
+    assert who == "admin:alice (says 'mallory')"
+
+
+def test_a_revoked_token_ends_a_stream_already_open(pki: Path, tmp_path: Path) -> None:
+    with KubeApiServer() as kube:
+        token = kube.issue_token("node-1")
+
+        async def test(target: str) -> None:
+            async with _channel(target, with_token(pki, tmp_path, token)) as channel:
+                call = agent_pb2_grpc.AgentGatewayStub(channel).Connect()
+                await call.write(agent_pb2.AgentMessage(hello=agent_pb2.Hello(node="node-1", spool_id="s1")))
+                assert (await asyncio.wait_for(call.read(), 10)).HasField("ack")
+                kube.revoke(token)
+                for _ in range(40):  # heartbeats, 0.5 s apart: the stream ends within the recheck (5 s)
+                    if call.done():
+                        break
+                    with contextlib.suppress(asyncio.InvalidStateError, grpc.aio.AioRpcError):
+                        await call.write(agent_pb2.AgentMessage(heartbeat=agent_pb2.Heartbeat()))
+                    await asyncio.sleep(0.5)
+                assert await asyncio.wait_for(call.code(), 5) is grpc.StatusCode.UNAUTHENTICATED
+                assert "no longer accepted" in (await call.details() or "")
+
+        kubeconfig = kube.kubeconfig(tmp_path / "kc")
+        serve(
+            pki,
+            tmp_path,
+            test,
+            agent_tokens=AgentTokensConfig(enabled=True, cache_s=0),
+            kubernetes={"kubeconfig": kubeconfig},
+        )

@@ -153,6 +153,32 @@ def test_an_mfu_drop_with_a_straggler_stops_the_job_sweeps_the_rest_and_restarts
     run(tmp_path, test)
 
 
+def test_a_blame_acts_only_on_a_node_whose_own_agent_sees_the_job(tmp_path: Path) -> None:
+    """Under TLS (and wherever configured) a job's word alone never takes a node out: node-2's agent
+    does not see job moe's processes, so the drop blamed on it is paged and nothing is cordoned;
+    once its agent reports the job, the next drop is acted on."""
+
+    async def test(r: Rig) -> None:
+        await learn_baseline(r)
+        for _ in range(FAST.drop_windows):
+            assert await r.window(0.3, slow={2: 0.3}) == []
+        assert r.controller.engine.fleet.nodes["node-2"].state.health.value == "HEALTHY"
+        assert r.controller.engine.metrics.blame_unconfirmed._value.get() == 1
+        await wait_until(lambda: r.actions("mfu-moe-1"), what="the drop's page")
+        assert [kind for _, kind, _ in r.actions("mfu-moe-1")] == ["PAGE:suspect"]
+
+        r.fleet.nodes["node-2"].jobs = ["moe"]
+        r.fleet.nodes["node-2"].beat()
+        await wait_until(lambda: r.controller.engine.fleet.runs_job("node-2", "moe"), what="node-2's agent saw moe")
+        assert await r.window(0.5) == []  # back to its baseline, then a second drop: acted on
+        for _ in range(FAST.drop_windows - 1):
+            assert await r.window(0.3, slow={2: 0.3}) == []
+        assert len(await r.window(0.3, slow={2: 0.3})) == 1  # the job is told to stop
+        assert r.controller.engine.fleet.nodes["node-2"].state.health.value in ("UNHEALTHY", "QUARANTINED")
+
+    run(tmp_path, test, jobs=FAST.model_copy(update={"blame_needs_agents": True}))
+
+
 def test_a_drop_nobody_is_to_blame_for_pages_and_the_job_runs_on(tmp_path: Path) -> None:
     async def test(r: Rig) -> None:
         await learn_baseline(r)

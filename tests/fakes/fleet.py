@@ -31,6 +31,7 @@ class FleetNode:
         self.acked = 0
         self.ready = asyncio.Event()
         self.reconnects = 0
+        self.jobs: list[str] = []  # the training jobs this node's processes run, said in every heartbeat
 
     async def run(self, heartbeat_s: float, stop: asyncio.Event) -> None:
         """Like an agent: a broken stream is opened again (a few of thousands break while connecting)."""
@@ -48,6 +49,12 @@ class FleetNode:
             except grpc.aio.AioRpcError:
                 self.reconnects += 1
                 await asyncio.sleep(random.uniform(0.05, 0.5))
+
+    def beat(self) -> None:
+        """A heartbeat now (what the node says of itself, its jobs among it)."""
+        self._queue.put_nowait(
+            agent_pb2.AgentMessage(heartbeat=agent_pb2.Heartbeat(sent_at=time.time(), jobs=self.jobs))
+        )
 
     def cancel_checks(self) -> None:
         for task in self._answering:
@@ -69,7 +76,7 @@ class FleetNode:
                 msg = await asyncio.wait_for(self._queue.get(), max(0.0, next_beat - time.monotonic()))
                 yield msg
             except TimeoutError:
-                yield agent_pb2.AgentMessage(heartbeat=agent_pb2.Heartbeat(sent_at=time.time()))
+                yield agent_pb2.AgentMessage(heartbeat=agent_pb2.Heartbeat(sent_at=time.time(), jobs=self.jobs))
                 next_beat = time.monotonic() + heartbeat_s
 
     def fault(self, code: int = 79, kind: int = common_pb2.XID, message: str = "GPU has fallen off the bus.") -> float:

@@ -329,6 +329,11 @@ class KubeApiServer(ServerThread):
             self.rules.tokens[token] = _Token(username, list(audiences), node)
         return token
 
+    def revoke(self, token: str) -> None:
+        """The token's pod is gone (or its service account deleted): reviews no longer accept it."""
+        with self.rules.lock:
+            self.rules.tokens.pop(token, None)
+
     def fail(self, method: str, path: str, status: int, times: int = 1) -> None:
         with self.rules.lock:
             self.rules.faults.append(_Fault(method, re.compile(path), status, times))

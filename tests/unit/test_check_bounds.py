@@ -33,3 +33,25 @@ def test_ten_huge_results_do_not_grow_the_database_by_their_size(tmp_path: Path)
     assert (tmp_path / "ctl.db").stat().st_size + sum(
         p.stat().st_size for p in tmp_path.glob("ctl.db-*")
     ) < 2 << 20  # was 40 MiB
+
+
+def test_results_nobody_asked_for_are_stored_at_most_the_hourly_bound_per_node(tmp_path: Path) -> None:
+    store = Store(tmp_path / "ctl.db")
+    refused: list[str] = []
+    now = [7200.0]
+    checks = CheckRequests(store.records, lambda node, message: True, 5, refused.append, lambda: now[0])
+
+    def flood(node: str, n: int) -> None:
+        for i in range(n):
+            checks.answered(node, common_pb2.CheckResult(request_id=f"u{now[0]}-{i}", check="matmul", reason="x"))
+
+    def stored(node: str) -> int:
+        return int(store.read("SELECT COUNT(*) FROM check_results WHERE node = ?", (node,))[0][0])
+
+    flood("n1", 50)
+    flood("n2", 3)  # another node's bound is its own
+    assert (stored("n1"), stored("n2"), len(refused)) == (5, 3, 45)
+    now[0] += 3600  # the next hour: five more
+    flood("n1", 10)
+    assert stored("n1") == 10
+    store.close()
