@@ -7,8 +7,10 @@ writes one directory per party, each laid out as a Kubernetes TLS secret (ca.crt
 ``kubectl create secret generic NAME --from-file=DIR``): ``controller/``, ``node-<name>/``,
 ``admin-<who>/``, ``trainer-<name>/``, ``agents/`` (the DaemonSet's shared certificate: it admits an
 agent, whose service-account token then proves its node); and ``ca/`` with the CA's key, which stays
-with whoever issues certificates. A second run with the same directory reuses the CA and adds what is new.
-Keys are ECDSA P-256; certificates last ``days``.
+with whoever issues certificates. A second run with the same directory reuses the CA and adds only
+what is new: a party whose key and certificate are there already keeps them (``renew`` issues the
+named parties' again). Every run sets every key to 0600 and every directory to 0700, whatever the
+umask and whatever they had become. Keys are ECDSA P-256; certificates last ``days``.
 """
 
 from __future__ import annotations
@@ -44,8 +46,10 @@ def create(
     trainers: Sequence[str] = (),
     days: int = 365,
     agents: bool = False,
-) -> list[Path]:
-    """Write (or add to) a cluster's certificates; returns the directories written."""
+    renew: bool = False,
+) -> tuple[list[Path], list[Path]]:
+    """Write (or add to) a cluster's certificates; returns the directories written and those kept
+    as they were (already there, ``renew`` not asked)."""
     bad = [n for n in nodes if not is_node_name(n)] + [n for n in (*admins, *trainers) if not _NAME.match(n)]
     if bad:
         raise CertsError(f"{bad[0]!r} is not a usable name (lower case letters, digits, -._)")
@@ -57,13 +61,25 @@ def create(
     parties += [(f"admin-{n}", f"admin:{n}", []) for n in admins]
     parties += [(f"trainer-{n}", f"trainer:{n}", []) for n in trainers]
     parties += [("agents", "agents", [])] if agents else []
-    written = []
+    written, kept = [], []
     for directory, common_name, names in parties:
+        if not renew and (out / directory / KEY_FILE).exists() and (out / directory / CERT_FILE).exists():
+            kept.append(out / directory)
+            continue
         key = ec.generate_private_key(ec.SECP256R1())
         cert = _issue(ca_key, ca_cert, key, common_name, names, days)
         _write(out / directory, ca_cert, key, cert)
         written.append(out / directory)
-    return written
+    _tighten(out)
+    return written, kept
+
+
+def _tighten(out: Path) -> None:
+    """0700 on the tree's directories, 0600 on its keys: on every run, so a loosened one is mended."""
+    for directory in [out, *(p for p in out.rglob("*") if p.is_dir())]:
+        directory.chmod(0o700)
+    for key in [*out.rglob("*.key")]:
+        key.chmod(0o600)
 
 
 def _ca(directory: Path, days: int) -> tuple[Key, x509.Certificate]:
@@ -88,7 +104,7 @@ def _ca(directory: Path, days: int) -> tuple[Key, x509.Certificate]:
         .add_extension(x509.KeyUsage(False, False, False, False, False, True, True, False, False), critical=True)
         .sign(key, hashes.SHA256())
     )
-    directory.mkdir(parents=True, exist_ok=True)
+    _mkdir(directory)
     _private(key_path, key)
     cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
     return key, cert
@@ -122,8 +138,13 @@ def _san(name: str) -> x509.GeneralName:
         return x509.DNSName(name)
 
 
+def _mkdir(directory: Path) -> None:
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    directory.chmod(0o700)  # mkdir's mode goes through the umask
+
+
 def _write(directory: Path, ca_cert: x509.Certificate, key: Key, cert: x509.Certificate) -> None:
-    directory.mkdir(parents=True, exist_ok=True)
+    _mkdir(directory)
     (directory / CA_FILE).write_bytes(ca_cert.public_bytes(serialization.Encoding.PEM))
     (directory / CERT_FILE).write_bytes(cert.public_bytes(serialization.Encoding.PEM))
     _private(directory / KEY_FILE, key)
@@ -133,4 +154,5 @@ def _private(path: Path, key: Key) -> None:
     pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "wb") as f:
+        os.fchmod(f.fileno(), 0o600)  # an existing file keeps its mode through O_CREAT; the umask too
         f.write(pem)

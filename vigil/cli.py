@@ -177,16 +177,23 @@ def certs(
     agents: Annotated[
         bool, typer.Option("--agents", help="the DaemonSet's shared agent certificate (its pods' tokens prove nodes)")
     ] = False,
+    renew: Annotated[
+        bool, typer.Option("--renew", help="issue the named parties' keys and certificates again (default: keep them)")
+    ] = False,
 ) -> None:
     """Create the cluster's CA and certificates for mutual TLS (each directory: ca.crt, tls.crt, tls.key)."""
     from vigil.certs import CertsError, create
 
     try:
-        written = create(out, controller_name, [n for n in nodes.split(",") if n], admin, trainer, days, agents)
+        written, kept = create(
+            out, controller_name, [n for n in nodes.split(",") if n], admin, trainer, days, agents, renew
+        )
     except (CertsError, OSError) as exc:
         _fail(str(exc))
     for directory in written:
         typer.echo(str(directory))
+    for directory in kept:
+        typer.echo(f"{directory}: kept as it was (--renew to issue it again)")
     typer.echo(f"the CA's key is in {out / 'ca' / 'ca.key'}: keep it where certificates are issued, not on nodes")
 
 
