@@ -9,9 +9,18 @@ Driver formats seen in the field:
 - R3xx/R4xx: ``NVRM: Xid (0000:03:00): 13, 0003 00000000 0000a1c0 ...`` (no ``PCI:``, no pid)
 - the bus drop without an Xid: ``NVRM: GPU 0000:3b:00.0: GPU has fallen off the bus.``
 - the start-up line that maps a bus id to a UUID: ``NVRM: GPU at PCI:0000:3b:00: GPU-5b8d...``
+- a MIG instance's: ``NVRM: Xid (PCI:0000:3b:00 GPU-I:05): 94, pid=..., ...`` (the GPU's bus id, then
+  the GPU instance; any code, 48 and 79 included, is the GPU's)
+- a bus id redacted by a log shipper (``NVRM: Xid (PCI:...): 79, ...``): the node's, its GPU unknown
+- the bus drop in its other forms: ``NVRM: GPU at PCI:0000:3b:00: GPU has fallen off the bus.``,
+  ``NVRM: The NVIDIA GPU 0000:3b:00.0 (PCI ID: 10de:2330) installed in this system has fallen off
+  the bus and is not responding to commands.``: XID 79, on the bus id the line names if it names one
 - an NVSwitch error: ``nvidia-nvswitch3: SXid (PCI:0000:05:00.0): 12028, Non-fatal, Link 32 egress
   non-posted PRIV error (First)``; the driver follows it with lines of the same SXid that carry no
-  severity (``..., Severity 0 Engine instance 32 ...``, ``..., Data {0x...}``): those add nothing
+  severity (``..., Severity 0 Engine instance 32 ...``, ``..., Data {0x...}``): those add nothing.
+  Some SXids carry no severity field at all (``..., 24007, SOE watchdog error``, ``SOE halted``,
+  ``SOE external error``): fatal when their text names the switch's management engine (SOE), a halt
+  or a watchdog, since the switch cannot manage its links then; otherwise non-fatal
 
 Any process with root can write to ``/dev/kmsg``, and a buggy driver can write anything, so every
 number is read with a bounded pattern of ASCII digits and range-checked before it becomes an
@@ -26,20 +35,27 @@ from dataclasses import dataclass
 
 from vigil_core.signals import normalize_pci_bus_id
 
-_BUS = r"(?:PCI:)?(?P<bus>[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-7])?)"
+_BUS_ID = r"(?P<bus>[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-7])?)"
+_BUS = r"(?:PCI:)?" + _BUS_ID
+_ANY_BUS_RE = re.compile(r"(?<![0-9a-fA-F])" + _BUS_ID + r"(?![0-9a-fA-F])")
+_MIG_RE = re.compile(r"GPU-I:\s*(?P<gi>[0-9]{1,4})(?![0-9])")
+# What stands between the parentheses: the bus id (maybe redacted), then a MIG instance, bounded.
+_WHERE = r"\((?P<where>[^()\n]{0,96})\)"
 # Digits are bounded so that no line can hand int() thousands of them; one digit past a bound makes
 # the pattern fail, and the line is then reported as unparsed (code) or read without a header or pid.
-_XID_RE = re.compile(r"NVRM: Xid \(" + _BUS + r"\): (?P<code>[0-9]{1,24})(?![0-9])(?:,\s*(?P<rest>.*))?$", re.S)
-_XID_LONG_CODE_RE = re.compile(r"NVRM: Xid \(" + _BUS + r"\): [0-9]{25}")
+_XID_RE = re.compile(r"NVRM: Xid " + _WHERE + r": (?P<code>[0-9]{1,24})(?![0-9])(?:,\s*(?P<rest>.*))?$", re.S)
+_XID_LONG_CODE_RE = re.compile(r"NVRM: Xid " + _WHERE + r": [0-9]{25}")
 _PID_RE = re.compile(r"^pid=(?P<pid>'<unknown>'|<unknown>|[0-9]{1,10}(?![0-9]))(?:,\s*name=(?P<name>[^,]*))?,?\s*")
-_BUS_DROP_RE = re.compile(r"NVRM: GPU (?:at )?" + _BUS + r":? GPU has fallen off the bus")
+_BUS_DROP = "fallen off the bus"
+_DRIVER_RE = re.compile(r"NVRM|NVIDIA|\bnvidia\b")  # the driver's own words, not just anyone's
 _ANNOUNCE_RE = re.compile(r"NVRM: GPU at " + _BUS + r": (?P<uuid>GPU-[0-9a-fA-F-]{36})")
 _SXID_RE = re.compile(
-    r"nvidia-nvswitch(?P<switch>[0-9]{1,4}): SXid \(" + _BUS + r"\): (?P<code>[0-9]{1,10})(?![0-9]),\s*"
-    r"(?P<severity>Fatal|Non-fatal)(?:,\s*(?P<rest>.*))?$",
+    r"nvidia-nvswitch(?P<switch>[0-9]{1,4}): SXid " + _WHERE + r": (?P<code>[0-9]{1,10})(?![0-9]),\s*"
+    r"(?:(?P<severity>Fatal|Non-fatal)(?:,\s*(?P<rest>.*))?|(?P<text>.*))$",
     re.S,
 )
-_SXID_MORE_RE = re.compile(r"nvidia-nvswitch[0-9]{1,4}: SXid \(" + _BUS + r"\): [0-9]{1,10},\s*(?:Severity|Data)\b")
+_SXID_MORE_RE = re.compile(r"nvidia-nvswitch[0-9]{1,4}: SXid " + _WHERE + r": [0-9]{1,10},\s*(?:Severity|Data)\b")
+_SXID_GRAVE_RE = re.compile(r"\bSOE\b|halt|watchdog|fatal", re.I)
 _KMSG_RE = re.compile(r"^(?P<prio>[0-9]{1,4}),(?P<seq>[0-9]{1,19}),(?P<ts>[0-9]{1,19}),[^;]*;(?P<msg>.*)$", re.S)
 
 XID_FALLEN_OFF_BUS = 79
@@ -101,7 +117,13 @@ def parse_record(line: str) -> KmsgRecord:
 
 def is_driver_fault_line(message: str) -> bool:
     """A line the parser is expected to understand; one it then cannot parse is counted."""
-    return "NVRM: Xid" in message or "fallen off the bus" in message or "SXid" in message
+    return "NVRM: Xid" in message or _BUS_DROP in message or "SXid" in message
+
+
+def bus_of(where: str) -> str:
+    """The PCI bus id in an Xid's or SXid's parentheses; "" when redacted or missing. Pure."""
+    match = _ANY_BUS_RE.search(where)
+    return normalize_pci_bus_id(match["bus"]) if match else ""
 
 
 def parse_nvrm(message: str) -> XidLine | SxidLine | GpuAnnounce | None:
@@ -110,17 +132,14 @@ def parse_nvrm(message: str) -> XidLine | SxidLine | GpuAnnounce | None:
     fault line it cannot use."""
     if (match := _XID_RE.search(message)) is not None:
         return _xid_line(match)
-    if (match := _SXID_RE.search(message)) is not None:
-        code = int(match["code"])
-        if code > MAX_XID_CODE:
-            raise UnparsedLine("out_of_range", f"SXid code {match['code']} is beyond any driver's")
-        fatal = match["severity"] == "Fatal"
-        detail = (match["rest"] or "").strip()
-        return SxidLine(int(match["switch"]), normalize_pci_bus_id(match["bus"]), code, fatal, detail)
     if _SXID_MORE_RE.search(message) is not None:
         return None  # the same SXid's severity number or data words: its first line said it all
-    if (match := _BUS_DROP_RE.search(message)) is not None:
-        return XidLine(normalize_pci_bus_id(match["bus"]), XID_FALLEN_OFF_BUS, None, "", "GPU has fallen off the bus.")
+    if (match := _SXID_RE.search(message)) is not None:
+        return _sxid_line(match)
+    if _BUS_DROP in message and _DRIVER_RE.search(message) is not None:
+        match = _ANY_BUS_RE.search(message)
+        bus = normalize_pci_bus_id(match["bus"]) if match else ""
+        return XidLine(bus, XID_FALLEN_OFF_BUS, None, "", "GPU has fallen off the bus.")
     if (match := _ANNOUNCE_RE.search(message)) is not None:
         return GpuAnnounce(normalize_pci_bus_id(match["bus"]), match["uuid"])
     if _XID_LONG_CODE_RE.search(message) is not None:
@@ -128,6 +147,18 @@ def parse_nvrm(message: str) -> XidLine | SxidLine | GpuAnnounce | None:
     if is_driver_fault_line(message):
         raise UnparsedLine("unrecognised", "a driver fault line in no format the parser knows")
     return None
+
+
+def _sxid_line(match: re.Match[str]) -> SxidLine:
+    code = int(match["code"])
+    if code > MAX_XID_CODE:
+        raise UnparsedLine("out_of_range", f"SXid code {match['code']} is beyond any driver's")
+    if match["severity"] is not None:
+        fatal, detail = match["severity"] == "Fatal", (match["rest"] or "").strip()
+    else:  # no severity field: judged by what it names (the management engine, a halt, a watchdog)
+        detail = (match["text"] or "").strip()
+        fatal = bool(_SXID_GRAVE_RE.search(detail)) or code // 1000 == 24
+    return SxidLine(int(match["switch"]), bus_of(match["where"]), code, fatal, detail)
 
 
 def _xid_line(match: re.Match[str]) -> XidLine:
@@ -144,4 +175,6 @@ def _xid_line(match: re.Match[str]) -> XidLine:
     code = int(match["code"])
     if code > MAX_XID_CODE:
         raise UnparsedLine("out_of_range", f"XID code {match['code'][:24]} is beyond any driver's")
-    return XidLine(normalize_pci_bus_id(match["bus"]), code, pid, process, rest)
+    if (mig := _MIG_RE.search(match["where"])) is not None:
+        rest = f"[MIG GPU instance {int(mig['gi'])}] {rest}".strip()
+    return XidLine(bus_of(match["where"]), code, pid, process, rest)

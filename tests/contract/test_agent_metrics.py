@@ -176,3 +176,48 @@ def test_infiniband_ports_are_watched_by_the_running_agent_and_shown_in_its_metr
     assert down_s["mlx5_0"] == 0 and down_s["mlx5_1"] >= 0.3
     roce = {s.labels["counter"] for s in families["vigil_ib_port_counter"].samples if s.labels["hca"] == "mlx5_1"}
     assert {"out_of_sequence", "symbol_error"} <= roce
+
+
+def test_the_agent_tells_the_controller_what_it_could_not_parse_and_which_jobs_run_here(tmp_path: Path) -> None:
+    """A sample of unparsed driver lines reaches the controller (a metric and a log line, so the fleet
+    sees what it misses), and so do the job ids of the node's processes (a fake /proc)."""
+    kmsg = tmp_path / "k.kmsg"
+    kmsg.write_text("")
+    proc = tmp_path / "proc"
+    environs = {
+        "101": b"PATH=/bin\0VIGIL_JOB_ID=llm-7\0VIGIL_NODE=node-m\0",
+        "102": b"VIGIL_JOB_ID=elsewhere\0VIGIL_NODE=node-z\0",
+        "103": b"HOME=/root\0",
+    }
+    for pid, environ in environs.items():
+        (proc / pid).mkdir(parents=True)
+        (proc / pid / "environ").write_bytes(environ)
+
+    async def scenario() -> None:
+        controller = await start_controller(tmp_path / "c.db")
+        config = agent_config(tmp_path, f"127.0.0.1:{controller.port}").model_copy(
+            update={
+                "kernel_log_source": "file",
+                "kernel_log": kmsg,
+                "heartbeat_s": 0.2,
+                "proc_root": proc,
+                "jobs_scan_s": 0.1,
+            }  # fmt: skip
+        )
+        agent = Agent(config)
+        stop = asyncio.Event()
+        task = asyncio.create_task(agent.run(stop))
+        try:
+            await wait_until(lambda: agent.link.connected, what="the link up")
+            with open(kmsg, "a") as f:
+                f.write("3,1,1,-;NVRM: Xid (PCI:0000:3b:00): seventy-nine, some driver we do not know\n")
+            gauge = controller.engine.metrics.agent_unparsed_lines.labels("node-m")
+            await wait_until(lambda: gauge._value.get() == 1, what="the controller counting the unparsed line")
+            await wait_until(lambda: controller.engine.fleet.runs_job("node-m", "llm-7"), what="the job seen")
+            assert not controller.engine.fleet.runs_job("node-m", "elsewhere")  # another node's rank
+        finally:
+            stop.set()
+            await task
+            await stop_controller(controller)
+
+    asyncio.run(scenario())

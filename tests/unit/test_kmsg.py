@@ -204,3 +204,59 @@ def test_the_sxid_catalog_names_codes_and_units() -> None:
     assert "corrected by the switch" in sxid_meaning(19071)
     assert sxid_meaning(15999) == "an error in the NVSwitch route unit"
     assert sxid_meaning(99001) == "an NVSwitch error this catalog does not name"
+
+
+# Lines drivers and log shippers really write that were missed before: each must reach a signal.
+MISSED_BEFORE = [
+    # (line, kind, code, the GPU's bus id or "" for the node's)
+    ("NVRM: Xid (PCI:0000:3b:00 GPU-I:05): 94, pid=1234, name=python, Contained ECC error.", "XID", 94, "0000:3b:00"),
+    (
+        "NVRM: Xid (PCI:0000:3b:00 GPU-I:5 GPU-CI:0): 48, pid='<unknown>', name=<unknown>, An uncorrectable double bit "
+        "error (DBE) has been detected",
+        "XID",
+        48,
+        "0000:3b:00",
+    ),  # fmt: skip
+    ("NVRM: Xid (PCI:0000:3b:00 GPU-I:02): 79, pid=0, GPU has fallen off the bus.", "XID", 79, "0000:3b:00"),
+    ("NVRM: Xid (PCI:...): 79, pid=0, GPU has fallen off the bus.", "XID", 79, ""),  # bus id redacted
+    ("NVRM: Xid (PCI:<redacted>): 48, pid=0, An uncorrectable double bit error", "XID", 48, ""),
+    (
+        "NVRM: The NVIDIA GPU 0000:3b:00.0 (PCI ID: 10de:2330) installed in this system has fallen off the bus and "
+        "is not responding to commands.",
+        "XID",
+        79,
+        "0000:3b:00",
+    ),  # fmt: skip
+    ("NVRM: GPU at PCI:0000:3b:00: GPU has fallen off the bus.", "XID", 79, "0000:3b:00"),
+    ("NVRM: GPU 0000:3b:00.0: GPU has fallen off the bus.", "XID", 79, "0000:3b:00"),
+    ("NVRM: The NVIDIA GPU (PCI:...) has fallen off the bus.", "XID", 79, ""),
+    ("nvidia-nvswitch2: SXid (PCI:0000:05:00.0): 24007, SOE watchdog error", "SXID_FATAL", 24007, "0000:05:00"),
+    ("nvidia-nvswitch2: SXid (PCI:0000:05:00.0): 24010, SOE halted", "SXID_FATAL", 24010, "0000:05:00"),
+    ("nvidia-nvswitch0: SXid (PCI:0000:07:00.0): 24011, SOE external error", "SXID_FATAL", 24011, "0000:07:00"),
+    ("nvidia-nvswitch0: SXid (PCI:0000:07:00.0): 19084, link trained down", "SXID_NONFATAL", 19084, "0000:07:00"),
+]
+
+
+@pytest.mark.parametrize(("line", "kind", "code", "bus"), MISSED_BEFORE)
+def test_mig_redacted_bus_drop_and_severity_less_lines_reach_a_signal(
+    line: str, kind: str, code: int, bus: str
+) -> None:
+    collector = collector_for([f"3,9,9,-;{line}"])
+    (signal,) = collector.collect()
+    assert (signal.kind.value, signal.code, signal.gpu.pci_bus_id) == (kind, code, bus)
+    if bus == "0000:3b:00":
+        assert signal.gpu.index == 0  # the node's GPU at that bus, as for any other XID
+    assert collector.unparsed_lines == 0
+
+
+def test_a_mig_instance_is_named_in_the_detail() -> None:
+    parsed = parse_nvrm("NVRM: Xid (PCI:0000:3b:00 GPU-I:05): 94, pid=1234, name=python, Contained ECC error.")
+    assert isinstance(parsed, XidLine) and parsed.detail.startswith("[MIG GPU instance 5]")
+
+
+def test_unparsed_driver_lines_are_kept_as_a_bounded_sample() -> None:
+    collector = collector_for([f"NVRM: Xid garbage {i} " + "x" * 2000 for i in range(20)])
+    collector.collect()
+    samples = collector.take_samples()
+    assert len(samples) == 5 and all(len(s) <= 600 for s in samples) and "garbage 19" in samples[-1]
+    assert collector.take_samples() == [] and collector.unparsed_lines == 20
