@@ -239,7 +239,7 @@ class Agent:
             self._bound_unsaved()
 
     def _spool_unsaved(self) -> None:
-        if not self._unsaved and not self._unsaved_cursors:
+        if not self._unsaved and not self._unsaved_cursors and not self._unsaved_lost:
             return
         dropped_before = self.spool.dropped + self._unsaved_lost  # those are exported already
         numbered = self.spool.append(self._unsaved, self._unsaved_cursors, self._unsaved_lost)

@@ -59,6 +59,7 @@ def start_agent(
     spool: Path | None = None,
     prefix: Sequence[str] = (),
     restart: bool = False,
+    config: Path | None = None,
 ) -> tuple[subprocess.Popen[bytes], Path]:
     """A simulated-GPU agent tailing its own kmsg-format file (returned, for injecting lines); the file
     is made empty, unless the agent is ``restart``ed on the log it had."""
@@ -67,6 +68,7 @@ def start_agent(
         kmsg.write_text("")
     proc = vigil(
         *simulated_agent_args(node, controller, kmsg, spool or tmp / f"{node}.spool"),
+        *(["--config", str(config)] if config is not None else []),
         out=tmp / f"{node}.out",
         prefix=prefix,
     )
