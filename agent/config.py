@@ -68,7 +68,9 @@ class AgentConfig(ConfigModel):
     spool: FilePath = Path("/var/lib/vigil/spool.db")
     spool_max_signals: int = Field(20_000, ge=10)
     metrics_port: int | None = Field(9402, ge=0, le=65535)  # 9400 is dcgm-exporter's
-    metrics_address: str = "0.0.0.0"
+    metrics_address: str | None = Field(
+        None, description="where /metrics and /readyz listen; default 0.0.0.0 under TLS, 127.0.0.1 in plaintext"
+    )
     heartbeat_s: float = Field(5.0, gt=0, le=300)
     # The training jobs of this node's processes (their VIGIL_JOB_ID), reported with the heartbeat.
     jobs_scan_s: float = Field(10.0, gt=0, le=3600)
@@ -90,6 +92,12 @@ class AgentConfig(ConfigModel):
         if self.token_file is not None and self.tls_dir is None:
             raise ValueError("token_file needs tls_dir (the agents certificate): a token is only sent over TLS")
         return self
+
+    @property
+    def metrics_bind(self) -> str:
+        if self.metrics_address is not None:
+            return self.metrics_address
+        return "127.0.0.1" if self.plaintext else "0.0.0.0"
 
     @field_validator("node")
     @classmethod

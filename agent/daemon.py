@@ -337,7 +337,7 @@ class Agent:
 
     async def run(self, stop: asyncio.Event) -> None:
         if self.config.metrics_port is not None:
-            address, port = self.config.metrics_address, self.config.metrics_port
+            address, port = self.config.metrics_bind, self.config.metrics_port
             server = serve_http(address, port, self.metrics.registry, self.problems)
             self.metrics_port = server.server_port
         log.info(
