@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: demo demo-training test lint protos bench scenarios images clean
+.PHONY: demo demo-training test check lint protos bench scenarios images clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -31,6 +31,13 @@ demo-training: $(VENV)/.dev  ## the bundled MoE job on 3 simulated nodes: a GPU 
 
 test: $(VENV)/.dev  ## the whole test suite
 	$(BIN)/pytest
+
+check: $(VENV)/.dev  ## the edit loop (about a minute): lint, types, contracts, and the unit tests
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+	$(BIN)/lint-imports
+	$(BIN)/pytest -q -x tests/unit
 
 lint: $(VENV)/.dev  ## style, types, and the layering contracts (pyproject.toml [tool.importlinter])
 	$(BIN)/ruff check .

@@ -113,19 +113,6 @@ class Tasks:
         self.succeeded(task)
         return True
 
-    async def run_async_step(self, task: str, step: Callable[[], Awaitable[object]]) -> bool:
-        """``run_step`` for a coroutine."""
-        state = self.states.get(task)
-        if state is not None and state.failures and self._clock() < state.retry_at:
-            return False
-        try:
-            await step()
-        except Exception as exc:
-            self.failed(task, exc)
-            return False
-        self.succeeded(task)
-        return True
-
 
 async def supervise(
     task: str,

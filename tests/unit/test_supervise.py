@@ -109,3 +109,48 @@ def test_readyz_says_what_is_wrong_and_metrics_are_served_beside_it() -> None:
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_the_controllers_periodic_steps_resume_after_failing_and_never_stop_each_other(tmp_path: object) -> None:
+    """Retention and releases raise for a while (the database away): each is retried after its
+    backoff until it works again, and silence detection runs on meanwhile."""
+    from pathlib import Path
+
+    from tests.helpers import start_controller, stop_controller
+
+    async def main() -> dict[str, int]:
+        assert isinstance(tmp_path, Path)
+        controller = await start_controller(tmp_path / "c.db")
+        engine = controller.engine
+        engine.tasks.base_s, engine.tasks.cap_s = 0.05, 0.1
+        calls = {"retention": 0, "retention_ok": 0, "releases": 0, "releases_ok": 0, "silence": 0}
+
+        def flaky(name: str, fails: int) -> object:
+            def step() -> dict[str, int]:
+                calls[name] += 1
+                if calls[name] <= fails:
+                    raise OSError(28, "No space left on device")
+                calls[f"{name}_ok"] += 1
+                return {}
+
+            return step
+
+        def silence() -> list[str]:
+            calls["silence"] += 1
+            return []
+
+        engine.apply_retention = flaky("retention", 3)  # type: ignore[method-assign]
+        engine.releases.ask = flaky("releases", 3)  # type: ignore[method-assign]
+        engine.check_silence = silence  # type: ignore[method-assign]
+        stop = asyncio.Event()
+        watcher = asyncio.create_task(engine.watch(stop, every_s=0.01, retention_every_s=0.0))
+        await asyncio.sleep(1.5)
+        stop.set()
+        await watcher
+        down, failures = engine.tasks.down(), engine.metrics.task_failures.labels("retention")._value.get()
+        await stop_controller(controller)
+        assert down == {} and failures == 3
+        return calls
+
+    calls = asyncio.run(main())
+    assert calls["retention_ok"] > 0 and calls["releases_ok"] > 0 and calls["silence"] > 20
