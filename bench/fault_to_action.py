@@ -97,7 +97,7 @@ async def wait_for(arrivals: Arrivals, nodes: list[str], timeout_s: float) -> No
 def baseline_patch_rtt(kube: KubeApiServer, workdir: Path, rounds: int = 200) -> dict[str, float]:
     from kubernetes import client
 
-    from controller.kube.client import api_client
+    from controller.act.kube.client import api_client
 
     core = client.CoreV1Api(api_client(kube.kubeconfig(workdir / "kubeconfig-baseline")))
     kube.add_node("baseline-node")

@@ -24,7 +24,7 @@ from typing import Any
 from bench.record import append_result, header
 from checks.result import Verdict
 from checks.runner import run_check
-from controller.sweep_judge import device_figures
+from controller.sweeps.judge import device_figures
 
 
 def plain_copy_gbps(torch_device: str, nbytes: int, iters: int) -> float:

@@ -5,7 +5,7 @@
 Two sets of job times for each size: Vigil's own measurements (a 2-rank job on 2 CPU cores: an
 asynchronous save blocking 0.011 s, 4.3 s from a fault to training again), and times a large job
 has (a 30 s save, a 5-minute restart: not measured here, an assumption printed as such). The fault
-mix, detection latencies and baseline are ``controller.plan``'s defaults. Figures are appended to
+mix, detection latencies and baseline are ``controller.planning.plan``'s defaults. Figures are appended to
 bench/results/plan.jsonl with the command that produced them.
 """
 
@@ -16,7 +16,7 @@ import sys
 from typing import Any
 
 from bench.record import append_result, header
-from controller.plan import MEASURED, PlanInputs, make_plan
+from controller.planning.plan import MEASURED, PlanInputs, make_plan
 
 TIMES = {
     "measured": (MEASURED["save_s"][0], MEASURED["restart_s"][0]),

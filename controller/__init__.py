@@ -1,16 +1,20 @@
-"""The controller: receive → decide → guard → act → recover.
+"""The controller, in rooms stacked by an import-linter contract (pyproject.toml): each imports only
+the rooms below its own.
 
-- receive: ``agent_gateway`` (agents' streams), ``trainer_gateway`` (training jobs' reports),
-  ``admin`` (the ``vigil`` commands); ``engine`` takes each batch and owns the ``fleet`` (nodes in
-  memory; the job monitor and the sweeper read it through ``FleetView``).
-- decide: ``decide`` (pure), with ``policy``, ``node_state`` and the vocabulary in ``actions``;
-  a job's MFU in ``mfu`` and ``jobs`` (``job_state``: its phases), sweeps in ``sweep_spec`` and
-  ``sweep_judge``.
-- guard: ``guard`` (dry-run, circuit breaker, rate limit), its pure rules in ``guard_rules``.
-- act: ``apply`` (what each action means: recorded, followed, executed), ``action_runner``
-  (retries, acks), ``actuators`` / ``local_actuator`` / ``kube`` and ``pagers``; ``store`` (SQLite,
-  by domain) holds it all durably.
-- recover: ``recovery`` (pure rules) and ``release_checks``; ``sweep``, ``pairing``, ``fabric`` and
-  ``topology`` run checks and localise a slow node, link or fabric component.
-- plan: ``plan`` (with ``plan_model``, ``plan_faults``, ``plan_sim``) does the math behind ``vigil plan``.
+- ``daemon``: the composition root (builds every room, serves gRPC and /metrics, leader election);
+  ``config``: the configuration file, composing each room's settings.
+- ``edge/``: where the wire ends: the agent and trainer gateways, the admin service, who may call
+  what (``authz``), undecodable bytes refused; ``limits`` (what one client may send).
+- ``jobs/``: training jobs: the job monitor (``monitor``), a job's phases (``state``), MFU, goodput,
+  saves on early warnings; ``settings``.
+- ``sweeps/``: checks across nodes: what runs (``spec``), how it is judged (``judge``), pairing and
+  the topology-aware fabric blame; ``sweeper`` the shell.
+- ``nodes/``: a node's fault from decision to action: the ``engine`` (each batch), the in-memory
+  ``fleet``, the pure ``decide``, application faults, the guards, what each action means
+  (``apply``) and the ``action_runner``, recovery and releases, people's requests (``operators``).
+- ``act/``: the world acted on: ``actuators``, the ``local_actuator``, ``kube/`` (the only code that
+  imports ``kubernetes``), ``pagers/``, agents' tokens.
+- ``store/``: durable state by domain over SQLite or PostgreSQL.
+- ``vocab/`` (the policy, a node's state, the actions), ``metrics``, ``planning/`` (``vigil plan``'s
+  math): the ground floor.
 """

@@ -9,36 +9,15 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from controller.agent_tokens import AgentTokensConfig
-from controller.app_faults import AppFaultConfig
-from controller.guard_rules import GuardrailConfig
-from controller.recovery import RecoveryConfig
-from controller.sweep_spec import SweepConfig
+from controller.act.agent_tokens import AgentTokensConfig
+from controller.edge.limits import LimitsConfig
+from controller.jobs.settings import JobsConfig
+from controller.nodes.app_faults import AppFaultConfig
+from controller.nodes.guard_rules import GuardrailConfig
+from controller.nodes.recovery import RecoveryConfig
+from controller.sweeps.spec import SweepConfig
 from vigil_core.config_file import ConfigModel, DatabaseTarget, HttpUrl, load_yaml_model
 from vigil_core.tls import transport_problem
-
-
-class JobsConfig(ConfigModel):
-    warmup_windows: int = Field(default=1, ge=0, description="windows after each (re)start that never count")
-    baseline_windows: int = Field(default=3, ge=1, description="the baseline is the median of these windows")
-    drop_fraction: float = Field(default=0.2, gt=0, lt=1, description="δ: below (1-δ)·baseline is low")
-    drop_windows: int = Field(default=2, ge=1, description="N: this many low windows in a row are a drop")
-    straggler_ratio: float = Field(default=1.3, gt=1, description="a rank this many times the median step time")
-    deadline_s: float = Field(default=300.0, gt=0, description="to checkpoint and exit; past it the job is killed")
-    act_on_drop: bool = Field(default=True, description="stop, sweep and restart the job after a blamed drop")
-    sweep_checks: tuple[str, ...] = Field(default=("gpu_health",), description="the sweep of a stopped job's nodes")
-    forget_after_s: float = Field(default=3600.0, gt=0, description="a job silent this long is forgotten")
-    max_jobs: int = Field(default=1000, ge=1, description="jobs followed at once; a new job id beyond is refused")
-    failures_per_1000_gpu_days: float = Field(
-        default=1.0, gt=0, description="the GPUs' failure rate, for each job's planned ETTR (vigil plan)"
-    )
-    checkpoint_now: bool = Field(default=True, description="ask a job to save when a node of it shows early signs")
-    checkpoint_now_every_s: float = Field(default=600.0, gt=0, description="at most one such ask per job this often")
-    blame_needs_agents: bool | None = Field(
-        default=None,
-        description="act on a job's blame of a node only where that node's own agent sees the job's processes "
-        "(else page only); default: on under TLS, where callers have identities, off in plaintext",
-    )
 
 
 class KubernetesConfig(ConfigModel):
@@ -81,28 +60,6 @@ class LeaderElectionConfig(ConfigModel):
         if not self.lease_duration_s > self.renew_deadline_s > 1.2 * self.retry_period_s:
             raise ValueError("need lease_duration_s > renew_deadline_s > 1.2 * retry_period_s")
         return self
-
-
-class LimitsConfig(ConfigModel):
-    """What one client may send: beyond these, a call is refused (RESOURCE_EXHAUSTED) and logged."""
-
-    max_message_bytes: int = Field(default=4 << 20, ge=64 << 10, le=64 << 20, description="one gRPC message")
-    agent_messages_per_s: float = Field(default=20.0, gt=0, description="per node: heartbeats, batches, results")
-    agent_burst: int = Field(default=200, ge=1)
-    reports_per_s: float = Field(default=5.0, gt=0, description="per training job: Progress and Plan calls")
-    report_burst: int = Field(default=50, ge=1)
-    check_results_per_node_hour: int = Field(
-        default=120, ge=1, description="check results nobody asked for, stored per node and hour; past it, counted"
-    )
-    max_nodes: int = Field(
-        default=50_000, ge=1, description="nodes the controller knows at most; a Hello from a new one beyond is refused"
-    )
-    max_seq_gap: int = Field(
-        default=10_000_000,
-        ge=1000,
-        description="a signal numbered this far past its spool's last one is refused (INVALID_ARGUMENT), "
-        "not taken: taking it would silence every later signal of that spool",
-    )
 
 
 class ControllerConfig(ConfigModel):

@@ -17,23 +17,23 @@ from typing import TYPE_CHECKING
 import grpc
 import structlog
 
-from controller.actuators import Actuator, ConsolePager, NullPager, Pager
-from controller.admin import Admin
-from controller.agent_gateway import AgentGateway
-from controller.agent_outboxes import AgentOutboxes
-from controller.app_faults import AppFaults, JobMembership
-from controller.authz import RoleInterceptor
+from controller.act.actuators import Actuator, ConsolePager, NullPager, Pager
+from controller.act.local_actuator import LocalActuator
 from controller.config import ControllerConfig
-from controller.engine import Engine
-from controller.jobs import JobMonitor
-from controller.local_actuator import LocalActuator
+from controller.edge.admin import Admin
+from controller.edge.agent_gateway import AgentGateway
+from controller.edge.authz import RoleInterceptor
+from controller.edge.trainer_gateway import TrainerGateway
+from controller.edge.undecodable import DecodeInterceptor
+from controller.jobs.monitor import JobMonitor
 from controller.metrics import ControllerMetrics
-from controller.policy import load_policy
-from controller.quarantine_feed import QuarantineFeed
+from controller.nodes.agent_outboxes import AgentOutboxes
+from controller.nodes.app_faults import AppFaults, JobMembership
+from controller.nodes.engine import Engine
+from controller.nodes.quarantine_feed import QuarantineFeed
 from controller.store import Opened, Store
-from controller.sweep import Sweeper
-from controller.trainer_gateway import TrainerGateway
-from controller.undecodable import DecodeInterceptor
+from controller.sweeps.sweeper import Sweeper
+from controller.vocab.policy import load_policy
 from protos.vigil.v1 import admin_pb2_grpc, agent_pb2_grpc, trainer_pb2_grpc
 from vigil_core.cert_reload import CertificateSource, server_credentials
 from vigil_core.http_status import serve_http
@@ -41,7 +41,7 @@ from vigil_core.names import is_loopback
 from vigil_core.supervise import supervise
 
 if TYPE_CHECKING:
-    from controller.kube.tokens import TokenReviewer
+    from controller.act.kube.tokens import TokenReviewer
 
 log = structlog.get_logger(__name__)
 
@@ -51,8 +51,8 @@ LOST_LEADERSHIP_EXIT = 1
 def build_actuator(config: ControllerConfig, store: Store) -> Actuator:
     if config.actuator == "local":
         return LocalActuator(store.db, config.node_labels)
-    from controller.kube.actuator import KubeActuator
-    from controller.kube.client import api_client
+    from controller.act.kube.actuator import KubeActuator
+    from controller.act.kube.client import api_client
 
     k = config.kubernetes
     return KubeActuator(api_client(k.kubeconfig, k.context), events_namespace=k.events_namespace)
@@ -60,12 +60,12 @@ def build_actuator(config: ControllerConfig, store: Store) -> Actuator:
 
 def build_pager(config: ControllerConfig, store: Store) -> Pager:
     if config.pager == "slack":
-        from controller.pagers.slack import SlackPager
+        from controller.act.pagers.slack import SlackPager
 
         assert config.slack is not None
         return SlackPager(config.slack.token(), config.slack.channel, store.records, base_url=config.slack.base_url)
     if config.pager == "webhook":
-        from controller.pagers.webhook import WebhookPager
+        from controller.act.pagers.webhook import WebhookPager
 
         assert config.webhook is not None
         return WebhookPager(config.webhook.url, config.webhook.headers)
@@ -203,8 +203,8 @@ class Controller:
         """Where agents may connect with a service-account token: the API server reviews them."""
         if not self.config.agent_tokens.enabled:
             return None
-        from controller.kube.client import api_client
-        from controller.kube.tokens import TokenReviewer
+        from controller.act.kube.client import api_client
+        from controller.act.kube.tokens import TokenReviewer
 
         k = self.config.kubernetes
         return TokenReviewer(api_client(k.kubeconfig, k.context), self.config.agent_tokens)
@@ -241,8 +241,8 @@ class Controller:
         self.store.close()
 
     async def _wait_for_leadership(self, stop: asyncio.Event) -> bool:
-        from controller.kube.client import api_client
-        from controller.kube.lease import LeaderElector
+        from controller.act.kube.client import api_client
+        from controller.act.kube.lease import LeaderElector
 
         loop = asyncio.get_running_loop()
         leading = asyncio.Event()

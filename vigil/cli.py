@@ -135,7 +135,7 @@ def controller(
 ) -> None:
     """Run the controller: receive signals, decide, quarantine, page."""
     from controller.config import load_controller_config
-    from controller.policy import load_policy
+    from controller.vocab.policy import load_policy
 
     _setup_logs(log_format)
     overrides = {
@@ -400,8 +400,8 @@ def plan(
     """How often to checkpoint, and what share of the run trains, with Vigil and without it."""
     from dataclasses import replace
 
-    from controller.plan import HistoryError, PlanInputs, make_plan
-    from controller.plan_model import Baseline
+    from controller.planning.model import Baseline
+    from controller.planning.plan import HistoryError, PlanInputs, make_plan
     from vigil.plan_view import dumps, print_plan, write_plot
 
     rates = (failures_per_1000_gpu_days, failures_per_1000_node_days, gpu_mtbf_hours)

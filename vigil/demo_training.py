@@ -32,7 +32,7 @@ from typing import Any, TypeVar
 import yaml
 from rich.console import Console
 
-from controller.goodput import KINDS
+from controller.jobs.goodput import KINDS
 from gpus.simulated import simulated_gpus
 from trainer_hooks.moe_job.metrics_log import events, losses
 from vigil.admin_client import AdminClient

@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from controller.goodput import KINDS
+from controller.jobs.goodput import KINDS
 from protos.vigil.v1 import admin_pb2, common_pb2
 from vigil.admin_client import AdminClient
 from vigil_core.tls import TlsError

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import grpc
 
-from controller.plan import HistoryError, rate_from_history
-from controller.plan_model import DAY_S
+from controller.planning.model import DAY_S
+from controller.planning.plan import HistoryError, rate_from_history
 from vigil.admin_client import AdminClient
 
 

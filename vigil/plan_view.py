@@ -1,4 +1,4 @@
-"""``vigil plan``: print the plan (``controller.plan``) as tables, as JSON, or as a plot."""
+"""``vigil plan``: print the plan (``controller.planning.plan``) as tables, as JSON, or as a plot."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from controller.plan import MEASURED, Plan, Scenario
-from controller.plan_faults import LLAMA3_MIX
+from controller.planning.faults import LLAMA3_MIX
+from controller.planning.plan import MEASURED, Plan, Scenario
 
 _console = Console()
 

@@ -1,7 +1,7 @@
 """What an NVSwitch SXid code means, for pages and incidents. Pure data.
 
 The driver says itself whether an SXid is fatal (``Fatal`` / ``Non-fatal`` on the line), and that
-decides the default action (``controller.policy``: fatal quarantines the node and pages; non-fatal
+decides the default action (``controller.vocab.policy``: fatal quarantines the node and pages; non-fatal
 is counted and makes the node SUSPECT on repetition). This catalog adds the meaning, from NVIDIA's
 Fabric Manager user guide (DU-09883-001, "NVSwitch SXid errors"): the named codes below, and for
 any other the NVSwitch unit its thousands name (11xxx ingress, 12xxx egress, 14xxx transaction

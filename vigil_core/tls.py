@@ -15,7 +15,7 @@ On Kubernetes a DaemonSet cannot give each pod a certificate of its own node. Th
 holds one shared certificate, ``agents``, which admits it but names no node, and proves its node with
 its projected service-account token, which the API server binds to the pod and its node. The token
 goes with every call (``authorization: Bearer``, read afresh each time: the kubelet rotates it), and
-the controller has the API server review it (``controller.agent_tokens``).
+the controller has the API server review it (``controller.act.agent_tokens``).
 """
 
 from __future__ import annotations

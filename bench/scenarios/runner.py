@@ -309,7 +309,7 @@ def _person(kube: KubeApiServer, workdir: Path, node: str, person: Person) -> No
     """What ``kubectl cordon`` or ``kubectl taint`` does, through the person's own client."""
     from kubernetes import client as k8s
 
-    from controller.kube.client import api_client
+    from controller.act.kube.client import api_client
 
     api = k8s.CoreV1Api(api_client(kube.kubeconfig(workdir / "person-kubeconfig")))
     if person.cordon:

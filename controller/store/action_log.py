@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from controller.actions import ExternalAction, action_from_json, action_kind, action_to_json
 from controller.store.database import Database, Tx
+from controller.vocab.actions import ExternalAction, action_from_json, action_kind, action_to_json
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS actions (

@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from controller.actions import EscalateIncident, FoldIntoIncident, OpenIncident
-from controller.policy import Severity
 from controller.store.database import Database, Tx
+from controller.vocab.actions import EscalateIncident, FoldIntoIncident, OpenIncident
+from controller.vocab.policy import Severity
 from vigil_core.signals import GpuRef, Signal
 
 SCHEMA = """

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from controller.node_state import NodeState, state_from_json, state_to_json
 from controller.store.database import Database, Tx
+from controller.vocab.node_state import NodeState, state_from_json, state_to_json
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS nodes (

@@ -8,7 +8,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from controller.local_actuator import LocalQuarantines
+from controller.act.local_actuator import LocalQuarantines
 from protos.vigil.v1 import admin_pb2, admin_pb2_grpc
 from tests.contract.test_agent_link import raw_batch, send_raw
 from tests.helpers import start_controller, stop_controller

@@ -10,7 +10,7 @@ from pathlib import Path
 from agent.config import AgentConfig
 from agent.daemon import Agent
 from agent.watchdog import GuardedWorker, Watchdog
-from controller.node_state import Health
+from controller.vocab.node_state import Health
 from gpus.simulated import SimulatedBackend
 from tests.fakes.gpu_faults import GpuFaults
 from tests.helpers import start_controller, stop_controller, wait_until

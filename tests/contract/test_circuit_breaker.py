@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from controller.engine import Engine
-from controller.guard_rules import GuardrailConfig
-from controller.kube.actuator import KubeActuator
-from controller.kube.client import api_client
-from controller.pagers.slack import SlackPager
-from controller.policy import Policy
+from controller.act.kube.actuator import KubeActuator
+from controller.act.kube.client import api_client
+from controller.act.pagers.slack import SlackPager
+from controller.nodes.engine import Engine
+from controller.nodes.guard_rules import GuardrailConfig
 from controller.store import Store
+from controller.vocab.policy import Policy
 from tests.fakes.kube_api import KubeApiServer
 from tests.fakes.slack_api import CHANNEL, TOKEN, FakeSlack
 from vigil_core.signals import GpuRef, Signal, SignalKind

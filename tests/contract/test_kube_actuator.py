@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from controller.actions import Quarantine
-from controller.actuators import SelectionError
-from controller.kube.actuator import MERGE_PATCH, STRATEGIC_PATCH, KubeActuator
-from controller.kube.client import RETRY, api_client
-from controller.kube.plans import CONDITION_TYPE, INCIDENT, OWNER, TAINT_KEY, WAS_UNSCHEDULABLE, event_name
+from controller.act.actuators import SelectionError
+from controller.act.kube.actuator import MERGE_PATCH, STRATEGIC_PATCH, KubeActuator
+from controller.act.kube.client import RETRY, api_client
+from controller.act.kube.plans import CONDITION_TYPE, INCIDENT, OWNER, TAINT_KEY, WAS_UNSCHEDULABLE, event_name
+from controller.vocab.actions import Quarantine
 from tests.fakes.kube_api import KubeApiServer
 
 REASON = "XID 79 on GPU 3: GPU has fallen off the bus"
@@ -201,14 +201,14 @@ def test_a_burst_reads_nodes_from_one_list(kube: KubeApiServer, tmp_path: Path) 
 
 
 def test_missing_node_is_a_permanent_failure(kube: KubeApiServer, tmp_path: Path) -> None:
-    from controller.actuators import PermanentActionError
+    from controller.act.actuators import PermanentActionError
 
     with pytest.raises(PermanentActionError, match="404"):
         actuator(kube, tmp_path).quarantine(quarantine("no-such-node"))
 
 
 def test_credentials_errors_name_the_source(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from controller.kube.client import KubeConfigError
+    from controller.act.kube.client import KubeConfigError
 
     bad = tmp_path / "kubeconfig"
     bad.write_text("apiVersion: v1\nkind: Config\nclusters: []\n")
@@ -221,8 +221,8 @@ def test_credentials_errors_name_the_source(tmp_path: Path, monkeypatch: pytest.
 
 
 def test_drain_evicts_workloads_and_waits_for_budgets(kube: KubeApiServer, tmp_path: Path) -> None:
-    from controller.actions import Drain
-    from controller.kube.actuator import DrainBlocked
+    from controller.act.kube.actuator import DrainBlocked
+    from controller.vocab.actions import Drain
 
     kube.add_node("gpu-1")
     kube.add_node("gpu-2")
@@ -230,7 +230,7 @@ def test_drain_evicts_workloads_and_waits_for_budgets(kube: KubeApiServer, tmp_p
     kube.add_pod("train", "worker-1", "gpu-1")  # its budget allows no disruption right now
     kube.add_pod("vigil", "vigil-agent-x", "gpu-1", owner_kind="DaemonSet")
     kube.add_pod("train", "worker-2", "gpu-2")
-    # The client retries a 429 a few times itself (RETRY in controller.kube.client); a budget that
+    # The client retries a 429 a few times itself (RETRY in controller.act.kube.client); a budget that
     # keeps refusing outlasts that, and the drain reports the pod and is tried again later.
     kube.fail("POST", r"/pods/worker-1/eviction$", 429, times=100)
     act = actuator(kube, tmp_path)
@@ -248,10 +248,10 @@ def test_drain_evicts_workloads_and_waits_for_budgets(kube: KubeApiServer, tmp_p
 def test_drain_is_a_separate_action_after_the_quarantine(kube: KubeApiServer, tmp_path: Path) -> None:
     import asyncio
 
-    from controller.actuators import NullPager
-    from controller.engine import Engine
-    from controller.policy import Policy
+    from controller.act.actuators import NullPager
+    from controller.nodes.engine import Engine
     from controller.store import Store
+    from controller.vocab.policy import Policy
     from vigil_core.signals import GpuRef, Signal, SignalKind
 
     kube.add_node("gpu-1")

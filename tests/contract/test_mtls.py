@@ -16,7 +16,7 @@ from typing import Any
 import grpc
 import pytest
 
-from controller.agent_tokens import AgentTokensConfig
+from controller.act.agent_tokens import AgentTokensConfig
 from controller.config import ControllerConfig
 from controller.daemon import Controller
 from protos.vigil.v1 import admin_pb2, admin_pb2_grpc, agent_pb2, agent_pb2_grpc, trainer_pb2, trainer_pb2_grpc

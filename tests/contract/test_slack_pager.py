@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 from slack_sdk.errors import SlackApiError
 
-from controller.actions import Page, PageUpdate
-from controller.actuators import NotReadyYet, PermanentActionError
-from controller.pagers.slack import SlackPager
-from controller.policy import Severity
+from controller.act.actuators import NotReadyYet, PermanentActionError
+from controller.act.pagers.slack import SlackPager
 from controller.store import Store
+from controller.vocab.actions import Page, PageUpdate
+from controller.vocab.policy import Severity
 from tests.fakes.slack_api import CHANNEL, TOKEN, FakeSlack
 
 
@@ -137,9 +137,9 @@ def test_a_new_leader_learns_the_threads_from_history(slack: FakeSlack, tmp_path
 def test_a_flood_is_one_message_with_its_count_in_the_thread(slack: FakeSlack, tmp_path: Path) -> None:
     import asyncio
 
-    from controller.engine import Engine
-    from controller.local_actuator import LocalActuator
-    from controller.policy import Policy
+    from controller.act.local_actuator import LocalActuator
+    from controller.nodes.engine import Engine
+    from controller.vocab.policy import Policy
     from vigil_core.signals import GpuRef, Signal, SignalKind
 
     async def scenario() -> None:

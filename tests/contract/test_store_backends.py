@@ -14,13 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from controller.actuators import NullPager
-from controller.engine import Engine
-from controller.guard_rules import GuardrailConfig
-from controller.local_actuator import LocalActuator
-from controller.node_state import Health
-from controller.policy import Policy
+from controller.act.actuators import NullPager
+from controller.act.local_actuator import LocalActuator
+from controller.nodes.engine import Engine
+from controller.nodes.guard_rules import GuardrailConfig
 from controller.store import DatabaseRefused, Opened, Store
+from controller.vocab.node_state import Health
+from controller.vocab.policy import Policy
 from tests.postgres import postgres_server, unavailable
 from vigil_core.signals import GpuRef, Signal, SignalKind
 

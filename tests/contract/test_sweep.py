@@ -19,11 +19,11 @@ from typing import Any
 import grpc
 import pytest
 
+from controller.act.local_actuator import LocalQuarantines
 from controller.config import ControllerConfig
 from controller.daemon import Controller
-from controller.guard_rules import GuardrailConfig
-from controller.local_actuator import LocalQuarantines
-from controller.sweep_spec import SweepConfig
+from controller.nodes.guard_rules import GuardrailConfig
+from controller.sweeps.spec import SweepConfig
 from protos.vigil.v1 import admin_pb2, admin_pb2_grpc, common_pb2
 from tests.fakes.fleet import Fleet
 from tests.fakes.kube_api import KubeApiServer

@@ -18,7 +18,7 @@ import pytest
 
 from controller.config import ControllerConfig, JobsConfig, LimitsConfig
 from controller.daemon import Controller
-from controller.plan import job_plan
+from controller.planning.plan import job_plan
 from protos.vigil.v1 import admin_pb2, admin_pb2_grpc, trainer_pb2, trainer_pb2_grpc
 from tests.fakes.fleet import Fleet
 from tests.fakes.sim_checks import SimulatedChecks
@@ -227,7 +227,7 @@ def test_in_dry_run_a_blamed_drop_pages_and_stops_nothing(tmp_path: Path) -> Non
         await wait_until(lambda: r.actions("mfu-moe-1"), what="the page")
         assert "took no action" in str(r.controller.store.read("SELECT payload FROM actions"))
 
-    from controller.guard_rules import GuardrailConfig
+    from controller.nodes.guard_rules import GuardrailConfig
 
     run(tmp_path, test, guardrails=GuardrailConfig(dry_run=True))
 

@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from controller.actions import Page, PageUpdate
-from controller.actuators import PermanentActionError
-from controller.pagers.webhook import WebhookPager
-from controller.policy import Severity
+from controller.act.actuators import PermanentActionError
+from controller.act.pagers.webhook import WebhookPager
+from controller.vocab.actions import Page, PageUpdate
+from controller.vocab.policy import Severity
 
 
 class Receiver(ThreadingHTTPServer):

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from controller.actions import Page, PageUpdate, Quarantine
-from controller.engine import Engine
-from controller.local_actuator import LocalActuator, LocalQuarantines
-from controller.policy import Policy
+from controller.act.local_actuator import LocalActuator, LocalQuarantines
+from controller.nodes.engine import Engine
 from controller.store import Store
+from controller.vocab.actions import Page, PageUpdate, Quarantine
+from controller.vocab.policy import Policy
 from gpus.simulated import simulated_gpus
 from tests.e2e.processes import start_agent, start_controller
 from tests.helpers import poll_until

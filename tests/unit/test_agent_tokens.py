@@ -1,4 +1,4 @@
-"""What an agent's token review must say for the controller to take it (controller.agent_tokens),
+"""What an agent's token review must say for the controller to take it (controller.act.agent_tokens),
 and how the shared certificate and the bearer header are read."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from controller.agent_tokens import NODE_KEY, AgentTokensConfig, node_of
-from controller.authz import bearer
+from controller.act.agent_tokens import NODE_KEY, AgentTokensConfig, node_of
+from controller.edge.authz import bearer
 from vigil_core.tls import Identity, parse_identity
 
 CONFIG = AgentTokensConfig(enabled=True)

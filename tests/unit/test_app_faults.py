@@ -1,4 +1,4 @@
-"""Application XIDs on most of a job's nodes: the job's own crash (``controller.app_faults``)."""
+"""Application XIDs on most of a job's nodes: the job's own crash (``controller.nodes.app_faults``)."""
 
 from __future__ import annotations
 
@@ -6,15 +6,15 @@ import asyncio
 from dataclasses import replace
 from pathlib import Path
 
-from controller.actions import Page
-from controller.actuators import NullPager
-from controller.app_faults import AppFaultConfig, AppFaults, JobMembership, job_crashed
-from controller.decide import decide
-from controller.engine import Engine
-from controller.local_actuator import LocalActuator
-from controller.node_state import Health, NodeState
-from controller.policy import Policy, Severity
+from controller.act.actuators import NullPager
+from controller.act.local_actuator import LocalActuator
+from controller.nodes.app_faults import AppFaultConfig, AppFaults, JobMembership, job_crashed
+from controller.nodes.decide import decide
+from controller.nodes.engine import Engine
 from controller.store import Store
+from controller.vocab.actions import Page
+from controller.vocab.node_state import Health, NodeState
+from controller.vocab.policy import Policy, Severity
 from vigil_core.signals import GpuRef, Signal, SignalKind
 
 NODES = ("n1", "n2", "n3", "n4")

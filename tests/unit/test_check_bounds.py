@@ -1,11 +1,11 @@
-"""An agent's check result is input like any other: bounded before it is kept (``controller.check_requests``)."""
+"""An agent's check result is input like any other: bounded before it is kept (``controller.nodes.check_requests``)."""
 
 from __future__ import annotations
 
 import math
 from pathlib import Path
 
-from controller.check_requests import MAX_FIGURES, MAX_REASON_CHARS, CheckRequests, bounded
+from controller.nodes.check_requests import MAX_FIGURES, MAX_REASON_CHARS, CheckRequests, bounded
 from controller.store import Store
 from protos.vigil.v1 import common_pb2
 

@@ -9,7 +9,7 @@ import pytest
 
 from agent.config import load_agent_config
 from controller.config import load_controller_config
-from controller.policy import Severity, load_policy
+from controller.vocab.policy import Severity, load_policy
 from vigil_core.config_file import ConfigError
 from vigil_core.signals import SignalKind
 

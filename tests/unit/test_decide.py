@@ -9,8 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from controller.actions import EscalateIncident, FoldIntoIncident, OpenIncident, Page, Quarantine
-from controller.decide import (
+from controller.nodes.decide import (
     MAX_KEYS,
     Decision,
     decide,
@@ -21,8 +20,9 @@ from controller.decide import (
     recovered,
     suspicion_lapsed,
 )
-from controller.node_state import Health, NodeState, state_to_json
-from controller.policy import Policy, Rule, Severity
+from controller.vocab.actions import EscalateIncident, FoldIntoIncident, OpenIncident, Page, Quarantine
+from controller.vocab.node_state import Health, NodeState, state_to_json
+from controller.vocab.policy import Policy, Rule, Severity
 from vigil_core.signals import THROTTLE_HW_SLOWDOWN, GpuRef, Signal, SignalKind
 
 POLICY = Policy()
@@ -250,7 +250,7 @@ def test_a_fault_while_blind_still_quarantines() -> None:
 
 
 def test_hung_collectors_survive_the_store_round_trip() -> None:
-    from controller.node_state import state_from_json, state_to_json
+    from controller.vocab.node_state import state_from_json, state_to_json
 
     state = run([hung(1, 100.0)])[-1].state
     assert state_from_json(state_to_json(state), "n1") == state

@@ -1,13 +1,13 @@
-"""The blast-radius guard per failure domain (``controller.domain_guard``, pure)."""
+"""The blast-radius guard per failure domain (``controller.nodes.domain_guard``, pure)."""
 
 from __future__ import annotations
 
 import asyncio
 from pathlib import Path
 
-from controller.actions import Page
-from controller.actuators import NullPager
-from controller.domain_guard import (
+from controller.act.actuators import NullPager
+from controller.act.local_actuator import LocalActuator, LocalQuarantines
+from controller.nodes.domain_guard import (
     DomainAdmission,
     DomainGuardConfig,
     DomainState,
@@ -17,12 +17,12 @@ from controller.domain_guard import (
     hold_domain,
     node_domains,
 )
-from controller.engine import Engine
-from controller.guard_rules import GuardrailConfig
-from controller.local_actuator import LocalActuator, LocalQuarantines
-from controller.pairing import Finding
-from controller.policy import Policy
+from controller.nodes.engine import Engine
+from controller.nodes.guard_rules import GuardrailConfig
 from controller.store import Store
+from controller.sweeps.pairing import Finding
+from controller.vocab.actions import Page
+from controller.vocab.policy import Policy
 from vigil_core.signals import GpuRef, Signal, SignalKind
 
 CFG = DomainGuardConfig(labels=("rack", "leaf"), max_nodes=2, window_s=600.0)
@@ -106,8 +106,8 @@ def test_a_blamed_leaf_pages_once_and_cordons_none_of_its_nodes(tmp_path: Path) 
         for node in ("n1", "n2", "n3"):
             e.hello(node, "s", 8)
         leaf = Finding("leaf leaf-a", "3 of its 3 nodes slow in every pair", "leaf", ("n1", "n2", "n3"))
-        said = e.component_failed(leaf, "vigil.dev/leaf-switch=leaf-a", "sweep-1")
-        again = e.component_failed(leaf, "vigil.dev/leaf-switch=leaf-a", "sweep-2")
+        said = e.component_failed(leaf.node, leaf.nodes, leaf.reason, "vigil.dev/leaf-switch=leaf-a", "sweep-1")
+        again = e.component_failed(leaf.node, leaf.nodes, leaf.reason, "vigil.dev/leaf-switch=leaf-a", "sweep-2")
         await e.drain()
         assert "3 node(s) behind it, none cordoned; paged once" in said and "not paged again" in again
         assert LocalQuarantines(store.db).nodes() == {}

@@ -1,9 +1,9 @@
-"""Topology-aware pairing and localisation (``controller.fabric``), on a simulated fat tree.
+"""Topology-aware pairing and localisation (``controller.sweeps.fabric``), on a simulated fat tree.
 
 A pair's all-reduce runs at the speed of the slowest part on its path: each member's NIC, each
 member's leaf switch; across leaves also each member's own uplink out of its leaf, each leaf's
 uplink and each leaf's spine. Healthy parts run at 9-11 GB/s (noise); a bad part at a tenth.
-The pipeline is the sweep's (``controller.sweep.Sweeper._fabric``) without the I/O.
+The pipeline is the sweep's (``controller.sweeps.sweeper.Sweeper._fabric``) without the I/O.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from controller.fabric import (
+from controller.sweeps.fabric import (
     ACROSS,
     WITHIN,
     FabricJudge,
@@ -27,9 +27,9 @@ from controller.fabric import (
     pair_class,
     tournament,
 )
-from controller.pairing import Finding, Pair, batches
-from controller.sweep_judge import PairRun
-from controller.topology import Place
+from controller.sweeps.judge import PairRun
+from controller.sweeps.pairing import Finding, Pair, batches
+from controller.sweeps.topology import Place
 
 SIZES = (8, 1 << 20, 1 << 30)
 

@@ -1,4 +1,4 @@
-"""Goodput accounting (controller/goodput.py): every second of a job's timeline lands in one kind."""
+"""Goodput accounting (controller/jobs/goodput.py): every second of a job's timeline lands in one kind."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from controller.goodput import Goodput, committed, started, trained
+from controller.jobs.goodput import Goodput, committed, started, trained
 
 
 def test_a_crash_loses_the_steps_after_the_committed_checkpoint() -> None:

@@ -3,7 +3,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from controller.guard_rules import (
+from controller.nodes.guard_rules import (
     Admission,
     BreakerState,
     GuardrailConfig,

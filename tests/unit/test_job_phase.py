@@ -1,10 +1,10 @@
-"""A job's phases and the moves between them (``controller.job_state.JobPhase``)."""
+"""A job's phases and the moves between them (``controller.jobs.state.JobPhase``)."""
 
 from __future__ import annotations
 
 import pytest
 
-from controller.job_state import Job, JobPhase
+from controller.jobs.state import Job, JobPhase
 
 
 def test_a_drop_stop_waits_for_its_recovery_sweep_before_the_job_may_start_again() -> None:

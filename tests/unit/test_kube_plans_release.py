@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from controller.kube.plans import changed_since_quarantine, plan_quarantine, plan_release
+from controller.act.kube.plans import changed_since_quarantine, plan_quarantine, plan_release
 
 NOW = 1_800_000_000.0
 

@@ -1,4 +1,4 @@
-"""The MFU monitor's judgement (controller.mfu) and the hook's window figures (trainer_hooks.window)."""
+"""The MFU monitor's judgement (controller.jobs.mfu) and the hook's window figures (trainer_hooks.window)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from controller.config import JobsConfig
-from controller.mfu import RankTime, Reading, Track, Unit, blame, observe, stragglers, window_figure
+from controller.jobs.mfu import RankTime, Reading, Track, Unit, blame, observe, stragglers, window_figure
 from trainer_hooks.window import RankWindow, figures
 
 CFG = JobsConfig(warmup_windows=1, baseline_windows=3, drop_fraction=0.2, drop_windows=2)

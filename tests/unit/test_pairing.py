@@ -3,7 +3,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from controller.pairing import batches, culprits, pair_up, plan_isolation, slow_pairs
+from controller.sweeps.pairing import batches, culprits, pair_up, plan_isolation, slow_pairs
 
 
 def simulate(nodes: list[str], speed: dict[str, float], pairs: list[tuple[str, str]]) -> dict[tuple[str, str], float]:

@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import pytest
 
-from controller.plan import HistoryError, PlanInputs, make_plan, rate_from_history
-from controller.plan_faults import LLAMA3_MIX
-from controller.plan_model import DAY_S, Cluster, Times, curve, daly_interval_s, optimum, young_interval_s
+from controller.planning.faults import LLAMA3_MIX
+from controller.planning.model import DAY_S, Cluster, Times, curve, daly_interval_s, optimum, young_interval_s
+from controller.planning.plan import HistoryError, PlanInputs, make_plan, rate_from_history
 
 META_16K = Cluster(gpus=16384, failures_per_1000_gpu_days=6.5 / 8)
 LLAMA3 = Cluster(gpus=16384, failures_per_1000_gpu_days=1000 * 419 / (16384 * 54))

@@ -4,13 +4,11 @@ import asyncio
 from dataclasses import replace
 from pathlib import Path
 
-from controller.actuators import NullPager
-from controller.decide import quarantine_confirmed, recovered
-from controller.engine import Engine
-from controller.local_actuator import LocalActuator, LocalQuarantines
-from controller.node_state import Health, NodeState, state_from_json, state_to_json
-from controller.policy import Policy
-from controller.recovery import (
+from controller.act.actuators import NullPager
+from controller.act.local_actuator import LocalActuator, LocalQuarantines
+from controller.nodes.decide import quarantine_confirmed, recovered
+from controller.nodes.engine import Engine
+from controller.nodes.recovery import (
     RecoveryConfig,
     check_releases,
     release_check_due,
@@ -18,6 +16,8 @@ from controller.recovery import (
     repeat_offender_note,
 )
 from controller.store import Store
+from controller.vocab.node_state import Health, NodeState, state_from_json, state_to_json
+from controller.vocab.policy import Policy
 from protos.vigil.v1 import common_pb2
 from vigil_core.signals import GpuRef, Signal, SignalKind
 

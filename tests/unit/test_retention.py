@@ -5,11 +5,11 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from controller.actuators import NullPager
-from controller.engine import Engine
-from controller.local_actuator import LocalActuator
-from controller.policy import Policy
+from controller.act.actuators import NullPager
+from controller.act.local_actuator import LocalActuator
+from controller.nodes.engine import Engine
 from controller.store import Store
+from controller.vocab.policy import Policy
 from vigil_core.signals import GpuRef, Signal, SignalKind
 
 DAY = 86400.0

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from controller.rule_stats import AUTOMATIC, Decision, PersonAction, count_rules, rule_id
+from controller.nodes.rule_stats import AUTOMATIC, Decision, PersonAction, count_rules, rule_id
 
 
 def test_rule_ids_name_the_xid_or_the_kind() -> None:

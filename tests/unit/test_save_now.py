@@ -1,8 +1,8 @@
-"""When a running job is asked to save now (``controller.save_now``)."""
+"""When a running job is asked to save now (``controller.jobs.save_now``)."""
 
 from __future__ import annotations
 
-from controller.save_now import SaveRequests
+from controller.jobs.save_now import SaveRequests
 
 NODES = ("n1", "n2", "n3")
 

@@ -4,7 +4,7 @@ acknowledgements, broken streams and agent restarts.
 
 The link here is driven step by step the way ``agent.link.ControllerLink`` drives the spool (``take``
 after what this stream sent, ``ack`` on the controller's word, everything unacknowledged sent again
-on a new stream); the controller keeps what ``controller.engine.Engine.receive`` keeps (a batch
+on a new stream); the controller keeps what ``controller.nodes.engine.Engine.receive`` keeps (a batch
 committed once per seq, replays ignored).
 """
 

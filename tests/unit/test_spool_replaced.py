@@ -5,12 +5,12 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from controller.actuators import NullPager
-from controller.engine import Engine
-from controller.local_actuator import LocalActuator
-from controller.node_state import Health
-from controller.policy import Policy
+from controller.act.actuators import NullPager
+from controller.act.local_actuator import LocalActuator
+from controller.nodes.engine import Engine
 from controller.store import Store
+from controller.vocab.node_state import Health
+from controller.vocab.policy import Policy
 
 
 def test_a_replaced_spool_that_held_signals_opens_an_incident_with_their_count(tmp_path: Path) -> None:

@@ -6,9 +6,8 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from checks.result import CheckResult, Verdict
-from controller.agent_gateway import peer_host
-from controller.pairing import Finding
-from controller.sweep_judge import (
+from controller.edge.agent_gateway import peer_host
+from controller.sweeps.judge import (
     NodeCheck,
     PairRun,
     Row,
@@ -19,7 +18,8 @@ from controller.sweep_judge import (
     pair_rows,
     pair_run,
 )
-from controller.sweep_spec import ALL_CHECKS, SweepConfig, SweepError, master_address, pair_params, sweep_spec
+from controller.sweeps.pairing import Finding
+from controller.sweeps.spec import ALL_CHECKS, SweepConfig, SweepError, master_address, pair_params, sweep_spec
 
 
 def matmul(node: str, per_gpu: list[float], peak: float = 989.0) -> NodeCheck:

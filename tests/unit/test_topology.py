@@ -1,11 +1,11 @@
-"""Where each node sits in the fabric: from labels, from a topology file (``controller.topology``)."""
+"""Where each node sits in the fabric: from labels, from a topology file (``controller.sweeps.topology``)."""
 
 from __future__ import annotations
 
 import pytest
 from pydantic import ValidationError
 
-from controller.topology import (
+from controller.sweeps.topology import (
     Place,
     TopologyConfig,
     TopologyError,

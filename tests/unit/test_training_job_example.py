@@ -9,7 +9,7 @@ from pathlib import Path
 
 import yaml
 
-from controller.kube.plans import TAINT_KEY
+from controller.act.kube.plans import TAINT_KEY
 from trainer_hooks.protocol import CHECKPOINTED_EXIT_CODE
 
 EXAMPLE = Path(__file__).parents[2] / "deploy" / "training-job.example.yaml"

@@ -1,0 +1,1 @@
+"""The world acted on: Kubernetes, the local actuator, the pagers, agents' tokens."""

@@ -1,0 +1,125 @@
+"""Actuators carry out the decisions' side effects. Each call is idempotent by incident id: the
+action runner may repeat it after a failure, a controller restart or a change of leader.
+
+This module has the interfaces and the pagers that need nothing: the console pager prints the page.
+The local actuator (the demo's, no Kubernetes) is in ``controller.act.local_actuator``, the Kubernetes
+one in ``controller.act.kube``, the Slack and webhook pagers in ``controller.act.pagers``.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from typing import Protocol, TextIO
+
+from controller.vocab.actions import Drain, Page, PageUpdate, Quarantine
+
+
+class PermanentActionError(Exception):
+    """The action cannot succeed by trying again (the node does not exist, access is denied)."""
+
+
+class SelectionError(ValueError):
+    """Nodes could not be chosen as asked (a bad label selector, a Job with no pods, no Kubernetes)."""
+
+
+class NotReadyYet(Exception):
+    """The action depends on another still under way (a thread reply before its message): try later."""
+
+
+@dataclass(frozen=True, slots=True)
+class Release:
+    released: bool  # False: the node was not quarantined by Vigil, and was left as it is
+    detail: str
+
+
+@dataclass(frozen=True, slots=True)
+class FoundQuarantine:
+    """A quarantine that Vigil made, as the cluster records it (for a new leader to adopt)."""
+
+    node: str
+    incident_id: str
+    reason: str
+    at: float
+
+
+class NodeSelector(Protocol):
+    def nodes_matching(self, selector: str) -> list[str]:
+        """The nodes a label selector picks; raises SelectionError."""
+        ...
+
+    def job_nodes(self, namespace: str, job: str) -> list[str]:
+        """The nodes that a Job's pods run on; raises SelectionError."""
+        ...
+
+
+class Actuator(NodeSelector, Protocol):
+    def quarantine(self, action: Quarantine) -> str:
+        """Take the node out of service; returns a one-line account of what was done."""
+        ...
+
+    def release(self, node: str, reason: str) -> Release:
+        """Return the node to service, only if Vigil quarantined it."""
+        ...
+
+    def drain(self, action: Drain) -> str:
+        """Evict the node's workload pods; raises while some cannot be evicted yet (a budget forbids it)."""
+        ...
+
+    def adopt(self) -> list[FoundQuarantine]:
+        """The quarantines Vigil made that the cluster records (empty where the store is the record)."""
+        ...
+
+    def node_labels(self) -> dict[str, dict[str, str]]:
+        """Every node's labels (the failure domains come from them)."""
+        ...
+
+
+class Pager(Protocol):
+    def page(self, action: Page) -> str: ...
+
+    def update(self, action: PageUpdate) -> str: ...
+
+    def resync(self) -> int:
+        """Learn which incidents were paged already (a new leader); returns how many were found."""
+        ...
+
+
+class ConsolePager:
+    """Writes each page as a block of text, for the demo and for a person watching a terminal."""
+
+    def __init__(self, out: TextIO = sys.stdout) -> None:
+        self._out = out
+
+    def page(self, action: Page) -> str:
+        lines = [
+            f"PAGE [{action.severity.value.upper()}] incident {action.incident_id}",
+            f"  node:    {action.node}",
+            f"  what:    {action.summary}",
+            f"  did:     {action.did or '-'}",
+            f"  do:      {action.remedy or 'investigate the node'}",
+        ]
+        self._write(lines)
+        return "paged (console)"
+
+    def update(self, action: PageUpdate) -> str:
+        self._write([f"  update [{action.incident_id}] {action.tag}: {action.text}"])
+        return "updated (console)"
+
+    def resync(self) -> int:
+        return 0
+
+    def _write(self, lines: list[str]) -> None:
+        self._out.write("\n".join(lines) + "\n")
+        self._out.flush()
+
+
+class NullPager:
+    def page(self, action: Page) -> str:
+        return "paging disabled"
+
+    def update(self, action: PageUpdate) -> str:
+        return "paging disabled"
+
+    def resync(self) -> int:
+        return 0

@@ -1,0 +1,269 @@
+"""The Kubernetes actuator: quarantine (taint + cordon + condition + Event + ownership annotations),
+release (only what Vigil quarantined), optional drain, and adoption of existing quarantines.
+
+Each call is idempotent: it reads the node, plans the writes (``controller.act.kube.plans``, pure) and
+sends them; a 409 (the node changed under us) means read again and plan again. The cordon is
+written first, being what the scheduler acts on; the condition and the Event follow.
+
+Bursts: while many quarantines are under way at once, nodes are read from one shared LIST
+(refreshed at most every ``list_ttl_s``) instead of one GET each; a stale read costs a 409 and a
+GET for that node only. The rate of quarantines is limited upstream (the engine's token bucket).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, cast
+
+import structlog
+import urllib3
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from controller.act.actuators import FoundQuarantine, PermanentActionError, Release, SelectionError
+from controller.act.kube.plans import FIELD_MANAGER, Json, found_quarantine, plan_quarantine, plan_release
+from controller.vocab.actions import Drain, Quarantine
+
+log = structlog.get_logger(__name__)
+
+MERGE_PATCH = "application/merge-patch+json"
+STRATEGIC_PATCH = "application/strategic-merge-patch+json"
+_CONFLICT_RETRIES = 5
+
+
+class DrainBlocked(Exception):
+    """Some pods may not be evicted yet: their PodDisruptionBudget forbids it for now."""
+
+
+class KubeActuator:
+    def __init__(
+        self,
+        api: client.ApiClient,
+        events_namespace: str = "default",
+        batch_threshold: int = 8,
+        list_ttl_s: float = 1.0,
+        timeout_s: float = 10.0,
+    ) -> None:
+        self._core = client.CoreV1Api(api)
+        self._namespace = events_namespace
+        self._timeout = timeout_s
+        self._batch_threshold = batch_threshold
+        self._list_ttl = list_ttl_s
+        self._lock = threading.Lock()
+        self._under_way = 0
+        self._listing: dict[str, Json] = {}
+        self._listed_at = float("-inf")
+        self.lists = 0  # LIST calls made (the burst path)
+
+    # Reading ----------------------------------------------------------------------------------
+
+    def _get(self, name: str) -> Json:
+        try:
+            resp = self._core.read_node(name, _preload_content=False, _request_timeout=self._timeout)
+        except ApiException as exc:
+            if exc.status in (403, 404):
+                raise PermanentActionError(f"cannot read node {name!r}: {exc.status} {exc.reason}") from None
+            raise
+        return _json(resp)
+
+    def _read(self, name: str, fresh: bool) -> Json:
+        with self._lock:
+            burst = self._under_way > self._batch_threshold
+        if fresh or not burst:
+            return self._get(name)
+        with self._lock:
+            if time.monotonic() - self._listed_at > self._list_ttl:
+                resp = self._core.list_node(_preload_content=False, _request_timeout=self._timeout)
+                self._listing = {n["metadata"]["name"]: n for n in _json(resp)["items"]}
+                self._listed_at = time.monotonic()
+                self.lists += 1
+            node = self._listing.get(name)
+        return node if node is not None else self._get(name)
+
+    # Quarantine -------------------------------------------------------------------------------
+
+    def quarantine(self, action: Quarantine) -> str:
+        with self._lock:
+            self._under_way += 1
+        try:
+            return self._quarantine(action)
+        finally:
+            with self._lock:
+                self._under_way -= 1
+
+    def _quarantine(self, action: Quarantine) -> str:
+        fresh = False
+        for _ in range(_CONFLICT_RETRIES):
+            node = self._read(action.node, fresh)
+            plan = plan_quarantine(node, action.incident_id, action.reason, time.time(), self._namespace)
+            if isinstance(plan, str):
+                return f"already quarantined by Vigil (incident {plan}); left as it is"
+            if plan.node_patch is not None and not self._patch_node(action.node, plan.node_patch):
+                fresh = True
+                continue
+            self._patch_status(action.node, plan.status_patch)
+            self._create_event(plan.event)
+            if plan.node_patch is None:
+                return "already tainted and cordoned; condition and Event ensured"
+            return "tainted, cordoned, condition and Event written"
+        raise RuntimeError(f"node {action.node!r} kept changing: {_CONFLICT_RETRIES} conflicts in a row")
+
+    def _patch_node(self, name: str, body: Json) -> bool:
+        """False on 409 (the node changed since it was read)."""
+        try:
+            self._core.patch_node(
+                name, body, field_manager=FIELD_MANAGER, _content_type=MERGE_PATCH, _request_timeout=self._timeout
+            )
+        except ApiException as exc:
+            if exc.status == 409:
+                log.info("node_conflict", node=name)
+                return False
+            _raise_permanent(exc, f"patch node {name!r}")
+            raise
+        return True
+
+    def _patch_status(self, name: str, body: Json) -> None:
+        try:
+            self._core.patch_node_status(name, body, _content_type=STRATEGIC_PATCH, _request_timeout=self._timeout)
+        except ApiException as exc:
+            _raise_permanent(exc, f"patch node {name!r} status")
+            raise
+
+    def _create_event(self, event: Json) -> None:
+        try:
+            self._core.create_namespaced_event(self._namespace, cast(Any, event), _request_timeout=self._timeout)
+        except ApiException as exc:
+            if exc.status == 409:
+                return  # an earlier attempt wrote it
+            _raise_permanent(exc, "create event")
+            raise
+
+    # Drain (opt-in) ---------------------------------------------------------------------------
+
+    def drain(self, action: Drain) -> str:
+        """Evict the node's pods through the Eviction API, which honours PodDisruptionBudgets.
+
+        DaemonSet pods (Vigil's agent among them) and mirror pods stay. While a budget forbids an
+        eviction (429), this raises, naming the pods, and the action runner tries again later.
+        """
+        node = action.node
+        pods = self._core.list_pod_for_all_namespaces(
+            field_selector=f"spec.nodeName={node}", _preload_content=False, _request_timeout=self._timeout
+        )
+        evicted, blocked = 0, []
+        for pod in _json(pods)["items"]:
+            meta = pod["metadata"]
+            owners = {o.get("kind") for o in meta.get("ownerReferences") or []}
+            if "DaemonSet" in owners or "kubernetes.io/config.mirror" in (meta.get("annotations") or {}):
+                continue
+            body: dict[str, Any] = {
+                "apiVersion": "policy/v1",
+                "kind": "Eviction",
+                "metadata": {"name": meta["name"], "namespace": meta["namespace"]},
+            }
+            try:
+                self._core.create_namespaced_pod_eviction(
+                    meta["name"], meta["namespace"], cast(Any, body), _request_timeout=self._timeout
+                )
+                evicted += 1
+            except ApiException as exc:
+                if exc.status == 404:
+                    continue
+                if exc.status == 429:
+                    blocked.append(f"{meta['namespace']}/{meta['name']}")
+                    continue
+                raise
+        if blocked:
+            raise DrainBlocked(f"{evicted} pod(s) evicted; blocked by PodDisruptionBudgets: {', '.join(blocked)}")
+        return f"drained: {evicted} pod(s) evicted"
+
+    # Release and adoption ---------------------------------------------------------------------
+
+    def release(self, node: str, reason: str) -> Release:
+        for _ in range(_CONFLICT_RETRIES):
+            current = self._get(node)
+            plan = plan_release(current, reason, time.time(), self._namespace)
+            if plan is None:
+                cordoned = bool(current.get("spec", {}).get("unschedulable"))
+                note = " (it is cordoned, by someone else)" if cordoned else ""
+                return Release(False, f"not quarantined by Vigil{note}: left as it is")
+            if not self._patch_node(node, plan.node_patch):
+                continue
+            self._patch_status(node, plan.status_patch)
+            self._create_event(plan.event)
+            if plan.changed_by:
+                log.warning("release_left_cordoned", node=node, changed_by=plan.changed_by)
+                return Release(True, f"Vigil's taint removed; left cordoned: {plan.changed_by}")
+            kept = "; it stays cordoned, as it was before Vigil" if plan.keeps_cordon else ""
+            return Release(True, f"taint removed, uncordoned{kept}")
+        raise RuntimeError(f"node {node!r} kept changing: {_CONFLICT_RETRIES} conflicts in a row")
+
+    def node_labels(self) -> dict[str, dict[str, str]]:
+        resp = self._core.list_node(_preload_content=False, _request_timeout=self._timeout)
+        return {n["metadata"]["name"]: dict(n["metadata"].get("labels") or {}) for n in _json(resp)["items"]}
+
+    def adopt(self) -> list[FoundQuarantine]:
+        resp = self._core.list_node(_preload_content=False, _request_timeout=self._timeout)
+        found = []
+        for node in _json(resp)["items"]:
+            q = found_quarantine(node)
+            if q is not None:
+                found.append(FoundQuarantine(node["metadata"]["name"], *q))
+        return found
+
+    # Choosing nodes (sweeps) -------------------------------------------------------------------
+
+    def nodes_matching(self, selector: str) -> list[str]:
+        items = self._list(
+            f"label selector {selector!r}",
+            lambda: self._core.list_node(
+                label_selector=selector, _preload_content=False, _request_timeout=self._timeout
+            ),
+        )
+        return sorted(n["metadata"]["name"] for n in items)
+
+    def job_nodes(self, namespace: str, job: str) -> list[str]:
+        """Nodes of the Job's pods that have not finished. Pods carry ``batch.kubernetes.io/job-name``
+        since Kubernetes 1.27, ``job-name`` before."""
+        pods: list[Json] = []
+        for label in ("batch.kubernetes.io/job-name", "job-name"):
+            pods = self._list(
+                f"Job {namespace}/{job}",
+                lambda label=label: self._core.list_namespaced_pod(  # type: ignore[misc]
+                    namespace, label_selector=f"{label}={job}", _preload_content=False, _request_timeout=self._timeout
+                ),
+            )
+            if pods:
+                break
+        nodes = {
+            p["spec"]["nodeName"]
+            for p in pods
+            if p.get("spec", {}).get("nodeName") and p.get("status", {}).get("phase") not in ("Succeeded", "Failed")
+        }
+        if not nodes:
+            raise SelectionError(f"Job {namespace}/{job} has no running pods on any node")
+        return sorted(nodes)
+
+    def _list(self, what: str, call: Callable[[], object]) -> list[Json]:
+        try:
+            items: list[Json] = _json(call())["items"]
+        except ApiException as exc:
+            raise SelectionError(f"{what}: the API server answered {exc.status} {exc.reason}") from None
+        except urllib3.exceptions.HTTPError as exc:  # unreachable after the client's retries
+            raise SelectionError(f"{what}: cannot reach the API server: {exc}") from None
+        return items
+
+
+def _raise_permanent(exc: ApiException, what: str) -> None:
+    if exc.status in (400, 403, 404, 422):
+        raise PermanentActionError(f"{what}: {exc.status} {exc.reason}: {str(exc.body)[:300]}") from None
+
+
+def _json(response: object) -> Json:
+    """The body of a call made with ``_preload_content=False`` (skipping the model classes: a LIST of
+    thousands of nodes parses several times faster as plain JSON)."""
+    data: Json = json.loads(cast(Any, response).data)
+    return data

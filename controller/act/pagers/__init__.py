@@ -1,0 +1,1 @@
+"""Pagers that reach people: Slack and a generic JSON webhook (the console pager is in controller.act.actuators)."""

@@ -1,0 +1,1 @@
+"""Where the wire ends: the gRPC services, who may call them, and what they refuse."""

@@ -1,0 +1,164 @@
+"""Who may call what, under mutual TLS (``vigil_core.tls``): one interceptor for every service.
+
+- AgentGateway: ``node:`` certificates (and ``Connect`` lets a node speak only for itself);
+- TrainerGateway: ``trainer:`` or ``admin:`` certificates;
+- Admin: ``admin:`` certificates only.
+A client without a certificate of the cluster's CA never gets this far: the handshake refuses it.
+The DaemonSet's shared ``agents`` certificate names no node: its calls must bring the pod's
+service-account token, and the node the API server names for it is the caller
+(``controller.act.agent_tokens``; refused where the controller does not take tokens). Handlers learn
+who called from ``caller()``. In plaintext (local use) the interceptor is not installed and nobody
+is checked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING, Any
+
+import grpc
+import structlog
+
+from controller.act.agent_tokens import ReviewUnavailable
+from controller.edge.interceptors import WrappingInterceptor
+from vigil_core.tls import Identity, peer_identity
+
+if TYPE_CHECKING:  # the kubernetes client is imported only where agents may bring tokens
+    from controller.act.kube.tokens import TokenReviewer
+
+log = structlog.get_logger(__name__)
+AGENT_SERVICE = "vigil.v1.AgentGateway"
+_CALLER: contextvars.ContextVar[Identity | None] = contextvars.ContextVar("vigil_caller", default=None)
+
+
+def caller() -> Identity | None:
+    """Who is making the call being handled: its certificate's or its token's identity; None in
+    plaintext."""
+    return _CALLER.get()
+
+
+ROLES_BY_SERVICE: dict[str, tuple[str, ...]] = {
+    AGENT_SERVICE: ("node",),
+    "vigil.v1.TrainerGateway": ("trainer", "admin"),
+    "vigil.v1.Admin": ("admin",),
+}
+
+
+def allowed(service: str, who: Identity | None) -> str:
+    """Why ``who`` may not call ``service``; "" when it may. Pure."""
+    if who is None:
+        return "the client certificate names no Vigil identity (node:NAME, admin:WHO, trainer:NAME)"
+    roles = ROLES_BY_SERVICE.get(service, ())
+    if who.role not in roles:
+        return f"{who} may not call {service} (it takes {' or '.join(roles) or 'nobody'})"
+    return ""
+
+
+def bearer(metadata: object) -> str:
+    """The token of an ``authorization: Bearer`` header in a call's metadata; "" when none. Pure."""
+    for key, value in metadata if isinstance(metadata, tuple | list) else ():
+        if key == "authorization" and isinstance(value, str) and value.startswith("Bearer "):
+            return value.removeprefix("Bearer ").strip()
+    return ""
+
+
+async def _refuse(context: grpc.aio.ServicerContext, service: str, code: grpc.StatusCode, why: str) -> None:
+    log.warning("call_refused", service=service, peer=context.peer(), why=why)
+    await context.abort(code, why)
+
+
+async def _require(service: str, context: grpc.aio.ServicerContext, tokens: TokenReviewer | None) -> None:
+    who = peer_identity(context.auth_context())
+    if who is not None and who.role == "agents" and service == AGENT_SERVICE:  # whose node, the token says
+        token = bearer(context.invocation_metadata())
+        if tokens is None:
+            why = "the shared agents certificate needs agent_tokens enabled on the controller"
+            await _refuse(context, service, grpc.StatusCode.PERMISSION_DENIED, why)
+        elif not token:
+            why = "the shared agents certificate needs the pod's service-account token (authorization: Bearer)"
+            await _refuse(context, service, grpc.StatusCode.UNAUTHENTICATED, why)
+        else:
+            try:
+                reviewed = await asyncio.to_thread(tokens.review, token)  # the kubernetes client blocks
+            except ReviewUnavailable as exc:  # neither accepted nor refused: the agent tries again
+                reviewed = None
+                await _refuse(context, service, grpc.StatusCode.UNAVAILABLE, str(exc))
+            if isinstance(reviewed, str):
+                await _refuse(context, service, grpc.StatusCode.UNAUTHENTICATED, reviewed)
+            who = reviewed if isinstance(reviewed, Identity) else None
+    if why := allowed(service, who):
+        await _refuse(context, service, grpc.StatusCode.PERMISSION_DENIED, why)
+    _CALLER.set(who)
+
+
+class RoleInterceptor(WrappingInterceptor):
+    def __init__(self, tokens: TokenReviewer | None = None) -> None:
+        self.tokens = tokens
+
+    def wrap(self, handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
+        return _guarded(handler, method.split("/")[1], self.tokens)
+
+
+def _guarded(handler: grpc.RpcMethodHandler, service: str, tokens: TokenReviewer | None) -> grpc.RpcMethodHandler:
+    """The same handler, checking the caller first."""
+    codec: dict[str, Any] = {
+        "request_deserializer": handler.request_deserializer,
+        "response_serializer": handler.response_serializer,
+    }
+    if handler.unary_unary:
+        unary = handler.unary_unary
+
+        async def unary_unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            await _require(service, context, tokens)
+            return await unary(request, context)
+
+        return grpc.unary_unary_rpc_method_handler(unary_unary, **codec)
+    if handler.unary_stream:
+        return grpc.unary_stream_rpc_method_handler(_streaming(service, handler.unary_stream, tokens), **codec)
+    if handler.stream_stream:
+        return grpc.stream_stream_rpc_method_handler(_streaming(service, handler.stream_stream, tokens), **codec)
+    raise TypeError(f"{service}: a client-streaming method is not guarded")  # Vigil has none
+
+
+def _streaming(
+    service: str, inner: Callable[[Any, Any], AsyncIterator[Any]], tokens: TokenReviewer | None
+) -> Callable[..., AsyncIterator[Any]]:
+    """A server-streaming method (its argument a request or the requests' iterator), checked first."""
+
+    async def guarded(argument: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        await _require(service, context, tokens)
+        who, token = caller(), bearer(context.invocation_metadata())
+        if tokens is not None and token and who is not None and hasattr(argument, "__aiter__"):
+            argument = _rechecked(argument, context, service, tokens, token, who)
+        async for reply in inner(argument, context):
+            yield reply
+
+    return guarded
+
+
+async def _rechecked(
+    requests: AsyncIterator[Any],
+    context: grpc.aio.ServicerContext,
+    service: str,
+    tokens: TokenReviewer,
+    token: str,
+    who: Identity,
+) -> AsyncIterator[Any]:
+    """A token-proven stream's messages, the token reviewed again every ``recheck_s``: one revoked
+    (or now naming another node) ends the stream, UNAUTHENTICATED, at its next message."""
+    reviewed_at = time.monotonic()
+    async for message in requests:
+        if time.monotonic() - reviewed_at >= tokens.recheck_s:
+            try:
+                again = await asyncio.to_thread(tokens.review, token)
+            except ReviewUnavailable:
+                again = who  # the API server is away: neither accepted nor refused; ask again next time
+            else:
+                reviewed_at = time.monotonic()
+            if again != who:
+                why = again if isinstance(again, str) else f"the token now speaks for {again}, not {who}"
+                await _refuse(context, service, grpc.StatusCode.UNAUTHENTICATED, f"token no longer accepted: {why}")
+        yield message

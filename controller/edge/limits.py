@@ -1,0 +1,29 @@
+"""What one client may send (the ``limits:`` section of the controller's configuration)."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from vigil_core.config_file import ConfigModel
+
+
+class LimitsConfig(ConfigModel):
+    """What one client may send: beyond these, a call is refused (RESOURCE_EXHAUSTED) and logged."""
+
+    max_message_bytes: int = Field(default=4 << 20, ge=64 << 10, le=64 << 20, description="one gRPC message")
+    agent_messages_per_s: float = Field(default=20.0, gt=0, description="per node: heartbeats, batches, results")
+    agent_burst: int = Field(default=200, ge=1)
+    reports_per_s: float = Field(default=5.0, gt=0, description="per training job: Progress and Plan calls")
+    report_burst: int = Field(default=50, ge=1)
+    check_results_per_node_hour: int = Field(
+        default=120, ge=1, description="check results nobody asked for, stored per node and hour; past it, counted"
+    )
+    max_nodes: int = Field(
+        default=50_000, ge=1, description="nodes the controller knows at most; a Hello from a new one beyond is refused"
+    )
+    max_seq_gap: int = Field(
+        default=10_000_000,
+        ge=1000,
+        description="a signal numbered this far past its spool's last one is refused (INVALID_ARGUMENT), "
+        "not taken: taking it would silence every later signal of that spool",
+    )

@@ -1,0 +1,1 @@
+"""Training jobs: their reports, MFU, goodput, saves and restarts."""

@@ -1,0 +1,160 @@
+"""Carries out the actions the engine committed: each once per incident, retried with backoff.
+
+Actions run in threads (actuators make blocking HTTP calls) under the quarantine rate limit. The
+agent's acknowledgement of a signal waits until the actions that signal asked for are done (or
+given up): a controller that dies with an action under way has not acknowledged its signal, so the
+agent replays it to the next controller, which carries the action out (idempotently) instead of
+losing it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+
+import structlog
+
+from controller.act.actuators import Actuator, NotReadyYet, Pager, PermanentActionError
+from controller.metrics import ControllerMetrics
+from controller.nodes.apply import execute
+from controller.nodes.guard_rules import TokenBucket
+from controller.store import ActionLog, PendingAction
+from controller.vocab.actions import ExternalAction, Page, Quarantine, action_kind
+from vigil_core.supervise import Tasks
+
+log = structlog.get_logger(__name__)
+
+MAX_ACTION_ATTEMPTS = 8
+# Actions block on HTTP: a burst needs more of them under way than the default executor's few threads
+# (the rate limit, not the thread count, is what paces the writes).
+ACTION_THREADS = 32
+MAX_WAIT_FOR_OTHER_S = 600.0  # a thread reply waits this long for its message (Slack may rate-limit it)
+
+ActionKey = tuple[str, str]  # (incident id, action kind)
+
+
+def retry_delay(attempt: int) -> float:
+    return min(30.0, 0.5 * 2.0**attempt)
+
+
+class ActionRunner:
+    def __init__(
+        self,
+        actions: ActionLog,
+        actuator: Actuator,
+        pager: Pager,
+        metrics: ControllerMetrics,
+        bucket: TokenBucket,
+        clock: Callable[[], float] = time.time,
+        on_done: Callable[[PendingAction, str], None] = lambda pending, detail: None,
+        on_ack: Callable[[str], None] = lambda node: None,
+        tasks: Tasks | None = None,
+    ) -> None:
+        self.actions = actions
+        self.tasks = tasks or Tasks()
+        self.actuator = actuator
+        self.pager = pager
+        self.metrics = metrics
+        self.bucket = bucket
+        self.clock = clock
+        self.on_done = on_done  # an action was carried out
+        self.on_ack = on_ack  # the node's ackable seq moved
+        self._in_flight: set[ActionKey] = set()
+        self._unfinished: dict[str, dict[ActionKey, int]] = {}  # node -> action -> the signal's seq
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._executor = ThreadPoolExecutor(ACTION_THREADS, thread_name_prefix="action")
+
+    def held_back_seq(self, node: str) -> int | None:
+        """The lowest seq of the node's signals whose actions are not done yet, if any."""
+        waiting = self._unfinished.get(node)
+        return min(waiting.values()) if waiting else None
+
+    def request(self, action: ExternalAction, now: float | None = None) -> bool:
+        """An action the controller asks for itself (not for an agent's signal): record it, once per
+        incident and kind, and carry it out. False when that incident already has it."""
+        if not self.actions.add(action, self.clock() if now is None else now):
+            return False
+        self.schedule(PendingAction(action.incident_id, action, 0))
+        return True
+
+    def schedule(self, pending: PendingAction) -> None:
+        key = (pending.incident_id, action_kind(pending.action))
+        if key in self._in_flight:
+            return
+        self._in_flight.add(key)
+        if pending.seq > 0:
+            self._unfinished.setdefault(pending.action.node, {})[key] = pending.seq
+        task = asyncio.get_running_loop().create_task(self._run(pending, key))
+        self.tasks.watch("action", task)  # an exception (the database away at _finish) is said
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _run(self, pending: PendingAction, key: ActionKey) -> None:
+        action, kind = pending.action, key[1]
+        bound = log.bind(incident=pending.incident_id, node=action.node, action=kind)
+        try:
+            attempt, waited_s = pending.attempts, 0.0
+            while attempt < MAX_ACTION_ATTEMPTS:
+                if isinstance(action, Quarantine) and not action.dry_run:
+                    await asyncio.sleep(self.bucket.reserve(time.monotonic()))
+                try:
+                    loop = asyncio.get_running_loop()
+                    detail = await loop.run_in_executor(self._executor, execute, action, self.actuator, self.pager)
+                except PermanentActionError as exc:
+                    bound.error("action_failed_permanently", error=str(exc))
+                    self._finish(pending, kind, "FAILED", str(exc)[:500])
+                    return
+                except NotReadyYet as exc:  # waiting on another action is not a failed attempt
+                    if waited_s >= MAX_WAIT_FOR_OTHER_S:
+                        self._finish(pending, kind, "FAILED", f"gave up waiting: {exc}")
+                        return
+                    await asyncio.sleep(0.2)
+                    waited_s += 0.2
+                    continue
+                except Exception as exc:  # the actuator's failure is retried, never fatal
+                    bound.warning("action_failed", attempt=attempt, error=repr(exc))
+                    self.actions.count_attempt(pending.incident_id, kind, repr(exc)[:500])
+                    await asyncio.sleep(retry_delay(attempt))
+                    attempt += 1
+                    continue
+                latency = self._finish(pending, kind, "DONE", detail)
+                bound.info("action_done", detail=detail, latency_s=round(latency, 4))
+                self.on_done(pending, detail)
+                return
+            self._finish(pending, kind, "FAILED", "gave up after retries")
+            bound.error("action_gave_up", attempts=MAX_ACTION_ATTEMPTS)
+        finally:
+            self._in_flight.discard(key)
+            self._release_ack(action.node, key)
+
+    def _finish(self, pending: PendingAction, kind: str, status: str, detail: str) -> float:
+        now = self.clock()
+        self.actions.finish(pending.incident_id, kind, status, detail, now)
+        family = kind.split(":")[0]
+        self.metrics.actions.labels(family, status).inc()
+        observed_at = pending.action.observed_at
+        if status == "DONE" and observed_at > 0 and isinstance(pending.action, (Quarantine, Page)):
+            self.metrics.fault_to_action.labels(family).observe(now - observed_at)
+        return now - observed_at if observed_at > 0 else 0.0
+
+    def _release_ack(self, node: str, key: ActionKey) -> None:
+        waiting = self._unfinished.get(node)
+        if waiting is None or waiting.pop(key, None) is None:
+            return
+        if not waiting:
+            del self._unfinished[node]
+        self.on_ack(node)
+
+    async def drain(self) -> None:
+        """Wait for the actions under way to finish."""
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
+    async def shutdown(self) -> None:
+        """Stop now: actions still under way stay PENDING in the store and resume at the next start."""
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*list(self._tasks), return_exceptions=True)
+        self._executor.shutdown(wait=False, cancel_futures=True)  # a call already in an actuator finishes alone

@@ -1,0 +1,134 @@
+"""Application faults: XIDs the policy marks as the application's (13, 31, 43, 45) on most nodes of
+one training job within a short window are the job's own crash (its code, its data), not that many
+bad GPUs. They are recorded on each node, paged once for the job, and make no node SUSPECT.
+
+The job monitor keeps ``JobMembership`` (which nodes each job runs on, from its reports); the engine
+asks ``AppFaults`` before it decides an application XID. A crash is recognised once more than
+``fraction`` of the job's nodes have reported one within ``window_s``.
+
+Nodes of a job that crashed everywhere at once do not report in the same millisecond. So an
+application XID that would make a node of a job (of at least ``min_nodes``) SUSPECT is held for
+``grace_s``: recorded at once, decided only when no crash of its job claimed it by then (the
+engine's watch asks ``due``). The node being in service either way, waiting costs nothing; deciding
+first would page a node for its job's crash. The held decisions live in memory: a controller
+restart within the grace leaves them recorded but undecided.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import structlog
+from pydantic import Field
+
+from controller.vocab.actions import Page
+from controller.vocab.policy import Policy, Severity
+from vigil_core.config_file import ConfigModel
+from vigil_core.signals import Signal, SignalKind
+
+log = structlog.get_logger(__name__)
+
+MAX_HELD = 4096  # application XIDs waiting for their job's other nodes at once
+
+
+class AppFaultConfig(ConfigModel):
+    window_s: float = Field(default=60.0, gt=0, description="application XIDs on a job's nodes within this")
+    fraction: float = Field(default=0.5, ge=0, lt=1, description="more than this fraction of its nodes: the job's")
+    min_nodes: int = Field(default=2, ge=2, description="a job on fewer nodes is judged node by node")
+    page_every_s: float = Field(default=600.0, gt=0, description="one page per job crash within this")
+    grace_s: float = Field(
+        default=2.0, ge=0, le=60, description="a job's node's application XID waits this for the job's other nodes"
+    )
+
+
+def job_crashed(nodes: Sequence[str], last_hit: Mapping[str, float], now: float, config: AppFaultConfig) -> bool:
+    """Whether the job's nodes' application XIDs say the job itself crashed. Pure."""
+    if len(nodes) < config.min_nodes:
+        return False
+    hit = sum(1 for n in nodes if last_hit.get(n, float("-inf")) >= now - config.window_s)
+    return hit > config.fraction * len(nodes)
+
+
+class JobMembership:
+    """Which nodes each known job runs on (the job monitor writes, the engine reads)."""
+
+    def __init__(self) -> None:
+        self._nodes: dict[str, tuple[str, ...]] = {}
+
+    def set(self, job_id: str, nodes: Sequence[str]) -> None:
+        self._nodes[job_id] = tuple(nodes)
+
+    def forget(self, job_id: str) -> None:
+        self._nodes.pop(job_id, None)
+
+    def jobs_of(self, node: str) -> list[tuple[str, tuple[str, ...]]]:
+        return [(job, nodes) for job, nodes in sorted(self._nodes.items()) if node in nodes]
+
+
+class AppFaults:
+    def __init__(self, membership: JobMembership, config: AppFaultConfig | None = None) -> None:
+        self.membership = membership
+        self.config = config or AppFaultConfig()
+        self._last_hit: dict[str, float] = {}  # node -> its latest application XID
+        self._paged_at: dict[str, float] = {}  # job -> when its crash was last paged
+        self._held: list[tuple[float, Signal]] = []  # (decide at, signal): waiting for the job's other nodes
+
+    def observe(self, node: str, at: float) -> tuple[str, tuple[str, ...]] | None:
+        """An application XID on ``node``: the job (and its nodes) whose crash it is part of, if any."""
+        self._last_hit[node] = at
+        for job, nodes in self.membership.jobs_of(node):
+            if job_crashed(nodes, self._last_hit, at, self.config):
+                return job, nodes
+        return None
+
+    def crash_of(self, signal: Signal, policy: Policy, now: float) -> tuple[str, Page | None]:
+        """The job whose own crash this signal is part of ('' when none), and its page the first time."""
+        if signal.kind is not SignalKind.XID or not policy.rule_for(signal).application:
+            return "", None
+        crash = self.observe(signal.node, signal.observed_at or now)
+        if crash is None:
+            return "", None
+        job, nodes = crash
+        claimed = set(self.hit_nodes(nodes, now))
+        self._held = [(at, s) for at, s in self._held if s.node not in claimed]  # part of the crash
+        if not self.page_due(job, now):
+            return job, None
+        log.warning("job_crash_recognised", job=job, nodes=list(nodes))
+        return job, job_crash_page(job, nodes, self.hit_nodes(nodes, now), now)
+
+    def may_be_crash(self, node: str) -> bool:
+        """Whether the node's application XIDs could yet turn out to be its job's crash."""
+        if self.config.grace_s <= 0:
+            return False
+        return any(len(nodes) >= self.config.min_nodes for _, nodes in self.membership.jobs_of(node))
+
+    def hold(self, signal: Signal, now: float) -> None:
+        """Decide ``signal`` after the grace, unless a crash of its job claims it first."""
+        self._held = [*self._held, (now + self.config.grace_s, signal)][-MAX_HELD:]
+
+    def due(self, now: float) -> list[Signal]:
+        """The held signals whose grace is over, no job crash having claimed them."""
+        due = [s for at, s in self._held if at <= now]
+        self._held = [(at, s) for at, s in self._held if at > now]
+        return due
+
+    def page_due(self, job: str, now: float) -> bool:
+        """True once per crash of the job (then not again within ``page_every_s``)."""
+        if now - self._paged_at.get(job, float("-inf")) < self.config.page_every_s:
+            return False
+        self._paged_at[job] = now
+        return True
+
+    def hit_nodes(self, nodes: Sequence[str], now: float) -> list[str]:
+        return [n for n in nodes if self._last_hit.get(n, float("-inf")) >= now - self.config.window_s]
+
+
+def job_crash_page(job: str, nodes: Sequence[str], hit: Sequence[str], now: float) -> Page:
+    """The one page for a job's own crash (about the job, not a node)."""
+    summary = (
+        f"job {job}: application XIDs (13, 31, 43, 45) on {len(hit)} of its {len(nodes)} nodes at once "
+        f"({', '.join(hit)}): the job's own crash, not {len(hit)} bad GPUs"
+    )
+    did = "recorded on each node; no node marked SUSPECT, nobody quarantined"
+    remedy = "look at the job's logs (its code, its data, its last change) before the GPUs"
+    return Page(f"app-{job}-{int(now)}", "", Severity.SUSPECT, summary, remedy, now, did=did)

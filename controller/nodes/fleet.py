@@ -1,0 +1,125 @@
+"""The nodes the controller knows, in memory: their state, their agents' connections, their open
+incidents. The engine owns the ``Fleet`` and changes it; the job monitor and the sweeper see it
+through ``FleetView``, which can only read."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Protocol
+
+from controller.store import NodeRow
+from controller.vocab.node_state import Health, NodeState
+
+
+class UnknownNode(Exception):
+    pass
+
+
+# A failure found by the controller itself (a sweep's check, a job's blamed node), decided and acted
+# on like an agent's signal: (node, key, reason) -> what became of it. Raises UnknownNode.
+ReportFailure = Callable[[str, str, str], str]
+
+
+@dataclass
+class NodeEntry:
+    state: NodeState
+    spool_id: str
+    last_seq: int
+    last_heartbeat: float
+    gpus: int
+    connected: bool = False
+    dropped_faults: int = 0  # as the agent last reported it
+    spooled: int = 0  # signals waiting in its agent's spool, at its last heartbeat
+    address: str = ""  # where the node's peers reach it (pairwise checks); known once its agent connects
+    expected_gpus: int = 0  # the most GPUs it has ever reported: fewer is a fault, and blocks its release
+    jobs: frozenset[str] = frozenset()  # the training jobs its agent sees its processes run
+
+
+class FleetView(Protocol):
+    def health(self, node: str) -> Health | None:
+        """The node's health; None for a node the controller has never heard of."""
+        ...
+
+    def incident_of(self, node: str) -> str:
+        """The node's latest open incident ('' when none)."""
+        ...
+
+    def connected(self) -> list[str]:
+        """The nodes whose agents are connected now, sorted."""
+        ...
+
+    def last_fault_at(self, node: str) -> float:
+        """When the node's latest page-worthy fault was observed (0: none the controller remembers)."""
+        ...
+
+    def is_connected(self, node: str) -> bool: ...
+
+    def address(self, node: str) -> str:
+        """Where the node's peers reach it, as its agent last said ('' when it never did)."""
+        ...
+
+    def runs_job(self, node: str, job_id: str) -> bool:
+        """Whether the node's own agent saw a process of that job there at its last heartbeat."""
+        ...
+
+
+class Fleet:
+    def __init__(self, rows: dict[str, NodeRow], open_incidents: dict[str, str], now: float) -> None:
+        # Heartbeats are not persisted as they come (20,000 nodes beat 4,000 times a second): after a
+        # start every known node gets a full heartbeat timeout to reconnect before it counts as silent.
+        self.nodes: dict[str, NodeEntry] = {
+            name: NodeEntry(
+                row.state, row.spool_id, row.last_seq, now, row.gpus, expected_gpus=max(row.expected_gpus, row.gpus)
+            )
+            for name, row in rows.items()
+        }
+        # The latest open incident of each node, for status views (kept here, not read per request).
+        self.open_incident: dict[str, str] = dict(open_incidents)
+
+    def __len__(self) -> int:
+        return len(self.nodes)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.nodes)
+
+    def entries(self) -> Iterable[tuple[str, NodeEntry]]:
+        return self.nodes.items()
+
+    def entry(self, node: str) -> NodeEntry:
+        entry = self.nodes.get(node)
+        if entry is None:
+            raise UnknownNode(node)
+        return entry
+
+    def add(self, node: str, entry: NodeEntry) -> NodeEntry:
+        self.nodes[node] = entry
+        return entry
+
+    # FleetView --------------------------------------------------------------------------------
+
+    def health(self, node: str) -> Health | None:
+        entry = self.nodes.get(node)
+        return None if entry is None else entry.state.health
+
+    def incident_of(self, node: str) -> str:
+        return self.open_incident.get(node, "")
+
+    def connected(self) -> list[str]:
+        return sorted(name for name, e in self.nodes.items() if e.connected)
+
+    def is_connected(self, node: str) -> bool:
+        entry = self.nodes.get(node)
+        return entry is not None and entry.connected
+
+    def last_fault_at(self, node: str) -> float:
+        entry = self.nodes.get(node)
+        return entry.state.last_fault_at if entry is not None else 0.0
+
+    def address(self, node: str) -> str:
+        entry = self.nodes.get(node)
+        return "" if entry is None else entry.address
+
+    def runs_job(self, node: str, job_id: str) -> bool:
+        entry = self.nodes.get(node)
+        return entry is not None and job_id in entry.jobs

@@ -1,1 +1,0 @@
-"""Pagers that reach people: Slack and a generic JSON webhook (the console pager is in controller.actuators)."""

@@ -1,0 +1,1 @@
+"""Vigil plan's math: checkpoint intervals, ETTR, the Monte Carlo of whole runs."""

@@ -1,0 +1,1 @@
+"""Checks across nodes, and the fabric component a sweep blames."""

@@ -1,0 +1,373 @@
+"""Sweeps: checks on many nodes at once through their agents, then pairwise all-reduce between them.
+
+The shell around ``controller.sweeps.spec``, ``controller.sweeps.judge`` and ``controller.sweeps.pairing``
+(pure): it sends ``RunCheck`` to the agents, waits for their results under each check's deadline,
+runs the pairing rounds, and files everything in the incident store. A sweep runs as its own
+task: the operator's terminal going away does not stop it, and its failures are quarantined (with
+``quarantine``) all the same.
+One sweep runs at a time; two would measure each other.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+
+import structlog
+from google.protobuf.json_format import MessageToJson
+
+from checks.codec import result_from_proto, result_to_proto
+from checks.result import CheckResult, Verdict, unknown
+from controller.act.actuators import NodeSelector
+from controller.nodes.check_requests import CheckRequests
+from controller.nodes.fleet import FleetView, ReportFailure, UnknownNode
+from controller.store import Records
+from controller.sweeps.fabric import FabricJudge, findings, first_stage, judge_first_stage
+from controller.sweeps.judge import (
+    NodeCheck,
+    PairRun,
+    Row,
+    failure_reasons,
+    judge_fleet,
+    outcome,
+    pair_basis,
+    pair_result,
+    pair_rows,
+    pair_run,
+    row_for,
+)
+from controller.sweeps.pairing import Finding, Pair, batches, culprits, pair_up, plan_isolation, slow_pairs
+from controller.sweeps.spec import PAIR_PROGRAM, PAIRS, SweepConfig, SweepError, SweepSpec, master_address, pair_params
+from controller.sweeps.topology import Place, TopologyError, from_labels, is_topology_aware, merged, parse_topology_file
+from protos.vigil.v1 import admin_pb2, agent_pb2
+
+log = structlog.get_logger(__name__)
+
+Emit = Callable[[admin_pb2.SweepUpdate], None]
+
+
+class SweepBusy(Exception):
+    pass
+
+
+@dataclass
+class _PairStage:
+    rows: list[Row]
+    findings: list[Finding] = field(default_factory=list)
+    rounds: int = 0
+    pairs: int = 0
+    domains: dict[str, str] = field(default_factory=dict)  # blamed component -> its failure domain
+
+
+# A blamed fabric component, its failure domain and the sweep: what became of the nodes behind it.
+ReportComponent = Callable[[str, Sequence[str], str, str, str], str]  # component, nodes, reason, domain, key
+Labels = Callable[[], Mapping[str, Mapping[str, str]]]
+
+
+def row_to_proto(row: Row) -> admin_pb2.SweepRow:
+    return admin_pb2.SweepRow(
+        node=row.node, check=row.check, verdict=row.verdict.value, figure=row.figure, reason=row.reason
+    )
+
+
+class _Progress:
+    def __init__(self, emit: Emit, total: int) -> None:
+        self._emit = emit
+        self.done, self.total = 0, total
+
+    def report(self, phase: str, node: str, result: CheckResult, request_id: str = "") -> None:
+        self.done += 1
+        msg = result_to_proto(node, result, request_id)
+        self._emit(admin_pb2.SweepUpdate(result=msg, done=self.done, total=self.total, phase=phase))
+
+
+class Sweeper:
+    def __init__(
+        self,
+        fleet: FleetView,
+        checks: CheckRequests,
+        selector: NodeSelector,
+        report_failure: ReportFailure,
+        records: Records,
+        config: SweepConfig,
+        labels: Labels = dict,
+        report_component: ReportComponent | None = None,
+    ) -> None:
+        self._fleet = fleet
+        self._labels = labels  # every node's labels (where it sits in the fabric), read off the event loop
+        self._report_component = report_component
+        self._checks = checks
+        self._selector = selector
+        self._report_failure = report_failure
+        self._records = records
+        self.config = config
+        self.current = ""  # the running sweep's id
+        self._tasks: set[asyncio.Task[admin_pb2.SweepSummary | None]] = set()
+
+    async def select(self, nodes: Sequence[str], selector: str, job: str, namespace: str) -> list[str]:
+        """The nodes to sweep: as named, by label selector, by Job, or every connected agent's."""
+        if nodes:
+            chosen = list(dict.fromkeys(nodes))
+        elif selector:
+            chosen = await asyncio.to_thread(self._selector.nodes_matching, selector)
+        elif job:
+            chosen = await asyncio.to_thread(self._selector.job_nodes, namespace or "default", job)
+        else:
+            chosen = self._fleet.connected()
+        if not chosen:
+            raise SweepError("no nodes to sweep: none named, none matched, or no agent is connected")
+        if self.config.topology.file is not None:
+            await self._topology(chosen)  # a bad topology file is refused now, not half-way through the sweep
+        return chosen
+
+    def start(self, spec: SweepSpec, nodes: Sequence[str], emit: Emit) -> str:
+        """Start a sweep as its own task; ``emit`` gets every update, the summary last. Returns its id."""
+        if self.current:
+            raise SweepBusy(f"sweep {self.current} is running; one sweep at a time")
+        sweep_id = f"sweep-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+        self.current = sweep_id
+        task = asyncio.get_running_loop().create_task(self._guarded(sweep_id, spec, list(nodes), emit))
+        self._tasks.add(task)
+        task.add_done_callback(self._finished)
+        return sweep_id
+
+    def _finished(self, task: asyncio.Task[admin_pb2.SweepSummary | None]) -> None:
+        self._tasks.discard(task)
+        self.current = ""
+
+    async def wait(self) -> None:
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await self.wait()
+
+    async def _guarded(
+        self, sweep_id: str, spec: SweepSpec, nodes: list[str], emit: Emit
+    ) -> admin_pb2.SweepSummary | None:
+        """A sweep that breaks says so to whoever watches it, rather than leaving them waiting."""
+        try:
+            return await self._run(sweep_id, spec, nodes, emit)
+        except Exception as exc:
+            log.exception("sweep_crashed", sweep=sweep_id)
+            emit(admin_pb2.SweepUpdate(phase="done", error=repr(exc)))
+            return None
+
+    async def _run(self, sweep_id: str, spec: SweepSpec, nodes: list[str], emit: Emit) -> admin_pb2.SweepSummary:
+        started = time.time()
+        log.info("sweep_started", sweep=sweep_id, nodes=len(nodes), checks=list(spec.checks), by=spec.requested_by)
+        progress = _Progress(emit, len(nodes) * len(spec.local_checks))
+        local = await self._local_checks(sweep_id, spec, nodes, progress)
+        rows = [row_for(nc.node, nc.result) for nc in judge_fleet(local, self.config.fleet_max_below_median)]
+        findings: list[Finding] = []
+        domains: dict[str, str] = {}
+        rounds = pairs = 0
+        if spec.pairs:
+            pair_result = await self._pairwise(sweep_id, spec, nodes, progress)
+            rows += pair_result.rows
+            findings, rounds, pairs = pair_result.findings, pair_result.rounds, pair_result.pairs
+            domains = pair_result.domains
+        order = {n: i for i, n in enumerate(nodes)}
+        rows.sort(key=lambda r: (order.get(r.node, len(order)), spec.checks.index(r.check)))
+        result = outcome(rows, findings)
+        quarantine = {}
+        if spec.quarantine:
+            for node in result.failed:
+                try:
+                    quarantine[node] = self._report_failure(node, sweep_id, failure_reasons(rows, node))
+                except UnknownNode:
+                    quarantine[node] = "not quarantined: no agent of that name has ever connected"
+            for f in findings:
+                if f.is_component and self._report_component is not None:
+                    quarantine[f.node] = self._report_component(
+                        f.node, f.nodes, f.reason, domains.get(f.node, ""), sweep_id
+                    )
+        summary = admin_pb2.SweepSummary(
+            sweep_id=sweep_id,
+            rows=[row_to_proto(r) for r in rows],
+            findings=[
+                admin_pb2.SweepFinding(node=f.node, reason=f.reason, kind=f.kind, nodes=f.nodes) for f in findings
+            ],
+            nodes=len(nodes),
+            failed_nodes=len(result.failed),
+            unknown_nodes=len(result.unknown),
+            rounds=rounds,
+            pairs=pairs,
+            wall_s=time.time() - started,
+            quarantine=quarantine,
+            verdict=result.verdict.value,
+        )
+        record = MessageToJson(summary, preserving_proto_field_name=True, indent=None)
+        await asyncio.to_thread(self._records.sweep, sweep_id, spec.requested_by, started, time.time(), record)
+        log.info(
+            "sweep_finished",
+            sweep=sweep_id,
+            nodes=len(nodes),
+            failed=result.failed,
+            unknown=len(result.unknown),
+            findings=[f.node for f in findings],
+            rounds=rounds,
+            wall_s=round(summary.wall_s, 2),
+        )
+        emit(admin_pb2.SweepUpdate(done=progress.done, total=progress.total, phase="done", summary=summary))
+        return summary
+
+    # Local checks ----------------------------------------------------------------------------
+
+    async def _local_checks(
+        self, sweep_id: str, spec: SweepSpec, nodes: list[str], progress: _Progress
+    ) -> list[NodeCheck]:
+        results: list[NodeCheck] = []
+
+        async def on(node: str) -> None:
+            for check in spec.local_checks:  # one at a time: two invasive checks never share a GPU
+                request_id = f"{sweep_id}/{node}/{check}"
+                params = spec.params.get(check, {})
+                result = await self._ask(node, check, params, spec.deadline_s[check], request_id)
+                results.append(NodeCheck(node, result))
+                progress.report("checks", node, result, request_id)
+
+        await asyncio.gather(*(on(n) for n in nodes))
+        return results
+
+    async def _ask(
+        self, node: str, check: str, params: dict[str, str], deadline_s: float, request_id: str
+    ) -> CheckResult:
+        run = agent_pb2.RunCheck(request_id=request_id, check=check, params=params, deadline_s=deadline_s)
+        future = self._checks.ask(node, run)
+        if future is None:
+            return unknown(check, "the node's agent is not connected")
+        wait_s = deadline_s + self.config.answer_grace_s
+        try:
+            answer = await asyncio.wait_for(future, wait_s)
+        except TimeoutError:
+            self._checks.forget(request_id)
+            return unknown(check, f"no answer from the node's agent within {wait_s:g} s")
+        return replace(result_from_proto(answer), check=check)  # filed under what was asked, whatever it says
+
+    # Pairwise all-reduce --------------------------------------------------------------------
+
+    async def _pairwise(self, sweep_id: str, spec: SweepSpec, nodes: list[str], progress: _Progress) -> _PairStage:
+        reachable = [n for n in nodes if self._fleet.is_connected(n) and self._fleet.address(n)]
+        left_out = [
+            Row(n, PAIRS, Verdict.UNKNOWN, "", "not paired: the node's agent is not connected")
+            for n in nodes
+            if n not in reachable
+        ]
+        if len(reachable) < 2:
+            why = "pairwise all-reduce needs at least two nodes with connected agents"
+            return _PairStage(left_out + [Row(n, PAIRS, Verdict.UNKNOWN, "", why) for n in reachable])
+        topology = await self._topology(reachable)
+        if is_topology_aware(reachable, topology):
+            return await self._fabric(sweep_id, spec, reachable, topology, progress, _PairStage(left_out))
+        stage = _PairStage(left_out)
+        first_pairs = pair_up(reachable)
+        progress.total += len(first_pairs)
+        first = await self._round(sweep_id, "pairs", spec, first_pairs, progress, stage)
+        busbw = {p: run.busbw_gbps for p, run in first.items()}
+        cfg = self.config
+        failed = [p for p, run in first.items() if run.error]
+        slow = list(dict.fromkeys(failed + slow_pairs(busbw, spec.min_busbw_gbps, cfg.pair_max_below_median)))
+        plan = plan_isolation(slow, first_pairs)
+        retest: dict[Pair, PairRun] = {}
+        if plan.pairs:
+            progress.total += len(plan.pairs)
+            retest = await self._round(sweep_id, "isolation", spec, plan.pairs, progress, stage)
+        errors = {p: run.error for p, run in retest.items() if run.error}
+        again = {p: run.busbw_gbps for p, run in retest.items()}
+        stage.findings = culprits(slow, again, busbw, spec.min_busbw_gbps, cfg.pair_max_below_median, errors)
+        basis = pair_basis(first, spec.min_busbw_gbps, cfg.pair_max_below_median)
+        stage.rows += pair_rows(reachable, first, retest, slow, plan.untestable, stage.findings, basis)
+        return stage
+
+    async def _topology(self, nodes: list[str]) -> dict[str, Place]:
+        """Where the swept nodes sit: their labels, then the topology file (which wins)."""
+        cfg = self.config.topology
+        try:
+            labels = await asyncio.to_thread(self._labels)
+        except Exception as exc:  # the API server is away: the file alone, or no topology
+            log.warning("sweep_labels_unavailable", error=repr(exc)[:300])
+            labels = {}
+        found = from_labels(labels, cfg)
+        if cfg.file is not None:
+            try:
+                text = await asyncio.to_thread(cfg.file.read_text, encoding="utf-8")
+            except (OSError, UnicodeDecodeError) as exc:
+                raise SweepError(f"topology file {cfg.file}: cannot read it: {exc}") from None
+            try:
+                found = merged(found, parse_topology_file(text, str(cfg.file)))
+            except TopologyError as exc:
+                raise SweepError(str(exc)) from None
+        return {n: found[n] for n in nodes if n in found}
+
+    async def _fabric(
+        self,
+        sweep_id: str,
+        spec: SweepSpec,
+        nodes: list[str],
+        topology: dict[str, Place],
+        progress: _Progress,
+        stage: _PairStage,
+    ) -> _PairStage:
+        """Neighbours first, then across leaves, at several sizes; then the component to blame
+        (``controller.sweeps.fabric``), and node re-tests for the slow pairs no component explains."""
+        cfg, sizes = self.config, ",".join(map(str, self.config.topology.pair_sizes))
+        spec = replace(spec, params={**spec.params, PAIRS: {"sizes": sizes, **spec.params.get(PAIRS, {})}})
+        judge = FabricJudge(
+            topology, spec.min_busbw_gbps, cfg.pair_max_below_median, cfg.topology.leaf_label, cfg.topology.spine_label
+        )
+        within, across = first_stage(nodes, topology)
+        progress.total += len(within) + len(across)
+        # One stage: batches pack the pairs of both (a leaf's odd one out meets its neighbour while
+        # the others run across), so an uneven fleet costs a round or two less.
+        first = await self._round(sweep_id, "neighbours and across leaves", spec, across + within, progress, stage)
+        judged = judge_first_stage(nodes, first, judge)
+        retest: dict[Pair, PairRun] = {}
+        if judged.plan.pairs:
+            progress.total += len(judged.plan.pairs)
+            retest = await self._round(sweep_id, "isolation", spec, judged.plan.pairs, progress, stage)
+        stage.findings = findings(judged, first, retest, judge)
+        stage.domains = judged.where.domains
+        basis = f"within {cfg.pair_max_below_median:.0%} of healthy pairs at each size"
+        explained = judged.where.explained
+        stage.rows += pair_rows(
+            nodes, first, retest, judged.slow, judged.plan.untestable, stage.findings, basis, explained
+        )
+        return stage
+
+    async def _round(
+        self,
+        sweep_id: str,
+        phase: str,
+        spec: SweepSpec,
+        pairs: list[Pair],
+        progress: _Progress,
+        stage: _PairStage,
+    ) -> dict[Pair, PairRun]:
+        """Run the pairs, each batch at once (no node twice in a batch); one batch is one round."""
+        out: dict[Pair, PairRun] = {}
+        for batch in batches(pairs):
+            stage.rounds += 1
+            prefix = f"{sweep_id}/r{stage.rounds}"
+            runs = await asyncio.gather(*(self._pair(prefix, spec, k, p) for k, p in enumerate(batch)))
+            for pair, (run, rank0, request_id) in zip(batch, runs, strict=True):
+                out[pair] = run
+                stage.pairs += 1
+                progress.report(phase, f"{pair[0]}|{pair[1]}", pair_result(run, rank0), request_id)
+        return out
+
+    async def _pair(self, prefix: str, spec: SweepSpec, k: int, pair: Pair) -> tuple[PairRun, CheckResult, str]:
+        """The k-th pair of a round: rank 0 listens on the k-th port, so pairs never collide."""
+        a, b = pair
+        master = master_address(self._fleet.address(a), self.config.pair_port_base + k)
+        deadline = spec.deadline_s[PAIRS]
+        ids = [f"{prefix}/{a}|{b}/{rank}" for rank in (0, 1)]
+        ra, rb = await asyncio.gather(
+            self._ask(a, PAIR_PROGRAM, pair_params(spec, master, 0), deadline, ids[0]),
+            self._ask(b, PAIR_PROGRAM, pair_params(spec, master, 1), deadline, ids[1]),
+        )
+        return pair_run(pair, ra, rb), ra, ids[0]

@@ -1,0 +1,1 @@
+"""The words every room shares: the policy, a node's state, the actions."""
