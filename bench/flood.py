@@ -1,6 +1,7 @@
 """A kernel-log flood on one node beside a single real fault on another.
 
     python -m bench.flood [--lines 100000] [--baseline-rev REV] [--timeout 180] [--probe-at 1.0]
+                          [--storm-fold-s S] [--spool-max-signals N]
 
 A real ``vigil controller`` and two ``vigil agent`` processes (simulated GPUs, each tailing its own
 kmsg-format file). 100,000 identical XID 45 lines are appended to node-flood's log in bursts of
@@ -12,7 +13,12 @@ controller is then busiest with the flood), one XID 79 goes to node-probe's log.
 - the XID 79's fault → quarantine: from writing its line to the controller's QUARANTINE action
   done (the target is 0.1 s, the agent's kernel-log poll included);
 - ``vigil status`` (the admin GetStatus call) every 0.1 s during the flood: p50, p99, max;
-- signals lost: lines written minus observations held once the flood has drained (or at the timeout).
+- signals lost: lines written minus observations held once the flood has drained (or at the timeout);
+  and of those, how many the agent counted as dropped to keep its spool's bound (``dropped``) and how
+  many nobody counted (``unaccounted``: must be 0).
+
+``--storm-fold-s 0 --spool-max-signals 10`` runs the flood with the agent's storm folding off and a
+tiny spool, so its bound merges and drops while the link is busy.
 
 ``--baseline-rev REV`` runs the same scenario first on a checkout of REV (a git worktree made for
 the purpose), side by side, and prints the ratios. Results are printed and appended to
@@ -65,6 +71,16 @@ def _held(db: Path, node: str) -> int:
     return int(row[0] or 0)
 
 
+def _dropped(spool: Path) -> int:
+    """Observations the agent's spool counted as dropped to keep its bound (0 where it keeps no count)."""
+    try:
+        with sqlite3.connect(f"file:{spool}?mode=ro", uri=True, timeout=5) as conn:
+            row = conn.execute("SELECT value FROM meta WHERE key = 'dropped_total'").fetchone()
+    except sqlite3.Error:
+        return 0
+    return int(row[0]) if row else 0
+
+
 def _wait(condition: Any, timeout: float) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -74,8 +90,12 @@ def _wait(condition: Any, timeout: float) -> bool:
     return False
 
 
-def run(tree: Path, lines: int, timeout: float, probe_at: float) -> dict[str, Any]:
+def run(
+    tree: Path, lines: int, timeout: float, probe_at: float, agent: dict[str, float] | None = None
+) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix="vigil-flood-"))
+    agent_config = work / "agent.yaml"
+    agent_config.write_text("".join(f"{k}: {v}\n" for k, v in (agent or {}).items()) or "{}\n")
     db = work / "ctl.db"
     ctl = _vigil(tree, work, "ctl", "controller", "--plaintext", "--port", "0", "--port-file", str(work / "port"),
                  "--database", str(db), "--log-format", "json")  # fmt: skip
@@ -86,7 +106,8 @@ def run(tree: Path, lines: int, timeout: float, probe_at: float) -> dict[str, An
         target = f"127.0.0.1:{(work / 'port').read_text().strip()}"
         for node in ("node-flood", "node-probe"):
             (work / f"{node}.kmsg").write_text("")
-            args = simulated_agent_args(node, target, work / f"{node}.kmsg", work / f"{node}.spool")
+            args = [*simulated_agent_args(node, target, work / f"{node}.kmsg", work / f"{node}.spool"),
+                    "--config", str(agent_config)]  # fmt: skip
             procs.append(_vigil(tree, work, node, *args))
         admin = AdminClient(target, plaintext=True)
         if not _wait(lambda: len(admin.status().nodes) == 2, 30):
@@ -132,13 +153,14 @@ def run(tree: Path, lines: int, timeout: float, probe_at: float) -> dict[str, An
                         return float(action.done_at)
             return 0.0
 
-        drained = _wait(lambda: _held(db, "node-flood") >= lines, timeout)
+        spool = work / "node-flood.spool"
+        drained = _wait(lambda: _held(db, "node-flood") + _dropped(spool) >= lines, timeout)
         drain_s = time.time() - started if drained else None
         flooding.clear()
         asker.join()
         _wait(lambda: quarantined_at() > 0, 60)
         done_at = quarantined_at()
-        held = _held(db, "node-flood")
+        held, dropped = _held(db, "node-flood"), _dropped(spool)
         admin.close()
         asking.close()
         return {
@@ -146,7 +168,10 @@ def run(tree: Path, lines: int, timeout: float, probe_at: float) -> dict[str, An
             "write_s": round(written_at - started, 3),
             "drain_s": round(drain_s, 3) if drain_s is not None else None,
             "held_at_end": held,
-            "lost": lines - held if drained else None,
+            "lost": lines - held,
+            "dropped": dropped,
+            "unaccounted": lines - held - dropped,
+            "agent": agent or {},
             "probe_at": probe_at,
             "probe_fault_to_quarantine_s": round(done_at - probe_written, 4) if done_at else None,
             "status_s": {
@@ -171,8 +196,8 @@ def _describe(name: str, r: dict[str, Any], timeout: float) -> None:
     drain = f"{r['drain_s']:.2f} s" if r["drain_s"] is not None else f"not done in {timeout:g} s"
     q = r["probe_fault_to_quarantine_s"]
     print(
-        f"{name:<10} drain {drain:<18} held {r['held_at_end']:>7}/{r['lines']}  lost "
-        f"{r['lost'] if r['lost'] is not None else '?':<6} XID 79 → quarantine "
+        f"{name:<10} drain {drain:<18} held {r['held_at_end']:>7}/{r['lines']}  lost {r['lost']:<6} "
+        f"(counted dropped {r['dropped']}, unaccounted {r['unaccounted']})  XID 79 → quarantine "
         f"{f'{q:.3f} s' if q is not None else 'never':<10} status p50/p99/max "
         f"{r['status_s']['p50']:.3f}/{r['status_s']['p99']:.3f}/{r['status_s']['max']:.3f} s"
     )
@@ -184,18 +209,22 @@ def main() -> int:
     parser.add_argument("--baseline-rev", default="", help="a git revision to run side by side first")
     parser.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for the flood to drain")
     parser.add_argument("--probe-at", type=float, default=1.0, help="the XID 79 after this fraction of the flood")
+    parser.add_argument("--storm-fold-s", type=float, default=None, help="the agents' storm folding (0: off)")
+    parser.add_argument("--spool-max-signals", type=int, default=None, help="the agents' spool bound")
     args = parser.parse_args()
+    agent = {k: v for k, v in (("storm_fold_s", args.storm_fold_s), ("spool_max_signals", args.spool_max_signals))
+             if v is not None}  # fmt: skip
     results: dict[str, Any] = {}
     if args.baseline_rev:
         tree = Path(tempfile.mkdtemp(prefix="vigil-baseline-"))
         subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "-q", "--detach", str(tree), args.baseline_rev],
                        check=True)  # fmt: skip
         try:
-            results["baseline"] = run(tree, args.lines, args.timeout, args.probe_at)
+            results["baseline"] = run(tree, args.lines, args.timeout, args.probe_at, agent)
         finally:
             subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)], check=False)
         _describe("baseline", results["baseline"], args.timeout)
-    results["vigil"] = run(ROOT, args.lines, args.timeout, args.probe_at)
+    results["vigil"] = run(ROOT, args.lines, args.timeout, args.probe_at, agent)
     _describe("this tree", results["vigil"], args.timeout)
     record = {**header("flood"), "baseline_rev": args.baseline_rev, **results}
     append_result("flood", record)

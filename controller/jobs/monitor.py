@@ -231,7 +231,7 @@ class JobMonitor:
         job.sweep_on_stop = True  # the command the blame brings (through a quarantine) is a drop's
         for node in confirmed:
             try:
-                outcome = self._report_failure(node, f"mfu-{job.job_id}-{job.drops}", f"{what}; {evidence}")
+                outcome = self._report_failure(node, job.drop_incident, f"{what}; {evidence}")
             except UnknownNode:
                 outcome = "not quarantined: no agent of that name has ever connected"
             log.info("mfu_blame_acted_on", job=job.job_id, node=node, outcome=outcome)
@@ -252,7 +252,7 @@ class JobMonitor:
         return confirmed
 
     def _page_drop(self, job: Job, what: str, evidence: str, blamed: Sequence[str], unconfirmed: bool = False) -> None:
-        incident_id = f"mfu-{job.job_id}-{job.drops}"
+        incident_id = job.drop_incident
         did = (
             f"blamed {', '.join(blamed)} but took no action there: its agent does not see the job's processes "
             "on it, so the job's word alone is not enough"
@@ -431,5 +431,5 @@ class JobMonitor:
 
     def _note(self, job: Job, tag: str, text: str) -> None:
         """A word in the thread of each incident this job's stop follows."""
-        for incident_id in job.incidents or ([f"mfu-{job.job_id}-{job.drops}"] if job.drops else []):
+        for incident_id in job.incidents or ([job.drop_incident] if job.drops else []):
             self._request(PageUpdate(incident_id, "", f"{tag}:{job.job_id}", f"Job {job.job_id} {text}"))

@@ -81,6 +81,11 @@ class Job:
         self.phase = to
 
     @property
+    def drop_incident(self) -> str:
+        """The incident of the job's latest MFU drop (its blamed nodes' and its page's)."""
+        return f"mfu-{self.job_id}-{self.drops}"
+
+    @property
     def stopped(self) -> bool:
         """The job acknowledged its command, its launcher said it exited, or the deadline passed."""
         return self.phase in _AFTER_STOP

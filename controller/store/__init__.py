@@ -1,4 +1,5 @@
-"""The controller's durable state (SQLite), one module per domain over one database.
+"""The controller's durable state (SQLite, or PostgreSQL shared by HA replicas), one module per
+domain over one database.
 
 - ``nodes``: each node's state, its agent's spool and the last seq received;
 - ``incidents``: the signals received and the incidents they opened or folded into;
