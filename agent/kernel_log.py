@@ -30,7 +30,7 @@ from typing import Protocol
 
 import structlog
 
-from agent.kmsg import GpuAnnounce, SxidLine, UnparsedLine, XidLine, parse_nvrm, parse_record
+from agent.driver_lines import GpuAnnounce, SxidLine, UnparsedLine, XidLine, parse_nvrm, parse_record
 from protos.codec import valid_text
 from vigil_core.signals import GpuRef, Signal, SignalKind
 

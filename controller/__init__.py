@@ -11,7 +11,7 @@ the rooms below its own.
   the topology-aware fabric blame; ``sweeper`` the shell.
 - ``nodes/``: a node's fault from decision to action: the ``engine`` (each batch), the in-memory
   ``fleet``, the pure ``decide``, application faults, the guards, what each action means
-  (``apply``) and the ``action_runner``, recovery and releases, people's requests (``operators``).
+  (``apply``) and the ``action_runner``, recovery and releases, what people ask by hand (``by_hand``).
 - ``act/``: the world acted on: ``actuators``, the ``local_actuator``, ``kube/`` (the only code that
   imports ``kubernetes``), ``pagers/``, agents' tokens.
 - ``store/``: durable state by domain over SQLite or PostgreSQL.

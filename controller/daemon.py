@@ -30,7 +30,7 @@ from controller.metrics import ControllerMetrics
 from controller.nodes.agent_outboxes import AgentOutboxes
 from controller.nodes.app_faults import AppFaults, JobMembership
 from controller.nodes.engine import Engine
-from controller.nodes.quarantine_feed import QuarantineFeed
+from controller.nodes.node_events import NodeEvents
 from controller.store import Opened, Store
 from controller.sweeps.sweeper import Sweeper
 from controller.vocab.policy import load_policy
@@ -95,7 +95,7 @@ class Controller:
     def _build(self, metrics: ControllerMetrics) -> None:
         """The engine and what hangs on it, from what the store holds now."""
         config = self.config
-        outboxes, quarantines = AgentOutboxes(), QuarantineFeed()  # the engine's, shared as below
+        outboxes, quarantines = AgentOutboxes(), NodeEvents()  # the engine's, shared as below
         membership = JobMembership()  # the job monitor's record of the jobs' nodes, read by the engine
         self.engine = Engine(
             self.store,

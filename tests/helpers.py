@@ -41,5 +41,5 @@ async def start_controller(db: Path, port: int = 0, **config: Any) -> Controller
 async def stop_controller(controller: Controller) -> None:
     assert controller.server is not None
     await controller.server.stop(0)
-    await controller.engine.drain()
+    await controller.engine.wait_for_actions()
     controller.store.close()

@@ -12,8 +12,8 @@ import structlog
 from controller.act.actuators import SelectionError
 from controller.edge.authz import caller
 from controller.jobs.monitor import JobMonitor
+from controller.nodes.by_hand import IncidentNotOpen, UnknownIncident
 from controller.nodes.engine import Engine, UnknownNode
-from controller.nodes.operators import IncidentNotOpen, UnknownIncident
 from controller.sweeps.spec import SweepError, sweep_spec
 from controller.sweeps.sweeper import SweepBusy, Sweeper
 from protos.codec import gpu_to_proto
@@ -99,7 +99,7 @@ class Admin(admin_pb2_grpc.AdminServicer):
     ) -> admin_pb2.UncordonReply:
         await _bounded(context, requested_by=request.requested_by, reason=request.reason)
         try:
-            health, detail = await self._engine.operators.uncordon(
+            health, detail = await self._engine.by_hand.uncordon(
                 request.node, _who(request.requested_by), request.reason
             )
         except UnknownNode:
@@ -114,7 +114,7 @@ class Admin(admin_pb2_grpc.AdminServicer):
     ) -> admin_pb2.ResolveReply:
         await _bounded(context, requested_by=request.requested_by, note=request.note, incident_id=request.incident_id)
         try:
-            node, health, detail = self._engine.operators.resolve_incident(
+            node, health, detail = self._engine.by_hand.resolve_incident(
                 request.incident_id, _who(request.requested_by), request.note
             )
         except UnknownIncident:
@@ -126,7 +126,7 @@ class Admin(admin_pb2_grpc.AdminServicer):
     async def ListRules(  # noqa: N802
         self, request: admin_pb2.RulesRequest, context: grpc.aio.ServicerContext
     ) -> admin_pb2.RulesReply:
-        stats = await asyncio.to_thread(self._engine.operators.rules)
+        stats = await asyncio.to_thread(self._engine.by_hand.rules)
         return admin_pb2.RulesReply(
             rules=[
                 admin_pb2.RuleStats(
@@ -148,7 +148,7 @@ class Admin(admin_pb2_grpc.AdminServicer):
         await _bounded(context, requested_by=request.requested_by, reason=request.reason)
         if not self._engine.guard.holding:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"automation is {self._engine.automation}")
-        applied, dropped = await self._engine.operators.resume(
+        applied, dropped = await self._engine.by_hand.resume(
             _who(request.requested_by), request.reason, request.apply_held
         )
         return admin_pb2.ResumeReply(automation=self._engine.automation, applied=applied, dropped=dropped)

@@ -80,7 +80,7 @@ class TrainerGateway(trainer_pb2_grpc.TrainerGatewayServicer):
         await self._within_rate(request.job_id, context)
         await self._owned(request.job_id, context)
         try:
-            return self._jobs.plan(request)
+            return self._jobs.restart_plan(request)
         except BadProgress as exc:
             log.warning("bad_plan_request", job=request.job_id[:200], peer=context.peer(), error=str(exc))
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))

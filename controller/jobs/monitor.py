@@ -34,7 +34,7 @@ from controller.jobs.state import BadProgress, Job, JobPhase, TooManyJobs, job_s
 from controller.metrics import ControllerMetrics
 from controller.nodes.app_faults import JobMembership
 from controller.nodes.fleet import FleetView, ReportFailure, UnknownNode
-from controller.nodes.quarantine_feed import QuarantineFeed
+from controller.nodes.node_events import NodeEvents
 from controller.planning.plan import JobPlan, job_plan
 from controller.sweeps.spec import sweep_spec
 from controller.sweeps.sweeper import SweepBusy, Sweeper
@@ -57,7 +57,7 @@ class JobMonitor:
         metrics: ControllerMetrics,
         sweeper: Sweeper,
         config: JobsConfig,
-        quarantines: QuarantineFeed,
+        quarantines: NodeEvents,
         clock: Callable[[], float] = time.time,
         membership: JobMembership | None = None,
     ) -> None:
@@ -328,7 +328,7 @@ class JobMonitor:
 
     # Launchers -----------------------------------------------------------------------------
 
-    def plan(self, request: trainer_pb2.PlanRequest) -> trainer_pb2.PlanReply:
+    def restart_plan(self, request: trainer_pb2.PlanRequest) -> trainer_pb2.PlanReply:
         if not is_job_id(request.job_id):
             raise BadProgress(f"PlanRequest.job_id {request.job_id!r} is not a job id")
         bad = [n for n in request.nodes if not is_node_name(n)]

@@ -22,7 +22,7 @@ from controller.act.actuators import Actuator, Pager
 from controller.metrics import ControllerMetrics
 from controller.nodes.fleet import Fleet
 from controller.nodes.fold_reports import FoldReports
-from controller.nodes.quarantine_feed import QuarantineFeed
+from controller.nodes.node_events import NodeEvents
 from controller.nodes.rule_stats import rule_id
 from controller.store import ActionLog, IncidentLog, NodeTable, PendingAction, Store, Tx
 from controller.vocab.actions import (
@@ -62,7 +62,7 @@ class Applier:
         schedule: Callable[[PendingAction], None],
         fleet: Fleet,
         folds: FoldReports,
-        quarantines: QuarantineFeed,
+        quarantines: NodeEvents,
         metrics: ControllerMetrics,
     ) -> None:
         self._store = store

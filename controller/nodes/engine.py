@@ -21,6 +21,7 @@ from controller.nodes.action_runner import ActionRunner
 from controller.nodes.agent_outboxes import AgentOutboxes
 from controller.nodes.app_faults import AppFaults, JobMembership
 from controller.nodes.apply import Applier, Received
+from controller.nodes.by_hand import ByHand
 from controller.nodes.check_requests import CheckRequests
 from controller.nodes.decide import (
     decide,
@@ -35,8 +36,7 @@ from controller.nodes.fleet import Fleet, NodeEntry, UnknownNode
 from controller.nodes.fold_reports import FoldReports
 from controller.nodes.guard import Guard
 from controller.nodes.guard_rules import BreakerState, GuardrailConfig, TokenBucket
-from controller.nodes.operators import Operators
-from controller.nodes.quarantine_feed import QuarantineFeed
+from controller.nodes.node_events import NodeEvents
 from controller.nodes.recovery import RecoveryConfig, repeat_offender, repeat_offender_note
 from controller.nodes.release_checks import ReleaseChecks
 from controller.store import PendingAction, Store
@@ -79,7 +79,7 @@ class Engine:
         fold_report_s: float = 300.0,
         drain: bool = False,
         agents: AgentOutboxes | None = None,
-        quarantines: QuarantineFeed | None = None,
+        quarantines: NodeEvents | None = None,
         app_faults: AppFaults | None = None,
         retention_s: float | None = None,
         tasks: Tasks | None = None,
@@ -101,7 +101,7 @@ class Engine:
         # Commands to connected agents (the gateway opens their queues); quarantines told to whoever
         # must act on them too (the job monitor).
         self.agents = agents or AgentOutboxes()
-        self.quarantines = quarantines or QuarantineFeed()
+        self.quarantines = quarantines or NodeEvents()
         self.app_faults = app_faults or AppFaults(JobMembership())
         self.checks = CheckRequests(
             store.records,
@@ -135,12 +135,10 @@ class Engine:
             clock,
             lambda node: self.labels.get(node, {}),
         )
-        self.operators = Operators(
+        self.by_hand = ByHand(
             self.fleet, store, self.runner, self.folds, self.guard, clock, self.metrics, self.recovery.undo_window_s
         )
-        self.releases = ReleaseChecks(
-            self.fleet, self.checks, self.recovery, self.operators.uncordon, clock, self.tasks
-        )
+        self.releases = ReleaseChecks(self.fleet, self.checks, self.recovery, self.by_hand.uncordon, clock, self.tasks)
 
     @property
     def actuator(self) -> Actuator:
@@ -334,8 +332,8 @@ class Engine:
         note = PageUpdate(action.incident_id, action.node, "QUARANTINED", f"Done{latency}: {detail}")
         self.runner.request(note)
 
-    async def drain(self) -> None:
-        """Wait for the actions under way to finish."""
+    async def wait_for_actions(self) -> None:
+        """Wait for the actions under way to finish (tests and benchmarks)."""
         await self.runner.drain()
 
     async def shutdown(self) -> None:
@@ -400,7 +398,7 @@ class Engine:
         lapsed = [n for n, e in self.fleet.entries() if suspicion_lapsed(e.state, now, self.policy)]
         for node in lapsed:
             quiet_s = self.policy.suspect_clear_s
-            self.operators.resolve_node(node, f"Resolved: {node} quiet for {quiet_s:.0f} s, back to HEALTHY", now)
+            self.by_hand.resolve_node(node, f"Resolved: {node} quiet for {quiet_s:.0f} s, back to HEALTHY", now)
             log.info("suspicion_lapsed", node=node, quiet_s=quiet_s)
         return lapsed
 

@@ -18,7 +18,7 @@ def test_status_incidents_and_uncordon(tmp_path: Path) -> None:
     async def scenario() -> None:
         controller = await start_controller(tmp_path / "ctl.db")
         await send_raw(controller.port, raw_batch("s1", [1], code=79), until_ack=1)  # node-a: XID 79
-        await controller.engine.drain()
+        await controller.engine.wait_for_actions()
         async with grpc.aio.insecure_channel(f"127.0.0.1:{controller.port}") as channel:
             admin = admin_pb2_grpc.AdminStub(channel)
             status = await admin.GetStatus(admin_pb2.StatusRequest())
@@ -69,7 +69,7 @@ def test_a_person_resolves_an_incident_of_a_node_in_service_and_only_that(tmp_pa
     async def scenario() -> None:
         controller = await start_controller(tmp_path / "ctl.db")
         await send_raw(controller.port, raw_batch("s1", [1], code=92), until_ack=1)  # node-a: SUSPECT
-        await controller.engine.drain()
+        await controller.engine.wait_for_actions()
         async with grpc.aio.insecure_channel(f"127.0.0.1:{controller.port}") as channel:
             admin = admin_pb2_grpc.AdminStub(channel)
             assert (await admin.GetStatus(admin_pb2.StatusRequest())).nodes[0].health == "SUSPECT"
@@ -88,7 +88,7 @@ def test_a_person_resolves_an_incident_of_a_node_in_service_and_only_that(tmp_pa
             assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "RESOLVED" in err.value.details()
 
             await send_raw(controller.port, raw_batch("s1", [2], code=79), until_ack=2)  # now quarantined
-            await controller.engine.drain()
+            await controller.engine.wait_for_actions()
             with pytest.raises(grpc.aio.AioRpcError) as err:
                 await admin.Resolve(admin_pb2.ResolveRequest(incident_id="node-a-s1-2"))
             assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
@@ -102,7 +102,7 @@ def test_rules_count_a_quarantine_a_person_undid_soon_after(tmp_path: Path) -> N
     async def scenario() -> None:
         controller = await start_controller(tmp_path / "ctl.db")
         await send_raw(controller.port, raw_batch("s1", [1], code=79), until_ack=1)
-        await controller.engine.drain()
+        await controller.engine.wait_for_actions()
         async with grpc.aio.insecure_channel(f"127.0.0.1:{controller.port}") as channel:
             admin = admin_pb2_grpc.AdminStub(channel)
             (rule,) = (await admin.ListRules(admin_pb2.RulesRequest())).rules

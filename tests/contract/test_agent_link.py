@@ -115,7 +115,7 @@ def test_controller_ignores_duplicates(tmp_path: Path) -> None:
         assert [r.ack.acked_seq for r in replies] == [3, 4]
         assert duplicates(controller) == 3
         assert controller.store.incidents.signals_from(NODE) == 4
-        await controller.engine.drain()
+        await controller.engine.wait_for_actions()
         (incident,) = controller.store.incidents.list(node=NODE)
         assert incident.signal_count == 4  # folded: one incident, one quarantine, one page
         assert sorted(a.kind for a in incident.actions) == ["NOTE:QUARANTINED", "PAGE:quarantine", "QUARANTINE"]

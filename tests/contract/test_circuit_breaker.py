@@ -63,7 +63,7 @@ def test_thirty_percent_failing_trips_the_breaker(cluster: tuple[KubeApiServer, 
         for name in failing:
             e.receive(name, [xid79(name)])
         await asyncio.sleep(0.5)  # the breaker's page waits 0.2 s to gather the burst
-        await e.drain()
+        await e.wait_for_actions()
 
         assert cordoned(kube) == failing[:3]  # the configured number, no more
         assert e.automation.startswith("paused")
@@ -75,13 +75,13 @@ def test_thirty_percent_failing_trips_the_breaker(cluster: tuple[KubeApiServer, 
 
         # Paused: a later fault elsewhere is held too.
         e.receive(NODES[10], [xid79(NODES[10])])
-        await e.drain()
+        await e.wait_for_actions()
         assert cordoned(kube) == failing[:3]
         assert NODES[10] in e.breaker.held
 
         # A person resumes and asks for the held quarantines to be carried out.
-        applied, dropped = await e.operators.resume("sre", "checked: four bad GPUs", apply_held=True)
-        await e.drain()
+        applied, dropped = await e.by_hand.resume("sre", "checked: four bad GPUs", apply_held=True)
+        await e.wait_for_actions()
         assert (applied, dropped) == (8, 0)  # a quarantine and a page for each of the 4 held nodes
         assert cordoned(kube) == sorted(failing + [NODES[10]])
         assert e.automation == "active"
@@ -99,10 +99,10 @@ def test_resume_without_applying_drops_the_held(cluster: tuple[KubeApiServer, Fa
             e.hello(name, f"spool-{name}", 8)
             e.receive(name, [xid79(name)])
         await asyncio.sleep(0.1)
-        await e.drain()
+        await e.wait_for_actions()
         assert cordoned(kube) == NODES[:1]
-        assert await e.operators.resume("sre", "a bad driver roll-out, not the nodes", apply_held=False) == (0, 4)
-        await e.drain()
+        assert await e.by_hand.resume("sre", "a bad driver roll-out, not the nodes", apply_held=False) == (0, 4)
+        await e.wait_for_actions()
         assert cordoned(kube) == NODES[:1]
         assert {a.status for i in e.store.incidents.list(node=NODES[1]) for a in i.actions} == {"SKIPPED"}
         e.store.close()
@@ -119,7 +119,7 @@ def test_tripped_state_survives_a_restart(cluster: tuple[KubeApiServer, FakeSlac
             e.hello(name, f"spool-{name}", 8)
             e.receive(name, [xid79(name)])
         await asyncio.sleep(0.1)
-        await e.drain()
+        await e.wait_for_actions()
         e.store.close()
         again = engine(kube, slack, tmp_path, breaker_max_nodes=1, breaker_max_fraction=1.0)
         assert again.automation.startswith("paused") and again.breaker.held == (NODES[1],)
@@ -137,7 +137,7 @@ def test_dry_run_changes_nothing_but_says_what_it_would_do(
         e = engine(kube, slack, tmp_path, dry_run=True)
         e.hello(NODES[0], "s", 8)
         e.receive(NODES[0], [xid79(NODES[0])])
-        await e.drain()
+        await e.wait_for_actions()
         assert cordoned(kube) == [] and kube.requests("PATCH") == []
         (message,) = slack.state.top_level()
         assert "DRY RUN: would quarantine" in str(message["blocks"])
@@ -149,7 +149,7 @@ def test_dry_run_changes_nothing_but_says_what_it_would_do(
         # ... so a later, worse fault on another GPU is decided and paged again; a repeat folds.
         e.receive(NODES[0], [xid79(NODES[0], seq=2)])
         e.receive(NODES[0], [Signal(NODES[0], SignalKind.XID, GpuRef(3, "GPU-y", "0000:5d:00.0"), code=48, seq=3)])
-        await e.drain()
+        await e.wait_for_actions()
         assert len(slack.state.top_level()) == 2 and cordoned(kube) == []
         assert e.fleet.nodes[NODES[0]].state.health.value == "SUSPECT"
         e.store.close()

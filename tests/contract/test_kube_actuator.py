@@ -262,7 +262,7 @@ def test_drain_is_a_separate_action_after_the_quarantine(kube: KubeApiServer, tm
         e = Engine(store, Policy(), actuator(kube, tmp_path), NullPager(), drain=True)
         e.hello("gpu-1", "s", 8)
         e.receive("gpu-1", [Signal("gpu-1", SignalKind.XID, GpuRef(0), code=79, seq=1)])
-        await e.drain()
+        await e.wait_for_actions()
         (incident,) = store.incidents.list(node="gpu-1")
         actions = {a.kind: (a.status, a.detail) for a in incident.actions}
         assert actions["QUARANTINE"][0] == "DONE"

@@ -151,11 +151,11 @@ def test_a_flood_is_one_message_with_its_count_in_the_thread(slack: FakeSlack, t
         for seq in range(1, 52):  # XID 13 (the application's fault) flooding one GPU
             sig = Signal("gpu-7", SignalKind.XID, GpuRef(3, "GPU-3"), code=13, observed_at=now[0] + seq, seq=seq)
             e.receive("gpu-7", [sig])
-        await e.drain()
+        await e.wait_for_actions()
         assert e.folds.report() == 0  # not before fold_report_s
         now[0] += 61
         assert e.folds.report() == 1
-        await e.drain()
+        await e.wait_for_actions()
         (parent,) = slack.state.top_level()
         (reply,) = slack.state.replies(parent["ts"])
         assert reply["text"] == "Still happening: 51 signals folded into this incident so far"

@@ -71,7 +71,7 @@ def test_incidents_counts_and_states_carry_over_to_the_next_controller(target: P
             first.hello(node, f"spool-{node}", 8)
         first.receive("n1", [xid("n1", 79, now[0], 1)])
         first.receive("n2", [xid("n2", 13, now[0], 1), xid("n2", 13, now[0], 2)])  # 2 of the 3 the rule wants
-        await first.drain()
+        await first.wait_for_actions()
         assert first.receive("n1", [xid("n1", 79, now[0], 1)]) == 1  # a replay adds nothing
         assert first.fleet.nodes["n1"].state.health is Health.QUARANTINED
         store.close()
@@ -84,7 +84,7 @@ def test_incidents_counts_and_states_carry_over_to_the_next_controller(target: P
         second.hello("n2", "spool-n2", 8)
         assert second.ack_seq("n2") == 2
         second.receive("n2", [xid("n2", 13, now[0] + 1, 3)])  # the third, counted with the two before
-        await second.drain()
+        await second.wait_for_actions()
         assert second.fleet.nodes["n2"].state.health is Health.SUSPECT
         incidents = {(i.node, i.kind, i.code): i for i in again.incidents.list()}
         assert incidents[("n2", "XID", 13)].signal_count == 3
@@ -108,7 +108,7 @@ def test_held_actions_and_the_breaker_window_carry_over(target: Path | str) -> N
             first.hello(node, f"spool-{node}", 8)
         first.receive("n1", [xid("n1", 79, now[0], 1)])
         first.receive("n2", [xid("n2", 79, now[0], 1)])
-        await first.drain()
+        await first.wait_for_actions()
         assert {h.action.node for h in store.actions.held()} == {"n2"}
         first.guard.cancel()
         store.close()
@@ -117,7 +117,7 @@ def test_held_actions_and_the_breaker_window_carry_over(target: Path | str) -> N
         second = engine(again, now, breaker_max_nodes=1, breaker_page_delay_s=0)
         assert {h.action.node for h in again.actions.held()} == {"n2"}
         second.receive("n3", [xid("n3", 79, now[0] + 5, 1)])
-        await second.drain()
+        await second.wait_for_actions()
         assert {h.action.node for h in again.actions.held()} == {"n2", "n3"}
         assert second.fleet.nodes["n3"].state.health is not Health.QUARANTINED
         second.guard.cancel()

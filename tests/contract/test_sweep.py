@@ -181,7 +181,7 @@ def test_quarantine_goes_through_the_policy_and_the_circuit_breaker(tmp_path: Pa
         assert sorted(summary.quarantine) == failing
         outcomes = sorted(summary.quarantine.values())
         assert [o.split(" (")[0] for o in outcomes] == ["held by the circuit breaker"] + ["quarantine requested"] * 2
-        await c.controller.engine.drain()
+        await c.controller.engine.wait_for_actions()
         assert len(LocalQuarantines(c.controller.store.db).nodes()) == 2
         (incident,) = c.controller.store.incidents.list(node="node-1")
         assert incident.kind == "CHECK_FAILED" and "gpu_health: GPU 3 row remap failure" in incident.first_message
@@ -228,7 +228,7 @@ def test_a_sweep_goes_on_when_its_watcher_leaves(tmp_path: Path) -> None:
         await call.initial_metadata()
         call.cancel()  # the operator's terminal closed
         await asyncio.sleep(1.0)
-        await c.controller.engine.drain()
+        await c.controller.engine.wait_for_actions()
         assert list(LocalQuarantines(c.controller.store.db).nodes()) == ["node-2"]
 
     run(tmp_path, 4, sim, test)

@@ -118,9 +118,9 @@ def test_actions_pending_at_a_crash_run_once_after_restart(tmp_path: Path) -> No
         second = Engine(store, Policy(), LocalActuator(store.db), pager)
         assert second.fleet.nodes["node-a"].state.health.value == "UNHEALTHY"
         assert second.resume_pending() == 2
-        await second.drain()
+        await second.wait_for_actions()
         second.receive("node-a", [Signal("node-a", SignalKind.XID, code=79, observed_at=1.0, seq=1)])  # replay
-        await second.drain()
+        await second.wait_for_actions()
         assert pager.pages == ["node-a-spool1-1"]
         assert LocalQuarantines(store.db).nodes() == {"node-a": "node-a-spool1-1"}
         assert second.fleet.nodes["node-a"].state.health.value == "QUARANTINED"

@@ -89,13 +89,13 @@ def test_a_jobs_node_waits_the_grace_for_the_others_then_is_decided(tmp_path: Pa
         now = [1000.0]
         engine, pager, _ = _engine(tmp_path, now)
         three_xid13(engine, "n1", now[0])
-        await engine.drain()
+        await engine.wait_for_actions()
         assert engine.fleet.nodes["n1"].state.health is Health.HEALTHY and pager.pages == []
         now[0] += 1.0
         assert engine.decide_held() == 0  # still within the grace
         now[0] += 1.5
         assert engine.decide_held() == 1
-        await engine.drain()
+        await engine.wait_for_actions()
         assert engine.fleet.nodes["n1"].state.health is Health.SUSPECT
         assert [(p.node, p.severity) for p in pager.pages] == [("n1", Severity.SUSPECT)]
         (incident,) = engine.store.incidents.list(node="n1")
@@ -114,7 +114,7 @@ def test_the_others_reporting_within_the_grace_make_it_the_jobs_crash(tmp_path: 
         three_xid13(engine, "n3", now[0])  # more than half of the job: its own crash
         now[0] += 5.0
         assert engine.decide_held() == 0  # n1's held XIDs were part of the crash
-        await engine.drain()
+        await engine.wait_for_actions()
         assert {n: engine.fleet.nodes[n].state.health for n in NODES} == dict.fromkeys(NODES, Health.HEALTHY)
         assert [p.node for p in pager.pages] == [""]  # one page, about the job
 
@@ -127,7 +127,7 @@ def test_without_a_job_the_third_xid13_is_decided_at_once(tmp_path: Path) -> Non
         engine, pager, membership = _engine(tmp_path, now)
         membership.forget("train")
         three_xid13(engine, "n1", now[0])
-        await engine.drain()
+        await engine.wait_for_actions()
         assert engine.fleet.nodes["n1"].state.health is Health.SUSPECT and len(pager.pages) == 1
 
     asyncio.run(scenario())

@@ -68,11 +68,11 @@ def test_the_engine_holds_a_suspect_domain_until_a_person_resumes(tmp_path: Path
         for seq, node in enumerate(("n1", "n2", "n3"), start=1):
             e.hello(node, "s", 8)
             e.receive(node, [Signal(node, SignalKind.XID, GpuRef(0, "GPU-0", "0000:18:00"), 79, seq=seq)])
-        await e.drain()
+        await e.wait_for_actions()
         assert LocalQuarantines(store.db).nodes().keys() == {"n1"}
         assert e.guard.holding and "vigil.dev/rack=r1" in e.automation
-        assert await e.operators.resume("sre", "the rack's switch was replaced", apply_held=True) == (4, 0)
-        await e.drain()
+        assert await e.by_hand.resume("sre", "the rack's switch was replaced", apply_held=True) == (4, 0)
+        await e.wait_for_actions()
         assert LocalQuarantines(store.db).nodes().keys() == {"n1", "n2", "n3"} and not e.guard.holding
         await e.shutdown()
 
@@ -108,12 +108,12 @@ def test_a_blamed_leaf_pages_once_and_cordons_none_of_its_nodes(tmp_path: Path) 
         leaf = Finding("leaf leaf-a", "3 of its 3 nodes slow in every pair", "leaf", ("n1", "n2", "n3"))
         said = e.component_failed(leaf.node, leaf.nodes, leaf.reason, "vigil.dev/leaf-switch=leaf-a", "sweep-1")
         again = e.component_failed(leaf.node, leaf.nodes, leaf.reason, "vigil.dev/leaf-switch=leaf-a", "sweep-2")
-        await e.drain()
+        await e.wait_for_actions()
         assert "3 node(s) behind it, none cordoned; paged once" in said and "not paged again" in again
         assert LocalQuarantines(store.db).nodes() == {}
         assert [p.summary.split(" is slow")[0] for p in pages] == ["leaf leaf-a"]
         assert e.guard.holding and "vigil.dev/leaf-switch=leaf-a" in e.automation
-        assert await e.operators.resume("sre", "the leaf was replaced", apply_held=False) == (0, 6)
+        assert await e.by_hand.resume("sre", "the leaf was replaced", apply_held=False) == (0, 6)
         await e.shutdown()
 
     asyncio.run(scenario())

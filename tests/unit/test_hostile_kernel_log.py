@@ -24,9 +24,9 @@ from hypothesis import strategies as st
 from agent.collectors import KernelLog
 from agent.config import AgentConfig
 from agent.daemon import Agent
+from agent.driver_lines import UnparsedLine, parse_nvrm, parse_record
 from agent.kernel_log import FileTail, KernelLogCollector
-from agent.kmsg import UnparsedLine, parse_nvrm, parse_record
-from tests.unit.test_kmsg import REAL_LINES
+from tests.unit.test_driver_lines import REAL_LINES
 from vigil_core.signals import SignalKind
 
 EXAMPLES = int(os.environ.get("VIGIL_FUZZ_EXAMPLES", "150"))  # each a whole agent fed a burst; more: set it

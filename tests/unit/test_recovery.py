@@ -54,7 +54,7 @@ def test_engine_asks_the_agent_and_releases_on_a_pass(tmp_path: Path) -> None:
         to_n1 = e.agents.open("n1")  # as the gateway does when n1's agent connects
         e.hello("n1", "s", 8)
         e.receive("n1", [Signal("n1", SignalKind.XID, GpuRef(0), code=79, observed_at=now[0], seq=1)])
-        await e.drain()
+        await e.wait_for_actions()
         assert e.fleet.nodes["n1"].state.health is Health.QUARANTINED
         assert e.releases.ask() == []
         now[0] += 601
@@ -88,7 +88,7 @@ def test_engine_asks_the_agent_and_releases_on_a_pass(tmp_path: Path) -> None:
         )
         e.checks.answered("n1", passed)
         await asyncio.sleep(0.05)
-        await e.drain()
+        await e.wait_for_actions()
         assert e.fleet.nodes["n1"].state.health is Health.HEALTHY
         assert LocalQuarantines(store.db).nodes() == {}
         (record,) = store.records.operator_actions()
@@ -106,7 +106,7 @@ def test_a_node_back_with_fewer_gpus_is_quarantined_and_its_expectation_kept(tmp
         e.hello("n1", "spool-a", 8)  # a reconnect with every GPU: nothing
         assert e.fleet.nodes["n1"].state.health is Health.HEALTHY
         e.hello("n1", "spool-b", 7)
-        await e.drain()
+        await e.wait_for_actions()
         (incident,) = store.incidents.list(node="n1")
         assert incident.kind == "GPU_LOST" and "7 of its 8 GPUs" in incident.first_message
         assert e.fleet.nodes["n1"].state.health is Health.QUARANTINED

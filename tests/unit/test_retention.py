@@ -31,10 +31,10 @@ def test_finished_incidents_and_their_signals_go_after_the_retention_open_ones_s
         engine.receive("n1", [xid("n1", 79, now[0], 1)])  # quarantined: its incident stays open
         engine.receive("n2", [xid("n2", 13, now[0], 1)])  # recorded only
         engine.receive("n3", [xid("n3", 92, now[0], 1)])  # SUSPECT, then resolved by a person
-        await engine.drain()
+        await engine.wait_for_actions()
         (suspect,) = store.incidents.list(open_only=True, node="n3")
-        engine.operators.resolve_incident(suspect.id, "sre@example.com", "known noisy ECC")
-        await engine.drain()
+        engine.by_hand.resolve_incident(suspect.id, "sre@example.com", "known noisy ECC")
+        await engine.wait_for_actions()
         assert len(store.incidents.list()) == 3
 
         now[0] += 27 * DAY

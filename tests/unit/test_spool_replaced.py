@@ -23,7 +23,7 @@ def test_a_replaced_spool_that_held_signals_opens_an_incident_with_their_count(t
         engine.heartbeat("n2", spooled=0)
         engine.hello("n1", "spool-new", 8)  # the old spool is gone (damaged, or the disk replaced)
         engine.hello("n2", "spool-n2-new", 8)  # a reimaged node whose spool held nothing: no alarm
-        await engine.drain()
+        await engine.wait_for_actions()
         (incident,) = store.incidents.list(open_only=True)
         assert incident.node == "n1" and incident.kind == "SPOOL_LOST"
         assert "5 signal(s) waiting in the old one" in incident.first_message

@@ -32,7 +32,7 @@ class IncidentNotOpen(Exception):
     """The incident cannot be resolved by hand; the message says why and what to do instead."""
 
 
-class Operators:
+class ByHand:
     def __init__(
         self,
         fleet: Fleet,

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from agent.driver_lines import GpuAnnounce, SxidLine, XidLine, parse_nvrm, parse_record
 from agent.kernel_log import KernelLogCollector
-from agent.kmsg import GpuAnnounce, SxidLine, XidLine, parse_nvrm, parse_record
 from vigil_core.signals import GpuRef, SignalKind, normalize_pci_bus_id
 from vigil_core.sxid import sxid_meaning
 

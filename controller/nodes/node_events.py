@@ -11,7 +11,7 @@ from collections.abc import Callable
 from controller.vocab.actions import Quarantine
 
 
-class QuarantineFeed:
+class NodeEvents:
     def __init__(self) -> None:
         self._listeners: list[Callable[[Quarantine], None]] = []
         self._warned: list[Callable[[str, str], None]] = []
