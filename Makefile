@@ -29,8 +29,10 @@ demo: $(VENV)/.runtime  ## a local cluster: controller + 4 agents, an XID 79, Vi
 demo-training: $(VENV)/.dev  ## the bundled MoE job on 3 simulated nodes: a GPU fault and a slow rank, Vigil bringing it back
 	$(BIN)/vigil demo --with-training
 
+# Two workers: most end-to-end tests and scenarios wait on processes, so they overlap well on 2 cores.
+# Tests on network namespaces share one subnet and run in one worker (xdist_group "netns").
 test: $(VENV)/.dev  ## the whole test suite
-	$(BIN)/pytest
+	$(BIN)/pytest -n 2 --dist loadgroup
 
 check: $(VENV)/.dev  ## the edit loop (about a minute): lint, types, contracts, and the unit tests
 	$(BIN)/ruff check .

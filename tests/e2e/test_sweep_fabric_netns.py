@@ -25,7 +25,7 @@ from tests.e2e.processes import configured_controller, port_of, start_agent, swe
 from tests.helpers import poll_until
 from vigil.admin_client import AdminClient
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("netns")]  # one subnet: one at a time
 
 NODES, LEAVES = 6, 3
 

@@ -20,6 +20,8 @@ def _case(path: Path) -> object:
     marks = [pytest.mark.xfail(reason=scenario.known_defect, strict=True)] if scenario.known_defect else []
     if why := unavailable(scenario):
         marks.append(pytest.mark.skip(reason=why))
+    if scenario.fleet.fabric is not None:  # network namespaces on one subnet: one at a time
+        marks.append(pytest.mark.xdist_group("netns"))
     return pytest.param(path, id=path.stem, marks=marks)
 
 
