@@ -30,9 +30,12 @@ demo-training: $(VENV)/.dev  ## the bundled MoE job on 3 simulated nodes: a GPU 
 	$(BIN)/vigil demo --with-training
 
 # Two workers: most end-to-end tests and scenarios wait on processes, so they overlap well on 2 cores.
-# Tests on network namespaces share one subnet and run in one worker (xdist_group "netns").
+# Tests on network namespaces share one subnet and run in one worker (xdist_group "netns"); tests
+# judged by timings (marker serial) run after the rest, alone.
 test: $(VENV)/.dev  ## the whole test suite
-	$(BIN)/pytest -n 2 --dist loadgroup
+	$(BIN)/pytest -n 2 --dist loadgroup -m "not serial"; parallel=$$?; \
+	$(BIN)/pytest -m serial; serial=$$?; \
+	test $$parallel -eq 0 -a $$serial -eq 0
 
 check: $(VENV)/.dev  ## the edit loop (about a minute): lint, types, contracts, and the unit tests
 	$(BIN)/ruff check .

@@ -44,6 +44,7 @@ def test_demo_human_output_has_a_timeline() -> None:
 
 
 @pytest.mark.timeout(400)
+@pytest.mark.serial  # its slow rank is found by step times: nothing else may load the CPUs
 def test_the_training_demo_brings_the_job_back_after_a_fault_and_after_a_slow_rank() -> None:
     pytest.importorskip("torch", reason="the training demo needs torch (make test installs the CPU build)")
     command = [sys.executable, "-m", "vigil", "demo", "--with-training", "--json"]

@@ -93,6 +93,7 @@ def test_a_fault_on_node_b_restarts_the_job_on_node_a_at_the_committed_step(
     assert f"JOB-RESUMED:moe: Job moe restarted on 1 node(s), node-b left out; resumed at step {k}" in pages
 
 
+@pytest.mark.serial  # a slow rank is told from the others by its step times: nothing else may load the CPUs
 def test_a_slow_rank_is_detected_blamed_on_its_node_and_left_out_of_the_restart(cluster: JobCluster) -> None:
     run_dir = cluster.tmp / "run"
     launcher = launch(cluster, "--slow-node", "node-b", "--slow-s", "0.15", "--slow-from-step", "40")
