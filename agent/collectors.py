@@ -141,17 +141,35 @@ class NvmlEvents:
 
 class KernelLog:
     """Driver fault lines from the kernel log; what it cannot parse it counts by reason. Its cursor
-    is written by the daemon with every spool write (``Agent.record``), not returned here."""
+    (``cursor_key`` in the spool) comes back with the signals of the lines before it, so both land
+    in one spool write; with no signals, at most every ``save_every_s`` (a restart then re-reads at
+    most that much of the log, harmlessly: the spool drops what it has seen)."""
 
     name, blocking = "kernel-log", False
 
-    def __init__(self, node: str, source: LineSource, collector: KernelLogCollector, interval_s: float) -> None:
+    def __init__(
+        self,
+        node: str,
+        source: LineSource,
+        collector: KernelLogCollector,
+        interval_s: float,
+        cursor_key: str,
+        saved: str | None = None,
+        save_every_s: float = 10.0,
+    ) -> None:
         self._node, self.source, self.collector, self.interval_s = node, source, collector, interval_s
+        self.cursor_key, self._saved, self._save_every_s = cursor_key, saved, save_every_s
+        self._saved_at = float("-inf")
         self._unparsed: dict[str, int] = {}
         self._overruns = 0
 
     def poll(self) -> Poll:
-        return Poll(self.collector.collect())
+        signals = self.collector.collect()
+        cursor, now = self.source.cursor, time.monotonic()
+        if cursor is None or cursor == self._saved or (not signals and now - self._saved_at < self._save_every_s):
+            return Poll(signals)
+        self._saved, self._saved_at = cursor, now
+        return Poll(signals, {self.cursor_key: cursor})
 
     def show(self, metrics: AgentMetrics, fresh: bool) -> None:
         for reason, count in self.collector.unparsed.items():

@@ -56,8 +56,6 @@ from vigil_core.waiting import wait_event
 
 log = structlog.get_logger(__name__)
 
-CURSOR_SAVE_S = 10.0
-
 
 class AgentStartError(Exception):
     """The agent cannot start; the text names what failed and what to do about it."""
@@ -148,14 +146,14 @@ class Agent:
             self.collectors.append(DcgmScrape(DcgmCollector(node, url, clock), config.dcgm_poll_s))
         opened = open_kernel_log(config, self.spool)
         self.kernel_source = opened[1] if opened else None
-        self._kernel_cursor = f"kernel-log:{opened[0]}" if opened else ""
-        self._kernel_saved = self.spool.cursor(self._kernel_cursor) if opened else None
-        self._kernel_saved_at = 0.0
+        self.kernel_log = opened[0] if opened else "none"
         self.kernel_lines: KernelLogCollector | None = None
         if opened is not None:
             lines = KernelLogCollector(node, opened[1].read_lines, self.backend.gpus(), clock, opened[0])
             self.kernel_lines = lines
-            self.collectors.append(KernelLog(node, opened[1], lines, config.kernel_log_poll_s))
+            key = f"kernel-log:{opened[0]}"
+            collector = KernelLog(node, opened[1], lines, config.kernel_log_poll_s, key, self.spool.cursor(key))
+            self.collectors.append(collector)
         self.jobs_seen: list[str] = []  # the training jobs this node's processes run (job_processes)
         # Re-read on every (re)connection: a renewed certificate is taken up without a restart.
         tls = CertificateSource(config.tls_dir, token_file=config.token_file) if config.tls_dir else None
@@ -231,7 +229,6 @@ class Agent:
             self._unsaved_cursors.update(cursors or {})
             if self.storm.dirty:
                 self._unsaved_cursors["storm"] = json.dumps(self.storm.snapshot())
-            self._unsaved_cursors.update(self._kernel_cursor_update(bool(self._unsaved or self._unsaved_cursors)))
             self._spool_unsaved()
         except Exception as exc:  # a full disk, a damaged spool: keep what we have, try again next step
             self.metrics.collector_errors.labels(node, "spool").inc()
@@ -312,7 +309,7 @@ class Agent:
 
     def poll_now(self, collector: Collector) -> None:
         """One poll of a non-blocking collector, on the loop, and its signals recorded (which also
-        sends the storm's due summaries and saves the kernel-log cursor now and then)."""
+        sends the storm's due summaries)."""
         try:
             result, fresh = collector.poll(), True
         except Exception as exc:  # an unreadable log, a broken queue: counted, and polled again next time
@@ -321,19 +318,6 @@ class Agent:
             log.warning("collector_failed", node=self.config.node, collector=collector.name, error=repr(exc))
         collector.show(self.metrics, fresh)
         self.record(result.signals, result.cursors)
-
-    def _kernel_cursor_update(self, with_signals: bool) -> dict[str, str]:
-        """The kernel-log cursor goes to the spool with every write (signals, held repeats): the lines
-        before it are in that write. Without one, at most every ``CURSOR_SAVE_S`` (a restart then
-        re-reads at most that much of the log, harmlessly)."""
-        cursor = self.kernel_source.cursor if self.kernel_source is not None else None
-        if cursor is None or cursor == self._kernel_saved:
-            return {}
-        now = time.monotonic()
-        if not with_signals and now - self._kernel_saved_at < CURSOR_SAVE_S:
-            return {}
-        self._kernel_saved, self._kernel_saved_at = cursor, now
-        return {self._kernel_cursor: cursor}
 
     async def run(self, stop: asyncio.Event) -> None:
         if self.config.metrics_port is not None:
@@ -348,7 +332,7 @@ class Agent:
             controller=self.config.controller,
             metrics_port=self.metrics_port,
             spool_id=self.spool.spool_id,
-            kernel_log=self._kernel_cursor.removeprefix("kernel-log:") or "none",
+            kernel_log=self.kernel_log,
             dcgm_exporter=self.config.dcgm_exporter_url,
         )
         # Each loop supervised: one that raises is logged, counted and started again after a backoff.

@@ -20,7 +20,6 @@ import grpc
 import structlog
 
 from agent.spool import Spool
-from protos.codec import signal_to_proto
 from protos.vigil.v1 import agent_pb2, agent_pb2_grpc, common_pb2
 from vigil_core.waiting import wait_event
 
@@ -131,7 +130,9 @@ class ControllerLink:
             # over the spool's bound is never merged into one the controller may already hold.
             batch = self._spool.take(after_seq=sent_upto, limit=BATCH_LIMIT)
             if batch:
-                msg = agent_pb2.SignalBatch(signals=[signal_to_proto(s) for s in batch])
+                msg = agent_pb2.SignalBatch()
+                for stored in batch:  # the spool's bytes as they are: no round trip through the domain type
+                    msg.signals.add().MergeFromString(stored.payload)
                 sent_upto = batch[-1].seq
                 await call.write(agent_pb2.AgentMessage(signals=msg))
                 continue

@@ -43,7 +43,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import structlog
@@ -68,6 +68,18 @@ _COLUMNS = {  # added to a spool written by an older agent; its rows are treated
     "count": "INTEGER NOT NULL DEFAULT 1",
 }
 _LOW = ", ".join(f"'{k.value}'" for k in sorted(LOW_SEVERITY_KINDS))
+
+
+@dataclass(frozen=True, slots=True)
+class Stored:
+    """A spooled signal as the spool keeps it: its number and its bytes (a ``vigil.v1.Signal``),
+    which the link puts on the wire as they are."""
+
+    seq: int
+    payload: bytes
+
+    def signal(self) -> Signal:
+        return signal_from_proto(common_pb2.Signal.FromString(self.payload))
 
 
 class SpoolError(Exception):
@@ -291,10 +303,14 @@ class Spool:
         ).fetchall()
         return [signal_from_proto(common_pb2.Signal.FromString(row[0])) for row in rows]
 
-    def take(self, after_seq: int, limit: int = 500) -> list[Signal]:
-        """The signals after ``after_seq`` for the link to send, marked handed before they are returned:
-        from here on the bound never merges into them, merges them away or drops them."""
-        batch = self.pending(after_seq, limit)
+    def take(self, after_seq: int, limit: int = 500) -> list[Stored]:
+        """The signals after ``after_seq`` for the link to send, as stored (no decoding), marked handed
+        before they are returned: from here on the bound never merges into them, merges them away or
+        drops them."""
+        rows = self._db.execute(
+            "SELECT seq, payload FROM signals WHERE seq > ? ORDER BY seq LIMIT ?", (after_seq, limit)
+        ).fetchall()
+        batch = [Stored(int(seq), bytes(payload)) for seq, payload in rows]
         if batch:
             self.handed_upto = max(self.handed_upto, batch[-1].seq)
         return batch

@@ -1,17 +1,20 @@
 """The controller, in rooms stacked by an import-linter contract (pyproject.toml): each imports only
 the rooms below its own.
 
-- ``daemon``: the composition root (builds every room, serves gRPC and /metrics, leader election);
-  ``config``: the configuration file, composing each room's settings.
+- ``daemon``: serves gRPC and /metrics, leader election; ``compose``: the composition root (builds
+  every room and wires them); ``config``: the configuration file, composing each room's settings.
 - ``edge/``: where the wire ends: the agent and trainer gateways, the admin service, who may call
   what (``authz``), undecodable bytes refused; ``limits`` (what one client may send).
-- ``jobs/``: training jobs: the job monitor (``monitor``), a job's phases (``state``), MFU, goodput,
-  saves on early warnings; ``settings``.
+- ``jobs/``: training jobs: the job monitor (``monitor``: reports), an MFU drop judged (``drops``),
+  commands and the recovery sweep (``restarts``), a job's phases (``state``), MFU, goodput, saves on
+  early warnings; ``settings``.
 - ``sweeps/``: checks across nodes: what runs (``spec``), how it is judged (``judge``), pairing and
   the topology-aware fabric blame; ``sweeper`` the shell.
-- ``nodes/``: a node's fault from decision to action: the ``engine`` (each batch), the in-memory
-  ``fleet``, the pure ``decide``, application faults, the guards, what each action means
-  (``apply``) and the ``action_runner``, recovery and releases, what people ask by hand (``by_hand``).
+- ``nodes/``: a node's fault from decision to action: the ``engine`` (each batch, and ``found``: what
+  the controller found itself, its outcome as data), the in-memory ``fleet``, the pure ``decide``,
+  application faults, the guards, what each action means (``apply``), the ``action_runner`` and
+  what follows an action (``after_action``), recovery and releases, the periodic ``upkeep``, a new
+  leader's ``adopt``, what people ask by hand (``by_hand``).
 - ``act/``: the world acted on: ``actuators``, the ``local_actuator``, ``kube/`` (the only code that
   imports ``kubernetes``), ``pagers/``, agents' tokens.
 - ``store/``: durable state by domain over SQLite or PostgreSQL.

@@ -17,23 +17,13 @@ from typing import TYPE_CHECKING
 import grpc
 import structlog
 
-from controller.act.actuators import Actuator, ConsolePager, NullPager, Pager
-from controller.act.local_actuator import LocalActuator
+from controller.compose import Rooms, rooms
 from controller.config import ControllerConfig
-from controller.edge.admin import Admin
-from controller.edge.agent_gateway import AgentGateway
 from controller.edge.authz import RoleInterceptor
-from controller.edge.trainer_gateway import TrainerGateway
 from controller.edge.undecodable import DecodeInterceptor
-from controller.jobs.monitor import JobMonitor
 from controller.metrics import ControllerMetrics
-from controller.nodes.agent_outboxes import AgentOutboxes
-from controller.nodes.app_faults import AppFaults, JobMembership
 from controller.nodes.engine import Engine
-from controller.nodes.node_events import NodeEvents
 from controller.store import Opened, Store
-from controller.sweeps.sweeper import Sweeper
-from controller.vocab.policy import load_policy
 from protos.vigil.v1 import admin_pb2_grpc, agent_pb2_grpc, trainer_pb2_grpc
 from vigil_core.cert_reload import CertificateSource, server_credentials
 from vigil_core.http_status import serve_http
@@ -46,30 +36,6 @@ if TYPE_CHECKING:
 log = structlog.get_logger(__name__)
 
 LOST_LEADERSHIP_EXIT = 1
-
-
-def build_actuator(config: ControllerConfig, store: Store) -> Actuator:
-    if config.actuator == "local":
-        return LocalActuator(store.db, config.node_labels)
-    from controller.act.kube.actuator import KubeActuator
-    from controller.act.kube.client import api_client
-
-    k = config.kubernetes
-    return KubeActuator(api_client(k.kubeconfig, k.context), events_namespace=k.events_namespace)
-
-
-def build_pager(config: ControllerConfig, store: Store) -> Pager:
-    if config.pager == "slack":
-        from controller.act.pagers.slack import SlackPager
-
-        assert config.slack is not None
-        return SlackPager(config.slack.token(), config.slack.channel, store.records, base_url=config.slack.base_url)
-    if config.pager == "webhook":
-        from controller.act.pagers.webhook import WebhookPager
-
-        assert config.webhook is not None
-        return WebhookPager(config.webhook.url, config.webhook.headers)
-    return ConsolePager() if config.pager == "console" else NullPager()
 
 
 class Controller:
@@ -93,51 +59,14 @@ class Controller:
         self.metrics_port: int | None = None
 
     def _build(self, metrics: ControllerMetrics) -> None:
-        """The engine and what hangs on it, from what the store holds now."""
-        config = self.config
-        outboxes, quarantines = AgentOutboxes(), NodeEvents()  # the engine's, shared as below
-        membership = JobMembership()  # the job monitor's record of the jobs' nodes, read by the engine
-        self.engine = Engine(
-            self.store,
-            load_policy(config.policy),
-            build_actuator(config, self.store),
-            build_pager(config, self.store),
-            metrics=metrics,
-            guardrails=config.guardrails,
-            recovery=config.recovery,
-            fold_report_s=config.fold_report_s,
-            drain=config.actuator == "kubernetes" and config.kubernetes.drain,
-            agents=outboxes,
-            quarantines=quarantines,
-            app_faults=AppFaults(membership, config.app_faults),
-            retention_s=config.retention_days * 86400 if config.retention_days is not None else None,
-            check_results_per_node_hour=config.limits.check_results_per_node_hour,
-        )
-        self.gateway = AgentGateway(self.engine, outboxes, config.limits)
-        jobs_config = config.jobs
-        if jobs_config.blame_needs_agents is None:  # callers have identities only under TLS
-            jobs_config = jobs_config.model_copy(update={"blame_needs_agents": config.tls_dir is not None})
-        e = self.engine
-        self.sweeper = Sweeper(
-            e.fleet,
-            e.checks,
-            e.actuator,
-            e.check_failed,
-            self.store.records,
-            config.sweep,
-            labels=e.actuator.node_labels,
-            report_component=e.component_failed,
-        )
-        self.jobs = JobMonitor(
-            e.fleet,
-            e.check_failed,
-            e.runner.request,
-            e.metrics,
-            self.sweeper,
-            jobs_config,
-            quarantines,
-            membership=membership,
-        )
+        """Every room, from what the store holds now (``controller.compose``)."""
+        self.rooms: Rooms = rooms(self.config, self.store, metrics)
+        self.nodes = self.rooms.nodes
+        self.sweeper, self.jobs = self.rooms.sweeper, self.rooms.jobs
+
+    @property
+    def engine(self) -> Engine:
+        return self.nodes.engine
 
     async def start(self) -> int:
         """Serve as the leader (or as the only replica)."""
@@ -146,7 +75,7 @@ class Controller:
             # stood by (incidents, counts, the breaker's window, held actions) is read now.
             self._build(self.engine.metrics)
         if self.config.leader_election.enabled:
-            await self.engine.adopt_cluster_state()
+            await self.nodes.adopt_cluster_state()
         tokens = self._token_reviewer()
         size = self.config.limits.max_message_bytes
         self.server = grpc.aio.server(
@@ -154,12 +83,9 @@ class Controller:
             interceptors=[DecodeInterceptor(), *([RoleInterceptor(tokens)] if self.tls else [])],
             options=[("grpc.max_receive_message_length", size), ("grpc.max_send_message_length", size)],
         )
-        agent_pb2_grpc.add_AgentGatewayServicer_to_server(self.gateway, self.server)
-        identity = self.config.leader_election.identity
-        admin_pb2_grpc.add_AdminServicer_to_server(Admin(self.engine, self.sweeper, self.jobs, identity), self.server)
-        trainer_pb2_grpc.add_TrainerGatewayServicer_to_server(
-            TrainerGateway(self.jobs, self.config.limits), self.server
-        )
+        agent_pb2_grpc.add_AgentGatewayServicer_to_server(self.rooms.agent_gateway, self.server)
+        admin_pb2_grpc.add_AdminServicer_to_server(self.rooms.admin, self.server)
+        trainer_pb2_grpc.add_TrainerGatewayServicer_to_server(self.rooms.trainer_gateway, self.server)
         address = f"{self.config.listen_address}:{self.config.port}"
         try:
             if self.tls is not None:
@@ -194,7 +120,7 @@ class Controller:
             nodes=len(self.engine.fleet),
             database=self.store.db.where,
             database_was=self.store.opened.value,
-            automation=self.engine.automation,
+            automation=self.nodes.guard.automation,
             transport=transport,
         )
         return self.port
@@ -213,7 +139,7 @@ class Controller:
         """Why this replica is not ready to serve (the readiness probe's 503); empty when it is."""
         if self.server is None:
             return ["not serving: a standby replica, or still starting"]
-        return self.engine.problems()
+        return self.nodes.upkeep.problems()
 
     async def run(self, stop: asyncio.Event) -> None:
         if self.config.metrics_port is not None:
@@ -226,9 +152,9 @@ class Controller:
             self.store.close()
             return
         await self.start()
-        tasks = self.engine.tasks
+        tasks = self.nodes.tasks
         watchers = [
-            asyncio.create_task(supervise("engine", lambda: self.engine.watch(stop), stop, tasks)),
+            asyncio.create_task(supervise("engine", lambda: self.nodes.upkeep.watch(stop), stop, tasks)),
             asyncio.create_task(supervise("jobs", lambda: self.jobs.watch(stop), stop, tasks)),
         ]
         await stop.wait()

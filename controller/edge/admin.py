@@ -4,16 +4,21 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable
 
 import grpc
 import structlog
 
 from controller.act.actuators import SelectionError
 from controller.edge.authz import caller
+from controller.edge.sweep_updates import update_to_proto
 from controller.jobs.monitor import JobMonitor
-from controller.nodes.by_hand import IncidentNotOpen, UnknownIncident
-from controller.nodes.engine import Engine, UnknownNode
+from controller.nodes.by_hand import ByHand, IncidentNotOpen, UnknownIncident
+from controller.nodes.fleet import Fleet, UnknownNode
+from controller.nodes.guard import Guard
+from controller.store import IncidentLog
+from controller.sweeps.result import SweepDone, SweepEvent
 from controller.sweeps.spec import SweepError, sweep_spec
 from controller.sweeps.sweeper import SweepBusy, Sweeper
 from protos.codec import gpu_to_proto
@@ -24,8 +29,24 @@ log = structlog.get_logger(__name__)
 
 
 class Admin(admin_pb2_grpc.AdminServicer):
-    def __init__(self, engine: Engine, sweeper: Sweeper, jobs: JobMonitor, replica: str = "") -> None:
-        self._engine = engine
+    def __init__(
+        self,
+        fleet: Fleet,
+        by_hand: ByHand,
+        guard: Guard,
+        incidents: IncidentLog,
+        problems: Callable[[], list[str]],
+        sweeper: Sweeper,
+        jobs: JobMonitor,
+        replica: str = "",
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._fleet = fleet  # read only, for status
+        self._by_hand = by_hand  # what people ask by hand: uncordon, resolve, resume
+        self._guard = guard  # the breaker's state
+        self._incidents = incidents
+        self._problems = problems  # what keeps the controller from its work now
+        self._clock = clock
         self._sweeper = sweeper
         self._jobs = jobs
         self._replica = replica
@@ -45,24 +66,24 @@ class Admin(admin_pb2_grpc.AdminServicer):
                 last_heartbeat=e.last_heartbeat,
                 last_seq=e.last_seq,
                 gpus=e.gpus,
-                open_incident=self._engine.fleet.incident_of(name),
+                open_incident=self._fleet.incident_of(name),
             )
-            for name, e in sorted(self._engine.fleet.entries())
+            for name, e in sorted(self._fleet.entries())
         ]
         return admin_pb2.StatusReply(
             nodes=nodes,
-            now=self._engine.clock(),
-            automation=self._engine.automation,
-            held_nodes=list(self._engine.breaker.held),
+            now=self._clock(),
+            automation=self._guard.automation,
+            held_nodes=list(self._guard.breaker.held),
             replica=self._replica,
             leader=True,  # only the leader serves: a standby replica has not opened its port
-            problems=self._engine.problems(),
+            problems=self._problems(),
         )
 
     async def ListIncidents(  # noqa: N802
         self, request: admin_pb2.IncidentsRequest, context: grpc.aio.ServicerContext
     ) -> admin_pb2.IncidentsReply:
-        views = self._engine.store.incidents.list(request.open_only, request.node, request.limit or 100)
+        views = self._incidents.list(request.open_only, request.node, request.limit or 100)
         return admin_pb2.IncidentsReply(
             incidents=[
                 admin_pb2.Incident(
@@ -99,9 +120,7 @@ class Admin(admin_pb2_grpc.AdminServicer):
     ) -> admin_pb2.UncordonReply:
         await _bounded(context, requested_by=request.requested_by, reason=request.reason)
         try:
-            health, detail = await self._engine.by_hand.uncordon(
-                request.node, _who(request.requested_by), request.reason
-            )
+            health, detail = await self._by_hand.uncordon(request.node, _who(request.requested_by), request.reason)
         except UnknownNode:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"no node named {request.node!r}")
         except Exception as exc:  # the API server refused or is down: say so, keep serving
@@ -114,7 +133,7 @@ class Admin(admin_pb2_grpc.AdminServicer):
     ) -> admin_pb2.ResolveReply:
         await _bounded(context, requested_by=request.requested_by, note=request.note, incident_id=request.incident_id)
         try:
-            node, health, detail = self._engine.by_hand.resolve_incident(
+            node, health, detail = self._by_hand.resolve_incident(
                 request.incident_id, _who(request.requested_by), request.note
             )
         except UnknownIncident:
@@ -126,7 +145,7 @@ class Admin(admin_pb2_grpc.AdminServicer):
     async def ListRules(  # noqa: N802
         self, request: admin_pb2.RulesRequest, context: grpc.aio.ServicerContext
     ) -> admin_pb2.RulesReply:
-        stats = await asyncio.to_thread(self._engine.by_hand.rules)
+        stats = await asyncio.to_thread(self._by_hand.rules)
         return admin_pb2.RulesReply(
             rules=[
                 admin_pb2.RuleStats(
@@ -139,19 +158,17 @@ class Admin(admin_pb2_grpc.AdminServicer):
                 )
                 for s in stats
             ],
-            undo_window_s=self._engine.recovery.undo_window_s,
+            undo_window_s=self._by_hand.undo_window_s,
         )
 
     async def Resume(  # noqa: N802
         self, request: admin_pb2.ResumeRequest, context: grpc.aio.ServicerContext
     ) -> admin_pb2.ResumeReply:
         await _bounded(context, requested_by=request.requested_by, reason=request.reason)
-        if not self._engine.guard.holding:
-            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"automation is {self._engine.automation}")
-        applied, dropped = await self._engine.by_hand.resume(
-            _who(request.requested_by), request.reason, request.apply_held
-        )
-        return admin_pb2.ResumeReply(automation=self._engine.automation, applied=applied, dropped=dropped)
+        if not self._guard.holding:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"automation is {self._guard.automation}")
+        applied, dropped = await self._by_hand.resume(_who(request.requested_by), request.reason, request.apply_held)
+        return admin_pb2.ResumeReply(automation=self._guard.automation, applied=applied, dropped=dropped)
 
     async def Sweep(  # noqa: N802
         self, request: admin_pb2.SweepRequest, context: grpc.aio.ServicerContext
@@ -172,18 +189,18 @@ class Admin(admin_pb2_grpc.AdminServicer):
             nodes = await self._sweeper.select(list(request.nodes), request.selector, request.job, request.namespace)
         except (SweepError, SelectionError) as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        updates: asyncio.Queue[admin_pb2.SweepUpdate] = asyncio.Queue()
+        updates: asyncio.Queue[SweepEvent] = asyncio.Queue()
         try:
             sweep_id = self._sweeper.start(spec, nodes, updates.put_nowait)
         except SweepBusy as exc:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
         await context.send_initial_metadata((("sweep-id", sweep_id),))
         while True:
-            update = await updates.get()
-            if update.error:
-                await context.abort(grpc.StatusCode.INTERNAL, f"sweep {sweep_id} broke: {update.error}")
-            yield update
-            if update.phase == "done":
+            event = await updates.get()
+            if isinstance(event, SweepDone) and event.error:
+                await context.abort(grpc.StatusCode.INTERNAL, f"sweep {sweep_id} broke: {event.error}")
+            yield update_to_proto(event)
+            if isinstance(event, SweepDone):
                 return
 
 

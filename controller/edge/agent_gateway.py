@@ -20,7 +20,9 @@ import structlog
 from controller.edge.authz import caller
 from controller.edge.limits import LimitsConfig
 from controller.nodes.agent_outboxes import AgentOutboxes
+from controller.nodes.check_requests import CheckRequests
 from controller.nodes.engine import Engine
+from controller.nodes.fleet import Fleet
 from controller.nodes.guard_rules import RateLimiter
 from controller.store.health import is_database_error
 from protos.codec import BadSignal, signal_from_proto
@@ -71,8 +73,17 @@ def seq_problem(signals: list[Signal], last_seq: int, max_gap: int) -> str:
 
 
 class AgentGateway(agent_pb2_grpc.AgentGatewayServicer):
-    def __init__(self, engine: Engine, outboxes: AgentOutboxes, limits: LimitsConfig | None = None) -> None:
-        self._engine = engine
+    def __init__(
+        self,
+        engine: Engine,
+        fleet: Fleet,
+        checks: CheckRequests,
+        outboxes: AgentOutboxes,
+        limits: LimitsConfig | None = None,
+    ) -> None:
+        self._engine = engine  # an agent's session: hello, heartbeats, batches, going away
+        self._fleet = fleet  # who is known already (limits.max_nodes), and each spool's last seq
+        self._checks = checks  # the answers to the checks the controller asked for
         self._outboxes = outboxes  # the engine's too: what it sends a connected agent goes out here
         self._limits = limits or LimitsConfig()
         self._rate = RateLimiter(self._limits.agent_messages_per_s, self._limits.agent_burst)  # per node
@@ -93,7 +104,7 @@ class AgentGateway(agent_pb2_grpc.AgentGatewayServicer):
         if who is not None and who.name != node:
             log.warning("call_refused", peer=context.peer(), why=f"{who} said Hello as {node}")
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, f"{who} cannot report for {node}")
-        fleet = self._engine.fleet
+        fleet = self._fleet
         if node not in fleet.nodes and len(fleet) >= self._limits.max_nodes:  # names are the caller's to make up
             why = f"{len(fleet)} nodes are known already (limits.max_nodes); {node!r} is not one of them"
             log.warning("call_refused", peer=context.peer(), why=why)
@@ -150,7 +161,7 @@ class AgentGateway(agent_pb2_grpc.AgentGatewayServicer):
                 except BadSignal as exc:
                     log.warning("bad_signal", node=node, error=str(exc))
                     await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-                if problem := seq_problem(signals, self._engine.fleet.entry(node).last_seq, self._limits.max_seq_gap):
+                if problem := seq_problem(signals, self._fleet.entry(node).last_seq, self._limits.max_seq_gap):
                     log.warning("bad_signal", node=node, error=problem)
                     await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
                 foreign = [s.node for s in signals if s.node != node]
@@ -164,7 +175,7 @@ class AgentGateway(agent_pb2_grpc.AgentGatewayServicer):
                     await self._cannot_record(exc, context)
                 outbox.put_nowait(agent_pb2.ControllerMessage(ack=agent_pb2.Ack(acked_seq=acked)))
             elif body == "check_result":
-                self._engine.checks.answered(node, msg.check_result)
+                self._checks.answered(node, msg.check_result)
             else:
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"unexpected message {body!r} after Hello")
 

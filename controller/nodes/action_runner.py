@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import structlog
@@ -48,7 +48,7 @@ class ActionRunner:
         metrics: ControllerMetrics,
         bucket: TokenBucket,
         clock: Callable[[], float] = time.time,
-        on_done: Callable[[PendingAction, str], None] = lambda pending, detail: None,
+        on_done: Callable[[PendingAction, str], Sequence[ExternalAction]] = lambda pending, detail: (),
         on_ack: Callable[[str], None] = lambda node: None,
         tasks: Tasks | None = None,
     ) -> None:
@@ -59,7 +59,7 @@ class ActionRunner:
         self.metrics = metrics
         self.bucket = bucket
         self.clock = clock
-        self.on_done = on_done  # an action was carried out
+        self.on_done = on_done  # an action was carried out: what follows it, asked for here
         self.on_ack = on_ack  # the node's ackable seq moved
         self._in_flight: set[ActionKey] = set()
         self._unfinished: dict[str, dict[ActionKey, int]] = {}  # node -> action -> the signal's seq
@@ -121,7 +121,8 @@ class ActionRunner:
                     continue
                 latency = self._finish(pending, kind, "DONE", detail)
                 bound.info("action_done", detail=detail, latency_s=round(latency, 4))
-                self.on_done(pending, detail)
+                for follow in self.on_done(pending, detail):
+                    self.request(follow)
                 return
             self._finish(pending, kind, "FAILED", "gave up after retries")
             bound.error("action_gave_up", attempts=MAX_ACTION_ATTEMPTS)

@@ -51,7 +51,7 @@ class ByHand:
         self._guard = guard
         self._clock = clock
         self._metrics = metrics
-        self._undo_window_s = undo_window_s
+        self.undo_window_s = undo_window_s
 
     async def uncordon(self, node: str, requested_by: str, reason: str) -> tuple[Health, str]:
         """Return a node to service, at a person's request: only what Vigil quarantined is released."""
@@ -73,7 +73,7 @@ class ByHand:
         """A person releases a node soon after Vigil quarantined it: a false positive of that rule."""
         for incident in self._store.incidents.list(open_only=True, node=node, limit=10000):
             done = [a.done_at for a in incident.actions if a.kind == "QUARANTINE" and a.status == "DONE"]
-            if done and done[0] is not None and now - done[0] <= self._undo_window_s:
+            if done and done[0] is not None and now - done[0] <= self.undo_window_s:
                 self._metrics.rule_undone.labels(rule_id(incident.kind, incident.code)).inc()
 
     def rules(self) -> list[RuleStats]:
@@ -86,7 +86,7 @@ class ByHand:
             PersonAction(w, n or "", b or "", at, d or "")
             for at, w, n, b, _, d in self._store.records.operator_actions()
         ]
-        return count_rules(decisions, people, self._undo_window_s)
+        return count_rules(decisions, people, self.undo_window_s)
 
     def resolve_incident(self, incident_id: str, requested_by: str, note: str) -> tuple[str, Health, str]:
         """A person resolves an open incident of a node still in service; returns (node, its health,

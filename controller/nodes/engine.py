@@ -8,46 +8,29 @@ the actions out; the agent's ack for a signal waits until its actions are done.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 import structlog
 
-from controller.act.actuators import Actuator, Pager
 from controller.metrics import ControllerMetrics
 from controller.nodes.action_runner import ActionRunner
 from controller.nodes.agent_outboxes import AgentOutboxes
-from controller.nodes.app_faults import AppFaults, JobMembership
+from controller.nodes.app_faults import AppFaults
 from controller.nodes.apply import Applier, Received
-from controller.nodes.by_hand import ByHand
 from controller.nodes.check_requests import CheckRequests
-from controller.nodes.decide import (
-    decide,
-    decide_held,
-    heartbeat_returned,
-    heartbeat_silence,
-    quarantine_confirmed,
-    quarantine_not_carried_out,
-    suspicion_lapsed,
-)
+from controller.nodes.decide import decide, decide_held, heartbeat_returned, quarantine_not_carried_out
 from controller.nodes.fleet import Fleet, NodeEntry, UnknownNode
-from controller.nodes.fold_reports import FoldReports
+from controller.nodes.found import Found, Outcome, Result, Source
 from controller.nodes.guard import Guard
-from controller.nodes.guard_rules import BreakerState, GuardrailConfig, TokenBucket
-from controller.nodes.node_events import NodeEvents
-from controller.nodes.recovery import RecoveryConfig, repeat_offender, repeat_offender_note
-from controller.nodes.release_checks import ReleaseChecks
-from controller.store import PendingAction, Store
-from controller.vocab.actions import Action, Drain, Page, PageUpdate, Quarantine, action_kind
-from controller.vocab.node_state import Health, NodeState
-from controller.vocab.policy import Policy, Severity
+from controller.store import Store
+from controller.vocab.actions import Action, Page, Quarantine, action_kind
+from controller.vocab.node_state import NodeState
+from controller.vocab.policy import Policy
 from protos.vigil.v1 import agent_pb2
 from vigil_core.names import is_job_id
 from vigil_core.signals import Signal, SignalKind
-from vigil_core.supervise import Tasks
-from vigil_core.waiting import wait_event
 
 log = structlog.get_logger(__name__)
 
@@ -66,95 +49,33 @@ def incident_id_for(node: str, spool_id: str, seq: int) -> str:
 
 
 class Engine:
+    """Built by the composition root (``controller.compose``) from the parts it is given."""
+
     def __init__(
         self,
         store: Store,
         policy: Policy,
-        actuator: Actuator,
-        pager: Pager,
-        metrics: ControllerMetrics | None = None,
+        fleet: Fleet,
+        runner: ActionRunner,
+        guard: Guard,
+        applier: Applier,
+        app_faults: AppFaults,
+        checks: CheckRequests,
+        agents: AgentOutboxes,
+        metrics: ControllerMetrics,
         clock: Callable[[], float] = time.time,
-        guardrails: GuardrailConfig | None = None,
-        recovery: RecoveryConfig | None = None,
-        fold_report_s: float = 300.0,
-        drain: bool = False,
-        agents: AgentOutboxes | None = None,
-        quarantines: NodeEvents | None = None,
-        app_faults: AppFaults | None = None,
-        retention_s: float | None = None,
-        tasks: Tasks | None = None,
-        check_results_per_node_hour: int = 120,
     ) -> None:
         self.store = store
         self.policy = policy
-        self.metrics = metrics or ControllerMetrics()
+        self.fleet = fleet
+        self.runner = runner
+        self.guard = guard
+        self.applier = applier
+        self.app_faults = app_faults
+        self.checks = checks
+        self.agents = agents  # commands to connected agents (the gateway opens their queues)
+        self.metrics = metrics
         self.clock = clock
-        # The background work's health: failures logged, counted, and retried with backoff.
-        self.tasks = tasks or Tasks(lambda task: self.metrics.task_failures.labels(task).inc())
-        store.health.on_failure = self.metrics.store_write_failures.inc
-        self.metrics.store_up.set_function(lambda: 0 if store.health.failing_since is not None else 1)
-        self.metrics.tasks_down.set_function(lambda: len(self.tasks.down()))
-        self.guardrails = guardrails or GuardrailConfig()
-        self.recovery = recovery or RecoveryConfig()
-        self.drain_after_quarantine = drain
-        self.retention_s = retention_s  # None: keep everything
-        # Commands to connected agents (the gateway opens their queues); quarantines told to whoever
-        # must act on them too (the job monitor).
-        self.agents = agents or AgentOutboxes()
-        self.quarantines = quarantines or NodeEvents()
-        self.app_faults = app_faults or AppFaults(JobMembership())
-        self.checks = CheckRequests(
-            store.records,
-            self.agents.send,
-            check_results_per_node_hour,
-            lambda node: self.metrics.check_results_refused.labels(node).inc(),
-            clock,
-        )
-        self.fleet = Fleet(store.nodes.load(), store.incidents.latest_open(), clock())
-        bucket = TokenBucket(self.guardrails.quarantines_per_s, self.guardrails.quarantine_burst)
-        self.runner = ActionRunner(
-            store.actions,
-            actuator,
-            pager,
-            self.metrics,
-            bucket,
-            clock,
-            on_done=self._action_done,
-            on_ack=self._send_ack,
-            tasks=self.tasks,
-        )
-        self.folds = FoldReports(fold_report_s, store.incidents.signal_counts, self.runner.schedule, clock)
-        self.applier = Applier(store, self.runner.schedule, self.fleet, self.folds, self.quarantines, self.metrics)
-        self.labels: dict[str, dict[str, str]] = {}  # node -> its labels, refreshed from the actuator
-        self.guard = Guard(
-            self.guardrails,
-            store.records,
-            self.runner,
-            self.metrics,
-            lambda: len(self.fleet),
-            clock,
-            lambda node: self.labels.get(node, {}),
-        )
-        self.by_hand = ByHand(
-            self.fleet, store, self.runner, self.folds, self.guard, clock, self.metrics, self.recovery.undo_window_s
-        )
-        self.releases = ReleaseChecks(self.fleet, self.checks, self.recovery, self.by_hand.uncordon, clock, self.tasks)
-
-    @property
-    def actuator(self) -> Actuator:
-        return self.runner.actuator
-
-    @property
-    def pager(self) -> Pager:
-        return self.runner.pager
-
-    @property
-    def automation(self) -> str:
-        return self.guard.automation
-
-    @property
-    def breaker(self) -> BreakerState:
-        return self.guard.breaker
 
     # Agents --------------------------------------------------------------------------------
 
@@ -174,8 +95,8 @@ class Engine:
         self.store.nodes.register(entry.state, spool_id, entry.last_seq, gpus, now, entry.expected_gpus)
         if gpus < expected:
             reason = f"the node came back with {gpus} of its {expected} GPUs"
-            outcome = self.report(node, SignalKind.GPU_LOST, f"inventory-{int(now)}", reason, "inventory")
-            log.error("gpus_missing", node=node, gpus=gpus, expected=expected, outcome=outcome)
+            outcome = self.found(Found(node, f"inventory-{int(now)}", reason, Source.INVENTORY, SignalKind.GPU_LOST))
+            log.error("gpus_missing", node=node, gpus=gpus, expected=expected, outcome=str(outcome))
         return self.ack_seq(node)
 
     def _spool_replaced(self, node: str, entry: NodeEntry, now: float) -> None:
@@ -189,10 +110,12 @@ class Engine:
             f"waiting in the old one at its last heartbeat may be gone: read the node's kernel log since then"
         )
         self.metrics.spool_signals_maybe_lost.labels(node).inc(entry.spooled)
-        outcome = self.report(node, SignalKind.SPOOL_LOST, f"spool-{entry.spool_id[:12]}", reason, "controller")
-        log.error("agent_spool_signals_maybe_lost", node=node, signals=entry.spooled, outcome=outcome)
+        outcome = self.found(
+            Found(node, f"spool-{entry.spool_id[:12]}", reason, Source.CONTROLLER, SignalKind.SPOOL_LOST)
+        )
+        log.error("agent_spool_signals_maybe_lost", node=node, signals=entry.spooled, outcome=str(outcome))
 
-    def _send_ack(self, node: str) -> None:
+    def send_ack(self, node: str) -> None:
         """An action finished: the agent may now drop the signals that asked for it."""
         self.agents.send(node, agent_pb2.ControllerMessage(ack=agent_pb2.Ack(acked_seq=self.ack_seq(node))))
 
@@ -309,29 +232,6 @@ class Engine:
             state = quarantine_not_carried_out(state)
         return state, replace(item, actions=actions, held=held)
 
-    def _action_done(self, pending: PendingAction, detail: str) -> None:
-        action = pending.action
-        if not isinstance(action, Quarantine) or action.dry_run:
-            return
-        entry = self.fleet.nodes.get(action.node)
-        if entry is not None and entry.state.health is Health.UNHEALTHY:
-            entry.state = quarantine_confirmed(entry.state, self.clock())
-            self.store.nodes.save([entry.state])
-            if times := repeat_offender(entry.state, self.recovery, self.clock()):
-                text = repeat_offender_note(times, self.recovery)
-                self.runner.request(PageUpdate(action.incident_id, action.node, "REPEAT", text))
-                log.error("repeat_offender", node=action.node, quarantines=times)
-        if self.drain_after_quarantine:
-            drain = Drain(action.incident_id, action.node)
-            self.runner.request(drain)
-        latency = (
-            f" {self.clock() - action.observed_at:.2f} s after the agent saw the fault"
-            if action.observed_at > 0
-            else ""
-        )
-        note = PageUpdate(action.incident_id, action.node, "QUARANTINED", f"Done{latency}: {detail}")
-        self.runner.request(note)
-
     async def wait_for_actions(self) -> None:
         """Wait for the actions under way to finish (tests and benchmarks)."""
         await self.runner.drain()
@@ -341,164 +241,39 @@ class Engine:
         self.guard.cancel()
         await self.runner.shutdown()
 
-    async def adopt_cluster_state(self) -> int:
-        """A new leader: take over the quarantines and pages that an earlier leader made."""
-        found = await asyncio.to_thread(self.actuator.adopt)
-        now, adopted = self.clock(), 0
-        for q in found:
-            adopted += self.store.incidents.adopt(q.node, q.incident_id, q.reason, q.at, now)
-            self.fleet.open_incident.setdefault(q.node, q.incident_id)
-            entry = self.fleet.nodes.get(q.node)
-            if entry is None:
-                entry = self.fleet.add(q.node, NodeEntry(NodeState(node=q.node), "", 0, now, 0))
-                self.store.nodes.register(entry.state, "", 0, 0, now)
-            if entry.state.health is not Health.QUARANTINED:
-                entry.state = replace(entry.state, health=Health.QUARANTINED, quarantined_at=q.at or now)
-                self.store.nodes.save([entry.state])
-        self.guard.count_adopted([(q.node, q.at) for q in found])
-        threads = await asyncio.to_thread(self.pager.resync)
-        for q in found:
-            # The previous leader may have died half-way: after the cordon, before the condition, the
-            # Event or the page. Ask for both again; the actuator finishes only what is missing, and the
-            # pager knows (Slack: the channel's history; webhook: idempotency key) what already went out.
-            quarantine = Quarantine(q.incident_id, q.node, q.reason, "")
-            self.runner.request(quarantine, now)
-            page = Page(
-                q.incident_id,
-                q.node,
-                Severity.QUARANTINE,
-                q.reason,
-                "see the incident's signals; the node stays quarantined until released",
-                observed_at=0.0,
-                did="quarantined the node (taint, cordon, node condition), by the previous leader replica",
-            )
-            self.runner.request(page, now)
-        log.info("cluster_state_adopted", quarantines_found=len(found), new_here=adopted, paged_incidents=threads)
-        return adopted
+    # Faults the controller found itself -------------------------------------------------------
 
-    # Time-driven ---------------------------------------------------------------------------
-
-    def check_silence(self) -> list[str]:
-        """Mark nodes UNKNOWN whose heartbeats stopped; returns their names."""
-        now, changed = self.clock(), []
-        for name, entry in self.fleet.entries():
-            new_state = heartbeat_silence(entry.state, now - entry.last_heartbeat, self.policy)
-            if new_state is not entry.state:
-                entry.state = new_state  # shown at once, even while the database cannot record it
-                changed.append(new_state)
-                log.warning("node_unknown", node=name, silent_s=round(now - entry.last_heartbeat, 1))
-        if changed:
-            self.store.nodes.save(changed)
-        return [s.node for s in changed]
-
-    def clear_quiet_suspects(self) -> list[str]:
-        """SUSPECT nodes quiet for the policy's ``suspect_clear_s`` are HEALTHY again, their incidents
-        resolved (and said in their threads); returns their names."""
+    def found(self, fault: Found) -> Outcome:
+        """Decide a fault the controller found itself, like an agent's signal: through the policy and
+        the guardrails. A fabric component's nodes are held together in its failure domain: one page
+        names the component, and none of them is cordoned one by one."""
+        if fault.is_component:
+            return self._component(fault)
+        entry = self.fleet.nodes.get(fault.node)
+        if entry is None:
+            return Outcome(Result.UNKNOWN_NODE)
         now = self.clock()
-        lapsed = [n for n, e in self.fleet.entries() if suspicion_lapsed(e.state, now, self.policy)]
-        for node in lapsed:
-            quiet_s = self.policy.suspect_clear_s
-            self.by_hand.resolve_node(node, f"Resolved: {node} quiet for {quiet_s:.0f} s, back to HEALTHY", now)
-            log.info("suspicion_lapsed", node=node, quiet_s=quiet_s)
-        return lapsed
-
-    def update_gauges(self) -> None:
-        self.metrics.database_bytes.set(self.store.db.size_bytes())
-        counts = {h: 0 for h in Health}
-        for _, entry in self.fleet.entries():
-            counts[entry.state.health] += 1
-        for health, count in counts.items():
-            self.metrics.nodes.labels(health.value).set(count)
-        self.metrics.connected_agents.set(len(self.fleet.connected()))
-        self.metrics.automation_paused.set(1 if self.breaker.tripped else 0)
-
-    async def refresh_labels(self) -> None:
-        """The nodes' labels (their failure domains), read from the cluster off the event loop."""
-        try:
-            self.labels = await asyncio.to_thread(self.actuator.node_labels)
-        except Exception as exc:  # the API server is away: keep the last ones, say so
-            log.warning("node_labels_unavailable", error=repr(exc)[:300])
-
-    def apply_retention(self) -> dict[str, int]:
-        """Delete what finished longer than ``retention_s`` ago; returns what went."""
-        if self.retention_s is None:
-            return {}
-        gone = self.store.prune(self.clock() - self.retention_s)
-        if gone:
-            log.info("retention_applied", retention_days=round(self.retention_s / 86400, 2), **gone)
-        return gone
-
-    async def watch(
-        self, stop: asyncio.Event, every_s: float = 1.0, labels_every_s: float = 30.0, retention_every_s: float = 600.0
-    ) -> None:
-        """The periodic work, each step on its own: one that raises (the database away) is logged,
-        counted and tried again after its backoff, while the others go on."""
-        last_labels = last_retention = float("-inf")
-        steps: list[tuple[str, Callable[[], object]]] = [
-            ("silence", self.check_silence),
-            ("held_decisions", self.decide_held),
-            ("quiet_suspects", self.clear_quiet_suspects),
-            ("releases", self.releases.ask),
-            ("fold_reports", self.folds.report),
-            ("gauges", self.update_gauges),
-        ]
-        while not stop.is_set():
-            if time.monotonic() - last_labels >= labels_every_s:
-                await self.refresh_labels()
-                last_labels = time.monotonic()
-            if time.monotonic() - last_retention >= retention_every_s and self.tasks.run_step(
-                "retention", self.apply_retention
-            ):
-                last_retention = time.monotonic()
-            for name, step in steps:
-                self.tasks.run_step(name, step)
-            await wait_event(stop, every_s)
-
-    def problems(self) -> list[str]:
-        """What keeps this controller from doing its work now (readiness, ``vigil status``)."""
-        found = [f"task {name} failing: {error}" for name, error in self.tasks.down().items()]
-        if problem := self.store.health.problem:
-            found.insert(0, problem)
-        return found
-
-    # Sweeps --------------------------------------------------------------------------------
-
-    def check_failed(self, node: str, key: str, reason: str) -> str:
-        """A failure the controller found itself (a sweep's check, a job's blamed node), decided and
-        acted on like an agent's CHECK_FAILED signal. Returns what became of it."""
-        return self.report(node, SignalKind.CHECK_FAILED, key, reason, "sweep")
-
-    def component_failed(self, component: str, behind: Sequence[str], reason: str, domain: str, key: str) -> str:
-        """A fabric component a sweep blamed (a leaf switch, an uplink, a spine): one page names it,
-        and the nodes behind it go through the policy with their quarantines held in its failure
-        domain, never cordoned one by one. Returns what became of them."""
-        domain = domain or f"fabric={component}"
-        nodes = [n for n in behind if n in self.fleet.nodes]
-        with self.guard.saving():
-            news = self.guard.hold_component(component, domain, nodes, reason, self.clock())
-        for node in nodes:
-            self.report(node, SignalKind.CHECK_FAILED, f"{key}-{domain}", f"behind {component}: {reason}", "sweep")
-        paged = "paged once" if news else "its domain was suspect already: not paged again"
-        return f"held in {domain}: {len(nodes)} node(s) behind it, none cordoned; {paged}"
-
-    def report(self, node: str, kind: SignalKind, key: str, reason: str, source: str) -> str:
-        """A fault the controller found itself, decided and acted on like an agent's signal: through
-        the policy and the guardrails. Returns what became of it."""
-        entry = self.fleet.entry(node)
-        now = self.clock()
-        signal = Signal(node, kind, message=reason, source=source, observed_at=now)
-        incident_id = f"{node}-{key}"
+        signal = Signal(fault.node, fault.kind, message=fault.reason, source=fault.source.value, observed_at=now)
+        incident_id = f"{fault.node}-{fault.key}"
         with self.guard.saving():
             state, item = self._decide(entry.state, signal, now, incident_id)
-            # The signal is filed under the sweep, not the agent's spool: the agent's sequence stays its own.
-            self.applier.commit(key, [item], state, entry.last_seq, now)
+            # Filed under its key (the sweep, the job), not the agent's spool: the agent's seq stays its own.
+            self.applier.commit(fault.key, [item], state, entry.last_seq, now)
         entry.state = state
-        held = item.held
         quarantine = next((a for a in item.actions if isinstance(a, Quarantine)), None)
         if quarantine is None:
-            return f"not quarantined: the node is {entry.state.health.value} (incident {incident_id})"
-        if action_kind(quarantine) in held:
-            return f"held by the circuit breaker (incident {incident_id})"
-        if quarantine.dry_run:
-            return f"dry-run: would quarantine (incident {incident_id})"
-        return f"quarantine requested (incident {incident_id})"
+            return Outcome(Result.NOT_QUARANTINED, incident_id, f"the node is {state.health.value}")
+        if action_kind(quarantine) in item.held:
+            return Outcome(Result.HELD_BY_BREAKER, incident_id)
+        return Outcome(Result.DRY_RUN if quarantine.dry_run else Result.QUARANTINE_REQUESTED, incident_id)
+
+    def _component(self, fault: Found) -> Outcome:
+        domain = fault.domain or f"fabric={fault.node}"
+        nodes = [n for n in fault.behind if n in self.fleet.nodes]
+        with self.guard.saving():
+            news = self.guard.hold_component(fault.node, domain, nodes, fault.reason, self.clock())
+        for node in nodes:
+            reason = f"behind {fault.node}: {fault.reason}"
+            self.found(Found(node, f"{fault.key}-{domain}", reason, fault.source, fault.kind))
+        paged = "paged once" if news else "its domain was suspect already: not paged again"
+        return Outcome(Result.HELD_IN_DOMAIN, "", f"{domain}: {len(nodes)} node(s) behind it, none cordoned; {paged}")

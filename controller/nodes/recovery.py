@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from pydantic import Field
 
+from controller.nodes.decide import quarantine_confirmed
+from controller.vocab.actions import Drain, ExternalAction, PageUpdate, Quarantine
 from controller.vocab.node_state import Health, NodeState
 from vigil_core.config_file import ConfigModel
 
@@ -42,6 +44,24 @@ def repeat_offender_note(times: int, config: RecoveryConfig) -> str:
         f"Repeat offender: quarantined {times} times in {days:g} days; it will not be released automatically: "
         "a candidate for replacement"
     )
+
+
+def after_quarantine(
+    state: NodeState, action: Quarantine, detail: str, now: float, config: RecoveryConfig, drain: bool
+) -> tuple[NodeState, tuple[ExternalAction, ...]]:
+    """What follows a quarantine the actuator carried out: the node's state (QUARANTINED, with the
+    time, when it was still UNHEALTHY) and the actions to ask for (a repeat offender's note, the
+    drain where configured, the thread's "done" with the latency since the agent saw the fault)."""
+    follow: list[ExternalAction] = []
+    if state.health is Health.UNHEALTHY:
+        state = quarantine_confirmed(state, now)
+        if times := repeat_offender(state, config, now):
+            follow.append(PageUpdate(action.incident_id, action.node, "REPEAT", repeat_offender_note(times, config)))
+    if drain:
+        follow.append(Drain(action.incident_id, action.node))
+    latency = f" {now - action.observed_at:.2f} s after the agent saw the fault" if action.observed_at > 0 else ""
+    follow.append(PageUpdate(action.incident_id, action.node, "QUARANTINED", f"Done{latency}: {detail}"))
+    return state, tuple(follow)
 
 
 def release_check_due(state: NodeState, last_check_at: float | None, config: RecoveryConfig, now: float) -> bool:

@@ -17,13 +17,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 import structlog
-from google.protobuf.json_format import MessageToJson
 
-from checks.codec import result_from_proto, result_to_proto
+from checks.codec import result_from_proto
 from checks.result import CheckResult, Verdict, unknown
 from controller.act.actuators import NodeSelector
 from controller.nodes.check_requests import CheckRequests
-from controller.nodes.fleet import FleetView, ReportFailure, UnknownNode
+from controller.nodes.fleet import FleetView
+from controller.nodes.found import Found, Report, Source
 from controller.store import Records
 from controller.sweeps.fabric import FabricJudge, findings, first_stage, judge_first_stage
 from controller.sweeps.judge import (
@@ -40,13 +40,12 @@ from controller.sweeps.judge import (
     row_for,
 )
 from controller.sweeps.pairing import Finding, Pair, batches, culprits, pair_up, plan_isolation, slow_pairs
+from controller.sweeps.result import Emit, SweepDone, SweepProgress, SweepResult
 from controller.sweeps.spec import PAIR_PROGRAM, PAIRS, SweepConfig, SweepError, SweepSpec, master_address, pair_params
 from controller.sweeps.topology import Place, TopologyError, from_labels, is_topology_aware, merged, parse_topology_file
-from protos.vigil.v1 import admin_pb2, agent_pb2
+from protos.vigil.v1 import agent_pb2
 
 log = structlog.get_logger(__name__)
-
-Emit = Callable[[admin_pb2.SweepUpdate], None]
 
 
 class SweepBusy(Exception):
@@ -62,15 +61,7 @@ class _PairStage:
     domains: dict[str, str] = field(default_factory=dict)  # blamed component -> its failure domain
 
 
-# A blamed fabric component, its failure domain and the sweep: what became of the nodes behind it.
-ReportComponent = Callable[[str, Sequence[str], str, str, str], str]  # component, nodes, reason, domain, key
 Labels = Callable[[], Mapping[str, Mapping[str, str]]]
-
-
-def row_to_proto(row: Row) -> admin_pb2.SweepRow:
-    return admin_pb2.SweepRow(
-        node=row.node, check=row.check, verdict=row.verdict.value, figure=row.figure, reason=row.reason
-    )
 
 
 class _Progress:
@@ -80,8 +71,7 @@ class _Progress:
 
     def report(self, phase: str, node: str, result: CheckResult, request_id: str = "") -> None:
         self.done += 1
-        msg = result_to_proto(node, result, request_id)
-        self._emit(admin_pb2.SweepUpdate(result=msg, done=self.done, total=self.total, phase=phase))
+        self._emit(SweepProgress(phase, node, result, request_id, self.done, self.total))
 
 
 class Sweeper:
@@ -90,22 +80,20 @@ class Sweeper:
         fleet: FleetView,
         checks: CheckRequests,
         selector: NodeSelector,
-        report_failure: ReportFailure,
+        report: Report,
         records: Records,
         config: SweepConfig,
         labels: Labels = dict,
-        report_component: ReportComponent | None = None,
     ) -> None:
         self._fleet = fleet
         self._labels = labels  # every node's labels (where it sits in the fabric), read off the event loop
-        self._report_component = report_component
         self._checks = checks
         self._selector = selector
-        self._report_failure = report_failure
+        self._report = report  # failed nodes and blamed components, through the policy and the guardrails
         self._records = records
         self.config = config
         self.current = ""  # the running sweep's id
-        self._tasks: set[asyncio.Task[admin_pb2.SweepSummary | None]] = set()
+        self._tasks: set[asyncio.Task[SweepResult | None]] = set()
 
     async def select(self, nodes: Sequence[str], selector: str, job: str, namespace: str) -> list[str]:
         """The nodes to sweep: as named, by label selector, by Job, or every connected agent's."""
@@ -134,7 +122,7 @@ class Sweeper:
         task.add_done_callback(self._finished)
         return sweep_id
 
-    def _finished(self, task: asyncio.Task[admin_pb2.SweepSummary | None]) -> None:
+    def _finished(self, task: asyncio.Task[SweepResult | None]) -> None:
         self._tasks.discard(task)
         self.current = ""
 
@@ -146,18 +134,16 @@ class Sweeper:
             task.cancel()
         await self.wait()
 
-    async def _guarded(
-        self, sweep_id: str, spec: SweepSpec, nodes: list[str], emit: Emit
-    ) -> admin_pb2.SweepSummary | None:
+    async def _guarded(self, sweep_id: str, spec: SweepSpec, nodes: list[str], emit: Emit) -> SweepResult | None:
         """A sweep that breaks says so to whoever watches it, rather than leaving them waiting."""
         try:
             return await self._run(sweep_id, spec, nodes, emit)
         except Exception as exc:
             log.exception("sweep_crashed", sweep=sweep_id)
-            emit(admin_pb2.SweepUpdate(phase="done", error=repr(exc)))
+            emit(SweepDone(None, error=repr(exc)))
             return None
 
-    async def _run(self, sweep_id: str, spec: SweepSpec, nodes: list[str], emit: Emit) -> admin_pb2.SweepSummary:
+    async def _run(self, sweep_id: str, spec: SweepSpec, nodes: list[str], emit: Emit) -> SweepResult:
         started = time.time()
         log.info("sweep_started", sweep=sweep_id, nodes=len(nodes), checks=list(spec.checks), by=spec.requested_by)
         progress = _Progress(emit, len(nodes) * len(spec.local_checks))
@@ -177,32 +163,30 @@ class Sweeper:
         quarantine = {}
         if spec.quarantine:
             for node in result.failed:
-                try:
-                    quarantine[node] = self._report_failure(node, sweep_id, failure_reasons(rows, node))
-                except UnknownNode:
-                    quarantine[node] = "not quarantined: no agent of that name has ever connected"
+                found = Found(node, sweep_id, failure_reasons(rows, node), Source.SWEEP)
+                quarantine[node] = str(self._report(found))
             for f in findings:
-                if f.is_component and self._report_component is not None:
-                    quarantine[f.node] = self._report_component(
-                        f.node, f.nodes, f.reason, domains.get(f.node, ""), sweep_id
+                if f.is_component:
+                    behind, domain = tuple(f.nodes), domains.get(f.node, "")
+                    quarantine[f.node] = str(
+                        self._report(Found(f.node, sweep_id, f.reason, Source.SWEEP, behind=behind, domain=domain))
                     )
-        summary = admin_pb2.SweepSummary(
+        summary = SweepResult(
             sweep_id=sweep_id,
-            rows=[row_to_proto(r) for r in rows],
-            findings=[
-                admin_pb2.SweepFinding(node=f.node, reason=f.reason, kind=f.kind, nodes=f.nodes) for f in findings
-            ],
+            rows=tuple(rows),
+            findings=tuple(findings),
             nodes=len(nodes),
-            failed_nodes=len(result.failed),
-            unknown_nodes=len(result.unknown),
+            unknown=tuple(result.unknown),
+            failed=tuple(result.failed),
             rounds=rounds,
             pairs=pairs,
             wall_s=time.time() - started,
+            verdict=result.verdict,
             quarantine=quarantine,
-            verdict=result.verdict.value,
         )
-        record = MessageToJson(summary, preserving_proto_field_name=True, indent=None)
-        await asyncio.to_thread(self._records.sweep, sweep_id, spec.requested_by, started, time.time(), record)
+        await asyncio.to_thread(
+            self._records.sweep, sweep_id, spec.requested_by, started, time.time(), summary.to_json()
+        )
         log.info(
             "sweep_finished",
             sweep=sweep_id,
@@ -213,7 +197,7 @@ class Sweeper:
             rounds=rounds,
             wall_s=round(summary.wall_s, 2),
         )
-        emit(admin_pb2.SweepUpdate(done=progress.done, total=progress.total, phase="done", summary=summary))
+        emit(SweepDone(summary, done=progress.done, total=progress.total))
         return summary
 
     # Local checks ----------------------------------------------------------------------------

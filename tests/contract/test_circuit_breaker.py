@@ -12,7 +12,7 @@ import pytest
 from controller.act.kube.actuator import KubeActuator
 from controller.act.kube.client import api_client
 from controller.act.pagers.slack import SlackPager
-from controller.nodes.engine import Engine
+from controller.compose import NodeRoute, node_route
 from controller.nodes.guard_rules import GuardrailConfig
 from controller.store import Store
 from controller.vocab.policy import Policy
@@ -31,9 +31,9 @@ def cluster(tmp_path: Path) -> Iterator[tuple[KubeApiServer, FakeSlack]]:
         yield kube, slack
 
 
-def engine(kube: KubeApiServer, slack: FakeSlack, tmp_path: Path, **guard: object) -> Engine:
+def engine(kube: KubeApiServer, slack: FakeSlack, tmp_path: Path, **guard: object) -> NodeRoute:
     store = Store(tmp_path / "ctl.db")
-    return Engine(
+    return node_route(
         store,
         Policy(),
         KubeActuator(api_client(kube.kubeconfig(tmp_path / "kubeconfig"))),
@@ -58,15 +58,15 @@ def test_thirty_percent_failing_trips_the_breaker(cluster: tuple[KubeApiServer, 
     async def scenario() -> None:
         e = engine(kube, slack, tmp_path, breaker_max_nodes=3, breaker_max_fraction=1.0, breaker_page_delay_s=0.2)
         for name in NODES:
-            e.hello(name, f"spool-{name}", 8)
+            e.engine.hello(name, f"spool-{name}", 8)
         failing = NODES[:6]  # 30 %
         for name in failing:
-            e.receive(name, [xid79(name)])
+            e.engine.receive(name, [xid79(name)])
         await asyncio.sleep(0.5)  # the breaker's page waits 0.2 s to gather the burst
         await e.wait_for_actions()
 
         assert cordoned(kube) == failing[:3]  # the configured number, no more
-        assert e.automation.startswith("paused")
+        assert e.guard.automation.startswith("paused")
         top = slack.state.top_level()
         breaker_pages = [m for m in top if "circuit breaker" in m["text"]]
         assert len(breaker_pages) == 1
@@ -74,17 +74,17 @@ def test_thirty_percent_failing_trips_the_breaker(cluster: tuple[KubeApiServer, 
         assert len(top) == 4  # three node pages and the breaker's: no page per held node
 
         # Paused: a later fault elsewhere is held too.
-        e.receive(NODES[10], [xid79(NODES[10])])
+        e.engine.receive(NODES[10], [xid79(NODES[10])])
         await e.wait_for_actions()
         assert cordoned(kube) == failing[:3]
-        assert NODES[10] in e.breaker.held
+        assert NODES[10] in e.guard.breaker.held
 
         # A person resumes and asks for the held quarantines to be carried out.
         applied, dropped = await e.by_hand.resume("sre", "checked: four bad GPUs", apply_held=True)
         await e.wait_for_actions()
         assert (applied, dropped) == (8, 0)  # a quarantine and a page for each of the 4 held nodes
         assert cordoned(kube) == sorted(failing + [NODES[10]])
-        assert e.automation == "active"
+        assert e.guard.automation == "active"
         e.store.close()
 
     asyncio.run(scenario())
@@ -96,8 +96,8 @@ def test_resume_without_applying_drops_the_held(cluster: tuple[KubeApiServer, Fa
     async def scenario() -> None:
         e = engine(kube, slack, tmp_path, breaker_max_nodes=1, breaker_max_fraction=1.0, breaker_page_delay_s=0.0)
         for name in NODES[:3]:
-            e.hello(name, f"spool-{name}", 8)
-            e.receive(name, [xid79(name)])
+            e.engine.hello(name, f"spool-{name}", 8)
+            e.engine.receive(name, [xid79(name)])
         await asyncio.sleep(0.1)
         await e.wait_for_actions()
         assert cordoned(kube) == NODES[:1]
@@ -116,13 +116,13 @@ def test_tripped_state_survives_a_restart(cluster: tuple[KubeApiServer, FakeSlac
     async def scenario() -> None:
         e = engine(kube, slack, tmp_path, breaker_max_nodes=1, breaker_max_fraction=1.0, breaker_page_delay_s=0.0)
         for name in NODES[:2]:
-            e.hello(name, f"spool-{name}", 8)
-            e.receive(name, [xid79(name)])
+            e.engine.hello(name, f"spool-{name}", 8)
+            e.engine.receive(name, [xid79(name)])
         await asyncio.sleep(0.1)
         await e.wait_for_actions()
         e.store.close()
         again = engine(kube, slack, tmp_path, breaker_max_nodes=1, breaker_max_fraction=1.0)
-        assert again.automation.startswith("paused") and again.breaker.held == (NODES[1],)
+        assert again.guard.automation.startswith("paused") and again.guard.breaker.held == (NODES[1],)
         again.store.close()
 
     asyncio.run(scenario())
@@ -135,8 +135,8 @@ def test_dry_run_changes_nothing_but_says_what_it_would_do(
 
     async def scenario() -> None:
         e = engine(kube, slack, tmp_path, dry_run=True)
-        e.hello(NODES[0], "s", 8)
-        e.receive(NODES[0], [xid79(NODES[0])])
+        e.engine.hello(NODES[0], "s", 8)
+        e.engine.receive(NODES[0], [xid79(NODES[0])])
         await e.wait_for_actions()
         assert cordoned(kube) == [] and kube.requests("PATCH") == []
         (message,) = slack.state.top_level()
@@ -147,8 +147,10 @@ def test_dry_run_changes_nothing_but_says_what_it_would_do(
         # Decided, not carried out: the node is still in service, SUSPECT (not UNHEALTHY for good) ...
         assert e.fleet.nodes[NODES[0]].state.health.value == "SUSPECT"
         # ... so a later, worse fault on another GPU is decided and paged again; a repeat folds.
-        e.receive(NODES[0], [xid79(NODES[0], seq=2)])
-        e.receive(NODES[0], [Signal(NODES[0], SignalKind.XID, GpuRef(3, "GPU-y", "0000:5d:00.0"), code=48, seq=3)])
+        e.engine.receive(NODES[0], [xid79(NODES[0], seq=2)])
+        e.engine.receive(
+            NODES[0], [Signal(NODES[0], SignalKind.XID, GpuRef(3, "GPU-y", "0000:5d:00.0"), code=48, seq=3)]
+        )
         await e.wait_for_actions()
         assert len(slack.state.top_level()) == 2 and cordoned(kube) == []
         assert e.fleet.nodes[NODES[0]].state.health.value == "SUSPECT"

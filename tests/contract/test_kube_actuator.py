@@ -249,7 +249,7 @@ def test_drain_is_a_separate_action_after_the_quarantine(kube: KubeApiServer, tm
     import asyncio
 
     from controller.act.actuators import NullPager
-    from controller.nodes.engine import Engine
+    from controller.compose import node_route
     from controller.store import Store
     from controller.vocab.policy import Policy
     from vigil_core.signals import GpuRef, Signal, SignalKind
@@ -259,7 +259,7 @@ def test_drain_is_a_separate_action_after_the_quarantine(kube: KubeApiServer, tm
 
     async def scenario() -> None:
         store = Store(tmp_path / "ctl.db")
-        e = Engine(store, Policy(), actuator(kube, tmp_path), NullPager(), drain=True)
+        e = node_route(store, Policy(), actuator(kube, tmp_path), NullPager(), drain=True).engine
         e.hello("gpu-1", "s", 8)
         e.receive("gpu-1", [Signal("gpu-1", SignalKind.XID, GpuRef(0), code=79, seq=1)])
         await e.wait_for_actions()

@@ -138,7 +138,7 @@ def test_a_flood_is_one_message_with_its_count_in_the_thread(slack: FakeSlack, t
     import asyncio
 
     from controller.act.local_actuator import LocalActuator
-    from controller.nodes.engine import Engine
+    from controller.compose import node_route
     from controller.vocab.policy import Policy
     from vigil_core.signals import GpuRef, Signal, SignalKind
 
@@ -146,11 +146,11 @@ def test_a_flood_is_one_message_with_its_count_in_the_thread(slack: FakeSlack, t
         now = [1000.0]
         store = Store(tmp_path / "ctl.db")
         slack_pager = SlackPager(TOKEN, CHANNEL, store.records, base_url=slack.base_url)
-        e = Engine(store, Policy(), LocalActuator(store.db), slack_pager, clock=lambda: now[0], fold_report_s=60)
-        e.hello("gpu-7", "s", 8)
+        e = node_route(store, Policy(), LocalActuator(store.db), slack_pager, clock=lambda: now[0], fold_report_s=60)
+        e.engine.hello("gpu-7", "s", 8)
         for seq in range(1, 52):  # XID 13 (the application's fault) flooding one GPU
             sig = Signal("gpu-7", SignalKind.XID, GpuRef(3, "GPU-3"), code=13, observed_at=now[0] + seq, seq=seq)
-            e.receive("gpu-7", [sig])
+            e.engine.receive("gpu-7", [sig])
         await e.wait_for_actions()
         assert e.folds.report() == 0  # not before fold_report_s
         now[0] += 61

@@ -16,7 +16,7 @@ import pytest
 
 from controller.act.actuators import NullPager
 from controller.act.local_actuator import LocalActuator
-from controller.nodes.engine import Engine
+from controller.compose import NodeRoute, node_route
 from controller.nodes.guard_rules import GuardrailConfig
 from controller.store import DatabaseRefused, Opened, Store
 from controller.vocab.node_state import Health
@@ -56,9 +56,9 @@ def xid(node: str, code: int, at: float, seq: int, gpu: int = 0) -> Signal:
     return Signal(node, SignalKind.XID, GpuRef(gpu, f"GPU-{gpu}", "0000:18:00"), code, observed_at=at, seq=seq)
 
 
-def engine(store: Store, now: list[float], **guardrails: object) -> Engine:
+def engine(store: Store, now: list[float], **guardrails: object) -> NodeRoute:
     guard = GuardrailConfig(**guardrails)  # type: ignore[arg-type]
-    return Engine(store, Policy(), LocalActuator(store.db), NullPager(), clock=lambda: now[0], guardrails=guard)
+    return node_route(store, Policy(), LocalActuator(store.db), NullPager(), clock=lambda: now[0], guardrails=guard)
 
 
 def test_incidents_counts_and_states_carry_over_to_the_next_controller(target: Path | str) -> None:
@@ -68,11 +68,11 @@ def test_incidents_counts_and_states_carry_over_to_the_next_controller(target: P
         assert store.opened is Opened.NEW
         first = engine(store, now, breaker_max_fraction=1.0)
         for node in ("n1", "n2", "n3"):
-            first.hello(node, f"spool-{node}", 8)
-        first.receive("n1", [xid("n1", 79, now[0], 1)])
-        first.receive("n2", [xid("n2", 13, now[0], 1), xid("n2", 13, now[0], 2)])  # 2 of the 3 the rule wants
+            first.engine.hello(node, f"spool-{node}", 8)
+        first.engine.receive("n1", [xid("n1", 79, now[0], 1)])
+        first.engine.receive("n2", [xid("n2", 13, now[0], 1), xid("n2", 13, now[0], 2)])  # 2 of the 3 the rule wants
         await first.wait_for_actions()
-        assert first.receive("n1", [xid("n1", 79, now[0], 1)]) == 1  # a replay adds nothing
+        assert first.engine.receive("n1", [xid("n1", 79, now[0], 1)]) == 1  # a replay adds nothing
         assert first.fleet.nodes["n1"].state.health is Health.QUARANTINED
         store.close()
 
@@ -81,9 +81,9 @@ def test_incidents_counts_and_states_carry_over_to_the_next_controller(target: P
         second = engine(again, now, breaker_max_fraction=1.0)
         assert second.fleet.nodes["n1"].state.health is Health.QUARANTINED
         assert second.fleet.open_incident["n1"]
-        second.hello("n2", "spool-n2", 8)
-        assert second.ack_seq("n2") == 2
-        second.receive("n2", [xid("n2", 13, now[0] + 1, 3)])  # the third, counted with the two before
+        second.engine.hello("n2", "spool-n2", 8)
+        assert second.engine.ack_seq("n2") == 2
+        second.engine.receive("n2", [xid("n2", 13, now[0] + 1, 3)])  # the third, counted with the two before
         await second.wait_for_actions()
         assert second.fleet.nodes["n2"].state.health is Health.SUSPECT
         incidents = {(i.node, i.kind, i.code): i for i in again.incidents.list()}
@@ -105,9 +105,9 @@ def test_held_actions_and_the_breaker_window_carry_over(target: Path | str) -> N
         store = Store(target)
         first = engine(store, now, breaker_max_nodes=1, breaker_page_delay_s=0)
         for node in ("n1", "n2", "n3", "n4"):
-            first.hello(node, f"spool-{node}", 8)
-        first.receive("n1", [xid("n1", 79, now[0], 1)])
-        first.receive("n2", [xid("n2", 79, now[0], 1)])
+            first.engine.hello(node, f"spool-{node}", 8)
+        first.engine.receive("n1", [xid("n1", 79, now[0], 1)])
+        first.engine.receive("n2", [xid("n2", 79, now[0], 1)])
         await first.wait_for_actions()
         assert {h.action.node for h in store.actions.held()} == {"n2"}
         first.guard.cancel()
@@ -116,7 +116,7 @@ def test_held_actions_and_the_breaker_window_carry_over(target: Path | str) -> N
         again = Store(target)
         second = engine(again, now, breaker_max_nodes=1, breaker_page_delay_s=0)
         assert {h.action.node for h in again.actions.held()} == {"n2"}
-        second.receive("n3", [xid("n3", 79, now[0] + 5, 1)])
+        second.engine.receive("n3", [xid("n3", 79, now[0] + 5, 1)])
         await second.wait_for_actions()
         assert {h.action.node for h in again.actions.held()} == {"n2", "n3"}
         assert second.fleet.nodes["n3"].state.health is not Health.QUARANTINED
@@ -131,9 +131,9 @@ def test_records_and_retention(target: Path | str) -> None:
         now = [1_000_000.0]
         store = Store(target)
         e = engine(store, now)
-        e.retention_s = 28 * 86400.0
-        e.hello("n1", "spool-n1", 8)
-        e.receive("n1", [xid("n1", 13, now[0], 1)])  # recorded only
+        e.upkeep.retention_s = 28 * 86400.0
+        e.engine.hello("n1", "spool-n1", 8)
+        e.engine.receive("n1", [xid("n1", 13, now[0], 1)])  # recorded only
         store.records.check_result("r1", "n1", "gpu_health", "OK", "8 GPUs healthy", {"gpus": 8.0}, now[0], now[0])
         store.records.sweep("s1", "sre", now[0], now[0], '{"v": 1}')
         store.records.sweep("s1", "sre", now[0], now[0] + 1, '{"v": 2}')  # the same sweep, finished later
@@ -143,7 +143,7 @@ def test_records_and_retention(target: Path | str) -> None:
         store.records.set_meta("k", "b")
         assert store.records.get_meta("k") == "b"
         now[0] += 29 * 86400.0
-        gone = e.apply_retention()
+        gone = e.upkeep.apply_retention()
         assert gone == {
             "incidents": 1,
             "signals": 1,

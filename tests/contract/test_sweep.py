@@ -186,7 +186,7 @@ def test_quarantine_goes_through_the_policy_and_the_circuit_breaker(tmp_path: Pa
         (incident,) = c.controller.store.incidents.list(node="node-1")
         assert incident.kind == "CHECK_FAILED" and "gpu_health: GPU 3 row remap failure" in incident.first_message
         assert incident.id == f"node-1-{summary.sweep_id}"
-        assert c.controller.engine.breaker.tripped
+        assert c.controller.engine.guard.breaker.tripped
 
     run(tmp_path, 8, sim, test, guardrails=guard)
 

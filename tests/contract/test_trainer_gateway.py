@@ -319,7 +319,7 @@ def test_a_blamed_node_whose_quarantine_the_breaker_holds_stops_no_job(tmp_path:
             assert await report(r, 0.5) == []
         for _ in range(FAST.drop_windows):
             assert await report(r, 0.2, slow=0.3) == []
-        await wait_until(lambda: r.controller.engine.breaker.held, what="the quarantine held")
+        await wait_until(lambda: r.controller.engine.guard.breaker.held, what="the quarantine held")
         assert await report(r, 0.2, slow=0.3) == [] and r.controller.jobs.jobs["pair"].command is None
         assert r.controller.engine.fleet.nodes["node-2"].state.health.value == "UNHEALTHY"
         assert any(kind.startswith("PAGE") for _, kind, _ in r.actions("mfu-pair-1"))

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from controller.act.local_actuator import LocalActuator, LocalQuarantines
-from controller.nodes.engine import Engine
+from controller.compose import node_route
 from controller.store import Store
 from controller.vocab.actions import Page, PageUpdate, Quarantine
 from controller.vocab.policy import Policy
@@ -108,14 +108,14 @@ def test_actions_pending_at_a_crash_run_once_after_restart(tmp_path: Path) -> No
     async def scenario() -> None:
         db = tmp_path / "ctl.db"
         dead = BlockingActuator()
-        first = Engine(Store(db), Policy(), dead, dead)
+        first = node_route(Store(db), Policy(), dead, dead).engine
         first.hello("node-a", "spool1", 8)
         first.receive("node-a", [Signal("node-a", SignalKind.XID, code=79, observed_at=1.0, seq=1)])
         await asyncio.sleep(0.05)  # both actions are under way, neither is recorded as done
 
         store = Store(db)  # the restarted controller, on the same database
         pager = CountingPager()
-        second = Engine(store, Policy(), LocalActuator(store.db), pager)
+        second = node_route(store, Policy(), LocalActuator(store.db), pager).engine
         assert second.fleet.nodes["node-a"].state.health.value == "UNHEALTHY"
         assert second.resume_pending() == 2
         await second.wait_for_actions()

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from controller.act.actuators import NullPager
 from controller.act.local_actuator import LocalActuator
+from controller.compose import node_route
 from controller.nodes.app_faults import AppFaultConfig, AppFaults, JobMembership, job_crashed
 from controller.nodes.decide import decide
 from controller.nodes.engine import Engine
@@ -70,7 +71,7 @@ class _Pages(NullPager):
 def _engine(tmp_path: Path, now: list[float]) -> tuple[Engine, _Pages, JobMembership]:
     store, pager, membership = Store(tmp_path / "ctl.db"), _Pages(), JobMembership()
     faults = AppFaults(membership, AppFaultConfig(grace_s=2.0))
-    engine = Engine(store, Policy(), LocalActuator(store.db), pager, clock=lambda: now[0], app_faults=faults)
+    engine = node_route(store, Policy(), LocalActuator(store.db), pager, clock=lambda: now[0], app_faults=faults).engine
     for n in NODES:
         engine.hello(n, f"spool-{n}", 8)
     membership.set("train", NODES)

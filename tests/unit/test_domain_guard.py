@@ -7,6 +7,7 @@ from pathlib import Path
 
 from controller.act.actuators import NullPager
 from controller.act.local_actuator import LocalActuator, LocalQuarantines
+from controller.compose import node_route
 from controller.nodes.domain_guard import (
     DomainAdmission,
     DomainGuardConfig,
@@ -17,7 +18,7 @@ from controller.nodes.domain_guard import (
     hold_domain,
     node_domains,
 )
-from controller.nodes.engine import Engine
+from controller.nodes.found import Found, Result, Source
 from controller.nodes.guard_rules import GuardrailConfig
 from controller.store import Store
 from controller.sweeps.pairing import Finding
@@ -63,14 +64,14 @@ def test_the_engine_holds_a_suspect_domain_until_a_person_resumes(tmp_path: Path
         store = Store(tmp_path / "ctl.db")
         labels = {n: {"vigil.dev/rack": "r1"} for n in ("n1", "n2", "n3")}
         guardrails = GuardrailConfig(breaker_max_fraction=1.0, breaker_page_delay_s=0, domains={"max_nodes": 1})
-        e = Engine(store, Policy(), LocalActuator(store.db, labels), NullPager(), guardrails=guardrails)
-        await e.refresh_labels()
+        e = node_route(store, Policy(), LocalActuator(store.db, labels), NullPager(), guardrails=guardrails)
+        await e.upkeep.refresh_labels()
         for seq, node in enumerate(("n1", "n2", "n3"), start=1):
-            e.hello(node, "s", 8)
-            e.receive(node, [Signal(node, SignalKind.XID, GpuRef(0, "GPU-0", "0000:18:00"), 79, seq=seq)])
+            e.engine.hello(node, "s", 8)
+            e.engine.receive(node, [Signal(node, SignalKind.XID, GpuRef(0, "GPU-0", "0000:18:00"), 79, seq=seq)])
         await e.wait_for_actions()
         assert LocalQuarantines(store.db).nodes().keys() == {"n1"}
-        assert e.guard.holding and "vigil.dev/rack=r1" in e.automation
+        assert e.guard.holding and "vigil.dev/rack=r1" in e.guard.automation
         assert await e.by_hand.resume("sre", "the rack's switch was replaced", apply_held=True) == (4, 0)
         await e.wait_for_actions()
         assert LocalQuarantines(store.db).nodes().keys() == {"n1", "n2", "n3"} and not e.guard.holding
@@ -101,18 +102,22 @@ def test_a_blamed_leaf_pages_once_and_cordons_none_of_its_nodes(tmp_path: Path) 
                 pages.append(action)
                 return "paged"
 
-        e = Engine(store, Policy(), LocalActuator(store.db, labels), Recording(), guardrails=guardrails)
-        await e.refresh_labels()
+        e = node_route(store, Policy(), LocalActuator(store.db, labels), Recording(), guardrails=guardrails)
+        await e.upkeep.refresh_labels()
         for node in ("n1", "n2", "n3"):
-            e.hello(node, "s", 8)
+            e.engine.hello(node, "s", 8)
         leaf = Finding("leaf leaf-a", "3 of its 3 nodes slow in every pair", "leaf", ("n1", "n2", "n3"))
-        said = e.component_failed(leaf.node, leaf.nodes, leaf.reason, "vigil.dev/leaf-switch=leaf-a", "sweep-1")
-        again = e.component_failed(leaf.node, leaf.nodes, leaf.reason, "vigil.dev/leaf-switch=leaf-a", "sweep-2")
+        domain = "vigil.dev/leaf-switch=leaf-a"
+        said, again = (
+            e.engine.found(Found(leaf.node, key, leaf.reason, Source.SWEEP, behind=leaf.nodes, domain=domain))
+            for key in ("sweep-1", "sweep-2")
+        )
         await e.wait_for_actions()
-        assert "3 node(s) behind it, none cordoned; paged once" in said and "not paged again" in again
+        assert said.result is again.result is Result.HELD_IN_DOMAIN and not said.quarantined
+        assert "3 node(s) behind it, none cordoned; paged once" in str(said) and "not paged again" in again.detail
         assert LocalQuarantines(store.db).nodes() == {}
         assert [p.summary.split(" is slow")[0] for p in pages] == ["leaf leaf-a"]
-        assert e.guard.holding and "vigil.dev/leaf-switch=leaf-a" in e.automation
+        assert e.guard.holding and "vigil.dev/leaf-switch=leaf-a" in e.guard.automation
         assert await e.by_hand.resume("sre", "the leaf was replaced", apply_held=False) == (0, 6)
         await e.shutdown()
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 from controller.act.actuators import NullPager
 from controller.act.local_actuator import LocalActuator, LocalQuarantines
+from controller.compose import node_route
 from controller.nodes.decide import quarantine_confirmed, recovered
-from controller.nodes.engine import Engine
 from controller.nodes.recovery import (
     RecoveryConfig,
     check_releases,
@@ -50,10 +50,10 @@ def test_engine_asks_the_agent_and_releases_on_a_pass(tmp_path: Path) -> None:
     async def scenario() -> None:
         now = [1000.0]
         store = Store(tmp_path / "ctl.db")
-        e = Engine(store, Policy(), LocalActuator(store.db), NullPager(), clock=lambda: now[0], recovery=CFG)
-        to_n1 = e.agents.open("n1")  # as the gateway does when n1's agent connects
-        e.hello("n1", "s", 8)
-        e.receive("n1", [Signal("n1", SignalKind.XID, GpuRef(0), code=79, observed_at=now[0], seq=1)])
+        e = node_route(store, Policy(), LocalActuator(store.db), NullPager(), clock=lambda: now[0], recovery=CFG)
+        to_n1 = e.outboxes.open("n1")  # as the gateway does when n1's agent connects
+        e.engine.hello("n1", "s", 8)
+        e.engine.receive("n1", [Signal("n1", SignalKind.XID, GpuRef(0), code=79, observed_at=now[0], seq=1)])
         await e.wait_for_actions()
         assert e.fleet.nodes["n1"].state.health is Health.QUARANTINED
         assert e.releases.ask() == []
@@ -101,17 +101,17 @@ def test_engine_asks_the_agent_and_releases_on_a_pass(tmp_path: Path) -> None:
 def test_a_node_back_with_fewer_gpus_is_quarantined_and_its_expectation_kept(tmp_path: Path) -> None:
     async def scenario() -> None:
         store = Store(tmp_path / "ctl.db")
-        e = Engine(store, Policy(), LocalActuator(store.db), NullPager())
-        e.hello("n1", "spool-a", 8)
-        e.hello("n1", "spool-a", 8)  # a reconnect with every GPU: nothing
+        e = node_route(store, Policy(), LocalActuator(store.db), NullPager())
+        e.engine.hello("n1", "spool-a", 8)
+        e.engine.hello("n1", "spool-a", 8)  # a reconnect with every GPU: nothing
         assert e.fleet.nodes["n1"].state.health is Health.HEALTHY
-        e.hello("n1", "spool-b", 7)
+        e.engine.hello("n1", "spool-b", 7)
         await e.wait_for_actions()
         (incident,) = store.incidents.list(node="n1")
         assert incident.kind == "GPU_LOST" and "7 of its 8 GPUs" in incident.first_message
         assert e.fleet.nodes["n1"].state.health is Health.QUARANTINED
         # A restarted controller still expects 8 (the most ever seen), whatever the node said last.
-        again = Engine(Store(tmp_path / "ctl.db"), Policy(), LocalActuator(store.db), NullPager())
+        again = node_route(Store(tmp_path / "ctl.db"), Policy(), LocalActuator(store.db), NullPager())
         assert again.fleet.nodes["n1"].expected_gpus == 8 and again.fleet.nodes["n1"].gpus == 7
         await e.shutdown()
 

@@ -106,7 +106,7 @@ class SpoolDelivery(RuleBasedStateMachine):
     @precondition(lambda self: self.connected)
     @rule(limit=st.integers(1, 6))
     def send(self, limit: int) -> None:
-        batch = self.spool.take(after_seq=self.sent_upto, limit=limit)
+        batch = [stored.signal() for stored in self.spool.take(after_seq=self.sent_upto, limit=limit)]
         if batch:
             self.in_flight.append(batch)
             self.sent_upto = batch[-1].seq

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from controller.act.actuators import NullPager
 from controller.act.local_actuator import LocalActuator
-from controller.nodes.engine import Engine
+from controller.compose import node_route
 from controller.store import Store
 from controller.vocab.node_state import Health
 from controller.vocab.policy import Policy
@@ -16,7 +16,7 @@ from controller.vocab.policy import Policy
 def test_a_replaced_spool_that_held_signals_opens_an_incident_with_their_count(tmp_path: Path) -> None:
     async def scenario() -> None:
         store = Store(tmp_path / "ctl.db")
-        engine = Engine(store, Policy(), LocalActuator(store.db), NullPager())
+        engine = node_route(store, Policy(), LocalActuator(store.db), NullPager()).engine
         engine.hello("n1", "spool-old", 8)
         engine.heartbeat("n1", spooled=5)  # five signals not yet acknowledged
         engine.hello("n2", "spool-n2", 8)

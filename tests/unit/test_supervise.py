@@ -116,13 +116,14 @@ def test_the_controllers_periodic_steps_resume_after_failing_and_never_stop_each
     backoff until it works again, and silence detection runs on meanwhile."""
     from pathlib import Path
 
-    from tests.helpers import start_controller, stop_controller
+    from tests.helpers import start_controller, stop_controller, wait_until
 
     async def main() -> dict[str, int]:
         assert isinstance(tmp_path, Path)
         controller = await start_controller(tmp_path / "c.db")
-        engine = controller.engine
-        engine.tasks.base_s, engine.tasks.cap_s = 0.05, 0.1
+        route = controller.nodes
+        upkeep = route.upkeep
+        route.tasks.base_s, route.tasks.cap_s = 0.05, 0.1
         calls = {"retention": 0, "retention_ok": 0, "releases": 0, "releases_ok": 0, "silence": 0}
 
         def flaky(name: str, fails: int) -> object:
@@ -139,15 +140,19 @@ def test_the_controllers_periodic_steps_resume_after_failing_and_never_stop_each
             calls["silence"] += 1
             return []
 
-        engine.apply_retention = flaky("retention", 3)  # type: ignore[method-assign]
-        engine.releases.ask = flaky("releases", 3)  # type: ignore[method-assign]
-        engine.check_silence = silence  # type: ignore[method-assign]
+        upkeep.apply_retention = flaky("retention", 3)  # type: ignore[method-assign]
+        route.releases.ask = flaky("releases", 3)  # type: ignore[method-assign]
+        upkeep.check_silence = silence  # type: ignore[method-assign]
         stop = asyncio.Event()
-        watcher = asyncio.create_task(engine.watch(stop, every_s=0.01, retention_every_s=0.0))
-        await asyncio.sleep(1.5)
+        watcher = asyncio.create_task(upkeep.watch(stop, every_s=0.01, retention_every_s=0.0))
+        await wait_until(
+            lambda: calls["retention_ok"] > 0 and calls["releases_ok"] > 0 and calls["silence"] > 20,
+            timeout=30.0,
+            what="both failing steps working again, silence detection running on meanwhile",
+        )
         stop.set()
         await watcher
-        down, failures = engine.tasks.down(), engine.metrics.task_failures.labels("retention")._value.get()
+        down, failures = route.tasks.down(), route.metrics.task_failures.labels("retention")._value.get()
         await stop_controller(controller)
         assert down == {} and failures == 3
         return calls

@@ -1,0 +1,232 @@
+"""The composition root: every room of the controller is built here, and wired to the others
+through the narrow ports each one takes. Nothing below builds its collaborators.
+
+``node_route`` builds the node route alone (the engine and what it works with), for the daemon and
+for tests; ``rooms`` builds the whole controller from its configuration file.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from controller.act.actuators import Actuator, ConsolePager, NullPager, Pager
+from controller.act.local_actuator import LocalActuator
+from controller.config import ControllerConfig
+from controller.edge.admin import Admin
+from controller.edge.agent_gateway import AgentGateway
+from controller.edge.trainer_gateway import TrainerGateway
+from controller.jobs.monitor import JobMonitor
+from controller.metrics import ControllerMetrics
+from controller.nodes.action_runner import ActionRunner
+from controller.nodes.adopt import adopt_cluster_state
+from controller.nodes.after_action import AfterAction
+from controller.nodes.agent_outboxes import AgentOutboxes
+from controller.nodes.app_faults import AppFaults, JobMembership
+from controller.nodes.apply import Applier
+from controller.nodes.by_hand import ByHand
+from controller.nodes.check_requests import CheckRequests
+from controller.nodes.engine import Engine
+from controller.nodes.fleet import Fleet
+from controller.nodes.fold_reports import FoldReports
+from controller.nodes.guard import Guard
+from controller.nodes.guard_rules import GuardrailConfig, TokenBucket
+from controller.nodes.node_events import NodeEvents
+from controller.nodes.recovery import RecoveryConfig
+from controller.nodes.release_checks import ReleaseChecks
+from controller.nodes.upkeep import Labels, Upkeep
+from controller.store import Store
+from controller.sweeps.sweeper import Sweeper
+from controller.vocab.policy import Policy, load_policy
+from vigil_core.supervise import Tasks
+
+
+@dataclass
+class NodeRoute:
+    """The node route's parts, each built once, each handed only to the parts that use it."""
+
+    engine: Engine
+    upkeep: Upkeep
+    fleet: Fleet
+    runner: ActionRunner
+    guard: Guard
+    by_hand: ByHand
+    releases: ReleaseChecks
+    checks: CheckRequests
+    folds: FoldReports
+    events: NodeEvents  # quarantines and early warnings, told to whoever must act on them (the jobs)
+    outboxes: AgentOutboxes  # commands to connected agents; the agent gateway opens their queues
+    app_faults: AppFaults
+    store: Store
+    metrics: ControllerMetrics
+    tasks: Tasks
+    clock: Callable[[], float]
+
+    async def adopt_cluster_state(self) -> int:
+        """A new leader: take over the quarantines and pages that an earlier leader made."""
+        r = self.runner
+        return await adopt_cluster_state(r.actuator, r.pager, self.store, self.fleet, self.guard, r, self.clock)
+
+    async def wait_for_actions(self) -> None:
+        """Wait for the actions under way to finish (tests and benchmarks)."""
+        await self.engine.wait_for_actions()
+
+    async def shutdown(self) -> None:
+        await self.engine.shutdown()
+
+
+def node_route(
+    store: Store,
+    policy: Policy,
+    actuator: Actuator,
+    pager: Pager,
+    metrics: ControllerMetrics | None = None,
+    clock: Callable[[], float] = time.time,
+    guardrails: GuardrailConfig | None = None,
+    recovery: RecoveryConfig | None = None,
+    fold_report_s: float = 300.0,
+    drain: bool = False,
+    app_faults: AppFaults | None = None,
+    retention_s: float | None = None,
+    check_results_per_node_hour: int = 120,
+) -> NodeRoute:
+    metrics = metrics or ControllerMetrics()
+    guardrails, recovery = guardrails or GuardrailConfig(), recovery or RecoveryConfig()
+    # The background work's health: failures logged, counted, and retried with backoff.
+    tasks = Tasks(lambda task: metrics.task_failures.labels(task).inc())
+    store.health.on_failure = metrics.store_write_failures.inc
+    metrics.store_up.set_function(lambda: 0 if store.health.failing_since is not None else 1)
+    metrics.tasks_down.set_function(lambda: len(tasks.down()))
+    outboxes, events = AgentOutboxes(), NodeEvents()
+    app_faults = app_faults or AppFaults(JobMembership())
+    refused = metrics.check_results_refused
+    checks = CheckRequests(
+        store.records, outboxes.send, check_results_per_node_hour, lambda node: refused.labels(node).inc(), clock
+    )
+    fleet = Fleet(store.nodes.load(), store.incidents.latest_open(), clock())
+    bucket = TokenBucket(guardrails.quarantines_per_s, guardrails.quarantine_burst)
+    after = AfterAction(fleet, store.nodes, recovery, drain, clock)
+    runner = ActionRunner(
+        store.actions,
+        actuator,
+        pager,
+        metrics,
+        bucket,
+        clock,
+        on_done=after,
+        on_ack=lambda node: engine.send_ack(node),  # the engine is built below; acks come later
+        tasks=tasks,
+    )
+    folds = FoldReports(fold_report_s, store.incidents.signal_counts, runner.schedule, clock)
+    applier = Applier(store, runner.schedule, fleet, folds, events, metrics)
+    labels: Labels = {}  # refreshed by the upkeep from the actuator; the guard reads the failure domains
+    guard = Guard(guardrails, store.records, runner, metrics, lambda: len(fleet), clock, lambda n: labels.get(n, {}))
+    by_hand = ByHand(fleet, store, runner, folds, guard, clock, metrics, recovery.undo_window_s)
+    releases = ReleaseChecks(fleet, checks, recovery, by_hand.uncordon, clock, tasks)
+    engine = Engine(store, policy, fleet, runner, guard, applier, app_faults, checks, outboxes, metrics, clock)
+    upkeep = Upkeep(
+        engine,
+        store,
+        policy,
+        fleet,
+        guard,
+        by_hand,
+        releases,
+        folds,
+        actuator,
+        labels,
+        metrics,
+        tasks,
+        retention_s,
+        clock,
+    )
+    return NodeRoute(
+        engine, upkeep, fleet, runner, guard, by_hand, releases, checks, folds, events, outboxes, app_faults, store,
+        metrics, tasks, clock,
+    )  # fmt: skip
+
+
+def build_actuator(config: ControllerConfig, store: Store) -> Actuator:
+    if config.actuator == "local":
+        return LocalActuator(store.db, config.node_labels)
+    from controller.act.kube.actuator import KubeActuator
+    from controller.act.kube.client import api_client
+
+    k = config.kubernetes
+    return KubeActuator(api_client(k.kubeconfig, k.context), events_namespace=k.events_namespace)
+
+
+def build_pager(config: ControllerConfig, store: Store) -> Pager:
+    if config.pager == "slack":
+        from controller.act.pagers.slack import SlackPager
+
+        assert config.slack is not None
+        return SlackPager(config.slack.token(), config.slack.channel, store.records, base_url=config.slack.base_url)
+    if config.pager == "webhook":
+        from controller.act.pagers.webhook import WebhookPager
+
+        assert config.webhook is not None
+        return WebhookPager(config.webhook.url, config.webhook.headers)
+    return ConsolePager() if config.pager == "console" else NullPager()
+
+
+@dataclass
+class Rooms:
+    """The whole controller, wired: what the daemon serves and runs."""
+
+    nodes: NodeRoute
+    sweeper: Sweeper
+    jobs: JobMonitor
+    agent_gateway: AgentGateway
+    admin: Admin
+    trainer_gateway: TrainerGateway
+
+
+def rooms(config: ControllerConfig, store: Store, metrics: ControllerMetrics) -> Rooms:
+    """Every room, from the configuration file and what the store holds now."""
+    membership = JobMembership()  # the job monitor's record of the jobs' nodes, read by the engine
+    actuator = build_actuator(config, store)
+    nodes = node_route(
+        store,
+        load_policy(config.policy),
+        actuator,
+        build_pager(config, store),
+        metrics=metrics,
+        guardrails=config.guardrails,
+        recovery=config.recovery,
+        fold_report_s=config.fold_report_s,
+        drain=config.actuator == "kubernetes" and config.kubernetes.drain,
+        app_faults=AppFaults(membership, config.app_faults),
+        retention_s=config.retention_days * 86400 if config.retention_days is not None else None,
+        check_results_per_node_hour=config.limits.check_results_per_node_hour,
+    )
+    report = nodes.engine.found
+    sweeper = Sweeper(
+        nodes.fleet, nodes.checks, actuator, report, store.records, config.sweep, labels=actuator.node_labels
+    )
+    jobs_config = config.jobs
+    if jobs_config.blame_needs_agents is None:  # callers have identities only under TLS
+        jobs_config = jobs_config.model_copy(update={"blame_needs_agents": config.tls_dir is not None})
+    jobs = JobMonitor(
+        nodes.fleet, report, nodes.runner.request, metrics, sweeper, jobs_config, nodes.events, membership=membership
+    )
+    admin = Admin(
+        nodes.fleet,
+        nodes.by_hand,
+        nodes.guard,
+        store.incidents,
+        nodes.upkeep.problems,
+        sweeper,
+        jobs,
+        replica=config.leader_election.identity,
+        clock=nodes.clock,
+    )
+    return Rooms(
+        nodes,
+        sweeper,
+        jobs,
+        AgentGateway(nodes.engine, nodes.fleet, nodes.checks, nodes.outboxes, config.limits),
+        admin,
+        TrainerGateway(jobs, config.limits),
+    )

@@ -1,0 +1,47 @@
+"""The action runner's follow-up: a quarantine carried out confirms the node's state, and what
+follows it (``controller.nodes.recovery.after_quarantine``, pure) goes back to the runner."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import structlog
+
+from controller.nodes.fleet import Fleet
+from controller.nodes.recovery import RecoveryConfig, after_quarantine
+from controller.store import NodeTable, PendingAction
+from controller.vocab.actions import ExternalAction, PageUpdate, Quarantine
+
+log = structlog.get_logger(__name__)
+
+
+class AfterAction:
+    def __init__(
+        self,
+        fleet: Fleet,
+        nodes: NodeTable,
+        recovery: RecoveryConfig,
+        drain: bool = False,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._fleet = fleet
+        self._nodes = nodes
+        self._recovery = recovery
+        self._drain = drain  # drain the node's pods after its quarantine (kubernetes.drain)
+        self._clock = clock
+
+    def __call__(self, pending: PendingAction, detail: str) -> tuple[ExternalAction, ...]:
+        action = pending.action
+        if not isinstance(action, Quarantine) or action.dry_run:
+            return ()
+        entry = self._fleet.nodes.get(action.node)
+        if entry is None:
+            return ()
+        state, follow = after_quarantine(entry.state, action, detail, self._clock(), self._recovery, self._drain)
+        if state is not entry.state:
+            entry.state = state
+            self._nodes.save([state])
+        if any(isinstance(a, PageUpdate) and a.tag == "REPEAT" for a in follow):
+            log.error("repeat_offender", node=action.node, quarantines=len(state.quarantine_history))
+        return follow

@@ -1,0 +1,150 @@
+"""The node route's periodic work: silent nodes to UNKNOWN, held decisions, quiet suspects,
+automatic releases, fold reports, gauges, the nodes' labels and retention. Each step runs on its
+own: one that raises (the database away) is logged, counted and tried again after its backoff,
+while the others go on."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+
+import structlog
+
+from controller.act.actuators import Actuator
+from controller.metrics import ControllerMetrics
+from controller.nodes.by_hand import ByHand
+from controller.nodes.decide import heartbeat_silence, suspicion_lapsed
+from controller.nodes.engine import Engine
+from controller.nodes.fleet import Fleet
+from controller.nodes.fold_reports import FoldReports
+from controller.nodes.guard import Guard
+from controller.nodes.release_checks import ReleaseChecks
+from controller.store import Store
+from controller.vocab.node_state import Health
+from controller.vocab.policy import Policy
+from vigil_core.supervise import Tasks
+from vigil_core.waiting import wait_event
+
+log = structlog.get_logger(__name__)
+
+Labels = dict[str, dict[str, str]]  # node -> its labels (its failure domains), as the cluster has them
+
+
+class Upkeep:
+    def __init__(
+        self,
+        engine: Engine,
+        store: Store,
+        policy: Policy,
+        fleet: Fleet,
+        guard: Guard,
+        by_hand: ByHand,
+        releases: ReleaseChecks,
+        folds: FoldReports,
+        actuator: Actuator,
+        labels: Labels,
+        metrics: ControllerMetrics,
+        tasks: Tasks,
+        retention_s: float | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._engine = engine
+        self._store = store
+        self._policy = policy
+        self._fleet = fleet
+        self._guard = guard
+        self._by_hand = by_hand
+        self._releases = releases
+        self._folds = folds
+        self._actuator = actuator
+        self.labels = labels  # the guard reads them; refreshed here in place
+        self._metrics = metrics
+        self.tasks = tasks
+        self.retention_s = retention_s  # None: keep everything
+        self._clock = clock
+
+    def check_silence(self) -> list[str]:
+        """Mark nodes UNKNOWN whose heartbeats stopped; returns their names."""
+        now, changed = self._clock(), []
+        for name, entry in self._fleet.entries():
+            new_state = heartbeat_silence(entry.state, now - entry.last_heartbeat, self._policy)
+            if new_state is not entry.state:
+                entry.state = new_state  # shown at once, even while the database cannot record it
+                changed.append(new_state)
+                log.warning("node_unknown", node=name, silent_s=round(now - entry.last_heartbeat, 1))
+        if changed:
+            self._store.nodes.save(changed)
+        return [s.node for s in changed]
+
+    def clear_quiet_suspects(self) -> list[str]:
+        """SUSPECT nodes quiet for the policy's ``suspect_clear_s`` are HEALTHY again, their incidents
+        resolved (and said in their threads); returns their names."""
+        now = self._clock()
+        lapsed = [n for n, e in self._fleet.entries() if suspicion_lapsed(e.state, now, self._policy)]
+        for node in lapsed:
+            quiet_s = self._policy.suspect_clear_s
+            self._by_hand.resolve_node(node, f"Resolved: {node} quiet for {quiet_s:.0f} s, back to HEALTHY", now)
+            log.info("suspicion_lapsed", node=node, quiet_s=quiet_s)
+        return lapsed
+
+    def update_gauges(self) -> None:
+        metrics = self._metrics
+        metrics.database_bytes.set(self._store.db.size_bytes())
+        counts = {h: 0 for h in Health}
+        for _, entry in self._fleet.entries():
+            counts[entry.state.health] += 1
+        for health, count in counts.items():
+            metrics.nodes.labels(health.value).set(count)
+        metrics.connected_agents.set(len(self._fleet.connected()))
+        metrics.automation_paused.set(1 if self._guard.breaker.tripped else 0)
+
+    async def refresh_labels(self) -> None:
+        """The nodes' labels (their failure domains), read from the cluster off the event loop."""
+        try:
+            labels = await asyncio.to_thread(self._actuator.node_labels)
+        except Exception as exc:  # the API server is away: keep the last ones, say so
+            log.warning("node_labels_unavailable", error=repr(exc)[:300])
+            return
+        self.labels.clear()
+        self.labels.update({node: dict(found) for node, found in labels.items()})
+
+    def apply_retention(self) -> dict[str, int]:
+        """Delete what finished longer than ``retention_s`` ago; returns what went."""
+        if self.retention_s is None:
+            return {}
+        gone = self._store.prune(self._clock() - self.retention_s)
+        if gone:
+            log.info("retention_applied", retention_days=round(self.retention_s / 86400, 2), **gone)
+        return gone
+
+    async def watch(
+        self, stop: asyncio.Event, every_s: float = 1.0, labels_every_s: float = 30.0, retention_every_s: float = 600.0
+    ) -> None:
+        last_labels = last_retention = float("-inf")
+        steps: list[tuple[str, Callable[[], object]]] = [
+            ("silence", self.check_silence),
+            ("held_decisions", self._engine.decide_held),
+            ("quiet_suspects", self.clear_quiet_suspects),
+            ("releases", self._releases.ask),
+            ("fold_reports", self._folds.report),
+            ("gauges", self.update_gauges),
+        ]
+        while not stop.is_set():
+            if time.monotonic() - last_labels >= labels_every_s:
+                await self.refresh_labels()
+                last_labels = time.monotonic()
+            if time.monotonic() - last_retention >= retention_every_s and self.tasks.run_step(
+                "retention", self.apply_retention
+            ):
+                last_retention = time.monotonic()
+            for name, step in steps:
+                self.tasks.run_step(name, step)
+            await wait_event(stop, every_s)
+
+    def problems(self) -> list[str]:
+        """What keeps this controller from doing its work now (readiness, ``vigil status``)."""
+        found = [f"task {name} failing: {error}" for name, error in self.tasks.down().items()]
+        if problem := self._store.health.problem:
+            found.insert(0, problem)
+        return found
