@@ -12,9 +12,10 @@ the rooms below its own.
   the topology-aware fabric blame; ``sweeper`` the shell.
 - ``nodes/``: a node's fault from decision to action: the ``engine`` (each batch, and ``found``: what
   the controller found itself, its outcome as data), the in-memory ``fleet``, the pure ``decide``,
-  application faults, the guards, what each action means (``apply``), the ``action_runner`` and
-  what follows an action (``after_action``), recovery and releases, the periodic ``upkeep``, a new
-  leader's ``adopt``, what people ask by hand (``by_hand``).
+  application faults, ``guards/`` (dry-run, the breaker, failure domains), ``actions/`` (what each
+  action means, the runner, what follows an action, fold reports), ``recovery/`` (when a node goes
+  back, its release checks), the periodic ``upkeep``, a new leader's ``adopt``, what people ask by
+  hand (``by_hand``).
 - ``act/``: the world acted on: ``actuators``, the ``local_actuator``, ``kube/`` (the only code that
   imports ``kubernetes``), ``pagers/``, agents' tokens.
 - ``store/``: durable state by domain over SQLite or PostgreSQL.

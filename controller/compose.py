@@ -19,22 +19,22 @@ from controller.edge.agent_gateway import AgentGateway
 from controller.edge.trainer_gateway import TrainerGateway
 from controller.jobs.monitor import JobMonitor
 from controller.metrics import ControllerMetrics
-from controller.nodes.action_runner import ActionRunner
+from controller.nodes.actions.after import AfterAction
+from controller.nodes.actions.apply import Applier
+from controller.nodes.actions.fold_reports import FoldReports
+from controller.nodes.actions.runner import ActionRunner
 from controller.nodes.adopt import adopt_cluster_state
-from controller.nodes.after_action import AfterAction
 from controller.nodes.agent_outboxes import AgentOutboxes
 from controller.nodes.app_faults import AppFaults, JobMembership
-from controller.nodes.apply import Applier
 from controller.nodes.by_hand import ByHand
 from controller.nodes.check_requests import CheckRequests
 from controller.nodes.engine import Engine
 from controller.nodes.fleet import Fleet
-from controller.nodes.fold_reports import FoldReports
-from controller.nodes.guard import Guard
-from controller.nodes.guard_rules import GuardrailConfig, TokenBucket
+from controller.nodes.guards.guard import Guard
+from controller.nodes.guards.rules import GuardrailConfig, TokenBucket
 from controller.nodes.node_events import NodeEvents
-from controller.nodes.recovery import RecoveryConfig
-from controller.nodes.release_checks import ReleaseChecks
+from controller.nodes.recovery.release_checks import ReleaseChecks
+from controller.nodes.recovery.rules import RecoveryConfig
 from controller.nodes.upkeep import Labels, Upkeep
 from controller.store import Store
 from controller.sweeps.sweeper import Sweeper

@@ -13,8 +13,8 @@ from controller.act.agent_tokens import AgentTokensConfig
 from controller.edge.limits import LimitsConfig
 from controller.jobs.settings import JobsConfig
 from controller.nodes.app_faults import AppFaultConfig
-from controller.nodes.guard_rules import GuardrailConfig
-from controller.nodes.recovery import RecoveryConfig
+from controller.nodes.guards.rules import GuardrailConfig
+from controller.nodes.recovery.rules import RecoveryConfig
 from controller.sweeps.spec import SweepConfig
 from vigil_core.config_file import ConfigModel, DatabaseTarget, HttpUrl, load_yaml_model
 from vigil_core.tls import transport_problem

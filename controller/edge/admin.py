@@ -16,7 +16,7 @@ from controller.edge.sweep_updates import update_to_proto
 from controller.jobs.monitor import JobMonitor
 from controller.nodes.by_hand import ByHand, IncidentNotOpen, UnknownIncident
 from controller.nodes.fleet import Fleet, UnknownNode
-from controller.nodes.guard import Guard
+from controller.nodes.guards.guard import Guard
 from controller.store import IncidentLog
 from controller.sweeps.result import SweepDone, SweepEvent
 from controller.sweeps.spec import SweepError, sweep_spec

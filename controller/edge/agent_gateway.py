@@ -23,7 +23,7 @@ from controller.nodes.agent_outboxes import AgentOutboxes
 from controller.nodes.check_requests import CheckRequests
 from controller.nodes.engine import Engine
 from controller.nodes.fleet import Fleet
-from controller.nodes.guard_rules import RateLimiter
+from controller.nodes.guards.rules import RateLimiter
 from controller.store.health import is_database_error
 from protos.codec import BadSignal, signal_from_proto
 from protos.vigil.v1 import agent_pb2, agent_pb2_grpc

@@ -21,7 +21,7 @@ from controller.edge.authz import caller
 from controller.edge.limits import LimitsConfig
 from controller.jobs.monitor import JobMonitor
 from controller.jobs.state import BadProgress, TooManyJobs
-from controller.nodes.guard_rules import RateLimiter
+from controller.nodes.guards.rules import RateLimiter
 from protos.vigil.v1 import trainer_pb2, trainer_pb2_grpc
 
 log = structlog.get_logger(__name__)

@@ -10,9 +10,9 @@ from dataclasses import replace
 import structlog
 
 from controller.act.actuators import Actuator, Pager
-from controller.nodes.action_runner import ActionRunner
+from controller.nodes.actions.runner import ActionRunner
 from controller.nodes.fleet import Fleet, NodeEntry
-from controller.nodes.guard import Guard
+from controller.nodes.guards.guard import Guard
 from controller.store import Store
 from controller.vocab.actions import Page, Quarantine
 from controller.vocab.node_state import Health, NodeState

@@ -11,11 +11,11 @@ from collections.abc import Callable
 import structlog
 
 from controller.metrics import ControllerMetrics
-from controller.nodes.action_runner import ActionRunner
+from controller.nodes.actions.fold_reports import FoldReports
+from controller.nodes.actions.runner import ActionRunner
 from controller.nodes.decide import incident_resolved, recovered
 from controller.nodes.fleet import Fleet
-from controller.nodes.fold_reports import FoldReports
-from controller.nodes.guard import Guard
+from controller.nodes.guards.guard import Guard
 from controller.nodes.rule_stats import AUTOMATIC, Decision, PersonAction, RuleStats, count_rules, rule_id
 from controller.store import Store
 from controller.vocab.actions import PageUpdate, action_kind

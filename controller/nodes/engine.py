@@ -15,15 +15,15 @@ from dataclasses import replace
 import structlog
 
 from controller.metrics import ControllerMetrics
-from controller.nodes.action_runner import ActionRunner
+from controller.nodes.actions.apply import Applier, Received
+from controller.nodes.actions.runner import ActionRunner
 from controller.nodes.agent_outboxes import AgentOutboxes
 from controller.nodes.app_faults import AppFaults
-from controller.nodes.apply import Applier, Received
 from controller.nodes.check_requests import CheckRequests
 from controller.nodes.decide import decide, decide_held, heartbeat_returned, quarantine_not_carried_out
 from controller.nodes.fleet import Fleet, NodeEntry, UnknownNode
 from controller.nodes.found import Found, Outcome, Result, Source
-from controller.nodes.guard import Guard
+from controller.nodes.guards.guard import Guard
 from controller.store import Store
 from controller.vocab.actions import Action, Page, Quarantine, action_kind
 from controller.vocab.node_state import NodeState

@@ -13,13 +13,13 @@ import structlog
 
 from controller.act.actuators import Actuator
 from controller.metrics import ControllerMetrics
+from controller.nodes.actions.fold_reports import FoldReports
 from controller.nodes.by_hand import ByHand
 from controller.nodes.decide import heartbeat_silence, suspicion_lapsed
 from controller.nodes.engine import Engine
 from controller.nodes.fleet import Fleet
-from controller.nodes.fold_reports import FoldReports
-from controller.nodes.guard import Guard
-from controller.nodes.release_checks import ReleaseChecks
+from controller.nodes.guards.guard import Guard
+from controller.nodes.recovery.release_checks import ReleaseChecks
 from controller.store import Store
 from controller.vocab.node_state import Health
 from controller.vocab.policy import Policy

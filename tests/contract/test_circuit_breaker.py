@@ -13,7 +13,7 @@ from controller.act.kube.actuator import KubeActuator
 from controller.act.kube.client import api_client
 from controller.act.pagers.slack import SlackPager
 from controller.compose import NodeRoute, node_route
-from controller.nodes.guard_rules import GuardrailConfig
+from controller.nodes.guards.rules import GuardrailConfig
 from controller.store import Store
 from controller.vocab.policy import Policy
 from tests.fakes.kube_api import KubeApiServer

@@ -17,7 +17,7 @@ import pytest
 from controller.act.actuators import NullPager
 from controller.act.local_actuator import LocalActuator
 from controller.compose import NodeRoute, node_route
-from controller.nodes.guard_rules import GuardrailConfig
+from controller.nodes.guards.rules import GuardrailConfig
 from controller.store import DatabaseRefused, Opened, Store
 from controller.vocab.node_state import Health
 from controller.vocab.policy import Policy

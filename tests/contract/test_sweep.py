@@ -22,7 +22,7 @@ import pytest
 from controller.act.local_actuator import LocalQuarantines
 from controller.config import ControllerConfig
 from controller.daemon import Controller
-from controller.nodes.guard_rules import GuardrailConfig
+from controller.nodes.guards.rules import GuardrailConfig
 from controller.sweeps.spec import SweepConfig
 from protos.vigil.v1 import admin_pb2, admin_pb2_grpc, common_pb2
 from tests.fakes.fleet import Fleet

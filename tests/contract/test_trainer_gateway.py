@@ -227,7 +227,7 @@ def test_in_dry_run_a_blamed_drop_pages_and_stops_nothing(tmp_path: Path) -> Non
         await wait_until(lambda: r.actions("mfu-moe-1"), what="the page")
         assert "took no action" in str(r.controller.store.read("SELECT payload FROM actions"))
 
-    from controller.nodes.guard_rules import GuardrailConfig
+    from controller.nodes.guards.rules import GuardrailConfig
 
     run(tmp_path, test, guardrails=GuardrailConfig(dry_run=True))
 

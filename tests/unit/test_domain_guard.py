@@ -1,4 +1,4 @@
-"""The blast-radius guard per failure domain (``controller.nodes.domain_guard``, pure)."""
+"""The blast-radius guard per failure domain (``controller.nodes.guards.domains``, pure)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ from pathlib import Path
 from controller.act.actuators import NullPager
 from controller.act.local_actuator import LocalActuator, LocalQuarantines
 from controller.compose import node_route
-from controller.nodes.domain_guard import (
+from controller.nodes.found import Found, Result, Source
+from controller.nodes.guards.domains import (
     DomainAdmission,
     DomainGuardConfig,
     DomainState,
@@ -18,8 +19,7 @@ from controller.nodes.domain_guard import (
     hold_domain,
     node_domains,
 )
-from controller.nodes.found import Found, Result, Source
-from controller.nodes.guard_rules import GuardrailConfig
+from controller.nodes.guards.rules import GuardrailConfig
 from controller.store import Store
 from controller.sweeps.pairing import Finding
 from controller.vocab.actions import Page

@@ -3,7 +3,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from controller.nodes.guard_rules import (
+from controller.nodes.guards.rules import (
     Admission,
     BreakerState,
     GuardrailConfig,

@@ -8,7 +8,7 @@ from controller.act.actuators import NullPager
 from controller.act.local_actuator import LocalActuator, LocalQuarantines
 from controller.compose import node_route
 from controller.nodes.decide import quarantine_confirmed, recovered
-from controller.nodes.recovery import (
+from controller.nodes.recovery.rules import (
     RecoveryConfig,
     check_releases,
     release_check_due,

@@ -1,5 +1,5 @@
 """Automatic release: the agent of a quarantined node past its hold-down is asked for its health
-check, and a pass returns the node to service (``controller.nodes.recovery`` holds the pure rules)."""
+check, and a pass returns the node to service (``controller.nodes.recovery.rules`` holds the pure rules)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import structlog
 
 from controller.nodes.check_requests import CheckRequests
 from controller.nodes.fleet import Fleet
-from controller.nodes.recovery import RecoveryConfig, check_releases, release_check_due
+from controller.nodes.recovery.rules import RecoveryConfig, check_releases, release_check_due
 from controller.nodes.rule_stats import AUTOMATIC
 from protos.vigil.v1 import agent_pb2, common_pb2
 from vigil_core.supervise import Tasks

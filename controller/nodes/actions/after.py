@@ -1,5 +1,5 @@
 """The action runner's follow-up: a quarantine carried out confirms the node's state, and what
-follows it (``controller.nodes.recovery.after_quarantine``, pure) goes back to the runner."""
+follows it (``controller.nodes.recovery.rules.after_quarantine``, pure) goes back to the runner."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from collections.abc import Callable
 import structlog
 
 from controller.nodes.fleet import Fleet
-from controller.nodes.recovery import RecoveryConfig, after_quarantine
+from controller.nodes.recovery.rules import RecoveryConfig, after_quarantine
 from controller.store import NodeTable, PendingAction
 from controller.vocab.actions import ExternalAction, PageUpdate, Quarantine
 

@@ -19,7 +19,7 @@ from enum import StrEnum
 
 from pydantic import Field
 
-from controller.nodes.domain_guard import DomainGuardConfig
+from controller.nodes.guards.domains import DomainGuardConfig
 from vigil_core.config_file import ConfigModel
 
 

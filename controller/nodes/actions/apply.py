@@ -20,8 +20,8 @@ import structlog
 
 from controller.act.actuators import Actuator, Pager
 from controller.metrics import ControllerMetrics
+from controller.nodes.actions.fold_reports import FoldReports
 from controller.nodes.fleet import Fleet
-from controller.nodes.fold_reports import FoldReports
 from controller.nodes.node_events import NodeEvents
 from controller.nodes.rule_stats import rule_id
 from controller.store import ActionLog, IncidentLog, NodeTable, PendingAction, Store, Tx

@@ -18,8 +18,8 @@ import structlog
 
 from controller.act.actuators import Actuator, NotReadyYet, Pager, PermanentActionError
 from controller.metrics import ControllerMetrics
-from controller.nodes.apply import execute
-from controller.nodes.guard_rules import TokenBucket
+from controller.nodes.actions.apply import execute
+from controller.nodes.guards.rules import TokenBucket
 from controller.store import ActionLog, PendingAction
 from controller.vocab.actions import ExternalAction, Page, Quarantine, action_kind
 from vigil_core.supervise import Tasks

@@ -1,6 +1,6 @@
 """The guardrails' effectful side: applies dry-run and the circuit breaker to each decision, keeps
 the breaker's state in the incident store (a restart stays paused), and pages a person once when
-the breaker trips. The rules themselves are pure, in ``controller.nodes.guard_rules``."""
+the breaker trips. The rules themselves are pure, in ``controller.nodes.guards.rules``."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from dataclasses import replace
 import structlog
 
 from controller.metrics import ControllerMetrics
-from controller.nodes.action_runner import ActionRunner
-from controller.nodes.domain_guard import (
+from controller.nodes.actions.runner import ActionRunner
+from controller.nodes.guards.domains import (
     DomainAdmission,
     DomainState,
     admit_in_domains,
@@ -23,7 +23,7 @@ from controller.nodes.domain_guard import (
     hold_domain,
     node_domains,
 )
-from controller.nodes.guard_rules import (
+from controller.nodes.guards.rules import (
     Admission,
     BreakerState,
     GuardrailConfig,

@@ -1,0 +1,1 @@
+"""What each action means (apply, in one transaction), the runner that carries it out, what follows it, fold reports."""

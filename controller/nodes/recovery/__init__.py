@@ -1,0 +1,1 @@
+"""A quarantined node back into service: the rules (pure) and the release checks its agent runs."""
