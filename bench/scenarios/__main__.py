@@ -1,8 +1,11 @@
-"""``python -m bench.scenarios [NAME ...] [--json] [--keep] [--no-record]``: run the labelled fault
-scenarios (all of them, or those named) through real processes and print the scorecard; the figures
-are appended to ``bench/results/scenarios.jsonl``. Exits 1 when a scenario fails that is not marked
-as a known defect. A scenario this machine cannot run (network namespaces need root) is skipped,
-named, and left out of the figures."""
+"""``python -m bench.scenarios [NAME ...] [--jobs N] [--json] [--keep] [--no-record]``: run the
+labelled fault scenarios (all of them, or those named) through real processes and print the
+scorecard; the figures are appended to ``bench/results/scenarios.jsonl``. Exits 1 when a scenario
+fails that is not marked as a known defect. A scenario this machine cannot run (network namespaces
+need root) is skipped, named, and left out of the figures.
+
+Scenarios run ``--jobs`` at a time (each has its own ports, folder and processes; they mostly wait
+on them); those on network namespaces share one subnet and run one at a time after the others."""
 
 from __future__ import annotations
 
@@ -10,12 +13,13 @@ import argparse
 import json
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict
 
 from bench.record import append_result, header
 from bench.scenarios.runner import run_scenario, unavailable
 from bench.scenarios.score import Outcome, judge, scorecard
-from bench.scenarios.spec import load_scenario, scenario_paths
+from bench.scenarios.spec import Scenario, load_scenario, scenario_paths
 from vigil_core.config_file import ConfigError
 
 
@@ -25,6 +29,7 @@ def main() -> int:
     parser.add_argument("--json", action="store_true", help="print the outcomes and the scorecard as JSON")
     parser.add_argument("--keep", action="store_true", help="keep each run's working directory (logs)")
     parser.add_argument("--no-record", action="store_true", help="do not append to bench/results/scenarios.jsonl")
+    parser.add_argument("--jobs", type=_jobs, default=2, help="scenarios run at once (default 2)")
     args = parser.parse_args()
     try:
         paths = scenario_paths(args.names)
@@ -35,16 +40,32 @@ def main() -> int:
     outcomes: list[Outcome] = []
     skipped: list[str] = []
     started = time.monotonic()
+    runnable: list[tuple[str, Scenario]] = []
     for name, scenario in scenarios:
         if why := unavailable(scenario):
             skipped.append(name)
             print(f"SKIP   {name:44} {why}", file=sys.stderr)
-            continue
+        else:
+            runnable.append((name, scenario))
+
+    def one(name: str, scenario: Scenario) -> tuple[Outcome, float]:
         t = time.monotonic()
-        outcome = judge(name, scenario, run_scenario(name, scenario, keep=args.keep))
+        return judge(name, scenario, run_scenario(name, scenario, keep=args.keep)), time.monotonic() - t
+
+    alone = [(n, s) for n, s in runnable if s.fleet.fabric is not None]  # one subnet: one at a time
+    with ThreadPoolExecutor(args.jobs) as pool:
+        futures = [pool.submit(one, n, s) for n, s in runnable if s.fleet.fabric is None]
+        for future in as_completed(futures):
+            outcome, wall_s = future.result()
+            outcomes.append(outcome)
+            if not args.json:
+                _print_outcome(outcome, wall_s)
+    for name, scenario in alone:
+        outcome, wall_s = one(name, scenario)
         outcomes.append(outcome)
         if not args.json:
-            _print_outcome(outcome, time.monotonic() - t)
+            _print_outcome(outcome, wall_s)
+    outcomes.sort(key=lambda o: o.name)
     card = {**scorecard(outcomes), "skipped": skipped, "wall_s": round(time.monotonic() - started, 1)}
     if args.json:
         print(json.dumps({"outcomes": [asdict(o) for o in outcomes], "scorecard": card}, indent=2))
@@ -54,6 +75,13 @@ def main() -> int:
         append_result("scenarios", {**header("scenarios"), **card})
     unexpected = [o for o in outcomes if not o.passed and not o.known_defect]
     return 1 if unexpected else 0
+
+
+def _jobs(text: str) -> int:
+    jobs = int(text) if text.isdigit() else 0
+    if not 1 <= jobs <= 16:
+        raise argparse.ArgumentTypeError(f"--jobs must be a whole number from 1 to 16, not {text!r}")
+    return jobs
 
 
 def _print_outcome(o: Outcome, wall_s: float) -> None:

@@ -51,6 +51,10 @@ def run_scenario(name: str, scenario: Scenario, keep: bool = False) -> Observed:
             from tests.fakes.kube_api import KubeApiServer
 
             kube = stack.enter_context(KubeApiServer())
+            # A person's kubectl is quick: the client is loaded now, not at their first command
+            # (a second or two on a cold start, enough to lose a race the scenario did not mean).
+            import kubernetes.client  # noqa: F401
+
             for node in scenario.fleet.names:
                 kube.add_node(node, labels=scenario.fleet.labels.get(node, {}))
         fabric = None

@@ -28,10 +28,13 @@ from controller.vocab.actions import (
     Incident,
     OpenIncident,
     Page,
+    PageUpdate,
     Quarantine,
+    ResolveIncident,
 )
 from controller.vocab.node_state import Health, IncidentRef, NodeState
 from controller.vocab.policy import Policy, Severity
+from controller.vocab.xid_catalog import RECOVERY_XID, RecoveryAction, recovery_action
 from vigil_core.signals import GpuRef, Signal, SignalKind
 
 _OUT_OF_SERVICE = (Health.UNHEALTHY, Health.QUARANTINED)
@@ -93,6 +96,8 @@ def decide(
 
     open_refs = tuple(r for r in state.incidents if r.last_at >= at - policy.fold_window_s)[-MAX_KEYS:]
     existing = next((r for r in open_refs if r.key == key), None)
+    if existing is not None and _driver_recovered(signal) and state.health not in _OUT_OF_SERVICE:
+        return _cleared(replace(state, recent=recent), existing, open_refs, signal.node, at)
     actions: list[Action] = []
     if existing is not None and severity.rank <= existing.severity.rank:
         refs = _replace_ref(open_refs, replace(existing, last_at=at))
@@ -137,6 +142,31 @@ def decide(
         actions.append(Page(target, signal.node, severity, summary, rule.remedy, at, describe_gpu(signal.gpu), did))
     new_state = replace(state, health=health, health_before_unknown=before_unknown, recent=recent, incidents=refs)
     return Decision(new_state, tuple(actions))
+
+
+def _driver_recovered(signal: Signal) -> bool:
+    """XID 154 saying the GPU needs no recovery action any more."""
+    return (
+        signal.kind is SignalKind.XID
+        and signal.code == RECOVERY_XID
+        and recovery_action(signal.message) is RecoveryAction.NONE
+    )
+
+
+def _cleared(
+    state: NodeState, raised: IncidentRef, open_refs: tuple[IncidentRef, ...], node: str, at: float
+) -> Decision:
+    """What an earlier XID 154 raised on this GPU, cleared by a later one that says none: its
+    incident resolved (and said in its thread, if it was paged), a SUSPECT node HEALTHY again when
+    nothing else of it is open. A node out of service stays for its release checks."""
+    others = any(r.id != raised.id and r.severity is not Severity.RECORD for r in open_refs)
+    recent = {k: v for k, v in state.recent.items() if k != raised.key}
+    state = incident_resolved(replace(state, recent=recent, incidents=open_refs), raised.id, others)
+    actions: list[Action] = [ResolveIncident(raised.id, at)]
+    if raised.severity is not Severity.RECORD:
+        text = "Resolved: the driver says the GPU needs no recovery action any more (XID 154: none)"
+        actions.append(PageUpdate(raised.id, node, "RESOLVED", text, resolve=True, observed_at=at))
+    return Decision(state, tuple(actions))
 
 
 def decide_held(state: NodeState, signal: Signal, policy: Policy, now: float) -> Decision:

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from controller.store.database import Database, Tx
-from controller.vocab.actions import EscalateIncident, FoldIntoIncident, OpenIncident
+from controller.vocab.actions import EscalateIncident, FoldIntoIncident, OpenIncident, ResolveIncident
 from controller.vocab.policy import Severity
 from vigil_core.signals import GpuRef, Signal
 
@@ -138,6 +138,13 @@ class IncidentLog:
         db.execute(
             "UPDATE incidents SET signal_count = signal_count + ?, last_at = ?, severity = ?, status = ? WHERE id = ?",
             (action.count, action.at, action.severity.value, status_for(action.severity), action.incident_id),
+        )
+
+    @staticmethod
+    def resolved(db: Tx, action: ResolveIncident) -> None:
+        db.execute(
+            "UPDATE incidents SET status = 'RESOLVED', last_at = ? WHERE id = ? AND status = 'OPEN'",
+            (action.at, action.incident_id),
         )
 
     # Writes, each its own transaction ---------------------------------------------------------

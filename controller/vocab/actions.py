@@ -54,6 +54,14 @@ class EscalateIncident:
 
 
 @dataclass(frozen=True, slots=True)
+class ResolveIncident:
+    """The fault that opened it is gone, as the driver itself says (XID 154 back to none)."""
+
+    incident_id: str
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
 class Quarantine:
     incident_id: str
     node: str
@@ -97,7 +105,7 @@ class Drain:
 
 
 ExternalAction = Quarantine | Page | PageUpdate | Drain
-Action = OpenIncident | FoldIntoIncident | EscalateIncident | Quarantine | Page | PageUpdate | Drain
+Action = OpenIncident | FoldIntoIncident | EscalateIncident | ResolveIncident | Quarantine | Page | PageUpdate | Drain
 
 EXTERNAL_ACTIONS: tuple[type, ...] = get_args(ExternalAction)
 

@@ -1,7 +1,9 @@
 """The policy: what each signal means and what Vigil does about it. YAML, validated, frozen.
 
 A policy file overrides the defaults rule by rule: naming XID 13 replaces only XID 13's rule.
-The defaults are docs/design.md's XID table.
+The XID defaults follow NVIDIA's Xid catalog code by code (``controller.vocab.xid_catalog``): its
+immediate action picks the rule, and Vigil's own words and thresholds for the codes it sees most
+(docs/design.md's XID table) keep to it. XID 154 is decided by the recovery action its text names.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from typing import Annotated, Any
 
 from pydantic import Field, model_validator
 
+from controller.vocab.xid_catalog import CATALOG, RECOVERY_XID, Entry, Fix, RecoveryAction, recovery_action
 from vigil_core.config_file import ConfigModel, load_yaml_model
 from vigil_core.signals import Signal, SignalKind
 
@@ -53,25 +56,64 @@ def _rule(action: str, meaning: str, remedy: str = "", **kw: Any) -> Rule:
     return Rule(action=Severity(action), meaning=meaning, remedy=remedy, **kw)
 
 
+def catalog_rule(entry: Entry) -> Rule:
+    """The rule NVIDIA's catalog entry asks for: out of service (quarantine), the application's
+    fault (SUSPECT when it repeats, judged against its job's other nodes), or recorded only."""
+    if entry.fix is Fix.OUT_OF_SERVICE:
+        return _rule("quarantine", entry.meaning, entry.remedy)
+    if entry.fix is Fix.APPLICATION:
+        return _rule("suspect", entry.meaning, entry.remedy, threshold=3, application=True)
+    return _rule("record", entry.meaning, entry.remedy)
+
+
+def _tuned(code: int, action: str, meaning: str, remedy: str = "", **kw: Any) -> Rule:
+    """Vigil's words for a code it sees often, with the catalog's bucket named in the remedy."""
+    bucket = f"NVIDIA: {CATALOG[code].bucket.value}"
+    return _rule(action, meaning, f"{remedy} ({bucket})" if remedy else bucket, **kw)
+
+
 _APP_FAULT = "usually the application; check the job's code before the GPU"
 DEFAULT_XID_RULES: dict[int, Rule] = {
-    13: _rule("suspect", "graphics engine exception", _APP_FAULT, threshold=3, application=True),
-    31: _rule("suspect", "GPU memory page fault", _APP_FAULT, threshold=3, application=True),
-    43: _rule("record", "GPU stopped processing", application=True),
-    45: _rule("record", "preemptive cleanup after an earlier error", application=True),
-    48: _rule("quarantine", "double-bit ECC error", "reset the GPU"),
-    63: _rule("record", "row remap event"),
-    64: _rule("quarantine", "row remap failure", "replace the GPU"),
-    74: _rule("quarantine", "NVLink error", "reset the GPU; check the NVLink/NVSwitch fabric"),
-    79: _rule("quarantine", "GPU has fallen off the bus", "reboot the node; reseat or replace the GPU if it recurs"),
-    92: _rule("suspect", "high single-bit ECC error rate", "watch for a DBE; plan a GPU reset"),
-    94: _rule("record", "contained ECC error", "restart the application"),
-    95: _rule("quarantine", "uncontained ECC error", "reset the GPU"),
-    109: _rule("suspect", "context-switch timeout", "reset the GPU if it repeats", escalate_after=3, window_s=3600),
-    119: _rule("quarantine", "GSP RPC timeout", "reset the GPU"),
-    120: _rule("quarantine", "GSP error", "reset the GPU"),
-    140: _rule("quarantine", "unrecovered ECC error", "reset the GPU"),
+    **{code: catalog_rule(entry) for code, entry in CATALOG.items()},
+    13: _tuned(13, "suspect", "graphics engine exception", _APP_FAULT, threshold=3, application=True),
+    31: _tuned(31, "suspect", "GPU memory page fault", _APP_FAULT, threshold=3, application=True),
+    43: _tuned(43, "record", "GPU stopped processing", application=True),
+    45: _tuned(45, "record", "preemptive cleanup after an earlier error", application=True),
+    48: _tuned(48, "quarantine", "double-bit ECC error", "reset the GPU"),
+    63: _tuned(63, "record", "row remap event"),
+    64: _tuned(64, "quarantine", "row remap failure", "replace the GPU"),
+    74: _tuned(74, "quarantine", "NVLink error", "reset the GPU; check the NVLink/NVSwitch fabric"),
+    79: _tuned(
+        79, "quarantine", "GPU has fallen off the bus", "reboot the node; reseat or replace the GPU if it recurs"
+    ),
+    92: _tuned(92, "record", "high single-bit ECC error rate", "watch for a DBE"),
+    94: _tuned(94, "record", "contained ECC error", "restart the application", application=True),
+    95: _tuned(95, "quarantine", "uncontained ECC error", "reset the GPU"),
+    109: _tuned(109, "quarantine", "context-switch timeout", "reset the GPU"),
+    119: _tuned(119, "quarantine", "GSP RPC timeout", "reset the GPU"),
+    120: _tuned(120, "quarantine", "GSP error", "reset the GPU"),
+    140: _tuned(140, "quarantine", "unrecovered ECC error", "reset the GPU"),
 }
+_XID154 = "the driver's GPU recovery action (XID 154): "
+DEFAULT_RECOVERY_RULES: dict[RecoveryAction, Rule] = {
+    RecoveryAction.NONE: _rule("record", _XID154 + "none; an earlier one it raised is cleared"),
+    RecoveryAction.GPU_RESET: _rule("quarantine", _XID154 + "GPU reset", "reset the GPU"),
+    RecoveryAction.BUS_RESET: _rule("quarantine", _XID154 + "PCIe bus reset", "reset the GPU's PCIe bus"),
+    RecoveryAction.DRAIN_AND_RESET: _rule(
+        "quarantine", _XID154 + "drain P2P and reset", "let its peer-to-peer traffic drain, then reset the GPU"
+    ),
+    RecoveryAction.DRAIN_P2P: _rule(
+        "quarantine", _XID154 + "drain P2P", "let its peer-to-peer traffic drain (no new work), then re-check"
+    ),
+    RecoveryAction.NODE_REBOOT: _rule("quarantine", _XID154 + "node reboot", "reboot the node"),
+    RecoveryAction.SYSTEM_REBOOT: _rule("quarantine", _XID154 + "system reboot", "reboot the system (a cold boot)"),
+    RecoveryAction.RECOVER_IMEX_DOMAIN: _rule(
+        "quarantine", _XID154 + "recover the IMEX domain", "recover the node's IMEX domain (nvidia-imex)"
+    ),
+}
+DEFAULT_UNKNOWN_RECOVERY = _rule(
+    "suspect", _XID154 + "one Vigil cannot read", "read the line and follow the recovery action it names"
+)
 DEFAULT_UNKNOWN_XID = _rule("suspect", "XID not in the policy", "contact NVIDIA support with the log line")
 DEFAULT_KIND_RULES: dict[SignalKind, Rule] = {
     SignalKind.ECC_DBE: _rule("quarantine", "double-bit ECC error", "reset the GPU"),
@@ -137,6 +179,8 @@ XidCode = Annotated[int, Field(ge=1, le=65535, strict=True)]  # an XID number, a
 class Policy(ConfigModel):
     xid: dict[XidCode, Rule] = Field(default_factory=lambda: dict(DEFAULT_XID_RULES))
     unknown_xid: Rule = DEFAULT_UNKNOWN_XID
+    recovery: dict[RecoveryAction, Rule] = Field(default_factory=lambda: dict(DEFAULT_RECOVERY_RULES))
+    unknown_recovery: Rule = DEFAULT_UNKNOWN_RECOVERY
     kinds: dict[SignalKind, Rule] = Field(default_factory=lambda: dict(DEFAULT_KIND_RULES))
     fold_window_s: float = Field(300.0, gt=0, description="same GPU, kind and code within this: one incident")
     # A silent node becomes UNKNOWN and is never cordoned for silence alone (no knob for that yet).
@@ -158,16 +202,21 @@ class Policy(ConfigModel):
             merged["xid"] = {**DEFAULT_XID_RULES, **data["xid"]}
         if isinstance(data.get("kinds"), dict):
             merged["kinds"] = {**DEFAULT_KIND_RULES, **data["kinds"]}
+        if isinstance(data.get("recovery"), dict):
+            merged["recovery"] = {**DEFAULT_RECOVERY_RULES, **data["recovery"]}
         return merged
 
     def rule_for(self, signal: Signal) -> Rule:
+        if signal.kind is SignalKind.XID and signal.code == RECOVERY_XID:
+            action = recovery_action(signal.message)
+            return self.unknown_recovery if action is None else self.recovery.get(action, self.unknown_recovery)
         if signal.kind is SignalKind.XID:
             return self.xid.get(signal.code, self.unknown_xid)
         return self.kinds.get(signal.kind, self.unknown_xid)
 
     @property
     def longest_window_s(self) -> float:
-        rules = [*self.xid.values(), *self.kinds.values(), self.unknown_xid]
+        rules = [*self.xid.values(), *self.kinds.values(), *self.recovery.values(), self.unknown_xid]
         return max(r.window_s for r in rules)
 
 

@@ -386,7 +386,7 @@ def test_new_jobs_beyond_max_jobs_are_refused_and_followed_jobs_go_on(tmp_path: 
 
 
 def test_early_signs_on_a_jobs_node_ask_it_to_save_and_the_reply_says_how_often(tmp_path: Path) -> None:
-    """XID 92 (a high single-bit ECC rate) makes node-1 SUSPECT: the job's next reply asks for a
+    """An XID no catalog has makes node-1 SUSPECT: the job's next reply asks for a
     checkpoint now (not a stop); it goes out until the job acknowledges it. Every reply carries the
     recommended interval."""
 
@@ -399,7 +399,7 @@ def test_early_signs_on_a_jobs_node_ask_it_to_save_and_the_reply_says_how_often(
         planned = job_plan(3, 1.0, None, None)
         assert planned is not None and first.recommended_checkpoint_s == pytest.approx(planned.interval_s)
         assert list(first.commands) == []
-        r.fleet.nodes["node-1"].fault(92, message="High single-bit ECC error rate")
+        r.fleet.nodes["node-1"].fault(4000, message="an error no catalog has")
         health = r.controller.engine.fleet.health
         await wait_until(lambda: health("node-1") is not None and health("node-1").value == "SUSPECT", what="SUSPECT")
         (command,) = (await reply()).commands

@@ -81,8 +81,8 @@ def test_operator_commands(tmp_path: Path) -> None:
         (row,) = [line for line in table.stdout.splitlines() if listed[0]["id"] in line]
         assert "XID 79: GPU has fallen off the bus" in row and "QUARANTINE:DONE" in row
 
-        with open(kmsgs["node-c"], "a") as f:  # XID 92: SUSPECT, still in service
-            f.write(xid_line(simulated_gpus("node-c", 8)[1].pci_bus_id, 92, "high single-bit ECC rate", 2))
+        with open(kmsgs["node-c"], "a") as f:  # an XID no catalog has: SUSPECT, still in service
+            f.write(xid_line(simulated_gpus("node-c", 8)[1].pci_bus_id, 4000, "an error no catalog has", 2))
         with AdminClient(target) as admin:
             (suspect,) = poll_until(lambda: admin.incidents(open_only=True, node="node-c"), what="node-c's incident")
         resolved = cli("resolve", suspect.id, "--controller", target, "--note", "a known firmware counter bug")

@@ -60,10 +60,16 @@ def kinds(decisions: Sequence[Decision]) -> list[type]:
         (64, Health.UNHEALTHY, 1, 1),
         (74, Health.UNHEALTHY, 1, 1),
         (79, Health.UNHEALTHY, 1, 1),
-        (92, Health.SUSPECT, 0, 1),
+        (92, Health.HEALTHY, 0, 0),  # NVIDIA: IGNORE
         (94, Health.HEALTHY, 0, 0),
         (95, Health.UNHEALTHY, 1, 1),
-        (109, Health.SUSPECT, 0, 1),
+        (109, Health.UNHEALTHY, 1, 1),  # NVIDIA: RESET_GPU
+        (8, Health.HEALTHY, 0, 0),  # RESTART_APP: the application's, SUSPECT only when it repeats
+        (62, Health.UNHEALTHY, 1, 1),  # PMU halt: RESET_GPU
+        (121, Health.HEALTHY, 0, 0),  # IGNORE
+        (145, Health.UNHEALTHY, 1, 1),  # NVLink5: its workflow
+        (151, Health.UNHEALTHY, 1, 1),  # RESTART_VM
+        (154, Health.SUSPECT, 0, 1),  # a recovery action its text does not name: a person reads it
         (119, Health.UNHEALTHY, 1, 1),
         (120, Health.UNHEALTHY, 1, 1),
         (140, Health.UNHEALTHY, 1, 1),
@@ -117,8 +123,9 @@ def test_xid_45_after_the_fold_window_opens_a_new_record() -> None:
     assert kinds(ds) == [OpenIncident, OpenIncident]
 
 
-def test_xid_109_repeated_escalates_to_quarantine() -> None:
-    ds = run([xid(109, 0.0), xid(109, 600.0), xid(109, 1200.0)])
+def test_a_rule_that_escalates_quarantines_on_its_count() -> None:
+    policy = Policy(xid={109: Rule(action=Severity.SUSPECT, escalate_after=3, window_s=3600)})
+    ds = run([xid(109, 0.0), xid(109, 600.0), xid(109, 1200.0)], policy)
     assert [d.state.health for d in ds] == [Health.SUSPECT, Health.SUSPECT, Health.UNHEALTHY]
     assert kinds(ds).count(Quarantine) == 1
 
@@ -300,7 +307,7 @@ def test_suspicion_lapses_after_the_quiet_period_and_only_then() -> None:
     # A recorded-only signal after the page is no reason to stay suspect; a new page-worthy one is.
     later = decide(d.state, xid(43, 50.0, seq=9), policy, 50.0, "inc-x").state
     assert suspicion_lapsed(later, 12.0 + 60.1, policy)
-    again = decide(d.state, xid(92, 50.0, GPU1, seq=10), policy, 50.0, "inc-y").state
+    again = decide(d.state, xid(999, 50.0, GPU1, seq=10), policy, 50.0, "inc-y").state
     assert not suspicion_lapsed(again, 12.0 + 60.1, policy)
     assert not suspicion_lapsed(d.state, 1e9, Policy(suspect_clear_s=None))  # null: never
     (q,) = run([xid(79, 10.0)], policy)

@@ -30,7 +30,7 @@ def test_finished_incidents_and_their_signals_go_after_the_retention_open_ones_s
             route.engine.hello(node, f"spool-{node}", 8)
         route.engine.receive("n1", [xid("n1", 79, now[0], 1)])  # quarantined: its incident stays open
         route.engine.receive("n2", [xid("n2", 13, now[0], 1)])  # recorded only
-        route.engine.receive("n3", [xid("n3", 92, now[0], 1)])  # SUSPECT, then resolved by a person
+        route.engine.receive("n3", [xid("n3", 999, now[0], 1)])  # SUSPECT, then resolved by a person
         await route.wait_for_actions()
         (suspect,) = store.incidents.list(open_only=True, node="n3")
         route.by_hand.resolve_incident(suspect.id, "sre@example.com", "known noisy ECC")

@@ -35,6 +35,7 @@ from controller.vocab.actions import (
     Page,
     PageUpdate,
     Quarantine,
+    ResolveIncident,
     action_kind,
 )
 from controller.vocab.node_state import NodeState
@@ -101,6 +102,8 @@ class Applier:
                 IncidentLog.fold(db, action)
             case EscalateIncident():
                 IncidentLog.escalate(db, action)
+            case ResolveIncident():
+                IncidentLog.resolved(db, action)
             case Quarantine() | Drain() | Page() | PageUpdate():
                 ActionLog.add_in(db, action, now, item.signal.seq, held=action_kind(action) in item.held)
 
@@ -124,6 +127,11 @@ class Applier:
             case EscalateIncident():
                 if action.severity is not Severity.RECORD:
                     self._fleet.open_incident[node] = action.incident_id
+            case ResolveIncident():
+                if self._fleet.open_incident.get(node) == action.incident_id:
+                    del self._fleet.open_incident[node]
+                self._folds.resolved(action.incident_id)
+                log.info("incident_cleared_by_driver", node=node, incident=action.incident_id)
             case Quarantine() | Drain() | Page() | PageUpdate():
                 if action_kind(action) in item.held:
                     return  # the breaker holds it: a person applies or drops it (``vigil resume``)
