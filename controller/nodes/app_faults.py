@@ -2,6 +2,12 @@
 one training job within a short window are the job's own crash (its code, its data), not that many
 bad GPUs. They are recorded on each node, paged once for the job, and make no node SUSPECT.
 
+What is evidence of a crash: an application XID whose rule would page (13, 31: the catalog's
+RESTART_APP). The ones a teardown writes (43, 45: a job killed, preempted or finished) are recorded
+and claimed by a crash when there is one, but never make one. And a hardware fault (an XID whose
+rule quarantines: 48, 79, 95, 119, ...) on one of the job's nodes within the window caused the
+crash: the hardware is quarantined and paged on its own, the job's crash is not paged as the job's.
+
 The job monitor keeps ``JobMembership`` (which nodes each job runs on, from its reports); the engine
 asks ``AppFaults`` before it decides an application XID. A crash is recognised once more than
 ``fraction`` of the job's nodes have reported one within ``window_s``.
@@ -72,6 +78,7 @@ class AppFaults:
         self._last_hit: dict[str, float] = {}  # node -> its latest application XID
         self._paged_at: dict[str, float] = {}  # job -> when its crash was last paged
         self._held: list[tuple[float, Signal]] = []  # (decide at, signal): waiting for the job's other nodes
+        self._hardware: dict[str, float] = {}  # node -> its latest hardware XID (one whose rule quarantines)
 
     def observe(self, node: str, at: float) -> tuple[str, tuple[str, ...]] | None:
         """An application XID on ``node``: the job (and its nodes) whose crash it is part of, if any."""
@@ -83,18 +90,40 @@ class AppFaults:
 
     def crash_of(self, signal: Signal, policy: Policy, now: float) -> tuple[str, Page | None]:
         """The job whose own crash this signal is part of ('' when none), and its page the first time."""
-        if signal.kind is not SignalKind.XID or not policy.rule_for(signal).application:
+        if signal.kind is not SignalKind.XID:
             return "", None
-        crash = self.observe(signal.node, signal.observed_at or now)
+        rule, at = policy.rule_for(signal), signal.observed_at or now
+        if rule.action is Severity.QUARANTINE:
+            self._hardware[signal.node] = at  # it, not the job, caused whatever crash comes with it
+            return "", None
+        if not rule.application:
+            return "", None
+        if rule.action is Severity.RECORD:  # a teardown's (43, 45): claimed by a crash, never one itself
+            return self._claimed_by(signal.node, at), None
+        crash = self.observe(signal.node, at)
         if crash is None:
             return "", None
         job, nodes = crash
         claimed = set(self.hit_nodes(nodes, now))
         self._held = [(at, s) for at, s in self._held if s.node not in claimed]  # part of the crash
+        if culprits := self.hardware_on(nodes, now):
+            log.warning("job_crash_caused_by_hardware", job=job, nodes=list(nodes), hardware=culprits)
+            return job, None  # the hardware's own incident pages it; the job is not blamed
         if not self.page_due(job, now):
             return job, None
         log.warning("job_crash_recognised", job=job, nodes=list(nodes))
         return job, job_crash_page(job, nodes, self.hit_nodes(nodes, now), now)
+
+    def _claimed_by(self, node: str, at: float) -> str:
+        """The job whose crash (recognised already) a record-only application XID on ``node`` is part of."""
+        for job, nodes in self.membership.jobs_of(node):
+            if job_crashed(nodes, self._last_hit, at, self.config):
+                return job
+        return ""
+
+    def hardware_on(self, nodes: Sequence[str], now: float) -> list[str]:
+        """The job's nodes with a hardware XID within the window: what caused its crash, if any."""
+        return [n for n in nodes if self._hardware.get(n, float("-inf")) >= now - self.config.window_s]
 
     def may_be_crash(self, node: str) -> bool:
         """Whether the node's application XIDs could yet turn out to be its job's crash."""

@@ -81,8 +81,9 @@ def decide(
     recent = _prune(state.recent, at, policy.longest_window_s)
     cap = rule.count_cap
     prior = tuple(t for t in recent.get(key, ()) if t > at - rule.window_s)
-    recent[key] = (prior + (at,) * min(signal.count, cap))[-cap:]
-    severity = rule.severity_at(len(prior) + signal.count)
+    counted = _counted(signal, rule.application, prior, at, policy.crash_s)
+    recent[key] = (prior + (at,) * min(counted, cap))[-cap:]
+    severity = rule.severity_at(len(prior) + counted)
     if state.health in _OUT_OF_SERVICE:
         severity = Severity.RECORD  # already out of service: keep the evidence, act no further
     meaning = rule.meaning
@@ -142,6 +143,19 @@ def decide(
         actions.append(Page(target, signal.node, severity, summary, rule.remedy, at, describe_gpu(signal.gpu), did))
     new_state = replace(state, health=health, health_before_unknown=before_unknown, recent=recent, incidents=refs)
     return Decision(new_state, tuple(actions))
+
+
+def _counted(signal: Signal, application: bool, prior: tuple[float, ...], at: float, crash_s: float) -> int:
+    """Observations this signal adds to its count. An application XID counts crashes, not lines: one
+    crash writes a burst of them on a GPU (one per SM, folded by the agent or not), so lines within
+    ``crash_s`` of the last counted one are that crash; a storm the agent folded is one crash, or two
+    (its first and its last) when it lasted ``crash_s`` or more."""
+    if not application:
+        return signal.count
+    if signal.count <= 0 or (prior and at - prior[-1] < crash_s):
+        return 0
+    first = signal.first_observed_at if 0 < signal.first_observed_at <= at else at
+    return 2 if signal.count > 1 and at - first >= crash_s else 1  # a storm: its first and last crash
 
 
 def _driver_recovered(signal: Signal) -> bool:

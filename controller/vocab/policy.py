@@ -183,6 +183,9 @@ class Policy(ConfigModel):
     unknown_recovery: Rule = DEFAULT_UNKNOWN_RECOVERY
     kinds: dict[SignalKind, Rule] = Field(default_factory=lambda: dict(DEFAULT_KIND_RULES))
     fold_window_s: float = Field(300.0, gt=0, description="same GPU, kind and code within this: one incident")
+    crash_s: float = Field(
+        1.0, ge=0, le=60, description="application XID lines on one GPU this close together: one crash, counted once"
+    )
     # A silent node becomes UNKNOWN and is never cordoned for silence alone (no knob for that yet).
     heartbeat_timeout_s: float = Field(30.0, gt=0, description="silence after which a node is UNKNOWN")
     suspect_clear_s: float | None = Field(

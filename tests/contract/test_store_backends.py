@@ -70,7 +70,7 @@ def test_incidents_counts_and_states_carry_over_to_the_next_controller(target: P
         for node in ("n1", "n2", "n3"):
             first.engine.hello(node, f"spool-{node}", 8)
         first.engine.receive("n1", [xid("n1", 79, now[0], 1)])
-        first.engine.receive("n2", [xid("n2", 13, now[0], 1), xid("n2", 13, now[0], 2)])  # 2 of the 3 the rule wants
+        first.engine.receive("n2", [xid("n2", 13, now[0], 1), xid("n2", 13, now[0] + 2, 2)])  # 2 crashes of the 3
         await first.wait_for_actions()
         assert first.engine.receive("n1", [xid("n1", 79, now[0], 1)]) == 1  # a replay adds nothing
         assert first.fleet.nodes["n1"].state.health is Health.QUARANTINED
@@ -83,7 +83,7 @@ def test_incidents_counts_and_states_carry_over_to_the_next_controller(target: P
         assert second.fleet.open_incident["n1"]
         second.engine.hello("n2", "spool-n2", 8)
         assert second.engine.ack_seq("n2") == 2
-        second.engine.receive("n2", [xid("n2", 13, now[0] + 1, 3)])  # the third, counted with the two before
+        second.engine.receive("n2", [xid("n2", 13, now[0] + 4, 3)])  # the third, counted with the two before
         await second.wait_for_actions()
         assert second.fleet.nodes["n2"].state.health is Health.SUSPECT
         incidents = {(i.node, i.kind, i.code): i for i in again.incidents.list()}

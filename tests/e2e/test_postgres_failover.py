@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -75,7 +76,9 @@ def test_the_new_leader_continues_counts_incidents_and_the_breaker_window(tmp_pa
                 procs.append(agent)
             with AdminClient(f"127.0.0.1:{port_a}") as admin:
                 poll_until(lambda: len(admin.status().nodes) == len(NODES), what="every agent on the leader")
-                inject(kmsg["node-a"], "node-a", 13, 100, times=2)  # two of the three XID 13 the rule wants
+                inject(kmsg["node-a"], "node-a", 13, 100)  # two of the three crashes the XID 13 rule wants
+                time.sleep(1.2)  # lines closer than the policy's crash_s (1 s) are one crash
+                inject(kmsg["node-a"], "node-a", 13, 101)
                 inject(kmsg["node-b"], "node-b", 79, 100)
                 poll_until(lambda: cordoned(kube, "node-b"), what="node-b cordoned by ctl-a")
                 inject(kmsg["node-c"], "node-c", 79, 100)  # the window's second quarantine: now it is full

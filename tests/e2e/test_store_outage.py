@@ -66,8 +66,8 @@ def outage_and_back(tmp: Path, database: str, break_store: Callable[[], None], m
         procs += [proc for proc, _ in agents.values()]
         with AdminClient(target) as admin:
             poll_until(lambda: len(admin.status().nodes) == len(NODES), what="every agent registered")
-            for i in range(3):  # three XID 13: node-c SUSPECT, to clear once quiet for 12 s
-                xid(agents["node-c"][1], "node-c", 13, i + 1, "graphics exception")
+            # An XID no catalog has: node-c SUSPECT, to clear once quiet for 12 s.
+            xid(agents["node-c"][1], "node-c", 4000, 1, "an error no catalog has")
             poll_until(lambda: health(admin)["node-c"] == "SUSPECT", what="node-c SUSPECT")
             assert readyz(metrics_port)[0] == 200
 

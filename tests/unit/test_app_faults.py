@@ -37,7 +37,7 @@ def test_only_application_xids_of_a_known_job_count_and_the_job_is_paged_once() 
     membership = JobMembership()
     membership.set("train", NODES)
     faults, policy = AppFaults(membership, CFG), Policy()
-    assert faults.crash_of(xid("n1", 79, 100.0), policy, 100.0) == ("", None)  # hardware: never the job's
+    assert faults.crash_of(xid("n9", 79, 100.0), policy, 100.0) == ("", None)  # hardware: never the job's
     assert faults.crash_of(xid("n1", 13, 100.0), policy, 100.0) == ("", None)
     assert faults.crash_of(xid("n2", 31, 100.5), policy, 100.5) == ("", None)
     job, page = faults.crash_of(xid("n3", 13, 101.0), policy, 101.0)
@@ -47,13 +47,35 @@ def test_only_application_xids_of_a_known_job_count_and_the_job_is_paged_once() 
     assert faults.crash_of(xid("n4", 13, 102.0), policy, 102.0) == ("", None)
 
 
+def test_a_teardowns_xids_are_claimed_by_a_crash_but_never_make_one() -> None:
+    membership = JobMembership()
+    membership.set("train", NODES)
+    faults, policy = AppFaults(membership, CFG), Policy()
+    for i, node in enumerate(NODES):  # a job killed or preempted: XID 43 and 45 on every node
+        assert faults.crash_of(xid(node, 43 if i % 2 else 45, 100.0 + i / 10), policy, 100.5) == ("", None)
+    for node in ("n1", "n2", "n3"):  # then a real crash: the teardown's after it are the crash's
+        job, _ = faults.crash_of(xid(node, 13, 110.0), policy, 110.0)
+    assert job == "train" and faults.crash_of(xid("n4", 45, 110.2), policy, 110.2) == ("train", None)
+
+
+def test_a_hardware_xid_among_a_jobs_crash_caused_it_the_job_is_not_paged_as_its_own() -> None:
+    membership = JobMembership()
+    membership.set("train", NODES)
+    faults, policy = AppFaults(membership, CFG), Policy()
+    assert faults.crash_of(xid("n2", 95, 100.0), policy, 100.0) == ("", None)  # decided (quarantined) on its own
+    results = [faults.crash_of(xid(n, 13, 100.5), policy, 100.5) for n in NODES]
+    assert [job for job, _ in results] == ["", "", "train", "train"] and all(p is None for _, p in results)
+    assert faults.hardware_on(NODES, 100.5) == ["n2"]
+    assert faults.hardware_on(NODES, 100.0 + CFG.window_s + 1) == []  # an old one caused nothing
+
+
 def test_an_application_xid_of_a_crashed_job_is_recorded_without_action() -> None:
     policy, state = Policy(), NodeState("n1")
-    for i, at in enumerate((10.0, 10.1)):
+    for i, at in enumerate((10.0, 12.0)):  # crashes, seconds apart
         state = decide(state, xid("n1", 13, at), policy, at, f"inc-{i}", job_fault="train").state
-    d = decide(state, xid("n1", 13, 10.2), policy, 10.2, "inc-2", job_fault="train")
+    d = decide(state, xid("n1", 13, 14.0), policy, 14.0, "inc-2", job_fault="train")
     assert d.state.health is Health.HEALTHY and all(a.__class__.__name__ != "Page" for a in d.actions)
-    alone = decide(state, xid("n1", 13, 10.2), policy, 10.2, "inc-2")
+    alone = decide(state, xid("n1", 13, 14.0), policy, 14.0, "inc-2")
     assert alone.state.health is Health.SUSPECT  # the same third XID 13 without the job's crash
     hardware = decide(NodeState("n1"), xid("n1", 79, 10.0), policy, 10.0, "inc-h", job_fault="train")
     assert hardware.state.health is Health.UNHEALTHY  # job_fault never hides a hardware XID
@@ -79,7 +101,8 @@ def _engine(tmp_path: Path, now: list[float]) -> tuple[Engine, _Pages, JobMember
 
 
 def three_xid13(engine: Engine, node: str, at: float) -> None:
-    engine.receive(node, [replace(xid(node, 13, at), seq=i + 1) for i in range(3)])
+    """Three crashes on the node's GPU 0 (lines closer than the policy's crash_s are one crash)."""
+    engine.receive(node, [replace(xid(node, 13, at + 1.5 * i), seq=i + 1) for i in range(3)])
 
 
 def test_a_jobs_node_waits_the_grace_for_the_others_then_is_decided(tmp_path: Path) -> None:

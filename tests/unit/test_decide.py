@@ -264,16 +264,23 @@ def test_hung_collectors_survive_the_store_round_trip() -> None:
 
 
 def test_a_storm_folded_at_the_agent_counts_as_its_observations() -> None:
-    """One signal standing for three XID 13s crosses the rule's threshold of three on its own."""
-    storm = Signal("n1", SignalKind.XID, GPU0, 13, 0.0, "Xid 13", "kmsg", 5.0, 1, count=3, first_observed_at=4.0)
-    (d,) = run([storm])
+    """One signal standing for three observations crosses a threshold of three on its own (an
+    application XID's storm counts its crashes instead: below)."""
+    policy = Policy(xid={200: Rule(action=Severity.SUSPECT, threshold=3)})
+    storm = Signal("n1", SignalKind.XID, GPU0, 200, 0.0, "Xid 200", "kmsg", 5.0, 1, count=3, first_observed_at=4.0)
+    (d,) = run([storm], policy)
     assert d.state.health is Health.SUSPECT
     assert kinds([d]) == [OpenIncident, Page]
     opened = d.actions[0]
     assert isinstance(opened, OpenIncident) and opened.count == 3
-    (d2,) = run([replace(storm, seq=2, count=500)], state=d.state)
+    (d2,) = run([replace(storm, seq=2, count=500)], policy, state=d.state)
     fold = d2.actions[0]
     assert isinstance(fold, FoldIntoIncident) and fold.count == 500
+    # An application XID's storm: one crash when its lines came within crash_s, else two at most
+    # (its first and its last), however many lines it folded.
+    app = replace(storm, code=13, count=300, first_observed_at=4.5)
+    assert run([app])[0].state.recent["GPU-0000|XID|13"] == (5.0,)
+    assert run([replace(app, first_observed_at=1.0)])[0].state.recent["GPU-0000|XID|13"] == (5.0, 5.0)
 
 
 def test_a_flood_keeps_the_node_state_small() -> None:
@@ -325,3 +332,14 @@ def test_a_fatal_sxid_quarantines_and_non_fatal_ones_make_the_node_suspect_only_
     ds = run(nonfatal)
     assert [d.state.health for d in ds] == [Health.HEALTHY, Health.HEALTHY, Health.SUSPECT]
     assert not any(a.__class__.__name__ == "Page" for d in ds[:2] for a in d.actions)
+
+
+def test_an_application_xid_counts_crashes_not_lines() -> None:
+    burst = run([xid(13, 10.0 + i / 100) for i in range(6)])  # one crash: a line per SM, within a second
+    assert burst[-1].state.health is Health.HEALTHY and Page not in kinds(burst)
+    crashes = run([xid(13, 10.0), xid(13, 10.2), xid(13, 12.0), xid(13, 14.0)])  # three crashes
+    assert [d.state.health for d in crashes][-2:] == [Health.HEALTHY, Health.SUSPECT]
+    storm = run([replace(xid(13, 10.0), count=50)])  # folded at the agent: one crash still
+    assert storm[0].state.recent["GPU-0000|XID|13"] == (10.0,)
+    hardware = run([replace(xid(48, 10.0), count=1), xid(48, 10.1, GPU1)])  # not the application's: every one
+    assert kinds(hardware).count(Quarantine) == 1
