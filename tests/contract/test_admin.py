@@ -68,7 +68,7 @@ def test_open_incidents_in_status_survive_a_restart(tmp_path: Path) -> None:
 def test_a_person_resolves_an_incident_of_a_node_in_service_and_only_that(tmp_path: Path) -> None:
     async def scenario() -> None:
         controller = await start_controller(tmp_path / "ctl.db")
-        await send_raw(controller.port, raw_batch("s1", [1], code=92), until_ack=1)  # node-a: SUSPECT
+        await send_raw(controller.port, raw_batch("s1", [1], code=4000), until_ack=1)  # node-a: SUSPECT (in no catalog)
         await controller.engine.wait_for_actions()
         async with grpc.aio.insecure_channel(f"127.0.0.1:{controller.port}") as channel:
             admin = admin_pb2_grpc.AdminStub(channel)
@@ -123,7 +123,7 @@ def test_rules_count_a_quarantine_a_person_undid_soon_after(tmp_path: Path) -> N
 def test_a_persons_overlong_words_are_refused_by_name_and_nothing_is_recorded(tmp_path: Path) -> None:
     async def scenario() -> None:
         controller = await start_controller(tmp_path / "ctl.db")
-        await send_raw(controller.port, raw_batch("s1", [1], code=92), until_ack=1)  # node-a: SUSPECT
+        await send_raw(controller.port, raw_batch("s1", [1], code=4000), until_ack=1)  # node-a: SUSPECT (in no catalog)
         async with grpc.aio.insecure_channel(f"127.0.0.1:{controller.port}") as channel:
             admin = admin_pb2_grpc.AdminStub(channel)
             calls = [
