@@ -37,6 +37,7 @@ class FaultState:
     pcie_replays: int | None = None
     pcie_degraded: str = ""
     fabric_failed: int = 0  # NVML's status of a failed fabric registration
+    recovery_action: int = 0  # the driver's GPU recovery action (NVML's number; 0: none)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -71,6 +72,7 @@ def fault_state(reading: GpuReading, before: FaultState | None) -> FaultState:
         pcie_replays=_keep(reading.pcie_replays, prior.pcie_replays),
         pcie_degraded=pcie_degradation(reading),
         fabric_failed=fabric_failure(reading),
+        recovery_action=_keep(reading.recovery_action, prior.recovery_action),
     )
 
 
@@ -108,10 +110,35 @@ def diff_faults(
         out.append(signal(SignalKind.PCIE_REPLAY, grew, f"{grew} new PCIe replay(s)"))
     if now.pcie_degraded and now.pcie_degraded != b.pcie_degraded:
         out.append(signal(SignalKind.PCIE_LINK_DEGRADED, 1, f"PCIe link degraded: {now.pcie_degraded}"))
+    if now.recovery_action != b.recovery_action:  # said as XID 154 says it, decided the same way
+        out.append(_recovery_signal(node, gpu, b.recovery_action, now.recovery_action, at, source))
     if now.fabric_failed and not b.fabric_failed:
         what = f"NVLink fabric registration failed (NVML status {now.fabric_failed}): its NVLink peers are unreachable"
         out.append(signal(SignalKind.GPU_FABRIC_FAILED, now.fabric_failed, what))
     return out
+
+
+_RECOVERY_WORDS = (
+    "None",
+    "GPU Reset Required",
+    "Node Reboot Required",
+    "Drain P2P",
+    "Drain and Reset",
+    "Recover IMEX Domain",
+    "Bus Reset",
+    "System Reboot",
+)
+
+
+def _recovery_signal(node: str, gpu: GpuRef, before: int, now: int, at: float, source: str) -> Signal:
+    """NVML's recovery action changed: the same words and number the driver's XID 154 line carries."""
+
+    def said(action: int) -> str:
+        word = _RECOVERY_WORDS[action] if 0 <= action < len(_RECOVERY_WORDS) else "Unknown"
+        return f"0x{action:x} ({word})"
+
+    text = f"GPU recovery action changed from {said(before)} to {said(now)} (NVML)"
+    return Signal(node, SignalKind.XID, gpu, 154, float(now), text, source, at)
 
 
 def _growth(before: int | None, now: int | None, count_from_zero: bool) -> int:

@@ -64,6 +64,10 @@ class GpuReading:
     # once completed (0: joined). None where the GPU has no fabric or the driver does not say.
     fabric_state: int | None = None
     fabric_status: int | None = None
+    # The driver's GPU recovery action (NVML_FI_DEV_GET_GPU_RECOVERY_ACTION: 0 none, 1 GPU reset, 2 node
+    # reboot, 3 drain P2P, 4 drain and reset, 5 recover IMEX domain, 6 bus reset, 7 system reboot);
+    # None where the driver does not report it.
+    recovery_action: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

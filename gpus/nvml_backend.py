@@ -203,7 +203,19 @@ class NvmlBackend:
             pcie_width_max=_int(call("nvmlDeviceGetMaxPcieLinkWidth")),
             fabric_state=fabric[0],
             fabric_status=fabric[1],
+            recovery_action=self._recovery_action(call),
         )
+
+    def _recovery_action(self, call: _Calls) -> int | None:
+        """What the driver says the GPU needs to recover (the number XID 154 prints); None where this
+        driver or pynvml does not have the field."""
+        field = getattr(self._nvml, "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION", None)
+        if field is None:
+            return None
+        values = call("nvmlDeviceGetFieldValues", [field])
+        if not values or values[0].nvmlReturn != 0:
+            return None
+        return int(values[0].value.uiVal)
 
     @staticmethod
     def _throttle_ns(call: _Calls) -> dict[int, int] | None:

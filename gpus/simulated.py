@@ -56,6 +56,7 @@ class GpuFaults:
     pcie_replays: int = 0
     pcie_width: int = 16
     fabric_failed: bool = False  # its NVLink fabric registration completed with an error
+    recovery_action: int = 0  # what the driver says it needs (NVML's numbers: 0 none, 2 node reboot, ...)
     hang: threading.Event | None = None  # set: reads of this GPU block until it is cleared
 
 
@@ -124,6 +125,7 @@ class SimulatedBackend:
             pcie_width_max=16,
             fabric_state=3 if faults.fabric_failed else None,  # NVML_GPU_FABRIC_STATE_COMPLETED
             fabric_status=999 if faults.fabric_failed else None,  # NVML_ERROR_UNKNOWN
+            recovery_action=faults.recovery_action,
         )
 
     def drain_xid_events(self) -> list[XidEvent]:

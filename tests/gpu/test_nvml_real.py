@@ -43,6 +43,8 @@ def test_every_gpu_is_named_and_read(backend: NvmlBackend) -> None:
         print(f"GPU {gpu.index} {r.name} {gpu.pci_bus_id}: present {present}; not available {absent}")
         assert r.temperature_c is not None and r.memory_total_bytes is not None
         assert r.throttle_reasons is not None
+        # The driver's recovery action, where it has the field: a number XID 154 would print (0: none).
+        assert r.recovery_action is None or 0 <= r.recovery_action <= 7, r.recovery_action
 
 
 def test_xid_events_are_registered(backend: NvmlBackend) -> None:

@@ -115,3 +115,31 @@ def test_a_code_in_no_catalog_stays_suspect_and_paged_and_a_policy_file_still_ov
     quiet = Policy(xid={62: Rule(action=Severity.RECORD)})
     assert decide(NodeState("n1"), xid(62, 1.0), quiet, 1.0, "i").state.health is Health.HEALTHY
     assert quiet.xid[79].action is Severity.QUARANTINE  # the others stay as the catalog has them
+
+
+def test_nvmls_recovery_action_is_said_as_xid_154_says_it_and_decided_the_same_way() -> None:
+    from agent.faults import FaultState, diff_faults, fault_state
+    from gpus.backend import GpuReading
+
+    before = fault_state(GpuReading(gpu=GPU, recovery_action=0), None)
+    assert diff_faults("n1", GPU, None, before, 1.0) == []  # none at the first look: nothing to say
+    now = fault_state(GpuReading(gpu=GPU, recovery_action=2), before)
+    (signal,) = diff_faults("n1", GPU, before, now, 2.0)
+    assert (signal.kind, signal.code) == (SignalKind.XID, 154) and recovery_action(
+        signal.message
+    ) is RecoveryAction.NODE_REBOOT
+    decided = decide(NodeState("n1"), signal, POLICY, 2.0, "i")
+    assert decided.state.health is Health.UNHEALTHY
+    unknown = fault_state(GpuReading(gpu=GPU, recovery_action=None), now)  # the field not read this time
+    assert unknown == now and diff_faults("n1", GPU, now, unknown, 3.0) == []
+    back = fault_state(GpuReading(gpu=GPU, recovery_action=0), now)
+    (cleared,) = diff_faults("n1", GPU, now, back, 4.0)
+    assert recovery_action(cleared.message) is RecoveryAction.NONE
+    assert FaultState.from_json(back.to_json()) == back
+
+
+def test_the_agents_spool_keeps_every_xid_the_default_policy_quarantines_on() -> None:
+    from vigil_core.signals import QUARANTINE_XIDS
+
+    quarantines = {code for code, rule in POLICY.xid.items() if rule.action is Severity.QUARANTINE}
+    assert quarantines | {154} == QUARANTINE_XIDS  # 154: by the recovery action it names
