@@ -19,6 +19,7 @@ from typing import Any
 
 from gpus.backend import GpuReading, fabric_failure
 from gpus.health import pcie_degradation
+from vigil_core.recovery import recovery_line
 from vigil_core.signals import GpuRef, Signal, SignalKind
 
 # Below this utilisation a PCIe link trains down to save power: a lower generation is normal.
@@ -118,27 +119,9 @@ def diff_faults(
     return out
 
 
-_RECOVERY_WORDS = (
-    "None",
-    "GPU Reset Required",
-    "Node Reboot Required",
-    "Drain P2P",
-    "Drain and Reset",
-    "Recover IMEX Domain",
-    "Bus Reset",
-    "System Reboot",
-)
-
-
 def _recovery_signal(node: str, gpu: GpuRef, before: int, now: int, at: float, source: str) -> Signal:
-    """NVML's recovery action changed: the same words and number the driver's XID 154 line carries."""
-
-    def said(action: int) -> str:
-        word = _RECOVERY_WORDS[action] if 0 <= action < len(_RECOVERY_WORDS) else "Unknown"
-        return f"0x{action:x} ({word})"
-
-    text = f"GPU recovery action changed from {said(before)} to {said(now)} (NVML)"
-    return Signal(node, SignalKind.XID, gpu, 154, float(now), text, source, at)
+    """NVML's recovery action changed: said in the words and numbers the driver's XID 154 line carries."""
+    return Signal(node, SignalKind.XID, gpu, 154, float(now), f"{recovery_line(before, now)} (NVML)", source, at)
 
 
 def _growth(before: int | None, now: int | None, count_from_zero: bool) -> int:

@@ -34,7 +34,8 @@ from controller.vocab.actions import (
 )
 from controller.vocab.node_state import Health, IncidentRef, NodeState
 from controller.vocab.policy import Policy, Severity
-from controller.vocab.xid_catalog import RECOVERY_XID, RecoveryAction, recovery_action
+from controller.vocab.xid_catalog import RECOVERY_XID
+from vigil_core.recovery import RecoveryAction, recovery_action
 from vigil_core.signals import GpuRef, Signal, SignalKind
 
 _OUT_OF_SERVICE = (Health.UNHEALTHY, Health.QUARANTINED)

@@ -14,8 +14,9 @@ from typing import Annotated, Any
 
 from pydantic import Field, model_validator
 
-from controller.vocab.xid_catalog import CATALOG, RECOVERY_XID, Entry, Fix, RecoveryAction, recovery_action
+from controller.vocab.xid_catalog import CATALOG, RECOVERY_XID, Entry, Fix
 from vigil_core.config_file import ConfigModel, load_yaml_model
+from vigil_core.recovery import RecoveryAction, recovery_action
 from vigil_core.signals import Signal, SignalKind
 
 

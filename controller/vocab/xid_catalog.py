@@ -7,15 +7,14 @@ code by code (``controller.vocab.policy``).
   application restart is the application's fault (recorded and judged against its job's other
   nodes; SUSPECT when it repeats); "ignore" is recorded only.
 - XID 154 says in its text which recovery action the driver now needs ("GPU recovery action
-  changed from 0x0 (None) to 0x2 (Node Reboot Required)"): ``recovery_action`` reads it; NVML's
-  ``nvmlDeviceGetGpuRecoveryAction`` uses the same numbers.
+  changed from 0x0 (None) to 0x2 (Node Reboot Required)"): ``vigil_core.recovery`` reads it (the
+  agent writes NVML's recovery action in the same words).
 """
 
 from __future__ import annotations
 
 import csv
 import io
-import re
 from dataclasses import dataclass
 from enum import StrEnum
 from importlib.resources import files
@@ -106,53 +105,3 @@ def parse_catalog(text: str) -> dict[int, Entry]:
 
 CATALOG: dict[int, Entry] = parse_catalog(files("controller.vocab").joinpath("xid_catalog.csv").read_text())
 RECOVERY_XID = 154
-
-
-class RecoveryAction(StrEnum):
-    """The driver's GPU recovery action (XID 154's text; NVML's ``nvmlGpuRecoveryAction_t``, whose
-    numbers are the order below)."""
-
-    NONE = "none"
-    GPU_RESET = "gpu_reset"
-    NODE_REBOOT = "node_reboot"
-    DRAIN_P2P = "drain_p2p"
-    DRAIN_AND_RESET = "drain_and_reset"
-    RECOVER_IMEX_DOMAIN = "recover_imex_domain"
-    BUS_RESET = "bus_reset"
-    SYSTEM_REBOOT = "system_reboot"
-
-    @classmethod
-    def numbered(cls, number: int) -> RecoveryAction | None:
-        """NVML's number for it (0 none, 1 GPU reset, ... 7 system reboot); None for one we do not know."""
-        actions = list(cls)
-        return actions[number] if 0 <= number < len(actions) else None
-
-
-# The words drivers print, lower-cased, for when the number alone is not enough.
-_WORDS: tuple[tuple[str, RecoveryAction], ...] = (
-    ("drain and reset", RecoveryAction.DRAIN_AND_RESET),
-    ("drain p2p", RecoveryAction.DRAIN_P2P),
-    ("imex", RecoveryAction.RECOVER_IMEX_DOMAIN),
-    ("bus reset", RecoveryAction.BUS_RESET),
-    ("flr", RecoveryAction.GPU_RESET),  # "PF FLR": a function-level reset of the GPU's PCIe function
-    ("system reboot", RecoveryAction.SYSTEM_REBOOT),
-    ("os reboot", RecoveryAction.SYSTEM_REBOOT),
-    ("node reboot", RecoveryAction.NODE_REBOOT),
-    ("reboot", RecoveryAction.NODE_REBOOT),
-    ("reset", RecoveryAction.GPU_RESET),
-    ("none", RecoveryAction.NONE),
-)
-_CHANGED_TO = re.compile(r"\bto\s+(0x[0-9a-fA-F]+|\d+)\s*(?:\(([^)]*)\))?")
-
-
-def recovery_action(text: str) -> RecoveryAction | None:
-    """The recovery action an XID 154 line says the GPU needs now; None when it names none we know.
-    The words win over the number where both are there (drivers have printed "0x1 (PF FLR)"). Pure."""
-    match = _CHANGED_TO.search(text)
-    if match is None:
-        return None
-    words = (match.group(2) or "").strip().lower()
-    for said, action in _WORDS:
-        if said in words:
-            return action
-    return RecoveryAction.numbered(int(match.group(1), 0))

@@ -11,7 +11,8 @@ from controller.nodes.decide import decide
 from controller.vocab.actions import OpenIncident, Page, PageUpdate, Quarantine, ResolveIncident
 from controller.vocab.node_state import Health, NodeState
 from controller.vocab.policy import Policy, Rule, Severity
-from controller.vocab.xid_catalog import CATALOG, Bucket, Fix, RecoveryAction, parse_catalog, recovery_action
+from controller.vocab.xid_catalog import CATALOG, Bucket, Fix, parse_catalog
+from vigil_core.recovery import RecoveryAction, recovery_action
 from vigil_core.signals import GpuRef, Signal, SignalKind
 
 POLICY = Policy()
@@ -143,3 +144,11 @@ def test_the_agents_spool_keeps_every_xid_the_default_policy_quarantines_on() ->
 
     quarantines = {code for code, rule in POLICY.xid.items() if rule.action is Severity.QUARANTINE}
     assert quarantines | {154} == QUARANTINE_XIDS  # 154: by the recovery action it names
+
+
+def test_what_the_agent_writes_for_nvmls_recovery_action_reads_back_as_that_action() -> None:
+    from vigil_core.recovery import recovery_line
+
+    for number, action in enumerate(RecoveryAction):
+        assert recovery_action(recovery_line(0, number)) is action
+    assert recovery_action(recovery_line(0, 9)) is None  # a number this Vigil does not know: SUSPECT, paged
