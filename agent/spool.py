@@ -298,22 +298,22 @@ class Spool:
 
     def pending(self, after_seq: int, limit: int = 500) -> list[Signal]:
         """Read the signals after ``after_seq`` (for a look: nothing is marked)."""
-        rows = self._db.execute(
-            "SELECT payload FROM signals WHERE seq > ? ORDER BY seq LIMIT ?", (after_seq, limit)
-        ).fetchall()
-        return [signal_from_proto(common_pb2.Signal.FromString(row[0])) for row in rows]
+        return [stored.signal() for stored in self._stored(after_seq, limit)]
 
     def take(self, after_seq: int, limit: int = 500) -> list[Stored]:
         """The signals after ``after_seq`` for the link to send, as stored (no decoding), marked handed
         before they are returned: from here on the bound never merges into them, merges them away or
         drops them."""
-        rows = self._db.execute(
-            "SELECT seq, payload FROM signals WHERE seq > ? ORDER BY seq LIMIT ?", (after_seq, limit)
-        ).fetchall()
-        batch = [Stored(int(seq), bytes(payload)) for seq, payload in rows]
+        batch = self._stored(after_seq, limit)
         if batch:
             self.handed_upto = max(self.handed_upto, batch[-1].seq)
         return batch
+
+    def _stored(self, after_seq: int, limit: int) -> list[Stored]:
+        rows = self._db.execute(
+            "SELECT seq, payload FROM signals WHERE seq > ? ORDER BY seq LIMIT ?", (after_seq, limit)
+        ).fetchall()
+        return [Stored(int(seq), bytes(payload)) for seq, payload in rows]
 
     def ack(self, seq: int) -> int:
         """Drop everything up to ``seq``; returns how many signals were dropped."""

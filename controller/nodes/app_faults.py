@@ -83,6 +83,10 @@ class AppFaults:
     def observe(self, node: str, at: float) -> tuple[str, tuple[str, ...]] | None:
         """An application XID on ``node``: the job (and its nodes) whose crash it is part of, if any."""
         self._last_hit[node] = at
+        return self._crashed(node, at)
+
+    def _crashed(self, node: str, at: float) -> tuple[str, tuple[str, ...]] | None:
+        """A job of ``node``'s whose crash its nodes' application XIDs say it is, as of ``at``."""
         for job, nodes in self.membership.jobs_of(node):
             if job_crashed(nodes, self._last_hit, at, self.config):
                 return job, nodes
@@ -99,7 +103,8 @@ class AppFaults:
         if not rule.application:
             return "", None
         if rule.action is Severity.RECORD:  # a teardown's (43, 45): claimed by a crash, never one itself
-            return self._claimed_by(signal.node, at), None
+            crashed = self._crashed(signal.node, at)  # claimed by a crash recognised already, if any
+            return (crashed[0] if crashed else ""), None
         crash = self.observe(signal.node, at)
         if crash is None:
             return "", None
@@ -113,13 +118,6 @@ class AppFaults:
             return job, None
         log.warning("job_crash_recognised", job=job, nodes=list(nodes))
         return job, job_crash_page(job, nodes, self.hit_nodes(nodes, now), now)
-
-    def _claimed_by(self, node: str, at: float) -> str:
-        """The job whose crash (recognised already) a record-only application XID on ``node`` is part of."""
-        for job, nodes in self.membership.jobs_of(node):
-            if job_crashed(nodes, self._last_hit, at, self.config):
-                return job
-        return ""
 
     def hardware_on(self, nodes: Sequence[str], now: float) -> list[str]:
         """The job's nodes with a hardware XID within the window: what caused its crash, if any."""
