@@ -69,7 +69,8 @@ class NodeRoute:
         return await adopt_cluster_state(r.actuator, r.pager, self.store, self.fleet, self.guard, r, self.clock)
 
     async def wait_for_actions(self) -> None:
-        """Wait for the actions under way to finish (tests and benchmarks)."""
+        """Wait for the releases and actions under way to finish (tests and benchmarks)."""
+        await self.releases.drain()
         await self.engine.wait_for_actions()
 
     async def shutdown(self) -> None:

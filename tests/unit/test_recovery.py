@@ -72,7 +72,7 @@ def test_engine_asks_the_agent_and_releases_on_a_pass(tmp_path: Path) -> None:
             started_at=now[0],
         )
         e.checks.answered("n1", failed)
-        await asyncio.sleep(0.05)
+        await e.wait_for_actions()
         assert e.fleet.nodes["n1"].state.health is Health.QUARANTINED
         assert e.releases.ask() == []  # not again before check_every_s
         now[0] += 61
@@ -87,8 +87,7 @@ def test_engine_asks_the_agent_and_releases_on_a_pass(tmp_path: Path) -> None:
             started_at=now[0],
         )
         e.checks.answered("n1", passed)
-        await asyncio.sleep(0.05)
-        await e.wait_for_actions()
+        await e.wait_for_actions()  # the release runs in a thread: waited for, not slept on
         assert e.fleet.nodes["n1"].state.health is Health.HEALTHY
         assert LocalQuarantines(store.db).nodes() == {}
         (record,) = store.records.operator_actions()

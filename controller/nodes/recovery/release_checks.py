@@ -59,6 +59,12 @@ class ReleaseChecks:
                 log.info("release_check_sent", node=name, check=self.config.check, request=request_id)
         return asked
 
+    async def drain(self) -> None:
+        """Wait for the releases under way (tests and benchmarks); an answer's callback runs first."""
+        await asyncio.sleep(0)
+        while self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
     def _answered(self, node: str, answer: asyncio.Future[common_pb2.CheckResult]) -> None:
         if answer.cancelled():
             return
