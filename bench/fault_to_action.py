@@ -12,8 +12,10 @@ clock starts when the agent stamps the signal (``observed_at``) and sends it.
   one's cordon and message have arrived);
 - burst: ``--burst`` nodes fail at the same moment.
 
-The circuit breaker is set wide open for this run (it would rightly hold back 375 of 2,000), and
-the rate limit is the default (100 quarantines/s, burst 200). Baseline: a bare PATCH round trip
+The circuit breaker and the shared-cause guard are set wide open for this run (they would rightly
+hold back 375 of 2,000 failing at once), and the rate limit is the default (100 quarantines/s,
+burst 200). Each quarantine still waits the guard's settling window (``--settle-s``; a list runs
+once per value, the first the baseline, and prints their ratio). Baseline: a bare PATCH round trip
 from this process to the same API server. ``--databases`` runs the whole measurement once per
 incident store, one after the other in one invocation: SQLite (a file) and PostgreSQL (a private
 server of Debian's postgresql package, on loopback, as ``tests/postgres.py`` starts it), and
@@ -38,6 +40,7 @@ import psutil
 
 from bench.controller_process import controller_target, start_controller
 from bench.record import append_result, header, percentile
+from controller.nodes.guards.shared import SharedCauseConfig
 from tests.fakes.fleet import Fleet
 from tests.fakes.kube_api import KubeApiServer
 from tests.fakes.slack_api import CHANNEL, TOKEN, FakeSlack
@@ -114,13 +117,16 @@ def baseline_patch_rtt(kube: KubeApiServer, workdir: Path, rounds: int = 200) ->
     return summary(samples)
 
 
-def controller_settings(workdir: Path, kube: KubeApiServer, slack: FakeSlack, nodes: int) -> dict[str, Any]:
+def controller_settings(
+    workdir: Path, kube: KubeApiServer, slack: FakeSlack, nodes: int, settle_s: float | None = None
+) -> dict[str, Any]:
+    shared: dict[str, Any] = {"min_nodes": nodes + 1} | ({} if settle_s is None else {"settle_s": settle_s})
     return {
         "actuator": "kubernetes",
         "kubernetes": {"kubeconfig": str(kube.kubeconfig(workdir / "kubeconfig"))},
         "pager": "slack",
         "slack": {"channel": CHANNEL, "base_url": slack.base_url},
-        "guardrails": {"breaker_max_nodes": nodes, "breaker_max_fraction": 1.0},
+        "guardrails": {"breaker_max_nodes": nodes, "breaker_max_fraction": 1.0, "shared": shared},
     }
 
 
@@ -130,7 +136,7 @@ async def run(args: argparse.Namespace, workdir: Path, database: str) -> dict[st
         for name in names:
             kube.add_node(name)
         baseline = baseline_patch_rtt(kube, workdir)
-        settings = controller_settings(workdir, kube, slack, args.nodes) | {"database": database}
+        settings = controller_settings(workdir, kube, slack, args.nodes, args.settle) | {"database": database}
         controller = start_controller(workdir, settings, {"VIGIL_SLACK_TOKEN": TOKEN})
         try:
             target = await controller_target(workdir, controller)
@@ -201,7 +207,16 @@ def main() -> int:
     parser.add_argument("--burst", type=int, default=375, help="0: single faults only (e.g. with --nodes 20000)")
     parser.add_argument("--heartbeat-s", type=float, default=5.0)
     parser.add_argument("--databases", default="sqlite", help="comma-separated: sqlite, postgresql")
+    parser.add_argument(
+        "--settle-s", default="", help="comma-separated settling windows, e.g. 0,0.05 (default: the controller's)"
+    )
     args = parser.parse_args()
+    try:
+        settles: list[float | None] = [float(v) for v in args.settle_s.split(",") if v.strip()] or [None]
+    except ValueError:
+        parser.error(f"--settle-s: numbers of seconds, comma-separated, not {args.settle_s!r}")
+    if any(v is not None and not 0 <= v <= 5 for v in settles):
+        parser.error("--settle-s: each window from 0 to 5 s")
     if args.single + args.burst > args.nodes:
         parser.error("--single + --burst must not exceed --nodes (each fault gets a fresh node)")
     databases = [d.strip() for d in args.databases.split(",") if d.strip()]
@@ -209,13 +224,25 @@ def main() -> int:
         parser.error(f"--databases: unknown {sorted(unknown)}; known: sqlite, postgresql")
     if "postgresql" in databases and (why := postgres_unavailable()):
         parser.error(f"--databases postgresql: {why}")
+    if len(settles) > 1 and len(databases) > 1:
+        parser.error("--settle-s with several windows runs on one database")
     records = {}
-    for database in databases:
-        record = measure(args, database)
-        if record is None:
-            return 1
-        records[database] = record
-    if len(records) == 2:
+    for settle in settles:
+        args.settle = settle
+        for database in databases:
+            record = measure(args, database)
+            if record is None:
+                return 1
+            records[database if len(settles) == 1 else f"settle {settle}"] = record
+    if len(settles) > 1:
+        base_name = f"settle {settles[0]}"
+        for name, record in records.items():
+            if name == base_name or not record["single"]:
+                continue
+            a, b = records[base_name]["single"]["cordon"], record["single"]["cordon"]
+            print(f"single cordon: {name} / {base_name}  p50 ×{b['p50_s'] / a['p50_s']:.2f}  "
+                  f"p99 ×{b['p99_s'] / a['p99_s']:.2f}  (p99 {a['p99_s']:.3f} s -> {b['p99_s']:.3f} s)")  # fmt: skip
+    if len(records) == 2 and len(settles) == 1:
         for phase in ("single", "burst"):
             for what in ("cordon", "slack"):
                 if records["sqlite"][phase] and what in records["sqlite"][phase]:
@@ -240,6 +267,7 @@ def measure(args: argparse.Namespace, database: str) -> dict[str, Any] | None:
         **header("fault_to_action"),
         "nodes": args.nodes,
         "database": database,
+        "settle_s": SharedCauseConfig().settle_s if args.settle is None else args.settle,
         **figures,
     }
     print(json.dumps(record, indent=2))

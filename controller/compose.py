@@ -122,7 +122,10 @@ def node_route(
     folds = FoldReports(fold_report_s, store.incidents.signal_counts, runner.schedule, clock)
     applier = Applier(store, runner.schedule, fleet, folds, events, metrics)
     labels: Labels = {}  # refreshed by the upkeep from the actuator; the guard reads the failure domains
-    guard = Guard(guardrails, store.records, runner, metrics, lambda: len(fleet), clock, lambda n: labels.get(n, {}))
+    guard = Guard(
+        guardrails, store.records, runner, metrics, lambda: len(fleet), clock, lambda n: labels.get(n, {}), fleet.names
+    )
+    runner.settle = guard.settle  # a burst's quarantines and pages wait to be decided as a whole
     by_hand = ByHand(fleet, store, runner, folds, guard, clock, metrics, recovery.undo_window_s)
     releases = ReleaseChecks(fleet, checks, recovery, by_hand.uncordon, clock, tasks)
     engine = Engine(store, policy, fleet, runner, guard, applier, app_faults, checks, outboxes, metrics, clock)

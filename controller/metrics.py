@@ -43,6 +43,11 @@ class ControllerMetrics:
             registry=r,
         )
         self.connected_agents = Gauge("vigil_controller_connected_agents", "Agents with an open stream", registry=r)
+        self.fleet_incidents = Counter(
+            "vigil_controller_fleet_incidents_total",
+            "Times one fault on much of the fleet at once became one fleet incident (its nodes held)",
+            registry=r,
+        )
         self.breaker_trips = Counter(
             "vigil_controller_circuit_breaker_trips_total", "Times the circuit breaker paused automation", registry=r
         )

@@ -24,6 +24,7 @@ from controller.nodes.decide import decide, decide_held, heartbeat_returned, qua
 from controller.nodes.fleet import Fleet, NodeEntry, UnknownNode
 from controller.nodes.found import Found, Outcome, Result, Source
 from controller.nodes.guards.guard import Guard
+from controller.nodes.rule_stats import rule_id
 from controller.store import Store
 from controller.vocab.actions import Action, Page, Quarantine, action_kind
 from controller.vocab.node_state import NodeState
@@ -189,8 +190,11 @@ class Engine:
             log.info("actions_resumed", count=len(pending))
         return len(pending)
 
-    def _decide(self, state: NodeState, signal: Signal, now: float, incident_id: str) -> tuple[NodeState, Received]:
-        """Decide one signal and pass its actions through the guardrails."""
+    def _decide(
+        self, state: NodeState, signal: Signal, now: float, incident_id: str, shared: bool = True
+    ) -> tuple[NodeState, Received]:
+        """Decide one signal and pass its actions through the guardrails (``shared``: one fault on
+        many nodes may be a shared cause; not for what the controller's own checks found)."""
         job, page = self.app_faults.crash_of(signal, self.policy, now)
         if page is not None:
             self.runner.request(page, now)
@@ -200,7 +204,8 @@ class Engine:
             # Its job's other nodes may not have reported theirs yet: wait for them before deciding.
             decision = decide(state, signal, self.policy, now, incident_id, hold=True)
             self.app_faults.hold(signal, now)
-        return self._guarded(decision.state, decision.actions, Received(signal, incident_id, ()), now)
+        rule = rule_id(signal.kind.value, signal.code) if shared else ""
+        return self._guarded(decision.state, decision.actions, Received(signal, incident_id, ()), now, rule)
 
     def decide_held(self) -> int:
         """Application XIDs whose grace is over, no crash of their job having claimed them: decided
@@ -215,7 +220,8 @@ class Engine:
             if not decision.actions:
                 continue
             with self.guard.saving():
-                state, item = self._guarded(decision.state, decision.actions, Received(signal, "", (), new=False), now)
+                held, rule = Received(signal, "", (), new=False), rule_id(signal.kind.value, signal.code)
+                state, item = self._guarded(decision.state, decision.actions, held, now, rule)
                 self.applier.commit(entry.spool_id, [item], state, entry.last_seq, now)
             entry.state = state
             log.info(
@@ -224,10 +230,10 @@ class Engine:
         return len(due)
 
     def _guarded(
-        self, state: NodeState, decided: tuple[Action, ...], item: Received, now: float
+        self, state: NodeState, decided: tuple[Action, ...], item: Received, now: float, rule: str = ""
     ) -> tuple[NodeState, Received]:
         """Pass a decision's actions through the guardrails."""
-        actions, held = self.guard.apply(decided, now)
+        actions, held = self.guard.apply(decided, now, rule)
         if any(isinstance(a, Quarantine) and a.dry_run for a in actions):
             state = quarantine_not_carried_out(state)
         return state, replace(item, actions=actions, held=held)
@@ -256,7 +262,7 @@ class Engine:
         signal = Signal(fault.node, fault.kind, message=fault.reason, source=fault.source.value, observed_at=now)
         incident_id = f"{fault.node}-{fault.key}"
         with self.guard.saving():
-            state, item = self._decide(entry.state, signal, now, incident_id)
+            state, item = self._decide(entry.state, signal, now, incident_id, shared=False)
             # Filed under its key (the sweep, the job), not the agent's spool: the agent's seq stays its own.
             self.applier.commit(fault.key, [item], state, entry.last_seq, now)
         entry.state = state

@@ -83,6 +83,9 @@ class Fleet:
     def __iter__(self) -> Iterator[str]:
         return iter(self.nodes)
 
+    def names(self) -> list[str]:
+        return list(self.nodes)
+
     def entries(self) -> Iterable[tuple[str, NodeEntry]]:
         return self.nodes.items()
 

@@ -32,6 +32,9 @@ def cluster(tmp_path: Path) -> Iterator[tuple[KubeApiServer, FakeSlack]]:
 
 
 def engine(kube: KubeApiServer, slack: FakeSlack, tmp_path: Path, **guard: object) -> NodeRoute:
+    """The breaker alone: one fault on many nodes is not grouped as a shared cause here
+    (tests/unit/test_shared_cause.py holds that)."""
+    guard.setdefault("shared", {"enabled": False})
     store = Store(tmp_path / "ctl.db")
     return node_route(
         store,

@@ -63,7 +63,9 @@ def test_the_engine_holds_a_suspect_domain_until_a_person_resumes(tmp_path: Path
     async def scenario() -> None:
         store = Store(tmp_path / "ctl.db")
         labels = {n: {"vigil.dev/rack": "r1"} for n in ("n1", "n2", "n3")}
-        guardrails = GuardrailConfig(breaker_max_fraction=1.0, breaker_page_delay_s=0, domains={"max_nodes": 1})
+        guardrails = GuardrailConfig(
+            breaker_max_fraction=1.0, breaker_page_delay_s=0, domains={"max_nodes": 1}, shared={"enabled": False}
+        )
         e = node_route(store, Policy(), LocalActuator(store.db, labels), NullPager(), guardrails=guardrails)
         await e.upkeep.refresh_labels()
         for seq, node in enumerate(("n1", "n2", "n3"), start=1):

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import structlog
@@ -33,6 +33,11 @@ ACTION_THREADS = 32
 MAX_WAIT_FOR_OTHER_S = 600.0  # a thread reply waits this long for its message (Slack may rate-limit it)
 
 ActionKey = tuple[str, str]  # (incident id, action kind)
+Settle = Callable[[Quarantine | Page], Awaitable[str | None]]  # wait, then why to hold it (None: go)
+
+
+async def _go(action: Quarantine | Page) -> str | None:
+    return None
 
 
 def retry_delay(attempt: int) -> float:
@@ -65,6 +70,7 @@ class ActionRunner:
         self._unfinished: dict[str, dict[ActionKey, int]] = {}  # node -> action -> the signal's seq
         self._tasks: set[asyncio.Task[None]] = set()
         self._executor = ThreadPoolExecutor(ACTION_THREADS, thread_name_prefix="action")
+        self.settle: Settle = _go  # the guard's settling window (set by the composition root)
 
     def held_back_seq(self, node: str) -> int | None:
         """The lowest seq of the node's signals whose actions are not done yet, if any."""
@@ -95,6 +101,10 @@ class ActionRunner:
         action, kind = pending.action, key[1]
         bound = log.bind(incident=pending.incident_id, node=action.node, action=kind)
         try:
+            if isinstance(action, (Quarantine, Page)) and (why := await self.settle(action)):
+                self.actions.set_status([(pending.incident_id, kind)], "HELD", why)
+                bound.warning("action_held", why=why)
+                return
             attempt, waited_s = pending.attempts, 0.0
             while attempt < MAX_ACTION_ATTEMPTS:
                 if isinstance(action, Quarantine) and not action.dry_run:

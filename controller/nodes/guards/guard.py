@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable, Iterator, Mapping
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 
@@ -32,6 +33,15 @@ from controller.nodes.guards.rules import (
     resumed,
     with_adopted,
 )
+from controller.nodes.guards.shared import (
+    FleetIncident,
+    SharedAdmission,
+    SharedState,
+    admit_shared,
+    closed,
+    common_factors,
+    fleet_summary,
+)
 from controller.store import Records
 from controller.vocab.actions import Action, Page, Quarantine, action_kind
 from controller.vocab.policy import Severity
@@ -40,6 +50,8 @@ log = structlog.get_logger(__name__)
 
 _BREAKER_KEY = "circuit_breaker"
 _DOMAINS_KEY = "domain_guard"
+_SHARED_KEY = "shared_cause"
+_SETTLED_AFTER_S = 60.0  # a settling entry this old is forgotten (its actions have long run)
 DRY_RUN_DID = "DRY RUN: would quarantine the node (taint, cordon, condition); nothing was changed"
 
 
@@ -53,6 +65,7 @@ class Guard:
         fleet_size: Callable[[], int],
         clock: Callable[[], float],
         labels: Callable[[str], Mapping[str, str]] = lambda node: {},
+        fleet_nodes: Callable[[], Sequence[str]] = lambda: (),
     ) -> None:
         self.config = config
         self._records = records
@@ -62,7 +75,11 @@ class Guard:
         self._clock = clock
         self.breaker = _load(records.get_meta(_BREAKER_KEY))
         self.domains = _load_domains(records.get_meta(_DOMAINS_KEY))
+        self.shared = _load_shared(records.get_meta(_SHARED_KEY))
         self._labels = labels  # a node's labels: its failure domains
+        self._fleet_nodes = fleet_nodes
+        self._settling: dict[str, tuple[str, str, float]] = {}  # incident -> (rule, node, monotonic when decided)
+        self._went: dict[str, set[str]] = {}  # rule -> nodes whose actions were carried out after settling
         self._page_task: asyncio.Task[None] | None = None
         self._page_tasks: set[asyncio.Task[None]] = set()
 
@@ -71,27 +88,35 @@ class Guard:
         if self.breaker.tripped:
             return f"paused: circuit breaker tripped, {len(self.breaker.held)} quarantine(s) held"
         mode = "dry-run" if self.config.dry_run else "active"
+        for incident in self.shared.open:
+            mode += f"; holding {incident.rule} on {len(incident.nodes)} node(s) as one fleet incident ({incident.id})"
         if self.domains.suspect:
             mode += f"; holding quarantines in suspect domains: {', '.join(self.domains.suspect)}"
         return mode
 
     @property
     def holding(self) -> bool:
-        """Quarantines are held for a person: the breaker tripped, or a domain is suspect."""
-        return self.breaker.tripped or bool(self.domains.suspect)
+        """Quarantines are held for a person: the breaker tripped, a domain is suspect, a fleet incident is open."""
+        return self.breaker.tripped or bool(self.domains.suspect) or bool(self.shared.open)
 
     @property
-    def state(self) -> tuple[BreakerState, DomainState]:
-        return self.breaker, self.domains
+    def state(self) -> tuple[BreakerState, DomainState, SharedState]:
+        return self.breaker, self.domains, self.shared
 
-    def apply(self, actions: tuple[Action, ...], now: float) -> tuple[tuple[Action, ...], frozenset[str]]:
-        """One decision's actions, and the kinds among them that are held back (not carried out)."""
+    def apply(
+        self, actions: tuple[Action, ...], now: float, rule: str = ""
+    ) -> tuple[tuple[Action, ...], frozenset[str]]:
+        """One decision's actions, and the kinds among them that are held back (not carried out).
+        ``rule``: the fault's rule (``xid-79``) where one fault on many nodes may be a shared cause."""
+        acting = [a for a in actions if isinstance(a, (Quarantine, Page))]
+        held_kinds = frozenset(action_kind(a) for a in acting)
+        if rule and acting and self._shared(acting, rule, now):
+            return actions, held_kinds
         quarantine = next((a for a in actions if isinstance(a, Quarantine)), None)
         if quarantine is None:
             return actions, frozenset()
         if self.config.dry_run:
             return tuple(_dry(a) for a in actions), frozenset()
-        held_kinds = frozenset(action_kind(a) for a in actions if isinstance(a, (Quarantine, Page)))
         cfg = self.config.domains
         named = node_domains(self._labels(quarantine.node), cfg)
         domains = list(dict.fromkeys([*named, *held_domains(self.domains, quarantine.node)]))
@@ -112,6 +137,41 @@ class Guard:
         log.warning("quarantine_held", node=quarantine.node, incident=quarantine.incident_id)
         # Its page is held too: one page for the breaker, not one per node of a mass failure.
         return actions, held_kinds
+
+    def _shared(self, acting: list[Quarantine | Page], rule: str, now: float) -> bool:
+        """Whether this fault belongs to a fleet incident (held); if not, its actions settle first."""
+        node, incident_id = acting[0].node, acting[0].incident_id
+        self.shared, admission = admit_shared(self.shared, rule, node, self._fleet_size(), self.config.shared, now)
+        if admission is SharedAdmission.GO:
+            tick = time.monotonic()
+            if len(self._settling) > 1000:
+                self._settling = {i: e for i, e in self._settling.items() if e[2] > tick - _SETTLED_AFTER_S}
+            self._settling[incident_id] = (rule, node, tick)
+            return False
+        if admission is SharedAdmission.OPEN:
+            opened = self.shared.incident(rule)
+            assert opened is not None
+            log.error("fleet_incident_opened", rule=rule, incident=opened.id, nodes=len(opened.nodes))
+            self._metrics.fleet_incidents.inc()
+            severity = Severity.QUARANTINE if any(isinstance(a, Quarantine) for a in acting) else acting[0].severity  # type: ignore[union-attr]
+            self._page_tasks.add(asyncio.get_running_loop().create_task(self._page_fleet(opened, severity)))
+        log.warning("quarantine_held", node=node, incident=incident_id, fleet_incident=rule)
+        return True
+
+    async def settle(self, action: Quarantine | Page) -> str | None:
+        """Called by the runner before it carries out a quarantine or page: wait out the settling
+        window, then say why to hold it ('' or None: carry it out). A fleet incident that opened
+        meanwhile holds the faults of its burst that were still settling."""
+        settling = self._settling.get(action.incident_id)
+        if settling is None:
+            return None
+        rule, node, at = settling
+        await asyncio.sleep(max(0.0, at + self.config.shared.settle_s - time.monotonic()))
+        incident = self.shared.holds(rule, node)
+        if incident is None:
+            self._went.setdefault(rule, set()).add(node)
+            return None
+        return f"held: one of {len(incident.nodes)} nodes with {rule} at once, a fleet incident ({incident.id})"
 
     def hold_component(self, component: str, domain: str, nodes: list[str], evidence: str, now: float) -> bool:
         """A fabric component found at fault: its domain turns suspect, the quarantines of the nodes
@@ -141,12 +201,13 @@ class Guard:
         try:
             yield
         except BaseException:
-            self.breaker, self.domains = before  # the batch comes again: count it then, not twice
+            self.breaker, self.domains, self.shared = before  # the batch comes again: count it then, not twice
             raise
         if self.state != before:
             self.save()
 
     def save(self) -> None:
+        self._records.set_meta(_SHARED_KEY, _dump_shared(self.shared))
         self._records.set_meta(_BREAKER_KEY, _dump(self.breaker))
         self._records.set_meta(_DOMAINS_KEY, json.dumps({"recent": self.domains.recent, "held": self.domains.held}))
 
@@ -157,6 +218,8 @@ class Guard:
     def resume(self) -> None:
         self.breaker = resumed(self.breaker)
         self.domains = replace(self.domains, held=())
+        self.shared = closed(self.shared)
+        self._went.clear()
         self.save()
 
     def cancel(self) -> None:
@@ -175,6 +238,24 @@ class Guard:
             remedy=f"check what the nodes of {domain} share (switch, PDU, cooling); then `vigil resume` "
             "(add --apply-held to quarantine the held nodes after all)",
             did=f"held the quarantines past {self.config.domains.max_nodes} in {domain}",
+        )
+        self._runner.request(page)
+
+    async def _page_fleet(self, opened: FleetIncident, severity: Severity) -> None:
+        await asyncio.sleep(self.config.breaker_page_delay_s)  # gather the rest of the burst
+        incident = self.shared.incident(opened.rule) or opened
+        labels = {n: self._labels(n) for n in (*incident.nodes, *self._fleet_nodes())}
+        factors = common_factors(incident.nodes, labels, list(self._fleet_nodes()))
+        went = self._went.get(incident.rule, set())
+        acted = [n for n in incident.nodes if n in went]
+        page = Page(
+            incident_id=incident.id,
+            node="",
+            severity=severity,
+            summary=fleet_summary(incident, self._fleet_size(), factors, acted),
+            remedy="find what changed on these nodes at once (a driver or firmware roll-out, power, cooling, "
+            "a replayed log); then `vigil resume` (add --apply-held to act on each node after all)",
+            did=f"held the actions on {len(incident.nodes) - len(acted)} node(s); one fleet incident, not a page each",
         )
         self._runner.request(page)
 
@@ -203,6 +284,19 @@ def _dry(action: Action) -> Action:
 
 def _dump(state: BreakerState) -> str:
     return json.dumps({"tripped_at": state.tripped_at, "recent": state.recent, "held": state.held})
+
+
+def _dump_shared(state: SharedState) -> str:
+    incidents = [[i.rule, i.opened_at, i.first_at, list(i.nodes)] for i in state.open]
+    return json.dumps({"recent": state.recent, "open": incidents})
+
+
+def _load_shared(text: str | None) -> SharedState:
+    if not text:
+        return SharedState()
+    d = json.loads(text)
+    recent = tuple((r, n, t) for r, n, t in d["recent"])
+    return SharedState(recent, tuple(FleetIncident(r, o, f, tuple(ns)) for r, o, f, ns in d["open"]))
 
 
 def _load_domains(text: str | None) -> DomainState:

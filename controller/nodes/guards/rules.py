@@ -20,6 +20,7 @@ from enum import StrEnum
 from pydantic import Field
 
 from controller.nodes.guards.domains import DomainGuardConfig
+from controller.nodes.guards.shared import SharedCauseConfig
 from vigil_core.config_file import ConfigModel
 
 
@@ -34,6 +35,7 @@ class GuardrailConfig(ConfigModel):
     quarantines_per_s: float = Field(default=100.0, gt=0, description="rate limit on quarantines (token bucket)")
     quarantine_burst: int = Field(default=200, ge=1)
     domains: DomainGuardConfig = Field(default_factory=DomainGuardConfig)
+    shared: SharedCauseConfig = Field(default_factory=SharedCauseConfig)
 
 
 class Admission(StrEnum):
