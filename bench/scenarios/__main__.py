@@ -29,7 +29,7 @@ def main() -> int:
     parser.add_argument("--json", action="store_true", help="print the outcomes and the scorecard as JSON")
     parser.add_argument("--keep", action="store_true", help="keep each run's working directory (logs)")
     parser.add_argument("--no-record", action="store_true", help="do not append to bench/results/scenarios.jsonl")
-    parser.add_argument("--jobs", type=_jobs, default=2, help="scenarios run at once (default 2)")
+    parser.add_argument("--jobs", type=_jobs, default=4, help="scenarios run at once (default 4)")
     args = parser.parse_args()
     try:
         paths = scenario_paths(args.names)
@@ -102,6 +102,12 @@ def _print_card(card: dict[str, object]) -> None:
     print(f"false quarantines {card['false_quarantines']}, false pages {card['false_pages']}, "
           f"missed faults {card['missed_faults']}")  # fmt: skip
     print(f"fault -> first action (s): {card['fault_to_action_s']}")
+    print()
+    print(f"{'family':24} {'passed':>8} {'precision':>9} {'recall':>7} {'false q':>7} {'false p':>7} {'missed':>6}")
+    for family, f in card["families"].items():  # type: ignore[attr-defined]
+        passed = f"{f['passed']}/{f['scenarios']}"
+        print(f"{family:24} {passed:>8} {f['quarantine_precision']:>9} {f['quarantine_recall']:>7} "
+              f"{f['false_quarantines']:>7} {f['false_pages']:>7} {f['missed_faults']:>6}")  # fmt: skip
     if card["known_defects_failing"]:
         print(f"known defects still failing: {', '.join(card['known_defects_failing'])}")  # type: ignore[arg-type]
 

@@ -23,7 +23,7 @@ import grpc
 import yaml
 
 from bench.scenarios.score import Observed, SweepSeen
-from bench.scenarios.spec import Event, Job, JobWindows, Person, Scenario, Sweep, Throttle
+from bench.scenarios.spec import FLEET, Event, Job, JobWindows, Person, Scenario, Sweep, Throttle
 from gpus.simulated import simulated_gpus
 from protos.vigil.v1 import trainer_pb2, trainer_pb2_grpc
 from tests.fakes.ib_sysfs import IbSysfs
@@ -128,12 +128,16 @@ def _run(
             cordoned = frozenset(n for n in cluster.nodes if kube and kube.node(n)["spec"].get("unschedulable"))
             undone = {r.rule: r.undone for r in admin.rules().rules}
             recorded = _recorded_pages(workdir / "controller.db")
+            texts: dict[str, list[str]] = {}
+            for _, node, text in [*recorded, *_recorded_notes(workdir / "controller.db")]:
+                texts.setdefault(node or FLEET, []).append(text)
             return replace(
                 seen,
-                fleet_pages=sum(1 for _, node in recorded if not node),
+                fleet_pages=sum(1 for _, node, _ in recorded if not node),
+                page_texts={n: tuple(t) for n, t in texts.items()},
                 cordoned=cordoned,
                 undone=undone,
-                paged_incidents=frozenset(incident for incident, _ in recorded),
+                paged_incidents=frozenset(incident for incident, _, _ in recorded),
                 slack_posts=_slack_posts(slack),
                 sweeps=tuple(sweeps),
             )
@@ -240,10 +244,11 @@ def _inject(cluster: Cluster, admin: AdminClient, event: Event, seq: int) -> int
     if event.kernel_log is not None:
         k = event.kernel_log
         bus = simulated_gpus(node, cluster.gpus)[k.gpu].pci_bus_id
-        lines = [xid_line(bus, k.xid, k.message, seq + i) for i in range(k.repeat)]
+        first = seq if k.seq is None else k.seq  # a replay repeats an earlier line's number
+        lines = [xid_line(bus, k.xid, k.message, first + i) for i in range(k.repeat)]
         with open(cluster.kernel_log(node), "a") as f:
             f.write("".join(lines))
-        return seq + k.repeat
+        return seq + k.repeat if k.seq is None else seq
     if event.ib_port is not None:
         ib, e = IbSysfs(cluster.workdir / "ib" / node), event.ib_port
         if e.up is not None:
@@ -254,15 +259,19 @@ def _inject(cluster: Cluster, admin: AdminClient, event: Event, seq: int) -> int
             ib.bump(e.hca, e.port, counter, by)
         return seq
     if event.kernel_line is not None:
-        uptime_us, text = int(time.monotonic() * 1e6), event.kernel_line.text.replace("\n", " ")
-        lines = [f"3,{seq + i},{uptime_us},-;{text}\n" for i in range(event.kernel_line.repeat)]
+        line = event.kernel_line
+        uptime_us, text = int(time.monotonic() * 1e6), line.text.replace("\n", " ")
+        first = seq if line.seq is None else line.seq
+        lines = [f"3,{first + i},{uptime_us},-;{text}\n" for i in range(line.repeat)]
         with open(cluster.kernel_log(node), "a") as f:
             f.write("".join(lines))
-        return seq + event.kernel_line.repeat
+        return seq + line.repeat if line.seq is None else seq
     if event.nvml_xid is not None:
         _fault_line(cluster, node, {"gpu": event.nvml_xid.gpu, "xid": event.nvml_xid.xid})
     elif event.gpu is not None:
         _fault_line(cluster, node, {"gpu": event.gpu.gpu, "set": event.gpu.set})
+    elif event.stop_agent is not None:
+        cluster.stop_agent(node, kill=event.stop_agent.kill)
     elif event.restart_agent is not None:
         cluster.stop_agent(node)
         cluster.start_agent(node, event.restart_agent.gpus, restart=True)
@@ -329,13 +338,25 @@ def _fault_line(cluster: Cluster, node: str, line: dict[str, Any]) -> None:
         f.write(json.dumps(line) + "\n")
 
 
-def _recorded_pages(database: Path) -> list[tuple[str, str]]:
-    """(incident, node) of every page the controller recorded as sent, from its own record of its
-    actions: pages about a job or a domain are in no node's incidents ('' for the node)."""
+def _recorded_pages(database: Path) -> list[tuple[str, str, str]]:
+    """(incident, node, what it said) of every page the controller recorded as sent, from its own
+    record of its actions: pages about a job or a domain are in no node's incidents ('' for the node)."""
     with contextlib.closing(sqlite3.connect(f"file:{database}?mode=ro", uri=True)) as db:
         rows = db.execute("SELECT payload FROM actions WHERE kind LIKE 'PAGE%' AND status = 'DONE'").fetchall()
     pages = [json.loads(payload) for (payload,) in rows]
-    return [(str(p.get("incident_id", "")), str(p.get("node") or "")) for p in pages]
+    said = ("summary", "remedy", "did", "gpu")
+    return [
+        (str(p.get("incident_id", "")), str(p.get("node") or ""), " | ".join(str(p.get(k) or "") for k in said))
+        for p in pages
+    ]
+
+
+def _recorded_notes(database: Path) -> list[tuple[str, str, str]]:
+    """(incident, node, what it said) of every later word on a page (a reply in its thread) sent."""
+    with contextlib.closing(sqlite3.connect(f"file:{database}?mode=ro", uri=True)) as db:
+        rows = db.execute("SELECT payload FROM actions WHERE kind LIKE 'NOTE%' AND status = 'DONE'").fetchall()
+    notes = [json.loads(payload) for (payload,) in rows]
+    return [(str(n.get("incident_id", "")), str(n.get("node") or ""), str(n.get("text") or "")) for n in notes]
 
 
 def _slack_posts(slack: FakeSlack) -> tuple[str, ...]:

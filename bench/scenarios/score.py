@@ -32,6 +32,7 @@ class Observed:
     fault_to_action_s: tuple[float, ...] = ()  # first injected fault on a node -> its first quarantine or page
     pages: dict[str, int] = field(default_factory=dict)  # node -> pages sent for it
     fleet_pages: int = 0  # pages about a job or a domain, not one node (an MFU drop, a job's crash, a rack)
+    page_texts: dict[str, tuple[str, ...]] = field(default_factory=dict)  # node (or "fleet") -> what its pages said
     cordoned: frozenset[str] = frozenset()  # Nodes cordoned at the end (a Kubernetes fleet)
     undone: dict[str, int] = field(default_factory=dict)  # rule -> quarantines a person undid (vigil rules)
     paged_incidents: frozenset[str] = frozenset()  # incidents the controller recorded a sent page for
@@ -43,6 +44,7 @@ class Observed:
 @dataclass(frozen=True)
 class Outcome:
     name: str
+    family: str
     passed: bool
     problems: tuple[str, ...]
     known_defect: str
@@ -57,8 +59,28 @@ class Outcome:
 def judge(name: str, scenario: Scenario, seen: Observed) -> Outcome:
     want = scenario.expect
     problems = [f"the run broke: {seen.error}"] if seen.error else []
-    false_q, missed_q = seen.quarantined - want.quarantined, want.quarantined - seen.quarantined
-    false_p, missed_p = seen.paged - want.paged, want.paged - seen.paged
+    loose = frozenset(n for a in want.among for n in a.of)  # judged by their bounds, not one by one
+    false_q, missed_q = seen.quarantined - want.quarantined - loose, want.quarantined - seen.quarantined
+    false_p, missed_p = seen.paged - want.paged - loose, want.paged - seen.paged
+    true_q, extra_q, short_q = len(seen.quarantined & want.quarantined), 0, 0
+    for among in want.among:
+        taken = sorted(seen.quarantined & among.of)
+        true_q += min(len(taken), among.most)
+        if len(taken) > among.most:
+            extra_q += len(taken) - among.most
+            problems.append(
+                f"{len(taken)} of {sorted(among.of)} quarantined ({', '.join(taken)}), at most {among.most}"
+            )
+        if len(taken) < among.at_least:
+            short_q += among.at_least - len(taken)
+            problems.append(f"{len(taken)} of {sorted(among.of)} quarantined, at least {among.at_least}")
+    for node, words in sorted(want.page_says.items()):
+        texts = [t.lower() for t in seen.page_texts.get(node, ())]
+        for word in words:
+            if not any(word.lower() in t for t in texts):
+                problems.append(
+                    f"no page for {node} says {word!r}" + (f" (it said: {texts[0][:300]})" if texts else "")
+                )
     for what, nodes in (
         ("quarantined, not expected", false_q),
         ("not quarantined, expected", missed_q),
@@ -89,12 +111,13 @@ def judge(name: str, scenario: Scenario, seen: Observed) -> Outcome:
             problems.append(f"{len(seen.sweeps)} sweep(s) ran, expected {len(wanted)}")
     return Outcome(
         name=name,
+        family=scenario.family,
         passed=not problems,
         problems=tuple(problems),
         known_defect=scenario.known_defect,
-        true_quarantines=len(seen.quarantined & want.quarantined),
-        false_quarantines=len(false_q),
-        missed_quarantines=len(missed_q),
+        true_quarantines=true_q,
+        false_quarantines=len(false_q) + extra_q,
+        missed_quarantines=len(missed_q) + short_q,
         false_pages=len(false_p),
         missed_pages=len(missed_p),
         fault_to_action_s=seen.fault_to_action_s,
@@ -130,11 +153,18 @@ def _sweep_problems(want: Sweep, got: SweepSeen) -> list[str]:
 
 def scorecard(outcomes: Sequence[Outcome]) -> dict[str, Any]:
     """Over every scenario: how many passed, quarantine precision and recall, false pages, missed
-    faults, and fault -> action times."""
+    faults, and fault -> action times; and the same per family of mistakes."""
+    families = sorted({o.family for o in outcomes})
+    return {
+        **_card(outcomes),
+        "families": {f: _card([o for o in outcomes if o.family == f], timed=False) for f in families},
+    }
+
+
+def _card(outcomes: Sequence[Outcome], timed: bool = True) -> dict[str, Any]:
     tp = sum(o.true_quarantines for o in outcomes)
     fp = sum(o.false_quarantines for o in outcomes)
     fn = sum(o.missed_quarantines for o in outcomes)
-    times = [t for o in outcomes for t in o.fault_to_action_s]
     return {
         "scenarios": len(outcomes),
         "passed": sum(o.passed for o in outcomes),
@@ -145,14 +175,17 @@ def scorecard(outcomes: Sequence[Outcome]) -> dict[str, Any]:
         "false_quarantines": fp,
         "false_pages": sum(o.false_pages for o in outcomes),
         "missed_faults": fn + sum(o.missed_pages for o in outcomes),
-        "fault_to_action_s": (
-            {
-                "n": len(times),
-                "p50": round(percentile(times, 0.5), 4),
-                "p99": round(percentile(times, 0.99), 4),
-                "max": round(max(times), 4),
-            }
-            if times
-            else None
-        ),
+        **({} if not timed else {"fault_to_action_s": _times(outcomes)}),
+    }
+
+
+def _times(outcomes: Sequence[Outcome]) -> dict[str, Any] | None:
+    times = [t for o in outcomes for t in o.fault_to_action_s]
+    if not times:
+        return None
+    return {
+        "n": len(times),
+        "p50": round(percentile(times, 0.5), 4),
+        "p99": round(percentile(times, 0.99), 4),
+        "max": round(max(times), 4),
     }

@@ -2,6 +2,7 @@
 
 ```yaml
 description: one XID 79 quarantines its node and pages; the rest are left alone
+family: catalog-reset            # the scorecard's row: the family of mistakes it guards against
 covers: [xid-79]                 # the policy rules or known defects it exercises
 fleet: {nodes: 4, gpus: 8}       # node-1 .. node-4
 controller: {}                   # ControllerConfig fields (policy: inline, as a policy file's content)
@@ -11,12 +12,15 @@ expect:
   quarantined: [node-2]          # every other node: not quarantined
   paged: [node-2]                # every other node: not paged
   health: {node-2: QUARANTINED}  # final health, where it matters
+  among: [{of: [node-3, node-4], at_most: 1}]   # some of them, whichever
+  page_says: {node-2: [reset the GPU]}          # words its page must say; `fleet`: a fleet page
 ```
 
 Event kinds (one per event): ``kernel_log`` (an XID line in the node's kernel log), ``kernel_line``
 (any line there, as the driver writes it: an NVSwitch SXid), ``nvml_xid``
 (an XID event from NVML), ``gpu`` (what a GPU reports from now on: ``GpuFaults`` fields),
-``restart_agent`` (the agent restarts, optionally with fewer GPUs), ``uncordon`` (a person returns
+``restart_agent`` (the agent restarts, optionally with fewer GPUs), ``stop_agent`` (it goes
+silent and stays silent), ``uncordon`` (a person returns
 the node to service), ``resolve`` (a person resolves the node's open incidents), ``person`` (a
 person cordons or taints the Node), ``job_windows`` (the training job's rank 0 reports windows;
 needs ``job:``), ``sweep`` (a person runs ``vigil sweep``; what it must find is part of the event),
@@ -78,6 +82,9 @@ class KernelXid(_Strict):
     gpu: int = Field(0, ge=0)
     message: str = "injected by the scenario"
     repeat: int = Field(1, ge=1, le=100_000, description="this many lines at once")
+    seq: int | None = Field(
+        None, ge=1, description="the first line's kmsg sequence number (a replay repeats an earlier one's)"
+    )
 
 
 class KernelLine(_Strict):
@@ -85,6 +92,7 @@ class KernelLine(_Strict):
 
     text: str = Field(min_length=1, max_length=4000)
     repeat: int = Field(1, ge=1, le=100_000)
+    seq: int | None = Field(None, ge=1, description="the first line's kmsg sequence number")
 
 
 class NvmlXid(_Strict):
@@ -101,6 +109,12 @@ class RestartAgent(_Strict):
     gpus: int | None = Field(None, ge=1, le=64, description="the node comes back with this many GPUs")
 
 
+class StopAgent(_Strict):
+    """The node's agent goes away and stays away (the node froze, the pod was evicted)."""
+
+    kill: bool = Field(default=True, description="SIGKILL, not SIGTERM")
+
+
 class Uncordon(_Strict):
     by: str = "sre@example.com"
     reason: str = "scenario: a person returns the node"
@@ -112,6 +126,7 @@ EVENT_KINDS = (
     "nvml_xid",
     "gpu",
     "restart_agent",
+    "stop_agent",
     "uncordon",
     "resolve",
     "person",
@@ -225,6 +240,7 @@ class Event(_Strict):
     nvml_xid: NvmlXid | None = None
     gpu: GpuState | None = None
     restart_agent: RestartAgent | None = None
+    stop_agent: StopAgent | None = None
     uncordon: Uncordon | None = None
     resolve: Resolve | None = None  # a person resolves the node's open incidents (vigil resolve)
     person: Person | None = None  # a person changes the Node through the Kubernetes API
@@ -256,8 +272,36 @@ class Event(_Strict):
         return self.kind in ("job_windows", "sweep", "stop_controller", "start_controller", "throttle")
 
 
+class Among(_Strict):
+    """Some of these nodes, it does not matter which: "at most N of these quarantined" (a burst
+    whose first node may be taken before the rest is seen), "any N of these". Their pages are not
+    judged one by one (``pages`` and ``fleet_pages`` can)."""
+
+    of: frozenset[str] = Field(min_length=1)
+    at_least: int = Field(0, ge=0)
+    at_most: int | None = Field(None, ge=0)
+
+    @model_validator(mode="after")
+    def _bounds(self) -> Among:
+        if self.at_most is not None and not self.at_least <= self.at_most <= len(self.of):
+            raise ValueError(f"among: at_least {self.at_least} <= at_most {self.at_most} <= {len(self.of)} nodes")
+        return self
+
+    @property
+    def most(self) -> int:
+        return len(self.of) if self.at_most is None else self.at_most
+
+
+FLEET = "fleet"  # page_says: the pages about the fleet, a job or a domain (no one node)
+
+
 class Expect(_Strict):
     quarantined: frozenset[str] = frozenset()
+    among: tuple[Among, ...] = Field(default=(), description="bounds on how many of some nodes are quarantined")
+    page_says: dict[str, tuple[str, ...]] = Field(
+        default_factory=dict,
+        description=f"node (or {FLEET!r}) -> words one of its pages or their replies must say, any case",
+    )
     paged: frozenset[str] = frozenset()
     health: dict[str, Health] = Field(default_factory=dict)
     pages: dict[str, int] = Field(default_factory=dict, description="exactly this many pages for the node")
@@ -270,6 +314,9 @@ class Expect(_Strict):
 
 class Scenario(_Strict):
     description: str
+    family: str = Field(
+        pattern=r"^[a-z0-9][a-z0-9-]*$", description="the family of mistakes it guards against (the scorecard's rows)"
+    )
     covers: tuple[str, ...] = ()
     fleet: Fleet = Fleet()
     job: Job | None = None
@@ -315,6 +362,9 @@ class Scenario(_Strict):
         named |= self.expect.quarantined | self.expect.paged | (self.expect.cordoned or frozenset())
         named |= set(self.fleet.labels)
         named |= set(self.expect.health) | set(self.expect.pages)
+        named |= {n for a in self.expect.among for n in a.of} | (set(self.expect.page_says) - {FLEET})
+        if overlap := sorted({n for a in self.expect.among for n in a.of} & self.expect.quarantined):
+            raise ValueError(f"{overlap} both in expect.quarantined and in an among: name each node once")
         unknown = sorted(named - names)
         if unknown:
             raise ValueError(

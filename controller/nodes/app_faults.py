@@ -27,7 +27,7 @@ from collections.abc import Mapping, Sequence
 import structlog
 from pydantic import Field
 
-from controller.vocab.actions import Page
+from controller.vocab.actions import Page, PageUpdate
 from controller.vocab.policy import Policy, Severity
 from vigil_core.config_file import ConfigModel
 from vigil_core.signals import Signal, SignalKind
@@ -79,6 +79,7 @@ class AppFaults:
         self._paged_at: dict[str, float] = {}  # job -> when its crash was last paged
         self._held: list[tuple[float, Signal]] = []  # (decide at, signal): waiting for the job's other nodes
         self._hardware: dict[str, float] = {}  # node -> its latest hardware XID (one whose rule quarantines)
+        self._crash_pages: dict[str, tuple[str, tuple[str, ...], float]] = {}  # job -> (incident, nodes, when)
 
     def observe(self, node: str, at: float) -> tuple[str, tuple[str, ...]] | None:
         """An application XID on ``node``: the job (and its nodes) whose crash it is part of, if any."""
@@ -92,14 +93,16 @@ class AppFaults:
                 return job, nodes
         return None
 
-    def crash_of(self, signal: Signal, policy: Policy, now: float) -> tuple[str, Page | None]:
-        """The job whose own crash this signal is part of ('' when none), and its page the first time."""
+    def crash_of(self, signal: Signal, policy: Policy, now: float) -> tuple[str, Page | PageUpdate | None]:
+        """The job whose own crash this signal is part of ('' when none), and its page the first time;
+        or, for a hardware XID just after a crash was paged as the job's own, the word on that page
+        that the hardware likely caused it."""
         if signal.kind is not SignalKind.XID:
             return "", None
         rule, at = policy.rule_for(signal), signal.observed_at or now
         if rule.action is Severity.QUARANTINE:
             self._hardware[signal.node] = at  # it, not the job, caused whatever crash comes with it
-            return "", None
+            return "", self._correction(signal, rule.meaning or "hardware", now)
         if not rule.application:
             return "", None
         if rule.action is Severity.RECORD:  # a teardown's (43, 45): claimed by a crash, never one itself
@@ -117,7 +120,25 @@ class AppFaults:
         if not self.page_due(job, now):
             return job, None
         log.warning("job_crash_recognised", job=job, nodes=list(nodes))
-        return job, job_crash_page(job, nodes, self.hit_nodes(nodes, now), now)
+        page = job_crash_page(job, nodes, self.hit_nodes(nodes, now), now)
+        self._crash_pages[job] = (page.incident_id, tuple(nodes), now)
+        return job, page
+
+    def _correction(self, signal: Signal, reason: str, now: float) -> PageUpdate | None:
+        """A hardware XID on a node of a job whose crash was paged as its own within the window: the
+        crash was likely the hardware's; said once on the job's page (the node pages as its own)."""
+        for job, (incident, nodes, paged_at) in list(self._crash_pages.items()):
+            if now - paged_at > self.config.window_s:
+                del self._crash_pages[job]
+            elif signal.node in nodes:
+                del self._crash_pages[job]
+                log.warning("job_crash_was_hardware", job=job, node=signal.node, code=signal.code)
+                text = (
+                    f"{signal.node} then wrote XID {signal.code} ({reason}): the hardware likely caused this "
+                    f"crash, not the job's code; {signal.node} is taken out as its own incident"
+                )
+                return PageUpdate(incident, "", "HARDWARE", text, observed_at=now)
+        return None
 
     def hardware_on(self, nodes: Sequence[str], now: float) -> list[str]:
         """The job's nodes with a hardware XID within the window: what caused its crash, if any."""

@@ -13,7 +13,7 @@ from controller.nodes.app_faults import AppFaultConfig, AppFaults, JobMembership
 from controller.nodes.decide import decide
 from controller.nodes.engine import Engine
 from controller.store import Store
-from controller.vocab.actions import Page
+from controller.vocab.actions import Page, PageUpdate
 from controller.vocab.node_state import Health, NodeState
 from controller.vocab.policy import Policy, Severity
 from vigil_core.signals import GpuRef, Signal, SignalKind
@@ -67,6 +67,31 @@ def test_a_hardware_xid_among_a_jobs_crash_caused_it_the_job_is_not_paged_as_its
     assert [job for job, _ in results] == ["", "", "train", "train"] and all(p is None for _, p in results)
     assert faults.hardware_on(NODES, 100.5) == ["n2"]
     assert faults.hardware_on(NODES, 100.0 + CFG.window_s + 1) == []  # an old one caused nothing
+
+
+def test_a_hardware_xid_after_the_jobs_crash_was_paged_corrects_that_page_once() -> None:
+    membership = JobMembership()
+    membership.set("train", NODES)
+    faults, policy = AppFaults(membership, CFG), Policy()
+    pages = [p for n in NODES if (p := faults.crash_of(xid(n, 13, 100.0), policy, 100.0)[1]) is not None]
+    (crash,) = pages
+    assert isinstance(crash, Page)
+    job, word = faults.crash_of(xid("n3", 79, 103.0), policy, 103.0)
+    assert job == "" and isinstance(word, PageUpdate) and word.incident_id == crash.incident_id
+    assert "n3 then wrote XID 79" in word.text and "hardware likely caused this crash" in word.text
+    assert faults.crash_of(xid("n4", 79, 104.0), policy, 104.0) == ("", None)  # said once
+    membership.set("other", ("n9",))
+    assert faults.crash_of(xid("n9", 79, 104.0), policy, 104.0) == ("", None)  # not that job's node
+
+
+def test_a_hardware_xid_long_after_the_crash_page_leaves_it_alone() -> None:
+    membership = JobMembership()
+    membership.set("train", NODES)
+    faults, policy = AppFaults(membership, CFG), Policy()
+    for n in NODES:
+        faults.crash_of(xid(n, 13, 100.0), policy, 100.0)
+    later = 100.0 + CFG.window_s + 1
+    assert faults.crash_of(xid("n2", 79, later), policy, later) == ("", None)
 
 
 def test_an_application_xid_of_a_crashed_job_is_recorded_without_action() -> None:

@@ -12,23 +12,23 @@ from bench.scenarios.spec import Scenario, load_scenario, scenario_paths
 from vigil_core.config_file import ConfigError
 
 
-def scenario(**expect: object) -> Scenario:
-    return Scenario.model_validate({"description": "t", "fleet": {"nodes": 3}, "expect": expect})
+def scenario(family: str = "f", **expect: object) -> Scenario:
+    return Scenario.model_validate({"description": "t", "family": family, "fleet": {"nodes": 3}, "expect": expect})
 
 
 def test_every_case_file_loads_and_the_benchmark_has_enough_of_them() -> None:
     paths = scenario_paths()
-    assert len(paths) >= 30
+    assert len(paths) >= 120
     for path in paths:
         load_scenario(path)
 
 
 def test_a_bad_scenario_is_refused_with_what_is_wrong(tmp_path: Path) -> None:
     bad = tmp_path / "bad.yaml"
-    bad.write_text("description: x\nevents: [{node: node-9, kernel_log: {xid: 79}}]\n")
+    bad.write_text("description: x\nfamily: f\nevents: [{node: node-9, kernel_log: {xid: 79}}]\n")
     with pytest.raises(ConfigError, match="node-9"):
         load_scenario(bad)
-    bad.write_text("description: x\nevents: [{node: node-1, kernel_log: {xid: 79}, nvml_xid: {xid: 79}}]\n")
+    bad.write_text("description: x\nfamily: f\nevents: [{node: node-1, kernel_log: {xid: 79}, nvml_xid: {xid: 79}}]\n")
     with pytest.raises(ConfigError, match="exactly one"):
         load_scenario(bad)
     with pytest.raises(ValueError, match="no scenario named"):
@@ -47,6 +47,39 @@ def test_judging_names_every_wrong_decision() -> None:
     assert any("node-3 is SUSPECT, expected HEALTHY" in p for p in outcome.problems)
     broken = judge("s", scenario(), Observed(frozenset(), frozenset(), {}, error="controller exited"))
     assert not broken.passed and "controller exited" in broken.problems[0]
+
+
+def test_some_of_these_nodes_is_judged_by_its_bounds_not_one_by_one() -> None:
+    want = scenario(among=[{"of": ["node-1", "node-2", "node-3"], "at_least": 1, "at_most": 1}])
+    one = judge("s", want, Observed(frozenset({"node-2"}), frozenset({"node-2"}), {}))
+    assert one.passed and (one.true_quarantines, one.false_quarantines) == (1, 0)
+    two = judge("s", want, Observed(frozenset({"node-1", "node-3"}), frozenset(), {}))
+    assert not two.passed and two.false_quarantines == 1 and "at most 1" in two.problems[0]
+    none = judge("s", want, Observed(frozenset(), frozenset(), {}))
+    assert not none.passed and none.missed_quarantines == 1 and "at least 1" in none.problems[0]
+    with pytest.raises(ValueError, match="at_most"):
+        scenario(among=[{"of": ["node-1"], "at_most": 2}])
+    with pytest.raises(ValueError, match="name each node once"):
+        scenario(quarantined=["node-1"], among=[{"of": ["node-1", "node-2"], "at_most": 1}])
+
+
+def test_what_a_page_must_say_is_judged_in_any_case() -> None:
+    want = scenario(paged=["node-1"], page_says={"node-1": ["Reset the GPU"], "fleet": ["xid-79 on 3"]})
+    said = {"node-1": ("XID 79 | reset the gpu (nvidia-smi -r)",), "fleet": ("shared cause: xid-79 on 3 of 3",)}
+    assert judge("s", want, Observed(frozenset(), frozenset({"node-1"}), {}, page_texts=said)).passed
+    vague = judge("s", want, Observed(frozenset(), frozenset({"node-1"}), {}, page_texts={"node-1": ("XID 79",)}))
+    assert [p.split(" (")[0] for p in vague.problems] == [
+        "no page for fleet says 'xid-79 on 3'",
+        "no page for node-1 says 'Reset the GPU'",
+    ]
+
+
+def test_the_scorecard_has_a_row_per_family() -> None:
+    good = judge("a", scenario("crash", quarantined=["node-1"]), Observed(frozenset({"node-1"}), frozenset(), {}))
+    bad = judge("b", scenario("shared"), Observed(frozenset({"node-2"}), frozenset(), {}))
+    families = scorecard([good, bad])["families"]
+    assert families["crash"]["passed"] == 1 and families["crash"]["quarantine_precision"] == 1.0
+    assert families["shared"]["failed"] == ["b"] and families["shared"]["false_quarantines"] == 1
 
 
 def test_the_scorecard_counts_precision_recall_and_pages_over_all_scenarios() -> None:
@@ -77,6 +110,7 @@ def test_a_sweep_is_judged_on_its_verdict_rows_and_findings() -> None:
     want = Scenario.model_validate(
         {
             "description": "t",
+            "family": "f",
             "fleet": {"nodes": 2},
             "events": [
                 {
@@ -101,15 +135,17 @@ def test_a_sweep_is_judged_on_its_verdict_rows_and_findings() -> None:
 
 def test_the_controller_must_be_up_for_what_needs_it_and_at_the_end(tmp_path: Path) -> None:
     bad = tmp_path / "bad.yaml"
-    bad.write_text("description: x\nevents: [{at: 1, stop_controller: {}}]\n")
+    bad.write_text("description: x\nfamily: f\nevents: [{at: 1, stop_controller: {}}]\n")
     with pytest.raises(ConfigError, match="down at the end"):
         load_scenario(bad)
-    bad.write_text("description: x\nevents: [{at: 1, stop_controller: {}}, {at: 2, node: node-1, uncordon: {}}]\n")
+    bad.write_text(
+        "description: x\nfamily: f\nevents: [{at: 1, stop_controller: {}}, {at: 2, node: node-1, uncordon: {}}]\n"
+    )
     with pytest.raises(ConfigError, match="uncordon at 2.0 s needs the controller"):
         load_scenario(bad)
-    bad.write_text("description: x\nevents: [{at: 1, start_controller: {}}]\n")
+    bad.write_text("description: x\nfamily: f\nevents: [{at: 1, start_controller: {}}]\n")
     with pytest.raises(ConfigError, match="already up"):
         load_scenario(bad)
-    bad.write_text("description: x\nevents: [{at: 1, node: node-1, sweep: {checks: [gpu_health]}}]\n")
+    bad.write_text("description: x\nfamily: f\nevents: [{at: 1, node: node-1, sweep: {checks: [gpu_health]}}]\n")
     with pytest.raises(ConfigError, match="only a node's own events name a node"):
         load_scenario(bad)
