@@ -83,6 +83,12 @@ class ControllerMetrics:
             ["job", "kind"],
             registry=r,
         )
+        self.job_hung = Gauge(
+            "vigil_controller_job_hung_seconds",
+            "How long a hung job's step has not moved (past its bound); 0: stepping",
+            ["job"],
+            registry=r,
+        )
         self.job_goodput = Gauge(
             "vigil_controller_job_goodput_ratio", "Productive time over all the job's time seen", ["job"], registry=r
         )

@@ -26,6 +26,10 @@ What it does:
   exchange tells every rank, so ``save_due`` turns True on all of them at the same step: the loop
   saves then and calls ``checkpoint_saved`` (which acknowledges the command).
 
+- Rank 0's reports carry the step it is at, heartbeats too (every ``poll_s``): the controller
+  pages a job whose step stops moving for longer than its own steps make likely (a hang); while the
+  loop saves, rank 0 says so ("checkpoint"), and ``pause("evaluation")`` says any other planned gap.
+
 ``step_time_s`` is the rank's own time for the step, measured before ``step_end`` (the exchange,
 where ranks wait for each other, is not in it). Skew across ranks shows a rank that is slow outside
 the step's collectives (its host, its data loading); a GPU that is slow inside them makes its peers
@@ -147,6 +151,7 @@ class VigilHook:
         self._acks: list[trainer_pb2.CommandAck] = []  # rank 0: saves done for a command, for the next report
         self._last_save = time.monotonic()
         self.save_due = False  # every rank: save at this step boundary (then call checkpoint_saved)
+        self._pause = ""  # what the job says it does between steps (pause): a long gap then is not a hang
         self._reporter: Reporter | None = None
         self._sync_every = 1  # steps between exchanges; rank 0 adapts it to the step time
         self._pending_s, self._pending_steps = 0.0, 0  # this rank's steps since the last exchange
@@ -184,6 +189,15 @@ class VigilHook:
             log.info("vigil_hook_started", job=self.config.job_id, controller=self.config.controller,
                      world_size=self.world, restart=self.config.restart_count)  # fmt: skip
 
+    def pause(self, what: str) -> None:
+        """Say the job is busy between steps (``"evaluation"``, a long data reload), so that a long
+        gap is not taken for a hang; ``resume`` or the next ``step_end`` ends it. A save needs no
+        word: while ``save_due`` or a stop's save is on, rank 0 says "checkpoint" itself."""
+        self._pause = what[:64] or "paused"
+
+    def resume(self) -> None:
+        self._pause = ""
+
     def request_stop(self, why: str) -> None:
         """Ask every rank to stop at the next step boundary. Safe in a signal handler."""
         if not self._stop_why:
@@ -193,7 +207,7 @@ class VigilHook:
         """After each step, on every rank. ``tokens``: trained in this step by the whole job.
         Returns True when every rank must checkpoint and exit now."""
         entered = time.perf_counter()
-        self.step = step
+        self.step, self._pause = step, ""
         self._pending_s += step_time_s
         self._pending_steps += 1
         self._tokens += tokens
@@ -310,6 +324,7 @@ class VigilHook:
             committed_step=self.committed_step,
             event=event,
             window_end=time.time(),  # an event's time; a window sets its own
+            pause=self._pause or ("checkpoint" if self.save_due or self.stopping else ""),
         )
 
     def _heartbeat(self) -> trainer_pb2.Progress:

@@ -121,7 +121,7 @@ def print_jobs(target: str, as_json: bool) -> int:
         table.add_column(column)
     for j in jobs:
         table.add_row(
-            j.job_id, j.state, ",".join(j.nodes) + (f" (out: {','.join(j.excluded)})" if j.excluded else ""),
+            j.job_id, _state(j), ",".join(j.nodes) + (f" (out: {','.join(j.excluded)})" if j.excluded else ""),
             str(j.step), str(j.committed_step), str(j.restart_count),
             _figure(j.baseline_mfu, j.baseline_tokens_per_s), _figure(j.last_mfu, j.last_tokens_per_s),
             f"{j.goodput:.1%}", *_plan(j), *_seconds(j),
@@ -133,6 +133,13 @@ def print_jobs(target: str, as_json: bool) -> int:
             "with its measured save and restart times; save every: Daly's interval for its save time[/]"
         )
     return 0
+
+
+def _state(j: admin_pb2.JobStatus) -> str:
+    """running, or HUNG with how long its step has not moved, or what it said it is doing."""
+    if j.hung_s > 0:
+        return f"[bold red]HUNG {j.hung_s:.0f} s[/]"
+    return f"{j.state} ({j.pause})" if j.pause else j.state
 
 
 def _plan(j: admin_pb2.JobStatus) -> tuple[str, str]:

@@ -115,8 +115,12 @@ def _run(
             faults, sweeps = _play(cluster, config, admin, scenario, kube, fabric)
             want = scenario.expect
             with contextlib.suppress(DemoFailed):  # judged below: what was missed is named there
+                database, fleet_pages = workdir / "controller.db", want.fleet_pages or 0
                 wait_for(
-                    lambda: _observe(admin, faults).covers(want.quarantined, want.paged),
+                    lambda: (
+                        _observe(admin, faults).covers(want.quarantined, want.paged)
+                        and sum(1 for _, node, _ in _recorded_pages(database) if not node) >= fleet_pages
+                    ),
                     OUTCOME_TIMEOUT_S,
                     "the expected quarantines and pages",
                     cluster.check_alive,

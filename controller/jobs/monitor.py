@@ -30,6 +30,7 @@ import structlog
 
 from controller.jobs.drops import DropJudge
 from controller.jobs.goodput import KINDS, committed, started, trained
+from controller.jobs.hang import Hang, hang_of, seconds_per_step
 from controller.jobs.mfu import Track
 from controller.jobs.restarts import Restarts
 from controller.jobs.settings import JobsConfig
@@ -41,8 +42,9 @@ from controller.nodes.found import Report
 from controller.nodes.node_events import NodeEvents
 from controller.planning.plan import JobPlan, job_plan
 from controller.sweeps.sweeper import Sweeper
-from controller.vocab.actions import ExternalAction
+from controller.vocab.actions import ExternalAction, Page, PageUpdate
 from controller.vocab.node_state import Health
+from controller.vocab.policy import Severity
 from protos.vigil.v1 import admin_pb2, trainer_pb2
 from vigil_core.names import is_job_id, is_node_name
 from vigil_core.waiting import wait_event
@@ -66,6 +68,7 @@ class JobMonitor:
         self._fleet = fleet
         self._metrics = metrics
         self._membership = membership or JobMembership()  # the jobs' nodes, for the engine's application faults
+        self._request = request
         self.config = config
         self.clock = clock
         self.jobs: dict[str, Job] = {}
@@ -94,6 +97,7 @@ class JobMonitor:
         if restarted:
             self._started(job, p)
         self._account(job, p, restarted, now)
+        self._progressed(job, p, restarted, now)
         if p.nodes:
             job.nodes = tuple(dict.fromkeys(p.nodes))
             self._membership.set(job.job_id, job.nodes)
@@ -102,6 +106,7 @@ class JobMonitor:
         job.committed_step = max(job.committed_step, p.committed_step)
         if p.event == "end":  # finished: a later job of the same id starts afresh
             log.info("job_finished", job=p.job_id, step=p.step, goodput=job.goodput.ratio)
+            self._unhung(job, f"the job ended at step {p.step}")
             job.move(JobPhase.FINISHED)
             self.finished.append(self.jobs.pop(p.job_id))
             self._membership.forget(p.job_id)
@@ -143,6 +148,45 @@ class JobMonitor:
             metrics.job_planned_ettr.labels(job.job_id).set(plan.ettr)
             metrics.job_recommended_checkpoint.labels(job.job_id).set(plan.interval_s)
 
+    def _progressed(self, job: Job, p: trainer_pb2.Progress, restarted: bool, now: float) -> None:
+        """Hangs (controller.jobs.hang): when the step last moved, the job's seconds per step, its pause."""
+        if restarted or p.step > job.step or (job.pause and not p.pause):  # a pause's time is not a stall
+            job.stepped_at = now
+        if restarted or p.step > job.step:
+            self._unhung(job, f"stepping again at step {p.step}")
+        job.pause = p.pause
+        if p.event == "start":
+            job.window_step = p.step  # its first window, warm-up, is not learnt from
+        elif not p.event:
+            if job.window_step >= 0 and p.step > job.window_step and not restarted:
+                per = seconds_per_step(p.window_end - p.window_start, p.step - job.window_step, p.checkpoint_s)
+                if per is not None and job.window_step != job.restart_step:
+                    job.per_step.append(per)
+            job.window_step = p.step
+
+    def _unhung(self, job: Job, how: str) -> None:
+        if job.hang is None:
+            return
+        log.info("job_unhung", job=job.job_id, how=how, stalled_s=round(job.hang.stalled_s, 1))
+        text = f"{how}, after {job.hang.stalled_s:.0f} s without a step"
+        self._request(PageUpdate(job.hang_incident, "", "RESUMED", text, resolve=True))
+        self._metrics.job_hung.labels(job.job_id).set(0)
+        job.hang = None
+
+    def _check_hung(self, job: Job, now: float) -> None:
+        cfg = self.config.hang
+        recent = list(job.per_step)[-cfg.learn_windows :]
+        hang = hang_of(job.stepped_at, job.last_report, job.pause, recent, cfg, now)
+        if hang is None:
+            return
+        if job.hang is None:
+            job.hangs += 1
+            log.error("job_hung", job=job.job_id, step=job.step, stalled_s=round(hang.stalled_s, 1),
+                      bound_s=round(hang.bound_s, 1), silent=hang.silent, nodes=list(job.nodes))  # fmt: skip
+            self._request(hang_page(job, hang))
+        job.hang = hang
+        self._metrics.job_hung.labels(job.job_id).set(hang.stalled_s)
+
     def plan_of(self, job: Job) -> JobPlan | None:
         """The job's plan, from its size and its own measured save and restart times."""
         g = job.goodput
@@ -156,6 +200,7 @@ class JobMonitor:
             log.info("job_restarted", job=job.job_id, restart=p.restart_count, step=p.step, left_out=left_out)
         job.move(JobPhase.RUNNING)
         job.restart_count, job.track, job.command = p.restart_count, Track(), None
+        job.restart_step, job.window_step = p.step, -1
         job.exclude, job.incidents, job.sweep_on_stop, job.recovery_note = set(), [], False, ""
 
     # Saves on early warnings (controller.save_now) -----------------------------------------------
@@ -213,10 +258,13 @@ class JobMonitor:
         for job_id, job in list(self.jobs.items()):
             if self._restarts.deadline_passed(job, now):
                 continue
+            if job.phase is JobPhase.RUNNING:
+                self._check_hung(job, now)
             if job.phase is JobPhase.SWEEP_PENDING:
                 self._restarts.start_recovery_sweep(job)
             elif now - job.last_report > self.config.forget_after_s and job.phase is not JobPhase.SWEEPING:
                 log.info("job_forgotten", job=job_id, silent_s=round(now - job.last_report))
+                self._metrics.job_hung.labels(job_id).set(0)
                 del self.jobs[job_id]
                 self._membership.forget(job_id)
 
@@ -227,3 +275,19 @@ class JobMonitor:
 
     async def stop(self) -> None:
         await self._restarts.stop()
+
+
+def hang_page(job: Job, hang: Hang) -> Page:
+    """The one page for a hung job (about the job, not a node): a hang alone cordons nothing."""
+    nodes = ", ".join(job.nodes[:20]) + (f" and {len(job.nodes) - 20} more" if len(job.nodes) > 20 else "")
+    return Page(
+        incident_id=job.hang_incident,
+        node="",
+        severity=Severity.SUSPECT,
+        summary=f"job {job.job_id} is hung: {hang.describe(job.step)}; on {nodes or 'nodes not reported'}",
+        remedy="look at its ranks' stacks (py-spy dump --pid, on every node) and collective state (the flight "
+        "recorder, TORCH_FR_BUFFER_SIZE); the rank that never entered the collective the others wait in is "
+        "the culprit. Vigil does not name the rank yet",
+        observed_at=hang.since,
+        did="nothing cordoned: a hang alone does not say the hardware (most are the application's or the host's)",
+    )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
+from controller.jobs.hang import HangConfig
 from vigil_core.config_file import ConfigModel
 
 
@@ -17,6 +18,7 @@ class JobsConfig(ConfigModel):
     act_on_drop: bool = Field(default=True, description="stop, sweep and restart the job after a blamed drop")
     sweep_checks: tuple[str, ...] = Field(default=("gpu_health",), description="the sweep of a stopped job's nodes")
     forget_after_s: float = Field(default=3600.0, gt=0, description="a job silent this long is forgotten")
+    hang: HangConfig = Field(default_factory=HangConfig)
     max_jobs: int = Field(default=1000, ge=1, description="jobs followed at once; a new job id beyond is refused")
     failures_per_1000_gpu_days: float = Field(
         default=1.0, gt=0, description="the GPUs' failure rate, for each job's planned ETTR (vigil plan)"

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from controller.jobs.goodput import Goodput
+from controller.jobs.hang import Hang
 from controller.jobs.mfu import Track, Unit
 from controller.jobs.save_now import SaveRequests
 from controller.planning.plan import JobPlan
@@ -74,11 +75,22 @@ class Job:
     goodput: Goodput = field(default_factory=Goodput)
     world_size: int = 0  # ranks, as the job reports (one GPU each)
     saves: SaveRequests = field(default_factory=SaveRequests)  # CHECKPOINT_NOW asks (controller.save_now)
+    stepped_at: float = 0.0  # when its step last moved, or it (re)started or ended a pause: the controller's clock
+    restart_step: int = -1  # the step this run started at
+    window_step: int = -1  # the step at its last window (-1: none yet this run), for seconds per step
+    per_step: deque[float] = field(default_factory=lambda: deque(maxlen=256))  # its windows' seconds per step
+    pause: str = ""  # what it says it is doing between steps ("checkpoint", "evaluation"); "": stepping
+    hang: Hang | None = None  # hung now (controller.jobs.hang), paged once
+    hangs: int = 0  # hangs paged, for their incidents' names
 
     def move(self, to: JobPhase) -> None:
         if to not in _TRANSITIONS[self.phase]:
             raise ValueError(f"job {self.job_id}: no transition from {self.phase.value} to {to.value}")
         self.phase = to
+
+    @property
+    def hang_incident(self) -> str:
+        return f"hang-{self.job_id}-{self.hangs}"
 
     @property
     def drop_incident(self) -> str:
@@ -107,6 +119,8 @@ def validate(p: trainer_pb2.Progress) -> None:
         raise BadProgress(f"Progress.job_id {p.job_id!r} is not a job id (letters, digits, -_.)")
     if p.step < 0 or p.restart_count < 0 or p.tokens < 0 or p.committed_step < 0:
         raise BadProgress("Progress.step, restart_count, tokens and committed_step must be >= 0")
+    if len(p.pause) > 64:
+        raise BadProgress("Progress.pause is longer than 64 characters")
     if p.checkpoint_s < 0 or p.restore_s < 0 or p.window_end < p.window_start:
         raise BadProgress("Progress.checkpoint_s and restore_s must be >= 0, and window_end not before window_start")
     for name in ("mfu", "tokens_per_s", "loss", "checkpoint_s", "restore_s", "window_start", "window_end"):
@@ -157,5 +171,7 @@ def job_status(job: Job, plan: JobPlan | None) -> admin_pb2.JobStatus:
         goodput=g.ratio or 0.0,
         drops=job.drops,
         gpus=job.world_size,
+        hung_s=job.hang.stalled_s if job.hang is not None else 0.0,
+        pause=job.pause,
         **planned,
     )

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ import pytest
 
 from controller.config import ControllerConfig, JobsConfig, LimitsConfig
 from controller.daemon import Controller
+from controller.jobs.hang import HangConfig
 from controller.planning.plan import job_plan
 from protos.vigil.v1 import admin_pb2, admin_pb2_grpc, trainer_pb2, trainer_pb2_grpc
 from tests.fakes.fleet import Fleet
@@ -411,3 +413,54 @@ def test_early_signs_on_a_jobs_node_ask_it_to_save_and_the_reply_says_how_often(
         assert r.controller.jobs.jobs["moe"].phase.value == "running"  # saved, never stopped
 
     run(tmp_path, test)
+
+
+HANGS = FAST.model_copy(update={"hang": HangConfig(floor_s=0.6, factor=3, unlearned_s=5)})
+
+
+def test_a_job_whose_step_stops_while_rank_0_heartbeats_is_hung_paged_once_and_cleared(tmp_path: Path) -> None:
+    async def test(r: Rig) -> None:
+        async def moe() -> admin_pb2.JobStatus:
+            return {j.job_id: j for j in (await r.admin.ListJobs(admin_pb2.JobsRequest())).jobs}["moe"]
+
+        now = time.time()
+        await r.window(0.5, event="start", step=0, window_end=now)
+        for step in (10, 20, 30):  # 10 steps in 0.1 s: the bound is its floor, 0.6 s
+            await r.window(0.5, step=step, window_start=now, window_end=now + 0.1)
+        for _ in range(4):  # a long save, said: no hang
+            await r.window(0.5, event="heartbeat", step=30, pause="checkpoint")
+            await asyncio.sleep(0.25)
+        assert (await moe()).hung_s == 0 and (await moe()).pause == "checkpoint"
+        await r.window(0.5, step=40, window_start=now, window_end=now + 0.1)
+        for _ in range(6):  # rank 0 reports, its step does not move: a rank is stuck
+            await r.window(0.5, event="heartbeat", step=40)
+            await asyncio.sleep(0.2)
+        job = await moe()
+        assert job.hung_s > 0.6 and job.state == "running"
+        (page,) = [a for a in r.actions("hang-moe-") if a[1].startswith("PAGE")]
+        assert page[0] == "hang-moe-1"
+        (payload,) = r.controller.store.read("SELECT payload FROM actions WHERE incident_id = 'hang-moe-1'")
+        assert "no step for" in payload[0] and "at step 40" in payload[0] and "nothing cordoned" in payload[0]
+        assert r.controller.engine.metrics.job_hung.labels("moe")._value.get() > 0.6
+        assert {n.node: n.health for n in (await r.admin.GetStatus(admin_pb2.StatusRequest())).nodes} == {
+            n: "HEALTHY" for n in NODES
+        }  # a hang alone cordons nothing
+        await r.window(0.5, step=50, window_start=now, window_end=now + 0.1)
+        await wait_until(lambda: len(r.actions("hang-moe-1")) == 2, what="the hang's page resolved")
+        assert [a[1] for a in r.actions("hang-moe-1")] == ["PAGE:suspect", "NOTE:RESUMED"]
+        assert (await moe()).hung_s == 0
+
+    run(tmp_path, test, jobs=HANGS)
+
+
+def test_a_job_gone_silent_is_hung_too(tmp_path: Path) -> None:
+    async def test(r: Rig) -> None:
+        now = time.time()
+        await r.window(0.5, event="start", step=0, window_end=now)
+        for step in (10, 20, 30):
+            await r.window(0.5, step=step, window_start=now, window_end=now + 0.1)
+        await wait_until(lambda: r.controller.jobs.jobs["moe"].hang is not None, timeout=10, what="a hang")
+        hang = r.controller.jobs.jobs["moe"].hang
+        assert hang is not None and hang.silent
+
+    run(tmp_path, test, jobs=HANGS)

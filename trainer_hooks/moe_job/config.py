@@ -131,10 +131,12 @@ class TrainConfig(ConfigModel):
     )
     checkpoint_layers: str = Field(default="", description="FIRST-LAST: the layers activation checkpointing covers")
     peak_tflops: float | None = Field(default=None, gt=0, description="override the GPU's dense bf16 peak for MFU")
-    # Fault injection, for the tests and the demo: the ranks on one node turn slow.
+    # Fault injection, for the tests and the demo: the ranks on one node turn slow, or stop.
     slow_node: str | None = Field(default=None, description="inject: the ranks on this node (VIGIL_NODE) turn slow")
     slow_s: float = Field(default=0.0, ge=0, description="inject: seconds added to each of their steps")
     slow_from_step: int = Field(default=0, ge=0, description="inject: from this step on")
+    hang_node: str | None = Field(default=None, description="inject: the ranks on this node stop stepping (a hang)")
+    hang_at_step: int = Field(default=0, ge=0, description="inject: at this step, before its collectives")
 
     @field_validator("checkpoint_layers")
     @classmethod

@@ -113,10 +113,15 @@ def main(argv: list[str] | None = None) -> int:
               speed=asdict(speed))  # fmt: skip
     hook.start(state.step, max(checkpointer.last_committed, 0))  # restore: the time since the process started
     slow = cfg.slow_s if cfg.slow_node == hook.config.node else 0.0
+    hang = cfg.hang_node == hook.config.node
 
     tokens_per_step = cfg.global_batch * arch.seq_len
     trained_s = 0.0
     while state.step < cfg.steps:
+        if hang and state.step >= cfg.hang_at_step:
+            print(f"injected: rank {rank} hangs at step {state.step}", file=sys.stderr, flush=True)  # its own log
+            while True:
+                time.sleep(1)
         started = time.perf_counter()
         batch = torch.from_numpy(sampler.batch(state.consumed, cfg.global_batch, rank, world)).to(device)
         for group in optimizer.param_groups:

@@ -306,7 +306,7 @@ class JobsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class JobStatus(_message.Message):
-    __slots__ = ("job_id", "state", "nodes", "step", "committed_step", "restart_count", "excluded", "productive_s", "checkpoint_s", "restore_s", "wasted_s", "recovery_s", "goodput", "drops", "baseline_mfu", "last_mfu", "baseline_tokens_per_s", "last_tokens_per_s", "gpus", "planned_ettr", "recommended_checkpoint_s", "planned_save_s")
+    __slots__ = ("job_id", "state", "nodes", "step", "committed_step", "restart_count", "excluded", "productive_s", "checkpoint_s", "restore_s", "wasted_s", "recovery_s", "goodput", "drops", "baseline_mfu", "last_mfu", "baseline_tokens_per_s", "last_tokens_per_s", "gpus", "planned_ettr", "recommended_checkpoint_s", "planned_save_s", "hung_s", "pause")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     NODES_FIELD_NUMBER: _ClassVar[int]
@@ -329,6 +329,8 @@ class JobStatus(_message.Message):
     PLANNED_ETTR_FIELD_NUMBER: _ClassVar[int]
     RECOMMENDED_CHECKPOINT_S_FIELD_NUMBER: _ClassVar[int]
     PLANNED_SAVE_S_FIELD_NUMBER: _ClassVar[int]
+    HUNG_S_FIELD_NUMBER: _ClassVar[int]
+    PAUSE_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     state: str
     nodes: _containers.RepeatedScalarFieldContainer[str]
@@ -351,7 +353,9 @@ class JobStatus(_message.Message):
     planned_ettr: float
     recommended_checkpoint_s: float
     planned_save_s: float
-    def __init__(self, job_id: _Optional[str] = ..., state: _Optional[str] = ..., nodes: _Optional[_Iterable[str]] = ..., step: _Optional[int] = ..., committed_step: _Optional[int] = ..., restart_count: _Optional[int] = ..., excluded: _Optional[_Iterable[str]] = ..., productive_s: _Optional[float] = ..., checkpoint_s: _Optional[float] = ..., restore_s: _Optional[float] = ..., wasted_s: _Optional[float] = ..., recovery_s: _Optional[float] = ..., goodput: _Optional[float] = ..., drops: _Optional[int] = ..., baseline_mfu: _Optional[float] = ..., last_mfu: _Optional[float] = ..., baseline_tokens_per_s: _Optional[float] = ..., last_tokens_per_s: _Optional[float] = ..., gpus: _Optional[int] = ..., planned_ettr: _Optional[float] = ..., recommended_checkpoint_s: _Optional[float] = ..., planned_save_s: _Optional[float] = ...) -> None: ...
+    hung_s: float
+    pause: str
+    def __init__(self, job_id: _Optional[str] = ..., state: _Optional[str] = ..., nodes: _Optional[_Iterable[str]] = ..., step: _Optional[int] = ..., committed_step: _Optional[int] = ..., restart_count: _Optional[int] = ..., excluded: _Optional[_Iterable[str]] = ..., productive_s: _Optional[float] = ..., checkpoint_s: _Optional[float] = ..., restore_s: _Optional[float] = ..., wasted_s: _Optional[float] = ..., recovery_s: _Optional[float] = ..., goodput: _Optional[float] = ..., drops: _Optional[int] = ..., baseline_mfu: _Optional[float] = ..., last_mfu: _Optional[float] = ..., baseline_tokens_per_s: _Optional[float] = ..., last_tokens_per_s: _Optional[float] = ..., gpus: _Optional[int] = ..., planned_ettr: _Optional[float] = ..., recommended_checkpoint_s: _Optional[float] = ..., planned_save_s: _Optional[float] = ..., hung_s: _Optional[float] = ..., pause: _Optional[str] = ...) -> None: ...
 
 class JobsReply(_message.Message):
     __slots__ = ("jobs",)

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dprotos/vigil/v1/trainer.proto\x12\x08vigil.v1\"?\n\x0cRankStepTime\x12\x0c\n\x04rank\x18\x01 \x01(\x05\x12\x0c\n\x04node\x18\x02 \x01(\t\x12\x13\n\x0bstep_time_s\x18\x03 \x01(\x01\"A\n\nCommandAck\x12\n\n\x02id\x18\x01 \x01(\t\x12\x17\n\x0f\x63heckpoint_step\x18\x02 \x01(\x03\x12\x0e\n\x06\x64\x65tail\x18\x03 \x01(\t\"\xed\x02\n\x08Progress\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04step\x18\x02 \x01(\x03\x12\x15\n\rrestart_count\x18\x03 \x01(\x03\x12\x14\n\x0cwindow_start\x18\x04 \x01(\x01\x12\x12\n\nwindow_end\x18\x05 \x01(\x01\x12\x0e\n\x06tokens\x18\x06 \x01(\x03\x12\x0b\n\x03mfu\x18\x07 \x01(\x01\x12\x0c\n\x04loss\x18\x08 \x01(\x01\x12*\n\nstep_times\x18\t \x03(\x0b\x32\x16.vigil.v1.RankStepTime\x12\r\n\x05nodes\x18\n \x03(\t\x12\x12\n\nworld_size\x18\x0b \x01(\x05\x12\x16\n\x0e\x63ommitted_step\x18\x0c \x01(\x03\x12\"\n\x04\x61\x63ks\x18\r \x03(\x0b\x32\x14.vigil.v1.CommandAck\x12\r\n\x05\x65vent\x18\x0e \x01(\t\x12\x14\n\x0c\x63heckpoint_s\x18\x0f \x01(\x01\x12\x14\n\x0ctokens_per_s\x18\x10 \x01(\x01\x12\x11\n\trestore_s\x18\x11 \x01(\x01\"[\n\x14\x43heckpointAndRestart\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x15\n\rexclude_nodes\x18\x03 \x03(\t\x12\x10\n\x08\x64\x65\x61\x64line\x18\x04 \x01(\x01\"+\n\rCheckpointNow\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"\x89\x01\n\nJobCommand\x12@\n\x16\x63heckpoint_and_restart\x18\x01 \x01(\x0b\x32\x1e.vigil.v1.CheckpointAndRestartH\x00\x12\x31\n\x0e\x63heckpoint_now\x18\x02 \x01(\x0b\x32\x17.vigil.v1.CheckpointNowH\x00\x42\x06\n\x04\x62ody\"W\n\x0bReportReply\x12&\n\x08\x63ommands\x18\x01 \x03(\x0b\x32\x14.vigil.v1.JobCommand\x12 \n\x18recommended_checkpoint_s\x18\x02 \x01(\x01\"=\n\x0bPlanRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\r\n\x05nodes\x18\x02 \x03(\t\x12\x0f\n\x07stopped\x18\x03 \x01(\x08\"i\n\tPlanReply\x12&\n\x08\x63ommands\x18\x01 \x03(\x0b\x32\x14.vigil.v1.JobCommand\x12\x15\n\rexclude_nodes\x18\x02 \x03(\t\x12\r\n\x05ready\x18\x03 \x01(\x08\x12\x0e\n\x06\x64\x65tail\x18\x04 \x01(\t2y\n\x0eTrainerGateway\x12\x33\n\x06Report\x12\x12.vigil.v1.Progress\x1a\x15.vigil.v1.ReportReply\x12\x32\n\x04Plan\x12\x15.vigil.v1.PlanRequest\x1a\x13.vigil.v1.PlanReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dprotos/vigil/v1/trainer.proto\x12\x08vigil.v1\"?\n\x0cRankStepTime\x12\x0c\n\x04rank\x18\x01 \x01(\x05\x12\x0c\n\x04node\x18\x02 \x01(\t\x12\x13\n\x0bstep_time_s\x18\x03 \x01(\x01\"A\n\nCommandAck\x12\n\n\x02id\x18\x01 \x01(\t\x12\x17\n\x0f\x63heckpoint_step\x18\x02 \x01(\x03\x12\x0e\n\x06\x64\x65tail\x18\x03 \x01(\t\"\xfc\x02\n\x08Progress\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04step\x18\x02 \x01(\x03\x12\x15\n\rrestart_count\x18\x03 \x01(\x03\x12\x14\n\x0cwindow_start\x18\x04 \x01(\x01\x12\x12\n\nwindow_end\x18\x05 \x01(\x01\x12\x0e\n\x06tokens\x18\x06 \x01(\x03\x12\x0b\n\x03mfu\x18\x07 \x01(\x01\x12\x0c\n\x04loss\x18\x08 \x01(\x01\x12*\n\nstep_times\x18\t \x03(\x0b\x32\x16.vigil.v1.RankStepTime\x12\r\n\x05nodes\x18\n \x03(\t\x12\x12\n\nworld_size\x18\x0b \x01(\x05\x12\x16\n\x0e\x63ommitted_step\x18\x0c \x01(\x03\x12\"\n\x04\x61\x63ks\x18\r \x03(\x0b\x32\x14.vigil.v1.CommandAck\x12\r\n\x05\x65vent\x18\x0e \x01(\t\x12\x14\n\x0c\x63heckpoint_s\x18\x0f \x01(\x01\x12\x14\n\x0ctokens_per_s\x18\x10 \x01(\x01\x12\x11\n\trestore_s\x18\x11 \x01(\x01\x12\r\n\x05pause\x18\x12 \x01(\t\"[\n\x14\x43heckpointAndRestart\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x15\n\rexclude_nodes\x18\x03 \x03(\t\x12\x10\n\x08\x64\x65\x61\x64line\x18\x04 \x01(\x01\"+\n\rCheckpointNow\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"\x89\x01\n\nJobCommand\x12@\n\x16\x63heckpoint_and_restart\x18\x01 \x01(\x0b\x32\x1e.vigil.v1.CheckpointAndRestartH\x00\x12\x31\n\x0e\x63heckpoint_now\x18\x02 \x01(\x0b\x32\x17.vigil.v1.CheckpointNowH\x00\x42\x06\n\x04\x62ody\"W\n\x0bReportReply\x12&\n\x08\x63ommands\x18\x01 \x03(\x0b\x32\x14.vigil.v1.JobCommand\x12 \n\x18recommended_checkpoint_s\x18\x02 \x01(\x01\"=\n\x0bPlanRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\r\n\x05nodes\x18\x02 \x03(\t\x12\x0f\n\x07stopped\x18\x03 \x01(\x08\"i\n\tPlanReply\x12&\n\x08\x63ommands\x18\x01 \x03(\x0b\x32\x14.vigil.v1.JobCommand\x12\x15\n\rexclude_nodes\x18\x02 \x03(\t\x12\r\n\x05ready\x18\x03 \x01(\x08\x12\x0e\n\x06\x64\x65tail\x18\x04 \x01(\t2y\n\x0eTrainerGateway\x12\x33\n\x06Report\x12\x12.vigil.v1.Progress\x1a\x15.vigil.v1.ReportReply\x12\x32\n\x04Plan\x12\x15.vigil.v1.PlanRequest\x1a\x13.vigil.v1.PlanReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,19 +36,19 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_COMMANDACK']._serialized_start=108
   _globals['_COMMANDACK']._serialized_end=173
   _globals['_PROGRESS']._serialized_start=176
-  _globals['_PROGRESS']._serialized_end=541
-  _globals['_CHECKPOINTANDRESTART']._serialized_start=543
-  _globals['_CHECKPOINTANDRESTART']._serialized_end=634
-  _globals['_CHECKPOINTNOW']._serialized_start=636
-  _globals['_CHECKPOINTNOW']._serialized_end=679
-  _globals['_JOBCOMMAND']._serialized_start=682
-  _globals['_JOBCOMMAND']._serialized_end=819
-  _globals['_REPORTREPLY']._serialized_start=821
-  _globals['_REPORTREPLY']._serialized_end=908
-  _globals['_PLANREQUEST']._serialized_start=910
-  _globals['_PLANREQUEST']._serialized_end=971
-  _globals['_PLANREPLY']._serialized_start=973
-  _globals['_PLANREPLY']._serialized_end=1078
-  _globals['_TRAINERGATEWAY']._serialized_start=1080
-  _globals['_TRAINERGATEWAY']._serialized_end=1201
+  _globals['_PROGRESS']._serialized_end=556
+  _globals['_CHECKPOINTANDRESTART']._serialized_start=558
+  _globals['_CHECKPOINTANDRESTART']._serialized_end=649
+  _globals['_CHECKPOINTNOW']._serialized_start=651
+  _globals['_CHECKPOINTNOW']._serialized_end=694
+  _globals['_JOBCOMMAND']._serialized_start=697
+  _globals['_JOBCOMMAND']._serialized_end=834
+  _globals['_REPORTREPLY']._serialized_start=836
+  _globals['_REPORTREPLY']._serialized_end=923
+  _globals['_PLANREQUEST']._serialized_start=925
+  _globals['_PLANREQUEST']._serialized_end=986
+  _globals['_PLANREPLY']._serialized_start=988
+  _globals['_PLANREPLY']._serialized_end=1093
+  _globals['_TRAINERGATEWAY']._serialized_start=1095
+  _globals['_TRAINERGATEWAY']._serialized_end=1216
 # @@protoc_insertion_point(module_scope)

@@ -27,7 +27,7 @@ class CommandAck(_message.Message):
     def __init__(self, id: _Optional[str] = ..., checkpoint_step: _Optional[int] = ..., detail: _Optional[str] = ...) -> None: ...
 
 class Progress(_message.Message):
-    __slots__ = ("job_id", "step", "restart_count", "window_start", "window_end", "tokens", "mfu", "loss", "step_times", "nodes", "world_size", "committed_step", "acks", "event", "checkpoint_s", "tokens_per_s", "restore_s")
+    __slots__ = ("job_id", "step", "restart_count", "window_start", "window_end", "tokens", "mfu", "loss", "step_times", "nodes", "world_size", "committed_step", "acks", "event", "checkpoint_s", "tokens_per_s", "restore_s", "pause")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
     RESTART_COUNT_FIELD_NUMBER: _ClassVar[int]
@@ -45,6 +45,7 @@ class Progress(_message.Message):
     CHECKPOINT_S_FIELD_NUMBER: _ClassVar[int]
     TOKENS_PER_S_FIELD_NUMBER: _ClassVar[int]
     RESTORE_S_FIELD_NUMBER: _ClassVar[int]
+    PAUSE_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     step: int
     restart_count: int
@@ -62,7 +63,8 @@ class Progress(_message.Message):
     checkpoint_s: float
     tokens_per_s: float
     restore_s: float
-    def __init__(self, job_id: _Optional[str] = ..., step: _Optional[int] = ..., restart_count: _Optional[int] = ..., window_start: _Optional[float] = ..., window_end: _Optional[float] = ..., tokens: _Optional[int] = ..., mfu: _Optional[float] = ..., loss: _Optional[float] = ..., step_times: _Optional[_Iterable[_Union[RankStepTime, _Mapping]]] = ..., nodes: _Optional[_Iterable[str]] = ..., world_size: _Optional[int] = ..., committed_step: _Optional[int] = ..., acks: _Optional[_Iterable[_Union[CommandAck, _Mapping]]] = ..., event: _Optional[str] = ..., checkpoint_s: _Optional[float] = ..., tokens_per_s: _Optional[float] = ..., restore_s: _Optional[float] = ...) -> None: ...
+    pause: str
+    def __init__(self, job_id: _Optional[str] = ..., step: _Optional[int] = ..., restart_count: _Optional[int] = ..., window_start: _Optional[float] = ..., window_end: _Optional[float] = ..., tokens: _Optional[int] = ..., mfu: _Optional[float] = ..., loss: _Optional[float] = ..., step_times: _Optional[_Iterable[_Union[RankStepTime, _Mapping]]] = ..., nodes: _Optional[_Iterable[str]] = ..., world_size: _Optional[int] = ..., committed_step: _Optional[int] = ..., acks: _Optional[_Iterable[_Union[CommandAck, _Mapping]]] = ..., event: _Optional[str] = ..., checkpoint_s: _Optional[float] = ..., tokens_per_s: _Optional[float] = ..., restore_s: _Optional[float] = ..., pause: _Optional[str] = ...) -> None: ...
 
 class CheckpointAndRestart(_message.Message):
     __slots__ = ("id", "reason", "exclude_nodes", "deadline")

@@ -1,0 +1,84 @@
+"""A job that stopped stepping: how long is too long, learnt from the job's own steps. Pure.
+
+Rank 0's hook reports every window and heartbeats in between (``poll_s``, 1 s) with the step it is
+at; its exchange with the other ranks at every step boundary (or the training's own collectives)
+holds it at a step when any rank stops, so one stuck rank stops rank 0's step too. A job whose step
+has not moved for longer than its bound is **hung**, whether rank 0 still heartbeats (a rank stuck
+in a collective, a data loader on a dead mount, a spinning GPU) or the job went silent (a frozen
+host, a killed launcher). The bound is ``factor`` times the p99 of the job's own seconds per step
+over its recent windows, within ``floor_s`` and ``ceiling_s``; before the job has a window to learn
+from, ``unlearned_s``. A save (the hook says so while the loop saves) or a pause the job announces
+(an evaluation) is not a hang, nor is a job told to stop.
+
+A hang alone does not say the hardware (most watchdog timeouts are on the CPU side: the
+application, the host): it pages, and cordons nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from pydantic import Field, model_validator
+
+from vigil_core.config_file import ConfigModel
+
+
+class HangConfig(ConfigModel):
+    enabled: bool = Field(default=True, description="page a job whose step stopped moving")
+    factor: float = Field(default=8.0, gt=1, description="k: hung past k x the p99 of its own seconds per step")
+    floor_s: float = Field(default=10.0, gt=0, description="never hung sooner than this")
+    ceiling_s: float = Field(default=600.0, gt=0, description="always hung past this (the NCCL watchdog's default)")
+    unlearned_s: float = Field(default=300.0, gt=0, description="the bound before the job has a window to learn from")
+    learn_windows: int = Field(default=30, ge=1, description="the recent windows the bound learns from")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> HangConfig:
+        if self.floor_s > self.ceiling_s:
+            raise ValueError(f"floor_s {self.floor_s} is above ceiling_s {self.ceiling_s}")
+        return self
+
+
+@dataclass(frozen=True, slots=True)
+class Hang:
+    since: float  # when its step last moved (or its last word, if later): the controller's clock
+    stalled_s: float
+    bound_s: float
+    silent: bool  # nothing heard from the job for longer than the bound either
+
+    def describe(self, step: int) -> str:
+        how = "and nothing has come from it since" if self.silent else "though its rank 0 still reports"
+        return f"no step for {self.stalled_s:.0f} s at step {step} ({how}; its bound is {self.bound_s:.0f} s)"
+
+
+def seconds_per_step(window_s: float, steps: int, checkpoint_s: float = 0.0) -> float | None:
+    """One window's seconds per step, saves left out; None when it says nothing (no step in it)."""
+    if steps <= 0 or window_s <= 0:
+        return None
+    return max(0.0, window_s - checkpoint_s) / steps
+
+
+def step_bound(per_step: Sequence[float], config: HangConfig) -> float:
+    """How long the job may go without a step: k x the p99 of its own, within the floor and ceiling."""
+    if not per_step:
+        return config.unlearned_s
+    ordered = sorted(per_step)
+    p99 = ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
+    return min(config.ceiling_s, max(config.floor_s, config.factor * p99))
+
+
+def hang_of(
+    stepped_at: float, last_report: float, pause: str, per_step: Sequence[float], config: HangConfig, now: float
+) -> Hang | None:
+    """Whether a running job is hung now: its step last moved at ``stepped_at``, its last word came
+    at ``last_report``, and ``pause`` is what it announced it is doing between steps ('' for none)."""
+    if not config.enabled:
+        return None
+    bound = step_bound(per_step, config)
+    silent = now - last_report > bound
+    if pause and not silent:  # a pause counts while the job still says so
+        return None
+    stalled = now - stepped_at
+    if stalled <= bound:
+        return None
+    return Hang(since=stepped_at, stalled_s=stalled, bound_s=bound, silent=silent)

@@ -1,0 +1,67 @@
+"""A hung job across real processes: a controller, two simulated-GPU agents (node-a, node-b), and
+``vigil launch`` running the bundled MoE job with one gloo rank per node. node-b's rank stops before
+a step's collectives (an application hang: it sleeps); node-a's rank waits in them, its hook's
+reporter still heartbeating. The controller finds the job hung past the bound its own steps set,
+pages once, and cordons nothing; ``vigil jobs`` shows HUNG."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+pytest.importorskip("torch", reason="the training job needs torch (make test installs the CPU build)")
+
+from tests.e2e.processes import JobCluster, job_cluster, json_lines  # noqa: E402
+from tests.helpers import poll_until  # noqa: E402
+from vigil.admin_client import AdminClient  # noqa: E402
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
+
+ARGS = ("--steps", "400", "--global-batch", "6", "--checkpoint-every", "10")
+ENV = {"VIGIL_WINDOW_STEPS": "10", "OMP_NUM_THREADS": "1"}
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[JobCluster]:
+    jobs = {"hang": {"floor_s": 3.0, "factor": 8.0}}  # a test's patience; the default floor is 10 s
+    with job_cluster(tmp_path, pager="console", jobs=jobs) as c:
+        yield c
+
+
+def _stop(launcher: subprocess.Popen[bytes]) -> None:
+    """The launcher and the ranks under it (a hung job cannot stop by itself)."""
+    tree = [psutil.Process(launcher.pid), *psutil.Process(launcher.pid).children(recursive=True)]
+    for proc in tree:
+        proc.kill()
+    psutil.wait_procs(tree, timeout=10)
+
+
+def test_a_rank_that_stops_is_found_hung_paged_once_and_nothing_is_cordoned(cluster: JobCluster) -> None:
+    launcher = cluster.launch(
+        "moe", ["node-a", "node-b"], [*ARGS, "--hang-node", "node-b", "--hang-at-step", "25"], ENV
+    )
+    try:
+        with AdminClient(cluster.controller) as admin:
+            poll_until(lambda: any(j.hung_s > 0 for j in admin.jobs()), timeout=150, what="the job shown hung")
+            (job,) = admin.jobs()
+            health = {n.node: n.health for n in admin.status().nodes}
+        ranks = "".join(p.read_text() for p in sorted((cluster.tmp / "ranks").glob("*")) if p.is_file())
+        assert "injected: rank 1 hangs at step 25" in ranks
+        assert job.state == "running" and job.step == 25  # rank 0 finished step 25, then waited for rank 1
+        (hung,) = [e for e in json_lines(cluster.tmp / "ctl.log") if e["event"] == "job_hung"]
+        assert hung["step"] == 25 and not hung["silent"] and hung["stalled_s"] > hung["bound_s"] >= 3.0
+        pages = (cluster.tmp / "ctl.out").read_text()
+        assert pages.count("incident hang-moe-") == 1 and "no step for" in pages and "nothing cordoned" in pages
+        assert health == {"node-a": "HEALTHY", "node-b": "HEALTHY"}  # a hang alone cordons nothing
+        shown = subprocess.run(
+            [sys.executable, "-m", "vigil", "jobs", "--controller", cluster.controller],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert "HUNG" in shown.stdout, shown.stdout + shown.stderr
+    finally:
+        _stop(launcher)
