@@ -57,6 +57,9 @@ def xid(node: str, code: int, at: float, seq: int, gpu: int = 0) -> Signal:
 
 
 def engine(store: Store, now: list[float], **guardrails: object) -> NodeRoute:
+    """The breaker alone (three nodes with XID 79 in a row would otherwise be one fleet incident;
+    tests/unit/test_shared_cause.py holds that one across a restart)."""
+    guardrails.setdefault("shared", {"enabled": False})
     guard = GuardrailConfig(**guardrails)  # type: ignore[arg-type]
     return node_route(store, Policy(), LocalActuator(store.db), NullPager(), clock=lambda: now[0], guardrails=guard)
 
