@@ -37,18 +37,21 @@ wait in those collectives, and shows as the job's drop plus the node's own signa
 
 Configured from the environment by whoever launches the job (``vigil launch``, a Kubernetes Job):
 VIGIL_JOB_ID, VIGIL_CONTROLLER (host:port; empty: report nothing), VIGIL_NODE, VIGIL_RESTART_COUNT,
-VIGIL_WINDOW_STEPS, VIGIL_SYNC_S, VIGIL_AUTO_CHECKPOINT.
+VIGIL_WINDOW_STEPS, VIGIL_SYNC_S, VIGIL_AUTO_CHECKPOINT, VIGIL_STACKS_DIR (every thread's stack on
+SIGUSR2, which ``vigil launch`` sends when the controller finds the job hung).
 """
 
 from __future__ import annotations
 
+import faulthandler
 import math
 import os
+import signal
 import socket
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import psutil
 import structlog
@@ -74,6 +77,7 @@ _ENV = {
     "sync_s": "VIGIL_SYNC_S",
     "tls_dir": "VIGIL_TLS_DIR",
     "auto_checkpoint": "VIGIL_AUTO_CHECKPOINT",
+    "stacks_dir": "VIGIL_STACKS_DIR",
 }
 
 
@@ -94,6 +98,9 @@ class HookConfig(ConfigModel):
         description="exchange step times and the stop flag about this often; 0: every step (stragglers show)",
     )
     tls_dir: Path | None = Field(default=None, description="mutual TLS: a trainer: certificate (vigil certs)")
+    stacks_dir: Path | None = Field(
+        default=None, description="on SIGUSR2 every thread's stack goes to rankN.txt here (asked for in a hang)"
+    )
     auto_checkpoint: bool = Field(
         default=False, description="save_due also when the controller's recommended interval has passed"
     )
@@ -153,6 +160,7 @@ class VigilHook:
         self.save_due = False  # every rank: save at this step boundary (then call checkpoint_saved)
         self._pause = ""  # what the job says it does between steps (pause): a long gap then is not a hang
         self._reporter: Reporter | None = None
+        self._stacks: IO[str] | None = None  # where faulthandler writes this rank's stacks on SIGUSR2
         self._sync_every = 1  # steps between exchanges; rank 0 adapts it to the step time
         self._pending_s, self._pending_steps = 0.0, 0  # this rank's steps since the last exchange
         self._reset_window(time.time())
@@ -179,6 +187,7 @@ class VigilHook:
             dist.all_gather_object(nodes, self.config.node, group=self._group)
             self.rank_nodes = [str(n) for n in nodes]
         self._reset_window(time.time())
+        self._dump_stacks_on_signal()
         if self.rank == 0 and self.config.controller:
             cfg = self.config
             self._reporter = Reporter(cfg.controller, self._heartbeat, self._received, cfg.poll_s, tls=self._tls)
@@ -188,6 +197,19 @@ class VigilHook:
             self._reporter.put(first)
             log.info("vigil_hook_started", job=self.config.job_id, controller=self.config.controller,
                      world_size=self.world, restart=self.config.restart_count)  # fmt: skip
+
+    def _dump_stacks_on_signal(self) -> None:
+        """With ``stacks_dir``: SIGUSR2 writes every thread's Python stack to ``rankN.txt`` there (from C,
+        so a rank blocked in a collective or a read still answers). The file is opened for appending,
+        so its launcher can empty it before it asks; its being there says the handler is."""
+        if self.config.stacks_dir is None or self._stacks is not None:
+            return
+        try:
+            self.config.stacks_dir.mkdir(parents=True, exist_ok=True)
+            self._stacks = open(self.config.stacks_dir / f"rank{self.rank}.txt", "a")  # noqa: SIM115 (kept open)
+            faulthandler.register(signal.SIGUSR2, file=self._stacks, all_threads=True)
+        except (OSError, ValueError, RuntimeError) as exc:
+            log.warning("vigil_stacks_unavailable", dir=str(self.config.stacks_dir), error=str(exc))
 
     def pause(self, what: str) -> None:
         """Say the job is busy between steps (``"evaluation"``, a long data reload), so that a long

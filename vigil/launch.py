@@ -20,14 +20,21 @@ How a start ends, and what happens next:
 - a rank fails (any other exit): the others would hang in their next collective, so they are
   killed after ``kill_grace_s``; the job restarts, up to ``max_failures`` times.
 An unreachable controller never stops the launcher: it restarts with what it knows.
+
+While the job runs, when the controller finds it hung (its Plan reply wants the stacks), the
+launcher asks each rank whose hook listens (VIGIL_STACKS_DIR: its ``rankN.txt`` is there) for every
+thread's stack with SIGUSR2, waits up to ``stacks_wait_s`` for them, and sends them with its next
+Plan: a rank that does not answer is stopped or frozen. Nothing is killed for it.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -65,6 +72,7 @@ class LaunchConfig:
     plan_wait_s: float = 900.0
     kill_grace_s: float = 10.0
     rpc_timeout_s: float = 2.0
+    stacks_wait_s: float = 2.0  # for the ranks' stacks, when the controller wants them (a hang)
     tls: TlsFiles | None = None  # the launcher's certificate (trainer: or admin:); None: plaintext
 
 
@@ -73,6 +81,9 @@ class Start:
     number: int
     nodes: list[str]
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    ranks: list[tuple[int, str]] = field(default_factory=list)  # (rank, node) of each process
+    stacks_dir: Path | None = None
+    stacks_sent: bool = False  # once per start: the controller asks again only for a new hang
 
 
 def torchrun_env(
@@ -96,6 +107,27 @@ def command_line(job_id: str, nodes: Sequence[str], controller: str, log_dir: Pa
         sys.executable, "-m", "vigil", "launch", "--job-id", job_id, "--nodes", ",".join(nodes),
         "--controller", controller, "--log-dir", str(log_dir), "--log-format", "json", "--", *job,
     ]  # fmt: skip
+
+
+STACKS_BYTES = 32768  # of one rank's dump: the innermost frames are at the top of each thread
+
+
+def _settled(path: Path) -> bool:
+    """A dump is there and has stopped growing (faulthandler writes it in one go from C)."""
+    try:
+        size = path.stat().st_size
+        time.sleep(0.02)
+        return size > 0 and path.stat().st_size == size
+    except OSError:
+        return False
+
+
+def _read(path: Path) -> str:
+    try:
+        with path.open("rb") as f:
+            return f.read(STACKS_BYTES).decode(errors="replace")
+    except OSError:
+        return ""
 
 
 def ended(codes: list[int]) -> Ended:
@@ -125,6 +157,8 @@ class Launcher:
                 return 1
             start = self._spawn(number, nodes)
             how, codes = self._supervise(start)
+            if start.stacks_dir is not None:
+                shutil.rmtree(start.stacks_dir, ignore_errors=True)
             log.info("job_start_ended", job=cfg.job_id, start=number, how=how.value, exit_codes=codes)
             if how is Ended.FINISHED:
                 return 0
@@ -141,6 +175,7 @@ class Launcher:
     def _spawn(self, number: int, nodes: list[str]) -> Start:
         cfg = self.config
         start, port = Start(number, nodes), str(free_port())
+        start.stacks_dir = Path(tempfile.mkdtemp(prefix=f"vigil-stacks-{cfg.job_id}-{number}-"))
         world = len(nodes) * cfg.nproc_per_node
         log.info("job_starting", job=cfg.job_id, start=number, nodes=nodes, world_size=world)
         for group_rank, node in enumerate(nodes):
@@ -153,6 +188,7 @@ class Launcher:
                     "VIGIL_CONTROLLER": cfg.controller,
                     "VIGIL_NODE": node,
                     "VIGIL_RESTART_COUNT": str(number),
+                    "VIGIL_STACKS_DIR": str(start.stacks_dir),
                 }
                 out: int | None = None
                 if cfg.log_dir is not None:
@@ -160,6 +196,7 @@ class Launcher:
                     out = os.open(cfg.log_dir / f"{node}-rank{rank}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
                 try:
                     start.procs.append(subprocess.Popen(list(cfg.command), env=env, stdout=out, stderr=out))
+                    start.ranks.append((rank, node))
                 finally:
                     if out is not None:
                         os.close(out)  # the child keeps its own copy
@@ -169,6 +206,7 @@ class Launcher:
         cfg, deadline, killed = self.config, 0.0, False
         first_failure_at: float | None = None
         next_plan = time.monotonic() + cfg.poll_s
+        stacks: list[trainer_pb2.RankStacks] = []
         while True:
             codes = [p.poll() for p in start.procs]
             if all(c is not None for c in codes):
@@ -181,7 +219,11 @@ class Launcher:
                 self._kill(start)
             if time.monotonic() >= next_plan:
                 next_plan = time.monotonic() + cfg.poll_s
-                reply = self._plan(start.nodes, stopped=False)
+                reply = self._plan(start.nodes, stopped=False, stacks=stacks)
+                stacks = []
+                if reply is not None and reply.want_stacks and not start.stacks_sent:
+                    stacks, start.stacks_sent = self._stacks(start), True
+                    next_plan = time.monotonic()  # sent at once
                 for command in reply.commands if reply else []:
                     if command.HasField("checkpoint_and_restart"):
                         deadline = command.checkpoint_and_restart.deadline
@@ -191,6 +233,27 @@ class Launcher:
                     killed = True
             time.sleep(0.1)
 
+    def _stacks(self, start: Start) -> list[trainer_pb2.RankStacks]:
+        """Every listening rank's stacks (SIGUSR2 to faulthandler), within ``stacks_wait_s``."""
+        asked: list[tuple[int, str, Path]] = []
+        for (rank, node), proc in zip(start.ranks, start.procs, strict=True):
+            path = (start.stacks_dir or Path()) / f"rank{rank}.txt"
+            if proc.poll() is not None or not path.exists():  # gone, or no handler: SIGUSR2 would kill it
+                continue
+            path.write_text("")  # the hook appends: only this dump will be there
+            proc.send_signal(signal.SIGUSR2)
+            asked.append((rank, node, path))
+        give_up = time.monotonic() + self.config.stacks_wait_s
+        while time.monotonic() < give_up and not all(_settled(p) for _, _, p in asked):
+            time.sleep(0.05)
+        found = [
+            trainer_pb2.RankStacks(rank=rank, node=node, answered=path.stat().st_size > 0, text=_read(path))
+            for rank, node, path in asked
+        ]
+        log.warning("job_stacks_taken", job=self.config.job_id, ranks=len(found),
+                    silent=[s.rank for s in found if not s.answered])  # fmt: skip
+        return found
+
     def _kill(self, start: Start) -> None:
         for p in start.procs:
             if p.poll() is None:
@@ -198,10 +261,12 @@ class Launcher:
 
     # The controller --------------------------------------------------------------------------
 
-    def _plan(self, nodes: list[str], stopped: bool) -> trainer_pb2.PlanReply | None:
+    def _plan(
+        self, nodes: list[str], stopped: bool, stacks: Sequence[trainer_pb2.RankStacks] = ()
+    ) -> trainer_pb2.PlanReply | None:
         if self._stub is None:
             return None
-        request = trainer_pb2.PlanRequest(job_id=self.config.job_id, nodes=nodes, stopped=stopped)
+        request = trainer_pb2.PlanRequest(job_id=self.config.job_id, nodes=nodes, stopped=stopped, stacks=stacks)
         try:
             reply: trainer_pb2.PlanReply = self._stub.Plan(request, timeout=self.config.rpc_timeout_s)
         except grpc.RpcError as exc:

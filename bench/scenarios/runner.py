@@ -174,6 +174,8 @@ def _play(
 ) -> tuple[dict[str, list[float]], list[SweepSeen]]:
     """Inject the events on their timeline; returns when each node's faults were injected (wall
     clock), and what each sweep found."""
+    people = kube is not None and any(e.person for e in scenario.events)
+    person_api = _person_api(kube, cluster.workdir) if kube is not None and people else None
     started, seq = time.monotonic(), 10_000
     job = _JobReporter(cluster.target, scenario.job) if scenario.job else None
     faults: dict[str, list[float]] = {}
@@ -188,7 +190,7 @@ def _play(
             continue
         if event.person is not None:
             assert kube is not None
-            _person(kube, cluster.workdir, event.node, event.person)
+            _person(kube, person_api, event.node, event.person)
             continue
         if event.sweep is not None:
             sweeps.append(_sweep(cluster.target, event.sweep))
@@ -322,13 +324,18 @@ class _JobReporter:
             time.sleep(job.window_s)
 
 
-def _person(kube: KubeApiServer, workdir: Path, node: str, person: Person) -> None:
-    """What ``kubectl cordon`` or ``kubectl taint`` does, through the person's own client."""
+def _person_api(kube: KubeApiServer, workdir: Path) -> Any:
+    """The person's own Kubernetes client, made before the timeline starts (made on a loaded machine
+    at the event's moment, it took seconds: the person acted after what the scenario meant)."""
     from kubernetes import client as k8s
 
     from controller.act.kube.client import api_client
 
-    api = k8s.CoreV1Api(api_client(kube.kubeconfig(workdir / "person-kubeconfig")))
+    return k8s.CoreV1Api(api_client(kube.kubeconfig(workdir / "person-kubeconfig")))
+
+
+def _person(kube: KubeApiServer, api: Any, node: str, person: Person) -> None:
+    """What ``kubectl cordon`` or ``kubectl taint`` does, through the person's own client."""
     if person.cordon:
         api.patch_node(node, {"spec": {"unschedulable": True}}, field_manager="kubectl-cordon")
     if person.taint:

@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import structlog
 
@@ -34,6 +34,7 @@ from controller.jobs.hang import Hang, hang_of, seconds_per_step
 from controller.jobs.mfu import Track
 from controller.jobs.restarts import Restarts
 from controller.jobs.settings import JobsConfig
+from controller.jobs.stacks import RankDump, wavefront
 from controller.jobs.state import BadProgress, Job, JobPhase, TooManyJobs, job_status, validate
 from controller.metrics import ControllerMetrics
 from controller.nodes.app_faults import JobMembership
@@ -50,6 +51,9 @@ from vigil_core.names import is_job_id, is_node_name
 from vigil_core.waiting import wait_event
 
 log = structlog.get_logger(__name__)
+
+MAX_STACK_RANKS = 4096  # dumps taken from one PlanRequest
+MAX_STACKS_CHARS = 32768  # of one rank's dump
 
 
 class JobMonitor:
@@ -164,6 +168,21 @@ class JobMonitor:
                     job.per_step.append(per)
             job.window_step = p.step
 
+    def _stacks(self, job: Job, stacks: Sequence[trainer_pb2.RankStacks]) -> None:
+        """The ranks' stacks its launcher took in a hang: the wavefront, said on the hang's page."""
+        if job.hang is None or job.wavefront is not None:
+            return
+        dumps = [
+            RankDump(s.rank, s.node if is_node_name(s.node) else "?", s.answered, s.text[:MAX_STACKS_CHARS])
+            for s in stacks[:MAX_STACK_RANKS]
+        ]
+        job.wavefront = found = wavefront(dumps)
+        culprits = [(c.rank, c.node) for c in found.culprits]
+        log.error("job_hang_located", job=job.job_id, verdict=found.verdict.value, culprits=culprits[:20],
+                  waiting=found.waiting, ranks=len(dumps))  # fmt: skip
+        text = f"where it is stuck, from its {len(dumps)} ranks' stacks: {found.describe()}"
+        self._request(PageUpdate(job.hang_incident, "", "WAVEFRONT", text[:3000]))
+
     def _unhung(self, job: Job, how: str) -> None:
         if job.hang is None:
             return
@@ -171,7 +190,7 @@ class JobMonitor:
         text = f"{how}, after {job.hang.stalled_s:.0f} s without a step"
         self._request(PageUpdate(job.hang_incident, "", "RESUMED", text, resolve=True))
         self._metrics.job_hung.labels(job.job_id).set(0)
-        job.hang = None
+        job.hang, job.wavefront = None, None
 
     def _check_hung(self, job: Job, now: float) -> None:
         cfg = self.config.hang
@@ -235,6 +254,11 @@ class JobMonitor:
         job = self.jobs.get(request.job_id)
         if job is None:
             return trainer_pb2.PlanReply(exclude_nodes=sorted(out_of_service), ready=True, detail="job not known")
+        if request.stacks:
+            self._stacks(job, request.stacks)
+        want_stacks = job.hang is not None and job.stacks_asked < job.hangs
+        if want_stacks:
+            job.stacks_asked = job.hangs  # once per hang
         if request.stopped and job.phase is JobPhase.STOPPING and job.command is not None:
             log.info("job_exited", job=job.job_id, command=job.command.id)
             self._restarts.stopped(job)
@@ -243,6 +267,7 @@ class JobMonitor:
             exclude_nodes=sorted(job.exclude | out_of_service),
             ready=job.ready,
             detail=job.recovery_note,
+            want_stacks=want_stacks,
         )
 
     def statuses(self) -> list[admin_pb2.JobStatus]:

@@ -12,6 +12,7 @@ from controller.jobs.goodput import Goodput
 from controller.jobs.hang import Hang
 from controller.jobs.mfu import Track, Unit
 from controller.jobs.save_now import SaveRequests
+from controller.jobs.stacks import Wavefront
 from controller.planning.plan import JobPlan
 from protos.vigil.v1 import admin_pb2, trainer_pb2
 from vigil_core.names import is_job_id, is_node_name
@@ -82,6 +83,8 @@ class Job:
     pause: str = ""  # what it says it is doing between steps ("checkpoint", "evaluation"); "": stepping
     hang: Hang | None = None  # hung now (controller.jobs.hang), paged once
     hangs: int = 0  # hangs paged, for their incidents' names
+    stacks_asked: int = 0  # the hang whose stacks its launcher was asked for
+    wavefront: Wavefront | None = None  # where the current hang is stuck, from the ranks' stacks
 
     def move(self, to: JobPhase) -> None:
         if to not in _TRANSITIONS[self.phase]:

@@ -2,7 +2,8 @@
 ``vigil launch`` running the bundled MoE job with one gloo rank per node. node-b's rank stops before
 a step's collectives (an application hang: it sleeps); node-a's rank waits in them, its hook's
 reporter still heartbeating. The controller finds the job hung past the bound its own steps set,
-pages once, and cordons nothing; ``vigil jobs`` shows HUNG."""
+pages once, and cordons nothing; ``vigil jobs`` shows HUNG; the launcher takes the ranks' stacks and
+the page's thread names rank 1 on node-b, in the job's own code, as where it is stuck."""
 
 from __future__ import annotations
 
@@ -57,11 +58,33 @@ def test_a_rank_that_stops_is_found_hung_paged_once_and_nothing_is_cordoned(clus
         assert hung["step"] == 25 and not hung["silent"] and hung["stalled_s"] > hung["bound_s"] >= 3.0
         pages = (cluster.tmp / "ctl.out").read_text()
         assert pages.count("incident hang-moe-") == 1 and "no step for" in pages and "nothing cordoned" in pages
+        # The launcher takes the ranks' stacks (SIGUSR2): rank 1 never entered the collective rank 0 waits in.
+        out = cluster.tmp / "ctl.out"
+        said = poll_until(lambda: [ln for ln in out.read_text().splitlines() if "WAVEFRONT" in ln], timeout=30)
+        assert isinstance(said, list) and len(said) == 1
+        assert "application: rank 1 on node-b at train.py:" in said[0] and "1 rank(s) wait in a collective" in said[0]
         assert health == {"node-a": "HEALTHY", "node-b": "HEALTHY"}  # a hang alone cordons nothing
         shown = subprocess.run(
             [sys.executable, "-m", "vigil", "jobs", "--controller", cluster.controller],
             capture_output=True, text=True, timeout=60,
         )  # fmt: skip
         assert "HUNG" in shown.stdout, shown.stdout + shown.stderr
+    finally:
+        _stop(launcher)
+
+
+def test_a_stopped_rank_is_named_as_the_host_that_does_not_answer(cluster: JobCluster) -> None:
+    launcher = cluster.launch("moe", ["node-a", "node-b"], ARGS, ENV)
+    try:
+        with AdminClient(cluster.controller) as admin:
+            poll_until(lambda: any(j.step >= 25 for j in admin.jobs()), timeout=150, what="25 steps")
+            ranks = [p for p in psutil.Process(launcher.pid).children() if p.environ().get("VIGIL_NODE") == "node-b"]
+            (rank1,) = ranks
+            rank1.suspend()  # SIGSTOP: a frozen host, as far as its rank goes
+            poll_until(lambda: any(j.hung_s > 0 for j in admin.jobs()), timeout=60, what="the job shown hung")
+        out = cluster.tmp / "ctl.out"
+        said = poll_until(lambda: [ln for ln in out.read_text().splitlines() if "WAVEFRONT" in ln], timeout=30)
+        assert isinstance(said, list) and len(said) == 1
+        assert "host: rank 1 on node-b: no answer (stopped or frozen)" in said[0], said[0]
     finally:
         _stop(launcher)

@@ -103,23 +103,39 @@ class ReportReply(_message.Message):
     def __init__(self, commands: _Optional[_Iterable[_Union[JobCommand, _Mapping]]] = ..., recommended_checkpoint_s: _Optional[float] = ...) -> None: ...
 
 class PlanRequest(_message.Message):
-    __slots__ = ("job_id", "nodes", "stopped")
+    __slots__ = ("job_id", "nodes", "stopped", "stacks")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     NODES_FIELD_NUMBER: _ClassVar[int]
     STOPPED_FIELD_NUMBER: _ClassVar[int]
+    STACKS_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     nodes: _containers.RepeatedScalarFieldContainer[str]
     stopped: bool
-    def __init__(self, job_id: _Optional[str] = ..., nodes: _Optional[_Iterable[str]] = ..., stopped: _Optional[bool] = ...) -> None: ...
+    stacks: _containers.RepeatedCompositeFieldContainer[RankStacks]
+    def __init__(self, job_id: _Optional[str] = ..., nodes: _Optional[_Iterable[str]] = ..., stopped: _Optional[bool] = ..., stacks: _Optional[_Iterable[_Union[RankStacks, _Mapping]]] = ...) -> None: ...
+
+class RankStacks(_message.Message):
+    __slots__ = ("rank", "node", "answered", "text")
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    ANSWERED_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    rank: int
+    node: str
+    answered: bool
+    text: str
+    def __init__(self, rank: _Optional[int] = ..., node: _Optional[str] = ..., answered: _Optional[bool] = ..., text: _Optional[str] = ...) -> None: ...
 
 class PlanReply(_message.Message):
-    __slots__ = ("commands", "exclude_nodes", "ready", "detail")
+    __slots__ = ("commands", "exclude_nodes", "ready", "detail", "want_stacks")
     COMMANDS_FIELD_NUMBER: _ClassVar[int]
     EXCLUDE_NODES_FIELD_NUMBER: _ClassVar[int]
     READY_FIELD_NUMBER: _ClassVar[int]
     DETAIL_FIELD_NUMBER: _ClassVar[int]
+    WANT_STACKS_FIELD_NUMBER: _ClassVar[int]
     commands: _containers.RepeatedCompositeFieldContainer[JobCommand]
     exclude_nodes: _containers.RepeatedScalarFieldContainer[str]
     ready: bool
     detail: str
-    def __init__(self, commands: _Optional[_Iterable[_Union[JobCommand, _Mapping]]] = ..., exclude_nodes: _Optional[_Iterable[str]] = ..., ready: _Optional[bool] = ..., detail: _Optional[str] = ...) -> None: ...
+    want_stacks: bool
+    def __init__(self, commands: _Optional[_Iterable[_Union[JobCommand, _Mapping]]] = ..., exclude_nodes: _Optional[_Iterable[str]] = ..., ready: _Optional[bool] = ..., detail: _Optional[str] = ..., want_stacks: _Optional[bool] = ...) -> None: ...
