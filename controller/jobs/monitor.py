@@ -285,6 +285,8 @@ class JobMonitor:
                 continue
             if job.phase is JobPhase.RUNNING:
                 self._check_hung(job, now)
+            elif job.hang is not None:  # told to stop (a node of it went): no longer a hang to watch
+                self._unhung(job, f"the job is {job.state} now")
             if job.phase is JobPhase.SWEEP_PENDING:
                 self._restarts.start_recovery_sweep(job)
             elif now - job.last_report > self.config.forget_after_s and job.phase is not JobPhase.SWEEPING:

@@ -462,5 +462,11 @@ def test_a_job_gone_silent_is_hung_too(tmp_path: Path) -> None:
         await wait_until(lambda: r.controller.jobs.jobs["moe"].hang is not None, timeout=10, what="a hang")
         hang = r.controller.jobs.jobs["moe"].hang
         assert hang is not None and hang.silent
+        r.fleet.nodes["node-1"].fault(79)  # a node of it goes: the job is told to stop, no longer a hang to watch
+        await wait_until(lambda: r.controller.jobs.jobs["moe"].hang is None, timeout=10, what="the hang cleared")
+        assert r.controller.jobs.jobs["moe"].state == "stopping"
+        await wait_until(lambda: len(r.actions("hang-moe-1")) == 2, what="the hang's page resolved")
+        (note,) = r.controller.store.read("SELECT payload FROM actions WHERE kind = 'NOTE:RESUMED'")
+        assert "the job is stopping now" in note[0]
 
     run(tmp_path, test, jobs=HANGS)
