@@ -154,9 +154,10 @@ class JobMonitor:
 
     def _progressed(self, job: Job, p: trainer_pb2.Progress, restarted: bool, now: float) -> None:
         """Hangs (controller.jobs.hang): when the step last moved, the job's seconds per step, its pause."""
-        if restarted or p.step > job.step or (job.pause and not p.pause):  # a pause's time is not a stall
+        advanced = restarted or p.step > job.step
+        if advanced or (job.pause and not p.pause):  # a pause's time is not a stall
             job.stepped_at = now
-        if restarted or p.step > job.step:
+        if advanced:
             self._unhung(job, f"stepping again at step {p.step}")
         job.pause = p.pause
         if p.event == "start":
@@ -314,7 +315,7 @@ def hang_page(job: Job, hang: Hang) -> Page:
         summary=f"job {job.job_id} is hung: {hang.describe(job.step)}; on {nodes or 'nodes not reported'}",
         remedy="look at its ranks' stacks (py-spy dump --pid, on every node) and collective state (the flight "
         "recorder, TORCH_FR_BUFFER_SIZE); the rank that never entered the collective the others wait in is "
-        "the culprit. Vigil does not name the rank yet",
+        "the culprit. Under vigil launch, this page's thread names it from the ranks' stacks",
         observed_at=hang.since,
         did="nothing cordoned: a hang alone does not say the hardware (most are the application's or the host's)",
     )
