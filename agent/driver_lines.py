@@ -19,8 +19,9 @@ Driver formats seen in the field:
   non-posted PRIV error (First)``; the driver follows it with lines of the same SXid that carry no
   severity (``..., Severity 0 Engine instance 32 ...``, ``..., Data {0x...}``): those add nothing.
   Some SXids carry no severity field at all (``..., 24007, SOE watchdog error``, ``SOE halted``,
-  ``SOE external error``): fatal when their text names the switch's management engine (SOE), a halt
-  or a watchdog, since the switch cannot manage its links then; otherwise non-fatal
+  ``SOE external error``): the SXid catalog's severity where it names the code
+  (``vigil_core.sxid``), else fatal when their text names the switch's management engine (SOE), a
+  halt or a watchdog, since the switch cannot manage its links then; otherwise non-fatal
 
 Any process with root can write to ``/dev/kmsg``, and a buggy driver can write anything, so every
 number is read with a bounded pattern of ASCII digits and range-checked before it becomes an
@@ -34,6 +35,7 @@ import re
 from dataclasses import dataclass
 
 from vigil_core.signals import normalize_pci_bus_id
+from vigil_core.sxid import catalog_fatal
 
 _BUS_ID = r"(?P<bus>[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-7])?)"
 _BUS = r"(?:PCI:)?" + _BUS_ID
@@ -155,9 +157,10 @@ def _sxid_line(match: re.Match[str]) -> SxidLine:
         raise UnparsedLine("out_of_range", f"SXid code {match['code']} is beyond any driver's")
     if match["severity"] is not None:
         fatal, detail = match["severity"] == "Fatal", (match["rest"] or "").strip()
-    else:  # no severity field: judged by what it names (the management engine, a halt, a watchdog)
+    else:  # no severity field: the catalog's, else what it names (the management engine, a halt, a watchdog)
         detail = (match["text"] or "").strip()
-        fatal = bool(_SXID_GRAVE_RE.search(detail)) or code // 1000 == 24
+        known = catalog_fatal(code)
+        fatal = known if known is not None else bool(_SXID_GRAVE_RE.search(detail)) or code // 1000 == 24
     return SxidLine(int(match["switch"]), bus_of(match["where"]), code, fatal, detail)
 
 
