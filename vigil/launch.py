@@ -15,10 +15,11 @@ How a start ends, and what happens next:
   controller for its plan (``Plan``): which nodes to leave out, and to wait while the controller
   sweeps the remaining ones; then it starts the job again on the nodes left;
 - the controller's CHECKPOINT_AND_RESTART deadline passes with ranks still running (a dead node
-  hangs collectives): the launcher kills them all, and the job restarts from its last committed
-  checkpoint, as above;
+  hangs collectives; a hung job, whose deadline is short since it cannot save): the launcher aborts
+  them all (SIGTERM, then SIGKILL after ``term_grace_s``), and the job restarts from its last
+  committed checkpoint, as above;
 - a rank fails (any other exit): the others would hang in their next collective, so they are
-  killed after ``kill_grace_s``; the job restarts, up to ``max_failures`` times.
+  aborted after ``kill_grace_s``; the job restarts, up to ``max_failures`` times.
 An unreachable controller never stops the launcher: it restarts with what it knows.
 
 While the job runs, when the controller finds it hung (its Plan reply wants the stacks), the
@@ -71,6 +72,7 @@ class LaunchConfig:
     poll_s: float = 1.0
     plan_wait_s: float = 900.0
     kill_grace_s: float = 10.0
+    term_grace_s: float = 5.0  # between SIGTERM and SIGKILL, when the launcher aborts the ranks
     rpc_timeout_s: float = 2.0
     stacks_wait_s: float = 2.0  # for the ranks' stacks, when the controller wants them (a hang)
     tls: TlsFiles | None = None  # the launcher's certificate (trainer: or admin:); None: plaintext
@@ -84,6 +86,7 @@ class Start:
     ranks: list[tuple[int, str]] = field(default_factory=list)  # (rank, node) of each process
     stacks_dir: Path | None = None
     stacks_sent: bool = False  # once per start: the controller asks again only for a new hang
+    termed_at: float = 0.0  # when the launcher sent its ranks SIGTERM (monotonic; 0: not yet)
 
 
 def torchrun_env(
@@ -229,8 +232,9 @@ class Launcher:
                         deadline = command.checkpoint_and_restart.deadline
                 if deadline and time.time() > deadline and not killed:
                     log.warning("job_deadline_passed_killing", job=cfg.job_id, start=start.number)
-                    self._kill(start)
                     killed = True
+            if killed:
+                self._kill(start)
             time.sleep(0.1)
 
     def _stacks(self, start: Start) -> list[trainer_pb2.RankStacks]:
@@ -255,9 +259,18 @@ class Launcher:
         return found
 
     def _kill(self, start: Start) -> None:
+        """Abort the ranks: SIGTERM first (a rank may still leave cleanly), SIGKILL after ``term_grace_s``
+        (a hung rank never will). Called again on every turn of the supervising loop until they are gone."""
+        if not start.termed_at:
+            start.termed_at = time.monotonic()
+            how = signal.SIGTERM
+        elif time.monotonic() - start.termed_at > self.config.term_grace_s:
+            how = signal.SIGKILL
+        else:
+            return
         for p in start.procs:
             if p.poll() is None:
-                p.send_signal(signal.SIGKILL)
+                p.send_signal(how)
 
     # The controller --------------------------------------------------------------------------
 

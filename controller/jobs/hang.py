@@ -11,7 +11,8 @@ from, ``unlearned_s``. A save (the hook says so while the loop saves) or a pause
 (an evaluation) is not a hang, nor is a job told to stop.
 
 A hang alone does not say the hardware (most watchdog timeouts are on the CPU side: the
-application, the host): it pages, and cordons nothing.
+application, the host): it pages, and cordons nothing. Joined with where its ranks are stuck and
+its nodes' own signals (``controller.jobs.hang_evidence``), a node with evidence is quarantined.
 """
 
 from __future__ import annotations
@@ -31,6 +32,17 @@ class HangConfig(ConfigModel):
     ceiling_s: float = Field(default=600.0, gt=0, description="always hung past this (the NCCL watchdog's default)")
     unlearned_s: float = Field(default=300.0, gt=0, description="the bound before the job has a window to learn from")
     learn_windows: int = Field(default=30, ge=1, description="the recent windows the bound learns from")
+    evidence_s: float = Field(
+        default=60.0, ge=0, description="a node's hardware signal from this long before the job's last step on "
+        "joins its hang (controller.jobs.hang_evidence): that node is quarantined and the job restarted without it"
+    )  # fmt: skip
+    stacks_wait_s: float = Field(
+        default=15.0, gt=0, description="after a hang is found, how long to wait for its ranks' stacks before "
+        "judging it without them (a job not under vigil launch gives none)"
+    )  # fmt: skip
+    abort_after_s: float = Field(
+        default=10.0, gt=0, description="a hung job told to restart cannot save: its launcher aborts it after this"
+    )
 
     @model_validator(mode="after")
     def _ordered(self) -> HangConfig:

@@ -31,6 +31,7 @@ import structlog
 from controller.jobs.drops import DropJudge
 from controller.jobs.goodput import KINDS, committed, started, trained
 from controller.jobs.hang import Hang, hang_of, seconds_per_step
+from controller.jobs.hang_evidence import fault_of, hang_blame
 from controller.jobs.mfu import Track
 from controller.jobs.restarts import Restarts
 from controller.jobs.settings import JobsConfig
@@ -39,7 +40,7 @@ from controller.jobs.state import BadProgress, Job, JobPhase, TooManyJobs, job_s
 from controller.metrics import ControllerMetrics
 from controller.nodes.app_faults import JobMembership
 from controller.nodes.fleet import FleetView
-from controller.nodes.found import Report
+from controller.nodes.found import Found, Report, Source
 from controller.nodes.node_events import NodeEvents
 from controller.planning.plan import JobPlan, job_plan
 from controller.sweeps.sweeper import Sweeper
@@ -77,6 +78,7 @@ class JobMonitor:
         self.clock = clock
         self.jobs: dict[str, Job] = {}
         self.finished: deque[Job] = deque(maxlen=64)  # for reports only
+        self._report = report  # a node blamed for a hang goes through the policy and the guardrails
         self._drops = DropJudge(fleet, report, request, metrics, config, clock)
         self._restarts = Restarts(self.jobs, fleet, request, metrics, sweeper, config, clock)
         quarantines.subscribe(self._restarts.node_quarantined)  # a node is going: the jobs on it must stop
@@ -183,6 +185,37 @@ class JobMonitor:
                   waiting=found.waiting, ranks=len(dumps))  # fmt: skip
         text = f"where it is stuck, from its {len(dumps)} ranks' stacks: {found.describe()}"
         self._request(PageUpdate(job.hang_incident, "", "WAVEFRONT", text[:3000]))
+        self._judge_hang(job)
+
+    def _judge_hang(self, job: Job) -> None:
+        """Once per hang: its wavefront (or none) joined with its nodes' own signals; a node with
+        evidence goes to the engine as a fault the controller found, and its quarantine stops the job."""
+        if job.hang is None or job.hang_judged:
+            return
+        job.hang_judged = True
+        faults = [
+            f
+            for node in job.nodes
+            for key, at in self._fleet.recent_faults(node)
+            if (f := fault_of(node, key, at)) is not None
+        ]
+        cfg = self.config.hang
+        out = {n for n in job.nodes if self._fleet.health(n) in (Health.UNHEALTHY, Health.QUARANTINED)}
+        nodes = [n for n in job.nodes if n not in out]
+        blame = hang_blame(job.wavefront, nodes, faults, job.hang.since, cfg.evidence_s)
+        log.warning("job_hang_judged", job=job.job_id, blamed=list(blame.nodes), why=blame.why)
+        if not blame.nodes:
+            self._request(PageUpdate(job.hang_incident, "", "NO-EVIDENCE", blame.why[:3000]))
+            return
+        said = []
+        for node in blame.nodes:
+            evidence = ", ".join(sorted({f.describe() for f in blame.evidence if f.node == node}))
+            reason = f"job {job.job_id} hung with {node}'s own signals ({evidence}): {blame.why}"
+            outcome = self._report(Found(node, job.hang_incident, reason[:2000], Source.HANG))
+            said.append(f"{node}: {outcome}")
+            log.warning("job_hang_blamed", job=job.job_id, node=node, outcome=str(outcome))
+        text = f"{blame.why}. Blamed: {'; '.join(said)}"
+        self._request(PageUpdate(job.hang_incident, "", "HARDWARE", text[:3000]))
 
     def _unhung(self, job: Job, how: str) -> None:
         if job.hang is None:
@@ -191,7 +224,7 @@ class JobMonitor:
         text = f"{how}, after {job.hang.stalled_s:.0f} s without a step"
         self._request(PageUpdate(job.hang_incident, "", "RESUMED", text, resolve=True))
         self._metrics.job_hung.labels(job.job_id).set(0)
-        job.hang, job.wavefront = None, None
+        job.hang, job.wavefront, job.hang_judged = None, None, False
 
     def _check_hung(self, job: Job, now: float) -> None:
         cfg = self.config.hang
@@ -201,11 +234,14 @@ class JobMonitor:
             return
         if job.hang is None:
             job.hangs += 1
+            job.hang_found_at, job.hang_judged = now, False
             log.error("job_hung", job=job.job_id, step=job.step, stalled_s=round(hang.stalled_s, 1),
                       bound_s=round(hang.bound_s, 1), silent=hang.silent, nodes=list(job.nodes))  # fmt: skip
             self._request(hang_page(job, hang))
         job.hang = hang
         self._metrics.job_hung.labels(job.job_id).set(hang.stalled_s)
+        if job.wavefront is None and now - job.hang_found_at > cfg.stacks_wait_s:
+            self._judge_hang(job)  # no stacks came (a job not under vigil launch): judged without them
 
     def plan_of(self, job: Job) -> JobPlan | None:
         """The job's plan, from its size and its own measured save and restart times."""

@@ -71,11 +71,13 @@ class Restarts:
     def _command(self, job: Job, reason: str) -> None:
         job.move(JobPhase.STOPPING)
         job.commands_sent += 1
+        # A hung job cannot save: its launcher aborts it soon, and it restarts from its last checkpoint.
+        give_s = self.config.hang.abort_after_s if job.hang is not None else self.config.deadline_s
         job.command = trainer_pb2.CheckpointAndRestart(
             id=f"{job.job_id}-r{max(job.restart_count, 0)}-c{job.commands_sent}",
             reason=reason,
             exclude_nodes=sorted(job.exclude),
-            deadline=self.clock() + self.config.deadline_s,
+            deadline=self.clock() + give_s,
         )
         self._metrics.job_commands.labels("mfu" if job.sweep_on_stop else "quarantine").inc()
         log.warning("job_command", job=job.job_id, command=job.command.id, exclude=sorted(job.exclude), reason=reason)

@@ -85,6 +85,8 @@ class Job:
     hangs: int = 0  # hangs paged, for their incidents' names
     stacks_asked: int = 0  # the hang whose stacks its launcher was asked for
     wavefront: Wavefront | None = None  # where the current hang is stuck, from the ranks' stacks
+    hang_found_at: float = 0.0  # when the current hang was found (the controller's clock)
+    hang_judged: bool = False  # the current hang joined with its nodes' signals (once per hang)
 
     def move(self, to: JobPhase) -> None:
         if to not in _TRANSITIONS[self.phase]:

@@ -53,6 +53,10 @@ class FleetView(Protocol):
         """When the node's latest page-worthy fault was observed (0: none the controller remembers)."""
         ...
 
+    def recent_faults(self, node: str) -> list[tuple[str, float]]:
+        """The node's remembered incidents, recorded ones too: (key ``gpu|KIND|code``, last seen)."""
+        ...
+
     def is_connected(self, node: str) -> bool: ...
 
     def address(self, node: str) -> str:
@@ -118,6 +122,10 @@ class Fleet:
     def last_fault_at(self, node: str) -> float:
         entry = self.nodes.get(node)
         return entry.state.last_fault_at if entry is not None else 0.0
+
+    def recent_faults(self, node: str) -> list[tuple[str, float]]:
+        entry = self.nodes.get(node)
+        return [] if entry is None else [(r.key, r.last_at) for r in entry.state.incidents]
 
     def address(self, node: str) -> str:
         entry = self.nodes.get(node)

@@ -21,6 +21,7 @@ class Source(StrEnum):
 
     SWEEP = "sweep"  # a sweep's check or its pairwise all-reduce
     MFU = "mfu"  # a job's MFU drop, blamed on a node
+    HANG = "hang"  # a hung job, blamed on a node with a hardware signal of its own
     INVENTORY = "inventory"  # a node came back with fewer GPUs
     CONTROLLER = "controller"  # the controller's own bookkeeping (a replaced spool)
 

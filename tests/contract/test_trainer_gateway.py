@@ -21,7 +21,7 @@ from controller.config import ControllerConfig, JobsConfig, LimitsConfig
 from controller.daemon import Controller
 from controller.jobs.hang import HangConfig
 from controller.planning.plan import job_plan
-from protos.vigil.v1 import admin_pb2, admin_pb2_grpc, trainer_pb2, trainer_pb2_grpc
+from protos.vigil.v1 import admin_pb2, admin_pb2_grpc, common_pb2, trainer_pb2, trainer_pb2_grpc
 from tests.fakes.fleet import Fleet
 from tests.fakes.sim_checks import SimulatedChecks
 from tests.helpers import stop_controller, wait_until
@@ -49,6 +49,13 @@ class Rig:
         )  # fmt: skip
         reply = await self.trainer.Report(p)
         return [c.checkpoint_and_restart.id for c in reply.commands]
+
+    async def stepped_to_30(self) -> None:
+        """Job "moe" started and stepped to 30, 10 steps in 0.1 s a window: its hang bound is its floor."""
+        now = time.time()
+        await self.window(0.5, event="start", step=0, window_end=now)
+        for step in (10, 20, 30):
+            await self.window(0.5, step=step, window_start=now, window_end=now + 0.1)
 
     async def plan(self, stopped: bool = False, nodes: list[str] = NODES) -> trainer_pb2.PlanReply:
         return await self.trainer.Plan(trainer_pb2.PlanRequest(job_id="moe", nodes=nodes, stopped=stopped))
@@ -416,6 +423,9 @@ def test_early_signs_on_a_jobs_node_ask_it_to_save_and_the_reply_says_how_often(
 
 
 HANGS = FAST.model_copy(update={"hang": HangConfig(floor_s=0.6, factor=3, unlearned_s=5)})
+HANGS_JOINED = FAST.model_copy(
+    update={"hang": HangConfig(floor_s=0.6, factor=3, unlearned_s=5, stacks_wait_s=0.5, abort_after_s=5)}
+)
 
 
 def test_a_job_whose_step_stops_while_rank_0_heartbeats_is_hung_paged_once_and_cleared(tmp_path: Path) -> None:
@@ -455,10 +465,7 @@ def test_a_job_whose_step_stops_while_rank_0_heartbeats_is_hung_paged_once_and_c
 
 def test_a_job_gone_silent_is_hung_too(tmp_path: Path) -> None:
     async def test(r: Rig) -> None:
-        now = time.time()
-        await r.window(0.5, event="start", step=0, window_end=now)
-        for step in (10, 20, 30):
-            await r.window(0.5, step=step, window_start=now, window_end=now + 0.1)
+        await r.stepped_to_30()
         await wait_until(lambda: r.controller.jobs.jobs["moe"].hang is not None, timeout=10, what="a hang")
         hang = r.controller.jobs.jobs["moe"].hang
         assert hang is not None and hang.silent
@@ -470,3 +477,46 @@ def test_a_job_gone_silent_is_hung_too(tmp_path: Path) -> None:
         assert "the job is stopping now" in note[0]
 
     run(tmp_path, test, jobs=HANGS)
+
+
+def test_a_hung_job_without_stacks_joined_with_a_nodes_own_signal_takes_that_node_out(tmp_path: Path) -> None:
+    """A job not under vigil launch gives no stacks: after ``stacks_wait_s`` its hang is judged without
+    them. node-2's NVLink error counters grew just before (recorded only, alone): that is the evidence;
+    node-2 is quarantined, and the job, which cannot save, is told to restart without it at once."""
+
+    async def test(r: Rig) -> None:
+        await r.stepped_to_30()
+        r.fleet.nodes["node-2"].fault(4, kind=common_pb2.NVLINK_ERRORS, message="NVLink CRC errors grew by 4")
+        commands: list[str] = []
+        for _ in range(100):
+            commands += [c for c in await r.window(0.5, event="heartbeat", step=30) if c]  # not a save's ask
+            if commands:
+                break
+            await asyncio.sleep(0.1)
+        stop = r.controller.jobs.jobs["moe"].command
+        assert stop is not None and commands == [stop.id]
+        assert list(stop.exclude_nodes) == ["node-2"] and "node-2 quarantined" in stop.reason
+        assert stop.deadline - time.time() < HANGS_JOINED.hang.abort_after_s  # it cannot save: aborted soon
+        health = {n.node: n.health for n in (await r.admin.GetStatus(admin_pb2.StatusRequest())).nodes}
+        assert health["node-2"] == "QUARANTINED" and {health[n] for n in NODES if n != "node-2"} == {"HEALTHY"}
+        (note,) = r.controller.store.read("SELECT payload FROM actions WHERE kind = 'NOTE:HARDWARE'")
+        assert "no stacks to say where it is stuck" in note[0] and "node-2: NVLINK_ERRORS 4" in note[0]
+
+    run(tmp_path, test, jobs=HANGS_JOINED)
+
+
+def test_a_hung_job_whose_nodes_show_nothing_is_paged_and_nothing_is_cordoned(tmp_path: Path) -> None:
+    async def test(r: Rig) -> None:
+        await r.stepped_to_30()
+        r.fleet.nodes["node-2"].fault(43, message="a teardown's XID 43: the application's, not evidence")
+        for _ in range(100):
+            assert not await r.window(0.5, event="heartbeat", step=30)
+            if r.controller.store.read("SELECT payload FROM actions WHERE kind = 'NOTE:NO-EVIDENCE'"):
+                break
+            await asyncio.sleep(0.1)
+        (note,) = r.controller.store.read("SELECT payload FROM actions WHERE kind = 'NOTE:NO-EVIDENCE'")
+        assert "no node of the job shows a hardware signal of its own: nothing cordoned" in note[0]
+        health = {n.node: n.health for n in (await r.admin.GetStatus(admin_pb2.StatusRequest())).nodes}
+        assert set(health.values()) == {"HEALTHY"}
+
+    run(tmp_path, test, jobs=HANGS_JOINED)

@@ -151,6 +151,11 @@ class JobCluster:
         out = open(self.tmp / "launch.log", "wb")  # noqa: SIM115 (the child keeps it)
         return subprocess.Popen(command, env={**os.environ, **env}, stdout=out, stderr=subprocess.STDOUT)
 
+    def kernel_line(self, node: str, text: str) -> None:
+        """A line of the node's kernel log, as dmesg prints it."""
+        with open(self.kmsg[node], "a") as f:
+            f.write(text.rstrip("\n") + "\n")
+
     def xid(self, node: str, code: int = 79, text: str = "GPU has fallen off the bus.") -> None:
         """An XID line in the node's kernel log, on its third simulated GPU."""
         with open(self.kmsg[node], "a") as f:

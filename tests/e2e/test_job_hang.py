@@ -29,7 +29,7 @@ ENV = {"VIGIL_WINDOW_STEPS": "10", "OMP_NUM_THREADS": "1"}
 
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[JobCluster]:
-    jobs = {"hang": {"floor_s": 3.0, "factor": 8.0}}  # a test's patience; the default floor is 10 s
+    jobs = {"hang": {"floor_s": 3.0, "factor": 8.0, "abort_after_s": 2.0}}  # a test's patience (default floor 10 s)
     with job_cluster(tmp_path, pager="console", jobs=jobs) as c:
         yield c
 
@@ -86,5 +86,42 @@ def test_a_stopped_rank_is_named_as_the_host_that_does_not_answer(cluster: JobCl
         said = poll_until(lambda: [ln for ln in out.read_text().splitlines() if "WAVEFRONT" in ln], timeout=30)
         assert isinstance(said, list) and len(said) == 1
         assert "host: rank 1 on node-b: no answer (stopped or frozen)" in said[0], said[0]
+    finally:
+        _stop(launcher)
+
+
+def test_a_hang_every_rank_waits_in_joined_with_a_nodes_own_signal_takes_that_node_out_and_restarts(
+    cluster: JobCluster,
+) -> None:
+    """node-b's rank waits for a tensor nobody sends (as on a broken link) while node-a's waits in its
+    all-reduce: every rank in a collective, the network or a GPU. node-b's NVSwitch reported a non-fatal
+    SXid just before (alone, recorded only): joined with the hang, that is the evidence. node-b is
+    quarantined, the hung job is aborted (it cannot save) and starts again on node-a alone."""
+    args = [*ARGS, "--hang-node", "node-b", "--hang-at-step", "25", "--hang-how", "collective"]
+    launcher = cluster.launch("moe", ["node-a", "node-b"], args, ENV)
+    try:
+        with AdminClient(cluster.controller) as admin:
+            poll_until(lambda: any(j.step >= 15 for j in admin.jobs()), timeout=150, what="15 steps")
+            sxid = "nvidia-nvswitch0: SXid (PCI:0000:c5:00.0): 12028, Non-fatal, Link 7 egress non-posted PRIV error"
+            cluster.kernel_line("node-b", sxid)
+
+            def health() -> dict[str, str]:
+                return {n.node: n.health for n in admin.status().nodes}
+
+            poll_until(lambda: health()["node-b"] == "QUARANTINED", timeout=120, what="node-b quarantined")
+            assert health()["node-a"] == "HEALTHY"
+            poll_until(
+                lambda: any(j.restart_count >= 1 and j.state == "running" for j in admin.jobs()),
+                timeout=90,
+                what="the job started again",
+            )
+        out = (cluster.tmp / "ctl.out").read_text()
+        (wave,) = [ln for ln in out.splitlines() if "WAVEFRONT" in ln]
+        assert "waits in a collective: the network or a GPU" in wave, wave
+        (hardware,) = [ln for ln in out.splitlines() if "HARDWARE" in ln]
+        assert "node-b: SXID_NONFATAL 12028" in hardware and "quarantine requested" in hardware, hardware
+        starts = [e for e in json_lines(cluster.tmp / "launch.log") if e.get("event") == "job_starting"]
+        assert [s["nodes"] for s in starts] == [["node-a", "node-b"], ["node-a"]]
+        assert any(e.get("event") == "job_deadline_passed_killing" for e in json_lines(cluster.tmp / "launch.log"))
     finally:
         _stop(launcher)

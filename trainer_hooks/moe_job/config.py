@@ -137,6 +137,12 @@ class TrainConfig(ConfigModel):
     slow_from_step: int = Field(default=0, ge=0, description="inject: from this step on")
     hang_node: str | None = Field(default=None, description="inject: the ranks on this node stop stepping (a hang)")
     hang_at_step: int = Field(default=0, ge=0, description="inject: at this step, before its collectives")
+    hang_how: Literal["sleep", "collective", "read"] = Field(
+        default="sleep",
+        description="inject: how they stop: sleep (the job's own code), collective (a receive nobody sends: "
+        "every rank then waits in a collective, as on a broken link), read (blocked reading a FIFO: a data "
+        "loader on a dead mount)",
+    )
 
     @field_validator("checkpoint_layers")
     @classmethod

@@ -24,6 +24,7 @@ import signal
 import sys
 import time
 from dataclasses import asdict
+from pathlib import Path
 from types import FrameType
 
 import torch
@@ -63,6 +64,20 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
     except ValueError as exc:  # pydantic names the bad argument
         parser.error(str(exc))
         raise  # unreachable: parser.error exits
+
+
+def stop_here(how: str, rank: int, world: int, out: Path) -> None:
+    """Fault injection: this rank stops stepping, for good, the way ``how`` says."""
+    if how == "collective":  # waits for a tensor no rank sends: the others wait in their all-reduce
+        dist.recv(torch.zeros(1), src=(rank + 1) % world)
+    elif how == "read":  # a read that never returns, as from a dead mount (a FIFO nobody writes)
+        fifo = out / f"stuck-rank{rank}.fifo"
+        fifo.unlink(missing_ok=True)
+        os.mkfifo(fifo)
+        with open(os.open(fifo, os.O_RDWR), "rb") as f:  # O_RDWR: opening does not wait for a writer
+            f.read(1)
+    while True:
+        time.sleep(1)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -119,9 +134,8 @@ def main(argv: list[str] | None = None) -> int:
     trained_s = 0.0
     while state.step < cfg.steps:
         if hang and state.step >= cfg.hang_at_step:
-            print(f"injected: rank {rank} hangs at step {state.step}", file=sys.stderr, flush=True)  # its own log
-            while True:
-                time.sleep(1)
+            print(f"injected: rank {rank} hangs at step {state.step} ({cfg.hang_how})", file=sys.stderr, flush=True)
+            stop_here(cfg.hang_how, rank, world, cfg.out)
         started = time.perf_counter()
         batch = torch.from_numpy(sampler.batch(state.consumed, cfg.global_batch, rank, world)).to(device)
         for group in optimizer.param_groups:
