@@ -25,7 +25,8 @@ An unreachable controller never stops the launcher: it restarts with what it kno
 While the job runs, when the controller finds it hung (its Plan reply wants the stacks), the
 launcher asks each rank whose hook listens (VIGIL_STACKS_DIR: its ``rankN.txt`` is there) for every
 thread's stack with SIGUSR2, waits up to ``stacks_wait_s`` for them, and sends them with its next
-Plan: a rank that does not answer is stopped or frozen. Nothing is killed for it.
+Plan, each with its main thread's state and kernel wait from /proc (a read in C leaves no Python
+frame; the kernel says it): a rank that does not answer is stopped or frozen. Nothing is killed for it.
 """
 
 from __future__ import annotations
@@ -131,6 +132,18 @@ def _read(path: Path) -> str:
             return f.read(STACKS_BYTES).decode(errors="replace")
     except OSError:
         return ""
+
+
+def kernel_view(pid: int) -> dict[str, str]:
+    """The rank's main thread as the kernel sees it: its state letter and the function it waits in
+    (``/proc/PID/stat``, ``/proc/PID/wchan``); empty where /proc does not say (not Linux, gone)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        wchan = Path(f"/proc/{pid}/wchan").read_text().strip()
+    except OSError:
+        return {}
+    state = stat.rsplit(")", 1)[-1].split()[:1]  # after the command's name, which may hold spaces
+    return {"state": state[0] if state else "", "kernel_wait": "" if wchan == "0" else wchan}
 
 
 def ended(codes: list[int]) -> Ended:
@@ -250,8 +263,11 @@ class Launcher:
         give_up = time.monotonic() + self.config.stacks_wait_s
         while time.monotonic() < give_up and not all(_settled(p) for _, _, p in asked):
             time.sleep(0.05)
+        procs = {rank: proc for (rank, _), proc in zip(start.ranks, start.procs, strict=True)}
         found = [
-            trainer_pb2.RankStacks(rank=rank, node=node, answered=path.stat().st_size > 0, text=_read(path))
+            trainer_pb2.RankStacks(
+                rank=rank, node=node, answered=path.stat().st_size > 0, text=_read(path), **kernel_view(procs[rank].pid)
+            )
             for rank, node, path in asked
         ]
         log.warning("job_stacks_taken", job=self.config.job_id, ranks=len(found),

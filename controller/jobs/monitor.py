@@ -176,7 +176,14 @@ class JobMonitor:
         if job.hang is None or job.wavefront is not None:
             return
         dumps = [
-            RankDump(s.rank, s.node if is_node_name(s.node) else "?", s.answered, s.text[:MAX_STACKS_CHARS])
+            RankDump(
+                s.rank,
+                s.node if is_node_name(s.node) else "?",
+                s.answered,
+                s.text[:MAX_STACKS_CHARS],
+                s.state[:1] if s.state[:1].isalpha() else "",
+                s.kernel_wait[:64] if s.kernel_wait.replace("_", "").replace(".", "").isalnum() else "",
+            )
             for s in stacks[:MAX_STACK_RANKS]
         ]
         job.wavefront = found = wavefront(dumps)

@@ -4,9 +4,12 @@ Each rank's dump is Python's ``faulthandler`` output (every thread, most recent 
 hook writes it on SIGUSR2 and its launcher reads it. In a hang, the ranks that reached the collective
 the others wait in show ``torch.distributed`` frames in their training thread; the rank that never
 entered it is the culprit, and its innermost frames say where it is instead (a data loader's read,
-a sleep or a loop in the job's own code). A rank that gives no dump at all is stopped or frozen (the
-host). When every rank waits in a collective, the collective itself does not complete: the network
-or a GPU, which only the nodes' own signals can name.
+a sleep or a loop in the job's own code). A read in C (``f.read()``, ``os.read``) leaves no Python
+frame of its own: there the kernel's view of the rank's main thread, which its launcher reads from
+``/proc`` (its state and the kernel function it waits in, "wchan"), says it: waiting on I/O ("D"),
+or in a pipe's, a socket's or a network filesystem's read. A rank that gives no dump at all is
+stopped or frozen (the host). When every rank waits in a collective, the collective itself does not
+complete: the network or a GPU, which only the nodes' own signals can name.
 """
 
 from __future__ import annotations
@@ -20,6 +23,11 @@ _THREAD = re.compile(r"^(Current thread|Thread) (0x[0-9a-f]+)", re.MULTILINE)
 _FRAME = re.compile(r'^\s+File "(?P<file>[^"]*)", line (?P<line>\d+) in (?P<func>\S+)', re.MULTILINE)
 _IO_FUNCS = frozenset({"read", "readinto", "readline", "recv", "recv_into", "select", "poll", "accept", "_recv"})
 _STDLIB = ("/lib/python", "site-packages", "dist-packages", "<frozen")
+# Kernel functions a thread blocked reading waits in: a pipe or FIFO, a socket, a network or FUSE
+# filesystem, a block device (the names vary across kernel versions; matched as prefixes).
+_IO_WAITS = ("pipe_read", "anon_pipe_read", "pipe_wait", "sk_wait_data", "wait_woken", "unix_stream_read",
+             "tcp_recvmsg", "inet_csk_accept", "nfs", "rpc_", "fuse", "io_schedule", "folio_wait", "wait_on_page",
+             "do_select", "do_sys_poll", "ep_poll", "request_wait_answer")  # fmt: skip
 
 
 class HangClass(StrEnum):
@@ -36,6 +44,8 @@ class RankDump:
     node: str
     answered: bool
     text: str = ""
+    state: str = ""  # the main thread's, from /proc: "S", "D" (waiting on I/O), "T" (stopped); "" unknown
+    kernel_wait: str = ""  # the kernel function it waits in (wchan); "" unknown
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,7 +70,12 @@ class Wavefront:
         if not self.culprits:
             return "no rank waits in a collective and none stands out: the stacks do not say"
         named = "; ".join(
-            f"rank {c.rank} on {c.node}" + (f" at {c.where}" if c.answered else ": no answer (stopped or frozen)")
+            f"rank {c.rank} on {c.node}"
+            + (
+                f" at {c.where}"
+                if c.answered
+                else ": no answer (stopped or frozen" + (f"; {c.where})" if c.where else ")")
+            )
             for c in self.culprits[:8]
         )
         more = f" and {len(self.culprits) - 8} more" if len(self.culprits) > 8 else ""
@@ -75,7 +90,17 @@ def place(dump: RankDump) -> RankPlace:
     top = frames[0] if frames else None
     where = f"{own[0].rsplit('/', 1)[-1]}:{own[1]} in {own[2]}" if own else (f"{top[2]}" if top else "")
     io = top is not None and (top[2] in _IO_FUNCS or "torch/utils/data" in top[0])
+    io = io or kernel_reading(dump.state, dump.kernel_wait)
+    if not dump.answered:  # no frames: what the kernel says of it is all there is
+        where = ", ".join(w for w in (f"kernel state {dump.state}" if dump.state else "", dump.kernel_wait) if w)
+    elif dump.kernel_wait and not in_collective:
+        where += f" (kernel: {dump.kernel_wait})"
     return RankPlace(dump.rank, dump.node, dump.answered, in_collective, where, io)
+
+
+def kernel_reading(state: str, kernel_wait: str) -> bool:
+    """Whether the kernel says the thread is blocked on I/O: uninterruptible, or waiting in a read."""
+    return state == "D" or kernel_wait.startswith(_IO_WAITS)
 
 
 def wavefront(dumps: Sequence[RankDump]) -> Wavefront:

@@ -85,7 +85,27 @@ def test_a_stopped_rank_is_named_as_the_host_that_does_not_answer(cluster: JobCl
         out = cluster.tmp / "ctl.out"
         said = poll_until(lambda: [ln for ln in out.read_text().splitlines() if "WAVEFRONT" in ln], timeout=30)
         assert isinstance(said, list) and len(said) == 1
-        assert "host: rank 1 on node-b: no answer (stopped or frozen)" in said[0], said[0]
+        assert "host: rank 1 on node-b: no answer (stopped or frozen; kernel state T" in said[0], said[0]
+    finally:
+        _stop(launcher)
+
+
+def test_a_rank_blocked_in_a_read_is_named_io_from_the_kernels_view_and_nothing_is_cordoned(
+    cluster: JobCluster,
+) -> None:
+    """node-b's rank blocks reading a FIFO nobody writes (a data loader on a dead mount): the read is in
+    C, so its innermost Python frame is the job's own; the kernel's view of it (wchan) says the read."""
+    args = [*ARGS, "--hang-node", "node-b", "--hang-at-step", "25", "--hang-how", "read"]
+    launcher = cluster.launch("moe", ["node-a", "node-b"], args, ENV)
+    try:
+        out = cluster.tmp / "ctl.out"
+        said = poll_until(lambda: [ln for ln in out.read_text().splitlines() if "WAVEFRONT" in ln], timeout=180)
+        assert isinstance(said, list) and len(said) == 1
+        assert "I/O or data loading: rank 1 on node-b at train.py:" in said[0] and "pipe" in said[0], said[0]
+        note = poll_until(lambda: [ln for ln in out.read_text().splitlines() if "NO-EVIDENCE" in ln], timeout=30)
+        assert isinstance(note, list) and "not the hardware" in note[0]
+        with AdminClient(cluster.controller) as admin:
+            assert {n.health for n in admin.status().nodes} == {"HEALTHY"}
     finally:
         _stop(launcher)
 

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from controller.jobs.stacks import HangClass, RankDump, place, wavefront
+import pytest
+
+from controller.jobs.stacks import HangClass, RankDump, kernel_reading, place, wavefront
+from vigil.launch import kernel_view
 
 # As faulthandler writes it on a signal: the reporter thread, then the training thread (the
 # program's, <module> at its bottom) waiting in a gloo all_gather inside the hook's exchange.
@@ -89,3 +93,67 @@ def test_a_real_faulthandler_dump_of_a_sleeping_program_is_read(tmp_path: Path) 
     assert not rank.in_collective and rank.where.startswith("<string>:") and rank.where.endswith(" in stuck"), text
     found = wavefront([RankDump(0, "node-a", True, WAITING), RankDump(1, "node-b", True, text)])
     assert found.verdict is HangClass.APPLICATION and [c.rank for c in found.culprits] == [1]
+
+
+# A read in C leaves no Python frame of its own: the rank's innermost frame is the job's own code.
+READING_IN_C = WAITING.replace(
+    """  File "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py", line 3910 in all_gather
+  File "/venv/lib/python3.11/site-packages/torch/distributed/c10d_logger.py", line 81 in wrapper
+  File "/work/trainer_hooks/hook.py", line 262 in _exchange
+  File "/work/trainer_hooks/hook.py", line 231 in step_end""",
+    """  File "/work/trainer_hooks/moe_job/data.py", line 61 in load_shard""",
+)
+
+
+@pytest.mark.parametrize(
+    ("state", "kernel_wait", "verdict"),
+    [
+        ("S", "anon_pipe_read", HangClass.IO),  # a FIFO, as a data loader's pipe
+        ("S", "pipe_read", HangClass.IO),
+        ("D", "rpc_wait_bit_killable", HangClass.IO),  # a dead NFS mount
+        ("D", "", HangClass.IO),  # uninterruptible: waiting on I/O
+        ("S", "sk_wait_data", HangClass.IO),  # a socket
+        ("S", "hrtimer_nanosleep", HangClass.APPLICATION),  # a sleep in its own code
+        ("S", "futex_wait_queue", HangClass.APPLICATION),  # a lock
+        ("", "", HangClass.APPLICATION),  # /proc did not say
+    ],
+)
+def test_the_kernels_view_tells_a_read_in_c_from_the_jobs_own_code(
+    state: str, kernel_wait: str, verdict: HangClass
+) -> None:
+    dumps = [RankDump(0, "node-a", True, WAITING), RankDump(1, "node-b", True, READING_IN_C, state, kernel_wait)]
+    found = wavefront(dumps)
+    assert found.verdict is verdict
+    (culprit,) = found.culprits
+    assert culprit.where.startswith("data.py:61 in load_shard")
+    assert (f"(kernel: {kernel_wait})" in culprit.where) is bool(kernel_wait)
+
+
+def test_a_silent_rank_says_what_the_kernel_says_of_it() -> None:
+    found = wavefront([RankDump(0, "node-a", True, WAITING), RankDump(1, "node-b", False, "", "T", "do_signal_stop")])
+    assert found.verdict is HangClass.HOST
+    assert "rank 1 on node-b: no answer (stopped or frozen; kernel state T, do_signal_stop)" in found.describe()
+
+
+@pytest.mark.skipif(not Path("/proc/self/wchan").exists(), reason="needs Linux's /proc (the launcher reads it there)")
+def test_the_launcher_reads_a_real_ranks_kernel_view(tmp_path: Path) -> None:
+    fifo = tmp_path / "stuck.fifo"
+    os.mkfifo(fifo)
+    program = f"import os\nprint('ready', flush=True)\nos.read(os.open({str(fifo)!r}, os.O_RDWR), 1)\n"
+    proc = subprocess.Popen([sys.executable, "-c", program], stdout=subprocess.PIPE)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == b"ready\n"
+        deadline = time.monotonic() + 10
+        while "pipe" not in kernel_view(proc.pid).get("kernel_wait", "") and time.monotonic() < deadline:
+            time.sleep(0.02)
+        reading = kernel_view(proc.pid)
+        proc.send_signal(signal.SIGSTOP)
+        while kernel_view(proc.pid).get("state") != "T" and time.monotonic() < deadline:
+            time.sleep(0.02)
+        stopped = kernel_view(proc.pid)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert reading["state"] == "S" and kernel_reading(reading["state"], reading["kernel_wait"]), reading
+    assert stopped["state"] == "T"
+    assert kernel_view(proc.pid) == {}  # gone

@@ -115,16 +115,20 @@ class PlanRequest(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., nodes: _Optional[_Iterable[str]] = ..., stopped: _Optional[bool] = ..., stacks: _Optional[_Iterable[_Union[RankStacks, _Mapping]]] = ...) -> None: ...
 
 class RankStacks(_message.Message):
-    __slots__ = ("rank", "node", "answered", "text")
+    __slots__ = ("rank", "node", "answered", "text", "state", "kernel_wait")
     RANK_FIELD_NUMBER: _ClassVar[int]
     NODE_FIELD_NUMBER: _ClassVar[int]
     ANSWERED_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    KERNEL_WAIT_FIELD_NUMBER: _ClassVar[int]
     rank: int
     node: str
     answered: bool
     text: str
-    def __init__(self, rank: _Optional[int] = ..., node: _Optional[str] = ..., answered: _Optional[bool] = ..., text: _Optional[str] = ...) -> None: ...
+    state: str
+    kernel_wait: str
+    def __init__(self, rank: _Optional[int] = ..., node: _Optional[str] = ..., answered: _Optional[bool] = ..., text: _Optional[str] = ..., state: _Optional[str] = ..., kernel_wait: _Optional[str] = ...) -> None: ...
 
 class PlanReply(_message.Message):
     __slots__ = ("commands", "exclude_nodes", "ready", "detail", "want_stacks")
