@@ -8,7 +8,8 @@ in a collective, a data loader on a dead mount, a spinning GPU) or the job went 
 host, a killed launcher). The bound is ``factor`` times the p99 of the job's own seconds per step
 over its recent windows, within ``floor_s`` and ``ceiling_s``; before the job has a window to learn
 from, ``unlearned_s``. A save (the hook says so while the loop saves) or a pause the job announces
-(an evaluation) is not a hang, nor is a job told to stop.
+(an evaluation) is not a hang, nor is a job told to stop; a save or pause still said after
+``pause_limit_s`` (an hour) is (a save stuck on a dead filesystem says "checkpoint" forever).
 
 A hang alone does not say the hardware (most watchdog timeouts are on the CPU side: the
 application, the host): it pages, and cordons nothing. Joined with where its ranks are stuck and
@@ -32,6 +33,10 @@ class HangConfig(ConfigModel):
     ceiling_s: float = Field(default=600.0, gt=0, description="always hung past this (the NCCL watchdog's default)")
     unlearned_s: float = Field(default=300.0, gt=0, description="the bound before the job has a window to learn from")
     learn_windows: int = Field(default=30, ge=1, description="the recent windows the bound learns from")
+    pause_limit_s: float = Field(
+        default=3600.0, gt=0, description="a save or pause still said after this long is a hang all the same "
+        "(a save stuck on a dead filesystem says 'checkpoint' forever)"
+    )  # fmt: skip
     evidence_s: float = Field(
         default=60.0, ge=0, description="a node's hardware signal from this long before the job's last step on "
         "joins its hang (controller.jobs.hang_evidence): that node is quarantined and the job restarted without it"
@@ -88,9 +93,9 @@ def hang_of(
         return None
     bound = step_bound(per_step, config)
     silent = now - last_report > bound
-    if pause and not silent:  # a pause counts while the job still says so
-        return None
     stalled = now - stepped_at
+    if pause and not silent and stalled <= max(bound, config.pause_limit_s):  # while the job still says so
+        return None
     if stalled <= bound:
         return None
     return Hang(since=stepped_at, stalled_s=stalled, bound_s=bound, silent=silent)

@@ -40,6 +40,10 @@ def test_a_pause_the_job_keeps_announcing_is_not_a_hang_until_it_goes_silent() -
     assert hang_of(100.0, 159.0, "checkpoint", learnt, CFG, 160.0) is None  # a long save, still saying so
     assert hang_of(100.0, 120.0, "checkpoint", learnt, CFG, 160.0) is not None  # silent for 40 s: no word vouches
     assert hang_of(100.0, 159.0, "", learnt, HangConfig(enabled=False), 1e6) is None
+    limit = CFG.pause_limit_s
+    assert hang_of(100.0, 100.0 + limit, "checkpoint", learnt, CFG, 100.0 + limit) is None  # at the limit: a save
+    stuck = hang_of(100.0, 101.0 + limit, "checkpoint", learnt, CFG, 101.0 + limit)  # past it, still saying so
+    assert stuck is not None and not stuck.silent  # a save stuck on a dead filesystem is a hang all the same
 
 
 @given(st.lists(st.floats(0.001, 1000), min_size=0, max_size=60), st.floats(0, 2000))

@@ -17,6 +17,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from trainer_hooks.inject import HangHow
 from vigil_core.config_file import ConfigModel
 
 
@@ -137,11 +138,10 @@ class TrainConfig(ConfigModel):
     slow_from_step: int = Field(default=0, ge=0, description="inject: from this step on")
     hang_node: str | None = Field(default=None, description="inject: the ranks on this node stop stepping (a hang)")
     hang_at_step: int = Field(default=0, ge=0, description="inject: at this step, before its collectives")
-    hang_how: Literal["sleep", "collective", "read"] = Field(
+    hang_how: HangHow = Field(
         default="sleep",
-        description="inject: how they stop: sleep (the job's own code), collective (a receive nobody sends: "
-        "every rank then waits in a collective, as on a broken link), read (blocked reading a FIFO: a data "
-        "loader on a dead mount)",
+        description="inject: how they stop (trainer_hooks.inject): sleep (the job's own code), collective (a "
+        "receive nobody sends, as on a broken link), read (a FIFO nobody writes, as a dead mount), host (SIGSTOP)",
     )
 
     @field_validator("checkpoint_layers")

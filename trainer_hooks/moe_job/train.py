@@ -24,13 +24,13 @@ import signal
 import sys
 import time
 from dataclasses import asdict
-from pathlib import Path
 from types import FrameType
 
 import torch
 import torch.distributed as dist
 
 from trainer_hooks.hook import HookConfig, HookConfigError, VigilHook
+from trainer_hooks.inject import stop_here
 from trainer_hooks.moe_job.checkpoint import Checkpointer, TrainState
 from trainer_hooks.moe_job.config import TrainConfig
 from trainer_hooks.moe_job.data import Sampler, load_shards, synthetic_corpus
@@ -64,20 +64,6 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
     except ValueError as exc:  # pydantic names the bad argument
         parser.error(str(exc))
         raise  # unreachable: parser.error exits
-
-
-def stop_here(how: str, rank: int, world: int, out: Path) -> None:
-    """Fault injection: this rank stops stepping, for good, the way ``how`` says."""
-    if how == "collective":  # waits for a tensor no rank sends: the others wait in their all-reduce
-        dist.recv(torch.zeros(1), src=(rank + 1) % world)
-    elif how == "read":  # a read that never returns, as from a dead mount (a FIFO nobody writes)
-        fifo = out / f"stuck-rank{rank}.fifo"
-        fifo.unlink(missing_ok=True)
-        os.mkfifo(fifo)
-        with open(os.open(fifo, os.O_RDWR), "rb") as f:  # O_RDWR: opening does not wait for a writer
-            f.read(1)
-    while True:
-        time.sleep(1)
 
 
 def main(argv: list[str] | None = None) -> int:
