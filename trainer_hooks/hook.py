@@ -213,8 +213,9 @@ class VigilHook:
 
     def pause(self, what: str) -> None:
         """Say the job is busy between steps (``"evaluation"``, a long data reload), so that a long
-        gap is not taken for a hang; ``resume`` or the next ``step_end`` ends it. A save needs no
-        word: while ``save_due`` or a stop's save is on, rank 0 says "checkpoint" itself."""
+        gap is not taken for a hang; ``resume`` or the next ``step_end`` ends it. A save Vigil asked
+        for needs no word (while ``save_due`` or a stop's save is on, rank 0 says "checkpoint"
+        itself); the job's own scheduled saves say ``pause("checkpoint")`` before they begin."""
         self._pause = what[:64] or "paused"
 
     def resume(self) -> None:
@@ -346,8 +347,14 @@ class VigilHook:
             committed_step=self.committed_step,
             event=event,
             window_end=time.time(),  # an event's time; a window sets its own
-            pause=self._pause or ("checkpoint" if self.save_due or self.stopping else ""),
+            pause=self.saying,
         )
+
+    @property
+    def saying(self) -> str:
+        """What rank 0 tells the controller the job does between steps ('' for nothing): a long gap
+        then is not a hang."""
+        return self._pause or ("checkpoint" if self.save_due or self.stopping else "")
 
     def _heartbeat(self) -> trainer_pb2.Progress:
         return self._base("heartbeat")  # acknowledgements go with the next window (the training thread's)

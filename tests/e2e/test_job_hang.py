@@ -7,6 +7,7 @@ the page's thread names rank 1 on node-b, in the job's own code, as where it is 
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -143,5 +144,21 @@ def test_a_hang_every_rank_waits_in_joined_with_a_nodes_own_signal_takes_that_no
         starts = [e for e in json_lines(cluster.tmp / "launch.log") if e.get("event") == "job_starting"]
         assert [s["nodes"] for s in starts] == [["node-a", "node-b"], ["node-a"]]
         assert any(e.get("event") == "job_deadline_passed_killing" for e in json_lines(cluster.tmp / "launch.log"))
+    finally:
+        _stop(launcher)
+
+
+def test_saves_slower_than_the_bound_are_not_hangs(cluster: JobCluster) -> None:
+    """Each scheduled save takes 6 s more, twice the job's hang bound here: the job says so (pause
+    "checkpoint"), so none is taken for a hang."""
+    launcher = cluster.launch("moe", ["node-a", "node-b"], [*ARGS, "--slow-save-s", "6"], ENV)
+    try:
+        with AdminClient(cluster.controller) as admin:
+            poll_until(lambda: any(j.step >= 42 for j in admin.jobs()), timeout=200, what="past four slow saves")
+        events = json_lines(cluster.tmp / "ctl.log")
+        assert not [e for e in events if e["event"] == "job_hung"]
+        assert "hang-moe" not in (cluster.tmp / "ctl.out").read_text()
+        run = [json.loads(ln) for ln in (cluster.tmp / "run" / "metrics.jsonl").read_text().splitlines()]
+        assert len([e for e in run if e.get("event") == "checkpoint" and e["step"] <= 40]) == 4
     finally:
         _stop(launcher)

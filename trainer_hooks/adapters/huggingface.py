@@ -70,6 +70,8 @@ class VigilTrainerCallback(TrainerCallback):
             control.should_training_stop = True
         elif self.hook.save_due:  # CHECKPOINT_NOW (or the recommended interval): save, train on
             control.should_save = True
+        if control.should_save or control.should_evaluate:  # the Trainer's own too: a long one is not a hang
+            self.hook.pause("checkpoint" if control.should_save else "evaluation")
         self._step_ended = time.perf_counter()
 
     def on_log(

@@ -82,6 +82,13 @@ class VigilCallback(Callback):
     def on_save_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, ckpt: dict[str, Any]) -> None:
         if not self.exit_code:
             self._saved_at = time.perf_counter()
+            self.hook.pause("checkpoint")  # a long save is not a hang; the next step's end ends the pause
+
+    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.hook.pause("evaluation")  # neither is a long validation loop
+
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.hook.resume()
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if not self.exit_code:

@@ -138,6 +138,7 @@ class TrainConfig(ConfigModel):
     slow_from_step: int = Field(default=0, ge=0, description="inject: from this step on")
     hang_node: str | None = Field(default=None, description="inject: the ranks on this node stop stepping (a hang)")
     hang_at_step: int = Field(default=0, ge=0, description="inject: at this step, before its collectives")
+    slow_save_s: float = Field(default=0.0, ge=0, description="inject: seconds added to each scheduled save")
     hang_how: HangHow = Field(
         default="sleep",
         description="inject: how they stop (trainer_hooks.inject): sleep (the job's own code), collective (a "

@@ -163,6 +163,9 @@ def main(argv: list[str] | None = None) -> int:
         on_schedule = cfg.checkpoint_every != "auto" and state.step % int(cfg.checkpoint_every) == 0
         asked = hook.save_due  # Vigil asks for a save now (the same on every rank at this step)
         if (on_schedule or asked) and state.step < cfg.steps:
+            hook.pause("checkpoint")  # a long save is not a hang (the next step_end ends the pause)
+            if cfg.slow_save_s:
+                time.sleep(cfg.slow_save_s)  # injected: a save slower than the job's steps would allow
             blocked = checkpointer.save(state, asynchronous=cfg.async_checkpoint)
             hook.checkpoint_saved(blocked, checkpointer.last_committed, saved_step=state.step)
             log.event("checkpoint", step=state.step, asynchronous=cfg.async_checkpoint, blocked_s=round(blocked, 4),
