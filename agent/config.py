@@ -74,6 +74,9 @@ class AgentConfig(ConfigModel):
     heartbeat_s: float = Field(5.0, gt=0, le=300)
     # The training jobs of this node's processes (their VIGIL_JOB_ID), reported with the heartbeat.
     jobs_scan_s: float = Field(10.0, gt=0, le=3600)
+    # Where this node's training ranks keep their progress records (the hook's VIGIL_PROGRESS_DIR, a
+    # hostPath both see): sent with every heartbeat, so the controller sees each rank of a stuck job.
+    progress_dir: Path | None = Field(None, description="read every heartbeat_s; none: no rank progress")
     proc_root: Path = Path("/proc")
     # Where this node's peers reach it for the sweep's pairwise all-reduce (the DaemonSet passes the
     # node's IP); empty: the address the controller sees this agent's connection come from.

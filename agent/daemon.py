@@ -39,6 +39,7 @@ from agent.kernel_log import FileTail, JournaldSource, KernelLogCollector, KmsgS
 from agent.link import ControllerLink
 from agent.local_checks import LocalChecks
 from agent.metrics import AgentMetrics
+from agent.rank_progress import read_progress, to_proto
 from agent.spool import Spool, SpoolError
 from agent.storm import StormFolder
 from agent.watchdog import GuardedWorker, Watchdog
@@ -49,6 +50,7 @@ from protos.vigil.v1 import agent_pb2
 from vigil_core import __version__
 from vigil_core.cert_reload import CertificateSource
 from vigil_core.http_status import serve_http
+from vigil_core.rank_progress import RankRecord
 from vigil_core.signals import Signal, SignalKind
 from vigil_core.supervise import Tasks, supervise
 from vigil_core.tls import aio_channel
@@ -155,6 +157,7 @@ class Agent:
             collector = KernelLog(node, opened[1], lines, config.kernel_log_poll_s, key, self.spool.cursor(key))
             self.collectors.append(collector)
         self.jobs_seen: list[str] = []  # the training jobs this node's processes run (job_processes)
+        self.ranks_seen: list[RankRecord] = []  # their ranks' progress records (rank_progress)
         # Re-read on every (re)connection: a renewed certificate is taken up without a restart.
         tls = CertificateSource(config.tls_dir, token_file=config.token_file) if config.tls_dir else None
         if tls is not None:
@@ -187,6 +190,7 @@ class Agent:
 
     def _fill_heartbeat(self, beat: agent_pb2.Heartbeat) -> None:
         beat.jobs.extend(self.jobs_seen)
+        beat.ranks.extend(to_proto(r) for r in self.ranks_seen)
         if self.kernel_lines is not None:
             samples = self.kernel_lines.take_samples()
             beat.unparsed_lines.extend(samples)
@@ -198,6 +202,13 @@ class Agent:
         while not stop.is_set():
             self.jobs_seen = await asyncio.to_thread(jobs_on_node, self.config.node, self.config.proc_root)
             await wait_event(stop, self.config.jobs_scan_s)
+
+    async def _scan_progress(self, stop: asyncio.Event) -> None:
+        """The ranks' progress records, every ``heartbeat_s``, off the event loop."""
+        where = self.config.progress_dir
+        while where is not None and not stop.is_set():
+            self.ranks_seen = await asyncio.to_thread(read_progress, where, self.config.node)
+            await wait_event(stop, self.config.heartbeat_s)
 
     def _hello(self) -> agent_pb2.Hello:
         return agent_pb2.Hello(
@@ -342,6 +353,9 @@ class Agent:
         ]
         tasks.append(asyncio.create_task(supervise("link", partial(self.link.run, stop), stop, self.tasks)))
         tasks.append(asyncio.create_task(supervise("jobs", partial(self._scan_jobs, stop), stop, self.tasks)))
+        if self.config.progress_dir is not None:
+            progress = partial(self._scan_progress, stop)
+            tasks.append(asyncio.create_task(supervise("progress", progress, stop, self.tasks)))
         try:
             await asyncio.gather(*tasks)
         finally:

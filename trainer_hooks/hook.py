@@ -64,6 +64,7 @@ from trainer_hooks.reporter import Reporter
 from trainer_hooks.window import RankWindow, figures
 from vigil_core.config_file import ConfigModel
 from vigil_core.names import is_job_id, is_node_name
+from vigil_core.rank_progress import RankRecord, encode, file_name
 from vigil_core.tls import TlsError, TlsFiles
 
 log = structlog.get_logger(__name__)
@@ -78,6 +79,7 @@ _ENV = {
     "tls_dir": "VIGIL_TLS_DIR",
     "auto_checkpoint": "VIGIL_AUTO_CHECKPOINT",
     "stacks_dir": "VIGIL_STACKS_DIR",
+    "progress_dir": "VIGIL_PROGRESS_DIR",
 }
 
 
@@ -100,6 +102,11 @@ class HookConfig(ConfigModel):
     tls_dir: Path | None = Field(default=None, description="mutual TLS: a trainer: certificate (vigil certs)")
     stacks_dir: Path | None = Field(
         default=None, description="on SIGUSR2 every thread's stack goes to rankN.txt here (asked for in a hang)"
+    )
+    progress_dir: str = Field(
+        default="",
+        description="every rank keeps its progress record (vigil_core.rank_progress) in a file here, which "
+        "the node's agent reads; '{node}' stands for the node's name; empty: none",
     )
     auto_checkpoint: bool = Field(
         default=False, description="save_due also when the controller's recommended interval has passed"
@@ -161,6 +168,8 @@ class VigilHook:
         self._pause = ""  # what the job says it does between steps (pause): a long gap then is not a hang
         self._reporter: Reporter | None = None
         self._stacks: IO[str] | None = None  # where faulthandler writes this rank's stacks on SIGUSR2
+        self._progress: int | None = None  # this rank's progress record's file (a descriptor), or None
+        self._progress_path: Path | None = None
         self._sync_every = 1  # steps between exchanges; rank 0 adapts it to the step time
         self._pending_s, self._pending_steps = 0.0, 0  # this rank's steps since the last exchange
         self._reset_window(time.time())
@@ -188,6 +197,8 @@ class VigilHook:
             self.rank_nodes = [str(n) for n in nodes]
         self._reset_window(time.time())
         self._dump_stacks_on_signal()
+        self._open_progress()
+        self._mark("compute")
         if self.rank == 0 and self.config.controller:
             cfg = self.config
             self._reporter = Reporter(cfg.controller, self._heartbeat, self._received, cfg.poll_s, tls=self._tls)
@@ -211,15 +222,50 @@ class VigilHook:
         except (OSError, ValueError, RuntimeError) as exc:
             log.warning("vigil_stacks_unavailable", dir=str(self.config.stacks_dir), error=str(exc))
 
+    def _open_progress(self) -> None:
+        """This rank's progress record's file, where the node's agent reads it; a directory it cannot
+        write is said once and the job trains on without it."""
+        if not self.config.progress_dir:
+            return
+        where = Path(self.config.progress_dir.replace("{node}", self.config.node))
+        path = where / file_name(self.config.job_id, self.rank)
+        try:
+            where.mkdir(parents=True, exist_ok=True)
+            self._progress, self._progress_path = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644), path
+        except OSError as exc:
+            log.warning("vigil_progress_unavailable", dir=str(where), error=str(exc))
+
+    def _mark(self, phase: str) -> None:
+        """Where this rank is, in its progress record: a few microseconds, never a wait."""
+        if self._progress is None:
+            return
+        said = "".join(c if c.isalnum() or c in "-_" else "-" for c in phase)
+        record = RankRecord(self.config.job_id, self.rank, self.config.node, self.step, said, time.time())
+        try:
+            os.pwrite(self._progress, encode(record), 0)
+        except (OSError, ValueError) as exc:
+            log.warning("vigil_progress_unavailable", path=str(self._progress_path), error=str(exc))
+            self._close_progress()
+
+    def _close_progress(self) -> None:
+        if self._progress is None:
+            return
+        os.close(self._progress)
+        self._progress = None
+        if self._progress_path is not None:
+            self._progress_path.unlink(missing_ok=True)  # the job ended here: nothing to watch
+
     def pause(self, what: str) -> None:
         """Say the job is busy between steps (``"evaluation"``, a long data reload), so that a long
         gap is not taken for a hang; ``resume`` or the next ``step_end`` ends it. A save Vigil asked
         for needs no word (while ``save_due`` or a stop's save is on, rank 0 says "checkpoint"
         itself); the job's own scheduled saves say ``pause("checkpoint")`` before they begin."""
         self._pause = what[:64] or "paused"
+        self._mark(self._pause)
 
     def resume(self) -> None:
         self._pause = ""
+        self._mark("compute")
 
     def request_stop(self, why: str) -> None:
         """Ask every rank to stop at the next step boundary. Safe in a signal handler."""
@@ -231,6 +277,7 @@ class VigilHook:
         Returns True when every rank must checkpoint and exit now."""
         entered = time.perf_counter()
         self.step, self._pause = step, ""
+        self._mark("exchange")
         self._pending_s += step_time_s
         self._pending_steps += 1
         self._tokens += tokens
@@ -247,6 +294,7 @@ class VigilHook:
             self.stopping = True
             command = self._command
             self.stop_reason = self._stop_why or (f"Vigil: {command.reason}" if command else "another rank asked")
+        self._mark("compute")
         self.overhead_s += time.perf_counter() - entered
         return stop
 
@@ -303,6 +351,7 @@ class VigilHook:
         """At the end of the run, or after the stop's checkpoint is committed (``checkpoint_step``);
         ``checkpoint_s``: the time that last save blocked training.
         Rank 0 delivers its last word; True if it reached the controller (or none was due)."""
+        self._close_progress()
         if self._reporter is None:
             return True
         command, acks = self._command, []

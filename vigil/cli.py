@@ -70,6 +70,9 @@ def agent(
         Optional[Path], typer.Option(help="a JSON-lines fault file the simulated backend reads as it grows")
     ] = None,
     metrics_port: Annotated[Optional[int], typer.Option(help="port for /metrics (0: any free port)")] = None,
+    progress_dir: Annotated[
+        Optional[Path], typer.Option(help="where this node's training ranks keep their progress records")
+    ] = None,
     tls_dir: TlsDirOpt = None,
     token_file: Annotated[
         Optional[Path], typer.Option(help="a service-account token that proves the node (with the agents certificate)")
@@ -93,6 +96,7 @@ def agent(
         "simulated_gpus": simulated_gpus,
         "simulated_faults": simulated_faults,
         "metrics_port": metrics_port,
+        "progress_dir": progress_dir,
         "tls_dir": tls_dir,
         "token_file": token_file,
         "plaintext": plaintext or None,

@@ -28,6 +28,7 @@ from controller.store.health import is_database_error
 from protos.codec import BadSignal, signal_from_proto
 from protos.vigil.v1 import agent_pb2, agent_pb2_grpc
 from vigil_core.names import is_address, is_node_name
+from vigil_core.rank_progress import RankRecord
 from vigil_core.signals import Signal
 
 log = structlog.get_logger(__name__)
@@ -152,8 +153,9 @@ class AgentGateway(agent_pb2_grpc.AgentGatewayServicer):
             if body == "heartbeat":
                 beat = msg.heartbeat
                 unparsed = list(beat.unparsed_lines)
+                ranks = [RankRecord(r.job_id, r.rank, node, r.step, r.phase, r.at) for r in beat.ranks]
                 self._engine.heartbeat(
-                    node, beat.dropped_faults, beat.spooled, list(beat.jobs), unparsed, beat.unparsed_total
+                    node, beat.dropped_faults, beat.spooled, list(beat.jobs), unparsed, beat.unparsed_total, ranks
                 )
             elif body == "signals":
                 try:

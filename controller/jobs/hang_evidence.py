@@ -11,7 +11,8 @@ a hang, they are the evidence. How the wavefront decides which nodes may be blam
   (the culprit is known, and it is not the hardware);
 - every rank waiting in a collective that does not complete (network or GPU), or no stacks at all
   (a job not under ``vigil launch``): any node of the job with evidence;
-- a rank that does not answer (host): its node, if it has evidence.
+- a rank that does not answer (host), or a rank behind the others in the ranks' progress records:
+  its node, if it has evidence.
 
 No evidence: nobody is blamed, and the hang's page says so.
 """
@@ -100,7 +101,7 @@ def hang_blame(
     verdict = wave.verdict if wave is not None else None
     if verdict in (HangClass.APPLICATION, HangClass.IO):
         return HangBlame((), (), f"the stacks name the {verdict.value} (not the hardware): nothing cordoned")
-    if verdict is HangClass.HOST and wave is not None:
+    if verdict in (HangClass.HOST, HangClass.BEHIND) and wave is not None:
         candidates = tuple(dict.fromkeys(c.node for c in wave.culprits))
     else:
         candidates = tuple(dict.fromkeys(nodes))
@@ -109,6 +110,8 @@ def hang_blame(
     where = (
         "a rank that does not answer"
         if verdict is HangClass.HOST
+        else "a rank behind the others"
+        if verdict is HangClass.BEHIND
         else "every rank waiting in a collective"
         if verdict is HangClass.COLLECTIVE
         else "no stacks to say where it is stuck"

@@ -33,6 +33,7 @@ from controller.jobs.goodput import KINDS, committed, started, trained
 from controller.jobs.hang import Hang, hang_of, seconds_per_step
 from controller.jobs.hang_evidence import fault_of, hang_blame
 from controller.jobs.mfu import Track
+from controller.jobs.progress import progress_wavefront
 from controller.jobs.restarts import Restarts
 from controller.jobs.settings import JobsConfig
 from controller.jobs.stacks import RankDump, wavefront
@@ -200,6 +201,14 @@ class JobMonitor:
         if job.hang is None or job.hang_judged:
             return
         job.hang_judged = True
+        if job.wavefront is None:  # no stacks: the ranks' progress records, as the nodes' agents sent them
+            records = [r for node in job.nodes for r in self._fleet.ranks(node) if r.job == job.job_id]
+            if (found := progress_wavefront(records)) is not None:
+                job.wavefront = found
+                log.error("job_hang_located", job=job.job_id, verdict=found.verdict.value, ranks=len(records),
+                          culprits=[(c.rank, c.node) for c in found.culprits][:20], waiting=found.waiting)  # fmt: skip
+                text = f"where it is stuck, from its {len(records)} ranks' progress records: {found.describe()}"
+                self._request(PageUpdate(job.hang_incident, "", "WAVEFRONT", text[:3000]))
         faults = [
             f
             for node in job.nodes

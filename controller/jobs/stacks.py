@@ -35,6 +35,7 @@ class HangClass(StrEnum):
     IO = "I/O or data loading"  # a rank blocked reading: a data loader, a dead mount, a socket
     HOST = "host"  # a rank that does not answer at all: stopped or frozen
     COLLECTIVE = "network or GPU"  # every rank waits in a collective that does not complete
+    BEHIND = "a rank behind the others"  # from the ranks' progress records: named, not explained
     UNKNOWN = "unknown"
 
 
@@ -79,7 +80,8 @@ class Wavefront:
             for c in self.culprits[:8]
         )
         more = f" and {len(self.culprits) - 8} more" if len(self.culprits) > 8 else ""
-        return f"{self.verdict.value}: {named}{more}, while {self.waiting} rank(s) wait in a collective"
+        others = "wait for it" if self.verdict is HangClass.BEHIND else "wait in a collective"
+        return f"{self.verdict.value}: {named}{more}, while {self.waiting} rank(s) {others}"
 
 
 def place(dump: RankDump) -> RankPlace:

@@ -31,6 +31,7 @@ from controller.vocab.node_state import NodeState
 from controller.vocab.policy import Policy
 from protos.vigil.v1 import agent_pb2
 from vigil_core.names import is_job_id
+from vigil_core.rank_progress import RankRecord, is_valid
 from vigil_core.signals import Signal, SignalKind
 
 log = structlog.get_logger(__name__)
@@ -38,6 +39,7 @@ log = structlog.get_logger(__name__)
 
 __all__ = ["Engine", "UnknownNode", "incident_id_for"]
 MAX_JOBS_PER_NODE = 64
+MAX_RANKS_PER_NODE = 256
 
 
 def _pages(actions: Sequence[Action]) -> bool:
@@ -134,10 +136,12 @@ class Engine:
         jobs: Sequence[str] = (),
         unparsed: Sequence[str] = (),
         unparsed_total: int = 0,
+        ranks: Sequence[RankRecord] = (),
     ) -> None:
         entry = self.fleet.entry(node)
         entry.last_heartbeat, entry.spooled = self.clock(), max(0, spooled)
         entry.jobs = frozenset(j for j in jobs[:MAX_JOBS_PER_NODE] if is_job_id(j))
+        entry.ranks = tuple(r for r in ranks[:MAX_RANKS_PER_NODE] if r.node == node and is_valid(r))
         if unparsed:  # driver lines its agent could not read: what the fleet misses, said
             self.metrics.agent_unparsed_lines.labels(node).set(max(0, unparsed_total))
             log.warning("agent_unparsed_driver_lines", node=node, total=unparsed_total, samples=list(unparsed[:5]))

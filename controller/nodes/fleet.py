@@ -10,6 +10,7 @@ from typing import Protocol
 
 from controller.store import NodeRow
 from controller.vocab.node_state import Health, NodeState
+from vigil_core.rank_progress import RankRecord
 
 
 class UnknownNode(Exception):
@@ -34,6 +35,7 @@ class NodeEntry:
     address: str = ""  # where the node's peers reach it (pairwise checks); known once its agent connects
     expected_gpus: int = 0  # the most GPUs it has ever reported: fewer is a fault, and blocks its release
     jobs: frozenset[str] = frozenset()  # the training jobs its agent sees its processes run
+    ranks: tuple[RankRecord, ...] = ()  # their ranks' progress records, as its agent last sent them
 
 
 class FleetView(Protocol):
@@ -51,6 +53,10 @@ class FleetView(Protocol):
 
     def last_fault_at(self, node: str) -> float:
         """When the node's latest page-worthy fault was observed (0: none the controller remembers)."""
+        ...
+
+    def ranks(self, node: str) -> tuple[RankRecord, ...]:
+        """The training ranks' progress records its agent last sent (vigil_core.rank_progress)."""
         ...
 
     def recent_faults(self, node: str) -> list[tuple[str, float]]:
@@ -122,6 +128,10 @@ class Fleet:
     def last_fault_at(self, node: str) -> float:
         entry = self.nodes.get(node)
         return entry.state.last_fault_at if entry is not None else 0.0
+
+    def ranks(self, node: str) -> tuple[RankRecord, ...]:
+        entry = self.nodes.get(node)
+        return () if entry is None else entry.ranks
 
     def recent_faults(self, node: str) -> list[tuple[str, float]]:
         entry = self.nodes.get(node)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 import urllib.request
 from pathlib import Path
 
@@ -13,6 +14,7 @@ from agent.daemon import Agent
 from tests.fakes.gpu_faults import GpuFaults
 from tests.fakes.ib_sysfs import IbSysfs
 from tests.helpers import start_controller, stop_controller, wait_until
+from vigil_core.rank_progress import RankRecord, encode, file_name
 
 
 def agent_config(tmp_path: Path, controller: str) -> AgentConfig:
@@ -192,6 +194,11 @@ def test_the_agent_tells_the_controller_what_it_could_not_parse_and_which_jobs_r
     for pid, environ in environs.items():
         (proc / pid).mkdir(parents=True)
         (proc / pid / "environ").write_bytes(environ)
+    progress = tmp_path / "progress"  # the ranks' progress records, as their hooks write them
+    progress.mkdir()
+    mine = RankRecord("llm-7", 3, "node-m", 120, "exchange", round(time.time(), 3))  # as written: ms
+    (progress / file_name("llm-7", 3)).write_bytes(encode(mine))
+    (progress / file_name("llm-7", 4)).write_bytes(encode(RankRecord("llm-7", 4, "node-z", 1, "compute", time.time())))
 
     async def scenario() -> None:
         controller = await start_controller(tmp_path / "c.db")
@@ -202,6 +209,7 @@ def test_the_agent_tells_the_controller_what_it_could_not_parse_and_which_jobs_r
                 "heartbeat_s": 0.2,
                 "proc_root": proc,
                 "jobs_scan_s": 0.1,
+                "progress_dir": progress,
             }  # fmt: skip
         )
         agent = Agent(config)
@@ -215,6 +223,8 @@ def test_the_agent_tells_the_controller_what_it_could_not_parse_and_which_jobs_r
             await wait_until(lambda: gauge._value.get() == 1, what="the controller counting the unparsed line")
             await wait_until(lambda: controller.engine.fleet.runs_job("node-m", "llm-7"), what="the job seen")
             assert not controller.engine.fleet.runs_job("node-m", "elsewhere")  # another node's rank
+            await wait_until(lambda: bool(controller.engine.fleet.ranks("node-m")), what="the ranks' progress")
+            assert controller.engine.fleet.ranks("node-m") == (mine,)  # not the record naming node-z
         finally:
             stop.set()
             await task

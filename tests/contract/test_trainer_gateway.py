@@ -21,7 +21,7 @@ from controller.config import ControllerConfig, JobsConfig, LimitsConfig
 from controller.daemon import Controller
 from controller.jobs.hang import HangConfig
 from controller.planning.plan import job_plan
-from protos.vigil.v1 import admin_pb2, admin_pb2_grpc, common_pb2, trainer_pb2, trainer_pb2_grpc
+from protos.vigil.v1 import admin_pb2, admin_pb2_grpc, agent_pb2, common_pb2, trainer_pb2, trainer_pb2_grpc
 from tests.fakes.fleet import Fleet
 from tests.fakes.sim_checks import SimulatedChecks
 from tests.helpers import stop_controller, wait_until
@@ -520,3 +520,35 @@ def test_a_hung_job_whose_nodes_show_nothing_is_paged_and_nothing_is_cordoned(tm
         assert set(health.values()) == {"HEALTHY"}
 
     run(tmp_path, test, jobs=HANGS_JOINED)
+
+
+def test_a_hung_job_without_stacks_is_located_from_its_ranks_progress_records(tmp_path: Path) -> None:
+    """No stacks (not under vigil launch), but each node's agent sends its ranks' progress records with
+    its heartbeat: rank 2 on node-2 never finished step 30, which the others wait in the hook's
+    exchange after: it is named, and with no evidence on node-2 nothing is cordoned."""
+    progress = {"node-0": (0, 30, "exchange"), "node-1": (1, 30, "exchange"), "node-2": (2, 29, "compute")}
+
+    async def test(r: Rig) -> None:
+        for node, (rank, step, phase) in progress.items():
+            record = agent_pb2.RankProgress(job_id="moe", rank=rank, step=step, phase=phase, at=time.time())
+            r.fleet.nodes[node].ranks = [record, agent_pb2.RankProgress(job_id="other", rank=9, step=1, phase="x")]
+        await r.stepped_to_30()
+        note: list[Any] = []
+        for _ in range(200):
+            assert not await r.window(0.5, event="heartbeat", step=30)
+            if note := r.controller.store.read("SELECT payload FROM actions WHERE kind = 'NOTE:WAVEFRONT'"):
+                break
+            await asyncio.sleep(0.1)
+        assert "from its 3 ranks' progress records" in note[0][0]
+        assert "a rank behind the others: rank 2 on node-2 at step 29, in compute, while 2 rank(s) wait" in note[0][0]
+        await wait_until(
+            lambda: bool(r.controller.store.read("SELECT payload FROM actions WHERE kind = 'NOTE:NO-EVIDENCE'")),
+            what="the hang judged",
+        )
+        health = {n.node: n.health for n in (await r.admin.GetStatus(admin_pb2.StatusRequest())).nodes}
+        assert set(health.values()) == {"HEALTHY"}
+
+    slow_stacks = FAST.model_copy(
+        update={"hang": HangConfig(floor_s=0.6, factor=3, unlearned_s=5, stacks_wait_s=6, abort_after_s=5)}
+    )
+    run(tmp_path, test, jobs=slow_stacks)

@@ -32,6 +32,7 @@ class FleetNode:
         self.ready = asyncio.Event()
         self.reconnects = 0
         self.jobs: list[str] = []  # the training jobs this node's processes run, said in every heartbeat
+        self.ranks: list[agent_pb2.RankProgress] = []  # their ranks' progress records, likewise
 
     async def run(self, heartbeat_s: float, stop: asyncio.Event) -> None:
         """Like an agent: a broken stream is opened again (a few of thousands break while connecting)."""
@@ -53,7 +54,7 @@ class FleetNode:
     def beat(self) -> None:
         """A heartbeat now (what the node says of itself, its jobs among it)."""
         self._queue.put_nowait(
-            agent_pb2.AgentMessage(heartbeat=agent_pb2.Heartbeat(sent_at=time.time(), jobs=self.jobs))
+            agent_pb2.AgentMessage(heartbeat=agent_pb2.Heartbeat(sent_at=time.time(), jobs=self.jobs, ranks=self.ranks))
         )
 
     def cancel_checks(self) -> None:
@@ -76,7 +77,9 @@ class FleetNode:
                 msg = await asyncio.wait_for(self._queue.get(), max(0.0, next_beat - time.monotonic()))
                 yield msg
             except TimeoutError:
-                yield agent_pb2.AgentMessage(heartbeat=agent_pb2.Heartbeat(sent_at=time.time(), jobs=self.jobs))
+                yield agent_pb2.AgentMessage(
+                    heartbeat=agent_pb2.Heartbeat(sent_at=time.time(), jobs=self.jobs, ranks=self.ranks)
+                )
                 next_beat = time.monotonic() + heartbeat_s
 
     def fault(self, code: int = 79, kind: int = common_pb2.XID, message: str = "GPU has fallen off the bus.") -> float:

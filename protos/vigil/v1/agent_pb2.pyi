@@ -26,20 +26,36 @@ class Hello(_message.Message):
     def __init__(self, node: _Optional[str] = ..., agent_version: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[_common_pb2.GpuRef, _Mapping]]] = ..., gpu_backend: _Optional[str] = ..., last_acked_seq: _Optional[int] = ..., spool_id: _Optional[str] = ..., address: _Optional[str] = ...) -> None: ...
 
 class Heartbeat(_message.Message):
-    __slots__ = ("sent_at", "spooled", "dropped_faults", "jobs", "unparsed_lines", "unparsed_total")
+    __slots__ = ("sent_at", "spooled", "dropped_faults", "jobs", "unparsed_lines", "unparsed_total", "ranks")
     SENT_AT_FIELD_NUMBER: _ClassVar[int]
     SPOOLED_FIELD_NUMBER: _ClassVar[int]
     DROPPED_FAULTS_FIELD_NUMBER: _ClassVar[int]
     JOBS_FIELD_NUMBER: _ClassVar[int]
     UNPARSED_LINES_FIELD_NUMBER: _ClassVar[int]
     UNPARSED_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    RANKS_FIELD_NUMBER: _ClassVar[int]
     sent_at: float
     spooled: int
     dropped_faults: int
     jobs: _containers.RepeatedScalarFieldContainer[str]
     unparsed_lines: _containers.RepeatedScalarFieldContainer[str]
     unparsed_total: int
-    def __init__(self, sent_at: _Optional[float] = ..., spooled: _Optional[int] = ..., dropped_faults: _Optional[int] = ..., jobs: _Optional[_Iterable[str]] = ..., unparsed_lines: _Optional[_Iterable[str]] = ..., unparsed_total: _Optional[int] = ...) -> None: ...
+    ranks: _containers.RepeatedCompositeFieldContainer[RankProgress]
+    def __init__(self, sent_at: _Optional[float] = ..., spooled: _Optional[int] = ..., dropped_faults: _Optional[int] = ..., jobs: _Optional[_Iterable[str]] = ..., unparsed_lines: _Optional[_Iterable[str]] = ..., unparsed_total: _Optional[int] = ..., ranks: _Optional[_Iterable[_Union[RankProgress, _Mapping]]] = ...) -> None: ...
+
+class RankProgress(_message.Message):
+    __slots__ = ("job_id", "rank", "step", "phase", "at")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    PHASE_FIELD_NUMBER: _ClassVar[int]
+    AT_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    rank: int
+    step: int
+    phase: str
+    at: float
+    def __init__(self, job_id: _Optional[str] = ..., rank: _Optional[int] = ..., step: _Optional[int] = ..., phase: _Optional[str] = ..., at: _Optional[float] = ...) -> None: ...
 
 class SignalBatch(_message.Message):
     __slots__ = ("signals",)
