@@ -246,6 +246,11 @@ class JobMonitor:
         cfg = self.config.hang
         recent = list(job.per_step)[-cfg.learn_windows :]
         hang = hang_of(job.stepped_at, job.last_report, job.pause, recent, cfg, now)
+        if hang is not None and (seen := self._ranks_step(job)) > job.step:
+            # Its ranks step on, as their nodes' agents see them: rank 0's reports do not reach here.
+            log.warning("job_stepping_per_agents", job=job.job_id, step=seen, reported_step=job.step,
+                        silent_s=round(now - job.last_report, 1))  # fmt: skip
+            job.step, job.stepped_at, hang = seen, now, None
         if hang is None:
             return
         if job.hang is None:
@@ -258,6 +263,16 @@ class JobMonitor:
         self._metrics.job_hung.labels(job.job_id).set(hang.stalled_s)
         if job.wavefront is None and now - job.hang_found_at > cfg.stacks_wait_s:
             self._judge_hang(job)  # no stacks came (a job not under vigil launch): judged without them
+
+    def _ranks_step(self, job: Job) -> int:
+        """The step every rank of the job has finished, from its ranks' progress records as the nodes'
+        agents last sent them; -1 unless every rank of it has one."""
+        steps: dict[int, int] = {}
+        for node in job.nodes:
+            for r in self._fleet.ranks(node):
+                if r.job == job.job_id:
+                    steps[r.rank] = max(steps.get(r.rank, -1), r.step)
+        return min(steps.values()) if steps and len(steps) >= job.world_size > 0 else -1
 
     def plan_of(self, job: Job) -> JobPlan | None:
         """The job's plan, from its size and its own measured save and restart times."""

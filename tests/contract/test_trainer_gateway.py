@@ -69,14 +69,14 @@ class Rig:
 
 
 @asynccontextmanager
-async def rig(tmp_path: Path, jobs: JobsConfig = FAST, **config: Any) -> AsyncIterator[Rig]:
+async def rig(tmp_path: Path, jobs: JobsConfig = FAST, heartbeat_s: float = 5.0, **config: Any) -> AsyncIterator[Rig]:
     cfg = ControllerConfig(
         listen="127.0.0.1", port=0, database=tmp_path / "ctl.db", pager="none", jobs=jobs, plaintext=True, **config
     )
     controller = Controller(cfg)
     await controller.start()
     checks = SimulatedChecks()
-    fleet = Fleet(f"127.0.0.1:{controller.port}", NODES, checks=checks)
+    fleet = Fleet(f"127.0.0.1:{controller.port}", NODES, heartbeat_s, checks=checks)
     await fleet.start(timeout_s=20)
     watcher_stop = asyncio.Event()
     watcher = asyncio.create_task(controller.jobs.watch(watcher_stop, every_s=0.05))
@@ -552,3 +552,25 @@ def test_a_hung_job_without_stacks_is_located_from_its_ranks_progress_records(tm
         update={"hang": HangConfig(floor_s=0.6, factor=3, unlearned_s=5, stacks_wait_s=6, abort_after_s=5)}
     )
     run(tmp_path, test, jobs=slow_stacks)
+
+
+def test_a_job_whose_reports_stop_but_whose_ranks_step_on_per_their_agents_is_not_hung(tmp_path: Path) -> None:
+    """Rank 0's reports stop reaching the controller (its network, its reporter), but every rank's
+    progress record, sent by its node's agent, shows the job stepping: not a hang. When the records
+    stop moving too, it is."""
+
+    async def test(r: Rig) -> None:
+        def records(step: int) -> None:
+            for rank, node in enumerate(NODES):
+                record = agent_pb2.RankProgress(job_id="moe", rank=rank, step=step, phase="compute", at=time.time())
+                r.fleet.nodes[node].ranks = [record]
+
+        await r.stepped_to_30()
+        for step in range(31, 46):  # 3 s of steps, seen by the agents only
+            records(step)
+            await asyncio.sleep(0.2)
+            assert r.controller.jobs.jobs["moe"].hang is None
+        assert r.controller.jobs.jobs["moe"].step >= 40  # the agents' word moved it on
+        await wait_until(lambda: r.controller.jobs.jobs["moe"].hang is not None, timeout=10, what="a hang")
+
+    run(tmp_path, test, jobs=HANGS, heartbeat_s=0.1)
