@@ -60,6 +60,7 @@ import torch.distributed as dist
 from pydantic import Field, ValidationError, field_validator
 
 from protos.vigil.v1 import trainer_pb2
+from trainer_hooks.collectives import watch_requests
 from trainer_hooks.reporter import Reporter
 from trainer_hooks.window import RankWindow, figures
 from vigil_core.config_file import ConfigModel
@@ -221,6 +222,8 @@ class VigilHook:
             faulthandler.register(signal.SIGUSR2, file=self._stacks, all_threads=True)
         except (OSError, ValueError, RuntimeError) as exc:
             log.warning("vigil_stacks_unavailable", dir=str(self.config.stacks_dir), error=str(exc))
+            return
+        watch_requests(self.config.stacks_dir, self.rank)  # and the collective state, from another thread
 
     def _open_progress(self) -> None:
         """This rank's progress record's file, where the node's agent reads it; a directory it cannot

@@ -31,6 +31,7 @@ frame; the kernel says it): a rank that does not answer is stopped or frozen. No
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -134,6 +135,26 @@ def _read(path: Path) -> str:
         return ""
 
 
+def _fr(stacks: Path) -> Path:
+    """Where a rank's hook writes its collective state, beside its stacks."""
+    return stacks.with_name(stacks.name.replace(".txt", ".fr.json"))
+
+
+def collectives_in(path: Path) -> list[trainer_pb2.Collective]:
+    """A rank's collective state as its hook wrote it (``trainer_hooks.collectives``); [] where there is
+    none or it is not what the hook writes."""
+    try:
+        rows = json.loads(path.read_bytes()[:STACKS_BYTES])
+        return [
+            trainer_pb2.Collective(
+                group=str(r["group"])[:128], seq=int(r["seq"]), op=str(r["op"])[:64], completed=bool(r["completed"])
+            )  # fmt: skip
+            for r in rows[:16]
+        ]
+    except (OSError, ValueError, TypeError, KeyError):
+        return []
+
+
 def kernel_view(pid: int) -> dict[str, str]:
     """The rank's main thread as the kernel sees it: its state letter and the function it waits in
     (``/proc/PID/stat``, ``/proc/PID/wchan``); empty where /proc does not say (not Linux, gone)."""
@@ -205,6 +226,8 @@ class Launcher:
                     "VIGIL_NODE": node,
                     "VIGIL_RESTART_COUNT": str(number),
                     "VIGIL_STACKS_DIR": str(start.stacks_dir),
+                    # PyTorch's flight recorder (gloo's and NCCL's collectives), read in a hang
+                    "TORCH_FR_BUFFER_SIZE": os.environ.get("TORCH_FR_BUFFER_SIZE", "2000"),
                 }
                 out: int | None = None
                 if cfg.log_dir is not None:
@@ -258,15 +281,22 @@ class Launcher:
             if proc.poll() is not None or not path.exists():  # gone, or no handler: SIGUSR2 would kill it
                 continue
             path.write_text("")  # the hook appends: only this dump will be there
+            path.with_name(f"rank{rank}.fr.json").unlink(missing_ok=True)
+            path.with_name(f"rank{rank}.fr.want").touch()  # its collective state, from the hook's thread
             proc.send_signal(signal.SIGUSR2)
             asked.append((rank, node, path))
         give_up = time.monotonic() + self.config.stacks_wait_s
-        while time.monotonic() < give_up and not all(_settled(p) for _, _, p in asked):
+        while time.monotonic() < give_up and not all(_settled(p) and _fr(p).exists() for _, _, p in asked):
             time.sleep(0.05)
         procs = {rank: proc for (rank, _), proc in zip(start.ranks, start.procs, strict=True)}
         found = [
             trainer_pb2.RankStacks(
-                rank=rank, node=node, answered=path.stat().st_size > 0, text=_read(path), **kernel_view(procs[rank].pid)
+                rank=rank,
+                node=node,
+                answered=path.stat().st_size > 0,
+                text=_read(path),
+                collectives=collectives_in(_fr(path)),
+                **kernel_view(procs[rank].pid),
             )
             for rank, node, path in asked
         ]

@@ -36,7 +36,7 @@ from controller.jobs.mfu import Track
 from controller.jobs.progress import progress_wavefront
 from controller.jobs.restarts import Restarts
 from controller.jobs.settings import JobsConfig
-from controller.jobs.stacks import RankDump, wavefront
+from controller.jobs.stacks import Collective, RankDump, wavefront
 from controller.jobs.state import BadProgress, Job, JobPhase, TooManyJobs, job_status, validate
 from controller.metrics import ControllerMetrics
 from controller.nodes.app_faults import JobMembership
@@ -184,6 +184,11 @@ class JobMonitor:
                 s.text[:MAX_STACKS_CHARS],
                 s.state[:1] if s.state[:1].isalpha() else "",
                 s.kernel_wait[:64] if s.kernel_wait.replace("_", "").replace(".", "").isalnum() else "",
+                tuple(
+                    Collective(c.group[:128], c.seq, c.op[:64], c.completed)
+                    for c in s.collectives[:16]
+                    if c.group.isprintable() and c.op.isprintable()
+                ),
             )
             for s in stacks[:MAX_STACK_RANKS]
         ]

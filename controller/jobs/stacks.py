@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 
 _THREAD = re.compile(r"^(Current thread|Thread) (0x[0-9a-f]+)", re.MULTILINE)
@@ -40,6 +40,16 @@ class HangClass(StrEnum):
 
 
 @dataclass(frozen=True, slots=True)
+class Collective:
+    """The last collective a rank entered in one process group, from its flight recorder."""
+
+    group: str
+    seq: int
+    op: str
+    completed: bool
+
+
+@dataclass(frozen=True, slots=True)
 class RankDump:
     rank: int
     node: str
@@ -47,6 +57,7 @@ class RankDump:
     text: str = ""
     state: str = ""  # the main thread's, from /proc: "S", "D" (waiting on I/O), "T" (stopped); "" unknown
     kernel_wait: str = ""  # the kernel function it waits in (wchan); "" unknown
+    collectives: tuple[Collective, ...] = ()  # its flight recorder's, per process group
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,8 +75,13 @@ class Wavefront:
     verdict: HangClass
     culprits: tuple[RankPlace, ...]
     waiting: int  # ranks in a collective
+    collectives: str = ""  # what the ranks' flight recorders say, where they differ or stall
 
     def describe(self) -> str:
+        said = self._describe()
+        return f"{said} (flight recorder: {self.collectives})" if self.collectives else said
+
+    def _describe(self) -> str:
         if self.verdict is HangClass.COLLECTIVE:
             return f"every rank that answered ({self.waiting}) waits in a collective: the network or a GPU"
         if not self.culprits:
@@ -106,7 +122,35 @@ def kernel_reading(state: str, kernel_wait: str) -> bool:
 
 
 def wavefront(dumps: Sequence[RankDump]) -> Wavefront:
-    """The ranks that never entered the collective the others wait in, and what that says."""
+    """The ranks that never entered the collective the others wait in, and what that says; with what
+    their flight recorders say beside it."""
+    return replace(_from_stacks(dumps), collectives=collective_front(dumps))
+
+
+def collective_front(dumps: Sequence[RankDump]) -> str:
+    """Per process group, from the ranks' flight recorders: the ranks behind the last collective the
+    others entered and wait in, or every rank in one that does not complete; '' when they say nothing."""
+    groups: dict[str, dict[int, Collective]] = {}
+    for d in dumps:
+        for c in d.collectives:
+            groups.setdefault(c.group, {})[d.rank] = c
+    said = []
+    for group, ranks in sorted(groups.items()):
+        top = max(c.seq for c in ranks.values())
+        lead = next(c for c in ranks.values() if c.seq == top)
+        behind = sorted(r for r, c in ranks.items() if c.seq < top)
+        if lead.completed:
+            continue
+        if behind:
+            named = ", ".join(str(r) for r in behind[:8]) + (f" and {len(behind) - 8} more" if len(behind) > 8 else "")
+            said.append(f"{group}: rank {named} never entered {lead.op} #{top}, which "
+                        f"{len(ranks) - len(behind)} rank(s) wait in")  # fmt: skip
+        elif len(ranks) > 1:
+            said.append(f"{group}: all {len(ranks)} ranks entered {lead.op} #{top}, and it does not complete")
+    return "; ".join(said[:4])
+
+
+def _from_stacks(dumps: Sequence[RankDump]) -> Wavefront:
     places = [place(d) for d in dumps]
     silent = tuple(p for p in places if not p.answered)
     waiting = sum(1 for p in places if p.answered and p.in_collective)

@@ -63,7 +63,10 @@ def test_a_rank_that_stops_is_found_hung_paged_once_and_nothing_is_cordoned(clus
         out = cluster.tmp / "ctl.out"
         said = poll_until(lambda: [ln for ln in out.read_text().splitlines() if "WAVEFRONT" in ln], timeout=30)
         assert isinstance(said, list) and len(said) == 1
-        assert "application: rank 1 on node-b at train.py:" in said[0] and "1 rank(s) wait in a collective" in said[0]
+        assert "application: rank 1 on node-b at inject.py:" in said[0] and "1 rank(s) wait in a collective" in said[0]
+        # Its flight recorder, read by the hook's own thread while the training thread sleeps: rank 1
+        # never entered the collective rank 0 waits in.
+        assert "(flight recorder: default_pg: rank 1 never entered gloo:" in said[0], said[0]
         assert health == {"node-a": "HEALTHY", "node-b": "HEALTHY"}  # a hang alone cordons nothing
         shown = subprocess.run(
             [sys.executable, "-m", "vigil", "jobs", "--controller", cluster.controller],
@@ -102,7 +105,7 @@ def test_a_rank_blocked_in_a_read_is_named_io_from_the_kernels_view_and_nothing_
         out = cluster.tmp / "ctl.out"
         said = poll_until(lambda: [ln for ln in out.read_text().splitlines() if "WAVEFRONT" in ln], timeout=180)
         assert isinstance(said, list) and len(said) == 1
-        assert "I/O or data loading: rank 1 on node-b at train.py:" in said[0] and "pipe" in said[0], said[0]
+        assert "I/O or data loading: rank 1 on node-b at inject.py:" in said[0] and "pipe" in said[0], said[0]
         note = poll_until(lambda: [ln for ln in out.read_text().splitlines() if "NO-EVIDENCE" in ln], timeout=30)
         assert isinstance(note, list) and "not the hardware" in note[0]
         with AdminClient(cluster.controller) as admin:

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from controller.jobs.stacks import HangClass, RankDump, kernel_reading, place, wavefront
+from controller.jobs.stacks import Collective, HangClass, RankDump, collective_front, kernel_reading, place, wavefront
+from trainer_hooks.collectives import last_collectives
 from vigil.launch import kernel_view
 
 # As faulthandler writes it on a signal: the reporter thread, then the training thread (the
@@ -157,3 +158,41 @@ def test_the_launcher_reads_a_real_ranks_kernel_view(tmp_path: Path) -> None:
     assert reading["state"] == "S" and kernel_reading(reading["state"], reading["kernel_wait"]), reading
     assert stopped["state"] == "T"
     assert kernel_view(proc.pid) == {}  # gone
+
+
+def test_the_flight_recorders_say_who_never_entered_the_collective_the_others_wait_in() -> None:
+    def fr(*rows: tuple[str, int, bool]) -> tuple[Collective, ...]:
+        return tuple(Collective(group, seq, "gloo:all_reduce", done) for group, seq, done in rows)
+
+    behind = [
+        RankDump(0, "node-a", True, WAITING, collectives=fr(("default_pg", 226, False), ("hook", 40, True))),
+        RankDump(1, "node-b", True, READING, collectives=fr(("default_pg", 225, True), ("hook", 40, True))),
+        RankDump(2, "node-c", True, WAITING, collectives=fr(("default_pg", 226, False), ("hook", 40, True))),
+    ]
+    said = collective_front(behind)
+    assert said == "default_pg: rank 1 never entered gloo:all_reduce #226, which 2 rank(s) wait in"
+    assert wavefront(behind).describe().endswith(f"(flight recorder: {said})")
+    stalled = [RankDump(r, f"node-{r}", True, WAITING, collectives=fr(("default_pg", 7, False))) for r in range(4)]
+    assert collective_front(stalled) == "default_pg: all 4 ranks entered gloo:all_reduce #7, and it does not complete"
+    done = [RankDump(r, f"node-{r}", True, WAITING, collectives=fr(("default_pg", 7, True))) for r in range(2)]
+    assert collective_front(done) == "" and collective_front([RankDump(0, "n", True, WAITING)]) == ""
+
+
+def test_a_flight_recorder_dump_becomes_each_groups_last_collective() -> None:
+    trace = {
+        "entries": [
+            {"collective_seq_id": 3, "process_group": ["0", "default_pg"], "profiling_name": "gloo:all_reduce",
+             "retired": True, "state": "scheduled", "is_p2p": False},
+            {"collective_seq_id": 4, "process_group": ["0", "default_pg"], "profiling_name": "gloo:all_gather",
+             "retired": False, "state": "scheduled", "is_p2p": False},
+            {"collective_seq_id": 0, "process_group": ["0", "default_pg"], "profiling_name": "gloo:recv",
+             "retired": False, "state": "scheduled", "is_p2p": True},
+            {"collective_seq_id": 9, "process_group": ["1", ""], "profiling_name": "gloo:broadcast",
+             "retired": False, "state": "completed", "is_p2p": False},
+        ]
+    }  # fmt: skip
+    assert last_collectives(trace) == [
+        {"group": "1", "seq": 9, "op": "gloo:broadcast", "completed": True},
+        {"group": "default_pg", "seq": 4, "op": "gloo:all_gather", "completed": False},
+    ]
+    assert last_collectives({}) == []

@@ -115,20 +115,34 @@ class PlanRequest(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., nodes: _Optional[_Iterable[str]] = ..., stopped: _Optional[bool] = ..., stacks: _Optional[_Iterable[_Union[RankStacks, _Mapping]]] = ...) -> None: ...
 
 class RankStacks(_message.Message):
-    __slots__ = ("rank", "node", "answered", "text", "state", "kernel_wait")
+    __slots__ = ("rank", "node", "answered", "text", "state", "kernel_wait", "collectives")
     RANK_FIELD_NUMBER: _ClassVar[int]
     NODE_FIELD_NUMBER: _ClassVar[int]
     ANSWERED_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     KERNEL_WAIT_FIELD_NUMBER: _ClassVar[int]
+    COLLECTIVES_FIELD_NUMBER: _ClassVar[int]
     rank: int
     node: str
     answered: bool
     text: str
     state: str
     kernel_wait: str
-    def __init__(self, rank: _Optional[int] = ..., node: _Optional[str] = ..., answered: _Optional[bool] = ..., text: _Optional[str] = ..., state: _Optional[str] = ..., kernel_wait: _Optional[str] = ...) -> None: ...
+    collectives: _containers.RepeatedCompositeFieldContainer[Collective]
+    def __init__(self, rank: _Optional[int] = ..., node: _Optional[str] = ..., answered: _Optional[bool] = ..., text: _Optional[str] = ..., state: _Optional[str] = ..., kernel_wait: _Optional[str] = ..., collectives: _Optional[_Iterable[_Union[Collective, _Mapping]]] = ...) -> None: ...
+
+class Collective(_message.Message):
+    __slots__ = ("group", "seq", "op", "completed")
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    OP_FIELD_NUMBER: _ClassVar[int]
+    COMPLETED_FIELD_NUMBER: _ClassVar[int]
+    group: str
+    seq: int
+    op: str
+    completed: bool
+    def __init__(self, group: _Optional[str] = ..., seq: _Optional[int] = ..., op: _Optional[str] = ..., completed: _Optional[bool] = ...) -> None: ...
 
 class PlanReply(_message.Message):
     __slots__ = ("commands", "exclude_nodes", "ready", "detail", "want_stacks")
