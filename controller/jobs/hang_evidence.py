@@ -9,8 +9,9 @@ a hang, they are the evidence. How the wavefront decides which nodes may be blam
 
 - a rank stuck in the job's own code or in a read (application, I/O): nobody, whatever the nodes say
   (the culprit is known, and it is not the hardware);
-- every rank waiting in a collective that does not complete (network or GPU), or no stacks at all
-  (a job not under ``vigil launch``): any node of the job with evidence;
+- every rank waiting in a collective that does not complete (network or GPU), every rank alike in
+  its progress record, or no stacks at all (a job not under ``vigil launch``): any node of the job
+  with evidence;
 - a rank that does not answer (host), or a rank behind the others in the ranks' progress records:
   its node, if it has evidence.
 
@@ -114,6 +115,8 @@ def hang_blame(
         if verdict is HangClass.BEHIND
         else "every rank waiting in a collective"
         if verdict is HangClass.COLLECTIVE
+        else "every rank alike in its progress record"
+        if verdict is HangClass.ALIKE
         else "no stacks to say where it is stuck"
     )
     if not blamed:

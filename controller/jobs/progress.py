@@ -6,8 +6,8 @@ Each record says the step a rank last finished and what it is in since: ``comput
 
 - ranks at a lower step than the others are behind: they are the culprits;
 - at one step, the ranks still in ``compute`` never reached the exchange the others wait in: culprits;
-- every rank at one step and in one phase: nothing singles a rank out (every rank waits in a
-  training collective, or every rank is stuck the same way): the stacks or the nodes must say.
+- every rank at one step and in one phase (``HangClass.ALIKE``): nothing singles a rank out (every
+  rank waits in a training collective, or every rank is stuck the same way): the nodes must say.
 
 The records carry no frames: they name the rank and node, not whether its own code, a read or its
 host holds it (``HangClass.BEHIND``).
@@ -37,6 +37,6 @@ def progress_wavefront(records: Sequence[RankRecord]) -> Wavefront | None:
         behind = [r for r in at_top if r.phase != "exchange"]
     waiting = len(ranks) - len(behind)
     if not behind:
-        return Wavefront(HangClass.UNKNOWN, (), 0)
+        return Wavefront(HangClass.ALIKE, (), len(ranks))
     culprits = tuple(RankPlace(r.rank, r.node, True, False, f"step {r.step}, in {r.phase}", False) for r in behind)
     return Wavefront(HangClass.BEHIND, culprits, waiting)

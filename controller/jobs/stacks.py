@@ -36,6 +36,7 @@ class HangClass(StrEnum):
     HOST = "host"  # a rank that does not answer at all: stopped or frozen
     COLLECTIVE = "network or GPU"  # every rank waits in a collective that does not complete
     BEHIND = "a rank behind the others"  # from the ranks' progress records: named, not explained
+    ALIKE = "every rank at one step"  # from the ranks' progress records: none stands out
     UNKNOWN = "unknown"
 
 
@@ -84,6 +85,9 @@ class Wavefront:
     def _describe(self) -> str:
         if self.verdict is HangClass.COLLECTIVE:
             return f"every rank that answered ({self.waiting}) waits in a collective: the network or a GPU"
+        if self.verdict is HangClass.ALIKE:
+            return (f"all {self.waiting} ranks at one step, in the same place: none stands out (a collective "
+                    "that does not complete, or every rank stuck the same way)")  # fmt: skip
         if not self.culprits:
             return "no rank waits in a collective and none stands out: the stacks do not say"
         named = "; ".join(

@@ -28,7 +28,7 @@ def test_a_rank_stuck_in_its_own_code_or_a_read_blames_no_node_whatever_the_node
     assert blame.nodes == () and "not the hardware" in blame.why
 
 
-@pytest.mark.parametrize("verdict", [HangClass.COLLECTIVE, HangClass.UNKNOWN, None])
+@pytest.mark.parametrize("verdict", [HangClass.COLLECTIVE, HangClass.ALIKE, HangClass.UNKNOWN, None])
 def test_every_rank_in_a_collective_or_no_stacks_blames_each_node_with_evidence(verdict: HangClass | None) -> None:
     w = wave(verdict) if verdict is not None else None
     blame = hang_blame(w, NODES, [LINK, PORT], SINCE, 60)

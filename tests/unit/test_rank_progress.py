@@ -88,7 +88,8 @@ def test_at_one_step_the_ranks_that_never_reached_the_exchange_are_named() -> No
 
 def test_every_rank_alike_names_nobody_and_no_records_say_nothing() -> None:
     alike = progress_wavefront([rec(0, 30, "compute"), rec(1, 30, "compute")])
-    assert alike is not None and alike.verdict is HangClass.UNKNOWN and alike.culprits == ()
+    assert alike is not None and alike.verdict is HangClass.ALIKE and alike.culprits == ()
+    assert alike.describe().startswith("all 2 ranks at one step, in the same place: none stands out")
     assert progress_wavefront([]) is None
     newest = progress_wavefront([rec(0, 5, "compute", at=1.0), rec(0, 30, "compute", at=2.0), rec(1, 30, "compute")])
     assert newest is not None and newest.culprits == ()  # a rank's newest record counts
