@@ -15,9 +15,8 @@ rank; its reporter thread talks gRPC to the controller) in a thread of this proc
 
 Detection time: from the moment a job stopped to the controller's ``ListJobs`` showing it hung
 (polled every 0.1 s). False suspicions: a pausing or healthy job ever shown hung. Figures are
-printed and appended to ``bench/results/hang.jsonl`` with the command. Not measured here: naming
-the rank and node (Vigil does not yet), and hangs of real multi-rank jobs (``tests/e2e/test_job_hang.py``
-hangs a real gloo rank under ``vigil launch``, as a test).
+printed and appended to ``bench/results/hang.jsonl`` with the command. Naming the rank and node in
+hangs of real multi-rank jobs is ``bench.hang_where``'s.
 """
 
 from __future__ import annotations
