@@ -29,6 +29,9 @@ What it does:
 - Rank 0's reports carry the step it is at, heartbeats too (every ``poll_s``): the controller
   pages a job whose step stops moving for longer than its own steps make likely (a hang); while the
   loop saves, rank 0 says so ("checkpoint"), and ``pause("evaluation")`` says any other planned gap.
+  Every rank also keeps its progress record (its step, and whether it is computing, in the exchange
+  or paused) where its node's agent reads it, when ``progress_dir`` is set: two ``os.pwrite`` of
+  256 bytes a step, never a wait.
 
 ``step_time_s`` is the rank's own time for the step, measured before ``step_end`` (the exchange,
 where ranks wait for each other, is not in it). Skew across ranks shows a rank that is slow outside
@@ -38,7 +41,10 @@ wait in those collectives, and shows as the job's drop plus the node's own signa
 Configured from the environment by whoever launches the job (``vigil launch``, a Kubernetes Job):
 VIGIL_JOB_ID, VIGIL_CONTROLLER (host:port; empty: report nothing), VIGIL_NODE, VIGIL_RESTART_COUNT,
 VIGIL_WINDOW_STEPS, VIGIL_SYNC_S, VIGIL_AUTO_CHECKPOINT, VIGIL_STACKS_DIR (every thread's stack on
-SIGUSR2, which ``vigil launch`` sends when the controller finds the job hung).
+SIGUSR2, which ``vigil launch`` sends when the controller finds the job hung, and the flight
+recorder's collective state, ``trainer_hooks.collectives``), VIGIL_PROGRESS_DIR (every rank's
+progress record, which the node's agent reads: ``vigil_core.rank_progress``; ``{node}`` stands for
+the node's name).
 """
 
 from __future__ import annotations
