@@ -205,9 +205,15 @@ class Agent:
 
     async def _scan_progress(self, stop: asyncio.Event) -> None:
         """The ranks' progress records, every ``heartbeat_s``, off the event loop."""
-        where = self.config.progress_dir
+        where, node, unreadable = self.config.progress_dir, self.config.node, 0
         while where is not None and not stop.is_set():
-            self.ranks_seen = await asyncio.to_thread(read_progress, where, self.config.node)
+            read = await asyncio.to_thread(read_progress, where, node)
+            self.ranks_seen = read.records
+            self.metrics.rank_records.labels(node, "read").set(len(read.records))
+            self.metrics.rank_records.labels(node, "unreadable").set(len(read.unreadable))
+            if len(read.unreadable) > unreadable:  # said when it grows, not every read
+                log.warning("rank_progress_unreadable", dir=str(where), files=read.unreadable[:10])
+            unreadable = len(read.unreadable)
             await wait_event(stop, self.config.heartbeat_s)
 
     def _hello(self) -> agent_pb2.Hello:

@@ -270,6 +270,13 @@ class AgentMetrics:
             ["node", "task"],
             registry=r,
         )
+        self.rank_records = Gauge(
+            "vigil_agent_rank_records",
+            "Training ranks' progress records at the last read (state: read, or unreadable: not one whole "
+            "record of this node)",
+            ["node", "state"],
+            registry=r,
+        )
         self.unparsed_samples_sent = Counter(
             "vigil_agent_unparsed_driver_lines_sent_total",
             "Driver lines the agent could not parse, sent to the controller as samples (bounded)",

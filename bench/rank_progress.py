@@ -47,7 +47,7 @@ def read_us(where: Path, records: int, reads: int = 200) -> float:
         (where / file_name("bench", rank)).write_bytes(encode(record))
     began = time.perf_counter()
     for _ in range(reads):
-        assert len(read_progress(where, "node-a")) == records
+        assert len(read_progress(where, "node-a").records) == records
     return (time.perf_counter() - began) / reads * 1e6
 
 

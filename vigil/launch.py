@@ -275,20 +275,19 @@ class Launcher:
 
     def _stacks(self, start: Start) -> list[trainer_pb2.RankStacks]:
         """Every listening rank's stacks (SIGUSR2 to faulthandler), within ``stacks_wait_s``."""
-        asked: list[tuple[int, str, Path]] = []
+        asked: list[tuple[int, str, Path, int]] = []
         for (rank, node), proc in zip(start.ranks, start.procs, strict=True):
             path = (start.stacks_dir or Path()) / f"rank{rank}.txt"
             if proc.poll() is not None or not path.exists():  # gone, or no handler: SIGUSR2 would kill it
                 continue
             path.write_text("")  # the hook appends: only this dump will be there
-            path.with_name(f"rank{rank}.fr.json").unlink(missing_ok=True)
+            _fr(path).unlink(missing_ok=True)
             path.with_name(f"rank{rank}.fr.want").touch()  # its collective state, from the hook's thread
             proc.send_signal(signal.SIGUSR2)
-            asked.append((rank, node, path))
+            asked.append((rank, node, path, proc.pid))
         give_up = time.monotonic() + self.config.stacks_wait_s
-        while time.monotonic() < give_up and not all(_settled(p) and _fr(p).exists() for _, _, p in asked):
+        while time.monotonic() < give_up and not all(_settled(p) and _fr(p).exists() for _, _, p, _ in asked):
             time.sleep(0.05)
-        procs = {rank: proc for (rank, _), proc in zip(start.ranks, start.procs, strict=True)}
         found = [
             trainer_pb2.RankStacks(
                 rank=rank,
@@ -296,9 +295,9 @@ class Launcher:
                 answered=path.stat().st_size > 0,
                 text=_read(path),
                 collectives=collectives_in(_fr(path)),
-                **kernel_view(procs[rank].pid),
+                **kernel_view(pid),
             )
-            for rank, node, path in asked
+            for rank, node, path, pid in asked
         ]
         log.warning("job_stacks_taken", job=self.config.job_id, ranks=len(found),
                     silent=[s.rank for s in found if not s.answered])  # fmt: skip

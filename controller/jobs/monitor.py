@@ -36,7 +36,7 @@ from controller.jobs.mfu import Track
 from controller.jobs.progress import progress_wavefront
 from controller.jobs.restarts import Restarts
 from controller.jobs.settings import JobsConfig
-from controller.jobs.stacks import Collective, RankDump, wavefront
+from controller.jobs.stacks import Collective, RankDump, Wavefront, wavefront
 from controller.jobs.state import BadProgress, Job, JobPhase, TooManyJobs, job_status, validate
 from controller.metrics import ControllerMetrics
 from controller.nodes.app_faults import JobMembership
@@ -50,6 +50,7 @@ from controller.vocab.node_state import Health
 from controller.vocab.policy import Severity
 from protos.vigil.v1 import admin_pb2, trainer_pb2
 from vigil_core.names import is_job_id, is_node_name
+from vigil_core.rank_progress import RankRecord
 from vigil_core.waiting import wait_event
 
 log = structlog.get_logger(__name__)
@@ -192,13 +193,16 @@ class JobMonitor:
             )
             for s in stacks[:MAX_STACK_RANKS]
         ]
-        job.wavefront = found = wavefront(dumps)
-        culprits = [(c.rank, c.node) for c in found.culprits]
-        log.error("job_hang_located", job=job.job_id, verdict=found.verdict.value, culprits=culprits[:20],
-                  waiting=found.waiting, ranks=len(dumps))  # fmt: skip
-        text = f"where it is stuck, from its {len(dumps)} ranks' stacks: {found.describe()}"
-        self._request(PageUpdate(job.hang_incident, "", "WAVEFRONT", text[:3000]))
+        self._located(job, wavefront(dumps), f"its {len(dumps)} ranks' stacks")
         self._judge_hang(job)
+
+    def _located(self, job: Job, found: Wavefront, source: str) -> None:
+        """Where the hang is stuck, kept for its judgement, logged and said in its thread."""
+        job.wavefront = found
+        log.error("job_hang_located", job=job.job_id, verdict=found.verdict.value, source=source,
+                  culprits=[(c.rank, c.node) for c in found.culprits][:20], waiting=found.waiting)  # fmt: skip
+        text = f"where it is stuck, from {source}: {found.describe()}"
+        self._request(PageUpdate(job.hang_incident, "", "WAVEFRONT", text[:3000]))
 
     def _judge_hang(self, job: Job) -> None:
         """Once per hang: its wavefront (or none) joined with its nodes' own signals; a node with
@@ -207,13 +211,9 @@ class JobMonitor:
             return
         job.hang_judged = True
         if job.wavefront is None:  # no stacks: the ranks' progress records, as the nodes' agents sent them
-            records = [r for node in job.nodes for r in self._fleet.ranks(node) if r.job == job.job_id]
+            records = self._records(job)
             if (found := progress_wavefront(records)) is not None:
-                job.wavefront = found
-                log.error("job_hang_located", job=job.job_id, verdict=found.verdict.value, ranks=len(records),
-                          culprits=[(c.rank, c.node) for c in found.culprits][:20], waiting=found.waiting)  # fmt: skip
-                text = f"where it is stuck, from its {len(records)} ranks' progress records: {found.describe()}"
-                self._request(PageUpdate(job.hang_incident, "", "WAVEFRONT", text[:3000]))
+                self._located(job, found, f"its {len(records)} ranks' progress records")
         faults = [
             f
             for node in job.nodes
@@ -273,11 +273,13 @@ class JobMonitor:
         """The step every rank of the job has finished, from its ranks' progress records as the nodes'
         agents last sent them; -1 unless every rank of it has one."""
         steps: dict[int, int] = {}
-        for node in job.nodes:
-            for r in self._fleet.ranks(node):
-                if r.job == job.job_id:
-                    steps[r.rank] = max(steps.get(r.rank, -1), r.step)
+        for r in self._records(job):
+            steps[r.rank] = max(steps.get(r.rank, -1), r.step)
         return min(steps.values()) if steps and len(steps) >= job.world_size > 0 else -1
+
+    def _records(self, job: Job) -> list[RankRecord]:
+        """The job's ranks' progress records, as its nodes' agents last sent them."""
+        return [r for node in job.nodes for r in self._fleet.ranks(node) if r.job == job.job_id]
 
     def plan_of(self, job: Job) -> JobPlan | None:
         """The job's plan, from its size and its own measured save and restart times."""

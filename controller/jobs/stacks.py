@@ -75,7 +75,7 @@ class RankPlace:
 class Wavefront:
     verdict: HangClass
     culprits: tuple[RankPlace, ...]
-    waiting: int  # ranks in a collective
+    waiting: int  # ranks waiting for the culprits (in a collective, or ahead of them); ALIKE: every rank
     collectives: str = ""  # what the ranks' flight recorders say, where they differ or stall
 
     def describe(self) -> str:

@@ -142,6 +142,8 @@ class Engine:
         entry.last_heartbeat, entry.spooled = self.clock(), max(0, spooled)
         entry.jobs = frozenset(j for j in jobs[:MAX_JOBS_PER_NODE] if is_job_id(j))
         entry.ranks = tuple(r for r in ranks[:MAX_RANKS_PER_NODE] if r.node == node and is_valid(r))
+        if len(entry.ranks) < len(ranks):  # its agent sent what no agent of this version sends
+            log.warning("agent_rank_progress_refused", node=node, sent=len(ranks), kept=len(entry.ranks))
         if unparsed:  # driver lines its agent could not read: what the fleet misses, said
             self.metrics.agent_unparsed_lines.labels(node).set(max(0, unparsed_total))
             log.warning("agent_unparsed_driver_lines", node=node, total=unparsed_total, samples=list(unparsed[:5]))

@@ -225,6 +225,8 @@ def test_the_agent_tells_the_controller_what_it_could_not_parse_and_which_jobs_r
             assert not controller.engine.fleet.runs_job("node-m", "elsewhere")  # another node's rank
             await wait_until(lambda: bool(controller.engine.fleet.ranks("node-m")), what="the ranks' progress")
             assert controller.engine.fleet.ranks("node-m") == (mine,)  # not the record naming node-z
+            unreadable = agent.metrics.rank_records.labels("node-m", "unreadable")._value.get()
+            assert (agent.metrics.rank_records.labels("node-m", "read")._value.get(), unreadable) == (1, 1)
         finally:
             stop.set()
             await task

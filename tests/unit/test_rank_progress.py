@@ -54,16 +54,22 @@ def test_the_real_hook_keeps_its_record_and_the_agent_reads_it(tmp_path: Path) -
     hook = VigilHook(HookConfig(job_id="moe", node="node-a", progress_dir=str(tmp_path / "{node}")))
     hook.start(7)
     where = tmp_path / "node-a"
-    assert [(r.step, r.phase) for r in read_progress(where, "node-a")] == [(7, "compute")]
+    assert [(r.step, r.phase) for r in read_progress(where, "node-a").records] == [(7, "compute")]
     hook.step_end(8, 100, 0.1)
     hook.pause("data reload")  # said in the record's own alphabet
-    (record,) = read_progress(where, "node-a")
+    (record,) = read_progress(where, "node-a").records
     assert (record.job, record.rank, record.node, record.step, record.phase) == ("moe", 0, "node-a", 8, "data-reload")
-    assert read_progress(where, "node-b") == []  # a record naming another node is not this node's
-    assert read_progress(where, "node-a", now=time.time() + 7200) == []  # long stale: a job long gone
+    elsewhere = read_progress(where, "node-b")  # a record naming another node is not this node's: said
+    assert elsewhere.records == [] and elsewhere.unreadable == ["moe.rank0"]
+    stale = read_progress(where, "node-a", now=time.time() + 7200)  # long stale: a job long gone, no fault
+    assert stale.records == [] and stale.unreadable == []
+    (where / "moe.rank5").write_bytes(b'{"job":"moe","ra')  # torn, or written by something else
+    assert read_progress(where, "node-a").unreadable == ["moe.rank5"]
+    (where / "moe.rank5").unlink()
     hook.end()
-    assert read_progress(where, "node-a") == [] and not list(where.iterdir())  # the job ended: removed
-    assert read_progress(tmp_path / "missing", "node-a") == []
+    gone = read_progress(where, "node-a")
+    assert gone.records == [] and gone.unreadable == [] and not list(where.iterdir())  # the job ended: removed
+    assert read_progress(tmp_path / "missing", "node-a").records == []
 
 
 def test_a_hook_that_cannot_write_its_record_trains_on(tmp_path: Path) -> None:
