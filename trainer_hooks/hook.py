@@ -266,9 +266,10 @@ class VigilHook:
 
     def pause(self, what: str) -> None:
         """Say the job is busy between steps (``"evaluation"``, a long data reload), so that a long
-        gap is not taken for a hang; ``resume`` or the next ``step_end`` ends it. A save Vigil asked
-        for needs no word (while ``save_due`` or a stop's save is on, rank 0 says "checkpoint"
-        itself); the job's own scheduled saves say ``pause("checkpoint")`` before they begin."""
+        gap is not taken for a hang; ``resume``, the next ``step_end`` or, for ``"checkpoint"``,
+        ``checkpoint_saved`` ends it. A save Vigil asked for needs no word (while ``save_due`` or a
+        stop's save is on, rank 0 says "checkpoint" itself); the job's own scheduled saves say
+        ``pause("checkpoint")`` before they begin."""
         self._pause = what[:64] or "paused"
         self._mark(self._pause)
 
@@ -346,7 +347,10 @@ class VigilHook:
 
     def checkpoint_saved(self, blocked_s: float, committed_step: int, saved_step: int | None = None) -> None:
         """A save, on every rank: the seconds training was blocked, the newest committed step, and
-        the step this save holds (an asynchronous save commits it later; default: committed_step)."""
+        the step this save holds (an asynchronous save commits it later; default: committed_step).
+        Ends a ``pause("checkpoint")``: training goes on now, and a stall from here is not the save's."""
+        if self._pause == "checkpoint":
+            self.resume()
         self._checkpoint_s += blocked_s
         self.committed_step = max(self.committed_step, committed_step)
         self.save_due, self._last_save = False, time.monotonic()

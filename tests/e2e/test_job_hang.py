@@ -30,7 +30,10 @@ ENV = {"VIGIL_WINDOW_STEPS": "10", "OMP_NUM_THREADS": "1"}
 
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[JobCluster]:
-    jobs = {"hang": {"floor_s": 3.0, "factor": 8.0, "abort_after_s": 2.0}}  # a test's patience (default floor 10 s)
+    # A test's patience (the default floor is 10 s). No save asked on early warnings: the SXid the
+    # hardware test writes is one, and a save that a hung rank blocks says "checkpoint" until
+    # jobs.hang.pause_limit_s, which would make that test a race on when the ask lands.
+    jobs = {"hang": {"floor_s": 3.0, "factor": 8.0, "abort_after_s": 2.0}, "checkpoint_now": False}
     with job_cluster(tmp_path, pager="console", jobs=jobs) as c:
         yield c
 
@@ -99,7 +102,9 @@ def test_a_rank_blocked_in_a_read_is_named_io_from_the_kernels_view_and_nothing_
 ) -> None:
     """node-b's rank blocks reading a FIFO nobody writes (a data loader on a dead mount): the read is in
     C, so its innermost Python frame is the job's own; the kernel's view of it (wchan) says the read."""
-    args = [*ARGS, "--hang-node", "node-b", "--hang-at-step", "25", "--hang-how", "read"]
+    # At step 30, just after a scheduled save (every 10): the save's "checkpoint" pause ends with the
+    # save, so rank 0 then waiting for rank 1 is a hang, not a save.
+    args = [*ARGS, "--hang-node", "node-b", "--hang-at-step", "30", "--hang-how", "read"]
     launcher = cluster.launch("moe", ["node-a", "node-b"], args, ENV)
     try:
         out = cluster.tmp / "ctl.out"

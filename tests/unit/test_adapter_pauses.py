@@ -32,10 +32,12 @@ def test_the_hugging_face_trainers_own_save_and_evaluation_are_said(tmp_path: An
         callback.on_step_end(args, state, control)
         said.append(callback.hook.saying)
     assert said == ["", "checkpoint", "evaluation"]
-    callback.on_save(args, state, saving)
-    state.global_step = 4
-    callback.on_step_begin(args, state, plain)
-    callback.on_step_end(args, state, plain)  # the next step's end ends the pause
+    callback.on_evaluate(args, state, evaluating)  # done: training goes on, a stall now is not the evaluation's
+    assert callback.hook.saying == ""
+    both = transformers.TrainerControl(should_evaluate=True, should_save=True)
+    callback.on_evaluate(args, state, both)  # the Trainer saves next
+    assert callback.hook.saying == "checkpoint"
+    callback.on_save(args, state, both)  # the save done ends the pause
     assert callback.hook.saying == ""
 
 
@@ -52,4 +54,7 @@ def test_lightnings_checkpoint_and_validation_are_said() -> None:
     callback.on_save_checkpoint(trainer, module, {})  # type: ignore[arg-type]
     assert callback.hook.saying == "checkpoint"
     callback.hook.step_end(1, 100, 0.1)
+    assert callback.hook.saying == ""
+    callback.on_save_checkpoint(trainer, module, {})  # type: ignore[arg-type]
+    callback.hook.checkpoint_saved(0.5, 1)  # the save done ends the pause, before any next step
     assert callback.hook.saying == ""

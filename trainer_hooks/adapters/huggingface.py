@@ -80,6 +80,12 @@ class VigilTrainerCallback(TrainerCallback):
         if isinstance(logs, dict) and isinstance(logs.get("loss"), int | float):
             self._loss = float(logs["loss"])
 
+    def on_evaluate(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any) -> None:
+        if control.should_save:  # the Trainer saves next: still not a hang
+            self.hook.pause("checkpoint")
+        else:
+            self.hook.resume()  # training goes on: a stall from here is not the evaluation's
+
     def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any) -> None:
         blocked = time.perf_counter() - self._step_ended
         if self._stopping and not self.exit_code:
