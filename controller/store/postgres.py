@@ -59,10 +59,21 @@ class _PgTx:
             cursor.executemany(to_postgres(sql, True), [tuple(r) for r in rows])
 
 
+def _pool_timeout() -> type[Exception]:
+    from psycopg_pool import PoolTimeout
+
+    return PoolTimeout
+
+
 class PostgresDatabase:
     shared = True
 
-    def __init__(self, dsn: str, pool_size: int = 4, timeout_s: float = 10.0) -> None:
+    def __init__(self, dsn: str, pool_size: int = 4, timeout_s: float = 10.0, away_wait_s: float = 0.2) -> None:
+        """``timeout_s``: how long a transaction waits for a connection while the server answers;
+        ``away_wait_s``: how long once it has failed, until it answers again. The store runs on the
+        controller's event loop, so a server that is away must not hold the loop for ``timeout_s``
+        per write: the write fails at once, is said (``StoreHealth``) and waits in its agent's spool,
+        while the pool reconnects in the background."""
         try:
             from psycopg_pool import ConnectionPool
         except ImportError as exc:
@@ -70,6 +81,9 @@ class PostgresDatabase:
                 f"database {redacted(dsn)} needs psycopg: pip install 'vigil-gpu[postgres]' ({exc})"
             ) from None
         self.where = redacted(dsn)
+        self._wait_s = timeout_s
+        self._away_wait_s = away_wait_s
+        self._away = False
         self._pool = ConnectionPool(dsn, min_size=1, max_size=pool_size, timeout=timeout_s, open=False)
         try:
             self._pool.open(wait=True, timeout=timeout_s)
@@ -89,12 +103,24 @@ class PostgresDatabase:
                 tx.execute(f"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS {column} {definition}")
 
     @contextmanager
+    def _connection(self) -> Iterator[Any]:
+        import psycopg
+
+        try:
+            with self._pool.connection(timeout=self._away_wait_s if self._away else self._wait_s) as connection:
+                yield connection
+        except (psycopg.OperationalError, psycopg.InterfaceError, _pool_timeout()):
+            self._away = True
+            raise
+        self._away = False
+
+    @contextmanager
     def tx(self) -> Iterator[Tx]:
-        with self._pool.connection() as connection, connection.transaction():
+        with self._connection() as connection, connection.transaction():
             yield _PgTx(connection)
 
     def read(self, sql: str, args: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
-        with self._pool.connection() as connection:
+        with self._connection() as connection:
             rows: list[tuple[Any, ...]] = connection.execute(
                 to_postgres(sql, bool(args)), tuple(args) if args else None
             ).fetchall()

@@ -59,7 +59,8 @@ def test_a_rank_that_stops_is_found_hung_paged_once_and_nothing_is_cordoned(clus
         assert "injected: rank 1 hangs at step 25" in ranks
         assert job.state == "running" and job.step == 25  # rank 0 finished step 25, then waited for rank 1
         (hung,) = [e for e in json_lines(cluster.tmp / "ctl.log") if e["event"] == "job_hung"]
-        assert hung["step"] == 25 and not hung["silent"] and hung["stalled_s"] > hung["bound_s"] >= 3.0
+        # The log rounds both to 0.1 s, so a hang judged just past its bound can read equal to it.
+        assert hung["step"] == 25 and not hung["silent"] and hung["stalled_s"] >= hung["bound_s"] >= 3.0
         pages = (cluster.tmp / "ctl.out").read_text()
         assert pages.count("incident hang-moe-") == 1 and "no step for" in pages and "nothing cordoned" in pages
         # The launcher takes the ranks' stacks (SIGUSR2): rank 1 never entered the collective rank 0 waits in.
