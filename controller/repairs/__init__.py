@@ -1,0 +1,1 @@
+"""Repairs: the remediation ladder, its executors, certification and return to service."""

@@ -1,0 +1,188 @@
+"""The remediation ladder and a repair's way up it: pure, tested like ``decide``."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from controller.repairs.config import RemediationConfig
+from controller.repairs.ladder import ORDER, Fault, Step, first_step, plan_ladder
+from controller.repairs.repair import (
+    Phase,
+    Stops,
+    certified,
+    certifying,
+    hands_summary,
+    open_repair,
+    refusal,
+    settled,
+    start,
+    step_done,
+    timed_out,
+)
+from controller.vocab.xid_catalog import BUCKETS, CATALOG, Fix
+from vigil_core.signals import SignalKind
+
+XID = SignalKind.XID
+BUS = "0000:18:00"
+
+
+def xid154(now: str) -> Fault:
+    return Fault(XID, 154, f"GPU recovery action changed from 0x0 (None) to {now}", BUS)
+
+
+@pytest.mark.parametrize(
+    ("said", "step"),
+    [
+        ("0x1 (GPU Reset Required)", Step.GPU_RESET),
+        ("0x2 (Node Reboot Required)", Step.REBOOT),
+        ("0x3 (Drain P2P)", Step.RECHECK),
+        ("0x4 (Drain and Reset)", Step.GPU_RESET),
+        ("0x6 (Bus Reset)", Step.BUS_RESET),
+        ("0x7 (System Reboot)", Step.REBOOT),
+        ("0x5 (Recover IMEX Domain)", Step.REPLACE),
+        ("0x0 (None)", Step.RECHECK),
+        ("0x63 (Something new)", Step.REPLACE),
+    ],
+)
+def test_the_driver_s_recovery_action_picks_the_first_rung(said: str, step: Step) -> None:
+    assert first_step(xid154(said)) is step
+
+
+def test_every_catalog_code_that_takes_a_node_out_has_a_rung_that_follows_its_bucket() -> None:
+    wanted = {"RESET_GPU": Step.GPU_RESET, "RESTART_BM": Step.REBOOT, "CONTACT_SUPPORT": Step.REPLACE}
+    for code, entry in CATALOG.items():
+        if entry.fix is not Fix.OUT_OF_SERVICE:
+            continue
+        step = first_step(Fault(XID, code))
+        assert step in ORDER, code
+        if code != 64 and entry.bucket.value in wanted:
+            assert step is wanted[entry.bucket.value], (code, entry.bucket)
+    assert {b for b, (fix, _) in BUCKETS.items() if fix is Fix.OUT_OF_SERVICE}  # the table is not empty
+
+
+def test_a_failed_row_remap_and_a_code_no_catalog_has_need_hands() -> None:
+    assert first_step(Fault(XID, 64)) is Step.REPLACE
+    assert first_step(Fault(XID, 4000)) is Step.REPLACE
+    assert first_step(Fault(SignalKind.ROW_REMAP_PENDING)) is Step.GPU_RESET
+    assert first_step(Fault(SignalKind.GPU_LOST)) is Step.REBOOT
+
+
+def test_the_ladder_starts_at_the_highest_first_rung_and_ends_with_replace() -> None:
+    assert plan_ladder([Fault(XID, 48, gpu=BUS)]) == (Step.GPU_RESET, Step.BUS_RESET, Step.REBOOT, Step.REPLACE)
+    assert plan_ladder([Fault(XID, 48, gpu=BUS), Fault(XID, 79)]) == (Step.REBOOT, Step.REPLACE)
+    assert plan_ladder([]) == (Step.REPLACE,)
+    without_bus = (Step.RECHECK, Step.GPU_RESET, Step.REBOOT, Step.REPLACE)
+    assert plan_ladder([Fault(XID, 95)], without_bus) == (Step.GPU_RESET, Step.REBOOT, Step.REPLACE)
+
+
+def test_the_configuration_gives_a_code_or_a_kind_a_ladder_of_its_own() -> None:
+    config = RemediationConfig.model_validate(
+        {"by_xid": {79: ["bus_reset", "reboot"]}, "by_kind": {"ECC_DBE": ["replace"]}}
+    )
+    assert plan_ladder([Fault(XID, 79)], config.steps, config.by_xid, config.by_kind) == (
+        Step.BUS_RESET,
+        Step.REBOOT,
+        Step.REPLACE,
+    )
+    assert plan_ladder([Fault(SignalKind.ECC_DBE)], config.steps, config.by_xid, config.by_kind) == (Step.REPLACE,)
+
+
+@pytest.mark.parametrize(
+    ("section", "words"),
+    [
+        ({"steps": ["reboot", "gpu_reset"]}, "mildest first"),
+        ({"by_xid": {48: []}}, "at least one rung"),
+        ({"timeouts_s": {"reboot": 0}}, "positive"),
+        ({"reboot": {"executor": "command"}}, "needs reboot.command"),
+        ({"certify": {"checks": ["matmul"]}}, "always runs gpu_health"),
+        ({"certify": {"checks": ["gpu_health", "nope"]}}, "no check named nope"),
+        ({"steps": ["reset"]}, "steps"),
+    ],
+)
+def test_a_bad_remediation_section_is_refused_by_name(section: dict[str, object], words: str) -> None:
+    with pytest.raises(ValidationError, match=words):
+        RemediationConfig.model_validate(section)
+
+
+CONFIG = RemediationConfig(enabled=True, settle_s=5.0, workload_wait_s=100.0)
+
+
+def test_a_reset_that_works_settles_is_certified_and_released() -> None:
+    r = open_repair("node-1", "inc-1", [Fault(XID, 48, gpu=BUS)], CONFIG, now=0.0)
+    assert (r.phase, r.step, r.gpus) == (Phase.WAITING, Step.GPU_RESET, (BUS,))
+    r = start(r, Stops(), CONFIG, now=1.0)
+    assert (r.phase, r.attempt) == (Phase.RUNNING, 1)
+    r = step_done(r, ok=True, busy=False, detail="reset", now=2.0)
+    assert r.phase is Phase.SETTLING and not settled(r, CONFIG, 6.0) and settled(r, CONFIG, 7.0)
+    r = certified(certifying(r, 7.0), passed=True, detail="all checks OK", now=9.0)
+    assert r.phase is Phase.RELEASED and r.tried == ("GPU reset: done", "certified: all checks OK")
+
+
+def test_a_reset_refused_by_a_busy_gpu_waits_for_the_job_then_runs() -> None:
+    r = start(open_repair("node-1", "inc-1", [Fault(XID, 48, gpu=BUS)], CONFIG, 0.0), Stops(), CONFIG, 1.0)
+    r = step_done(r, ok=False, busy=True, detail="pid 4242 uses 0000:18:00", now=2.0)
+    assert r.phase is Phase.WAITING and r.step is Step.GPU_RESET and "4242" in r.waiting_for
+    r = start(r, Stops(jobs=frozenset({"train"})), CONFIG, 3.0)
+    assert r.phase is Phase.WAITING and "train" in r.waiting_for
+    r = start(r, Stops(), CONFIG, 4.0)
+    assert (r.phase, r.attempt) == (Phase.RUNNING, 2)
+
+
+def test_a_reset_that_fails_climbs_to_the_next_rung_and_a_timeout_does_too() -> None:
+    r = start(open_repair("node-1", "inc-1", [Fault(XID, 48, gpu=BUS)], CONFIG, 0.0), Stops(), CONFIG, 1.0)
+    r = step_done(r, ok=False, busy=False, detail="nvidia-smi: reset failed", now=2.0)
+    assert (r.phase, r.step) == (Phase.WAITING, Step.BUS_RESET)
+    r = start(r, Stops(), CONFIG, 3.0)
+    assert timed_out(r, CONFIG, 3.0 + 299) is r
+    r = timed_out(r, CONFIG, 3.0 + 300)
+    assert (r.phase, r.step) == (Phase.WAITING, Step.REBOOT)
+    assert "no answer within 300 s" in r.tried[-1]
+
+
+def test_a_node_that_fails_certification_is_never_released_and_ends_with_hands() -> None:
+    r = open_repair("node-1", "inc-1", [Fault(XID, 79)], CONFIG, 0.0)
+    assert r.step is Step.REBOOT
+    r = step_done(start(r, Stops(), CONFIG, 1.0), ok=True, busy=False, detail="rebooted", now=2.0)
+    r = certified(certifying(r, 8.0), passed=False, detail="7 of 8 GPUs", now=9.0)
+    assert r.phase is Phase.HANDS and r.step is Step.REPLACE
+    assert "certification failed: 7 of 8 GPUs" in hands_summary(r)
+
+
+def test_a_repeat_offender_goes_straight_to_hands() -> None:
+    r = open_repair("node-1", "inc-1", [Fault(XID, 48)], CONFIG, now=10 * 86400.0, repaired_at=[9e5, 9.5e5, 9.9e5])
+    assert r.phase is Phase.HANDS and "repeat offender" in r.tried[0]
+    old = open_repair("node-1", "inc-1", [Fault(XID, 48)], CONFIG, now=10 * 86400.0, repaired_at=[1.0, 2.0, 3.0])
+    assert old.phase is Phase.WAITING
+
+
+def test_a_workload_that_never_leaves_calls_for_hands_after_its_wait() -> None:
+    r = open_repair("node-1", "inc-1", [Fault(XID, 48)], CONFIG, 0.0)
+    stays = Stops(jobs=frozenset({"train"}))
+    assert start(r, stays, CONFIG, 99.0).phase is Phase.WAITING
+    r = start(r, stays, CONFIG, 100.0)
+    assert r.phase is Phase.HANDS and "waited 100 s" in r.tried[-1]
+
+
+@pytest.mark.parametrize(
+    ("stops", "words"),
+    [
+        (Stops(labels={"nvidia.com/gpu-driver-upgrade-state": "upgrade-required"}), "owner: label"),
+        (Stops(labels={"vigil.dev/maintenance": "true"}), "owner: label"),
+        (Stops(others="cordoned by kubectl-cordon"), "owner: cordoned"),
+        (Stops(storm="circuit breaker tripped"), "storm"),
+        (Stops(domain_busy="vigil.dev/rack=r1"), "cap: 1 repair"),
+        (Stops(started_last_hour=10), "cap: 10 repairs"),
+    ],
+)
+def test_a_node_that_is_not_ours_to_touch_waits_and_is_never_paged_for_it(stops: Stops, words: str) -> None:
+    r = open_repair("node-1", "inc-1", [Fault(XID, 48)], CONFIG, 0.0)
+    assert refusal(stops, Step.GPU_RESET, CONFIG).startswith(words)
+    later = start(r, stops, CONFIG, 10_000.0)
+    assert later.phase is Phase.WAITING and later.waiting_for.startswith(words)
+
+
+def test_an_upgrade_that_is_done_holds_nothing_and_replace_is_never_held() -> None:
+    done = Stops(labels={"nvidia.com/gpu-driver-upgrade-state": "upgrade-done"})
+    assert refusal(done, Step.GPU_RESET, CONFIG) == ""
+    assert refusal(Stops(storm="breaker"), Step.REPLACE, CONFIG) == ""
