@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from agent.remedies import RemediesConfig
 from vigil_core.config_file import ConfigModel, FilePath, HttpUrl, load_yaml_model
 from vigil_core.names import ADDRESS_RE, NODE_NAME_RE
 from vigil_core.tls import transport_problem
@@ -78,6 +79,8 @@ class AgentConfig(ConfigModel):
     # hostPath both see): sent with every heartbeat, so the controller sees each rank of a stuck job.
     progress_dir: Path | None = Field(None, description="read every heartbeat_s; none: no rank progress")
     proc_root: Path = Path("/proc")
+    # GPU and bus resets the controller asks for (agent.remedies); off unless turned on here.
+    remedies: RemediesConfig = Field(default_factory=RemediesConfig)
     # Where this node's peers reach it for the sweep's pairwise all-reduce (the DaemonSet passes the
     # node's IP); empty: the address the controller sees this agent's connection come from.
     advertise_address: str = Field("", pattern=ADDRESS_RE.pattern)

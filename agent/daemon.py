@@ -40,6 +40,7 @@ from agent.link import ControllerLink
 from agent.local_checks import LocalChecks
 from agent.metrics import AgentMetrics
 from agent.rank_progress import read_progress, to_proto
+from agent.remedies import Remedies
 from agent.spool import Spool, SpoolError
 from agent.storm import StormFolder
 from agent.watchdog import GuardedWorker, Watchdog
@@ -170,6 +171,12 @@ class Agent:
             heartbeat_s=config.heartbeat_s,
             channel_factory=partial(_channel, tls=tls),
             fill_heartbeat=self._fill_heartbeat,
+            run_remedy=Remedies(
+                config.node,
+                config.remedies,
+                lambda: [g.pci_bus_id for g in self.backend.gpus()],
+                config.kernel_log if config.kernel_log_source in ("auto", "file") else None,
+            ).run,
         )
         # Exported from the start (a scrape before the first collector step sees them too), and the
         # link's state as it is at the scrape.

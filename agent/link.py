@@ -35,6 +35,12 @@ def backoff_delay(attempt: int, base: float = 0.2, cap: float = 10.0, rng: rando
 
 
 CheckRunner = Callable[[agent_pb2.RunCheck], Awaitable[common_pb2.CheckResult]]
+RemedyRunner = Callable[[agent_pb2.RunRemedy], Awaitable[common_pb2.CheckResult]]
+
+
+async def _no_remedies(request: agent_pb2.RunRemedy) -> common_pb2.CheckResult:
+    reason = "this agent carries out no remedies"
+    return common_pb2.CheckResult(request_id=request.request_id, check=request.remedy, reason=reason)
 
 
 class ControllerLink:
@@ -47,7 +53,9 @@ class ControllerLink:
         heartbeat_s: float = 5.0,
         channel_factory: Callable[[str], grpc.aio.Channel] = grpc.aio.insecure_channel,
         fill_heartbeat: Callable[[agent_pb2.Heartbeat], None] = lambda beat: None,
+        run_remedy: RemedyRunner = _no_remedies,
     ) -> None:
+        self._run_remedy = run_remedy
         self._fill_heartbeat = fill_heartbeat  # what else the node says with each beat
         self._targets = [t.strip() for t in target.split(",") if t.strip()]
         self._target = self._targets[0]
@@ -151,10 +159,12 @@ class ControllerLink:
             if msg.HasField("ack"):
                 self._apply_ack(msg.ack.acked_seq)
             elif msg.HasField("run_check"):
-                asyncio.create_task(self._answer_check(msg.run_check))
+                asyncio.create_task(self._answer_check(self._run_check(msg.run_check)))
+            elif msg.HasField("run_remedy"):
+                asyncio.create_task(self._answer_check(self._run_remedy(msg.run_remedy)))
         raise ConnectionError("controller closed the stream")
 
-    async def _answer_check(self, request: agent_pb2.RunCheck) -> None:
-        result = await self._run_check(request)
+    async def _answer_check(self, answer: Awaitable[common_pb2.CheckResult]) -> None:
+        result = await answer
         self._outbox.put_nowait(agent_pb2.AgentMessage(check_result=result))
         self._wake.set()

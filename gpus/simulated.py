@@ -5,6 +5,7 @@ the agent runs, read as they come, each one of
 
     {"gpu": 2, "xid": 48, "message": "..."}       an XID event, as NVML reports it
     {"gpu": 2, "set": {"remap_pending": true}}    the GPU reports this from now on (GpuFaults' fields)
+    {"gpu": 2, "reset": true}                     the GPU was reset: healthy again (a fake nvidia-smi writes it)
 
 A line that cannot be used is logged with what is wrong and skipped.
 
@@ -188,6 +189,10 @@ class SimulatedBackend:
         gpu = line.get("gpu")
         if not isinstance(gpu, int) or not 0 <= gpu < len(self._gpus):
             return f"gpu {gpu!r} is not one of this node's {len(self._gpus)} GPUs"
+        if line.get("reset") is True:
+            self.release_hangs(gpu)
+            self.set_faults(gpu, **{f.name: f.default for f in fields(GpuFaults)})
+            return ""
         if "xid" in line:
             code = line["xid"]
             if not isinstance(code, int) or not 0 < code < 1 << 16:

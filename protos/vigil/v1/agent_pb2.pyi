@@ -100,10 +100,24 @@ class RunCheck(_message.Message):
     deadline_s: float
     def __init__(self, request_id: _Optional[str] = ..., check: _Optional[str] = ..., params: _Optional[_Mapping[str, str]] = ..., deadline_s: _Optional[float] = ...) -> None: ...
 
+class RunRemedy(_message.Message):
+    __slots__ = ("request_id", "remedy", "pci_bus_ids", "deadline_s")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    REMEDY_FIELD_NUMBER: _ClassVar[int]
+    PCI_BUS_IDS_FIELD_NUMBER: _ClassVar[int]
+    DEADLINE_S_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    remedy: str
+    pci_bus_ids: _containers.RepeatedScalarFieldContainer[str]
+    deadline_s: float
+    def __init__(self, request_id: _Optional[str] = ..., remedy: _Optional[str] = ..., pci_bus_ids: _Optional[_Iterable[str]] = ..., deadline_s: _Optional[float] = ...) -> None: ...
+
 class ControllerMessage(_message.Message):
-    __slots__ = ("ack", "run_check")
+    __slots__ = ("ack", "run_check", "run_remedy")
     ACK_FIELD_NUMBER: _ClassVar[int]
     RUN_CHECK_FIELD_NUMBER: _ClassVar[int]
+    RUN_REMEDY_FIELD_NUMBER: _ClassVar[int]
     ack: Ack
     run_check: RunCheck
-    def __init__(self, ack: _Optional[_Union[Ack, _Mapping]] = ..., run_check: _Optional[_Union[RunCheck, _Mapping]] = ...) -> None: ...
+    run_remedy: RunRemedy
+    def __init__(self, ack: _Optional[_Union[Ack, _Mapping]] = ..., run_check: _Optional[_Union[RunCheck, _Mapping]] = ..., run_remedy: _Optional[_Union[RunRemedy, _Mapping]] = ...) -> None: ...

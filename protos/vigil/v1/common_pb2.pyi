@@ -106,7 +106,7 @@ class Signal(_message.Message):
     def __init__(self, node: _Optional[str] = ..., gpu: _Optional[_Union[GpuRef, _Mapping]] = ..., kind: _Optional[_Union[SignalKind, str]] = ..., code: _Optional[int] = ..., value: _Optional[float] = ..., message: _Optional[str] = ..., source: _Optional[str] = ..., observed_at: _Optional[float] = ..., seq: _Optional[int] = ..., count: _Optional[int] = ..., first_observed_at: _Optional[float] = ...) -> None: ...
 
 class CheckResult(_message.Message):
-    __slots__ = ("request_id", "node", "check", "verdict", "reason", "figures", "started_at", "finished_at")
+    __slots__ = ("request_id", "node", "check", "verdict", "reason", "figures", "started_at", "finished_at", "evidence")
     class FiguresEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -122,6 +122,7 @@ class CheckResult(_message.Message):
     FIGURES_FIELD_NUMBER: _ClassVar[int]
     STARTED_AT_FIELD_NUMBER: _ClassVar[int]
     FINISHED_AT_FIELD_NUMBER: _ClassVar[int]
+    EVIDENCE_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     node: str
     check: str
@@ -130,4 +131,5 @@ class CheckResult(_message.Message):
     figures: _containers.ScalarMap[str, float]
     started_at: float
     finished_at: float
-    def __init__(self, request_id: _Optional[str] = ..., node: _Optional[str] = ..., check: _Optional[str] = ..., verdict: _Optional[_Union[Verdict, str]] = ..., reason: _Optional[str] = ..., figures: _Optional[_Mapping[str, float]] = ..., started_at: _Optional[float] = ..., finished_at: _Optional[float] = ...) -> None: ...
+    evidence: str
+    def __init__(self, request_id: _Optional[str] = ..., node: _Optional[str] = ..., check: _Optional[str] = ..., verdict: _Optional[_Union[Verdict, str]] = ..., reason: _Optional[str] = ..., figures: _Optional[_Mapping[str, float]] = ..., started_at: _Optional[float] = ..., finished_at: _Optional[float] = ..., evidence: _Optional[str] = ...) -> None: ...
