@@ -36,6 +36,10 @@ from controller.nodes.node_events import NodeEvents
 from controller.nodes.recovery.release_checks import ReleaseChecks
 from controller.nodes.recovery.rules import RecoveryConfig
 from controller.nodes.upkeep import Labels, Upkeep
+from controller.repairs.config import RemediationConfig
+from controller.repairs.pages import defer_pages
+from controller.repairs.reboot import HandOffReboot, Reboot, build_reboot
+from controller.repairs.repairs import NodeOwners, Repairs
 from controller.store import Store
 from controller.sweeps.sweeper import Sweeper
 from controller.vocab.policy import Policy, load_policy
@@ -91,6 +95,7 @@ def node_route(
     app_faults: AppFaults | None = None,
     retention_s: float | None = None,
     check_results_per_node_hour: int = 120,
+    remediation: RemediationConfig | None = None,
 ) -> NodeRoute:
     metrics = metrics or ControllerMetrics()
     guardrails, recovery = guardrails or GuardrailConfig(), recovery or RecoveryConfig()
@@ -107,7 +112,7 @@ def node_route(
     )
     fleet = Fleet(store.nodes.load(), store.incidents.latest_open(), clock())
     bucket = TokenBucket(guardrails.quarantines_per_s, guardrails.quarantine_burst)
-    after = AfterAction(fleet, store.nodes, recovery, drain, clock)
+    after = AfterAction(fleet, store.nodes, recovery, drain, clock, paged=store.actions.paged)
     runner = ActionRunner(
         store.actions,
         actuator,
@@ -129,6 +134,8 @@ def node_route(
     by_hand = ByHand(fleet, store, runner, folds, guard, clock, metrics, recovery.undo_window_s)
     releases = ReleaseChecks(fleet, checks, recovery, by_hand.uncordon, clock, tasks)
     engine = Engine(store, policy, fleet, runner, guard, applier, app_faults, checks, outboxes, metrics, clock)
+    if remediation is not None and remediation.enabled:  # a repairable quarantine pages only if hands are needed
+        engine.defer_pages = lambda signal, actions, held: defer_pages(signal, actions, held, remediation)
     upkeep = Upkeep(
         engine,
         store,
@@ -175,6 +182,19 @@ def build_pager(config: ControllerConfig, store: Store) -> Pager:
     return ConsolePager() if config.pager == "console" else NullPager()
 
 
+def repair_ports(config: ControllerConfig, actuator: Actuator) -> tuple[NodeOwners, Reboot]:
+    """Who else holds a node and its labels (the cluster's), and how a node is rebooted."""
+    remediation = config.remediation
+    if config.actuator != "kubernetes":
+        assert isinstance(actuator, LocalActuator)
+        return actuator, build_reboot(remediation.reboot, None) if remediation.enabled else HandOffReboot()
+    from controller.act.kube.client import api_client
+    from controller.act.kube.repair_ops import KubeRepairOps
+
+    ops = KubeRepairOps(api_client(config.kubernetes.kubeconfig, config.kubernetes.context))
+    return ops, build_reboot(remediation.reboot, ops.run_reboot_job)
+
+
 @dataclass
 class Rooms:
     """The whole controller, wired: what the daemon serves and runs."""
@@ -182,6 +202,7 @@ class Rooms:
     nodes: NodeRoute
     sweeper: Sweeper
     jobs: JobMonitor
+    repairs: Repairs
     agent_gateway: AgentGateway
     admin: Admin
     trainer_gateway: TrainerGateway
@@ -204,6 +225,7 @@ def rooms(config: ControllerConfig, store: Store, metrics: ControllerMetrics) ->
         app_faults=AppFaults(membership, config.app_faults),
         retention_s=config.retention_days * 86400 if config.retention_days is not None else None,
         check_results_per_node_hour=config.limits.check_results_per_node_hour,
+        remediation=config.remediation,
     )
     report = nodes.engine.found
     sweeper = Sweeper(
@@ -215,6 +237,24 @@ def rooms(config: ControllerConfig, store: Store, metrics: ControllerMetrics) ->
     jobs = JobMonitor(
         nodes.fleet, report, nodes.runner.request, metrics, sweeper, jobs_config, nodes.events, membership=membership
     )
+    owners, reboot = repair_ports(config, actuator)
+    repairs = Repairs(
+        config.remediation,
+        nodes.fleet,
+        store.incidents,
+        nodes.checks,
+        sweeper,
+        owners,
+        reboot,
+        nodes.runner.request,
+        nodes.by_hand.uncordon,
+        store.records,
+        nodes.guard,
+        lambda node: nodes.upkeep.labels.get(node, {}),
+        nodes.tasks,
+        nodes.clock,
+    )
+    nodes.releases.skip = repairs.under_repair  # a node under repair goes back when it is certified
     admin = Admin(
         nodes.fleet,
         nodes.by_hand,
@@ -230,6 +270,7 @@ def rooms(config: ControllerConfig, store: Store, metrics: ControllerMetrics) ->
         nodes,
         sweeper,
         jobs,
+        repairs,
         AgentGateway(nodes.engine, nodes.fleet, nodes.checks, nodes.outboxes, config.limits),
         admin,
         TrainerGateway(jobs, config.limits),

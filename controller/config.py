@@ -15,6 +15,7 @@ from controller.jobs.settings import JobsConfig
 from controller.nodes.app_faults import AppFaultConfig
 from controller.nodes.guards.rules import GuardrailConfig
 from controller.nodes.recovery.rules import RecoveryConfig
+from controller.repairs.config import RemediationConfig
 from controller.sweeps.spec import SweepConfig
 from vigil_core.config_file import ConfigModel, DatabaseTarget, HttpUrl, load_yaml_model
 from vigil_core.tls import transport_problem
@@ -100,6 +101,9 @@ class ControllerConfig(ConfigModel):
     webhook: WebhookConfig | None = None
     guardrails: GuardrailConfig = Field(default_factory=GuardrailConfig)
     recovery: RecoveryConfig = Field(default_factory=RecoveryConfig)
+    remediation: RemediationConfig = Field(
+        default_factory=RemediationConfig, description="repair quarantined nodes without a person (off by default)"
+    )
     leader_election: LeaderElectionConfig = Field(default_factory=LeaderElectionConfig)
     sweep: SweepConfig = Field(default_factory=SweepConfig)
     jobs: JobsConfig = Field(default_factory=JobsConfig)

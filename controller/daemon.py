@@ -156,6 +156,7 @@ class Controller:
         watchers = [
             asyncio.create_task(supervise("engine", lambda: self.nodes.upkeep.watch(stop), stop, tasks)),
             asyncio.create_task(supervise("jobs", lambda: self.jobs.watch(stop), stop, tasks)),
+            asyncio.create_task(supervise("repairs", lambda: self.rooms.repairs.watch(stop), stop, tasks)),
         ]
         await stop.wait()
         assert self.server is not None

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from gpus.backend import GpuReading, fabric_failure
+from vigil_core.recovery import RecoveryAction
 from vigil_core.signals import THROTTLE_HARMFUL_MASK, throttle_reason_names
 
 BUSY_UTILIZATION_PCT = 50.0
@@ -42,6 +43,9 @@ def health_problems(readings: list[GpuReading]) -> list[str]:
             problems.append(f"{name} NVLink fabric registration failed (NVML status {status})")
         if degraded := pcie_degradation(r):
             problems.append(f"{name} PCIe link degraded: {degraded}")
+        if r.recovery_action:  # the driver says the GPU needs a reset or a reboot before it is well
+            action = RecoveryAction.numbered(r.recovery_action)
+            problems.append(f"{name} needs a recovery action: {action.said if action else r.recovery_action}")
         if harmful := (r.throttle_reasons or 0) & THROTTLE_HARMFUL_MASK:
             problems.append(f"{name} throttled ({throttle_reason_names(harmful)})")
     return problems

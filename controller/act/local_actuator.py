@@ -74,3 +74,18 @@ class LocalActuator:
 
     def job_nodes(self, namespace: str, job: str) -> list[str]:
         raise SelectionError(f"choosing a Job's nodes {_NEED_KUBE}")
+
+    # What a repair asks (controller.repairs) --------------------------------------------------
+
+    def held_by_others(self, node: str) -> str:
+        return ""  # no Node objects here: nobody else can cordon one
+
+    def set_labels(self, node: str, labels: dict[str, str | None]) -> dict[str, str | None]:
+        current = self._labels.setdefault(node, {})
+        before = {key: current.get(key) for key in labels}
+        for key, value in labels.items():
+            if value is None:
+                current.pop(key, None)
+            else:
+                current[key] = value
+        return before

@@ -26,6 +26,7 @@ Send = Callable[[str, agent_pb2.ControllerMessage], bool]  # False: that node's 
 MAX_REASON_CHARS = 4096
 MAX_FIGURES = 256
 MAX_NAME_CHARS = 128  # a check's name, a request id, a figure's name
+MAX_EVIDENCE_CHARS = 16_384  # a remedy's evidence bundle
 
 
 def bounded(r: common_pb2.CheckResult) -> common_pb2.CheckResult:
@@ -36,6 +37,8 @@ def bounded(r: common_pb2.CheckResult) -> common_pb2.CheckResult:
     if len(reason) > MAX_REASON_CHARS:
         cut.append(f"reason cut from {len(reason)} characters")
         reason = reason[:MAX_REASON_CHARS]
+    if len(r.evidence) > MAX_EVIDENCE_CHARS:
+        cut.append(f"evidence cut from {len(r.evidence)} characters")
     named = sorted((k, v) for k, v in r.figures.items() if len(k) <= MAX_NAME_CHARS and math.isfinite(v))
     if len(named) != len(r.figures) or len(named) > MAX_FIGURES:
         cut.append(f"{len(r.figures) - min(len(named), MAX_FIGURES)} of {len(r.figures)} figures dropped")
@@ -43,6 +46,7 @@ def bounded(r: common_pb2.CheckResult) -> common_pb2.CheckResult:
     out.CopyFrom(r)
     out.request_id, out.check = r.request_id[:MAX_NAME_CHARS], r.check[:MAX_NAME_CHARS]
     out.reason = reason + (f" [{'; '.join(cut)}]" if cut else "")
+    out.evidence = r.evidence[:MAX_EVIDENCE_CHARS]
     out.figures.clear()
     out.figures.update(dict(named[:MAX_FIGURES]))
     return out
@@ -70,6 +74,16 @@ class CheckRequests:
         future: asyncio.Future[common_pb2.CheckResult] = asyncio.get_running_loop().create_future()
         self._waiting[run.request_id] = (node, run.check, future)
         if not self._send(node, agent_pb2.ControllerMessage(run_check=run)):
+            del self._waiting[run.request_id]
+            return None
+        return future
+
+    def ask_remedy(self, node: str, run: agent_pb2.RunRemedy) -> asyncio.Future[common_pb2.CheckResult] | None:
+        """Send a remedy to a node's agent (``controller.repairs``); answered like a check, under its
+        request id. None: the agent is not connected."""
+        future: asyncio.Future[common_pb2.CheckResult] = asyncio.get_running_loop().create_future()
+        self._waiting[run.request_id] = (node, run.remedy, future)
+        if not self._send(node, agent_pb2.ControllerMessage(run_remedy=run)):
             del self._waiting[run.request_id]
             return None
         return future

@@ -79,6 +79,10 @@ class Engine:
         self.agents = agents  # commands to connected agents (the gateway opens their queues)
         self.metrics = metrics
         self.clock = clock
+        # Remediation on: a quarantine a machine can repair is paged only if hands are needed (compose).
+        self.defer_pages: Callable[[Signal, tuple[Action, ...], frozenset[str]], tuple[Action, ...]] = (
+            lambda signal, actions, held: actions
+        )
 
     # Agents --------------------------------------------------------------------------------
 
@@ -94,6 +98,7 @@ class Engine:
             entry.spool_id, entry.last_seq, entry.spooled = spool_id, 0, 0
         entry.state = heartbeat_returned(entry.state)
         entry.last_heartbeat, entry.gpus, entry.connected, entry.address = now, gpus, True, address
+        entry.connected_at = now
         expected, entry.expected_gpus = entry.expected_gpus, max(entry.expected_gpus, gpus)
         self.store.nodes.register(entry.state, spool_id, entry.last_seq, gpus, now, entry.expected_gpus)
         if gpus < expected:
@@ -240,6 +245,7 @@ class Engine:
     ) -> tuple[NodeState, Received]:
         """Pass a decision's actions through the guardrails."""
         actions, held = self.guard.apply(decided, now, rule)
+        actions = self.defer_pages(item.signal, actions, held)
         if any(isinstance(a, Quarantine) and a.dry_run for a in actions):
             state = quarantine_not_carried_out(state)
         return state, replace(item, actions=actions, held=held)

@@ -36,6 +36,7 @@ class NodeEntry:
     expected_gpus: int = 0  # the most GPUs it has ever reported: fewer is a fault, and blocks its release
     jobs: frozenset[str] = frozenset()  # the training jobs its agent sees its processes run
     ranks: tuple[RankRecord, ...] = ()  # their ranks' progress records, as its agent last sent them
+    connected_at: float = 0.0  # when its agent last said hello (a rebooted node's agent says it anew)
 
 
 class FleetView(Protocol):

@@ -59,6 +59,10 @@ class ActionLog:
         with self._db.tx() as db:
             return self.add_in(db, action, now, seq)
 
+    def paged(self, incident_id: str) -> bool:
+        """Whether the incident has a page (to send later words to its thread)."""
+        return bool(self._db.read("SELECT 1 FROM actions WHERE incident_id = ? AND kind LIKE 'PAGE%'", (incident_id,)))
+
     def pending(self) -> list[PendingAction]:
         return self._with_status("PENDING")
 

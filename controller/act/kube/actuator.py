@@ -67,7 +67,7 @@ class KubeActuator:
             if exc.status in (403, 404):
                 raise PermanentActionError(f"cannot read node {name!r}: {exc.status} {exc.reason}") from None
             raise
-        return _json(resp)
+        return json_body(resp)
 
     def _read(self, name: str, fresh: bool) -> Json:
         with self._lock:
@@ -77,7 +77,7 @@ class KubeActuator:
         with self._lock:
             if time.monotonic() - self._listed_at > self._list_ttl:
                 resp = self._core.list_node(_preload_content=False, _request_timeout=self._timeout)
-                self._listing = {n["metadata"]["name"]: n for n in _json(resp)["items"]}
+                self._listing = {n["metadata"]["name"]: n for n in json_body(resp)["items"]}
                 self._listed_at = time.monotonic()
                 self.lists += 1
             node = self._listing.get(name)
@@ -154,7 +154,7 @@ class KubeActuator:
             field_selector=f"spec.nodeName={node}", _preload_content=False, _request_timeout=self._timeout
         )
         evicted, blocked = 0, []
-        for pod in _json(pods)["items"]:
+        for pod in json_body(pods)["items"]:
             meta = pod["metadata"]
             owners = {o.get("kind") for o in meta.get("ownerReferences") or []}
             if "DaemonSet" in owners or "kubernetes.io/config.mirror" in (meta.get("annotations") or {}):
@@ -203,12 +203,12 @@ class KubeActuator:
 
     def node_labels(self) -> dict[str, dict[str, str]]:
         resp = self._core.list_node(_preload_content=False, _request_timeout=self._timeout)
-        return {n["metadata"]["name"]: dict(n["metadata"].get("labels") or {}) for n in _json(resp)["items"]}
+        return {n["metadata"]["name"]: dict(n["metadata"].get("labels") or {}) for n in json_body(resp)["items"]}
 
     def adopt(self) -> list[FoundQuarantine]:
         resp = self._core.list_node(_preload_content=False, _request_timeout=self._timeout)
         found = []
-        for node in _json(resp)["items"]:
+        for node in json_body(resp)["items"]:
             q = found_quarantine(node)
             if q is not None:
                 found.append(FoundQuarantine(node["metadata"]["name"], *q))
@@ -249,7 +249,7 @@ class KubeActuator:
 
     def _list(self, what: str, call: Callable[[], object]) -> list[Json]:
         try:
-            items: list[Json] = _json(call())["items"]
+            items: list[Json] = json_body(call())["items"]
         except ApiException as exc:
             raise SelectionError(f"{what}: the API server answered {exc.status} {exc.reason}") from None
         except urllib3.exceptions.HTTPError as exc:  # unreachable after the client's retries
@@ -262,7 +262,7 @@ def _raise_permanent(exc: ApiException, what: str) -> None:
         raise PermanentActionError(f"{what}: {exc.status} {exc.reason}: {str(exc.body)[:300]}") from None
 
 
-def _json(response: object) -> Json:
+def json_body(response: object) -> Json:
     """The body of a call made with ``_preload_content=False`` (skipping the model classes: a LIST of
     thousands of nodes parses several times faster as plain JSON)."""
     data: Json = json.loads(cast(Any, response).data)

@@ -24,7 +24,9 @@ class AfterAction:
         recovery: RecoveryConfig,
         drain: bool = False,
         clock: Callable[[], float] = time.time,
+        paged: Callable[[str], bool] = lambda incident_id: True,
     ) -> None:
+        self._paged = paged  # an incident not paged (its repair pages if hands are needed) gets no thread notes
         self._fleet = fleet
         self._nodes = nodes
         self._recovery = recovery
@@ -44,4 +46,6 @@ class AfterAction:
             self._nodes.save([state])
         if any(isinstance(a, PageUpdate) and a.tag == "REPEAT" for a in follow):
             log.error("repeat_offender", node=action.node, quarantines=len(state.quarantine_history))
+        if not self._paged(action.incident_id):
+            follow = tuple(a for a in follow if not isinstance(a, PageUpdate))
         return follow

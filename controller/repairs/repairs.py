@@ -1,0 +1,417 @@
+"""The repairs under way: the thin shell around ``controller.repairs.repair`` (pure).
+
+Every second (``tick``): a node Vigil quarantined gets a repair (its ladder from its open
+incidents); each repair's next move is decided by the pure functions and carried out here: a GPU
+or bus reset asked of the node's agent (the GPU Operator's components on the node paused by their
+labels around it), a reboot asked of the configured executor (done when the node's agent says
+hello again), certification (a sweep of the node and a known-good peer: ``gpu_health``, the burn
+and bandwidth checks judged against the peer, and an all-reduce between the two), then the
+release, or hands: a page that says what was tried (and a ticket, where configured). A node
+repaired and released is one line in the day's digest thread, not a page.
+
+Repairs survive a restart or a change of leader: their state is kept in the store's records
+(``repairs``), as the guard keeps its own; a step that was under way when the controller went away
+is timed out and climbs, never repeated blindly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import urllib.request
+from collections.abc import Callable, Coroutine
+from dataclasses import asdict, replace
+from typing import Any, Protocol
+
+import structlog
+
+from controller.nodes.check_requests import CheckRequests
+from controller.nodes.fleet import Fleet
+from controller.nodes.guards.domains import node_domains
+from controller.nodes.guards.guard import Guard
+from controller.nodes.rule_stats import AUTOMATIC
+from controller.repairs.config import RemediationConfig
+from controller.repairs.ladder import Fault, Step
+from controller.repairs.pages import digest_id
+from controller.repairs.reboot import Reboot, RebootFailed
+from controller.repairs.repair import (
+    Phase,
+    Repair,
+    Stops,
+    certified,
+    certifying,
+    hands_summary,
+    open_repair,
+    settled,
+    start,
+    step_done,
+    timed_out,
+)
+from controller.store import IncidentLog, Records
+from controller.sweeps.result import SweepDone, SweepEvent
+from controller.sweeps.spec import DEFAULT_DEADLINES_S, PAIRS, SweepSpec
+from controller.sweeps.sweeper import SweepBusy, Sweeper
+from controller.vocab.actions import ExternalAction, Page, PageUpdate
+from controller.vocab.node_state import Health
+from controller.vocab.policy import Severity
+from protos.vigil.v1 import agent_pb2, common_pb2
+from vigil_core.signals import SignalKind
+from vigil_core.supervise import Tasks
+from vigil_core.waiting import wait_event
+
+log = structlog.get_logger(__name__)
+
+RECORD_KEY = "repairs"
+# The GPU Operator's per-node switches for its components that hold the GPUs open (NVIDIA's
+# documented way to stop them on one node); restored to what they were after the step.
+OPERATOR_PAUSE = {
+    "nvidia.com/gpu.deploy.device-plugin": "false",
+    "nvidia.com/gpu.deploy.dcgm-exporter": "false",
+    "nvidia.com/gpu.deploy.dcgm": "false",
+    "nvidia.com/gpu.deploy.gpu-feature-discovery": "false",
+}
+Release = Callable[[str, str, str], Coroutine[Any, Any, tuple[Health, str]]]
+
+
+class NodeOwners(Protocol):
+    def held_by_others(self, node: str) -> str: ...
+
+    def set_labels(self, node: str, labels: dict[str, str | None]) -> dict[str, str | None]: ...
+
+
+class Repairs:
+    def __init__(
+        self,
+        config: RemediationConfig,
+        fleet: Fleet,
+        incidents: IncidentLog,
+        checks: CheckRequests,
+        sweeper: Sweeper,
+        owners: NodeOwners,
+        reboot: Reboot,
+        request: Callable[[ExternalAction], bool],
+        release: Release,
+        records: Records,
+        guard: Guard,
+        labels: Callable[[str], dict[str, str]],
+        tasks: Tasks,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.config = config
+        self._fleet = fleet
+        self._incidents = incidents
+        self._checks = checks
+        self._sweeper = sweeper
+        self._owners = owners
+        self._reboot = reboot
+        self._request = request
+        self._release = release
+        self._records = records
+        self._guard = guard
+        self._labels = labels
+        self._tasks = tasks
+        self._clock = clock
+        self.repairs: dict[str, Repair] = {}
+        self.repaired_at: dict[str, list[float]] = {}  # node -> when its repairs ended released
+        self.ended: dict[str, str] = {}  # node -> the incident whose repair ended (not opened again)
+        self.started: list[float] = []  # when steps started, for the hourly cap
+        self._busy: set[str] = set()  # nodes with a step or a certification under way in a task
+        self._load()
+
+    def under_repair(self, node: str) -> bool:
+        """Whether the node's return to service is this room's business (not the release checks')."""
+        repair = self.repairs.get(node)
+        return repair is not None and not repair.phase.ended
+
+    async def watch(self, stop: asyncio.Event, every_s: float = 1.0) -> None:
+        while not stop.is_set():
+            self._tasks.run_step("repairs", self.tick)
+            await wait_event(stop, every_s)
+
+    # The tick ----------------------------------------------------------------------------------
+
+    def tick(self) -> None:
+        if not self.config.enabled:
+            return
+        now = self._clock()
+        changed = self._open_new(now)
+        for node, repair in list(self.repairs.items()):
+            if repair.phase.ended or node in self._busy:
+                continue
+            moved = self._advance(repair, now)
+            if moved != repair:
+                self._moved(repair, moved, now)
+                changed = True
+        if changed:
+            self._save()
+
+    def _open_new(self, now: float) -> bool:
+        opened = False
+        for node, entry in self._fleet.entries():
+            if entry.state.health is not Health.QUARANTINED or self.under_repair(node):
+                continue
+            incidents = self._incidents.list(open_only=True, node=node, limit=50)
+            if not incidents or self.ended.get(node) == incidents[0].id:
+                continue
+            faults = [Fault(_kind(i.kind), i.code, i.first_message, i.gpu.pci_bus_id) for i in incidents]
+            repair = open_repair(node, incidents[0].id, faults, self.config, now, self.repaired_at.get(node, ()))
+            self.repairs[node] = repair
+            log.info("repair_opened", node=node, incident=repair.incident_id, ladder=[s.value for s in repair.ladder])
+            if repair.phase is Phase.HANDS:
+                self._hands(repair)
+            opened = True
+        return opened
+
+    def _advance(self, repair: Repair, now: float) -> Repair:
+        entry = self._fleet.nodes.get(repair.node)
+        if entry is None:
+            return repair
+        if repair.phase is Phase.WAITING:
+            return start(repair, self._stops(repair), self.config, now)
+        rebooted = entry.connected and entry.connected_at > repair.since  # its agent said hello after the ask
+        if repair.phase is Phase.RUNNING and repair.step is Step.REBOOT and rebooted:
+            return step_done(repair, True, False, "rebooted", now)
+        if repair.phase is Phase.RUNNING:
+            return timed_out(repair, self.config, now)
+        if settled(repair, self.config, now):
+            return certifying(repair, now)
+        return repair
+
+    def _moved(self, before: Repair, repair: Repair, now: float) -> None:
+        self.repairs[repair.node] = repair
+        if repair.waiting_for and repair.waiting_for != before.waiting_for:
+            log.info("repair_waiting", node=repair.node, step=repair.step.value, why=repair.waiting_for)
+        if repair.phase is before.phase and repair.rung == before.rung:
+            return
+        log.info("repair_moved", node=repair.node, incident=repair.incident_id, phase=repair.phase.value,
+                 step=repair.step.value, tried=list(repair.tried[-1:]))  # fmt: skip
+        if repair.phase is Phase.RUNNING:
+            self.started.append(now)
+            self._run(repair, self._step(repair))
+        elif repair.phase is Phase.CERTIFYING:
+            self._run(repair, self._certify(repair))
+        elif repair.phase is Phase.HANDS:
+            self._hands(repair)
+        elif repair.phase is Phase.RELEASED:
+            self._released(repair)
+
+    def _run(self, repair: Repair, work: Coroutine[Any, Any, Repair]) -> None:
+        node = repair.node
+        self._busy.add(node)
+
+        async def carried_out() -> None:
+            try:
+                done = await work
+            finally:
+                self._busy.discard(node)
+            if self.repairs.get(node) is repair:  # nobody ended it meanwhile (a person's release)
+                self._moved(repair, done, self._clock())
+                self._save()
+
+        task = asyncio.get_running_loop().create_task(carried_out())
+        self._tasks.watch("repair", task)
+
+    def _stops(self, repair: Repair) -> Stops:
+        node, now = repair.node, self._clock()
+        entry = self._fleet.entry(node)
+        labels = self._labels(node)
+        domains = node_domains(labels, self._guard.config.domains)
+        under_way = [d for r in self._running() if r.node != node for d in self._domains(r.node)]
+        busy_domain = next((d for d in domains if under_way.count(d) >= self.config.per_domain), "")
+        try:
+            others = self._owners.held_by_others(node) if repair.step is not Step.REPLACE else ""
+        except Exception as exc:  # the API server away: wait, and say why
+            others = f"cannot read the node: {exc!r}"[:200]
+        return Stops(
+            jobs=entry.jobs,
+            labels=labels,
+            others=others,
+            domain_busy=busy_domain,
+            started_last_hour=sum(1 for t in self.started if t > now - 3600),
+            storm=self._guard.automation if self._guard.holding else "",
+        )
+
+    def _running(self) -> list[Repair]:
+        return [r for r in self.repairs.values() if r.phase in (Phase.RUNNING, Phase.SETTLING, Phase.CERTIFYING)]
+
+    def _domains(self, node: str) -> list[str]:
+        return node_domains(self._labels(node), self._guard.config.domains)
+
+    # Steps ----------------------------------------------------------------------------------
+
+    async def _step(self, repair: Repair) -> Repair:
+        if repair.step is Step.REBOOT:
+            try:
+                detail = await asyncio.to_thread(self._reboot.reboot, repair.node, repair.attempt)
+            except RebootFailed as exc:
+                return step_done(repair, False, False, str(exc), self._clock())
+            log.info("reboot_asked", node=repair.node, detail=detail)
+            return replace(repair, since=self._clock())  # running until its agent says hello again
+        return await self._on_agent(repair)
+
+    async def _on_agent(self, repair: Repair) -> Repair:
+        node, step = repair.node, repair.step
+        run = agent_pb2.RunRemedy(
+            request_id=f"repair-{repair.incident_id}-{repair.attempt}",
+            remedy=step.value,
+            pci_bus_ids=list(repair.gpus),
+            deadline_s=self.config.timeout_s(step),
+        )
+        paused = await asyncio.to_thread(self._pause_operator, node)
+        try:
+            future = self._checks.ask_remedy(node, run)
+            if future is None:
+                return step_done(repair, False, False, "the node's agent is not connected", self._clock())
+            wait_s = self.config.timeout_s(step) + self.config.agent_answer_s
+            try:
+                answer = await asyncio.wait_for(future, wait_s)
+            except TimeoutError:
+                self._checks.forget(run.request_id)
+                return step_done(repair, False, False, f"no answer from the agent within {wait_s:g} s", self._clock())
+        finally:
+            await asyncio.to_thread(self._restore_operator, node, paused)
+        if answer.evidence:
+            self._records.set_meta(f"evidence:{repair.incident_id}:{repair.attempt}", answer.evidence)
+        ok, busy = answer.verdict == common_pb2.OK, answer.figures.get("busy", 0) > 0
+        return step_done(repair, ok, busy, answer.reason, self._clock())
+
+    def _pause_operator(self, node: str) -> dict[str, str | None]:
+        try:
+            return self._owners.set_labels(node, dict[str, str | None](OPERATOR_PAUSE))
+        except Exception as exc:  # said; the agent's own check refuses a GPU still held open
+            log.warning("gpu_operator_not_paused", node=node, error=repr(exc)[:300])
+            return {}
+
+    def _restore_operator(self, node: str, before: dict[str, str | None]) -> None:
+        if not before:
+            return
+        try:
+            self._owners.set_labels(node, before)
+        except Exception as exc:
+            log.error("gpu_operator_not_restored", node=node, labels=before, error=repr(exc)[:300])
+
+    # Certification ---------------------------------------------------------------------------
+
+    async def _certify(self, repair: Repair) -> Repair:
+        node = repair.node
+        entry = self._fleet.entry(node)
+        if entry.gpus < entry.expected_gpus:
+            return certified(repair, False, f"{entry.gpus} of its {entry.expected_gpus} GPUs", self._clock())
+        peer = self._peer(node)
+        checks = tuple(c for c in self.config.certify.checks if c != PAIRS or peer)
+        spec = SweepSpec(
+            checks=checks,
+            params={c: dict(a) for c, a in self.config.certify.params.items()},
+            deadline_s=dict(DEFAULT_DEADLINES_S),
+            quarantine=False,
+            min_busbw_gbps=0.0,
+            requested_by=f"vigil repair {repair.incident_id}",
+        )
+        done: asyncio.Future[SweepDone] = asyncio.get_running_loop().create_future()
+
+        def emit(event: SweepEvent) -> None:
+            if isinstance(event, SweepDone) and not done.done():
+                done.set_result(event)
+
+        try:
+            self._sweeper.start(spec, [node, *([peer] if peer else [])], emit)
+        except SweepBusy as exc:
+            return replace(repair, phase=Phase.SETTLING, waiting_for=f"certification: {exc}")
+        result = (await done).result
+        if result is None:
+            return certified(repair, False, "the certification sweep broke", self._clock())
+        rows = [r for r in result.rows if r.node == node]
+        bad = [f"{r.check} {r.verdict.value}: {r.reason}"[:200] for r in rows if r.verdict.value != "OK"]
+        with_peer = f" with {peer}" if peer else " (no known-good peer free: no all-reduce)"
+        detail = "; ".join(bad) if bad else f"{', '.join(checks)} OK{with_peer} ({result.sweep_id})"
+        return certified(repair, not bad and bool(rows), detail, self._clock())
+
+    def _peer(self, node: str) -> str:
+        """A known-good node to certify against: connected, HEALTHY, no open incident, idle first."""
+        good = [
+            (bool(e.jobs), name)
+            for name, e in self._fleet.entries()
+            if name != node and e.connected and e.state.health is Health.HEALTHY and not self._fleet.incident_of(name)
+        ]
+        return min(good)[1] if good else ""
+
+    # Ends ---------------------------------------------------------------------------------
+
+    def _released(self, repair: Repair) -> None:
+        """Certified: back in service, and one line in the day's digest."""
+
+        async def release() -> None:
+            health, detail = await self._release(repair.node, AUTOMATIC, f"repaired and certified: {repair.tried[-1]}")
+            self.repaired_at.setdefault(repair.node, []).append(self._clock())
+            self.ended[repair.node] = repair.incident_id
+            self._save()
+            self._digest(repair, detail)
+            log.info("repair_released", node=repair.node, incident=repair.incident_id, health=health.value,
+                     tried=list(repair.tried), detail=detail)  # fmt: skip
+
+        self._tasks.watch("repair-release", asyncio.get_running_loop().create_task(release()))
+
+    def _digest(self, repair: Repair, detail: str) -> None:
+        day = time.strftime("%Y-%m-%d", time.gmtime(self._clock()))
+        incident = digest_id(day)
+        summary = f"Vigil's repairs on {day}: each node repaired and certified without a person, one line each"
+        self._request(Page(incident, "", Severity.RECORD, summary, "nothing to do; read when convenient"))
+        took = self._clock() - repair.opened_at
+        text = f"{repair.node} ({repair.incident_id}): {'; '.join(repair.tried)}; back in service after {took:.0f} s"
+        self._request(PageUpdate(incident, "", f"REPAIRED:{repair.incident_id}", text[:2900]))
+
+    def _hands(self, repair: Repair) -> None:
+        self.ended[repair.node] = repair.incident_id
+        summary = hands_summary(repair)
+        did = "quarantined; " + ("; ".join(repair.tried) or "no repair tried")
+        self._request(Page(repair.incident_id, repair.node, Severity.QUARANTINE, summary, "repair or replace the node",
+                           did=did[:1000]))  # fmt: skip
+        if repair.tried:  # its quarantine's page said the rest already when nothing could be tried
+            self._request(PageUpdate(repair.incident_id, repair.node, "HANDS", summary[:2900]))
+        log.error("repair_needs_hands", node=repair.node, incident=repair.incident_id, tried=list(repair.tried))
+        if self.config.ticket_url:
+            body: dict[str, object] = {"node": repair.node, "incident": repair.incident_id, "tried": list(repair.tried)}
+            self._tasks.watch("repair-ticket", asyncio.get_running_loop().create_task(self._ticket(body)))
+
+    async def _ticket(self, body: dict[str, object]) -> None:
+        assert self.config.ticket_url
+        request = urllib.request.Request(
+            self.config.ticket_url, json.dumps(body).encode(), {"Content-Type": "application/json"}
+        )
+        await asyncio.to_thread(lambda: urllib.request.urlopen(request, timeout=10).close())
+        log.info("repair_ticket_opened", node=body["node"], url=self.config.ticket_url)
+
+    # State -----------------------------------------------------------------------------------
+
+    def _save(self) -> None:
+        state = {
+            "repairs": [asdict(r) for r in self.repairs.values() if not r.phase.ended],
+            "repaired_at": self.repaired_at,
+            "ended": self.ended,
+            "started": [t for t in self.started if t > self._clock() - 3600],
+        }
+        self._records.set_meta(RECORD_KEY, json.dumps(state))
+
+    def _load(self) -> None:
+        raw = self._records.get_meta(RECORD_KEY)
+        if not raw:
+            return
+        state = json.loads(raw)
+        for r in state.get("repairs", []):
+            r.update(ladder=tuple(Step(s) for s in r["ladder"]), gpus=tuple(r["gpus"]), phase=Phase(r["phase"]),
+                     tried=tuple(r["tried"]))  # fmt: skip
+            repair = Repair(**r)
+            if repair.phase in (Phase.RUNNING, Phase.CERTIFYING):  # it was under way when we went away
+                repair = replace(repair, phase=Phase.RUNNING if repair.phase is Phase.RUNNING else Phase.SETTLING)
+            self.repairs[repair.node] = repair
+        self.repaired_at = {n: list(ts) for n, ts in state.get("repaired_at", {}).items()}
+        self.ended = dict(state.get("ended", {}))
+        self.started = list(state.get("started", []))
+
+
+def _kind(name: str) -> SignalKind:
+    try:
+        return SignalKind(name)
+    except ValueError:
+        return SignalKind.XID if name.isdigit() else SignalKind.CHECK_FAILED
