@@ -342,7 +342,7 @@ class Repairs:
         """Certified: back in service, and one line in the day's digest."""
 
         async def release() -> None:
-            health, detail = await self._release(repair.node, AUTOMATIC, f"repaired and certified: {repair.tried[-1]}")
+            health, detail = await self._release(repair.node, AUTOMATIC, "repaired: " + "; ".join(repair.tried))
             self.repaired_at.setdefault(repair.node, []).append(self._clock())
             self.ended[repair.node] = repair.incident_id
             self._save()
