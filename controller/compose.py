@@ -37,6 +37,7 @@ from controller.nodes.recovery.release_checks import ReleaseChecks
 from controller.nodes.recovery.rules import RecoveryConfig
 from controller.nodes.upkeep import Labels, Upkeep
 from controller.repairs.config import RemediationConfig
+from controller.repairs.ladder import rule_ladder
 from controller.repairs.pages import defer_pages
 from controller.repairs.reboot import HandOffReboot, Reboot, build_reboot
 from controller.repairs.repairs import NodeOwners, Repairs
@@ -135,7 +136,8 @@ def node_route(
     releases = ReleaseChecks(fleet, checks, recovery, by_hand.uncordon, clock, tasks)
     engine = Engine(store, policy, fleet, runner, guard, applier, app_faults, checks, outboxes, metrics, clock)
     if remediation is not None and remediation.enabled:  # a repairable quarantine pages only if hands are needed
-        engine.defer_pages = lambda signal, actions, held: defer_pages(signal, actions, held, remediation)
+        own = rule_ladder(policy)
+        engine.defer_pages = lambda signal, actions, held: defer_pages(signal, actions, held, remediation, own)
     upkeep = Upkeep(
         engine,
         store,
@@ -252,6 +254,7 @@ def rooms(config: ControllerConfig, store: Store, metrics: ControllerMetrics) ->
         nodes.guard,
         lambda node: nodes.upkeep.labels.get(node, {}),
         nodes.tasks,
+        rule_ladder(nodes.engine.policy),
         nodes.clock,
     )
     nodes.releases.skip = repairs.under_repair  # a node under repair goes back when it is certified

@@ -7,10 +7,10 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from controller.repairs.ladder import ORDER, Step
+from controller.repairs.ladder import Step
 from controller.sweeps.spec import LOCAL_CHECKS, PAIRS
+from controller.vocab.repair_steps import ORDER, check_ladder
 from vigil_core.config_file import ConfigModel, HttpUrl
-from vigil_core.signals import SignalKind
 
 DEFAULT_TIMEOUTS_S = {Step.RECHECK: 60.0, Step.GPU_RESET: 300.0, Step.BUS_RESET: 300.0, Step.REBOOT: 1800.0}
 # Labels whose presence means another owner holds the node: the GPU Operator upgrading its driver
@@ -57,8 +57,6 @@ class RemediationConfig(ConfigModel):
     enabled: bool = Field(default=False, description="repair quarantined nodes by the ladder; off: a person does")
     steps: tuple[Step, ...] = Field(default=ORDER, description="the rungs in use, mildest first; replace is last")
     timeouts_s: dict[Step, float] = Field(default_factory=lambda: dict(DEFAULT_TIMEOUTS_S))
-    by_xid: dict[int, tuple[Step, ...]] = Field(default_factory=dict, description="a code's own ladder")
-    by_kind: dict[SignalKind, tuple[Step, ...]] = Field(default_factory=dict, description="a signal kind's own ladder")
     settle_s: float = Field(default=30.0, ge=0, description="after a step, before certifying the node")
     workload_wait_s: float = Field(
         default=3600.0, gt=0, description="how long to wait for the node's workload to leave before paging"
@@ -76,17 +74,10 @@ class RemediationConfig(ConfigModel):
     ticket_url: HttpUrl | None = Field(default=None, description="a webhook that opens a ticket when hands are needed")
     agent_answer_s: float = Field(default=15.0, gt=0, description="past a step's timeout: the agent is gone")
 
-    @field_validator("steps", "by_xid", "by_kind")
+    @field_validator("steps")
     @classmethod
-    def _ordered(cls, value: object) -> object:
-        ladders = value.values() if isinstance(value, dict) else [value]
-        for ladder in ladders:
-            assert isinstance(ladder, tuple)
-            if not ladder:
-                raise ValueError("a ladder needs at least one rung")
-            if list(ladder) != sorted(set(ladder), key=ORDER.index):
-                raise ValueError(f"rungs go mildest first, each once: {', '.join(s.value for s in ORDER)}")
-        return value
+    def _ordered(cls, value: tuple[Step, ...]) -> tuple[Step, ...]:
+        return check_ladder(value)
 
     @field_validator("timeouts_s")
     @classmethod

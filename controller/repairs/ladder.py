@@ -5,48 +5,22 @@ re-check only → GPU reset → PCIe bus reset → node reboot → replace (a pe
 rung comes from what the driver itself says recovers the GPU: the recovery action (NVML's, or the
 one XID 154's text names), else NVIDIA's Xid catalog bucket for the code, else the signal kind's
 own. A step that fails or times out climbs to the next rung; "replace" pages a person. Where the
-node has faults of several kinds, the repair starts at the highest rung any of them needs. The
-configuration can give a code or a kind a ladder of its own (``by_xid``, ``by_kind``).
+node has faults of several kinds, the repair starts at the highest rung any of them needs. A policy
+rule can give its faults a ladder of their own (``ladder:`` in the policy file).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from enum import StrEnum
 
+from controller.vocab.policy import Policy
+from controller.vocab.repair_steps import ORDER, RepairStep
 from controller.vocab.xid_catalog import CATALOG, RECOVERY_XID, Bucket
 from vigil_core.recovery import RecoveryAction, recovery_action
-from vigil_core.signals import SignalKind
+from vigil_core.signals import Signal, SignalKind
 
-
-class Step(StrEnum):
-    """A rung of the ladder, mildest first."""
-
-    RECHECK = "recheck"  # nothing to do on the node: certify it again
-    GPU_RESET = "gpu_reset"  # the agent resets the faulted GPUs (nvidia-smi -r)
-    BUS_RESET = "bus_reset"  # the agent resets their PCIe bus (the kernel's secondary bus reset)
-    REBOOT = "reboot"  # the node is rebooted by the configured executor
-    REPLACE = "replace"  # hands: a person repairs or replaces it (paged, a ticket opened)
-
-    @property
-    def on_agent(self) -> bool:
-        """Carried out by the node's own agent."""
-        return self in (Step.GPU_RESET, Step.BUS_RESET)
-
-    @property
-    def said(self) -> str:
-        return _SAID[self]
-
-
-_SAID = {
-    Step.RECHECK: "re-check",
-    Step.GPU_RESET: "GPU reset",
-    Step.BUS_RESET: "PCIe bus reset",
-    Step.REBOOT: "node reboot",
-    Step.REPLACE: "replace (hands needed)",
-}
-ORDER: tuple[Step, ...] = tuple(Step)
+Step = RepairStep
 
 # What the driver's recovery action asks for. Draining P2P needs no work on the node once its job
 # has left: re-check it. The IMEX domain spans nodes: a person recovers it.
@@ -110,31 +84,30 @@ def first_step(fault: Fault) -> Step:
     return BY_KIND.get(fault.kind, Step.REPLACE)
 
 
-def own_ladder(
-    fault: Fault, by_xid: dict[int, tuple[Step, ...]], by_kind: dict[SignalKind, tuple[Step, ...]]
-) -> tuple[Step, ...] | None:
-    """The ladder the configuration gives this fault's code or kind, if any."""
-    if fault.kind is SignalKind.XID and fault.code in by_xid:
-        return by_xid[fault.code]
-    return by_kind.get(fault.kind)
+OwnLadder = Callable[[Fault], "tuple[Step, ...] | None"]  # the policy rule's own ladder for a fault
+
+
+def rule_ladder(policy: Policy) -> OwnLadder:
+    """The ladder the policy file gives a fault's rule (``ladder:``), if any."""
+
+    def own(fault: Fault) -> tuple[Step, ...] | None:
+        return policy.rule_for(Signal("", fault.kind, code=fault.code, message=fault.message)).ladder
+
+    return own
 
 
 def plan_ladder(
-    faults: Sequence[Fault],
-    steps: Sequence[Step] = ORDER,
-    by_xid: dict[int, tuple[Step, ...]] | None = None,
-    by_kind: dict[SignalKind, tuple[Step, ...]] | None = None,
+    faults: Sequence[Fault], steps: Sequence[Step] = ORDER, own_ladder: OwnLadder = lambda fault: None
 ) -> tuple[Step, ...]:
     """The rungs a node with these faults climbs: from the highest first rung any of them asks for,
     through the configured ``steps`` (a rung left out of them is skipped), ending with REPLACE. A
-    code or kind with its own ladder uses it; with several faults, their ladders' rungs merge in the
-    order of the rungs, from the highest first rung on."""
-    by_xid, by_kind = by_xid or {}, by_kind or {}
+    fault whose policy rule has its own ladder uses it; with several faults, their ladders' rungs
+    merge in the order of the rungs, from the highest first rung on."""
     if not faults:
         return (Step.REPLACE,)
     ladders = []
     for fault in faults:
-        own = own_ladder(fault, by_xid, by_kind)
+        own = own_ladder(fault)
         if own is None:
             start = ORDER.index(first_step(fault))
             own = tuple(s for s in steps if ORDER.index(s) >= start)

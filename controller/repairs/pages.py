@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from controller.repairs.config import RemediationConfig
-from controller.repairs.ladder import Fault, Step, plan_ladder
+from controller.repairs.ladder import Fault, OwnLadder, Step, plan_ladder
 from controller.vocab.actions import Action, Page, Quarantine
 from controller.vocab.policy import Severity
 from vigil_core.signals import Signal
@@ -19,19 +19,24 @@ from vigil_core.signals import Signal
 DIGEST_PREFIX = "digest-"  # the day's digest "incident": a thread of repairs, never a page
 
 
-def repairable(signal: Signal, config: RemediationConfig) -> bool:
+def repairable(signal: Signal, config: RemediationConfig, own_ladder: OwnLadder = lambda fault: None) -> bool:
     """Whether a machine can try to repair what this signal found."""
     fault = Fault(signal.kind, signal.code, signal.message)
-    return plan_ladder([fault], config.steps, config.by_xid, config.by_kind)[0] is not Step.REPLACE
+    return plan_ladder([fault], config.steps, own_ladder)[0] is not Step.REPLACE
 
 
 def defer_pages(
-    signal: Signal, actions: Sequence[Action], held: frozenset[str], config: RemediationConfig
+    signal: Signal,
+    actions: Sequence[Action],
+    held: frozenset[str],
+    config: RemediationConfig,
+    own_ladder: OwnLadder = lambda fault: None,
 ) -> tuple[Action, ...]:
     """The decision's actions, less the quarantine's page when the repair will page if it must."""
     if not config.enabled or "QUARANTINE" in held:
         return tuple(actions)
-    if not any(isinstance(a, Quarantine) and not a.dry_run for a in actions) or not repairable(signal, config):
+    quarantines = any(isinstance(a, Quarantine) and not a.dry_run for a in actions)
+    if not quarantines or not repairable(signal, config, own_ladder):
         return tuple(actions)
     return tuple(a for a in actions if not (isinstance(a, Page) and a.severity is Severity.QUARANTINE))
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
 from controller.repairs.config import RemediationConfig
-from controller.repairs.ladder import Fault, Step, gpus_to_reset, plan_ladder
+from controller.repairs.ladder import Fault, OwnLadder, Step, gpus_to_reset, plan_ladder
 
 
 class Phase(StrEnum):
@@ -99,9 +99,11 @@ def open_repair(
     config: RemediationConfig,
     now: float,
     repaired_at: Sequence[float] = (),
+    own_ladder: OwnLadder = lambda fault: None,
 ) -> Repair:
-    """A repair for a node just quarantined; ``repaired_at``: when its earlier repairs ended released."""
-    ladder = plan_ladder(faults, config.steps, config.by_xid, config.by_kind)
+    """A repair for a node just quarantined; ``repaired_at``: when its earlier repairs ended released;
+    ``own_ladder``: a policy rule's own ladder (``ladder:``)."""
+    ladder = plan_ladder(faults, config.steps, own_ladder)
     repair = Repair(node, incident_id, ladder, gpus_to_reset(faults), now, now)
     times = sum(1 for t in repaired_at if t > now - config.repairs_window_s)
     if times >= config.max_repairs:

@@ -32,7 +32,7 @@ from controller.nodes.guards.domains import node_domains
 from controller.nodes.guards.guard import Guard
 from controller.nodes.rule_stats import AUTOMATIC
 from controller.repairs.config import RemediationConfig
-from controller.repairs.ladder import Fault, Step
+from controller.repairs.ladder import Fault, OwnLadder, Step
 from controller.repairs.pages import digest_id
 from controller.repairs.reboot import Reboot, RebootFailed
 from controller.repairs.repair import (
@@ -96,8 +96,10 @@ class Repairs:
         guard: Guard,
         labels: Callable[[str], dict[str, str]],
         tasks: Tasks,
+        own_ladder: OwnLadder = lambda fault: None,
         clock: Callable[[], float] = time.time,
     ) -> None:
+        self._own_ladder = own_ladder  # the policy rules' own ladders
         self.config = config
         self._fleet = fleet
         self._incidents = incidents
@@ -155,7 +157,8 @@ class Repairs:
             if not incidents or self.ended.get(node) == incidents[0].id:
                 continue
             faults = [Fault(_kind(i.kind), i.code, i.first_message, i.gpu.pci_bus_id) for i in incidents]
-            repair = open_repair(node, incidents[0].id, faults, self.config, now, self.repaired_at.get(node, ()))
+            repaired = self.repaired_at.get(node, ())
+            repair = open_repair(node, incidents[0].id, faults, self.config, now, repaired, self._own_ladder)
             self.repairs[node] = repair
             log.info("repair_opened", node=node, incident=repair.incident_id, ladder=[s.value for s in repair.ladder])
             if repair.phase is Phase.HANDS:

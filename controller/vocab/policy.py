@@ -12,8 +12,9 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
+from controller.vocab.repair_steps import RepairStep, check_ladder
 from controller.vocab.xid_catalog import CATALOG, RECOVERY_XID, Entry, Fix
 from vigil_core.config_file import ConfigModel, load_yaml_model
 from vigil_core.recovery import RecoveryAction, recovery_action
@@ -41,6 +42,14 @@ class Rule(ConfigModel):
     meaning: str = ""
     remedy: str = ""
     application: bool = Field(False, description="usually the application's fault: on most of a job's nodes, the job's")
+    ladder: tuple[RepairStep, ...] | None = Field(
+        None, description="its faults' repair ladder, mildest first (remediation); default: from the driver's word"
+    )
+
+    @field_validator("ladder")
+    @classmethod
+    def _ladder(cls, value: tuple[RepairStep, ...] | None) -> tuple[RepairStep, ...] | None:
+        return None if value is None else check_ladder(value)
 
     @property
     def count_cap(self) -> int:

@@ -6,7 +6,7 @@ import pytest
 from pydantic import ValidationError
 
 from controller.repairs.config import RemediationConfig
-from controller.repairs.ladder import ORDER, Fault, Step, first_step, plan_ladder
+from controller.repairs.ladder import ORDER, Fault, Step, first_step, plan_ladder, rule_ladder
 from controller.repairs.repair import (
     Phase,
     Stops,
@@ -20,6 +20,7 @@ from controller.repairs.repair import (
     step_done,
     timed_out,
 )
+from controller.vocab.policy import Policy
 from controller.vocab.xid_catalog import BUCKETS, CATALOG, Fix
 from vigil_core.signals import SignalKind
 
@@ -76,23 +77,26 @@ def test_the_ladder_starts_at_the_highest_first_rung_and_ends_with_replace() -> 
     assert plan_ladder([Fault(XID, 95)], without_bus) == (Step.GPU_RESET, Step.REBOOT, Step.REPLACE)
 
 
-def test_the_configuration_gives_a_code_or_a_kind_a_ladder_of_its_own() -> None:
-    config = RemediationConfig.model_validate(
-        {"by_xid": {79: ["bus_reset", "reboot"]}, "by_kind": {"ECC_DBE": ["replace"]}}
+def test_the_policy_file_gives_a_code_or_a_kind_a_ladder_of_its_own() -> None:
+    policy = Policy.model_validate(
+        {
+            "xid": {79: {"action": "quarantine", "ladder": ["bus_reset", "reboot"]}},
+            "kinds": {"ECC_DBE": {"action": "quarantine", "ladder": ["replace"]}},
+        }
     )
-    assert plan_ladder([Fault(XID, 79)], config.steps, config.by_xid, config.by_kind) == (
-        Step.BUS_RESET,
-        Step.REBOOT,
-        Step.REPLACE,
-    )
-    assert plan_ladder([Fault(SignalKind.ECC_DBE)], config.steps, config.by_xid, config.by_kind) == (Step.REPLACE,)
+    own = rule_ladder(policy)
+    assert plan_ladder([Fault(XID, 79)], ORDER, own) == (Step.BUS_RESET, Step.REBOOT, Step.REPLACE)
+    assert plan_ladder([Fault(SignalKind.ECC_DBE)], ORDER, own) == (Step.REPLACE,)
+    assert plan_ladder([Fault(XID, 48)], ORDER, own)[0] is Step.GPU_RESET  # the rest keep the driver's word
+    with pytest.raises(ValidationError, match="mildest first"):
+        Policy.model_validate({"xid": {79: {"action": "quarantine", "ladder": ["reboot", "gpu_reset"]}}})
 
 
 @pytest.mark.parametrize(
     ("section", "words"),
     [
         ({"steps": ["reboot", "gpu_reset"]}, "mildest first"),
-        ({"by_xid": {48: []}}, "at least one rung"),
+        ({"steps": []}, "at least one rung"),
         ({"timeouts_s": {"reboot": 0}}, "positive"),
         ({"reboot": {"executor": "command"}}, "needs reboot.command"),
         ({"certify": {"checks": ["matmul"]}}, "always runs gpu_health"),
