@@ -67,7 +67,12 @@ def overlays(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Objects]:
     (postgres / "kustomization.yaml").write_text(
         yaml.safe_dump({"resources": ["../../base"], "components": ["../../components/postgres"]})
     )
-    names = ("example", "cert-manager", "with-drain", "with-postgres")
+    remediation = copy / "overlays" / "with-remediation"  # the base and the remediation component alone
+    remediation.mkdir()
+    (remediation / "kustomization.yaml").write_text(
+        yaml.safe_dump({"resources": ["../../base"], "components": ["../../components/remediation"]})
+    )
+    names = ("example", "cert-manager", "with-drain", "with-postgres", "with-remediation")
     return {name: render(copy / "overlays" / name) for name in names}
 
 
@@ -114,7 +119,7 @@ def test_the_schema_check_does_catch_a_bad_field(overlays: dict[str, Objects]) -
 def test_the_pods_mount_what_the_overlay_generated(overlays: dict[str, Objects]) -> None:
     """Kustomize renames generated secrets and config maps (a hash suffix); the pods must follow."""
     for name, objects in overlays.items():
-        if name in ("with-drain", "with-postgres"):  # the base and one component: its secrets are the user's
+        if name.startswith("with-"):  # the base and one component: its secrets are the user's
             continue
         generated = {o["metadata"]["name"] for o in objects if o["kind"] in ("Secret", "ConfigMap")}
         generated |= {o["spec"]["secretName"] for o in find(objects, "Certificate")}
@@ -156,6 +161,7 @@ RESOURCES = {
     "namespaced_pod_eviction": ("", "pods/eviction"),
     "namespaced_lease": ("coordination.k8s.io", "leases"),
     "token_review": ("authentication.k8s.io", "tokenreviews"),
+    "namespaced_job": ("batch", "jobs"),
 }
 VERBS = {"read": "get", "list": "list", "patch": "patch", "create": "create", "replace": "update", "delete": "delete"}
 CALL = re.compile(r"\.(read|list|patch|create|replace|delete)_(\w+?)\(")
@@ -198,11 +204,12 @@ def granted(objects: Objects, account: str) -> set[Grant]:
 
 def test_the_controller_is_granted_exactly_the_verbs_its_code_uses(overlays: dict[str, Objects]) -> None:
     calls = controller_calls()
-    eviction = ("", "pods/eviction", "create")
-    assert eviction in calls and ("authentication.k8s.io", "tokenreviews", "create") in calls
-    assert granted(overlays["example"], "vigil-controller") == calls - {eviction}  # drain is opt-in
-    assert granted(overlays["cert-manager"], "vigil-controller") == calls - {eviction}
-    assert granted(overlays["with-drain"], "vigil-controller") == calls
+    eviction, reboot = ("", "pods/eviction", "create"), ("batch", "jobs", "create")
+    assert {eviction, reboot, ("authentication.k8s.io", "tokenreviews", "create")} <= calls
+    assert granted(overlays["example"], "vigil-controller") == calls - {eviction, reboot}  # both opt-in
+    assert granted(overlays["cert-manager"], "vigil-controller") == calls - {eviction, reboot}
+    assert granted(overlays["with-drain"], "vigil-controller") == calls - {reboot}
+    assert granted(overlays["with-remediation"], "vigil-controller") == calls - {eviction}
     assert granted(overlays["example"], "vigil-agent") == set()
 
 
