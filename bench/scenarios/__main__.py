@@ -108,6 +108,10 @@ def _print_card(card: dict[str, object]) -> None:
     print(f"false quarantines {card['false_quarantines']}, false pages {card['false_pages']}, "
           f"missed faults {card['missed_faults']}")  # fmt: skip
     print(f"fault -> first action (s): {card['fault_to_action_s']}")
+    if r := card.get("remediation"):
+        print(f"remediation: {r['self_healed']}/{r['faults']} faults self-healed (no page), "  # type: ignore[index]
+              f"{r['pages_per_100_faults']} pages per 100 faults, fault -> back in service (s): "  # type: ignore[index]
+              f"{r['back_in_service_s']}")  # type: ignore[index]  # fmt: skip
     print()
     print(f"{'family':24} {'passed':>8} {'precision':>9} {'recall':>7} {'false q':>7} {'false p':>7} {'missed':>6}")
     for family, f in card["families"].items():  # type: ignore[attr-defined]

@@ -22,8 +22,10 @@ from typing import TYPE_CHECKING, Any
 import grpc
 import yaml
 
+from bench.scenarios.machines import Machines as _Machines
 from bench.scenarios.score import Observed, SweepSeen
 from bench.scenarios.spec import FLEET, Event, Job, JobWindows, Person, Scenario, Sweep, Throttle
+from controller.repairs.pages import is_digest
 from gpus.simulated import simulated_gpus
 from protos.vigil.v1 import trainer_pb2, trainer_pb2_grpc
 from tests.fakes.ib_sysfs import IbSysfs
@@ -36,7 +38,6 @@ if TYPE_CHECKING:
     from tests.fakes.slack_api import FakeSlack
 
 START_TIMEOUT_S = 30.0
-OUTCOME_TIMEOUT_S = 15.0  # for the expected quarantines and pages to show, after the last event
 SWEEP_TIMEOUT_S = 180.0
 
 
@@ -92,13 +93,13 @@ def _run(
     if scenario.agent:
         cluster.agent_config = workdir / "agent.yaml"
         cluster.agent_config.write_text(yaml.safe_dump(dict(scenario.agent)))
-    if scenario.fleet.infiniband:
-        for node in scenario.fleet.names:
-            ib = IbSysfs(workdir / "ib" / node)
-            ib.add_port("mlx5_0", 1, "0000:17:00.0")
-            path = cluster.agent_configs[node] = workdir / f"{node}.agent.yaml"
-            path.write_text(yaml.safe_dump(dict(scenario.agent) | {"ib_sysfs_root": str(ib.root), "ib_poll_s": 0.1}))
+    machines = _Machines(cluster, scenario)
+    for node in scenario.fleet.names:
+        machines.write_agent_config(node, scenario.fleet.gpus)
     settings = {"pager": "slack", "slack": {"channel": CHANNEL, "base_url": slack.base_url}} | scenario.controller
+    if scenario.fleet.remedies:  # a reboot the controller asks for: the node's name in `reboots`
+        reboot = {"executor": "command", "command": machines.reboot_command}
+        settings["remediation"] = {"reboot": reboot} | dict(settings["remediation"])
     if fabric is not None:
         settings |= {"listen": cluster.host, "node_labels": labels}
     if kube is not None:
@@ -112,21 +113,21 @@ def _run(
             wait_for(
                 lambda: _all_healthy(admin, cluster.nodes), START_TIMEOUT_S, "every node HEALTHY", cluster.check_alive
             )
-            faults, sweeps = _play(cluster, config, admin, scenario, kube, fabric)
+            faults, sweeps = _play(cluster, config, admin, scenario, kube, fabric, machines)
             want = scenario.expect
             with contextlib.suppress(DemoFailed):  # judged below: what was missed is named there
                 database, fleet_pages = workdir / "controller.db", want.fleet_pages or 0
                 wait_for(
                     lambda: (
-                        _observe(admin, faults).covers(want.quarantined, want.paged)
+                        _observe(admin, faults).covers(want.quarantined, want.paged, want.health)
                         and sum(1 for _, node, _ in _recorded_pages(database) if not node) >= fleet_pages
                     ),
-                    OUTCOME_TIMEOUT_S,
+                    scenario.wait_s,
                     "the expected quarantines and pages",
-                    cluster.check_alive,
+                    machines.check,
                     every=0.05,
                 )
-            time.sleep(scenario.settle_s)  # let a wrong action show itself
+            machines.sleep(scenario.settle_s)  # let a wrong action show itself
             cluster.check_alive()
             seen = _observe(admin, faults).observed
             cordoned = frozenset(n for n in cluster.nodes if kube and kube.node(n)["spec"].get("unschedulable"))
@@ -137,7 +138,9 @@ def _run(
                 texts.setdefault(node or FLEET, []).append(text)
             return replace(
                 seen,
-                fleet_pages=sum(1 for _, node, _ in recorded if not node),
+                fleet_pages=sum(1 for incident, node, _ in recorded if not node and not is_digest(incident)),
+                remedied=machines.remedied(),
+                back_in_service_s=_back_in_service(workdir / "controller.db", faults),
                 page_texts={n: tuple(t) for n, t in texts.items()},
                 cordoned=cordoned,
                 undone=undone,
@@ -148,6 +151,7 @@ def _run(
     except DemoFailed as exc:
         return Observed(frozenset(), frozenset(), {}, error=f"{exc} (logs in {workdir})")
     finally:
+        machines.stop()
         cluster.stop()
         if not keep:
             shutil.rmtree(workdir, ignore_errors=True)
@@ -171,6 +175,7 @@ def _play(
     scenario: Scenario,
     kube: KubeApiServer | None,
     fabric: Nodes | None,
+    machines: _Machines,
 ) -> tuple[dict[str, list[float]], list[SweepSeen]]:
     """Inject the events on their timeline; returns when each node's faults were injected (wall
     clock), and what each sweep found."""
@@ -181,7 +186,7 @@ def _play(
     faults: dict[str, list[float]] = {}
     sweeps: list[SweepSeen] = []
     for event in sorted(scenario.events, key=lambda e: e.at):
-        time.sleep(max(0.0, started + event.at - time.monotonic()))
+        machines.sleep(max(0.0, started + event.at - time.monotonic()))
         if event.is_fault and scenario.timed:
             faults.setdefault(event.node, []).append(time.time())
         if event.job_windows is not None:
@@ -204,6 +209,12 @@ def _play(
             continue
         if event.start_controller is not None:
             cluster.start_controller(START_TIMEOUT_S, config)
+            continue
+        if event.smi is not None:
+            machines.smi(event.node, event.smi)
+            continue
+        if event.job_process is not None:
+            machines.job_process(event.node, event.job_process)
             continue
         seq = _inject(cluster, admin, event, seq)
     return faults, sweeps
@@ -362,6 +373,16 @@ def _recorded_pages(database: Path) -> list[tuple[str, str, str]]:
     ]
 
 
+def _back_in_service(database: Path, faults: dict[str, list[float]]) -> dict[str, float]:
+    """node -> seconds from its first injected fault to its release by a repair (the repairs' record)."""
+    with contextlib.closing(sqlite3.connect(f"file:{database}?mode=ro", uri=True)) as db:
+        row = db.execute("SELECT value FROM meta WHERE key = 'repairs'").fetchone()
+    repaired = json.loads(row[0]).get("repaired_at", {}) if row else {}
+    return {
+        node: round(times[0] - faults[node][0], 3) for node, times in repaired.items() if times and faults.get(node)
+    }
+
+
 def _recorded_notes(database: Path) -> list[tuple[str, str, str]]:
     """(incident, node, what it said) of every later word on a page (a reply in its thread) sent."""
     with contextlib.closing(sqlite3.connect(f"file:{database}?mode=ro", uri=True)) as db:
@@ -386,8 +407,10 @@ class _Seen:
     def __init__(self, observed: Observed) -> None:
         self.observed = observed
 
-    def covers(self, quarantined: frozenset[str], paged: frozenset[str]) -> bool:
-        return quarantined <= self.observed.quarantined and paged <= self.observed.paged
+    def covers(self, quarantined: frozenset[str], paged: frozenset[str], health: dict[str, str]) -> bool:
+        seen = self.observed
+        healths = all(seen.health.get(node) == want for node, want in health.items())
+        return quarantined <= seen.quarantined and paged <= seen.paged and healths
 
 
 def _observe(admin: AdminClient, faults: dict[str, list[float]]) -> _Seen:

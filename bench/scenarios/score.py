@@ -38,6 +38,8 @@ class Observed:
     paged_incidents: frozenset[str] = frozenset()  # incidents the controller recorded a sent page for
     slack_posts: tuple[str, ...] = ()  # the incident of each top-level message in the Slack channel
     sweeps: tuple[SweepSeen, ...] = ()  # in the order of the scenario's sweep events
+    remedied: frozenset[str] = frozenset()  # nodes that had a reset or a reboot carried out on them
+    back_in_service_s: dict[str, float] = field(default_factory=dict)  # node -> first fault -> released by a repair
     error: str = ""  # the run itself broke (a process died, the fleet never came up)
 
 
@@ -54,6 +56,13 @@ class Outcome:
     false_pages: int
     missed_pages: int
     fault_to_action_s: tuple[float, ...] = field(default=())
+    # Remediation (controller remediation on): faults (nodes quarantined), those repaired and back in
+    # service without a page, the pages sent for nodes, and fault -> back in service.
+    remediation: bool = False
+    faults: int = 0
+    self_healed: int = 0
+    node_pages: int = 0
+    back_in_service_s: tuple[float, ...] = field(default=())
 
 
 def judge(name: str, scenario: Scenario, seen: Observed) -> Outcome:
@@ -99,6 +108,8 @@ def judge(name: str, scenario: Scenario, seen: Observed) -> Outcome:
     for rule, count in sorted(want.undone.items()):
         if seen.undone.get(rule, 0) != count:
             problems.append(f"vigil rules: {rule} undone {seen.undone.get(rule, 0)} time(s), expected {count}")
+    if want.remedied is not None and seen.remedied != want.remedied:
+        problems.append(f"repairs carried out on {sorted(seen.remedied)}, expected {sorted(want.remedied)}")
     for node, health in sorted(want.health.items()):
         if seen.health.get(node) != health:
             problems.append(f"{node} is {seen.health.get(node, 'unknown to the controller')}, expected {health}")
@@ -121,6 +132,11 @@ def judge(name: str, scenario: Scenario, seen: Observed) -> Outcome:
         false_pages=len(false_p),
         missed_pages=len(missed_p),
         fault_to_action_s=seen.fault_to_action_s,
+        remediation=bool((scenario.controller.get("remediation") or {}).get("enabled")),
+        faults=len(seen.quarantined),
+        self_healed=sum(1 for n in seen.back_in_service_s if n not in seen.paged),
+        node_pages=sum(seen.pages.values()),
+        back_in_service_s=tuple(sorted(seen.back_in_service_s.values())),
     )
 
 
@@ -176,6 +192,28 @@ def _card(outcomes: Sequence[Outcome], timed: bool = True) -> dict[str, Any]:
         "false_pages": sum(o.false_pages for o in outcomes),
         "missed_faults": fn + sum(o.missed_pages for o in outcomes),
         **({} if not timed else {"fault_to_action_s": _times(outcomes)}),
+        **({"remediation": card} if (card := _remediation(outcomes)) else {}),
+    }
+
+
+def _remediation(outcomes: Sequence[Outcome]) -> dict[str, Any] | None:
+    """Over the scenarios run with remediation on: self-healed / total, pages per 100 faults, and
+    fault -> back in service (the scenarios' own short timeouts and waits: simulated time)."""
+    runs = [o for o in outcomes if o.remediation]
+    faults = sum(o.faults for o in runs)
+    if not runs or not faults:
+        return None
+    healed, pages = sum(o.self_healed for o in runs), sum(o.node_pages for o in runs)
+    back = [t for o in runs for t in o.back_in_service_s]
+    return {
+        "scenarios": len(runs),
+        "faults": faults,
+        "self_healed": healed,
+        "self_healed_share": round(healed / faults, 4),
+        "pages_per_100_faults": round(100 * pages / faults, 1),
+        "back_in_service_s": {"n": len(back), "p50": round(percentile(back, 0.5), 2), "max": round(max(back), 2)}
+        if back
+        else None,
     }
 
 

@@ -25,8 +25,10 @@ the node to service), ``resolve`` (a person resolves the node's open incidents),
 person cordons or taints the Node), ``job_windows`` (the training job's rank 0 reports windows;
 needs ``job:``), ``sweep`` (a person runs ``vigil sweep``; what it must find is part of the event),
 ``ib_port`` (what a node's InfiniBand port reads: up, rate, counters; needs
-``fleet.infiniband``), ``stop_controller`` / ``start_controller`` (the controller goes away,
-SIGTERM or SIGKILL, and comes back on the same database and port). ``at`` is seconds after every node reported healthy.
+``fleet.infiniband``), ``smi`` (how a node's nvidia-smi behaves: resets that fail, GPUs gone after
+one; needs ``fleet.remedies``), ``job_process`` (a job's process on a node's GPU starts or goes),
+``stop_controller`` / ``start_controller`` (the controller goes away, SIGTERM or SIGKILL, and comes
+back on the same database and port). ``at`` is seconds after every node reported healthy.
 
 Every page goes to a Slack Web API on loopback (the real ``slack-sdk``); the judge checks that
 each incident Vigil recorded as paged is one top-level Slack message, and that nothing else is.
@@ -71,6 +73,12 @@ class Fleet(_Strict):
         default=None,
         description="each node in a network namespace, under leaf bridges joined by a spine bridge (needs root)",
     )
+    remedies: bool = Field(
+        default=False,
+        description="agents carry out GPU and bus resets through a fake nvidia-smi on their simulated GPUs; "
+        "a reboot the controller asks restarts the node's agent with its GPUs reset (needs controller remediation)",
+    )
+    after_reboot: dict[str, int] = Field(default_factory=dict, description="node -> the GPUs it has after a reboot")
 
     @property
     def names(self) -> list[str]:
@@ -136,6 +144,8 @@ EVENT_KINDS = (
     "stop_controller",
     "start_controller",
     "throttle",
+    "smi",
+    "job_process",
 )
 Verdict = Literal["OK", "FAIL", "UNKNOWN"]
 
@@ -215,6 +225,24 @@ class Throttle(_Strict):
         return self
 
 
+class Smi(_Strict):
+    """How the node's (fake) nvidia-smi behaves from now on (needs ``fleet.remedies``): GPUs whose
+    reset fails, GPUs gone after their reset, GPUs in persistence mode."""
+
+    reset_fails: tuple[int, ...] = ()
+    gone_after_reset: tuple[int, ...] = ()
+    persistence: tuple[int, ...] = ()
+
+
+class JobProcess(_Strict):
+    """A training job's process on the node (``VIGIL_JOB_ID`` in its environment, the GPU in
+    nvidia-smi's list), started or gone (needs ``fleet.remedies``)."""
+
+    job: str = Field(default="train", pattern=r"^[a-z0-9][a-z0-9-]{0,40}$")
+    gpu: int = Field(0, ge=0)
+    running: bool = True
+
+
 class StopController(_Strict):
     kill: bool = Field(default=False, description="SIGKILL, not SIGTERM")
 
@@ -250,6 +278,8 @@ class Event(_Strict):
     stop_controller: StopController | None = None
     start_controller: StartController | None = None
     throttle: Throttle | None = None
+    smi: Smi | None = None
+    job_process: JobProcess | None = None
 
     @model_validator(mode="after")
     def _one_kind(self) -> Event:
@@ -310,6 +340,9 @@ class Expect(_Strict):
     undone: dict[str, int] = Field(
         default_factory=dict, description="rule -> quarantines a person undid soon after (vigil rules)"
     )
+    remedied: frozenset[str] | None = Field(
+        default=None, description="exactly these nodes had a repair carried out on them (a reset or a reboot)"
+    )
 
 
 class Scenario(_Strict):
@@ -325,6 +358,9 @@ class Scenario(_Strict):
     events: tuple[Event, ...] = ()
     expect: Expect = Expect()
     settle_s: float = Field(1.0, ge=0, le=120, description="after the last event and the expected outcome")
+    wait_s: float = Field(
+        15.0, gt=0, le=80, description="how long the expected quarantines, pages and health may take to show"
+    )
     known_defect: str = Field("", description="a defect not fixed yet: the scenario is expected to fail")
     timed: bool = Field(True, description="false: the policy waits on purpose (a throttle's duration); not timed")
 
@@ -341,6 +377,10 @@ class Scenario(_Strict):
             e.throttle and (e.throttle.uplink or e.throttle.leaf or 0) >= self.fleet.fabric.leaves for e in self.events
         ):
             raise ValueError(f"a throttle names a leaf beyond the fabric's {self.fleet.fabric.leaves} (leaf-0 ..)")
+        if any(e.smi or e.job_process for e in self.events) and not self.fleet.remedies:
+            raise ValueError("smi and job_process events need fleet.remedies: true")
+        if self.fleet.remedies and not (self.controller.get("remediation") or {}).get("enabled"):
+            raise ValueError("fleet.remedies needs controller: {remediation: {enabled: true}}")
         if any(e.job_windows for e in self.events) and self.job is None:
             raise ValueError("job_windows events need a job: section")
         if bad := [e for e in self.events if bool(e.node) == e.fleet_wide]:
@@ -361,7 +401,8 @@ class Scenario(_Strict):
         named |= {e.throttle.node for e in self.events if e.throttle and e.throttle.node}
         named |= self.expect.quarantined | self.expect.paged | (self.expect.cordoned or frozenset())
         named |= set(self.fleet.labels)
-        named |= set(self.expect.health) | set(self.expect.pages)
+        named |= set(self.expect.health) | set(self.expect.pages) | set(self.fleet.after_reboot)
+        named |= self.expect.remedied or frozenset()
         named |= {n for a in self.expect.among for n in a.of} | (set(self.expect.page_says) - {FLEET})
         if overlap := sorted({n for a in self.expect.among for n in a.of} & self.expect.quarantined):
             raise ValueError(f"{overlap} both in expect.quarantined and in an among: name each node once")

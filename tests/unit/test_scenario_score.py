@@ -149,3 +149,49 @@ def test_the_controller_must_be_up_for_what_needs_it_and_at_the_end(tmp_path: Pa
     bad.write_text("description: x\nfamily: f\nevents: [{at: 1, node: node-1, sweep: {checks: [gpu_health]}}]\n")
     with pytest.raises(ConfigError, match="only a node's own events name a node"):
         load_scenario(bad)
+
+
+def remediation_scenario(**expect: object) -> Scenario:
+    return Scenario.model_validate(
+        {
+            "description": "t",
+            "family": "remediation",
+            "fleet": {"nodes": 3, "remedies": True},
+            "controller": {"remediation": {"enabled": True}},
+            "expect": expect,
+        }
+    )
+
+
+def test_the_scorecard_counts_self_healed_faults_pages_and_time_back_in_service() -> None:
+    healed = Observed(
+        frozenset({"node-1", "node-2"}), frozenset(), {}, back_in_service_s={"node-1": 4.0, "node-2": 8.0}
+    )
+    hands = Observed(
+        frozenset({"node-3"}), frozenset({"node-3"}), {}, pages={"node-3": 1}, remedied=frozenset({"node-3"})
+    )
+    outcomes = [
+        judge("a", remediation_scenario(quarantined=["node-1", "node-2"]), healed),
+        judge("b", remediation_scenario(quarantined=["node-3"], paged=["node-3"], remedied=["node-3"]), hands),
+        judge("c", scenario(quarantined=["node-1"]), Observed(frozenset({"node-1"}), frozenset(), {})),  # not counted
+    ]
+    assert all(o.passed for o in outcomes)
+    card = scorecard(outcomes)["remediation"]
+    assert (card["scenarios"], card["faults"], card["self_healed"]) == (2, 3, 2)
+    assert card["self_healed_share"] == round(2 / 3, 4) and card["pages_per_100_faults"] == 33.3
+    assert card["back_in_service_s"] == {"n": 2, "p50": 4.0, "max": 8.0}
+
+
+def test_a_repair_carried_out_where_none_was_expected_is_named() -> None:
+    want = remediation_scenario(quarantined=["node-2"], remedied=[])
+    outcome = judge("s", want, Observed(frozenset({"node-2"}), frozenset(), {}, remedied=frozenset({"node-2"})))
+    assert not outcome.passed and "repairs carried out on ['node-2'], expected []" in outcome.problems
+
+
+def test_remedies_need_the_controllers_remediation() -> None:
+    with pytest.raises(ValueError, match="needs controller"):
+        Scenario.model_validate({"description": "t", "family": "f", "fleet": {"remedies": True}})
+    with pytest.raises(ValueError, match="need fleet.remedies"):
+        Scenario.model_validate(
+            {"description": "t", "family": "f", "events": [{"node": "node-1", "smi": {"reset_fails": [1]}}]}
+        )

@@ -1,0 +1,139 @@
+"""The scenario fleet's machines, as far as a repair touches them: each node's agent configuration
+(its InfiniBand tree, its fake ``nvidia-smi`` and sysfs for resets), the jobs' processes on its
+GPUs, and its reboots. A reboot the controller asks for (its command writes the node's name in
+``reboots``) is carried out here, single-threaded, between the timeline's events and while the
+runner waits: every GPU of the node is reset and its agent starts again, with the GPUs the scenario
+says it has after a reboot."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+from bench.scenarios.spec import JobProcess, Scenario, Smi
+from gpus.simulated import simulated_gpus
+from tests.fakes.ib_sysfs import IbSysfs
+from vigil.demo import Cluster
+
+
+class Machines:
+    def __init__(self, cluster: Cluster, scenario: Scenario) -> None:
+        self._cluster = cluster
+        self._scenario = scenario
+        self._dir = cluster.workdir
+        self._reboots = self._dir / "reboots"
+        self._read = 0  # reboots carried out so far
+        self._rebooted: set[str] = set()
+        self._jobs: dict[tuple[str, int], subprocess.Popen[bytes]] = {}
+        self.reboot_command = [sys.executable, "-c", f"open({str(self._reboots)!r}, 'a').write('{{node}}\\n')"]
+
+    def _smi_state(self, node: str) -> Path:
+        return self._dir / f"{node}.smi.json"
+
+    def write_agent_config(self, node: str, gpus: int) -> None:
+        """The node's own agent configuration, where it needs one (InfiniBand, remedies)."""
+        fleet, config = self._scenario.fleet, dict(self._scenario.agent)
+        if fleet.infiniband:
+            ib = IbSysfs(self._dir / "ib" / node)
+            if not ib.root.exists():
+                ib.add_port("mlx5_0", 1, "0000:17:00.0")
+            config |= {"ib_sysfs_root": str(ib.root), "ib_poll_s": 0.1}
+        if fleet.remedies:
+            sysfs = self._dir / f"{node}.sysfs"
+            for gpu in simulated_gpus(node, gpus):
+                (sysfs / f"{gpu.pci_bus_id}.0").mkdir(parents=True, exist_ok=True)
+            smi = [sys.executable, "-m", "tests.fakes.nvidia_smi", "--node", node, "--gpus", str(gpus), "--faults",
+                   str(self._cluster.fault_file(node)), "--state", str(self._smi_state(node)), "--sysfs", str(sysfs),
+                   "--"]  # fmt: skip
+            config |= {"remedies": {"enabled": True, "nvidia_smi": smi, "pci_sysfs": str(sysfs)}, "jobs_scan_s": 0.5}
+        if fleet.infiniband or fleet.remedies:
+            path = self._cluster.agent_configs[node] = self._dir / f"{node}.agent.yaml"
+            path.write_text(yaml.safe_dump(config))
+
+    # Events ----------------------------------------------------------------------------------
+
+    def _state(self, node: str) -> dict[str, object]:
+        path = self._smi_state(node)
+        loaded = json.loads(path.read_text()) if path.exists() else {}
+        return loaded if isinstance(loaded, dict) else {}
+
+    def _save(self, node: str, state: dict[str, object]) -> None:
+        self._smi_state(node).write_text(json.dumps(state))
+
+    def smi(self, node: str, smi: Smi) -> None:
+        state = self._state(node)
+        state.update(smi.model_dump(mode="json"))
+        self._save(node, state)
+
+    def job_process(self, node: str, job: JobProcess) -> None:
+        key = (node, job.gpu)
+        if job.running and key not in self._jobs:
+            env = {**os.environ, "VIGIL_JOB_ID": job.job, "VIGIL_NODE": node}
+            self._jobs[key] = subprocess.Popen(["sleep", "3600"], env=env)
+        elif not job.running and key in self._jobs:
+            self._jobs.pop(key).send_signal(signal.SIGKILL)
+        processes = [
+            {"gpu": gpu, "pid": proc.pid, "name": "python"} for (n, gpu), proc in self._jobs.items() if n == node
+        ]
+        self._save(node, self._state(node) | {"processes": processes})
+
+    # Reboots, while the runner waits ---------------------------------------------------------
+
+    def poll(self) -> None:
+        """Carry out the reboots asked since the last look."""
+        if not self._reboots.exists():
+            return
+        asked = self._reboots.read_text().splitlines()
+        for node in asked[self._read :]:
+            self._reboot(node.strip())
+        self._read = len(asked)
+
+    def _reboot(self, node: str) -> None:
+        gpus = self._scenario.fleet.after_reboot.get(node, self._scenario.fleet.gpus)
+        for key in [k for k in self._jobs if k[0] == node]:  # a reboot ends every process on the node
+            self._jobs.pop(key).send_signal(signal.SIGKILL)
+        self._save(node, self._state(node) | {"processes": [], "gone": []})
+        with open(self._cluster.fault_file(node), "a") as f:
+            f.writelines(json.dumps({"gpu": g, "reset": True}) + "\n" for g in range(self._scenario.fleet.gpus))
+        self._cluster.stop_agent(node)
+        self.write_agent_config(node, gpus)
+        self._cluster.start_agent(node, gpus, restart=True)
+        self._rebooted.add(node)
+
+    def check(self) -> None:
+        """The runner's check while it waits: the reboots asked, then every process alive."""
+        self.poll()
+        self._cluster.check_alive()
+
+    def sleep(self, seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while (left := deadline - time.monotonic()) > 0:
+            self.poll()
+            time.sleep(min(0.05, left))
+        self.poll()
+
+    # What was done to them -------------------------------------------------------------------
+
+    def remedied(self) -> frozenset[str]:
+        """Nodes that had a reset or a reboot carried out on them."""
+        done = set(self._rebooted)
+        for node in self._scenario.fleet.names:
+            calls = Path(f"{self._smi_state(node)}.calls")
+            if calls.exists() and any(json.loads(line)[:1] == ["-r"] for line in calls.read_text().splitlines()):
+                done.add(node)
+            if any((self._dir / f"{node}.sysfs").glob("*/reset_method")):
+                done.add(node)
+        return frozenset(done)
+
+    def stop(self) -> None:
+        for proc in self._jobs.values():
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+        self._jobs.clear()
