@@ -22,6 +22,7 @@ node. OK: done; FAIL: failed (the controller climbs the ladder); UNKNOWN: refuse
 from __future__ import annotations
 
 import asyncio
+import json
 import subprocess
 import time
 from collections.abc import Callable, Sequence
@@ -217,3 +218,35 @@ class Remedies:
         missing = [t for t in targets if not any(same_gpu(line, t) for line in listed)]
         if missing:
             raise Failed(f"GPU(s) {', '.join(missing)} not listed by nvidia-smi after the reset")
+
+
+MAX_RESULT_BYTES = 4096  # a Kubernetes container's termination message
+
+
+def result_json(result: common_pb2.CheckResult, limit: int = MAX_RESULT_BYTES) -> str:
+    """A remedy's result as one JSON object within ``limit`` bytes (the evidence cut first): what
+    ``vigil remedy`` writes for the controller to read back from a Job's termination message."""
+    body = {
+        "remedy": result.check,
+        "verdict": common_pb2.Verdict.Name(result.verdict),
+        "reason": result.reason[:1500],
+        "busy": bool(result.figures.get("busy", 0)),
+        "evidence": result.evidence,
+    }
+    text = json.dumps(body)
+    if len(text.encode()) > limit:
+        room = max(0, limit - len(json.dumps(body | {"evidence": ""}).encode()) - 64)
+        body["evidence"] = result.evidence[: room // 2] + " [cut]"  # non-ASCII may double in JSON
+        text = json.dumps(body)
+    return text
+
+
+def exit_code(result: common_pb2.CheckResult) -> int:
+    """0 done, 1 failed, 2 refused or could not run (the checks' contract)."""
+    return {common_pb2.OK: 0, common_pb2.FAIL: 1}.get(result.verdict, 2)
+
+
+def listed_gpus(nvidia_smi: Sequence[str]) -> list[str]:
+    """Every GPU's bus id as nvidia-smi lists it (a command line's default: the node's every GPU)."""
+    done = _run([*nvidia_smi, "--query-gpu=pci.bus_id", "--format=csv,noheader"], 60.0)
+    return [line.strip() for line in done.stdout.splitlines() if line.strip()] if done.returncode == 0 else []

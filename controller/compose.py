@@ -40,7 +40,7 @@ from controller.repairs.config import RemediationConfig
 from controller.repairs.ladder import rule_ladder
 from controller.repairs.pages import defer_pages
 from controller.repairs.reboot import HandOffReboot, Reboot, build_reboot
-from controller.repairs.repairs import NodeOwners, Repairs
+from controller.repairs.repairs import NodeOwners, Repairs, ResetJobs
 from controller.store import Store
 from controller.sweeps.sweeper import Sweeper
 from controller.vocab.policy import Policy, load_policy
@@ -184,17 +184,18 @@ def build_pager(config: ControllerConfig, store: Store) -> Pager:
     return ConsolePager() if config.pager == "console" else NullPager()
 
 
-def repair_ports(config: ControllerConfig, actuator: Actuator) -> tuple[NodeOwners, Reboot]:
-    """Who else holds a node and its labels (the cluster's), and how a node is rebooted."""
+def repair_ports(config: ControllerConfig, actuator: Actuator) -> tuple[NodeOwners, Reboot, ResetJobs | None]:
+    """Who else holds a node and its labels (the cluster's), how a node is rebooted, and who runs
+    the reset Jobs (Kubernetes only)."""
     remediation = config.remediation
     if config.actuator != "kubernetes":
         assert isinstance(actuator, LocalActuator)
-        return actuator, build_reboot(remediation.reboot, None) if remediation.enabled else HandOffReboot()
+        return actuator, build_reboot(remediation.reboot, None) if remediation.enabled else HandOffReboot(), None
     from controller.act.kube.client import api_client
     from controller.act.kube.repair_ops import KubeRepairOps
 
     ops = KubeRepairOps(api_client(config.kubernetes.kubeconfig, config.kubernetes.context))
-    return ops, build_reboot(remediation.reboot, ops.run_reboot_job)
+    return ops, build_reboot(remediation.reboot, ops.run_reboot_job), ops
 
 
 @dataclass
@@ -239,7 +240,7 @@ def rooms(config: ControllerConfig, store: Store, metrics: ControllerMetrics) ->
     jobs = JobMonitor(
         nodes.fleet, report, nodes.runner.request, metrics, sweeper, jobs_config, nodes.events, membership=membership
     )
-    owners, reboot = repair_ports(config, actuator)
+    owners, reboot, reset_jobs = repair_ports(config, actuator)
     repairs = Repairs(
         config.remediation,
         nodes.fleet,
@@ -256,6 +257,7 @@ def rooms(config: ControllerConfig, store: Store, metrics: ControllerMetrics) ->
         nodes.tasks,
         rule_ladder(nodes.engine.policy),
         nodes.clock,
+        reset_jobs,
     )
     nodes.releases.skip = repairs.under_repair  # a node under repair goes back when it is certified
     admin = Admin(

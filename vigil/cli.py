@@ -318,6 +318,49 @@ def check(
 
 
 @app.command()
+def remedy(
+    name: Annotated[str, typer.Argument(help="gpu_reset or bus_reset")],
+    gpu: Annotated[
+        Optional[list[str]], typer.Option("--gpu", help="a GPU's PCI bus id, repeated; default: every GPU listed")
+    ] = None,
+    nvidia_smi: Annotated[str, typer.Option(help="the nvidia-smi program and its first arguments")] = "nvidia-smi",
+    pci_sysfs: Annotated[Path, typer.Option(help="where the kernel's PCI devices are")] = Path("/sys/bus/pci/devices"),
+    deadline: Annotated[float, typer.Option(min=1.0, help="seconds for the whole remedy")] = 300.0,
+    result_file: Annotated[
+        Optional[Path], typer.Option(help="also write the JSON result here (a Job: /dev/termination-log)")
+    ] = None,
+) -> None:
+    """Reset GPUs on this machine as the controller's repair asks: the evidence first, never while a
+    process uses them, persistence mode off and back on, the reset, present again.
+
+    Exit code: 0 done, 1 failed, 2 refused (a process uses a GPU) or could not run."""
+    import asyncio
+    import shlex
+
+    from agent.remedies import REMEDIES, Remedies, RemediesConfig, exit_code, listed_gpus, result_json
+    from protos.vigil.v1 import agent_pb2
+
+    if name not in REMEDIES:
+        _fail(f"no remedy named {name!r}: {', '.join(REMEDIES)}")
+    smi = tuple(shlex.split(nvidia_smi))
+    if not smi:
+        _fail("--nvidia-smi is empty")
+    config = RemediesConfig(enabled=True, nvidia_smi=smi, pci_sysfs=pci_sysfs)
+    gpus = list(gpu or [])
+    remedies = Remedies(os.environ.get("NODE_NAME", ""), config, lambda: gpus or listed_gpus(smi))
+    request = agent_pb2.RunRemedy(request_id="cli", remedy=name, pci_bus_ids=gpus, deadline_s=deadline)
+    result = asyncio.run(remedies.run(request))
+    text = result_json(result)
+    typer.echo(text)
+    if result_file is not None:
+        try:
+            result_file.write_text(text)
+        except OSError as exc:
+            typer.echo(f"error: cannot write the result to {result_file}: {exc}", err=True)
+    raise typer.Exit(exit_code(result))
+
+
+@app.command()
 def sweep(
     nodes: Annotated[Optional[list[str]], typer.Argument(help="nodes (default: every connected agent's)")] = None,
     controller: ControllerOpt = "127.0.0.1:7070",

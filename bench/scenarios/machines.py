@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import yaml
 
@@ -22,9 +23,14 @@ from gpus.simulated import simulated_gpus
 from tests.fakes.ib_sysfs import IbSysfs
 from vigil.demo import Cluster
 
+if TYPE_CHECKING:
+    from tests.fakes.kube_api import KubeApiServer
+
 
 class Machines:
-    def __init__(self, cluster: Cluster, scenario: Scenario) -> None:
+    def __init__(self, cluster: Cluster, scenario: Scenario, kube: KubeApiServer | None = None) -> None:
+        self._kube = kube  # its Jobs on a node (a reset, a reboot) are run here, as a kubelet would
+        self._jobs_run: set[str] = set()
         self._cluster = cluster
         self._scenario = scenario
         self._dir = cluster.workdir
@@ -87,7 +93,9 @@ class Machines:
     # Reboots, while the runner waits ---------------------------------------------------------
 
     def poll(self) -> None:
-        """Carry out the reboots asked since the last look."""
+        """Carry out the reboots asked since the last look, and the Jobs created on nodes."""
+        if self._kube is not None:
+            self._kubelet(self._kube)
         if not self._reboots.exists():
             return
         asked = self._reboots.read_text().splitlines()
@@ -106,6 +114,31 @@ class Machines:
         self.write_agent_config(node, gpus)
         self._cluster.start_agent(node, gpus, restart=True)
         self._rebooted.add(node)
+
+    def _kubelet(self, kube: KubeApiServer) -> None:
+        """Run each new Job the controller created on a node: ``vigil remedy`` against the node's
+        fake nvidia-smi (its result becomes the pod's termination message), or a reboot."""
+        for job in kube.objects_of("jobs"):
+            name, spec = job["metadata"]["name"], job["spec"]["template"]["spec"]
+            if name in self._jobs_run:
+                continue
+            self._jobs_run.add(name)
+            node, command = spec["nodeName"], list(spec["containers"][0]["command"])
+            if "systemctl" in command:
+                self._reboot(node)
+                continue
+            config = yaml.safe_load(self._cluster.agent_configs[node].read_text())["remedies"]
+            args = command[command.index("remedy") + 1 :]
+            args[args.index("--nvidia-smi") + 1] = " ".join(config["nvidia_smi"])
+            result = self._dir / f"{name}.result"
+            args[args.index("--result-file") + 1] = str(result)
+            done = subprocess.run([sys.executable, "-m", "vigil", "remedy", *args, "--pci-sysfs", config["pci_sysfs"]],
+                                  capture_output=True, text=True, timeout=120)  # fmt: skip
+            message = result.read_text() if result.exists() else done.stderr[-1000:]
+            ended = {"terminated": {"exitCode": done.returncode, "message": message}}
+            kube.add_pod(job["metadata"]["namespace"], f"{name}-pod", node, owner_kind="Job",
+                         labels={"job-name": name}, phase="Succeeded" if done.returncode == 0 else "Failed",
+                         container_statuses=[{"name": "remedy", "state": ended}])  # fmt: skip
 
     def check(self) -> None:
         """The runner's check while it waits: the reboots asked, then every process alive."""

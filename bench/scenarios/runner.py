@@ -93,7 +93,7 @@ def _run(
     if scenario.agent:
         cluster.agent_config = workdir / "agent.yaml"
         cluster.agent_config.write_text(yaml.safe_dump(dict(scenario.agent)))
-    machines = _Machines(cluster, scenario)
+    machines = _Machines(cluster, scenario, kube)
     for node in scenario.fleet.names:
         machines.write_agent_config(node, scenario.fleet.gpus)
     settings = {"pager": "slack", "slack": {"channel": CHANNEL, "base_url": slack.base_url}} | scenario.controller

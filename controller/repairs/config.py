@@ -69,10 +69,22 @@ class RemediationConfig(ConfigModel):
         default_factory=lambda: dict(DEFAULT_HANDS_OFF),
         description="label -> the one value that does not hold the node ('' : any value holds it)",
     )
+    resets: Literal["agent", "job"] = Field(
+        default="agent",
+        description="who resets a GPU or its bus: the node's agent (remedies on, run as root), or a short-lived "
+        "privileged Job on the node running `vigil remedy` (the agent's DaemonSet stays unprivileged)",
+    )
+    resets_image: str = Field(default="", description="for resets: job, an image with the vigil command (the agent's)")
     reboot: RebootConfig = Field(default_factory=RebootConfig)
     certify: CertifyConfig = Field(default_factory=CertifyConfig)
     ticket_url: HttpUrl | None = Field(default=None, description="a webhook that opens a ticket when hands are needed")
     agent_answer_s: float = Field(default=15.0, gt=0, description="past a step's timeout: the agent is gone")
+
+    @model_validator(mode="after")
+    def _image_named(self) -> RemediationConfig:
+        if self.resets == "job" and not self.resets_image:
+            raise ValueError("remediation.resets job needs remediation.resets_image (the agent's image: it has vigil)")
+        return self
 
     @field_validator("steps")
     @classmethod

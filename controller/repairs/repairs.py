@@ -20,7 +20,7 @@ import asyncio
 import json
 import time
 import urllib.request
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import asdict, replace
 from typing import Any, Protocol
 
@@ -80,6 +80,16 @@ class NodeOwners(Protocol):
     def set_labels(self, node: str, labels: dict[str, str | None]) -> dict[str, str | None]: ...
 
 
+class ResetJobs(Protocol):
+    """Resets run as a short-lived privileged Job on the node (``remediation.resets: job``)."""
+
+    def run_remedy_job(
+        self, node: str, name: str, namespace: str, image: str, remedy: str, gpus: Sequence[str], deadline_s: float
+    ) -> None: ...
+
+    def remedy_result(self, namespace: str, name: str) -> dict[str, Any] | None: ...
+
+
 class Repairs:
     def __init__(
         self,
@@ -98,7 +108,11 @@ class Repairs:
         tasks: Tasks,
         own_ladder: OwnLadder = lambda fault: None,
         clock: Callable[[], float] = time.time,
+        reset_jobs: ResetJobs | None = None,
     ) -> None:
+        if config.enabled and config.resets == "job" and reset_jobs is None:
+            raise ValueError("remediation.resets job needs the Kubernetes actuator (actuator: kubernetes)")
+        self._reset_jobs = reset_jobs
         self._own_ladder = own_ladder  # the policy rules' own ladders
         self.config = config
         self._fleet = fleet
@@ -263,6 +277,8 @@ class Repairs:
         )
         paused = await asyncio.to_thread(self._pause_operator, node)
         try:
+            if self._reset_jobs is not None and self.config.resets == "job":
+                return await self._by_job(repair, run, self._reset_jobs)
             future = self._checks.ask_remedy(node, run)
             if future is None:
                 return step_done(repair, False, False, "the node's agent is not connected", self._clock())
@@ -278,6 +294,27 @@ class Repairs:
             self._records.set_meta(f"evidence:{repair.incident_id}:{repair.attempt}", answer.evidence)
         ok, busy = answer.verdict == common_pb2.OK, answer.figures.get("busy", 0) > 0
         return step_done(repair, ok, busy, answer.reason, self._clock())
+
+    async def _by_job(self, repair: Repair, run: agent_pb2.RunRemedy, jobs: ResetJobs) -> Repair:
+        """The reset as a privileged Job on the node; its result read back from its pod."""
+        name = f"vigil-{run.remedy.replace('_', '-')}-{repair.node}-{repair.attempt}"[:63].rstrip("-")
+        namespace = self.config.reboot.namespace
+        try:
+            await asyncio.to_thread(
+                jobs.run_remedy_job, repair.node, name, namespace, self.config.resets_image, run.remedy,
+                list(run.pci_bus_ids), run.deadline_s,
+            )  # fmt: skip
+        except Exception as exc:  # the API server refused it: said, and the ladder climbs
+            return step_done(repair, False, False, f"the reset Job could not be created: {exc!r}"[:300], self._clock())
+        give_up = self._clock() + run.deadline_s + self.config.agent_answer_s
+        while (result := await asyncio.to_thread(jobs.remedy_result, namespace, name)) is None:
+            if self._clock() > give_up:
+                return step_done(repair, False, False, f"the reset Job {name} gave no result", self._clock())
+            await asyncio.sleep(1.0)
+        if evidence := str(result.get("evidence") or ""):
+            self._records.set_meta(f"evidence:{repair.incident_id}:{repair.attempt}", evidence)
+        ok, busy = result.get("verdict") == "OK", bool(result.get("busy"))
+        return step_done(repair, ok, busy, f"{result.get('reason', '')} (Job {namespace}/{name})", self._clock())
 
     def _pause_operator(self, node: str) -> dict[str, str | None]:
         try:

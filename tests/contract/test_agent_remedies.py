@@ -118,3 +118,32 @@ def test_bus_ids_are_compared_as_nvidia_smi_and_vigil_write_them() -> None:
     assert same_gpu("00000000:18:00.0", "0000:18:00")
     assert not same_gpu("00000000:18:00.0", "0000:2a:00")
     assert not same_gpu("garbage", "0000:18:00")
+
+
+def test_vigil_remedy_resets_on_this_machine_and_says_its_result_by_exit_code_and_json(node: Node) -> None:
+    import subprocess
+
+    smi = " ".join(node.config.nvidia_smi)
+    result = node.state.parent / "result.json"
+    node.behave(processes=[{"gpu": 1, "pid": 77, "name": "python"}])
+    args = [sys.executable, "-m", "vigil", "remedy", "gpu_reset", "--gpu", node.bus[1], "--nvidia-smi", smi,
+            "--pci-sysfs", str(node.sysfs), "--result-file", str(result)]  # fmt: skip
+    refused = subprocess.run(args, capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2 and json.loads(result.read_text())["busy"] is True
+    node.behave(reset_fails=[1])
+    failed = subprocess.run(args, capture_output=True, text=True, timeout=120)
+    assert failed.returncode == 1 and json.loads(result.read_text())["verdict"] == "FAIL"
+    node.behave()
+    done = subprocess.run(args, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and json.loads(result.read_text())["reason"] == "1 GPU(s) reset and present again"
+    bad = subprocess.run([*args[:4], "reflash"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "no remedy named 'reflash'" in bad.stderr
+
+
+def test_a_result_too_long_for_a_termination_message_cuts_the_evidence_first() -> None:
+    from agent.remedies import result_json
+
+    long = common_pb2.CheckResult(check="gpu_reset", verdict=common_pb2.OK, reason="done", evidence="x" * 20_000)
+    text = result_json(long)
+    assert len(text.encode()) <= 4096 and json.loads(text)["reason"] == "done"
+    assert json.loads(text)["evidence"].endswith("[cut]")

@@ -5,6 +5,7 @@ selecting exactly the nodes Vigil quarantined."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,7 +14,7 @@ import yaml
 
 from controller.act.kube.actuator import KubeActuator
 from controller.act.kube.client import RETRY, api_client
-from controller.act.kube.repair_ops import KubeRepairOps
+from controller.act.kube.repair_ops import HOST_NVIDIA_SMI, KubeRepairOps, remedy_outcome
 from controller.repairs.repairs import OPERATOR_PAUSE
 from controller.vocab.actions import Quarantine
 from tests.fakes.kube_api import KubeApiServer
@@ -95,3 +96,30 @@ def test_the_node_health_check_example_selects_exactly_the_nodes_vigil_quarantin
     assert _unhealthy(kube.node("gpu-1"), check) and not _unhealthy(kube.node("gpu-2"), check)
     actuator.release("gpu-1", "repaired and certified")
     assert not _unhealthy(kube.node("gpu-1"), check)  # released: NodeHealthCheck lets it be
+
+
+def test_a_reset_job_runs_vigil_remedy_with_the_hosts_nvidia_smi_and_its_result_is_read_back(
+    kube: KubeApiServer, tmp_path: Path
+) -> None:
+    kube.add_node("gpu-1")
+    _, ops = clients(kube, tmp_path)
+    ops.run_remedy_job("gpu-1", "vigil-gpu-reset-gpu-1-1", "vigil", "vigil-agent", "gpu_reset", ["0000:18:00"], 300)
+    ops.run_remedy_job("gpu-1", "vigil-gpu-reset-gpu-1-1", "vigil", "vigil-agent", "gpu_reset", ["0000:18:00"], 300)
+    (post, _) = kube.requests("POST", r"/apis/batch/v1/namespaces/vigil/jobs$")  # the second met 409
+    pod = post.body["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["command"][:5] == ["vigil", "remedy", "gpu_reset", "--gpu", "0000:18:00"]
+    assert HOST_NVIDIA_SMI in container["command"] and container["securityContext"] == {"privileged": True}
+    assert pod["hostPID"] is True and pod["nodeName"] == "gpu-1"
+    assert ops.remedy_result("vigil", "vigil-gpu-reset-gpu-1-1") is None  # no pod ended yet
+    message = json.dumps({"remedy": "gpu_reset", "verdict": "UNKNOWN", "reason": "refused: pid 7", "busy": True})
+    ended = [{"name": "remedy", "state": {"terminated": {"exitCode": 2, "message": message}}}]
+    labels = {"job-name": "vigil-gpu-reset-gpu-1-1"}
+    kube.add_pod("vigil", "vigil-gpu-reset-1-x", "gpu-1", "Job", labels, "Failed", container_statuses=ended)
+    assert ops.remedy_result("vigil", "vigil-gpu-reset-gpu-1-1") == json.loads(message)
+
+
+def test_a_reset_pod_that_ended_without_a_result_is_a_failure_that_says_so() -> None:
+    crashed = {"status": {"containerStatuses": [{"state": {"terminated": {"exitCode": 137, "message": "OOMKilled"}}}]}}
+    assert remedy_outcome([crashed]) == {"verdict": "FAIL", "reason": "the remedy's pod ended 137: OOMKilled"}
+    assert remedy_outcome([{"status": {"phase": "Pending"}}]) is None

@@ -294,6 +294,7 @@ class KubeApiServer(ServerThread):
         owner_kind: str = "ReplicaSet",
         labels: dict[str, str] | None = None,
         phase: str = "Running",
+        container_statuses: list[dict[str, Any]] | None = None,
     ) -> None:
         pod = {
             "apiVersion": "v1",
@@ -306,7 +307,7 @@ class KubeApiServer(ServerThread):
                 "ownerReferences": [{"kind": owner_kind, "name": f"{name}-owner", "apiVersion": "apps/v1"}],
             },
             "spec": {"nodeName": node},
-            "status": {"phase": phase},
+            "status": {"phase": phase, **({"containerStatuses": container_statuses} if container_statuses else {})},
         }
         self.call(self._put_object(kmock.resource("v1/pods"), namespace, name, pod))
 

@@ -97,7 +97,14 @@ def test_the_example_agent_config_loads() -> None:
     assert cfg.dcgm_exporter_url == "http://127.0.0.1:9400/metrics" and cfg.checkpoint_path == Path("/checkpoints")
     # Every default the file states is the model's default.
     defaults = AgentConfig(node="gpu-node-17", plaintext=True)
-    for key in ("gpu_poll_s", "kernel_log_poll_s", "spool_max_signals", "metrics_port", "collector_deadline_s"):
+    for key in (
+        "gpu_poll_s",
+        "kernel_log_poll_s",
+        "spool_max_signals",
+        "metrics_port",
+        "collector_deadline_s",
+        "remedies",
+    ):
         assert getattr(cfg, key) == getattr(defaults, key), key
 
 
@@ -111,7 +118,7 @@ def test_the_example_controller_config_loads() -> None:
     # Every default the file states is the model's default.
     defaults = ControllerConfig(plaintext=True)
     assert cfg.fold_report_s == defaults.fold_report_s
-    for section in ("guardrails", "recovery", "kubernetes", "sweep", "limits", "agent_tokens"):
+    for section in ("guardrails", "recovery", "remediation", "kubernetes", "sweep", "limits", "agent_tokens"):
         assert getattr(cfg, section) == getattr(defaults, section), section
     for key in ("lease_duration_s", "renew_deadline_s", "retry_period_s", "namespace", "lease_name"):
         assert getattr(cfg.leader_election, key) == getattr(defaults.leader_election, key), key

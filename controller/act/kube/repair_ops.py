@@ -1,9 +1,14 @@
 """What a repair asks of Kubernetes (``controller.repairs``): whether someone else holds the node,
-the GPU Operator's per-node component labels (paused around a GPU reset, then restored), and the
-reboot Job. The Job's manifest is built by ``reboot_job`` (pure)."""
+the GPU Operator's per-node component labels (paused around a GPU reset, then restored), the reboot
+Job, and the reset Job (``remediation.resets: job``: a short-lived privileged pod on the node runs
+``vigil remedy`` with the host's nvidia-smi, so the agent's DaemonSet stays unprivileged; its result
+comes back as the container's termination message). The Jobs' manifests and the reading of a
+result are pure (``reboot_job``, ``remedy_job``, ``remedy_outcome``)."""
 
 from __future__ import annotations
 
+import json
+from collections.abc import Sequence
 from typing import Any, cast
 
 from kubernetes import client
@@ -11,6 +16,9 @@ from kubernetes.client.exceptions import ApiException
 
 from controller.act.kube.actuator import MERGE_PATCH, json_body
 from controller.act.kube.plans import FIELD_MANAGER, Json, changed_since_quarantine
+
+HOST_NVIDIA_SMI = "nsenter --target 1 --mount -- nvidia-smi"  # the host's own, from a hostPID pod
+_TOLERATE_ALL = [{"operator": "Exists"}]  # Vigil's quarantine taint and the cordon: it must run there
 
 
 def reboot_job(node: str, name: str, namespace: str, image: str) -> Json:
@@ -30,8 +38,7 @@ def reboot_job(node: str, name: str, namespace: str, image: str) -> Json:
                     "nodeName": node,
                     "hostPID": True,
                     "restartPolicy": "Never",
-                    # Vigil's own quarantine taint, and any cordon: the Job must run on the node out of service.
-                    "tolerations": [{"operator": "Exists"}],
+                    "tolerations": _TOLERATE_ALL,
                     "containers": [
                         {
                             "name": "reboot",
@@ -44,6 +51,69 @@ def reboot_job(node: str, name: str, namespace: str, image: str) -> Json:
             },
         },
     }
+
+
+def remedy_job(
+    node: str, name: str, namespace: str, image: str, remedy: str, gpus: Sequence[str], deadline_s: float
+) -> Json:
+    """A privileged Job pinned to the node that runs ``vigil remedy`` once, within the deadline."""
+    command = ["vigil", "remedy", remedy, *(a for bus in gpus for a in ("--gpu", bus))]
+    command += [
+        "--nvidia-smi",
+        HOST_NVIDIA_SMI,
+        "--deadline",
+        f"{deadline_s:g}",
+        "--result-file",
+        "/dev/termination-log",
+    ]
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": name, "namespace": namespace, "labels": {"app.kubernetes.io/managed-by": "vigil"}},
+        "spec": {
+            "backoffLimit": 0,
+            "activeDeadlineSeconds": int(deadline_s) + 60,
+            "ttlSecondsAfterFinished": 3600,
+            "template": {
+                "metadata": {"labels": {"app.kubernetes.io/name": "vigil-remedy", "vigil.dev/node": node}},
+                "spec": {
+                    "nodeName": node,
+                    "hostPID": True,
+                    "restartPolicy": "Never",
+                    "tolerations": _TOLERATE_ALL,
+                    "containers": [
+                        {
+                            "name": "remedy",
+                            "image": image,
+                            "command": command,
+                            "env": [{"name": "NODE_NAME", "value": node}],
+                            "securityContext": {"privileged": True},
+                            "terminationMessagePolicy": "FallbackToLogsOnError",
+                        }
+                    ],
+                },
+            },
+        },
+    }
+
+
+def remedy_outcome(pods: Sequence[Json]) -> Json | None:
+    """The result ``vigil remedy`` wrote, from the Job's pod once its container ended; None while it
+    runs. A container that ended without a readable result failed, said with its exit code."""
+    for pod in pods:
+        for status in (pod.get("status") or {}).get("containerStatuses") or []:
+            ended = (status.get("state") or {}).get("terminated")
+            if not ended:
+                continue
+            try:
+                result: Json = json.loads(ended.get("message") or "")
+            except ValueError:
+                said = (ended.get("message") or ended.get("reason") or "").strip()[-300:]
+                return {"verdict": "FAIL", "reason": f"the remedy's pod ended {ended.get('exitCode')}: {said}"}
+            return result if isinstance(result, dict) else {"verdict": "FAIL", "reason": "an unreadable result"}
+        if (pod.get("status") or {}).get("phase") == "Failed":
+            return {"verdict": "FAIL", "reason": f"the remedy's pod failed: {pod['status'].get('reason', '')}"}
+    return None
 
 
 class KubeRepairOps:
@@ -82,3 +152,19 @@ class KubeRepairOps:
                 return f"reboot Job {namespace}/{name} was created already"
             raise
         return f"reboot Job {namespace}/{name} created"
+
+    def run_remedy_job(
+        self, node: str, name: str, namespace: str, image: str, remedy: str, gpus: Sequence[str], deadline_s: float
+    ) -> None:
+        body = remedy_job(node, name, namespace, image, remedy, gpus, deadline_s)
+        try:
+            self._batch.create_namespaced_job(namespace, cast(Any, body), _request_timeout=self._timeout)
+        except ApiException as exc:
+            if exc.status != 409:  # 409: an earlier attempt created it; its result is read the same way
+                raise
+
+    def remedy_result(self, namespace: str, name: str) -> Json | None:
+        resp = self._core.list_namespaced_pod(
+            namespace, label_selector=f"job-name={name}", _preload_content=False, _request_timeout=self._timeout
+        )
+        return remedy_outcome(json_body(resp)["items"])
