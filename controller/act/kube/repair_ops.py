@@ -21,80 +21,40 @@ HOST_NVIDIA_SMI = "nsenter --target 1 --mount -- nvidia-smi"  # the host's own, 
 _TOLERATE_ALL = [{"operator": "Exists"}]  # Vigil's quarantine taint and the cordon: it must run there
 
 
+def node_job(node: str, name: str, namespace: str, what: str, container: Json, deadline_s: float = 0) -> Json:
+    """A Job of one privileged pod pinned to the node, in the host's PID namespace, never retried (a
+    second try is the repair's decision); ``deadline_s``: Kubernetes ends it after that (0: never)."""
+    spec: Json = {"backoffLimit": 0, "ttlSecondsAfterFinished": 3600}
+    if deadline_s:
+        spec["activeDeadlineSeconds"] = int(deadline_s) + 60
+    pod = {"nodeName": node, "hostPID": True, "restartPolicy": "Never", "tolerations": _TOLERATE_ALL}
+    pod["containers"] = [{"name": what, **container, "securityContext": {"privileged": True}}]
+    labels = {"app.kubernetes.io/name": f"vigil-{what}", "vigil.dev/node": node}
+    spec["template"] = {"metadata": {"labels": labels}, "spec": pod}
+    meta = {"name": name, "namespace": namespace, "labels": {"app.kubernetes.io/managed-by": "vigil"}}
+    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": meta, "spec": spec}
+
+
 def reboot_job(node: str, name: str, namespace: str, image: str) -> Json:
-    """A privileged Job pinned to the node that asks its host for an orderly reboot (systemd, in the
-    host's namespaces through PID 1). It never retries: a second reboot is the repair's decision."""
+    """Asks the node's host for an orderly reboot (systemd, in the host's namespaces through PID 1)."""
     command = ["nsenter", "--target", "1", "--mount", "--uts", "--ipc", "--net", "--pid", "--", "systemctl", "reboot"]
-    return {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "metadata": {"name": name, "namespace": namespace, "labels": {"app.kubernetes.io/managed-by": "vigil"}},
-        "spec": {
-            "backoffLimit": 0,
-            "ttlSecondsAfterFinished": 3600,
-            "template": {
-                "metadata": {"labels": {"app.kubernetes.io/name": "vigil-reboot", "vigil.dev/node": node}},
-                "spec": {
-                    "nodeName": node,
-                    "hostPID": True,
-                    "restartPolicy": "Never",
-                    "tolerations": _TOLERATE_ALL,
-                    "containers": [
-                        {
-                            "name": "reboot",
-                            "image": image,
-                            "command": command,
-                            "securityContext": {"privileged": True},
-                        }
-                    ],
-                },
-            },
-        },
-    }
+    return node_job(node, name, namespace, "reboot", {"image": image, "command": command})
 
 
 def remedy_job(
     node: str, name: str, namespace: str, image: str, remedy: str, gpus: Sequence[str], deadline_s: float
 ) -> Json:
-    """A privileged Job pinned to the node that runs ``vigil remedy`` once, within the deadline."""
+    """Runs ``vigil remedy`` once on the node, within the deadline; its result is the termination message."""
     command = ["vigil", "remedy", remedy, *(a for bus in gpus for a in ("--gpu", bus))]
-    command += [
-        "--nvidia-smi",
-        HOST_NVIDIA_SMI,
-        "--deadline",
-        f"{deadline_s:g}",
-        "--result-file",
-        "/dev/termination-log",
-    ]
-    return {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "metadata": {"name": name, "namespace": namespace, "labels": {"app.kubernetes.io/managed-by": "vigil"}},
-        "spec": {
-            "backoffLimit": 0,
-            "activeDeadlineSeconds": int(deadline_s) + 60,
-            "ttlSecondsAfterFinished": 3600,
-            "template": {
-                "metadata": {"labels": {"app.kubernetes.io/name": "vigil-remedy", "vigil.dev/node": node}},
-                "spec": {
-                    "nodeName": node,
-                    "hostPID": True,
-                    "restartPolicy": "Never",
-                    "tolerations": _TOLERATE_ALL,
-                    "containers": [
-                        {
-                            "name": "remedy",
-                            "image": image,
-                            "command": command,
-                            "env": [{"name": "NODE_NAME", "value": node}],
-                            "securityContext": {"privileged": True},
-                            "terminationMessagePolicy": "FallbackToLogsOnError",
-                        }
-                    ],
-                },
-            },
-        },
+    command += ["--nvidia-smi", HOST_NVIDIA_SMI, "--deadline", f"{deadline_s:g}"]
+    command += ["--result-file", "/dev/termination-log"]
+    container = {
+        "image": image,
+        "command": command,
+        "env": [{"name": "NODE_NAME", "value": node}],
+        "terminationMessagePolicy": "FallbackToLogsOnError",
     }
+    return node_job(node, name, namespace, "remedy", container, deadline_s)
 
 
 def remedy_outcome(pods: Sequence[Json]) -> Json | None:
