@@ -58,6 +58,9 @@ class RemediationConfig(ConfigModel):
     steps: tuple[Step, ...] = Field(default=ORDER, description="the rungs in use, mildest first; replace is last")
     timeouts_s: dict[Step, float] = Field(default_factory=lambda: dict(DEFAULT_TIMEOUTS_S))
     settle_s: float = Field(default=30.0, ge=0, description="after a step, before certifying the node")
+    hold_down_s: float = Field(
+        default=300.0, ge=0, description="certified, the node stays out this long; a fault meanwhile climbs the ladder"
+    )
     workload_wait_s: float = Field(
         default=3600.0, gt=0, description="how long to wait for the node's workload to leave before paging"
     )

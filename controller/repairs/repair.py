@@ -2,11 +2,11 @@
 
 A repair climbs its ladder (``controller.repairs.ladder``) one rung at a time:
 
-    WAITING ──(nothing stops it)──► RUNNING ──(done)──► SETTLING ──(settle_s)──► CERTIFYING ──(passed)──► RELEASED
-       ▲                               │ failed, timed out                           │ failed
-       └── refused: a process holds ───┤                                             │
-           the GPU (the job has not    ▼                                             ▼
-           left yet)                 the next rung ◄─────────────────────────────────┘
+    WAITING ──(nothing stops it)──► RUNNING ──(done)──► SETTLING ──(settle_s)──► CERTIFYING ──(passed)──► HOLDING
+       ▲                               │ failed, timed out                           │ failed            │ hold_down_s
+       └── refused: a process holds ───┤                                             │ ◄── a fault again ┤ quiet
+           the GPU (the job has not    ▼                                             ▼                   ▼
+           left yet)                 the next rung ◄─────────────────────────────────┘                RELEASED
                                        └── replace: HANDS (a person is paged, with what was tried)
 
 A re-check runs nothing: it settles and certifies. Nothing starts while something stops it
@@ -31,6 +31,7 @@ class Phase(StrEnum):
     RUNNING = "running"  # a step under way
     SETTLING = "settling"  # a step done: the node settles before it is certified
     CERTIFYING = "certifying"
+    HOLDING = "holding"  # certified: out of service a while longer, in case the fault comes back
     RELEASED = "released"  # certified and back in service (or left to an owner who changed it)
     HANDS = "hands"  # replace: a person is paged
 
@@ -163,8 +164,20 @@ def certified(repair: Repair, passed: bool, detail: str, now: float) -> Repair:
     if repair.phase is not Phase.CERTIFYING:
         return repair
     if passed:
-        return replace(repair, phase=Phase.RELEASED, since=now, tried=(*repair.tried, f"certified: {detail}"))
+        return replace(repair, phase=Phase.HOLDING, since=now, tried=(*repair.tried, f"certified: {detail}"))
     return climb(repair, f"certification failed: {detail}", now)
+
+
+def held_down(repair: Repair, last_fault_at: float, config: RemediationConfig, now: float) -> Repair:
+    """A certified node goes back once quiet for ``hold_down_s``; a fault of its own meanwhile
+    (``last_fault_at``, when its latest was observed) climbs the ladder instead."""
+    if repair.phase is not Phase.HOLDING:
+        return repair
+    if last_fault_at > repair.since:
+        return climb(repair, f"a fault again {last_fault_at - repair.since:.0f} s into the hold-down", now)
+    if now - repair.since >= config.hold_down_s:
+        return replace(repair, phase=Phase.RELEASED, since=now)
+    return repair
 
 
 def climb(repair: Repair, why: str, now: float) -> Repair:

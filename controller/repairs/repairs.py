@@ -42,6 +42,7 @@ from controller.repairs.repair import (
     certified,
     certifying,
     hands_summary,
+    held_down,
     open_repair,
     settled,
     start,
@@ -63,6 +64,8 @@ from vigil_core.waiting import wait_event
 log = structlog.get_logger(__name__)
 
 RECORD_KEY = "repairs"
+EVIDENCE_INCIDENTS = 20  # the node's latest incidents in an evidence bundle
+EVIDENCE_CHARS = 24_576
 # The GPU Operator's per-node switches for its components that hold the GPUs open (NVIDIA's
 # documented way to stop them on one node); restored to what they were after the step.
 OPERATOR_PAUSE = {
@@ -133,6 +136,7 @@ class Repairs:
         self.ended: dict[str, str] = {}  # node -> the incident whose repair ended (not opened again)
         self.started: list[float] = []  # when steps started, for the hourly cap
         self._busy: set[str] = set()  # nodes with a step or a certification under way in a task
+        self.evidence: dict[str, str] = {}  # incident -> the latest evidence bundle (also in the records)
         self._load()
 
     def under_repair(self, node: str) -> bool:
@@ -193,7 +197,7 @@ class Repairs:
             return timed_out(repair, self.config, now)
         if settled(repair, self.config, now):
             return certifying(repair, now)
-        return repair
+        return held_down(repair, entry.state.last_fault_at, self.config, now)
 
     def _moved(self, before: Repair, repair: Repair, now: float) -> None:
         self.repairs[repair.node] = repair
@@ -257,7 +261,23 @@ class Repairs:
 
     # Steps ----------------------------------------------------------------------------------
 
+    def _keep_evidence(self, repair: Repair, found_on_node: str = "") -> None:
+        """The evidence bundle before a destructive step, kept with the incident (bounded): the node's
+        recent signals as the controller has them, then what the node showed (``nvidia-smi -q``,
+        the driver's kernel-log lines) where the step's executor gathered it."""
+        recent = self._incidents.list(node=repair.node, limit=EVIDENCE_INCIDENTS)
+        lines = [
+            f"{time.strftime('%H:%M:%S', time.gmtime(i.first_observed_at))} {i.kind} {i.code} "
+            f"GPU {i.gpu.pci_bus_id or '-'} x{i.signal_count} {i.status}: {i.first_message[:200]}"
+            for i in recent
+        ]
+        text = f"before {repair.step.said} (attempt {repair.attempt}) on {repair.node}\n$ its recent signals\n"
+        text += "\n".join(lines) + (f"\n\n{found_on_node}" if found_on_node else "")
+        self.evidence[repair.incident_id] = text[:EVIDENCE_CHARS]
+        self._records.set_meta(f"evidence:{repair.incident_id}:{repair.attempt}", text[:EVIDENCE_CHARS])
+
     async def _step(self, repair: Repair) -> Repair:
+        self._keep_evidence(repair)
         if repair.step is Step.REBOOT:
             try:
                 detail = await asyncio.to_thread(self._reboot.reboot, repair.node, repair.attempt)
@@ -291,7 +311,7 @@ class Repairs:
         finally:
             await asyncio.to_thread(self._restore_operator, node, paused)
         if answer.evidence:
-            self._records.set_meta(f"evidence:{repair.incident_id}:{repair.attempt}", answer.evidence)
+            self._keep_evidence(repair, answer.evidence)
         ok, busy = answer.verdict == common_pb2.OK, answer.figures.get("busy", 0) > 0
         return step_done(repair, ok, busy, answer.reason, self._clock())
 
@@ -312,7 +332,7 @@ class Repairs:
                 return step_done(repair, False, False, f"the reset Job {name} gave no result", self._clock())
             await asyncio.sleep(1.0)
         if evidence := str(result.get("evidence") or ""):
-            self._records.set_meta(f"evidence:{repair.incident_id}:{repair.attempt}", evidence)
+            self._keep_evidence(repair, evidence)
         ok, busy = result.get("verdict") == "OK", bool(result.get("busy"))
         return step_done(repair, ok, busy, f"{result.get('reason', '')} (Job {namespace}/{name})", self._clock())
 
@@ -409,6 +429,10 @@ class Repairs:
                            did=did[:1000]))  # fmt: skip
         if repair.tried:  # its quarantine's page said the rest already when nothing could be tried
             self._request(PageUpdate(repair.incident_id, repair.node, "HANDS", summary[:2900]))
+        if evidence := self.evidence.get(repair.incident_id):
+            kept = f"evidence:{repair.incident_id}:{repair.attempt}"
+            note = f"Evidence before the last step (whole in the controller's records, {kept}):\n{evidence}"
+            self._request(PageUpdate(repair.incident_id, repair.node, "EVIDENCE", note[:2900]))
         log.error("repair_needs_hands", node=repair.node, incident=repair.incident_id, tried=list(repair.tried))
         if self.config.ticket_url:
             body: dict[str, object] = {"node": repair.node, "incident": repair.incident_id, "tried": list(repair.tried)}

@@ -5,7 +5,7 @@ GPU (a fake ``nvidia-smi`` acting on the simulated GPU: persistence mode off, re
 certification sweep with a known-good peer passes; the node is released, and the day's digest
 thread, not a page, says so. A second node whose reset fails climbs to a reboot (the operator's
 command), which brings it back with a GPU missing: it is never released, and a person is paged
-with what was tried."""
+with what was tried and the evidence, and a ticket is opened."""
 
 from __future__ import annotations
 
@@ -13,9 +13,12 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -72,13 +75,43 @@ class Fleet:
         return [e for e in json_lines(self.tmp / "ctl.log") if e["event"] == name]
 
 
+class Tickets:
+    """A ticketing webhook on loopback: what the controller POSTs when hands are needed."""
+
+    def __init__(self) -> None:
+        posts: list[dict[str, Any]] = []
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802
+                posts.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+                self.send_response(201)
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.posts = posts
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
 @pytest.fixture
-def fleet(tmp_path: Path) -> Iterator[Fleet]:
+def tickets() -> Iterator[Tickets]:
+    t = Tickets()
+    yield t
+    t.server.shutdown()
+
+
+@pytest.fixture
+def fleet(tmp_path: Path, tickets: Tickets) -> Iterator[Fleet]:
     reboot = [sys.executable, "-c", f"open({str(tmp_path / 'reboots')!r}, 'a').write('{{node}}\\n')"]
     remediation = {
         "enabled": True,
         "settle_s": 0.5,
+        "hold_down_s": 1.0,
         "timeouts_s": {"reboot": 60},
+        "ticket_url": f"http://127.0.0.1:{tickets.port}/tickets",
         "reboot": {"executor": "command", "command": reboot},
         "certify": {"checks": ["gpu_health", "matmul", "pairs"], "params": {"matmul": {"seconds": "0.5"}}},
     }
@@ -99,7 +132,7 @@ def health(admin: AdminClient) -> dict[str, str]:
 
 
 def test_a_reset_waits_for_the_job_to_leave_then_the_node_is_certified_and_released_without_a_page(
-    fleet: Fleet,
+    fleet: Fleet, tickets: Tickets
 ) -> None:
     job = subprocess.Popen(["sleep", "600"], env={**os.environ, "VIGIL_JOB_ID": "train", "VIGIL_NODE": "node-a"})
     try:
@@ -130,10 +163,13 @@ def test_a_reset_waits_for_the_job_to_leave_then_the_node_is_certified_and_relea
     assert "PAGE [QUARANTINE]" not in out and "PAGE [SUSPECT]" not in out  # nobody woken
     assert "PAGE [RECORD] incident digest-" in out and "node-a" in out.split("digest-", 1)[1]
     moved = [e["phase"] for e in fleet.events("repair_moved") if e["node"] == "node-a"]
-    assert moved == ["running", "settling", "certifying", "released"]
+    assert moved == ["running", "settling", "certifying", "holding", "released"]
+    assert tickets.posts == []  # no hands needed, no ticket
 
 
-def test_a_reset_that_fails_climbs_to_a_reboot_and_a_gpu_missing_after_it_pages_a_person(fleet: Fleet) -> None:
+def test_a_reset_that_fails_climbs_to_a_reboot_and_a_gpu_missing_after_it_pages_a_person(
+    fleet: Fleet, tickets: Tickets
+) -> None:
     fleet.smi_state("node-c", reset_fails=[5])
     with AdminClient(fleet.target) as admin:
         poll_until(lambda: set(health(admin)) == set(NODES), timeout=30, what="every agent registered")
@@ -155,3 +191,7 @@ def test_a_reset_that_fails_climbs_to_a_reboot_and_a_gpu_missing_after_it_pages_
     assert "GPU reset: failed" in tried and "PCIe bus reset" in tried and "7 of its 8 GPUs" in tried
     out = (fleet.tmp / "ctl.out").read_text()
     assert out.count("PAGE [QUARANTINE]") == 1 and "could not repair node-c without hands" in out
+    assert "EVIDENCE: Evidence before the last step" in out and "its recent signals" in out
+    poll_until(lambda: tickets.posts, timeout=10, what="a ticket opened")
+    (ticket,) = tickets.posts
+    assert ticket["node"] == "node-c" and any("7 of its 8 GPUs" in t for t in ticket["tried"])

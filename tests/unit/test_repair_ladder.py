@@ -13,6 +13,7 @@ from controller.repairs.repair import (
     certified,
     certifying,
     hands_summary,
+    held_down,
     open_repair,
     refusal,
     settled,
@@ -109,7 +110,7 @@ def test_a_bad_remediation_section_is_refused_by_name(section: dict[str, object]
         RemediationConfig.model_validate(section)
 
 
-CONFIG = RemediationConfig(enabled=True, settle_s=5.0, workload_wait_s=100.0)
+CONFIG = RemediationConfig(enabled=True, settle_s=5.0, workload_wait_s=100.0, hold_down_s=60.0)
 
 
 def test_a_reset_that_works_settles_is_certified_and_released() -> None:
@@ -120,7 +121,18 @@ def test_a_reset_that_works_settles_is_certified_and_released() -> None:
     r = step_done(r, ok=True, busy=False, detail="reset", now=2.0)
     assert r.phase is Phase.SETTLING and not settled(r, CONFIG, 6.0) and settled(r, CONFIG, 7.0)
     r = certified(certifying(r, 7.0), passed=True, detail="all checks OK", now=9.0)
-    assert r.phase is Phase.RELEASED and r.tried == ("GPU reset: done", "certified: all checks OK")
+    assert r.phase is Phase.HOLDING and r.tried == ("GPU reset: done", "certified: all checks OK")
+    assert held_down(r, last_fault_at=1.0, config=CONFIG, now=68.0) is r  # quiet, but not long enough yet
+    r = held_down(r, last_fault_at=1.0, config=CONFIG, now=69.0)
+    assert r.phase is Phase.RELEASED
+
+
+def test_a_fault_during_the_hold_down_climbs_the_ladder_instead_of_releasing() -> None:
+    r = open_repair("node-1", "inc-1", [Fault(XID, 48, gpu=BUS)], CONFIG, now=0.0)
+    r = step_done(start(r, Stops(), CONFIG, 1.0), ok=True, busy=False, detail="reset", now=2.0)
+    r = certified(certifying(r, 7.0), passed=True, detail="all checks OK", now=9.0)
+    r = held_down(r, last_fault_at=30.0, config=CONFIG, now=31.0)
+    assert (r.phase, r.step) == (Phase.WAITING, Step.BUS_RESET) and "a fault again 21 s into" in r.tried[-1]
 
 
 def test_a_reset_refused_by_a_busy_gpu_waits_for_the_job_then_runs() -> None:
