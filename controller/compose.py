@@ -255,6 +255,7 @@ def rooms(config: ControllerConfig, store: Store, metrics: ControllerMetrics) ->
         nodes.guard,
         lambda node: nodes.upkeep.labels.get(node, {}),
         nodes.tasks,
+        nodes.metrics,
         rule_ladder(nodes.engine.policy),
         nodes.clock,
         reset_jobs,

@@ -148,3 +148,18 @@ class ControllerMetrics:
             "Nodes a job's MFU drop blamed that their own agents did not see run the job: paged, not acted on",
             registry=r,
         )
+        self.repair_steps = Counter(
+            "vigil_controller_repair_steps_total",
+            "Repair steps carried out (controller.repairs), by rung and how each ended",
+            ["step", "result"],
+            registry=r,
+        )
+        self.repairs_ended = Counter(
+            "vigil_controller_repairs_total",
+            "Repairs ended: released (certified, back in service, nobody paged) or hands (a person paged)",
+            ["outcome"],
+            registry=r,
+        )
+        self.repairs_waiting = Gauge(
+            "vigil_controller_repairs_under_way", "Repairs not ended, by phase", ["phase"], registry=r
+        )

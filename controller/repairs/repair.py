@@ -143,6 +143,16 @@ def step_done(repair: Repair, ok: bool, busy: bool, detail: str, now: float) -> 
     return climb(repair, f"{repair.step.said}: failed: {detail}", now)
 
 
+def step_result(before: Repair, after: Repair) -> str:
+    """How a step that was running ended ('' when it had not): done, refused (a process still held
+    the GPU: it waits), or failed (failed or timed out: the next rung)."""
+    if before.phase is not Phase.RUNNING or after.phase is Phase.RUNNING:
+        return ""
+    if after.phase is Phase.SETTLING:
+        return "done"
+    return "refused" if after.phase is Phase.WAITING and after.rung == before.rung else "failed"
+
+
 def timed_out(repair: Repair, config: RemediationConfig, now: float) -> Repair:
     """A step still under way past its timeout climbs to the next rung."""
     if repair.phase is not Phase.RUNNING or now - repair.since < config.timeout_s(repair.step):

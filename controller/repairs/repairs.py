@@ -20,12 +20,14 @@ import asyncio
 import json
 import time
 import urllib.request
+from collections import Counter
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import asdict, replace
 from typing import Any, Protocol
 
 import structlog
 
+from controller.metrics import ControllerMetrics
 from controller.nodes.check_requests import CheckRequests
 from controller.nodes.fleet import Fleet
 from controller.nodes.guards.domains import node_domains
@@ -47,6 +49,7 @@ from controller.repairs.repair import (
     settled,
     start,
     step_done,
+    step_result,
     timed_out,
 )
 from controller.store import IncidentLog, Records
@@ -109,6 +112,7 @@ class Repairs:
         guard: Guard,
         labels: Callable[[str], dict[str, str]],
         tasks: Tasks,
+        metrics: ControllerMetrics,
         own_ladder: OwnLadder = lambda fault: None,
         clock: Callable[[], float] = time.time,
         reset_jobs: ResetJobs | None = None,
@@ -116,6 +120,7 @@ class Repairs:
         if config.enabled and config.resets == "job" and reset_jobs is None:
             raise ValueError("remediation.resets job needs the Kubernetes actuator (actuator: kubernetes)")
         self._reset_jobs = reset_jobs
+        self._metrics = metrics
         self._own_ladder = own_ladder  # the policy rules' own ladders
         self.config = config
         self._fleet = fleet
@@ -165,6 +170,10 @@ class Repairs:
                 changed = True
         if changed:
             self._save()
+        phases = Counter(r.phase.value for r in self.repairs.values() if not r.phase.ended)
+        for phase in Phase:
+            if not phase.ended:
+                self._metrics.repairs_waiting.labels(phase.value).set(phases.get(phase.value, 0))
 
     def _open_new(self, now: float) -> bool:
         opened = False
@@ -205,6 +214,8 @@ class Repairs:
             log.info("repair_waiting", node=repair.node, step=repair.step.value, why=repair.waiting_for)
         if repair.phase is before.phase and repair.rung == before.rung:
             return
+        if ended := step_result(before, repair):
+            self._metrics.repair_steps.labels(before.step.value, ended).inc()
         log.info("repair_moved", node=repair.node, incident=repair.incident_id, phase=repair.phase.value,
                  step=repair.step.value, tried=list(repair.tried[-1:]))  # fmt: skip
         if repair.phase is Phase.RUNNING:
@@ -404,6 +415,7 @@ class Repairs:
         async def release() -> None:
             health, detail = await self._release(repair.node, AUTOMATIC, "repaired: " + "; ".join(repair.tried))
             self.repaired_at.setdefault(repair.node, []).append(self._clock())
+            self._metrics.repairs_ended.labels("released").inc()  # a page saved
             self.ended[repair.node] = repair.incident_id
             self._save()
             self._digest(repair, detail)
@@ -423,6 +435,7 @@ class Repairs:
 
     def _hands(self, repair: Repair) -> None:
         self.ended[repair.node] = repair.incident_id
+        self._metrics.repairs_ended.labels("hands").inc()
         summary = hands_summary(repair)
         did = "quarantined; " + ("; ".join(repair.tried) or "no repair tried")
         self._request(Page(repair.incident_id, repair.node, Severity.QUARANTINE, summary, "repair or replace the node",

@@ -19,6 +19,7 @@ from controller.repairs.repair import (
     settled,
     start,
     step_done,
+    step_result,
     timed_out,
 )
 from controller.vocab.policy import Policy
@@ -202,3 +203,13 @@ def test_an_upgrade_that_is_done_holds_nothing_and_replace_is_never_held() -> No
     done = Stops(labels={"nvidia.com/gpu-driver-upgrade-state": "upgrade-done"})
     assert refusal(done, Step.GPU_RESET, CONFIG) == ""
     assert refusal(Stops(storm="breaker"), Step.REPLACE, CONFIG) == ""
+
+
+def test_how_a_step_ended_is_named_for_the_metrics() -> None:
+    waiting = open_repair("node-1", "inc-1", [Fault(XID, 48, gpu=BUS)], CONFIG, 0.0)
+    running = start(waiting, Stops(), CONFIG, 1.0)
+    assert step_result(waiting, running) == ""
+    assert step_result(running, step_done(running, ok=True, busy=False, detail="", now=2.0)) == "done"
+    assert step_result(running, step_done(running, ok=False, busy=True, detail="pid 1", now=2.0)) == "refused"
+    assert step_result(running, step_done(running, ok=False, busy=False, detail="x", now=2.0)) == "failed"
+    assert step_result(running, timed_out(running, CONFIG, 1e6)) == "failed"
