@@ -75,3 +75,18 @@ def test_a_full_poll_reads_every_gpu_and_reports_only_what_changed(backend: Nvml
         f"\nfull poll of {len(backend.gpus())} GPU(s): median {samples[5] * 1e3:.1f} ms, max {samples[-1] * 1e3:.1f} ms"
     )
     assert repeated == [], f"a healthy, unchanged GPU reported faults on every poll: {repeated}"
+
+
+def test_what_certification_reads_on_a_real_gpu_read_only(backend: NvmlBackend) -> None:
+    """The fields a repaired node is certified on (``gpu_health``: the recovery action back to none,
+    no pending remap, no uncorrectable ECC, its NVLink fabric) read on the real GPUs. Read only:
+    nothing here resets a GPU (the remedies never run on a GPU lent to measure on)."""
+    from gpus.health import health_problems
+
+    readings = [backend.read(g.index) for g in backend.gpus()]
+    for r in readings:
+        print(f"GPU {r.gpu.index}: recovery action {r.recovery_action}, remap pending {r.remap_pending}, "
+              f"uncorrectable ECC {r.ecc_volatile_uncorrected}, fabric {r.fabric_state}/{r.fabric_status}")  # fmt: skip
+    problems = health_problems(readings)
+    print(f"gpu_health on this node: {problems or 'healthy'}")
+    assert all(isinstance(p, str) and p.startswith("GPU ") for p in problems)
