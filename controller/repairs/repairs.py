@@ -164,6 +164,13 @@ class Repairs:
         for node, repair in list(self.repairs.items()):
             if repair.phase.ended or node in self._busy:
                 continue
+            if self._fleet.health(node) not in (Health.QUARANTINED, Health.UNHEALTHY):  # someone returned it
+                log.info(
+                    "repair_abandoned", node=node, incident=repair.incident_id, health=str(self._fleet.health(node))
+                )
+                del self.repairs[node]
+                changed = True
+                continue
             moved = self._advance(repair, now)
             if moved != repair:
                 self._moved(repair, moved, now)
@@ -179,6 +186,8 @@ class Repairs:
         opened = False
         for node, entry in self._fleet.entries():
             if entry.state.health is not Health.QUARANTINED or self.under_repair(node):
+                continue
+            if self._fleet.incident_of(node) in ("", self.ended.get(node)):  # nothing new since its repair ended
                 continue
             incidents = self._incidents.list(open_only=True, node=node, limit=50)
             if not incidents or self.ended.get(node) == incidents[0].id:
