@@ -271,6 +271,7 @@ def rooms(config: ControllerConfig, store: Store, metrics: ControllerMetrics) ->
         jobs,
         replica=config.leader_election.identity,
         clock=nodes.clock,
+        repairs=repairs,
     )
     return Rooms(
         nodes,

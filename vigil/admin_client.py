@@ -47,6 +47,10 @@ class AdminClient:
     def jobs(self) -> list[admin_pb2.JobStatus]:
         return list(self._stub.ListJobs(admin_pb2.JobsRequest(), timeout=self._timeout).jobs)
 
+    def repairs(self) -> admin_pb2.RepairsReply:
+        reply: admin_pb2.RepairsReply = self._stub.ListRepairs(admin_pb2.RepairsRequest(), timeout=self._timeout)
+        return reply
+
     def sweep(self, request: admin_pb2.SweepRequest) -> Iterator[admin_pb2.SweepUpdate]:
         """The sweep's updates as they come; a sweep takes as long as its checks (no deadline here)."""
         updates: Iterator[admin_pb2.SweepUpdate] = self._stub.Sweep(request)

@@ -247,6 +247,16 @@ def jobs(
 
 
 @app.command()
+def repairs(
+    controller: ControllerOpt = "127.0.0.1:7070", as_json: Annotated[bool, typer.Option("--json")] = False
+) -> None:
+    """Repairs of quarantined nodes (remediation): the rung each is on, what stops it, what was tried."""
+    from vigil.operator_views import print_repairs
+
+    raise typer.Exit(print_repairs(controller, as_json))
+
+
+@app.command()
 def rules(
     controller: ControllerOpt = "127.0.0.1:7070", as_json: Annotated[bool, typer.Option("--json")] = False
 ) -> None:

@@ -135,6 +135,27 @@ def print_jobs(target: str, as_json: bool) -> int:
     return 0
 
 
+def print_repairs(target: str, as_json: bool) -> int:
+    reply = _ask(target, AdminClient.repairs)
+    if reply is None:
+        return 2
+    if as_json:
+        _print_json(reply)
+        return 0
+    if not reply.enabled:
+        _console.print("remediation is off (remediation.enabled in the controller's configuration): a person repairs")
+        return 0
+    table = Table(title=f"Vigil repairs: {reply.released} released (pages saved), {reply.hands} hands, since its start")
+    for column in ("node", "incident", "phase", "step", "ladder", "for", "waiting for / tried"):
+        table.add_column(column)
+    now = time.time()
+    for r in reply.repairs:
+        said = r.waiting_for or (r.tried[-1] if r.tried else "")
+        table.add_row(r.node, r.incident_id, r.phase, r.step, " > ".join(r.ladder), f"{now - r.since:.0f} s", said)
+    _console.print(table)
+    return 0
+
+
 def _state(j: admin_pb2.JobStatus) -> str:
     """running, or HUNG with how long its step has not moved, or what it said it is doing."""
     if j.hung_s > 0:

@@ -17,6 +17,7 @@ from controller.jobs.monitor import JobMonitor
 from controller.nodes.by_hand import ByHand, IncidentNotOpen, UnknownIncident
 from controller.nodes.fleet import Fleet, UnknownNode
 from controller.nodes.guards.guard import Guard
+from controller.repairs.repairs import Repairs
 from controller.store import IncidentLog
 from controller.sweeps.result import SweepDone, SweepEvent
 from controller.sweeps.spec import SweepError, sweep_spec
@@ -40,7 +41,9 @@ class Admin(admin_pb2_grpc.AdminServicer):
         jobs: JobMonitor,
         replica: str = "",
         clock: Callable[[], float] = time.time,
+        repairs: Repairs | None = None,
     ) -> None:
+        self._repairs = repairs
         self._fleet = fleet  # read only, for status
         self._by_hand = by_hand  # what people ask by hand: uncordon, resolve, resume
         self._guard = guard  # the breaker's state
@@ -55,6 +58,30 @@ class Admin(admin_pb2_grpc.AdminServicer):
         self, request: admin_pb2.JobsRequest, context: grpc.aio.ServicerContext
     ) -> admin_pb2.JobsReply:
         return admin_pb2.JobsReply(jobs=self._jobs.statuses())
+
+    async def ListRepairs(  # noqa: N802
+        self, request: admin_pb2.RepairsRequest, context: grpc.aio.ServicerContext
+    ) -> admin_pb2.RepairsReply:
+        if self._repairs is None:
+            return admin_pb2.RepairsReply()
+        r = self._repairs
+        repairs = [
+            admin_pb2.RepairStatus(
+                node=x.node,
+                incident_id=x.incident_id,
+                phase=x.phase.value,
+                step=x.step.value,
+                ladder=[s.value for s in x.ladder],
+                waiting_for=x.waiting_for,
+                tried=list(x.tried),
+                opened_at=x.opened_at,
+                since=x.since,
+            )  # fmt: skip
+            for x in sorted(r.repairs.values(), key=lambda x: (x.phase.ended, x.node))
+        ]
+        return admin_pb2.RepairsReply(
+            enabled=r.config.enabled, repairs=repairs, released=r.counts["released"], hands=r.counts["hands"]
+        )
 
     async def GetStatus(  # noqa: N802
         self, request: admin_pb2.StatusRequest, context: grpc.aio.ServicerContext

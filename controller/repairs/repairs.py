@@ -141,6 +141,7 @@ class Repairs:
         self.ended: dict[str, str] = {}  # node -> the incident whose repair ended (not opened again)
         self.started: list[float] = []  # when steps started, for the hourly cap
         self._busy: set[str] = set()  # nodes with a step or a certification under way in a task
+        self.counts: Counter[str] = Counter()  # repairs ended since the start: released, hands
         self.evidence: dict[str, str] = {}  # incident -> the latest evidence bundle (also in the records)
         self._load()
 
@@ -425,6 +426,7 @@ class Repairs:
             health, detail = await self._release(repair.node, AUTOMATIC, "repaired: " + "; ".join(repair.tried))
             self.repaired_at.setdefault(repair.node, []).append(self._clock())
             self._metrics.repairs_ended.labels("released").inc()  # a page saved
+            self.counts["released"] += 1
             self.ended[repair.node] = repair.incident_id
             self._save()
             self._digest(repair, detail)
@@ -445,6 +447,7 @@ class Repairs:
     def _hands(self, repair: Repair) -> None:
         self.ended[repair.node] = repair.incident_id
         self._metrics.repairs_ended.labels("hands").inc()
+        self.counts["hands"] += 1
         summary = hands_summary(repair)
         did = "quarantined; " + ("; ".join(repair.tried) or "no repair tried")
         self._request(Page(repair.incident_id, repair.node, Severity.QUARANTINE, summary, "repair or replace the node",

@@ -152,6 +152,11 @@ def test_a_reset_waits_for_the_job_to_leave_then_the_node_is_certified_and_relea
             job.wait()
             fleet.smi_state("node-a", persistence=[2])  # the job's process is gone from the GPU too
             poll_until(lambda: health(admin)["node-a"] == "HEALTHY", timeout=120, what="node-a repaired and back")
+            poll_until(lambda: admin.repairs().released == 1, timeout=10, what="the repair counted")
+            reply = admin.repairs()
+            (shown,) = [r for r in reply.repairs if r.node == "node-a"]
+            assert reply.enabled and reply.hands == 0 and (shown.phase, shown.step) == ("released", "gpu_reset")
+            assert shown.tried[0] == "GPU reset: done" and list(shown.ladder)[-1] == "replace"
     finally:
         job.kill()
     bus = f"{simulated_gpus('node-a', 8)[2].pci_bus_id}.0"
@@ -186,6 +191,9 @@ def test_a_reset_that_fails_climbs_to_a_reboot_and_a_gpu_missing_after_it_pages_
         )
         time.sleep(1.0)
         assert health(admin)["node-c"] == "QUARANTINED"  # never released after failing certification
+        shown = subprocess.run([sys.executable, "-m", "vigil", "repairs", "--controller", fleet.target],
+                               capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert shown.returncode == 0 and "node-c" in shown.stdout and "hands" in shown.stdout, shown.stdout
     (hands,) = [e for e in fleet.events("repair_needs_hands") if e["node"] == "node-c"]
     tried = " | ".join(map(str, hands["tried"]))  # type: ignore[call-overload]
     assert "GPU reset: failed" in tried and "PCIe bus reset" in tried and "7 of its 8 GPUs" in tried

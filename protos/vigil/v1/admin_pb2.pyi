@@ -362,3 +362,41 @@ class JobsReply(_message.Message):
     JOBS_FIELD_NUMBER: _ClassVar[int]
     jobs: _containers.RepeatedCompositeFieldContainer[JobStatus]
     def __init__(self, jobs: _Optional[_Iterable[_Union[JobStatus, _Mapping]]] = ...) -> None: ...
+
+class RepairsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class RepairStatus(_message.Message):
+    __slots__ = ("node", "incident_id", "phase", "step", "ladder", "waiting_for", "tried", "opened_at", "since")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    INCIDENT_ID_FIELD_NUMBER: _ClassVar[int]
+    PHASE_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    LADDER_FIELD_NUMBER: _ClassVar[int]
+    WAITING_FOR_FIELD_NUMBER: _ClassVar[int]
+    TRIED_FIELD_NUMBER: _ClassVar[int]
+    OPENED_AT_FIELD_NUMBER: _ClassVar[int]
+    SINCE_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    incident_id: str
+    phase: str
+    step: str
+    ladder: _containers.RepeatedScalarFieldContainer[str]
+    waiting_for: str
+    tried: _containers.RepeatedScalarFieldContainer[str]
+    opened_at: float
+    since: float
+    def __init__(self, node: _Optional[str] = ..., incident_id: _Optional[str] = ..., phase: _Optional[str] = ..., step: _Optional[str] = ..., ladder: _Optional[_Iterable[str]] = ..., waiting_for: _Optional[str] = ..., tried: _Optional[_Iterable[str]] = ..., opened_at: _Optional[float] = ..., since: _Optional[float] = ...) -> None: ...
+
+class RepairsReply(_message.Message):
+    __slots__ = ("enabled", "repairs", "released", "hands")
+    ENABLED_FIELD_NUMBER: _ClassVar[int]
+    REPAIRS_FIELD_NUMBER: _ClassVar[int]
+    RELEASED_FIELD_NUMBER: _ClassVar[int]
+    HANDS_FIELD_NUMBER: _ClassVar[int]
+    enabled: bool
+    repairs: _containers.RepeatedCompositeFieldContainer[RepairStatus]
+    released: int
+    hands: int
+    def __init__(self, enabled: _Optional[bool] = ..., repairs: _Optional[_Iterable[_Union[RepairStatus, _Mapping]]] = ..., released: _Optional[int] = ..., hands: _Optional[int] = ...) -> None: ...

@@ -74,6 +74,11 @@ class AdminStub:
                 request_serializer=protos_dot_vigil_dot_v1_dot_admin__pb2.JobsRequest.SerializeToString,
                 response_deserializer=protos_dot_vigil_dot_v1_dot_admin__pb2.JobsReply.FromString,
                 _registered_method=True)
+        self.ListRepairs = channel.unary_unary(
+                '/vigil.v1.Admin/ListRepairs',
+                request_serializer=protos_dot_vigil_dot_v1_dot_admin__pb2.RepairsRequest.SerializeToString,
+                response_deserializer=protos_dot_vigil_dot_v1_dot_admin__pb2.RepairsReply.FromString,
+                _registered_method=True)
 
 
 class AdminServicer:
@@ -131,6 +136,13 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListRepairs(self, request, context):
+        """The repairs of quarantined nodes (remediation): under way, and the latest ended per node.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -173,6 +185,11 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.ListJobs,
                     request_deserializer=protos_dot_vigil_dot_v1_dot_admin__pb2.JobsRequest.FromString,
                     response_serializer=protos_dot_vigil_dot_v1_dot_admin__pb2.JobsReply.SerializeToString,
+            ),
+            'ListRepairs': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListRepairs,
+                    request_deserializer=protos_dot_vigil_dot_v1_dot_admin__pb2.RepairsRequest.FromString,
+                    response_serializer=protos_dot_vigil_dot_v1_dot_admin__pb2.RepairsReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -391,6 +408,33 @@ class Admin:
             '/vigil.v1.Admin/ListJobs',
             protos_dot_vigil_dot_v1_dot_admin__pb2.JobsRequest.SerializeToString,
             protos_dot_vigil_dot_v1_dot_admin__pb2.JobsReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListRepairs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/vigil.v1.Admin/ListRepairs',
+            protos_dot_vigil_dot_v1_dot_admin__pb2.RepairsRequest.SerializeToString,
+            protos_dot_vigil_dot_v1_dot_admin__pb2.RepairsReply.FromString,
             options,
             channel_credentials,
             insecure,
