@@ -48,7 +48,7 @@ class Machines:
         fleet, config = self._scenario.fleet, dict(self._scenario.agent)
         if fleet.infiniband:
             ib = IbSysfs(self._dir / "ib" / node)
-            if not ib.root.exists():
+            if not ib.port_dir("mlx5_0", 1).exists():  # a reboot keeps the node's HCA as it was
                 ib.add_port("mlx5_0", 1, "0000:17:00.0")
             config |= {"ib_sysfs_root": str(ib.root), "ib_poll_s": 0.1}
         if fleet.remedies:
