@@ -67,6 +67,7 @@ from vigil_core.waiting import wait_event
 log = structlog.get_logger(__name__)
 
 RECORD_KEY = "repairs"
+OWNER_READ_S = 5.0  # how often a waiting repair reads its node from the cluster
 EVIDENCE_INCIDENTS = 20  # the node's latest incidents in an evidence bundle
 EVIDENCE_CHARS = 24_576
 # The GPU Operator's per-node switches for its components that hold the GPUs open (NVIDIA's
@@ -143,6 +144,8 @@ class Repairs:
         self._busy: set[str] = set()  # nodes with a step or a certification under way in a task
         self.counts: Counter[str] = Counter()  # repairs ended since the start: released, hands
         self.evidence: dict[str, str] = {}  # incident -> the latest evidence bundle (also in the records)
+        self._owners_seen: dict[str, tuple[float, str]] = {}  # node -> (when read, who else holds it)
+        self._reading_owner: set[str] = set()
         self._load()
 
     def under_repair(self, node: str) -> bool:
@@ -261,10 +264,7 @@ class Repairs:
         domains = node_domains(labels, self._guard.config.domains)
         under_way = [d for r in self._running() if r.node != node for d in self._domains(r.node)]
         busy_domain = next((d for d in domains if under_way.count(d) >= self.config.per_domain), "")
-        try:
-            others = self._owners.held_by_others(node) if repair.step is not Step.REPLACE else ""
-        except Exception as exc:  # the API server away: wait, and say why
-            others = f"cannot read the node: {exc!r}"[:200]
+        others = self._owner(node) if repair.step is not Step.REPLACE else ""
         return Stops(
             jobs=entry.jobs,
             labels=labels,
@@ -273,6 +273,25 @@ class Repairs:
             started_last_hour=sum(1 for t in self.started if t > now - 3600),
             storm=self._guard.automation if self._guard.holding else "",
         )
+
+    def _owner(self, node: str) -> str:
+        """Whether someone else holds the node, as last read from the cluster (read off the event
+        loop, at most every ``OWNER_READ_S``); not read yet: the repair waits for it."""
+        seen = self._owners_seen.get(node)
+        if (seen is None or self._clock() - seen[0] >= OWNER_READ_S) and node not in self._reading_owner:
+            self._reading_owner.add(node)
+
+            async def read() -> None:
+                try:
+                    found = await asyncio.to_thread(self._owners.held_by_others, node)
+                except Exception as exc:  # the API server away: wait, and say why
+                    found = f"cannot read the node: {exc!r}"[:200]
+                finally:
+                    self._reading_owner.discard(node)
+                self._owners_seen[node] = (self._clock(), found)
+
+            self._tasks.watch("repair-owner", asyncio.get_running_loop().create_task(read()))
+        return seen[1] if seen is not None else "the node not read from the cluster yet"
 
     def _running(self) -> list[Repair]:
         return [r for r in self.repairs.values() if r.phase in (Phase.RUNNING, Phase.SETTLING, Phase.CERTIFYING)]
@@ -300,12 +319,13 @@ class Repairs:
     async def _step(self, repair: Repair) -> Repair:
         self._keep_evidence(repair)
         if repair.step is Step.REBOOT:
+            asked_at = self._clock()
             try:
                 detail = await asyncio.to_thread(self._reboot.reboot, repair.node, repair.attempt)
             except RebootFailed as exc:
                 return step_done(repair, False, False, str(exc), self._clock())
             log.info("reboot_asked", node=repair.node, detail=detail)
-            return replace(repair, since=self._clock())  # running until its agent says hello again
+            return replace(repair, since=asked_at)  # running until its agent says hello again
         return await self._on_agent(repair)
 
     async def _on_agent(self, repair: Repair) -> Repair:
@@ -421,13 +441,13 @@ class Repairs:
 
     def _released(self, repair: Repair) -> None:
         """Certified: back in service, and one line in the day's digest."""
+        self.ended[repair.node] = repair.incident_id  # now: the release under way must not open another
 
         async def release() -> None:
             health, detail = await self._release(repair.node, AUTOMATIC, "repaired: " + "; ".join(repair.tried))
             self.repaired_at.setdefault(repair.node, []).append(self._clock())
             self._metrics.repairs_ended.labels("released").inc()  # a page saved
             self.counts["released"] += 1
-            self.ended[repair.node] = repair.incident_id
             self._save()
             self._digest(repair, detail)
             log.info("repair_released", node=repair.node, incident=repair.incident_id, health=health.value,
