@@ -8,6 +8,10 @@ the rooms below its own.
 - ``jobs/``: training jobs: the job monitor (``monitor``: reports), an MFU drop judged (``drops``),
   commands and the recovery sweep (``restarts``), a job's phases (``state``), MFU, goodput, saves on
   early warnings; ``settings``.
+- ``repairs/`` (beside ``jobs/``): the remediation ladder (``ladder``) and a repair's way up it
+  (``repair``), pages only when hands are needed (``pages``), all pure; the reboot executors
+  (``reboot``), the remediation settings (``config``), and ``repairs``, the shell: steps, certification,
+  release.
 - ``sweeps/``: checks across nodes: what runs (``spec``), how it is judged (``judge``), pairing and
   the topology-aware fabric blame; ``sweeper`` the shell.
 - ``nodes/``: a node's fault from decision to action: the ``engine`` (each batch, and ``found``: what
