@@ -109,7 +109,8 @@ def _print_card(card: dict[str, object]) -> None:
           f"missed faults {card['missed_faults']}")  # fmt: skip
     print(f"fault -> first action (s): {card['fault_to_action_s']}")
     if r := card.get("remediation"):
-        print(f"remediation: {r['self_healed']}/{r['faults']} faults self-healed (no page), "  # type: ignore[index]
+        print(f"remediation: {r['self_healed']}/{r['faults']} faults self-healed (no page; "  # type: ignore[index]
+              f"{r['recoverable']} a machine can repair), "  # type: ignore[index]
               f"{r['pages_per_100_faults']} pages per 100 faults, fault -> back in service (s): "  # type: ignore[index]
               f"{r['back_in_service_s']}")  # type: ignore[index]  # fmt: skip
     print()

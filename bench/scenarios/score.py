@@ -60,6 +60,7 @@ class Outcome:
     # service without a page, the pages sent for nodes, and fault -> back in service.
     remediation: bool = False
     faults: int = 0
+    recoverable: int = 0  # faults the scenario expects back in service (a machine can repair them)
     self_healed: int = 0
     node_pages: int = 0
     back_in_service_s: tuple[float, ...] = field(default=())
@@ -134,6 +135,7 @@ def judge(name: str, scenario: Scenario, seen: Observed) -> Outcome:
         fault_to_action_s=seen.fault_to_action_s,
         remediation=bool((scenario.controller.get("remediation") or {}).get("enabled")),
         faults=len(seen.quarantined),
+        recoverable=sum(1 for n in want.quarantined if want.health.get(n) == "HEALTHY"),
         self_healed=sum(1 for n in seen.back_in_service_s if n not in seen.paged),
         node_pages=sum(seen.pages.values()),
         back_in_service_s=tuple(sorted(seen.back_in_service_s.values())),
@@ -204,12 +206,15 @@ def _remediation(outcomes: Sequence[Outcome]) -> dict[str, Any] | None:
     if not runs or not faults:
         return None
     healed, pages = sum(o.self_healed for o in runs), sum(o.node_pages for o in runs)
+    recoverable = sum(o.recoverable for o in runs)
     back = [t for o in runs for t in o.back_in_service_s]
     return {
         "scenarios": len(runs),
         "faults": faults,
         "self_healed": healed,
         "self_healed_share": round(healed / faults, 4),
+        "recoverable": recoverable,
+        "recoverable_self_healed_share": round(healed / recoverable, 4) if recoverable else None,
         "pages_per_100_faults": round(100 * pages / faults, 1),
         "back_in_service_s": {"n": len(back), "p50": round(percentile(back, 0.5), 2), "max": round(max(back), 2)}
         if back

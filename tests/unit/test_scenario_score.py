@@ -171,7 +171,7 @@ def test_the_scorecard_counts_self_healed_faults_pages_and_time_back_in_service(
         frozenset({"node-3"}), frozenset({"node-3"}), {}, pages={"node-3": 1}, remedied=frozenset({"node-3"})
     )
     outcomes = [
-        judge("a", remediation_scenario(quarantined=["node-1", "node-2"]), healed),
+        judge("a", remediation_scenario(quarantined=["node-1", "node-2"], health=back), healed),
         judge("b", remediation_scenario(quarantined=["node-3"], paged=["node-3"], remedied=["node-3"]), hands),
         judge("c", scenario(quarantined=["node-1"]), Observed(frozenset({"node-1"}), frozenset(), {})),  # not counted
     ]
@@ -179,6 +179,7 @@ def test_the_scorecard_counts_self_healed_faults_pages_and_time_back_in_service(
     card = scorecard(outcomes)["remediation"]
     assert (card["scenarios"], card["faults"], card["self_healed"]) == (2, 3, 2)
     assert card["self_healed_share"] == round(2 / 3, 4) and card["pages_per_100_faults"] == 33.3
+    assert (card["recoverable"], card["recoverable_self_healed_share"]) == (2, 1.0)  # node-3 needed hands
     assert card["back_in_service_s"] == {"n": 2, "p50": 4.0, "max": 8.0}
 
 
