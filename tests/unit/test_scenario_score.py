@@ -164,8 +164,9 @@ def remediation_scenario(**expect: object) -> Scenario:
 
 
 def test_the_scorecard_counts_self_healed_faults_pages_and_time_back_in_service() -> None:
+    back = {"node-1": "HEALTHY", "node-2": "HEALTHY"}
     healed = Observed(
-        frozenset({"node-1", "node-2"}), frozenset(), {}, back_in_service_s={"node-1": 4.0, "node-2": 8.0}
+        frozenset({"node-1", "node-2"}), frozenset(), back, back_in_service_s={"node-1": 4.0, "node-2": 8.0}
     )
     hands = Observed(
         frozenset({"node-3"}), frozenset({"node-3"}), {}, pages={"node-3": 1}, remedied=frozenset({"node-3"})
