@@ -82,14 +82,14 @@ def refusal(stops: Stops, step: Step, config: RemediationConfig) -> str:
         value = stops.labels.get(label)
         if value is not None and value != free:
             return f"owner: label {label}={value} (another owner holds the node)"
-    if stops.others:
-        return f"owner: {stops.others}"
     if stops.storm:
         return f"storm: {stops.storm}"
     if stops.domain_busy:
         return f"cap: {config.per_domain} repair(s) under way in {stops.domain_busy}"
     if step is not Step.RECHECK and stops.started_last_hour >= config.per_hour:
         return f"cap: {config.per_hour} repairs started in the last hour"
+    if stops.others:  # last: the cluster is read only when nothing else stops the step
+        return f"owner: {stops.others}"
     return ""
 
 

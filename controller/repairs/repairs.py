@@ -46,6 +46,7 @@ from controller.repairs.repair import (
     hands_summary,
     held_down,
     open_repair,
+    refusal,
     settled,
     start,
     step_done,
@@ -67,7 +68,7 @@ from vigil_core.waiting import wait_event
 log = structlog.get_logger(__name__)
 
 RECORD_KEY = "repairs"
-OWNER_READ_S = 5.0  # how often a waiting repair reads its node from the cluster
+OWNER_READ_S = 2.0  # a waiting repair's reading of who holds its node is this fresh when a step starts
 EVIDENCE_INCIDENTS = 20  # the node's latest incidents in an evidence bundle
 EVIDENCE_CHARS = 24_576
 # The GPU Operator's per-node switches for its components that hold the GPUs open (NVIDIA's
@@ -211,7 +212,10 @@ class Repairs:
         if entry is None:
             return repair
         if repair.phase is Phase.WAITING:
-            return start(repair, self._stops(repair), self.config, now)
+            stops = self._stops(repair)
+            if repair.step is not Step.REPLACE and not refusal(stops, repair.step, self.config):
+                stops = replace(stops, others=self._owner(repair.node))  # the cluster is read only now
+            return start(repair, stops, self.config, now)
         rebooted = entry.connected and entry.connected_at > repair.since  # its agent said hello after the ask
         if repair.phase is Phase.RUNNING and repair.step is Step.REBOOT and rebooted:
             return step_done(repair, True, False, "rebooted", now)
@@ -264,21 +268,20 @@ class Repairs:
         domains = node_domains(labels, self._guard.config.domains)
         under_way = [d for r in self._running() if r.node != node for d in self._domains(r.node)]
         busy_domain = next((d for d in domains if under_way.count(d) >= self.config.per_domain), "")
-        others = self._owner(node) if repair.step is not Step.REPLACE else ""
         return Stops(
             jobs=entry.jobs,
             labels=labels,
-            others=others,
             domain_busy=busy_domain,
             started_last_hour=sum(1 for t in self.started if t > now - 3600),
             storm=self._guard.automation if self._guard.holding else "",
         )
 
     def _owner(self, node: str) -> str:
-        """Whether someone else holds the node, as last read from the cluster (read off the event
-        loop, at most every ``OWNER_READ_S``); not read yet: the repair waits for it."""
+        """Whether someone else holds the node, as read from the cluster off the event loop; a reading
+        older than ``OWNER_READ_S`` is read again, and meanwhile the repair waits for it."""
         seen = self._owners_seen.get(node)
-        if (seen is None or self._clock() - seen[0] >= OWNER_READ_S) and node not in self._reading_owner:
+        stale = seen is None or self._clock() - seen[0] >= OWNER_READ_S
+        if stale and node not in self._reading_owner:
             self._reading_owner.add(node)
 
             async def read() -> None:
@@ -291,7 +294,9 @@ class Repairs:
                 self._owners_seen[node] = (self._clock(), found)
 
             self._tasks.watch("repair-owner", asyncio.get_running_loop().create_task(read()))
-        return seen[1] if seen is not None else "the node not read from the cluster yet"
+        if seen is None or stale:
+            return "the node is being read from the cluster"
+        return seen[1]
 
     def _running(self) -> list[Repair]:
         return [r for r in self.repairs.values() if r.phase in (Phase.RUNNING, Phase.SETTLING, Phase.CERTIFYING)]
@@ -317,6 +322,12 @@ class Repairs:
         self._records.set_meta(f"evidence:{repair.incident_id}:{repair.attempt}", text[:EVIDENCE_CHARS])
 
     async def _step(self, repair: Repair) -> Repair:
+        try:  # once more, right before acting: someone may have taken the node since the last reading
+            others = await asyncio.to_thread(self._owners.held_by_others, repair.node)
+        except Exception as exc:
+            others = f"cannot read the node: {exc!r}"[:200]
+        if others:
+            return replace(repair, phase=Phase.WAITING, waiting_for=f"owner: {others}")
         self._keep_evidence(repair)
         if repair.step is Step.REBOOT:
             asked_at = self._clock()
