@@ -89,3 +89,6 @@ class LocalActuator:
             else:
                 current[key] = value
         return before
+
+    def operand_pods(self, node: str) -> list[str]:
+        return []  # no pods here

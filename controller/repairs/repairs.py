@@ -79,6 +79,7 @@ OPERATOR_PAUSE = {
     "nvidia.com/gpu.deploy.dcgm": "false",
     "nvidia.com/gpu.deploy.gpu-feature-discovery": "false",
 }
+OPERANDS_GONE_S = 120.0  # how long the paused components' pods may take to leave the node
 Release = Callable[[str, str, str], Coroutine[Any, Any, tuple[Health, str]]]
 
 
@@ -86,6 +87,10 @@ class NodeOwners(Protocol):
     def held_by_others(self, node: str) -> str: ...
 
     def set_labels(self, node: str, labels: dict[str, str | None]) -> dict[str, str | None]: ...
+
+    def operand_pods(self, node: str) -> list[str]:
+        """The GPU Operator's component pods still on the node (those OPERATOR_PAUSE stops)."""
+        ...
 
 
 class ResetJobs(Protocol):
@@ -349,6 +354,8 @@ class Repairs:
         )
         paused = await asyncio.to_thread(self._pause_operator, node)
         try:
+            if paused and (left := await self._operands_gone(node)):
+                return step_done(repair, False, False, f"the GPU Operator's {left} still on the node", self._clock())
             if self._reset_jobs is not None and self.config.resets == "job":
                 return await self._by_job(repair, run, self._reset_jobs)
             future = self._checks.ask_remedy(node, run)
@@ -394,6 +401,21 @@ class Repairs:
         except Exception as exc:  # said; the agent's own check refuses a GPU still held open
             log.warning("gpu_operator_not_paused", node=node, error=repr(exc)[:300])
             return {}
+
+    async def _operands_gone(self, node: str) -> str:
+        """Wait (up to ``OPERANDS_GONE_S``) until the paused components' pods have left the node: they
+        hold the GPUs open, and a reset would be refused "in use by another client". Returns what is
+        still there ('' once all have gone)."""
+        deadline = self._clock() + OPERANDS_GONE_S
+        while True:
+            try:
+                left = await asyncio.to_thread(self._owners.operand_pods, node)
+            except Exception as exc:  # the API server away: go on; the reset itself says what holds the GPU
+                log.warning("gpu_operator_pods_not_read", node=node, error=repr(exc)[:300])
+                return ""
+            if not left or self._clock() >= deadline:
+                return ", ".join(left)
+            await asyncio.sleep(1.0)
 
     def _restore_operator(self, node: str, before: dict[str, str | None]) -> None:
         if not before:

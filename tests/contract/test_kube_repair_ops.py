@@ -123,3 +123,14 @@ def test_a_reset_pod_that_ended_without_a_result_is_a_failure_that_says_so() -> 
     crashed = {"status": {"containerStatuses": [{"state": {"terminated": {"exitCode": 137, "message": "OOMKilled"}}}]}}
     assert remedy_outcome([crashed]) == {"verdict": "FAIL", "reason": "the remedy's pod ended 137: OOMKilled"}
     assert remedy_outcome([{"status": {"phase": "Pending"}}]) is None
+
+
+def test_the_gpu_operators_pods_still_on_the_node_are_named(kube: KubeApiServer, tmp_path: Path) -> None:
+    kube.add_node("gpu-1")
+    kube.add_pod("gpu-operator", "nvidia-dcgm-exporter-x1", "gpu-1", "DaemonSet", {"app": "nvidia-dcgm-exporter"})
+    kube.add_pod("gpu-operator", "nvidia-dcgm-exporter-x2", "gpu-2", "DaemonSet", {"app": "nvidia-dcgm-exporter"})
+    kube.add_pod("ml", "trainer-0", "gpu-1", "Job", {"app": "trainer"})
+    _, ops = clients(kube, tmp_path)
+    assert ops.operand_pods("gpu-1") == ["nvidia-dcgm-exporter-x1"]  # not another node's, not a workload
+    (listed,) = kube.requests("GET", r"/api/v1/pods$")
+    assert listed.path == "/api/v1/pods"

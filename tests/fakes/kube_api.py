@@ -178,7 +178,7 @@ class VigilKubeEmulator(kmock.KubernetesEmulator):
         for selector in filter(None, request.params.get("fieldSelector", "").split(",")):
             path, _, value = selector.partition("=")
             items = [o for o in items if _field(o, path) == value]
-        for requirement in filter(None, request.params.get("labelSelector", "").split(",")):
+        for requirement in _requirements(request.params.get("labelSelector", "")):
             items = [o for o in items if _matches(requirement, o["metadata"].get("labels") or {})]
         return {"kind": "List", "apiVersion": "v1", "metadata": {"resourceVersion": str(self._version)}, "items": items}
 
@@ -228,8 +228,21 @@ class VigilKubeEmulator(kmock.KubernetesEmulator):
 _LABEL_REQUIREMENT = re.compile(r"^(?P<neg>!?)(?P<key>[A-Za-z0-9./_-]+)(?:(?P<op>==|=|!=)(?P<value>[A-Za-z0-9._-]*))?$")
 
 
+def _requirements(selector: str) -> list[str]:
+    """A label selector's requirements: split at the commas outside a set's parentheses."""
+    return [r for r in re.split(r",(?![^()]*\))", selector) if r.strip()]
+
+
+_SET_REQUIREMENT = re.compile(r"^(?P<key>[A-Za-z0-9./_-]+)\s+(?P<op>in|notin)\s+\((?P<values>[A-Za-z0-9._,\s-]*)\)$")
+
+
 def _matches(requirement: str, labels: dict[str, str]) -> bool:
-    """Equality-based label selectors (k=v, k==v, k!=v, k, !k), as the API server reads them."""
+    """Label selectors as the API server reads them: equality-based (k=v, k==v, k!=v, k, !k) and
+    set-based (k in (a,b), k notin (a,b))."""
+    if s := _SET_REQUIREMENT.match(requirement.strip()):
+        values = {v.strip() for v in s["values"].split(",") if v.strip()}
+        inside = s["key"] in labels and labels[s["key"]] in values
+        return inside if s["op"] == "in" else not inside
     m = _LABEL_REQUIREMENT.match(requirement.strip())
     if m is None or (m["neg"] and m["op"]):
         raise kmock.KubernetesError(

@@ -17,6 +17,9 @@ from kubernetes.client.exceptions import ApiException
 from controller.act.kube.actuator import MERGE_PATCH, json_body
 from controller.act.kube.plans import FIELD_MANAGER, Json, changed_since_quarantine
 
+# The GPU Operator's component pods that hold the GPUs open (their `app` labels), stopped on a node by
+# its nvidia.com/gpu.deploy.* labels.
+GPU_OPERANDS = ("nvidia-device-plugin-daemonset", "nvidia-dcgm-exporter", "nvidia-dcgm", "gpu-feature-discovery")
 HOST_NVIDIA_SMI = "nsenter --target 1 --mount -- nvidia-smi"  # the host's own, from a hostPID pod
 _TOLERATE_ALL = [{"operator": "Exists"}]  # Vigil's quarantine taint and the cordon: it must run there
 
@@ -101,6 +104,15 @@ class KubeRepairOps:
             _request_timeout=self._timeout,
         )
         return before
+
+    def operand_pods(self, node: str) -> list[str]:
+        resp = self._core.list_pod_for_all_namespaces(
+            field_selector=f"spec.nodeName={node}",
+            label_selector=f"app in ({','.join(GPU_OPERANDS)})",
+            _preload_content=False,
+            _request_timeout=self._timeout,
+        )
+        return sorted(p["metadata"]["name"] for p in json_body(resp)["items"])
 
     def run_reboot_job(self, node: str, name: str, namespace: str, image: str) -> str:
         try:
