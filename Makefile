@@ -29,11 +29,11 @@ demo: $(VENV)/.runtime  ## a local cluster: controller + 4 agents, an XID 79, Vi
 demo-training: $(VENV)/.dev  ## the bundled MoE job on 3 simulated nodes: a GPU fault and a slow rank, Vigil bringing it back
 	$(BIN)/vigil demo --with-training
 
-# Two workers: most end-to-end tests and scenarios wait on processes, so they overlap well on 2 cores.
+# Three workers: most end-to-end tests and scenarios wait on processes (two kept 2 cores 70 % busy).
 # Tests on network namespaces share one subnet and run in one worker (xdist_group "netns"); tests
 # judged by timings (marker serial) run after the rest, alone.
 test: $(VENV)/.dev  ## the whole test suite
-	$(BIN)/pytest -n 2 --dist loadgroup -m "not serial"; parallel=$$?; \
+	$(BIN)/pytest -n 3 --dist loadgroup -m "not serial"; parallel=$$?; \
 	$(BIN)/pytest -m serial; serial=$$?; \
 	test $$parallel -eq 0 -a $$serial -eq 0
 

@@ -53,6 +53,7 @@ class Repair:
     waiting_for: str = ""  # what stops it, said
     tried: tuple[str, ...] = ()  # each rung tried and what became of it, said
     attempt: int = 0  # steps started: each step's request is named by it
+    repaired_at: float = 0.0  # when its last step was done: a fault of the node after it, it did not fix
 
     @property
     def step(self) -> Step:
@@ -127,7 +128,8 @@ def start(repair: Repair, stops: Stops, config: RemediationConfig, now: float) -
     if repair.step is Step.REPLACE:
         return replace(repair, phase=Phase.HANDS, since=now, waiting_for="")
     if repair.step is Step.RECHECK:
-        return replace(repair, phase=Phase.SETTLING, since=now, waiting_for="", attempt=repair.attempt + 1)
+        rechecked = replace(repair, phase=Phase.SETTLING, since=now, waiting_for="", attempt=repair.attempt + 1)
+        return replace(rechecked, repaired_at=now)
     return replace(repair, phase=Phase.RUNNING, since=now, waiting_for="", attempt=repair.attempt + 1)
 
 
@@ -137,7 +139,8 @@ def step_done(repair: Repair, ok: bool, busy: bool, detail: str, now: float) -> 
     if repair.phase is not Phase.RUNNING:
         return repair
     if ok:
-        return replace(repair, phase=Phase.SETTLING, since=now, tried=(*repair.tried, f"{repair.step.said}: done"))
+        done = (*repair.tried, f"{repair.step.said}: done")
+        return replace(repair, phase=Phase.SETTLING, since=now, repaired_at=now, tried=done)
     if busy:
         return replace(repair, phase=Phase.WAITING, waiting_for=f"workload: {detail}")
     return climb(repair, f"{repair.step.said}: failed: {detail}", now)
@@ -179,12 +182,15 @@ def certified(repair: Repair, passed: bool, detail: str, now: float) -> Repair:
 
 
 def held_down(repair: Repair, last_fault_at: float, config: RemediationConfig, now: float) -> Repair:
-    """A certified node goes back once quiet for ``hold_down_s``; a fault of its own meanwhile
-    (``last_fault_at``, when its latest was observed) climbs the ladder instead."""
+    """A certified node goes back once quiet for ``hold_down_s``; a fault of its own observed since
+    its step was done (``last_fault_at``, when its latest was) climbs the ladder instead: the step did
+    not fix it, whether it came while the node settled, was certified or was held down."""
     if repair.phase is not Phase.HOLDING:
         return repair
-    if last_fault_at > repair.since:
-        return climb(repair, f"a fault again {last_fault_at - repair.since:.0f} s into the hold-down", now)
+    if last_fault_at > repair.repaired_at:
+        return climb(
+            repair, f"a fault again {last_fault_at - repair.repaired_at:.0f} s after the {repair.step.said}", now
+        )
     if now - repair.since >= config.hold_down_s:
         return replace(repair, phase=Phase.RELEASED, since=now)
     return repair

@@ -133,7 +133,17 @@ def test_a_fault_during_the_hold_down_climbs_the_ladder_instead_of_releasing() -
     r = step_done(start(r, Stops(), CONFIG, 1.0), ok=True, busy=False, detail="reset", now=2.0)
     r = certified(certifying(r, 7.0), passed=True, detail="all checks OK", now=9.0)
     r = held_down(r, last_fault_at=30.0, config=CONFIG, now=31.0)
-    assert (r.phase, r.step) == (Phase.WAITING, Step.BUS_RESET) and "a fault again 21 s into" in r.tried[-1]
+    assert (r.phase, r.step) == (Phase.WAITING, Step.BUS_RESET) and "a fault again 28 s after the GPU reset" in r.tried[
+        -1
+    ]
+
+
+def test_a_fault_while_the_node_settles_or_is_certified_is_not_forgotten() -> None:
+    r = open_repair("node-1", "inc-1", [Fault(XID, 48, gpu=BUS)], CONFIG, now=0.0)
+    r = step_done(start(r, Stops(), CONFIG, 1.0), ok=True, busy=False, detail="reset", now=2.0)
+    r = certified(certifying(r, 7.0), passed=True, detail="all checks OK", now=9.0)  # a fault came at 5.0
+    r = held_down(r, last_fault_at=5.0, config=CONFIG, now=70.0)
+    assert (r.phase, r.step) == (Phase.WAITING, Step.BUS_RESET)
 
 
 def test_a_reset_refused_by_a_busy_gpu_waits_for_the_job_then_runs() -> None:
