@@ -40,7 +40,8 @@ from controller.repairs.config import RemediationConfig
 from controller.repairs.ladder import rule_ladder
 from controller.repairs.pages import defer_pages
 from controller.repairs.reboot import HandOffReboot, Reboot, build_reboot
-from controller.repairs.repairs import NodeOwners, Repairs, ResetJobs
+from controller.repairs.repairs import Repairs
+from controller.repairs.steps import NodeOwners, ResetJobs
 from controller.store import Store
 from controller.sweeps.sweeper import Sweeper
 from controller.vocab.policy import Policy, load_policy

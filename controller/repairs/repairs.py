@@ -1,4 +1,5 @@
-"""The repairs under way: the thin shell around ``controller.repairs.repair`` (pure).
+"""The repairs under way: the thin shell around ``controller.repairs.repair`` (pure); the steps are
+carried out by ``steps``, the certification by ``certify``.
 
 Every second (``tick``): a node Vigil quarantined gets a repair (its ladder from its open
 incidents); each repair's next move is decided by the pure functions and carried out here: a GPU
@@ -21,9 +22,9 @@ import json
 import time
 import urllib.request
 from collections import Counter
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine
 from dataclasses import asdict, replace
-from typing import Any, Protocol
+from typing import Any
 
 import structlog
 
@@ -33,15 +34,15 @@ from controller.nodes.fleet import Fleet
 from controller.nodes.guards.domains import node_domains
 from controller.nodes.guards.guard import Guard
 from controller.nodes.rule_stats import AUTOMATIC
+from controller.repairs.certify import Certification
 from controller.repairs.config import RemediationConfig
 from controller.repairs.ladder import Fault, OwnLadder, Step
 from controller.repairs.pages import digest_id
-from controller.repairs.reboot import Reboot, RebootFailed
+from controller.repairs.reboot import Reboot
 from controller.repairs.repair import (
     Phase,
     Repair,
     Stops,
-    certified,
     certifying,
     hands_summary,
     held_down,
@@ -53,14 +54,12 @@ from controller.repairs.repair import (
     step_result,
     timed_out,
 )
+from controller.repairs.steps import NodeOwners, ResetJobs, Steps
 from controller.store import IncidentLog, Records
-from controller.sweeps.result import SweepDone, SweepEvent
-from controller.sweeps.spec import DEFAULT_DEADLINES_S, PAIRS, SweepSpec
-from controller.sweeps.sweeper import SweepBusy, Sweeper
+from controller.sweeps.sweeper import Sweeper
 from controller.vocab.actions import ExternalAction, Page, PageUpdate
 from controller.vocab.node_state import Health
 from controller.vocab.policy import Severity
-from protos.vigil.v1 import agent_pb2, common_pb2
 from vigil_core.signals import SignalKind
 from vigil_core.supervise import Tasks
 from vigil_core.waiting import wait_event
@@ -69,38 +68,7 @@ log = structlog.get_logger(__name__)
 
 RECORD_KEY = "repairs"
 OWNER_READ_S = 2.0  # a waiting repair's reading of who holds its node is this fresh when a step starts
-EVIDENCE_INCIDENTS = 20  # the node's latest incidents in an evidence bundle
-EVIDENCE_CHARS = 24_576
-# The GPU Operator's per-node switches for its components that hold the GPUs open (NVIDIA's
-# documented way to stop them on one node); restored to what they were after the step.
-OPERATOR_PAUSE = {
-    "nvidia.com/gpu.deploy.device-plugin": "false",
-    "nvidia.com/gpu.deploy.dcgm-exporter": "false",
-    "nvidia.com/gpu.deploy.dcgm": "false",
-    "nvidia.com/gpu.deploy.gpu-feature-discovery": "false",
-}
-OPERANDS_GONE_S = 120.0  # how long the paused components' pods may take to leave the node
 Release = Callable[[str, str, str], Coroutine[Any, Any, tuple[Health, str]]]
-
-
-class NodeOwners(Protocol):
-    def held_by_others(self, node: str) -> str: ...
-
-    def set_labels(self, node: str, labels: dict[str, str | None]) -> dict[str, str | None]: ...
-
-    def operand_pods(self, node: str) -> list[str]:
-        """The GPU Operator's component pods still on the node (those OPERATOR_PAUSE stops)."""
-        ...
-
-
-class ResetJobs(Protocol):
-    """Resets run as a short-lived privileged Job on the node (``remediation.resets: job``)."""
-
-    def run_remedy_job(
-        self, node: str, name: str, namespace: str, image: str, remedy: str, gpus: Sequence[str], deadline_s: float
-    ) -> None: ...
-
-    def remedy_result(self, namespace: str, name: str) -> dict[str, Any] | None: ...
 
 
 class Repairs:
@@ -124,18 +92,14 @@ class Repairs:
         clock: Callable[[], float] = time.time,
         reset_jobs: ResetJobs | None = None,
     ) -> None:
-        if config.enabled and config.resets == "job" and reset_jobs is None:
-            raise ValueError("remediation.resets job needs the Kubernetes actuator (actuator: kubernetes)")
-        self._reset_jobs = reset_jobs
+        self._steps = Steps(config, incidents, checks, owners, reboot, records, clock, reset_jobs)
+        self._certification = Certification(config, fleet, sweeper, clock)
         self._metrics = metrics
         self._own_ladder = own_ladder  # the policy rules' own ladders
         self.config = config
         self._fleet = fleet
         self._incidents = incidents
-        self._checks = checks
-        self._sweeper = sweeper
         self._owners = owners
-        self._reboot = reboot
         self._request = request
         self._release = release
         self._records = records
@@ -149,7 +113,6 @@ class Repairs:
         self.started: list[float] = []  # when steps started, for the hourly cap
         self._busy: set[str] = set()  # nodes with a step or a certification under way in a task
         self.counts: Counter[str] = Counter()  # repairs ended since the start: released, hands
-        self.evidence: dict[str, str] = {}  # incident -> the latest evidence bundle (also in the records)
         self._owners_seen: dict[str, tuple[float, str]] = {}  # node -> (when read, who else holds it)
         self._reading_owner: set[str] = set()
         self._load()
@@ -242,9 +205,9 @@ class Repairs:
                  step=repair.step.value, tried=list(repair.tried[-1:]))  # fmt: skip
         if repair.phase is Phase.RUNNING:
             self.started.append(now)
-            self._run(repair, self._step(repair))
+            self._run(repair, self._steps.run(repair))
         elif repair.phase is Phase.CERTIFYING:
-            self._run(repair, self._certify(repair))
+            self._run(repair, self._certification.run(repair))
         elif repair.phase is Phase.HANDS:
             self._hands(repair)
         elif repair.phase is Phase.RELEASED:
@@ -309,167 +272,6 @@ class Repairs:
     def _domains(self, node: str) -> list[str]:
         return node_domains(self._labels(node), self._guard.config.domains)
 
-    # Steps ----------------------------------------------------------------------------------
-
-    def _keep_evidence(self, repair: Repair, found_on_node: str = "") -> None:
-        """The evidence bundle before a destructive step, kept with the incident (bounded): the node's
-        recent signals as the controller has them, then what the node showed (``nvidia-smi -q``,
-        the driver's kernel-log lines) where the step's executor gathered it."""
-        recent = self._incidents.list(node=repair.node, limit=EVIDENCE_INCIDENTS)
-        lines = [
-            f"{time.strftime('%H:%M:%S', time.gmtime(i.first_observed_at))} {i.kind} {i.code} "
-            f"GPU {i.gpu.pci_bus_id or '-'} x{i.signal_count} {i.status}: {i.first_message[:200]}"
-            for i in recent
-        ]
-        text = f"before {repair.step.said} (attempt {repair.attempt}) on {repair.node}\n$ its recent signals\n"
-        text += "\n".join(lines) + (f"\n\n{found_on_node}" if found_on_node else "")
-        self.evidence[repair.incident_id] = text[:EVIDENCE_CHARS]
-        self._records.set_meta(f"evidence:{repair.incident_id}:{repair.attempt}", text[:EVIDENCE_CHARS])
-
-    async def _step(self, repair: Repair) -> Repair:
-        try:  # once more, right before acting: someone may have taken the node since the last reading
-            others = await asyncio.to_thread(self._owners.held_by_others, repair.node)
-        except Exception as exc:
-            others = f"cannot read the node: {exc!r}"[:200]
-        if others:
-            return replace(repair, phase=Phase.WAITING, waiting_for=f"owner: {others}")
-        self._keep_evidence(repair)
-        if repair.step is Step.REBOOT:
-            asked_at = self._clock()
-            try:
-                detail = await asyncio.to_thread(self._reboot.reboot, repair.node, repair.attempt)
-            except RebootFailed as exc:
-                return step_done(repair, False, False, str(exc), self._clock())
-            log.info("reboot_asked", node=repair.node, detail=detail)
-            return replace(repair, since=asked_at)  # running until its agent says hello again
-        return await self._on_agent(repair)
-
-    async def _on_agent(self, repair: Repair) -> Repair:
-        node, step = repair.node, repair.step
-        run = agent_pb2.RunRemedy(
-            request_id=f"repair-{repair.incident_id}-{repair.attempt}",
-            remedy=step.value,
-            pci_bus_ids=list(repair.gpus),
-            deadline_s=self.config.timeout_s(step),
-        )
-        paused = await asyncio.to_thread(self._pause_operator, node)
-        try:
-            if paused and (left := await self._operands_gone(node)):
-                return step_done(repair, False, False, f"the GPU Operator's {left} still on the node", self._clock())
-            if self._reset_jobs is not None and self.config.resets == "job":
-                return await self._by_job(repair, run, self._reset_jobs)
-            future = self._checks.ask_remedy(node, run)
-            if future is None:
-                return step_done(repair, False, False, "the node's agent is not connected", self._clock())
-            wait_s = self.config.timeout_s(step) + self.config.agent_answer_s
-            try:
-                answer = await asyncio.wait_for(future, wait_s)
-            except TimeoutError:
-                self._checks.forget(run.request_id)
-                return step_done(repair, False, False, f"no answer from the agent within {wait_s:g} s", self._clock())
-        finally:
-            await asyncio.to_thread(self._restore_operator, node, paused)
-        if answer.evidence:
-            self._keep_evidence(repair, answer.evidence)
-        ok, busy = answer.verdict == common_pb2.OK, answer.figures.get("busy", 0) > 0
-        return step_done(repair, ok, busy, answer.reason, self._clock())
-
-    async def _by_job(self, repair: Repair, run: agent_pb2.RunRemedy, jobs: ResetJobs) -> Repair:
-        """The reset as a privileged Job on the node; its result read back from its pod."""
-        name = f"vigil-{run.remedy.replace('_', '-')}-{repair.node}-{repair.attempt}"[:63].rstrip("-")
-        namespace = self.config.reboot.namespace
-        try:
-            await asyncio.to_thread(
-                jobs.run_remedy_job, repair.node, name, namespace, self.config.resets_image, run.remedy,
-                list(run.pci_bus_ids), run.deadline_s,
-            )  # fmt: skip
-        except Exception as exc:  # the API server refused it: said, and the ladder climbs
-            return step_done(repair, False, False, f"the reset Job could not be created: {exc!r}"[:300], self._clock())
-        give_up = self._clock() + run.deadline_s + self.config.agent_answer_s
-        while (result := await asyncio.to_thread(jobs.remedy_result, namespace, name)) is None:
-            if self._clock() > give_up:
-                return step_done(repair, False, False, f"the reset Job {name} gave no result", self._clock())
-            await asyncio.sleep(1.0)
-        if evidence := str(result.get("evidence") or ""):
-            self._keep_evidence(repair, evidence)
-        ok, busy = result.get("verdict") == "OK", bool(result.get("busy"))
-        return step_done(repair, ok, busy, f"{result.get('reason', '')} (Job {namespace}/{name})", self._clock())
-
-    def _pause_operator(self, node: str) -> dict[str, str | None]:
-        try:
-            return self._owners.set_labels(node, dict[str, str | None](OPERATOR_PAUSE))
-        except Exception as exc:  # said; the agent's own check refuses a GPU still held open
-            log.warning("gpu_operator_not_paused", node=node, error=repr(exc)[:300])
-            return {}
-
-    async def _operands_gone(self, node: str) -> str:
-        """Wait (up to ``OPERANDS_GONE_S``) until the paused components' pods have left the node: they
-        hold the GPUs open, and a reset would be refused "in use by another client". Returns what is
-        still there ('' once all have gone)."""
-        deadline = self._clock() + OPERANDS_GONE_S
-        while True:
-            try:
-                left = await asyncio.to_thread(self._owners.operand_pods, node)
-            except Exception as exc:  # the API server away: go on; the reset itself says what holds the GPU
-                log.warning("gpu_operator_pods_not_read", node=node, error=repr(exc)[:300])
-                return ""
-            if not left or self._clock() >= deadline:
-                return ", ".join(left)
-            await asyncio.sleep(1.0)
-
-    def _restore_operator(self, node: str, before: dict[str, str | None]) -> None:
-        if not before:
-            return
-        try:
-            self._owners.set_labels(node, before)
-        except Exception as exc:
-            log.error("gpu_operator_not_restored", node=node, labels=before, error=repr(exc)[:300])
-
-    # Certification ---------------------------------------------------------------------------
-
-    async def _certify(self, repair: Repair) -> Repair:
-        node = repair.node
-        entry = self._fleet.entry(node)
-        if entry.gpus < entry.expected_gpus:
-            return certified(repair, False, f"{entry.gpus} of its {entry.expected_gpus} GPUs", self._clock())
-        peer = self._peer(node)
-        checks = tuple(c for c in self.config.certify.checks if c != PAIRS or peer)
-        spec = SweepSpec(
-            checks=checks,
-            params={c: dict(a) for c, a in self.config.certify.params.items()},
-            deadline_s=dict(DEFAULT_DEADLINES_S),
-            quarantine=False,
-            min_busbw_gbps=0.0,
-            requested_by=f"vigil repair {repair.incident_id}",
-        )
-        done: asyncio.Future[SweepDone] = asyncio.get_running_loop().create_future()
-
-        def emit(event: SweepEvent) -> None:
-            if isinstance(event, SweepDone) and not done.done():
-                done.set_result(event)
-
-        try:
-            self._sweeper.start(spec, [node, *([peer] if peer else [])], emit)
-        except SweepBusy as exc:
-            return replace(repair, phase=Phase.SETTLING, waiting_for=f"certification: {exc}")
-        result = (await done).result
-        if result is None:
-            return certified(repair, False, "the certification sweep broke", self._clock())
-        rows = [r for r in result.rows if r.node == node]
-        bad = [f"{r.check} {r.verdict.value}: {r.reason}"[:200] for r in rows if r.verdict.value != "OK"]
-        with_peer = f" with {peer}" if peer else " (no known-good peer free: no all-reduce)"
-        detail = "; ".join(bad) if bad else f"{', '.join(checks)} OK{with_peer} ({result.sweep_id})"
-        return certified(repair, not bad and bool(rows), detail, self._clock())
-
-    def _peer(self, node: str) -> str:
-        """A known-good node to certify against: connected, HEALTHY, no open incident, idle first."""
-        good = [
-            (bool(e.jobs), name)
-            for name, e in self._fleet.entries()
-            if name != node and e.connected and e.state.health is Health.HEALTHY and not self._fleet.incident_of(name)
-        ]
-        return min(good)[1] if good else ""
-
     # Ends ---------------------------------------------------------------------------------
 
     def _released(self, repair: Repair) -> None:
@@ -507,7 +309,7 @@ class Repairs:
                            did=did[:1000]))  # fmt: skip
         if repair.tried:  # its quarantine's page said the rest already when nothing could be tried
             self._request(PageUpdate(repair.incident_id, repair.node, "HANDS", summary[:2900]))
-        if evidence := self.evidence.get(repair.incident_id):
+        if evidence := self._steps.evidence.get(repair.incident_id):
             kept = f"evidence:{repair.incident_id}:{repair.attempt}"
             note = f"Evidence before the last step (whole in the controller's records, {kept}):\n{evidence}"
             self._request(PageUpdate(repair.incident_id, repair.node, "EVIDENCE", note[:2900]))

@@ -15,7 +15,7 @@ import yaml
 from controller.act.kube.actuator import KubeActuator
 from controller.act.kube.client import RETRY, api_client
 from controller.act.kube.repair_ops import HOST_NVIDIA_SMI, KubeRepairOps, remedy_outcome
-from controller.repairs.repairs import OPERATOR_PAUSE
+from controller.repairs.steps import OPERATOR_PAUSE
 from controller.vocab.actions import Quarantine
 from tests.fakes.kube_api import KubeApiServer
 
