@@ -8,8 +8,7 @@ says it has after a reboot."""
 from __future__ import annotations
 
 import json
-import os
-import signal
+import shutil
 import subprocess
 import sys
 import time
@@ -37,7 +36,7 @@ class Machines:
         self._reboots = self._dir / "reboots"
         self._read = 0  # reboots carried out so far
         self._rebooted: set[str] = set()
-        self._jobs: dict[tuple[str, int], subprocess.Popen[bytes]] = {}
+        self._jobs: dict[tuple[str, int], int] = {}  # (node, GPU) -> the job's process id there
         self.reboot_command = [sys.executable, "-c", f"open({str(self._reboots)!r}, 'a').write('{{node}}\\n')"]
 
     def _smi_state(self, node: str) -> Path:
@@ -58,7 +57,9 @@ class Machines:
             smi = [sys.executable, "-m", "tests.fakes.nvidia_smi", "--node", node, "--gpus", str(gpus), "--faults",
                    str(self._cluster.fault_file(node)), "--state", str(self._smi_state(node)), "--sysfs", str(sysfs),
                    "--"]  # fmt: skip
-            config |= {"remedies": {"enabled": True, "nvidia_smi": smi, "pci_sysfs": str(sysfs)}, "jobs_scan_s": 0.5}
+            remedies = {"enabled": True, "nvidia_smi": smi, "pci_sysfs": str(sysfs)}
+            self._proc(node).mkdir(exist_ok=True)
+            config |= {"remedies": remedies, "jobs_scan_s": 0.5, "proc_root": str(self._proc(node))}
         if fleet.infiniband or fleet.remedies:
             path = self._cluster.agent_configs[node] = self._dir / f"{node}.agent.yaml"
             path.write_text(yaml.safe_dump(config))
@@ -79,16 +80,22 @@ class Machines:
         self._save(node, state)
 
     def job_process(self, node: str, job: JobProcess) -> None:
-        key = (node, job.gpu)
-        if job.running and key not in self._jobs:
-            env = {**os.environ, "VIGIL_JOB_ID": job.job, "VIGIL_NODE": node}
-            self._jobs[key] = subprocess.Popen(["sleep", "3600"], env=env)
-        elif not job.running and key in self._jobs:
-            self._jobs.pop(key).send_signal(signal.SIGKILL)
-        processes = [
-            {"gpu": gpu, "pid": proc.pid, "name": "python"} for (n, gpu), proc in self._jobs.items() if n == node
-        ]
+        """A job's process on the node: an entry in the node's own process tree (its agent's
+        ``proc_root``, so that scenarios run side by side never see each other's) and in its
+        nvidia-smi's list."""
+        pid = 100_000 + job.gpu
+        entry = self._proc(node) / str(pid)
+        if job.running:
+            entry.mkdir(parents=True, exist_ok=True)
+            (entry / "environ").write_bytes(f"VIGIL_JOB_ID={job.job}\0VIGIL_NODE={node}\0".encode())
+            self._jobs[(node, job.gpu)] = pid
+        elif self._jobs.pop((node, job.gpu), None) is not None:
+            shutil.rmtree(entry, ignore_errors=True)
+        processes = [{"gpu": gpu, "pid": pid, "name": "python"} for (n, gpu), pid in self._jobs.items() if n == node]
         self._save(node, self._state(node) | {"processes": processes})
+
+    def _proc(self, node: str) -> Path:
+        return self._dir / f"{node}.proc"
 
     # Reboots, while the runner waits ---------------------------------------------------------
 
@@ -106,7 +113,8 @@ class Machines:
     def _reboot(self, node: str) -> None:
         gpus = self._scenario.fleet.after_reboot.get(node, self._scenario.fleet.gpus)
         for key in [k for k in self._jobs if k[0] == node]:  # a reboot ends every process on the node
-            self._jobs.pop(key).send_signal(signal.SIGKILL)
+            self._jobs.pop(key)
+        shutil.rmtree(self._proc(node), ignore_errors=True)
         self._save(node, self._state(node) | {"processes": [], "gone": []})
         with open(self._cluster.fault_file(node), "a") as f:
             f.writelines(json.dumps({"gpu": g, "reset": True}) + "\n" for g in range(self._scenario.fleet.gpus))
@@ -166,7 +174,4 @@ class Machines:
         return frozenset(done)
 
     def stop(self) -> None:
-        for proc in self._jobs.values():
-            proc.send_signal(signal.SIGKILL)
-            proc.wait()
         self._jobs.clear()

@@ -232,6 +232,7 @@ class Smi(_Strict):
     reset_fails: tuple[int, ...] = ()
     gone_after_reset: tuple[int, ...] = ()
     persistence: tuple[int, ...] = ()
+    reset_s: float = Field(0.0, ge=0, le=60, description="how long each GPU reset takes")
 
 
 class JobProcess(_Strict):

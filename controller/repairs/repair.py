@@ -196,6 +196,19 @@ def held_down(repair: Repair, last_fault_at: float, config: RemediationConfig, n
     return repair
 
 
+def resumed(repair: Repair, now: float) -> Repair:
+    """A repair read back after the controller restarted (or another replica took over). A reset whose
+    answer was lost with the old process is asked again on the same rung (the refusals apply anew; a
+    reset is safe to repeat); a reboot still waits for its node's agent to say hello; a certification
+    cut off runs again."""
+    if repair.phase is Phase.RUNNING and repair.step.on_agent:
+        lost = f"{repair.step.said}: its answer lost with the controller's restart; asked again"
+        return replace(repair, phase=Phase.WAITING, since=now, tried=(*repair.tried, lost))
+    if repair.phase is Phase.CERTIFYING:
+        return replace(repair, phase=Phase.SETTLING)
+    return repair
+
+
 def climb(repair: Repair, why: str, now: float) -> Repair:
     """The next rung, what happened on this one said; at replace, hands."""
     rung = min(repair.rung + 1, len(repair.ladder) - 1)

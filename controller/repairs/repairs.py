@@ -11,8 +11,8 @@ release, or hands: a page that says what was tried (and a ticket, where configur
 repaired and released is one line in the day's digest thread, not a page.
 
 Repairs survive a restart or a change of leader: their state is kept in the store's records
-(``repairs``), as the guard keeps its own; a step that was under way when the controller went away
-is timed out and climbs, never repeated blindly.
+(``repairs``), as the guard keeps its own, and what was under way when the controller went away is
+taken up as ``resumed`` says.
 """
 
 from __future__ import annotations
@@ -48,6 +48,7 @@ from controller.repairs.repair import (
     held_down,
     open_repair,
     refusal,
+    resumed,
     settled,
     start,
     step_done,
@@ -346,8 +347,7 @@ class Repairs:
             r.update(ladder=tuple(Step(s) for s in r["ladder"]), gpus=tuple(r["gpus"]), phase=Phase(r["phase"]),
                      tried=tuple(r["tried"]))  # fmt: skip
             repair = Repair(**r)
-            if repair.phase in (Phase.RUNNING, Phase.CERTIFYING):  # it was under way when we went away
-                repair = replace(repair, phase=Phase.RUNNING if repair.phase is Phase.RUNNING else Phase.SETTLING)
+            repair = resumed(repair, self._clock())
             self.repairs[repair.node] = repair
         self.repaired_at = {n: list(ts) for n, ts in state.get("repaired_at", {}).items()}
         self.ended = dict(state.get("ended", {}))

@@ -5,8 +5,8 @@ the real one answers them, acting on the node's simulated GPUs through their fau
 
 ``S`` (JSON, written by the test or the scenario; missing: all defaults) says how the node behaves:
 ``{"processes": [{"gpu": 2, "pid": 4242, "name": "python"}], "persistence": [2], "reset_fails": [2],
-"gone_after_reset": [3]}``. Every call is appended to ``S.calls`` (one JSON list per line), so a test
-sees the order of what was asked. A reset that works appends ``{"gpu": i, "reset": true}`` to the
+"gone_after_reset": [3], "reset_s": 4}`` (a reset that takes 4 s). Every call is appended to
+``S.calls`` (one JSON list per line), so a test sees the order of what was asked. A reset that works appends ``{"gpu": i, "reset": true}`` to the
 fault file (the simulated GPU is healthy again); a bus reset asked through ``D`` (the ``reset`` file
 the agent wrote under the device's sysfs directory) takes effect at the next query, as a real one
 does once the kernel has reset the bus.
@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -92,6 +93,7 @@ def main(argv: list[str] | None = None) -> int:
             print("The following GPUs could not be reset:", file=sys.stderr)
             print(f"  GPU {_smi_bus(buses[target])}: In use by another client", file=sys.stderr)
             return 255
+        time.sleep(float(state.get("reset_s", 0)))  # a reset that takes a while
         if target in state.get("reset_fails", []):
             print(f"GPU {_smi_bus(buses[target])}: the reset did not complete (simulated)", file=sys.stderr)
             return 3

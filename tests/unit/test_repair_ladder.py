@@ -16,6 +16,7 @@ from controller.repairs.repair import (
     held_down,
     open_repair,
     refusal,
+    resumed,
     settled,
     start,
     step_done,
@@ -223,3 +224,14 @@ def test_how_a_step_ended_is_named_for_the_metrics() -> None:
     assert step_result(running, step_done(running, ok=False, busy=True, detail="pid 1", now=2.0)) == "refused"
     assert step_result(running, step_done(running, ok=False, busy=False, detail="x", now=2.0)) == "failed"
     assert step_result(running, timed_out(running, CONFIG, 1e6)) == "failed"
+
+
+def test_a_repair_read_back_after_a_restart_asks_a_lost_reset_again_and_keeps_waiting_for_a_reboot() -> None:
+    reset = start(open_repair("node-1", "inc-1", [Fault(XID, 48, gpu=BUS)], CONFIG, 0.0), Stops(), CONFIG, 1.0)
+    again = resumed(reset, now=50.0)
+    assert (again.phase, again.step, again.since) == (Phase.WAITING, Step.GPU_RESET, 50.0)
+    assert "answer lost with the controller's restart" in again.tried[-1]
+    reboot = start(open_repair("node-1", "inc-2", [Fault(XID, 79)], CONFIG, 0.0), Stops(), CONFIG, 1.0)
+    assert resumed(reboot, now=50.0) is reboot  # its node's agent saying hello ends it, as before
+    certifying_now = certifying(step_done(reset, ok=True, busy=False, detail="", now=2.0), 8.0)
+    assert resumed(certifying_now, now=50.0).phase is Phase.SETTLING
