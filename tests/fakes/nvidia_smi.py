@@ -6,7 +6,8 @@ the real one answers them, acting on the node's simulated GPUs through their fau
 ``S`` (JSON, written by the test or the scenario; missing: all defaults) says how the node behaves:
 ``{"processes": [{"gpu": 2, "pid": 4242, "name": "python"}], "persistence": [2], "reset_fails": [2],
 "gone_after_reset": [3], "reset_s": 4}`` (a reset that takes 4 s). Every call is appended to
-``S.calls`` (one JSON list per line), so a test sees the order of what was asked. A reset that works appends ``{"gpu": i, "reset": true}`` to the
+``S.calls`` (one JSON list per line), so a test sees the order of what was asked. A reset that
+works appends ``{"gpu": i, "reset": true}`` to the
 fault file (the simulated GPU is healthy again); a bus reset asked through ``D`` (the ``reset`` file
 the agent wrote under the device's sysfs directory) takes effect at the next query, as a real one
 does once the kernel has reset the bus.
