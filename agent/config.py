@@ -73,6 +73,13 @@ class AgentConfig(ConfigModel):
         None, description="where /metrics and /readyz listen; default 0.0.0.0 under TLS, 127.0.0.1 in plaintext"
     )
     heartbeat_s: float = Field(5.0, gt=0, le=300)
+    idle_heartbeat_s: float = Field(
+        60.0,
+        ge=0,
+        le=600,
+        description="a heartbeat that says nothing new is sent only this often (HTTP/2 keepalive shows the "
+        "connection alive meanwhile); 0: every heartbeat_s",
+    )
     # The training jobs of this node's processes (their VIGIL_JOB_ID), reported with the heartbeat.
     jobs_scan_s: float = Field(10.0, gt=0, le=3600)
     # Where this node's training ranks keep their progress records (the hook's VIGIL_PROGRESS_DIR, a

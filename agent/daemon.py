@@ -169,6 +169,7 @@ class Agent:
             self._hello,
             LocalChecks(config.node, self.backend).run,
             heartbeat_s=config.heartbeat_s,
+            idle_heartbeat_s=config.idle_heartbeat_s,
             channel_factory=partial(_channel, tls=tls),
             fill_heartbeat=self._fill_heartbeat,
             run_remedy=Remedies(
@@ -232,6 +233,7 @@ class Agent:
             last_acked_seq=self.spool.acked_seq,
             spool_id=self.spool.spool_id,
             address=self.config.advertise_address,
+            idle_heartbeat_s=self.config.idle_heartbeat_s,
         )
 
     def record(self, signals: list[Signal], cursors: Mapping[str, str] | None = None) -> None:

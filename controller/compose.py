@@ -130,8 +130,17 @@ def node_route(
     applier = Applier(store, runner.schedule, fleet, folds, events, metrics)
     labels: Labels = {}  # refreshed by the upkeep from the actuator; the guard reads the failure domains
     guard = Guard(
-        guardrails, store.records, runner, metrics, lambda: len(fleet), clock, lambda n: labels.get(n, {}), fleet.names
+        guardrails,
+        store.records,
+        runner,
+        metrics,
+        lambda: len(fleet),
+        clock,
+        lambda n: labels.get(n, {}),
+        fleet.names,
+        flush_soon=store.group.soon,
     )
+    store.group.before_flush.append(guard.flush_state)
     runner.settle = guard.settle  # a burst's quarantines and pages wait to be decided as a whole
     by_hand = ByHand(fleet, store, runner, folds, guard, clock, metrics, recovery.undo_window_s)
     releases = ReleaseChecks(fleet, checks, recovery, by_hand.uncordon, clock, tasks)
@@ -164,11 +173,11 @@ def node_route(
 def build_actuator(config: ControllerConfig, store: Store) -> Actuator:
     if config.actuator == "local":
         return LocalActuator(store.db, config.node_labels)
-    from controller.act.kube.actuator import KubeActuator
+    from controller.act.kube.actuator import watching
     from controller.act.kube.client import api_client
 
     k = config.kubernetes
-    return KubeActuator(api_client(k.kubeconfig, k.context), events_namespace=k.events_namespace)
+    return watching(api_client(k.kubeconfig, k.context), events_namespace=k.events_namespace)
 
 
 def build_pager(config: ControllerConfig, store: Store) -> Pager:

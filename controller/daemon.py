@@ -29,6 +29,7 @@ from vigil_core.cert_reload import CertificateSource, server_credentials
 from vigil_core.http_status import serve_http
 from vigil_core.names import is_loopback
 from vigil_core.supervise import supervise
+from vigil_core.tls import KEEPALIVE_SERVER
 
 if TYPE_CHECKING:
     from controller.act.kube.tokens import TokenReviewer
@@ -81,7 +82,11 @@ class Controller:
         self.server = grpc.aio.server(
             # Undecodable bytes are refused first (INVALID_ARGUMENT); then, under TLS, the caller's role.
             interceptors=[DecodeInterceptor(), *([RoleInterceptor(tokens)] if self.tls else [])],
-            options=[("grpc.max_receive_message_length", size), ("grpc.max_send_message_length", size)],
+            options=[
+                ("grpc.max_receive_message_length", size),
+                ("grpc.max_send_message_length", size),
+                *KEEPALIVE_SERVER,
+            ],
         )
         agent_pb2_grpc.add_AgentGatewayServicer_to_server(self.rooms.agent_gateway, self.server)
         admin_pb2_grpc.add_AdminServicer_to_server(self.rooms.admin, self.server)

@@ -68,8 +68,9 @@ def postgres_server() -> Iterator[str]:
 
 
 @contextmanager
-def postgres_cluster() -> Iterator[PostgresServer]:
-    """A fresh server, as a handle that can stop and start it again."""
+def postgres_cluster(fsync: bool = False) -> Iterator[PostgresServer]:
+    """A fresh server, as a handle that can stop and start it again (``fsync``: durable commits, as a
+    production server makes them; the tests run without, for speed)."""
     initdb, pg_ctl = _tool("initdb"), _tool("pg_ctl")
     assert initdb and pg_ctl, unavailable()
     root = Path(tempfile.mkdtemp(prefix="vigil-pg-"))
@@ -79,7 +80,7 @@ def postgres_cluster() -> Iterator[PostgresServer]:
     run = lambda *cmd: subprocess.run(_as_server_user(list(cmd)), check=True, capture_output=True, text=True)  # noqa: E731
     try:
         run(initdb, "-D", str(data), "-U", "vigil", "--auth=trust", "--no-sync", "-E", "UTF8")
-        options = f"-p {port} -k {root} -c listen_addresses=127.0.0.1 -c fsync=off"
+        options = f"-p {port} -k {root} -c listen_addresses=127.0.0.1 -c fsync={'on' if fsync else 'off'}"
         ctl = [pg_ctl, "-D", str(data), "-o", options, "-l", str(root / "server.log")]
         run(*ctl, "-w", "start")
         try:

@@ -157,6 +157,18 @@ def transport_problem(tls_dir: Path | None, plaintext: bool) -> str:
     return ""
 
 
+# Liveness on the wire, not in Python: each side pings the other's HTTP/2 connection every 30 s and
+# closes it when no answer comes within 10 s (a node powered off, a cable pulled), so a stream's end
+# is what says an agent or a controller is gone. The server accepts pings that often.
+KEEPALIVE_CLIENT = [("grpc.keepalive_time_ms", 30_000), ("grpc.keepalive_timeout_ms", 10_000)]
+KEEPALIVE_SERVER = [
+    *KEEPALIVE_CLIENT,
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.min_recv_ping_interval_without_data_ms", 10_000),
+    ("grpc.http2.max_ping_strikes", 0),
+]
+
+
 def channel(target: str, tls: TlsFiles | None) -> grpc.Channel:
     """A blocking channel to the controller: mutual TLS when this party has certificates."""
     return grpc.secure_channel(target, tls.channel_credentials()) if tls else grpc.insecure_channel(target)
@@ -165,5 +177,5 @@ def channel(target: str, tls: TlsFiles | None) -> grpc.Channel:
 def aio_channel(target: str, tls: TlsFiles | None) -> grpc.aio.Channel:
     """An asyncio channel to the controller: mutual TLS when this party has certificates."""
     if tls is None:
-        return grpc.aio.insecure_channel(target)
-    return grpc.aio.secure_channel(target, tls.channel_credentials())
+        return grpc.aio.insecure_channel(target, options=KEEPALIVE_CLIENT)
+    return grpc.aio.secure_channel(target, tls.channel_credentials(), options=KEEPALIVE_CLIENT)

@@ -19,7 +19,7 @@ import structlog
 
 from controller.edge.authz import caller
 from controller.edge.limits import LimitsConfig
-from controller.nodes.agent_outboxes import AgentOutboxes
+from controller.nodes.agent_outboxes import AgentOutboxes, Outbox
 from controller.nodes.check_requests import CheckRequests
 from controller.nodes.engine import Engine
 from controller.nodes.fleet import Fleet
@@ -44,6 +44,7 @@ def peer_host(peer: str) -> str:
 
 
 MAX_GPUS = 1024
+MAX_IDLE_HEARTBEAT_S = 600.0  # an agent quiet longer than this could be stuck for half an hour unseen
 RECEIVE_CHUNK = 50  # signals decided and committed between two turns of the event loop
 
 
@@ -59,6 +60,8 @@ def hello_problem(hello: agent_pb2.Hello) -> str:
         return "Hello.address is not a host name or an IP address"
     if len(hello.agent_version) > 64 or len(hello.gpu_backend) > 32:
         return "Hello.agent_version or gpu_backend is too long"
+    if not 0 <= hello.idle_heartbeat_s <= MAX_IDLE_HEARTBEAT_S:  # NaN fails this too
+        return f"Hello.idle_heartbeat_s must be from 0 to {MAX_IDLE_HEARTBEAT_S:g} s"
     return ""
 
 
@@ -112,25 +115,22 @@ class AgentGateway(agent_pb2_grpc.AgentGatewayServicer):
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, why)
         address = hello.address or peer_host(context.peer())
         try:
-            acked = self._engine.hello(node, hello.spool_id, len(hello.gpus), address)
+            acked = self._engine.hello(node, hello.spool_id, len(hello.gpus), address, hello.idle_heartbeat_s)
+            await self._engine.durable()
         except Exception as exc:
             await self._cannot_record(exc, context)
         log.info("agent_connected", node=node, peer=context.peer(), acked_seq=acked, gpus=len(hello.gpus))
         outbox = self._outboxes.open(node)
         yield agent_pb2.ControllerMessage(ack=agent_pb2.Ack(acked_seq=acked))
         reader = asyncio.create_task(self._read(node, request_iterator, outbox, context))
+        reader.add_done_callback(lambda _: outbox.put_nowait(None))  # the stream's end, after what came before
         try:
-            while True:
-                getter = asyncio.create_task(outbox.get())
-                done, _ = await asyncio.wait({getter, reader}, return_when=asyncio.FIRST_COMPLETED)
-                if getter in done:
-                    yield getter.result()
-                    continue
-                getter.cancel()
-                while not outbox.empty():
-                    yield outbox.get_nowait()
-                reader.result()  # re-raise an abort
-                return
+            while (message := await outbox.get()) is not None:
+                yield message
+            while not outbox.empty():  # what was queued as the stream ended (an ack) still goes
+                if (late := outbox.get_nowait()) is not None:
+                    yield late
+            reader.result()  # re-raise an abort
         finally:
             reader.cancel()
             if self._outboxes.close(node, outbox):
@@ -141,7 +141,7 @@ class AgentGateway(agent_pb2_grpc.AgentGatewayServicer):
         self,
         node: str,
         requests: AsyncIterator[agent_pb2.AgentMessage],
-        outbox: asyncio.Queue[agent_pb2.ControllerMessage],
+        outbox: Outbox,
         context: grpc.aio.ServicerContext,
     ) -> None:
         async for msg in requests:
@@ -173,6 +173,7 @@ class AgentGateway(agent_pb2_grpc.AgentGatewayServicer):
                     )
                 try:
                     acked = await self._receive(node, signals)
+                    await self._engine.durable()  # the agent drops what is acknowledged: on disk first
                 except Exception as exc:
                     await self._cannot_record(exc, context)
                 outbox.put_nowait(agent_pb2.ControllerMessage(ack=agent_pb2.Ack(acked_seq=acked)))

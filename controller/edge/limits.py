@@ -19,7 +19,9 @@ class LimitsConfig(ConfigModel):
         default=120, ge=1, description="check results nobody asked for, stored per node and hour; past it, counted"
     )
     max_nodes: int = Field(
-        default=50_000, ge=1, description="nodes the controller knows at most; a Hello from a new one beyond is refused"
+        default=100_000,
+        ge=1,
+        description="nodes the controller knows at most; a Hello from a new one beyond is refused",
     )
     max_seq_gap: int = Field(
         default=10_000_000,

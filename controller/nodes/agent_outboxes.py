@@ -12,7 +12,7 @@ import asyncio
 
 from protos.vigil.v1 import agent_pb2
 
-Outbox = asyncio.Queue[agent_pb2.ControllerMessage]
+Outbox = asyncio.Queue[agent_pb2.ControllerMessage | None]  # None: the stream's reader ended (the gateway's own)
 
 
 class AgentOutboxes:

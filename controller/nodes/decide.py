@@ -220,9 +220,29 @@ def quarantine_confirmed(state: NodeState, at: float) -> NodeState:
 
 def heartbeat_silence(state: NodeState, silent_for: float, policy: Policy) -> NodeState:
     """UNKNOWN once heartbeats stop for longer than the policy allows; never from out-of-service."""
-    if silent_for <= policy.heartbeat_timeout_s or state.health in (*_OUT_OF_SERVICE, Health.UNKNOWN):
+    if silent_for <= policy.heartbeat_timeout_s:
+        return state
+    return silenced(state)
+
+
+def silenced(state: NodeState) -> NodeState:
+    """The node's agent went silent: UNKNOWN, remembering what it was; never from out-of-service."""
+    if state.health in (*_OUT_OF_SERVICE, Health.UNKNOWN):
         return state
     return replace(state, health=Health.UNKNOWN, health_before_unknown=state.health)
+
+
+def silence_deadline(
+    last_heard: float, connected: bool, disconnected_at: float, idle_heartbeat_s: float, policy: Policy
+) -> float:
+    """When the node counts as silent if nothing more is heard. Its agent's stream closed: the
+    policy's ``heartbeat_timeout_s`` after it closed. Its stream open (HTTP/2 keepalive says the
+    machine answers): three of its idle heartbeats (what its Hello said; 0 for an agent that beats at
+    a steady rate) after it last said anything, never sooner than the timeout: an agent stuck with
+    its connection up."""
+    if not connected:
+        return max(last_heard, disconnected_at) + policy.heartbeat_timeout_s
+    return last_heard + max(policy.heartbeat_timeout_s, 3 * idle_heartbeat_s)
 
 
 def heartbeat_returned(state: NodeState) -> NodeState:

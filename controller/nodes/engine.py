@@ -86,21 +86,27 @@ class Engine:
 
     # Agents --------------------------------------------------------------------------------
 
-    def hello(self, node: str, spool_id: str, gpus: int, address: str = "") -> int:
-        """Register a (re)connecting agent; returns the seq it may drop its spool up to (``ack_seq``)."""
+    def hello(self, node: str, spool_id: str, gpus: int, address: str = "", idle_heartbeat_s: float = 0.0) -> int:
+        """Register a (re)connecting agent; returns the seq it may drop its spool up to (``ack_seq``).
+        ``idle_heartbeat_s``: how long it may stay quiet with nothing new (0: it beats steadily)."""
         now = self.clock()
         entry = self.fleet.nodes.get(node)
+        changed = entry is None  # what the database holds of the node: written only when it changes
         if entry is None:
             entry = self.fleet.add(node, NodeEntry(NodeState(node=node), spool_id, 0, now, gpus))
         elif entry.spool_id != spool_id:
             log.info("agent_new_spool", node=node, old=entry.spool_id, new=spool_id, old_last_seq=entry.last_seq)
             self._spool_replaced(node, entry, now)
-            entry.spool_id, entry.last_seq, entry.spooled = spool_id, 0, 0
-        entry.state = heartbeat_returned(entry.state)
+            entry.spool_id, entry.last_seq, entry.spooled, changed = spool_id, 0, 0, True
+        state = heartbeat_returned(entry.state)
+        changed = changed or state is not entry.state or gpus != entry.gpus or gpus > entry.expected_gpus
+        entry.state = state
         entry.last_heartbeat, entry.gpus, entry.connected, entry.address = now, gpus, True, address
-        entry.connected_at = now
+        entry.connected_at, entry.idle_heartbeat_s = now, max(0.0, idle_heartbeat_s)
+        self.fleet.watch_silence(node, now + self.policy.heartbeat_timeout_s)
         expected, entry.expected_gpus = entry.expected_gpus, max(entry.expected_gpus, gpus)
-        self.store.nodes.register(entry.state, spool_id, entry.last_seq, gpus, now, entry.expected_gpus)
+        if changed:  # a reconnection after a restart writes nothing: 100,000 agents come back at once
+            self.store.nodes.register(entry.state, spool_id, entry.last_seq, gpus, now, entry.expected_gpus)
         if gpus < expected:
             reason = f"the node came back with {gpus} of its {expected} GPUs"
             outcome = self.found(Found(node, f"inventory-{int(now)}", reason, Source.INVENTORY, SignalKind.GPU_LOST))
@@ -123,9 +129,15 @@ class Engine:
         )
         log.error("agent_spool_signals_maybe_lost", node=node, signals=entry.spooled, outcome=str(outcome))
 
+    async def durable(self) -> None:
+        """Return once what was recorded so far is on disk (before an ack; ``store.group_commit``)."""
+        await self.store.group.durable()
+
     def send_ack(self, node: str) -> None:
-        """An action finished: the agent may now drop the signals that asked for it."""
-        self.agents.send(node, agent_pb2.ControllerMessage(ack=agent_pb2.Ack(acked_seq=self.ack_seq(node))))
+        """An action finished: once that is on disk, the agent may drop the signals that asked for it."""
+        self.store.group.then(
+            lambda: self.agents.send(node, agent_pb2.ControllerMessage(ack=agent_pb2.Ack(acked_seq=self.ack_seq(node))))
+        )
 
     def ack_seq(self, node: str) -> int:
         """What the agent may drop: everything received, except signals whose actions are under way."""
@@ -165,11 +177,13 @@ class Engine:
         new_state = heartbeat_returned(entry.state)
         if new_state is not entry.state:
             entry.state = new_state
-            self.store.nodes.save([new_state])
+            self.store.nodes.save([new_state], durable=False)
+            self.store.group.soon()
 
     def disconnected(self, node: str) -> None:
-        if node in self.fleet.nodes:
-            self.fleet.nodes[node].connected = False
+        if (entry := self.fleet.nodes.get(node)) is not None:
+            entry.connected, entry.disconnected_at = False, self.clock()
+            self.fleet.watch_silence(node, entry.disconnected_at + self.policy.heartbeat_timeout_s)
         self.checks.disconnected(node)  # whoever waits on its checks learns now, not at their deadline
 
     def receive(self, node: str, signals: Sequence[Signal]) -> int:

@@ -4,8 +4,9 @@ through ``FleetView``, which can only read."""
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import InitVar, dataclass, field
 from typing import Protocol
 
 from controller.store import NodeRow
@@ -22,14 +23,28 @@ class UnknownNode(Exception):
 ReportFailure = Callable[[str, str, str], str]
 
 
-@dataclass
+class HealthIndex:
+    """Which nodes are in which health, and which agents are connected, kept as entries change: the
+    once-a-second work (suspects to clear, quarantines to release, gauges) reads the few nodes it
+    concerns, not the whole fleet."""
+
+    def __init__(self) -> None:
+        self.by_health: dict[Health, set[str]] = {h: set() for h in Health}
+        self.connected: set[str] = set()
+
+    def moved(self, node: str, old: Health | None, new: Health) -> None:
+        if old is not None:
+            self.by_health[old].discard(node)
+        self.by_health[new].add(node)
+
+
+@dataclass(slots=True, eq=False)
 class NodeEntry:
-    state: NodeState
+    initial_state: InitVar[NodeState]
     spool_id: str
     last_seq: int
-    last_heartbeat: float
+    last_heartbeat: float  # when its agent last said anything (a Hello, a heartbeat, a batch)
     gpus: int
-    connected: bool = False
     dropped_faults: int = 0  # as the agent last reported it
     spooled: int = 0  # signals waiting in its agent's spool, at its last heartbeat
     address: str = ""  # where the node's peers reach it (pairwise checks); known once its agent connects
@@ -37,6 +52,34 @@ class NodeEntry:
     jobs: frozenset[str] = frozenset()  # the training jobs its agent sees its processes run
     ranks: tuple[RankRecord, ...] = ()  # their ranks' progress records, as its agent last sent them
     connected_at: float = 0.0  # when its agent last said hello (a rebooted node's agent says it anew)
+    disconnected_at: float = 0.0  # when its agent's stream last closed
+    idle_heartbeat_s: float = 0.0  # how long its agent may stay quiet with nothing new (its Hello says)
+    _state: NodeState = field(init=False)
+    _connected: bool = field(init=False, default=False)
+    _index: HealthIndex | None = field(init=False, default=None)
+
+    def __post_init__(self, initial_state: NodeState) -> None:
+        self._state = initial_state
+
+    @property
+    def state(self) -> NodeState:
+        return self._state
+
+    @state.setter
+    def state(self, new: NodeState) -> None:
+        old, self._state = self._state, new
+        if self._index is not None and old.health is not new.health:
+            self._index.moved(new.node, old.health, new.health)
+
+    @property
+    def connected(self) -> bool:
+        return self._connected
+
+    @connected.setter
+    def connected(self, now_connected: bool) -> None:
+        self._connected = now_connected
+        if self._index is not None:
+            (self._index.connected.add if now_connected else self._index.connected.discard)(self._state.node)
 
 
 class FleetView(Protocol):
@@ -77,14 +120,17 @@ class FleetView(Protocol):
 
 class Fleet:
     def __init__(self, rows: dict[str, NodeRow], open_incidents: dict[str, str], now: float) -> None:
+        self.index = HealthIndex()
+        self.nodes: dict[str, NodeEntry] = {}
+        # When to look at a node's silence again: (when, node); about one entry per node, looked at
+        # once per timeout (``due``), so the cost grows with the nodes going quiet, not with the fleet.
+        self._deadlines: list[tuple[float, str]] = []
         # Heartbeats are not persisted as they come (20,000 nodes beat 4,000 times a second): after a
         # start every known node gets a full heartbeat timeout to reconnect before it counts as silent.
-        self.nodes: dict[str, NodeEntry] = {
-            name: NodeEntry(
-                row.state, row.spool_id, row.last_seq, now, row.gpus, expected_gpus=max(row.expected_gpus, row.gpus)
-            )
-            for name, row in rows.items()
-        }
+        for name, row in rows.items():
+            entry = NodeEntry(row.state, row.spool_id, row.last_seq, now, row.gpus)
+            entry.expected_gpus, entry.disconnected_at = max(row.expected_gpus, row.gpus), now
+            self.add(name, entry)
         # The latest open incident of each node, for status views (kept here, not read per request).
         self.open_incident: dict[str, str] = dict(open_incidents)
 
@@ -100,6 +146,16 @@ class Fleet:
     def entries(self) -> Iterable[tuple[str, NodeEntry]]:
         return self.nodes.items()
 
+    def in_health(self, health: Health) -> list[str]:
+        """The nodes in ``health`` now (a copy: the caller may change their states)."""
+        return list(self.index.by_health[health])
+
+    def count(self, health: Health) -> int:
+        return len(self.index.by_health[health])
+
+    def connected_count(self) -> int:
+        return len(self.index.connected)
+
     def entry(self, node: str) -> NodeEntry:
         entry = self.nodes.get(node)
         if entry is None:
@@ -108,7 +164,23 @@ class Fleet:
 
     def add(self, node: str, entry: NodeEntry) -> NodeEntry:
         self.nodes[node] = entry
+        entry._index = self.index
+        self.index.moved(node, None, entry.state.health)
+        if entry.connected:
+            self.index.connected.add(node)
+        self.watch_silence(node, entry.last_heartbeat)
         return entry
+
+    def watch_silence(self, node: str, at: float) -> None:
+        """Look at the node's silence again at ``at`` (a disconnection, a new node)."""
+        heapq.heappush(self._deadlines, (at, node))
+
+    def due(self, now: float) -> list[str]:
+        """The nodes whose silence is due to be looked at now; each comes again only when re-armed."""
+        found = []
+        while self._deadlines and self._deadlines[0][0] <= now:
+            found.append(heapq.heappop(self._deadlines)[1])
+        return found
 
     # FleetView --------------------------------------------------------------------------------
 
@@ -120,7 +192,7 @@ class Fleet:
         return self.open_incident.get(node, "")
 
     def connected(self) -> list[str]:
-        return sorted(name for name, e in self.nodes.items() if e.connected)
+        return sorted(self.index.connected)
 
     def is_connected(self, node: str) -> bool:
         entry = self.nodes.get(node)

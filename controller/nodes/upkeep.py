@@ -15,7 +15,7 @@ from controller.act.actuators import Actuator
 from controller.metrics import ControllerMetrics
 from controller.nodes.actions.fold_reports import FoldReports
 from controller.nodes.by_hand import ByHand
-from controller.nodes.decide import heartbeat_silence, suspicion_lapsed
+from controller.nodes.decide import silence_deadline, silenced, suspicion_lapsed
 from controller.nodes.engine import Engine
 from controller.nodes.fleet import Fleet
 from controller.nodes.guards.guard import Guard
@@ -65,10 +65,20 @@ class Upkeep:
         self._clock = clock
 
     def check_silence(self) -> list[str]:
-        """Mark nodes UNKNOWN whose heartbeats stopped; returns their names."""
+        """Mark nodes UNKNOWN whose agents went silent; returns their names. Only the nodes whose
+        deadline came are looked at (``Fleet.due``), not the whole fleet."""
         now, changed = self._clock(), []
-        for name, entry in self._fleet.entries():
-            new_state = heartbeat_silence(entry.state, now - entry.last_heartbeat, self._policy)
+        for name in self._fleet.due(now):
+            entry = self._fleet.nodes.get(name)
+            if entry is None:
+                continue
+            deadline = silence_deadline(
+                entry.last_heartbeat, entry.connected, entry.disconnected_at, entry.idle_heartbeat_s, self._policy
+            )
+            if deadline > now:
+                self._fleet.watch_silence(name, deadline)
+                continue
+            new_state = silenced(entry.state)
             if new_state is not entry.state:
                 entry.state = new_state  # shown at once, even while the database cannot record it
                 changed.append(new_state)
@@ -81,7 +91,8 @@ class Upkeep:
         """SUSPECT nodes quiet for the policy's ``suspect_clear_s`` are HEALTHY again, their incidents
         resolved (and said in their threads); returns their names."""
         now = self._clock()
-        lapsed = [n for n, e in self._fleet.entries() if suspicion_lapsed(e.state, now, self._policy)]
+        suspects = self._fleet.in_health(Health.SUSPECT)
+        lapsed = [n for n in suspects if suspicion_lapsed(self._fleet.entry(n).state, now, self._policy)]
         for node in lapsed:
             quiet_s = self._policy.suspect_clear_s
             self._by_hand.resolve_node(node, f"Resolved: {node} quiet for {quiet_s:.0f} s, back to HEALTHY", now)
@@ -91,12 +102,9 @@ class Upkeep:
     def update_gauges(self) -> None:
         metrics = self._metrics
         metrics.database_bytes.set(self._store.db.size_bytes())
-        counts = {h: 0 for h in Health}
-        for _, entry in self._fleet.entries():
-            counts[entry.state.health] += 1
-        for health, count in counts.items():
-            metrics.nodes.labels(health.value).set(count)
-        metrics.connected_agents.set(len(self._fleet.connected()))
+        for health in Health:
+            metrics.nodes.labels(health.value).set(self._fleet.count(health))
+        metrics.connected_agents.set(self._fleet.connected_count())
         metrics.automation_paused.set(1 if self._guard.breaker.tripped else 0)
 
     async def refresh_labels(self) -> None:

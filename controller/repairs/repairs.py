@@ -158,8 +158,8 @@ class Repairs:
 
     def _open_new(self, now: float) -> bool:
         opened = False
-        for node, entry in self._fleet.entries():
-            if entry.state.health is not Health.QUARANTINED or self.under_repair(node):
+        for node in self._fleet.in_health(Health.QUARANTINED):
+            if self.under_repair(node):
                 continue
             if self._fleet.incident_of(node) in ("", self.ended.get(node)):  # nothing new since its repair ended
                 continue

@@ -7,8 +7,9 @@ domain over one database.
 - ``records``: small facts, operators' requests, check results and sweeps.
 
 A received batch commits its signals, incidents, actions and the node's state in one transaction
-(``Store.tx``). Only after it commits does the controller acknowledge, so a controller killed at any
-point neither forgets an incident nor loses a signal; actions left PENDING resume at start.
+(``Store.tx``). Only after it is on disk (``group_commit``: one flush for many commits, off the event
+loop) does the controller acknowledge, so a controller or its machine stopped at any point neither
+forgets an incident nor loses a signal; actions left PENDING resume at start.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any
 
 from controller.store.action_log import ActionLog, PendingAction
 from controller.store.database import Database, SqliteDatabase, Tx
+from controller.store.group_commit import GroupCommit
 from controller.store.health import StoreHealth, WatchedDatabase
 from controller.store.identity import DatabaseRefused, Opened, check_identity, open_database, stamp
 from controller.store.incidents import ActionView, IncidentLog, IncidentView
@@ -32,6 +34,7 @@ __all__ = [
     "ActionView",
     "Database",
     "DatabaseRefused",
+    "GroupCommit",
     "IncidentLog",
     "IncidentView",
     "NodeRow",
@@ -63,6 +66,7 @@ class Store:
         self.incidents = IncidentLog(self.db)
         self.actions = ActionLog(self.db)
         self.records = Records(self.db)
+        self.group = GroupCommit(self.db)  # the hot writes' durability, one flush for many
         stamp(self.db, cluster)
 
     @property
@@ -71,9 +75,10 @@ class Store:
         return self.db.shared
 
     @contextmanager
-    def tx(self) -> Iterator[Tx]:
-        """One transaction across the domains (a received batch)."""
-        with self.db.tx() as db:
+    def tx(self, durable: bool = True) -> Iterator[Tx]:
+        """One transaction across the domains (a received batch: ``durable=False``, its ack awaiting
+        ``group.durable()``)."""
+        with self.db.tx(durable) as db:
             yield db
 
     def prune(self, before: float) -> dict[str, int]:
@@ -85,4 +90,5 @@ class Store:
         return self.db.read(sql, args)
 
     def close(self) -> None:
+        self.group.close()
         self.db.close()

@@ -84,7 +84,8 @@ class ActionLog:
             )
 
     def finish(self, incident_id: str, kind: str, status: str, detail: str, now: float) -> None:
-        with self._db.tx() as db:
+        """Lazily durable (``group_commit``): lost with the machine, the action is PENDING and runs again."""
+        with self._db.tx(durable=False) as db:
             db.execute(
                 "UPDATE actions SET status = ?, detail = ?, done_at = ?, attempts = attempts + 1 "
                 "WHERE incident_id = ? AND kind = ?",

@@ -14,6 +14,7 @@ written once, in the subset both speak (``?`` placeholders, ``ON CONFLICT`` upse
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import threading
 from collections.abc import Iterator, Sequence
@@ -49,8 +50,19 @@ class Database(Protocol):
         """Bring a table written by an older controller up to this schema (no-op if it is new or has it)."""
         ...
 
-    def tx(self) -> AbstractContextManager[Tx]:
-        """One write transaction; it commits when the block ends and rolls back if it raises."""
+    def tx(self, durable: bool = True) -> AbstractContextManager[Tx]:
+        """One write transaction; it commits when the block ends and rolls back if it raises.
+        ``durable=False``: the commit does not wait for the disk (it survives the process, not the
+        machine) until ``sync`` (``controller.store.group_commit``); it is counted in ``lazy_commits``."""
+        ...
+
+    @property
+    def lazy_commits(self) -> int:
+        """How many ``durable=False`` transactions have committed."""
+        ...
+
+    def sync(self) -> None:
+        """Make every commit before it durable (blocking: called off the event loop)."""
         ...
 
     def read(self, sql: str, args: Sequence[Any] = ()) -> list[tuple[Any, ...]]: ...
@@ -75,10 +87,14 @@ class SqliteDatabase:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.where = str(path)
         self._path = path
+        self._wal = path.with_name(path.name + "-wal")
         self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         self._lock = threading.RLock()
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")
+        self._lazy = 0
+        self._wal_fd: int | None = None
+        self._sync_lock = threading.Lock()
 
     def create(self, schema: str) -> None:
         with self._lock:
@@ -91,10 +107,42 @@ class SqliteDatabase:
                 self._db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {definition}")
 
     @contextmanager
-    def tx(self) -> Iterator[Tx]:
-        with self._lock, self._db:
-            self._db.execute("BEGIN IMMEDIATE")
-            yield self._db
+    def tx(self, durable: bool = True) -> Iterator[Tx]:
+        with self._lock:
+            if durable:
+                with self._db:
+                    self._db.execute("BEGIN IMMEDIATE")
+                    yield self._db
+                return
+            # WAL with synchronous=NORMAL: the commit is written to the log, not yet synced; a later
+            # FULL commit or ``sync`` makes it durable, with every commit before it.
+            self._db.execute("PRAGMA synchronous=NORMAL")
+            try:
+                with self._db:
+                    self._db.execute("BEGIN IMMEDIATE")
+                    yield self._db
+                self._lazy += 1
+            finally:
+                self._db.execute("PRAGMA synchronous=FULL")
+
+    @property
+    def lazy_commits(self) -> int:
+        return self._lazy
+
+    def sync(self) -> None:
+        """fdatasync the write-ahead log: every commit written to it so far is then on disk (what was
+        checkpointed out of it, SQLite synced itself)."""
+        with self._sync_lock:
+            try:
+                inode = os.stat(self._wal).st_ino
+            except FileNotFoundError:
+                return  # nothing written since the log was last removed (a clean close)
+            if self._wal_fd is not None and os.fstat(self._wal_fd).st_ino != inode:
+                os.close(self._wal_fd)
+                self._wal_fd = None
+            if self._wal_fd is None:
+                self._wal_fd = os.open(self._wal, os.O_RDONLY)
+            os.fdatasync(self._wal_fd)
 
     def read(self, sql: str, args: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         with self._lock:
@@ -113,3 +161,7 @@ class SqliteDatabase:
     def close(self) -> None:
         with self._lock:
             self._db.close()
+        with self._sync_lock:
+            if self._wal_fd is not None:
+                os.close(self._wal_fd)
+                self._wal_fd = None

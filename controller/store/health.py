@@ -89,19 +89,31 @@ class WatchedDatabase:
     def add_column(self, table: str, column: str, definition: str) -> None:
         self.inner.add_column(table, column, definition)
 
-    def tx(self) -> AbstractContextManager[Tx]:
-        return self._tx()
+    def tx(self, durable: bool = True) -> AbstractContextManager[Tx]:
+        return self._tx(durable)
 
     @contextmanager
-    def _tx(self) -> Iterator[Tx]:
+    def _tx(self, durable: bool) -> Iterator[Tx]:
         try:
-            with self.inner.tx() as tx:
+            with self.inner.tx(durable) as tx:
                 yield tx
         except Exception as exc:
             if is_database_error(exc):
                 self.health.failed(exc)
             raise
         self.health.succeeded()
+
+    @property
+    def lazy_commits(self) -> int:
+        return self.inner.lazy_commits
+
+    def sync(self) -> None:
+        try:
+            self.inner.sync()
+        except Exception as exc:
+            if is_database_error(exc):
+                self.health.failed(exc)
+            raise
 
     def read(self, sql: str, args: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         try:

@@ -38,7 +38,8 @@ class NodeTable:
     def register(
         self, state: NodeState, spool_id: str, last_seq: int, gpus: int, now: float, expected_gpus: int = 0
     ) -> None:
-        with self._db.tx() as db:
+        """An agent's Hello, lazily durable: its ack awaits the group commit."""
+        with self._db.tx(durable=False) as db:
             db.execute(
                 "INSERT INTO nodes (node, health, state, spool_id, last_seq, last_heartbeat, gpus, expected_gpus) "
                 "VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (node) DO UPDATE SET health = excluded.health, "
@@ -48,8 +49,8 @@ class NodeTable:
                 (state.node, state.health.value, state_to_json(state), spool_id, last_seq, now, gpus, expected_gpus),
             )
 
-    def save(self, states: Sequence[NodeState]) -> None:
-        with self._db.tx() as db:
+    def save(self, states: Sequence[NodeState], durable: bool = True) -> None:
+        with self._db.tx(durable) as db:
             db.executemany(
                 "UPDATE nodes SET health = ?, state = ? WHERE node = ?",
                 [(s.health.value, state_to_json(s), s.node) for s in states],

@@ -84,6 +84,7 @@ class PostgresDatabase:
         self._wait_s = timeout_s
         self._away_wait_s = away_wait_s
         self._away = False
+        self._lazy = 0
         self._pool = ConnectionPool(dsn, min_size=1, max_size=pool_size, timeout=timeout_s, open=False)
         try:
             self._pool.open(wait=True, timeout=timeout_s)
@@ -115,9 +116,24 @@ class PostgresDatabase:
         self._away = False
 
     @contextmanager
-    def tx(self) -> Iterator[Tx]:
+    def tx(self, durable: bool = True) -> Iterator[Tx]:
+        with self._connection() as connection:
+            with connection.transaction():
+                if not durable:  # committed without waiting for the server's WAL flush
+                    connection.execute("SET LOCAL synchronous_commit = off")
+                yield _PgTx(connection)
+            if not durable:
+                self._lazy += 1
+
+    @property
+    def lazy_commits(self) -> int:
+        return self._lazy
+
+    def sync(self) -> None:
+        """A transaction that writes its own commit record and waits for its flush: the WAL is one
+        sequence, so every commit before it (any connection's) is then on disk too."""
         with self._connection() as connection, connection.transaction():
-            yield _PgTx(connection)
+            connection.execute("SELECT txid_current()")
 
     def read(self, sql: str, args: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         with self._connection() as connection:

@@ -30,9 +30,13 @@ class Records:
         return str(rows[0][0]) if rows else None
 
     def set_meta(self, key: str, value: str) -> None:
-        with self._db.tx() as db:
-            db.execute(
-                "INSERT INTO meta VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value", (key, value)
+        self.set_metas({key: value})
+
+    def set_metas(self, values: dict[str, str], durable: bool = True) -> None:
+        with self._db.tx(durable) as db:
+            db.executemany(
+                "INSERT INTO meta VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                list(values.items()),
             )
 
     def operator_action(self, what: str, node: str, requested_by: str, reason: str, detail: str, now: float) -> None:

@@ -237,6 +237,14 @@ def test_an_oversized_message_and_a_flooding_agent_are_refused_and_the_server_ke
             grpc.StatusCode.INVALID_ARGUMENT,
             "Hello.address",
         ),
+        *(
+            (
+                [agent_pb2.AgentMessage(hello=agent_pb2.Hello(node=NODE, spool_id="s", idle_heartbeat_s=idle))],
+                grpc.StatusCode.INVALID_ARGUMENT,
+                "Hello.idle_heartbeat_s",
+            )
+            for idle in (-1.0, 86400.0, float("nan"))
+        ),
     ],
 )
 def test_bad_messages_get_a_clear_status_and_the_server_keeps_serving(
@@ -249,6 +257,47 @@ def test_bad_messages_get_a_clear_status_and_the_server_keeps_serving(
         assert err.value.code() == status and text in (err.value.details() or "")
         good = await send_raw(controller.port, raw_batch("s2", [1]), replies=2)
         assert good[-1].ack.acked_seq == 1
+        await stop_controller(controller)
+
+    asyncio.run(scenario())
+
+
+def test_a_heartbeat_with_nothing_new_waits_for_the_idle_interval(tmp_path: Path) -> None:
+    """At 100,000 nodes a heartbeat a node every 5 s is 20,000 messages a second: a quiet agent sends
+    one only every ``idle_heartbeat_s`` (HTTP/2 keepalive says it is there meanwhile); anything new
+    it has to say (its jobs here) goes at the next ``heartbeat_s``."""
+
+    async def scenario() -> None:
+        controller = await start_controller(tmp_path / "ctl.db")
+        beats: list[list[str]] = []
+        heartbeat = controller.engine.heartbeat
+        controller.engine.heartbeat = lambda node, *a, **kw: (beats.append(list(a[2])), heartbeat(node, *a, **kw))  # type: ignore[method-assign]
+        jobs: list[str] = []
+        spool = Spool(tmp_path / "spool.db")
+
+        def hello() -> agent_pb2.Hello:
+            return agent_pb2.Hello(node=NODE, spool_id=spool.spool_id, idle_heartbeat_s=0.8)
+
+        def fill(beat: agent_pb2.Heartbeat) -> None:
+            beat.jobs.extend(jobs)
+
+        link = ControllerLink(
+            f"127.0.0.1:{controller.port}", spool, hello, no_check, heartbeat_s=0.05, idle_heartbeat_s=0.8,
+            fill_heartbeat=fill,
+        )  # fmt: skip
+        stop = asyncio.Event()
+        running = asyncio.create_task(link.run(stop))
+        await wait_until(lambda: len(beats) >= 1, what="the first heartbeat")
+        await asyncio.sleep(1.0)  # 20 heartbeat periods, nothing new: one more at most (the idle one)
+        quiet = len(beats)
+        assert 1 <= quiet <= 3
+        for n in range(3):  # something new each time: each goes at the next heartbeat_s
+            jobs.append(f"job-{n}")
+            await wait_until(lambda n=n: bool(beats) and beats[-1][-1:] == [f"job-{n}"], timeout=2, what="news")
+        assert len(beats) - quiet == 3
+        assert controller.engine.fleet.nodes[NODE].idle_heartbeat_s == 0.8
+        stop.set()
+        await running
         await stop_controller(controller)
 
     asyncio.run(scenario())

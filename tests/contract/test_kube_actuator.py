@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from kubernetes import client
 
 from controller.act.actuators import SelectionError
 from controller.act.kube.actuator import MERGE_PATCH, STRATEGIC_PATCH, KubeActuator
@@ -14,6 +15,7 @@ from controller.act.kube.client import RETRY, api_client
 from controller.act.kube.plans import CONDITION_TYPE, INCIDENT, OWNER, TAINT_KEY, WAS_UNSCHEDULABLE, event_name
 from controller.vocab.actions import Quarantine
 from tests.fakes.kube_api import KubeApiServer
+from tests.helpers import poll_until
 
 REASON = "XID 79 on GPU 3: GPU has fallen off the bus"
 
@@ -178,26 +180,96 @@ def test_adopt_finds_vigils_quarantines_only(kube: KubeApiServer, tmp_path: Path
     assert found.at > 0
 
 
-def test_a_burst_reads_nodes_from_one_list(kube: KubeApiServer, tmp_path: Path) -> None:
+def watched(kube: KubeApiServer, tmp_path: Path) -> KubeActuator:
+    from controller.act.kube.actuator import watching
+
+    act = watching(api_client(kube.kubeconfig(tmp_path / "kubeconfig"), retry=RETRY.new(total=1)))
+    assert act.cache is not None
+    poll_until(lambda: act.cache is not None and act.cache.synced, 10)
+    return act
+
+
+def test_a_burst_reads_nodes_from_the_watch_not_one_get_each(kube: KubeApiServer, tmp_path: Path) -> None:
     names = [f"gpu-{i}" for i in range(40)]
-    for name in names:
-        kube.add_node(name)
-    act = actuator(kube, tmp_path, batch_threshold=4, list_ttl_s=30.0)
-    barrier = threading.Barrier(20)
+    kube.add_nodes(names, labels={"rack": "r1"})
+    act = watched(kube, tmp_path)
+    try:
+        assert act.node_labels()["gpu-3"] == {"rack": "r1"}
+        barrier = threading.Barrier(20)
 
-    def run(name: str) -> None:
-        barrier.wait()
-        act.quarantine(quarantine(name, f"inc-{name}"))
+        def run(name: str) -> None:
+            barrier.wait()
+            act.quarantine(quarantine(name, f"inc-{name}"))
 
-    threads = [threading.Thread(target=run, args=(n,)) for n in names[:20]]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
-    assert all(kube.node(n)["spec"].get("unschedulable") for n in names[:20])
-    assert not any(kube.node(n)["spec"].get("unschedulable") for n in names[20:])
-    gets = len(kube.requests("GET", r"/api/v1/nodes/gpu-\d+$"))
-    assert act.lists >= 1 and gets < 20  # fewer reads than nodes
+        threads = [threading.Thread(target=run, args=(n,)) for n in names[:20]]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert all(kube.node(n)["spec"].get("unschedulable") for n in names[:20])
+        assert not any(kube.node(n)["spec"].get("unschedulable") for n in names[20:])
+        assert not kube.requests("GET", r"/api/v1/nodes/gpu-\d+$")  # every read came from the watch
+        assert len(kube.requests("GET", r"^/api/v1/nodes$")) == 1  # one LIST, at start
+        # The watch saw Vigil's own writes: the same incident's quarantine again reads it as done.
+        poll_until(lambda: bool(cached_spec(act, "gpu-0").get("unschedulable")), 10)
+        assert act.quarantine(quarantine("gpu-0", "inc-gpu-0")).startswith("already tainted and cordoned")
+        assert not kube.requests("GET", r"/api/v1/nodes/gpu-\d+$")
+    finally:
+        assert act.cache is not None
+        act.cache.stop()
+
+
+def test_a_stale_read_from_the_watch_costs_one_conflict_and_one_get(kube: KubeApiServer, tmp_path: Path) -> None:
+    kube.add_node("gpu-1")
+    act = watched(kube, tmp_path)
+    try:
+        assert act.cache is not None
+        stale = act.cache.get("gpu-1")
+        # Someone taints the node; the actuator plans from what it read before (the watch behind): its
+        # conditional PATCH gets 409 Conflict, it reads the node again and keeps the person's taint.
+        person = {"key": "person/hold", "value": "x", "effect": "NoSchedule"}
+        core = client.CoreV1Api(api_client(kube.kubeconfig(tmp_path / "kc2")))
+        core.patch_node("gpu-1", {"spec": {"taints": [person]}}, _content_type=MERGE_PATCH)
+        poll_until(lambda: bool(cached_spec(act, "gpu-1").get("taints")), 10)
+        act.cache._nodes["gpu-1"] = stale  # type: ignore[assignment]  # held back: as if the watch were behind
+        act.quarantine(quarantine("gpu-1", "inc-1"))
+        taints = {t["key"] for t in kube.node("gpu-1")["spec"]["taints"]}
+        assert taints == {"person/hold", "vigil.dev/quarantined"}
+        assert len(kube.requests("GET", r"/api/v1/nodes/gpu-1$")) == 1
+        assert len([r for r in kube.requests("PATCH", r"/api/v1/nodes/gpu-1$")]) >= 2  # the 409, then the write
+    finally:
+        assert act.cache is not None
+        act.cache.stop()
+
+
+def test_the_watch_lists_again_when_its_version_is_gone(
+    kube: KubeApiServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from controller.act.kube.node_cache import NodeCache
+    from tests.fakes import kube_api
+
+    monkeypatch.setattr(kube_api, "NODE_EVENTS_KEPT", 2)
+    kube.add_nodes([f"gpu-{i}" for i in range(3)])
+    core = client.CoreV1Api(api_client(kube.kubeconfig(tmp_path / "kubeconfig")))
+    for i in range(6):  # more changes than the server keeps
+        core.patch_node("gpu-0", {"metadata": {"labels": {"n": str(i)}}}, _content_type=MERGE_PATCH)
+    cache = NodeCache(core, retry_s=0.1)
+    assert cache._watch("101") == ""  # 410 Gone: a version the server forgot means list again
+    cache.start()
+    try:
+        poll_until(lambda: cache.synced, 10)
+        assert cache.labels()["gpu-0"] == {"n": "5"} and cache.lists == 1
+        core.patch_node("gpu-1", {"metadata": {"labels": {"rack": "r9"}}}, _content_type=MERGE_PATCH)
+        poll_until(lambda: cache.labels().get("gpu-1") == {"rack": "r9"}, 10)  # by the watch, not a list
+        assert cache.events >= 1 and cache.lists == 1
+    finally:
+        cache.stop()
+
+
+def cached_spec(act: KubeActuator, node: str) -> dict[str, object]:
+    assert act.cache is not None
+    spec: dict[str, object] = (act.cache.get(node) or {}).get("spec", {})
+    return spec
 
 
 def test_missing_node_is_a_permanent_failure(kube: KubeApiServer, tmp_path: Path) -> None:

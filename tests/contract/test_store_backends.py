@@ -8,8 +8,6 @@ database, as a restarted controller or a new leader would: what one wrote, the o
 from __future__ import annotations
 
 import asyncio
-import itertools
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,35 +19,7 @@ from controller.nodes.guards.rules import GuardrailConfig
 from controller.store import DatabaseRefused, Opened, Store
 from controller.vocab.node_state import Health
 from controller.vocab.policy import Policy
-from tests.postgres import postgres_server, unavailable
 from vigil_core.signals import GpuRef, Signal, SignalKind
-
-_names = itertools.count()
-
-
-@pytest.fixture(scope="module")
-def server() -> Iterator[str | None]:
-    if unavailable():
-        yield None
-        return
-    with postgres_server() as dsn:
-        yield dsn
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def target(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Path | str]:
-    if request.param == "sqlite":
-        yield tmp_path / "ctl.db"
-        return
-    dsn = request.getfixturevalue("server")
-    if dsn is None:
-        pytest.skip(unavailable() or "")
-    import psycopg
-
-    name = f"t{next(_names)}"
-    with psycopg.connect(dsn, autocommit=True) as admin:
-        admin.execute(f"CREATE DATABASE {name}")
-    yield dsn.rsplit("/", 1)[0] + f"/{name}"
 
 
 def xid(node: str, code: int, at: float, seq: int, gpu: int = 0) -> Signal:
@@ -64,10 +34,10 @@ def engine(store: Store, now: list[float], **guardrails: object) -> NodeRoute:
     return node_route(store, Policy(), LocalActuator(store.db), NullPager(), clock=lambda: now[0], guardrails=guard)
 
 
-def test_incidents_counts_and_states_carry_over_to_the_next_controller(target: Path | str) -> None:
+def test_incidents_counts_and_states_carry_over_to_the_next_controller(store_target: Path | str) -> None:
     async def scenario() -> None:
         now = [1000.0]
-        store = Store(target)
+        store = Store(store_target)
         assert store.opened is Opened.NEW
         first = engine(store, now, breaker_max_fraction=1.0)
         for node in ("n1", "n2", "n3"):
@@ -79,7 +49,7 @@ def test_incidents_counts_and_states_carry_over_to_the_next_controller(target: P
         assert first.fleet.nodes["n1"].state.health is Health.QUARANTINED
         store.close()
 
-        again = Store(target)  # a restarted controller, or a new leader on the shared database
+        again = Store(store_target)  # a restarted controller, or a new leader on the shared database
         assert again.opened is Opened.EXISTING
         second = engine(again, now, breaker_max_fraction=1.0)
         assert second.fleet.nodes["n1"].state.health is Health.QUARANTINED
@@ -98,14 +68,14 @@ def test_incidents_counts_and_states_carry_over_to_the_next_controller(target: P
     asyncio.run(scenario())
 
 
-def test_held_actions_and_the_breaker_window_carry_over(target: Path | str) -> None:
+def test_held_actions_and_the_breaker_window_carry_over(store_target: Path | str) -> None:
     """The breaker trips on the second quarantine of a three-node fleet (1 allowed): the third node's
     quarantine is HELD. A new controller on the same database still holds it, and its breaker
     remembers the window: a fourth fault is held too, not let through by a fresh count."""
 
     async def scenario() -> None:
         now = [1000.0]
-        store = Store(target)
+        store = Store(store_target)
         first = engine(store, now, breaker_max_nodes=1, breaker_page_delay_s=0)
         for node in ("n1", "n2", "n3", "n4"):
             first.engine.hello(node, f"spool-{node}", 8)
@@ -116,7 +86,7 @@ def test_held_actions_and_the_breaker_window_carry_over(target: Path | str) -> N
         first.guard.cancel()
         store.close()
 
-        again = Store(target)
+        again = Store(store_target)
         second = engine(again, now, breaker_max_nodes=1, breaker_page_delay_s=0)
         assert {h.action.node for h in again.actions.held()} == {"n2"}
         second.engine.receive("n3", [xid("n3", 79, now[0] + 5, 1)])
@@ -129,10 +99,10 @@ def test_held_actions_and_the_breaker_window_carry_over(target: Path | str) -> N
     asyncio.run(scenario())
 
 
-def test_records_and_retention(target: Path | str) -> None:
+def test_records_and_retention(store_target: Path | str) -> None:
     async def scenario() -> None:
         now = [1_000_000.0]
-        store = Store(target)
+        store = Store(store_target)
         e = engine(store, now)
         e.upkeep.retention_s = 28 * 86400.0
         e.engine.hello("n1", "spool-n1", 8)
@@ -160,12 +130,12 @@ def test_records_and_retention(target: Path | str) -> None:
     asyncio.run(scenario())
 
 
-def test_a_database_of_another_cluster_or_a_newer_schema_is_refused(target: Path | str) -> None:
-    Store(target, cluster="prod-a").close()
+def test_a_database_of_another_cluster_or_a_newer_schema_is_refused(store_target: Path | str) -> None:
+    Store(store_target, cluster="prod-a").close()
     with pytest.raises(DatabaseRefused, match="belongs to cluster 'prod-a'"):
-        Store(target, cluster="prod-b")
-    store = Store(target, cluster="prod-a")
+        Store(store_target, cluster="prod-b")
+    store = Store(store_target, cluster="prod-a")
     store.records.set_meta("schema_version", "999")
     store.close()
     with pytest.raises(DatabaseRefused, match="written by a newer Vigil"):
-        Store(target, cluster="prod-a")
+        Store(store_target, cluster="prod-a")

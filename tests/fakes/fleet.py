@@ -1,6 +1,7 @@
 """A fleet of simulated agents in one process: one real gRPC stream per node to a real controller.
 
-Each node says Hello, heartbeats every ``heartbeat_s`` (jittered) and, when asked, sends a signal
+Each node says Hello, heartbeats every ``heartbeat_s`` (jittered; with ``idle_heartbeat_s``, as the
+agent does, only that often while it has no jobs to report) and, when asked, sends a signal
 stamped with the time it is sent (``observed_at``), so the controller's fault-to-action clock starts
 exactly there. Streams are spread over several channels (HTTP/2 connections), as real agents would
 be spread over many. With ``checks`` (``tests.fakes.sim_checks``) the nodes answer RunCheck too.
@@ -14,6 +15,7 @@ import time
 
 import grpc
 
+from agent.link import backoff_delay
 from protos.vigil.v1 import agent_pb2, agent_pb2_grpc, common_pb2
 from tests.fakes.sim_checks import SimulatedChecks
 
@@ -26,30 +28,51 @@ class FleetNode:
         self._stub = stub
         self._checks = checks
         self._answering: set[asyncio.Task[None]] = set()
-        self._queue: asyncio.Queue[agent_pb2.AgentMessage] = asyncio.Queue()
+        self._queue: asyncio.Queue[agent_pb2.AgentMessage] = asyncio.Queue()  # the current stream's
+        self._generation = 0  # which stream is the current one
+        self._unacked: dict[int, agent_pb2.AgentMessage] = {}  # signals sent, not yet acknowledged
         self.seq = 0
         self.acked = 0
         self.ready = asyncio.Event()
         self.reconnects = 0
+        self.last_error = ""  # why its stream last broke
+        self.connected_at = 0.0  # when its stream was last taken (the controller's first ack on it)
+        self.idle_heartbeat_s = 0.0  # as the agent's setting: 0, a heartbeat every heartbeat_s
         self.jobs: list[str] = []  # the training jobs this node's processes run, said in every heartbeat
         self.ranks: list[agent_pb2.RankProgress] = []  # their ranks' progress records, likewise
 
     async def run(self, heartbeat_s: float, stop: asyncio.Event) -> None:
-        """Like an agent: a broken stream is opened again (a few of thousands break while connecting)."""
+        """Like an agent: a broken stream is opened again. Thousands of streams in one process break by
+        the hundred while they start (gRPC's client answers INTERNAL or CANCELLED, whatever the server);
+        the scale benchmark counts them and spreads its fleet over several processes."""
+        attempt = 0
         while not stop.is_set():
+            # Each stream its own queue, holding first what was sent and not acknowledged (an agent's
+            # spool): a broken stream's request iterator never takes what the next stream must send.
+            self._generation += 1
+            self._queue = asyncio.Queue()
+            for seq in sorted(self._unacked):
+                self._queue.put_nowait(self._unacked[seq])
             try:
-                call = self._stub.Connect(self._messages(heartbeat_s, stop))
+                call = self._stub.Connect(self._messages(heartbeat_s, stop, self._generation, self._queue))
+                first = True
                 async for msg in call:
                     if msg.HasField("ack"):
                         self.acked = max(self.acked, msg.ack.acked_seq)
+                        for seq in [s for s in self._unacked if s <= self.acked]:
+                            del self._unacked[seq]
+                        if first:
+                            self.connected_at, first, attempt = time.time(), False, 0
                         self.ready.set()
                     elif msg.HasField("run_check") and self._checks is not None:
                         task = asyncio.create_task(self._answer(msg.run_check))
                         self._answering.add(task)
                         task.add_done_callback(self._answering.discard)
-            except grpc.aio.AioRpcError:
+            except grpc.aio.AioRpcError as exc:
                 self.reconnects += 1
-                await asyncio.sleep(random.uniform(0.05, 0.5))
+                self.last_error = f"{exc.code().name}: {exc.details()}"
+                attempt += 1
+                await asyncio.sleep(backoff_delay(attempt, base=0.5))  # as the agent's link does
 
     def beat(self) -> None:
         """A heartbeat now (what the node says of itself, its jobs among it)."""
@@ -67,20 +90,31 @@ class FleetNode:
         if result is not None:  # None: the check hangs, and its agent never answers
             self._queue.put_nowait(agent_pb2.AgentMessage(check_result=result))
 
-    async def _messages(self, heartbeat_s: float, stop: asyncio.Event):  # type: ignore[no-untyped-def]
+    async def _messages(self, heartbeat_s: float, stop: asyncio.Event, generation: int, queue: asyncio.Queue):  # type: ignore[no-untyped-def,type-arg]
         gpus = [common_pb2.GpuRef(index=i, uuid=f"GPU-{self.name}-{i}") for i in range(8)]
-        hello = agent_pb2.Hello(node=self.name, spool_id=f"bench-{self.name}", gpus=gpus, address=f"{self.name}.sim")
+        hello = agent_pb2.Hello(
+            node=self.name,
+            spool_id=f"bench-{self.name}",
+            gpus=gpus,
+            address=f"{self.name}.sim",
+            idle_heartbeat_s=self.idle_heartbeat_s,
+        )
         yield agent_pb2.AgentMessage(hello=hello)
-        next_beat = time.monotonic() + random.uniform(0, heartbeat_s)
-        while not stop.is_set():
+        next_beat = time.monotonic() + random.uniform(0, self._interval(heartbeat_s))
+        while not stop.is_set() and generation == self._generation:  # a broken stream's iterator ends
             try:
-                msg = await asyncio.wait_for(self._queue.get(), max(0.0, next_beat - time.monotonic()))
+                msg = await asyncio.wait_for(queue.get(), max(0.0, next_beat - time.monotonic()))
                 yield msg
             except TimeoutError:
                 yield agent_pb2.AgentMessage(
                     heartbeat=agent_pb2.Heartbeat(sent_at=time.time(), jobs=self.jobs, ranks=self.ranks)
                 )
-                next_beat = time.monotonic() + heartbeat_s
+                next_beat = time.monotonic() + self._interval(heartbeat_s)
+
+    def _interval(self, heartbeat_s: float) -> float:
+        """As the agent beats: every ``heartbeat_s`` while it has something to say (its jobs' ranks move),
+        else every ``idle_heartbeat_s`` (0: steadily)."""
+        return heartbeat_s if self.jobs or self.ranks or not self.idle_heartbeat_s else self.idle_heartbeat_s
 
     def fault(self, code: int = 79, kind: int = common_pb2.XID, message: str = "GPU has fallen off the bus.") -> float:
         """Send a signal now (an XID by default); returns its observed_at."""
@@ -96,19 +130,28 @@ class FleetNode:
             observed_at=now,
             seq=self.seq,
         )
-        self._queue.put_nowait(agent_pb2.AgentMessage(signals=agent_pb2.SignalBatch(signals=[signal])))
+        message = agent_pb2.AgentMessage(signals=agent_pb2.SignalBatch(signals=[signal]))
+        self._unacked[self.seq] = message
+        self._queue.put_nowait(message)
         return now
 
 
 class Fleet:
     def __init__(
-        self, target: str, names: list[str], heartbeat_s: float = 5.0, checks: SimulatedChecks | None = None
+        self,
+        target: str,
+        names: list[str],
+        heartbeat_s: float = 5.0,
+        checks: SimulatedChecks | None = None,
+        idle_heartbeat_s: float = 0.0,
     ) -> None:
         self._channels = [grpc.aio.insecure_channel(target) for _ in range(max(1, len(names) // NODES_PER_CHANNEL + 1))]
         self.nodes = {
             name: FleetNode(name, agent_pb2_grpc.AgentGatewayStub(self._channels[i % len(self._channels)]), checks)
             for i, name in enumerate(names)
         }
+        for node in self.nodes.values():
+            node.idle_heartbeat_s = idle_heartbeat_s
         self._heartbeat_s = heartbeat_s
         self._stop = asyncio.Event()
         self._tasks: dict[str, asyncio.Task[None]] = {}

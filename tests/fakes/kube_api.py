@@ -9,14 +9,19 @@ the parts of the API server's behaviour that Vigil's correctness depends on.
   pod's node in ``user.extra`` as the API server (1.30+) gives them for pod-bound tokens.
 - Faults on demand: ``fail("PATCH", r"/nodes/node-1$", 409, times=1)``.
 - A log of every request with its method, path, content type and JSON body, for exact assertions.
+- Nodes at scale: a LIST pages with ``limit`` and ``continue``, and a WATCH of nodes
+  (``watch=true&resourceVersion=N``) streams every change after N, or 410 Gone when N is older than
+  the changes it keeps, as the API server's watch cache does; ``add_nodes`` puts thousands at once.
 
 It runs its own event loop in a thread, so synchronous code and other processes can talk to it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import copy
+import json
 import re
 import threading
 import time
@@ -93,8 +98,60 @@ def strategic_merge(target: dict[str, Any], patch: dict[str, Any]) -> dict[str, 
     return result
 
 
+NODE_EVENTS_KEPT = 20_000  # the node changes a watch may resume from (older: 410 Gone, list again)
+
+
 class VigilKubeEmulator(kmock.KubernetesEmulator):
     rules: _Rules
+    _node_events: list[tuple[int, str, dict[str, Any]]]
+    _node_changed: asyncio.Condition | None = None
+    _closing = False  # the server is stopping: open watches end
+    _forgotten_upto = 0  # node changes up to this version are no longer kept: a watch from before is 410 Gone
+
+    async def __call__(self, raw_request: web.BaseRequest) -> web.StreamResponse:
+        if raw_request.path == "/api/v1/nodes" and raw_request.query.get("watch") in ("true", "1"):
+            return await self._watch_nodes(raw_request)
+        return await super().__call__(raw_request)
+
+    def _node_event(self, kind: str, node: dict[str, Any]) -> None:
+        """A change to a node, for its watchers (called with the emulator's lock held)."""
+        events = self.__dict__.setdefault("_node_events", [])
+        events.append((int(node["metadata"]["resourceVersion"]), kind, node))
+        if len(events) > NODE_EVENTS_KEPT * 2:
+            self._forgotten_upto = events[-NODE_EVENTS_KEPT - 1][0]
+            del events[:-NODE_EVENTS_KEPT]
+        if self._node_changed is not None:
+            self._node_changed.notify_all()
+
+    async def _watch_nodes(self, raw: web.BaseRequest) -> web.StreamResponse:
+        with self.rules.lock:
+            self.rules.log.append(Logged("WATCH", raw.path, "", dict(raw.query)))
+        try:
+            since = int(raw.query.get("resourceVersion") or 0)
+            timeout_s = float(raw.query.get("timeoutSeconds") or 1800)
+        except ValueError:
+            return web.json_response({"kind": "Status", "code": 400, "message": "bad resourceVersion"}, status=400)
+        response = web.StreamResponse(headers={"Content-Type": "application/json"})
+        await response.prepare(raw)
+        if self._node_changed is None:
+            self._node_changed = asyncio.Condition(self._lock)
+        self.__dict__.setdefault("_node_events", [])
+        if since < self._forgotten_upto:
+            gone = {"kind": "Status", "code": 410, "reason": "Expired", "message": f"too old resource version: {since}"}
+            await response.write(json.dumps({"type": "ERROR", "object": gone}).encode() + b"\n")
+            return response
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and not self._closing:
+            async with self._node_changed:
+                ready = [(v, k, o) for v, k, o in self.__dict__["_node_events"] if v > since]
+                if not ready:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._node_changed.wait(), min(1.0, deadline - time.monotonic()))
+                    continue
+            for version, kind, obj in ready:
+                await response.write(json.dumps({"type": kind, "object": obj}).encode() + b"\n")
+                since = version
+        return response
 
     async def _handle(self, request: rendering.Request) -> Any:
         path = request.url.path
@@ -159,6 +216,8 @@ class VigilKubeEmulator(kmock.KubernetesEmulator):
                 raise kmock.KubernetesError(status=409, reason="AlreadyExists", message=f"{meta.get('name')} exists")
             meta["resourceVersion"] = self._next_version()
             self.objects[key] = body
+            if request.resource.plural == "nodes":
+                self._node_event("ADDED", body)
             await self._buses[request.resource].put({"type": "ADDED", "object": body})
             return body
 
@@ -180,7 +239,13 @@ class VigilKubeEmulator(kmock.KubernetesEmulator):
             items = [o for o in items if _field(o, path) == value]
         for requirement in _requirements(request.params.get("labelSelector", "")):
             items = [o for o in items if _matches(requirement, o["metadata"].get("labels") or {})]
-        return {"kind": "List", "apiVersion": "v1", "metadata": {"resourceVersion": str(self._version)}, "items": items}
+        meta: dict[str, Any] = {"resourceVersion": str(self._version)}
+        if limit := int(request.params.get("limit") or 0):  # pages: the continue token is where the next starts
+            start = int(request.params.get("continue") or 0)
+            if start + limit < len(items):
+                meta |= {"continue": str(start + limit), "remainingItemCount": len(items) - start - limit}
+            items = items[start : start + limit]
+        return {"kind": "List", "apiVersion": "v1", "metadata": meta, "items": items}
 
     async def _update(self, request: rendering.Request, body: dict[str, Any]) -> dict[str, Any]:
         key = (request.resource, request.namespace, request.name)
@@ -204,6 +269,8 @@ class VigilKubeEmulator(kmock.KubernetesEmulator):
                 new = merge_patch(current, body)
             new.setdefault("metadata", {})["resourceVersion"] = self._next_version()
             self.objects[key].history.append(k8s_dicts.ObjectVersion(new))
+            if request.resource.plural == "nodes":
+                self._node_event("MODIFIED", new)
             await self._buses[request.resource].put({"type": "MODIFIED", "object": new})
             return new
 
@@ -261,6 +328,22 @@ def _field(obj: dict[str, Any], dotted: str) -> str:
     return value if isinstance(value, str) else ""
 
 
+def _node(name: str, labels: dict[str, str] | None = None, **spec: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "uid": f"uid-{name}",
+            "resourceVersion": "1",
+            "annotations": {},
+            "labels": dict(labels or {}),
+        },
+        "spec": spec,
+        "status": {"conditions": [{"type": "Ready", "status": "True"}]},
+    }
+
+
 class KubeApiServer(ServerThread):
     """The emulator on 127.0.0.1 in a background thread, with a kubeconfig pointing at it."""
 
@@ -279,25 +362,24 @@ class KubeApiServer(ServerThread):
         async with handler, apps.Server(handler) as server:
             self.handler = handler
             self.url = str(server.url).rstrip("/")
-            yield
+            try:
+                yield
+            finally:
+                handler._closing = True  # the watches end within their next second
 
     # Test-side helpers (thread-safe enough: they run between the client's calls) ---------------
 
     def add_node(self, name: str, labels: dict[str, str] | None = None, **spec: Any) -> None:
-        node = {
-            "apiVersion": "v1",
-            "kind": "Node",
-            "metadata": {
-                "name": name,
-                "uid": f"uid-{name}",
-                "resourceVersion": "1",
-                "annotations": {},
-                "labels": labels or {},
-            },
-            "spec": spec,
-            "status": {"conditions": [{"type": "Ready", "status": "True"}]},
-        }
-        self.call(self._put_object(kmock.resource("v1/nodes"), None, name, node))
+        self.call(self._put_object(kmock.resource("v1/nodes"), None, name, _node(name, labels, **spec)))
+
+    def add_nodes(self, names: list[str], labels: dict[str, str] | None = None) -> None:
+        """Many nodes at once (a fleet of 100,000 for the scale benchmark)."""
+
+        async def put_all() -> None:
+            for name in names:
+                await self._put_object(kmock.resource("v1/nodes"), None, name, _node(name, labels))
+
+        self.call(put_all())
 
     def add_pod(
         self,

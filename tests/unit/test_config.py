@@ -104,6 +104,8 @@ def test_the_example_agent_config_loads() -> None:
         "metrics_port",
         "collector_deadline_s",
         "remedies",
+        "heartbeat_s",
+        "idle_heartbeat_s",
     ):
         assert getattr(cfg, key) == getattr(defaults, key), key
 

@@ -18,6 +18,8 @@ from controller.nodes.decide import (
     quarantine_confirmed,
     quarantine_not_carried_out,
     recovered,
+    silence_deadline,
+    silenced,
     suspicion_lapsed,
 )
 from controller.vocab.actions import EscalateIncident, FoldIntoIncident, OpenIncident, Page, Quarantine
@@ -179,6 +181,18 @@ def test_silence_makes_a_node_unknown_and_a_heartbeat_restores_it() -> None:
     silent = heartbeat_silence(suspect, POLICY.heartbeat_timeout_s + 1, POLICY)
     assert silent.health is Health.UNKNOWN
     assert heartbeat_returned(silent).health is Health.SUSPECT
+
+
+def test_silence_comes_after_the_stream_closes_or_after_three_quiet_idle_heartbeats() -> None:
+    timeout = POLICY.heartbeat_timeout_s
+    # The stream closed at 100 (heard last at 95): silent at 130, however long its idle heartbeats.
+    assert silence_deadline(95.0, False, 100.0, 60.0, POLICY) == 100.0 + timeout
+    # The stream open: three idle heartbeats after it last said anything...
+    assert silence_deadline(95.0, True, 0.0, 60.0, POLICY) == 95.0 + 180.0
+    # ...never sooner than the policy's timeout; an agent that beats steadily (0) gets the timeout.
+    assert silence_deadline(95.0, True, 0.0, 1.0, POLICY) == 95.0 + timeout
+    assert silence_deadline(95.0, True, 0.0, 0.0, POLICY) == 95.0 + timeout
+    assert silenced(NodeState("n1", Health.HEALTHY)).health is Health.UNKNOWN
 
 
 def test_silence_never_hides_a_quarantine() -> None:

@@ -9,6 +9,9 @@ the node changed, and the actuator re-reads it.
 from __future__ import annotations
 
 import os
+import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 from kubernetes import client, config
@@ -31,6 +34,26 @@ class KubeConfigError(ValueError):
     pass
 
 
+REFRESH_EVERY_S = 10.0
+
+
+def _at_most_every(
+    seconds: float, hook: Callable[[client.Configuration], None]
+) -> Callable[[client.Configuration], None]:
+    last = [float("-inf")]
+    lock = threading.Lock()
+
+    def throttled(configuration: client.Configuration) -> None:
+        with lock:
+            if time.monotonic() - last[0] < seconds:
+                return
+            last[0] = time.monotonic()
+        hook(configuration)
+        configuration.refresh_api_key_hook = throttled  # type: ignore[assignment]  # the loader puts its own back
+
+    return throttled
+
+
 def api_client(kubeconfig: Path | None = None, context: str | None = None, retry: Retry = RETRY) -> client.ApiClient:
     """In-cluster service-account credentials when running in a pod, else the kubeconfig."""
     configuration = client.Configuration()
@@ -48,4 +71,11 @@ def api_client(kubeconfig: Path | None = None, context: str | None = None, retry
         where = str(kubeconfig) if kubeconfig else "in-cluster or ~/.kube/config"
         raise KubeConfigError(f"no usable Kubernetes credentials ({where}): {exc}") from None
     configuration.retries = retry
+    if (hook := configuration.refresh_api_key_hook) is not None:
+        # A kubeconfig's credentials are loaded again before every request (0.5 ms each: the loader
+        # re-reads the proxy environment); a token that expires is seen within REFRESH_EVERY_S.
+        configuration.refresh_api_key_hook = _at_most_every(REFRESH_EVERY_S, hook)
+    # As many kept connections as the action runner has threads (a burst's writes at once), plus the
+    # node watch: past the pool, each request opens and closes a connection of its own.
+    configuration.connection_pool_maxsize = 40
     return client.ApiClient(configuration)

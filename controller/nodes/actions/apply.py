@@ -78,13 +78,14 @@ class Applier:
     ) -> None:
         """Record the batch (signals filed under ``filed_under``: the agent's spool or a sweep's key),
         then let the views follow and start the external actions."""
-        with self._store.tx() as db:
+        with self._store.tx(durable=False) as db:  # on disk with the next flush; the agent's ack awaits it
             for item in received:
                 if item.new:
                     IncidentLog.signal(db, state.node, filed_under, item.signal, item.incident_id, now)
                 for action in item.actions:
                     self._record(db, action, item, now)
             NodeTable.received(db, state, last_seq, now)
+        self._store.group.soon()
         for item in received:
             if item.new:
                 self._metrics.signals.labels(item.signal.kind.value).inc()

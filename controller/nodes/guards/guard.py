@@ -66,6 +66,7 @@ class Guard:
         clock: Callable[[], float],
         labels: Callable[[str], Mapping[str, str]] = lambda node: {},
         fleet_nodes: Callable[[], Sequence[str]] = lambda: (),
+        flush_soon: Callable[[], None] | None = None,
     ) -> None:
         self.config = config
         self._records = records
@@ -82,6 +83,10 @@ class Guard:
         self._went: dict[str, set[str]] = {}  # rule -> nodes whose actions were carried out after settling
         self._page_task: asyncio.Task[None] | None = None
         self._page_tasks: set[asyncio.Task[None]] = set()
+        # The windows change with every quarantine: written once per group commit (``flush_state``,
+        # before the acks that flush releases), not once per batch. None: written at once.
+        self._flush_soon = flush_soon
+        self._dirty = False
 
     @property
     def automation(self) -> str:
@@ -203,13 +208,31 @@ class Guard:
         except BaseException:
             self.breaker, self.domains, self.shared = before  # the batch comes again: count it then, not twice
             raise
-        if self.state != before:
-            self.save()
+        if any(now is not then for now, then in zip(self.state, before, strict=True)):
+            if self._flush_soon is None:
+                self.save()
+            else:
+                self._dirty = True
+                self._flush_soon()
+
+    def flush_state(self) -> None:
+        """The group commit's hook: the windows, if they changed, written in the flush about to run."""
+        if self._dirty:
+            self._dirty = False
+            try:
+                self._write(durable=False)
+            except BaseException:
+                self._dirty = True
+                raise
 
     def save(self) -> None:
-        self._records.set_meta(_SHARED_KEY, _dump_shared(self.shared))
-        self._records.set_meta(_BREAKER_KEY, _dump(self.breaker))
-        self._records.set_meta(_DOMAINS_KEY, json.dumps({"recent": self.domains.recent, "held": self.domains.held}))
+        self._dirty = False
+        self._write(durable=True)
+
+    def _write(self, durable: bool) -> None:
+        domains = json.dumps({"recent": self.domains.recent, "held": self.domains.held})
+        metas = {_SHARED_KEY: _dump_shared(self.shared), _BREAKER_KEY: _dump(self.breaker), _DOMAINS_KEY: domains}
+        self._records.set_metas(metas, durable)
 
     def count_adopted(self, quarantines: list[tuple[str, float]]) -> None:
         self.breaker = with_adopted(self.breaker, quarantines, self.config, self._clock())

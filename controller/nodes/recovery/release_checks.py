@@ -14,6 +14,7 @@ from controller.nodes.check_requests import CheckRequests
 from controller.nodes.fleet import Fleet
 from controller.nodes.recovery.rules import RecoveryConfig, check_releases, release_check_due
 from controller.nodes.rule_stats import AUTOMATIC
+from controller.vocab.node_state import Health
 from protos.vigil.v1 import agent_pb2, common_pb2
 from vigil_core.supervise import Tasks
 
@@ -45,7 +46,8 @@ class ReleaseChecks:
     def ask(self) -> list[str]:
         """Ask the agents of quarantined nodes past their hold-down for their check; returns the nodes asked."""
         now, asked = self._clock(), []
-        for name, entry in self._fleet.entries():
+        for name in self._fleet.in_health(Health.QUARANTINED):
+            entry = self._fleet.entry(name)
             if self.skip(name) or not release_check_due(entry.state, self._last_asked.get(name), self.config, now):
                 continue
             request_id = f"release-{name}-{int(now * 1000)}"

@@ -8,7 +8,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Hello(_message.Message):
-    __slots__ = ("node", "agent_version", "gpus", "gpu_backend", "last_acked_seq", "spool_id", "address")
+    __slots__ = ("node", "agent_version", "gpus", "gpu_backend", "last_acked_seq", "spool_id", "address", "idle_heartbeat_s")
     NODE_FIELD_NUMBER: _ClassVar[int]
     AGENT_VERSION_FIELD_NUMBER: _ClassVar[int]
     GPUS_FIELD_NUMBER: _ClassVar[int]
@@ -16,6 +16,7 @@ class Hello(_message.Message):
     LAST_ACKED_SEQ_FIELD_NUMBER: _ClassVar[int]
     SPOOL_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    IDLE_HEARTBEAT_S_FIELD_NUMBER: _ClassVar[int]
     node: str
     agent_version: str
     gpus: _containers.RepeatedCompositeFieldContainer[_common_pb2.GpuRef]
@@ -23,7 +24,8 @@ class Hello(_message.Message):
     last_acked_seq: int
     spool_id: str
     address: str
-    def __init__(self, node: _Optional[str] = ..., agent_version: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[_common_pb2.GpuRef, _Mapping]]] = ..., gpu_backend: _Optional[str] = ..., last_acked_seq: _Optional[int] = ..., spool_id: _Optional[str] = ..., address: _Optional[str] = ...) -> None: ...
+    idle_heartbeat_s: float
+    def __init__(self, node: _Optional[str] = ..., agent_version: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[_common_pb2.GpuRef, _Mapping]]] = ..., gpu_backend: _Optional[str] = ..., last_acked_seq: _Optional[int] = ..., spool_id: _Optional[str] = ..., address: _Optional[str] = ..., idle_heartbeat_s: _Optional[float] = ...) -> None: ...
 
 class Heartbeat(_message.Message):
     __slots__ = ("sent_at", "spooled", "dropped_faults", "jobs", "unparsed_lines", "unparsed_total", "ranks")

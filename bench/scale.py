@@ -1,0 +1,474 @@
+"""Vigil at fleet scale, measured the way NVSentinel measures its own: one controller, N nodes.
+
+    python -m bench.scale --nodes 20000 [--workers 3] [--heartbeat-s 5] [--idle-heartbeat-s 60]
+                          [--background-per-s 500] [--probes 60] [--probe-every-s 0.5]
+                          [--bursts 100,400,1000] [--restart] [--database sqlite|postgresql] [--keep]
+
+What runs, all on this machine:
+
+- a real ``vigil controller`` process with the Kubernetes actuator, talking to the Kubernetes API
+  double (``tests/fakes/kube_api.py``, holding all N Node objects; it stamps each request's arrival);
+  guards open (breaker, shared-cause and rate limit: every fault here is real), pager off;
+- N simulated agents, one real gRPC stream each (``tests/fakes/fleet.py``, 100 streams to an HTTP/2
+  connection), heartbeating as the agent does (``--heartbeat-s`` with something new to say, else
+  ``--idle-heartbeat-s``), spread over ``--workers`` processes so that the simulator is not what is
+  measured: each worker measures its own event loop's lag (a 10 ms ticker) and says it with the
+  figures, with the streams gRPC's client broke by itself and why;
+- continuous background: ``--background-per-s`` record-only signals a second (XID 63, a row remap
+  event: stored, no action), spread over the fleet;
+- probes: ``--probes`` single XID 79s, one every ``--probe-every-s`` on a fresh node: fault →
+  cordon (the agent's stamp to the cordon PATCH arriving at the API server) and controller → cordon
+  (the controller's receipt, read back from its incident, to the PATCH);
+- bursts: each of ``--bursts`` nodes failing at the same moment, until all are cordoned;
+- ``--restart``: the controller stopped and started again; the time until every agent is back.
+
+Figures: connect time (all N agents acknowledged), controller RSS (peak) and CPU (cores, per phase;
+a burst's CPU of this process, the API double's, beside it), database size, each phase's
+latencies, the simulator's own lag. Printed and appended to
+bench/results/scale.jsonl with the command that produced them. PostgreSQL runs with fsync on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import multiprocessing
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from bench.controller_process import controller_target, start_controller
+from bench.record import append_result, header, percentile
+from tests.fakes.fleet import Fleet
+from tests.fakes.kube_api import KubeApiServer
+from tests.helpers import free_port
+from tests.postgres import postgres_cluster
+from tests.postgres import unavailable as postgres_unavailable
+from vigil.admin_client import AdminClient
+
+BACKGROUND_CODE = 63  # a row remap event: recorded, no action (the default policy)
+
+
+def summary(values: list[float]) -> dict[str, float]:
+    if not values:
+        return {"n": 0}
+    return {
+        "n": len(values),
+        "p50_ms": round(percentile(values, 0.5) * 1000, 1),
+        "p90_ms": round(percentile(values, 0.9) * 1000, 1),
+        "p99_ms": round(percentile(values, 0.99) * 1000, 1),
+        "max_ms": round(max(values) * 1000, 1),
+    }
+
+
+# The simulated fleet's processes ------------------------------------------------------------------
+
+
+class LagMeter:
+    """How late this process's event loop wakes a 10 ms ticker: its backlog, said with the figures."""
+
+    def __init__(self) -> None:
+        self.samples: list[float] = []
+
+    async def run(self) -> None:
+        while True:
+            due = time.monotonic() + 0.01
+            await asyncio.sleep(0.01)
+            self.samples.append(max(0.0, time.monotonic() - due))
+
+    def take(self) -> dict[str, float]:
+        samples, self.samples = self.samples, []
+        if not samples:
+            return {"p99_ms": 0.0, "max_ms": 0.0}
+        return {"p99_ms": round(percentile(samples, 0.99) * 1000, 1), "max_ms": round(max(samples) * 1000, 1)}
+
+
+def worker(
+    conn: Connection, target: str, names: list[str], beats: tuple[float, float], background_per_s: float
+) -> None:
+    asyncio.run(_worker(conn, target, names, beats, background_per_s))
+
+
+async def _worker(
+    conn: Connection, target: str, names: list[str], beats: tuple[float, float], background_per_s: float
+) -> None:
+    loop = asyncio.get_running_loop()
+    inbox: asyncio.Queue[tuple[Any, ...]] = asyncio.Queue()
+    loop.add_reader(conn.fileno(), lambda: inbox.put_nowait(conn.recv()))
+    lag = LagMeter()
+    lag_task = asyncio.create_task(lag.run())
+    fleet = Fleet(target, names, beats[0], idle_heartbeat_s=beats[1])
+    started = time.time()
+    await fleet.start(timeout_s=1800)
+    conn.send(("connected", time.time() - started))
+    background = asyncio.create_task(_background(fleet, names, background_per_s))
+    try:
+        while True:
+            command = await inbox.get()
+            match command:
+                case ("fault", faulty):
+                    conn.send(("sent", {n: fleet.nodes[n].fault() for n in faulty}))
+                case ("stats",):
+                    reconnects = sum(n.reconnects for n in fleet.nodes.values())
+                    why = Counter(n.last_error[:80] for n in fleet.nodes.values() if n.last_error)
+                    conn.send(("stats", {"lag": lag.take(), "reconnects": reconnects, "why": dict(why)}))
+                case ("connected_since", since):
+                    back = [n.connected_at for n in fleet.nodes.values() if n.connected_at >= since]
+                    conn.send(("connected_since", len(back), max(back, default=0.0)))
+                case ("stop",):
+                    break
+    finally:
+        background.cancel()
+        lag_task.cancel()
+        await fleet.close()
+        conn.send(("stopped",))
+
+
+async def _background(fleet: Fleet, names: list[str], per_s: float) -> None:
+    """Record-only signals at ``per_s`` a second, each on a node picked at random, sent every 10 ms."""
+    if per_s <= 0:
+        return
+    owed, last = 0.0, time.monotonic()
+    while True:
+        await asyncio.sleep(0.01)
+        now = time.monotonic()
+        owed += (now - last) * per_s
+        last = now
+        while owed >= 1:
+            owed -= 1
+            fleet.nodes[random.choice(names)].fault(BACKGROUND_CODE, message="row remap event")
+
+
+class Workers:
+    """The fleet's processes, each with a share of the nodes, and a pipe to each."""
+
+    def __init__(
+        self, target: str, names: list[str], count: int, beats: tuple[float, float], background_per_s: float
+    ) -> None:
+        context = multiprocessing.get_context("spawn")
+        self.shares = [names[i::count] for i in range(count)]
+        self.owner = {n: i for i, share in enumerate(self.shares) for n in share}
+        self.pipes: list[Connection] = []
+        self.processes = []
+        for share in self.shares:
+            ours, theirs = context.Pipe()
+            process = context.Process(
+                target=worker, args=(theirs, target, share, beats, background_per_s / count), daemon=True
+            )
+            process.start()
+            self.pipes.append(ours)
+            self.processes.append(process)
+
+    def _ask_all(self, command: tuple[Any, ...], answer: str, timeout_s: float = 60.0) -> list[tuple[Any, ...]]:
+        for pipe in self.pipes:
+            pipe.send(command)
+        return [self._answer(pipe, answer, timeout_s) for pipe in self.pipes]
+
+    @staticmethod
+    def _answer(pipe: Connection, answer: str, timeout_s: float) -> tuple[Any, ...]:
+        if not pipe.poll(timeout_s):
+            raise TimeoutError(f"a fleet worker did not answer {answer!r} within {timeout_s} s")
+        got: tuple[Any, ...] = pipe.recv()
+        if got[0] != answer:
+            raise RuntimeError(f"a fleet worker answered {got[0]!r}, not {answer!r}")
+        return got
+
+    def connected(self, timeout_s: float) -> float:
+        return max(float(a[1]) for a in [self._answer(p, "connected", timeout_s) for p in self.pipes])
+
+    def fault(self, nodes: list[str]) -> dict[str, float]:
+        by_worker: dict[int, list[str]] = {}
+        for n in nodes:
+            by_worker.setdefault(self.owner[n], []).append(n)
+        for i, share in by_worker.items():
+            self.pipes[i].send(("fault", share))
+        sent: dict[str, float] = {}
+        for i in by_worker:
+            sent |= self._answer(self.pipes[i], "sent", 60)[1]
+        return sent
+
+    def stats(self) -> dict[str, Any]:
+        answers = [a[1] for a in self._ask_all(("stats",), "stats")]
+        return {
+            "lag_p99_ms": max(a["lag"]["p99_ms"] for a in answers),
+            "lag_max_ms": max(a["lag"]["max_ms"] for a in answers),
+            "stream_reconnects": sum(a["reconnects"] for a in answers),
+            "streams_broke_because": dict(sum((Counter(a["why"]) for a in answers), Counter())),
+        }
+
+    def back_since(self, since: float) -> tuple[int, float]:
+        answers = self._ask_all(("connected_since", since), "connected_since")
+        return sum(a[1] for a in answers), max(a[2] for a in answers)
+
+    def stop(self) -> None:
+        for pipe in self.pipes:
+            with contextlib.suppress(OSError):
+                pipe.send(("stop",))
+        for process in self.processes:
+            process.join(30)
+            if process.is_alive():
+                process.kill()
+
+
+# The controller's side -----------------------------------------------------------------------------
+
+
+class Sampler:
+    """The controller's peak RSS, sampled every 0.2 s in a thread; its CPU over a phase."""
+
+    def __init__(self, pid: int) -> None:
+        self.process = psutil.Process(pid)
+        self.peak_rss = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.2):
+            with contextlib.suppress(psutil.Error):
+                self.peak_rss = max(self.peak_rss, self.process.memory_info().rss)
+
+    def cpu_s(self) -> float:
+        times = self.process.cpu_times()
+        return float(times.user + times.system)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+def own_cpu_s() -> float:
+    """This process's CPU: the Kubernetes API double's, mostly (the fleet runs in processes of its own)."""
+    times = psutil.Process().cpu_times()
+    return float(times.user + times.system)
+
+
+def cordon_times(kube: KubeApiServer, seen: int, into: dict[str, float]) -> int:
+    """Read the API server's log from ``seen`` on: each node's first cordon PATCH; returns the new position."""
+    with kube.rules.lock:
+        new = kube.rules.log[seen:]
+    for r in new:
+        if r.method == "PATCH" and r.path.count("/") == 4 and (r.body or {}).get("spec", {}).get("unschedulable"):
+            into.setdefault(r.path.rsplit("/", 1)[1], r.at)
+    return seen + len(new)
+
+
+class Cordons:
+    def __init__(self, kube: KubeApiServer) -> None:
+        self._kube, self._seen, self.at = kube, 0, {}  # type: dict[str, float]
+
+    def wait(self, nodes: list[str], timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            self._seen = cordon_times(self._kube, self._seen, self.at)
+            if all(n in self.at for n in nodes):
+                return
+            time.sleep(0.005)
+        missing = [n for n in nodes if n not in self.at]
+        raise TimeoutError(f"{len(missing)} of {len(nodes)} nodes not cordoned within {timeout_s} s: {missing[:5]}")
+
+
+def settings(kube: KubeApiServer, workdir: Path, nodes: int, database: str, settle_s: float | None) -> dict[str, Any]:
+    return {
+        "port": free_port(),  # the same after a restart: the agents come back to where they were
+        "database": database,
+        "actuator": "kubernetes",
+        "kubernetes": {"kubeconfig": str(kube.kubeconfig(workdir / "kubeconfig"))},
+        "pager": "none",
+        "limits": {"max_nodes": nodes},
+        "guardrails": {
+            "breaker_max_nodes": nodes,
+            "breaker_max_fraction": 1.0,
+            "quarantines_per_s": 1e6,
+            "quarantine_burst": 1_000_000,
+            "shared": {"min_nodes": nodes + 1} | ({} if settle_s is None else {"settle_s": settle_s}),
+        },
+    }
+
+
+def database_bytes(database: str, workdir: Path) -> int:
+    if database.startswith("postgresql://"):
+        import psycopg
+
+        with psycopg.connect(database) as conn:
+            row = conn.execute("SELECT pg_database_size(current_database())").fetchone()
+            return int(row[0]) if row else 0
+    return sum(p.stat().st_size for p in workdir.glob("ctl.db*"))
+
+
+def measure(args: argparse.Namespace, workdir: Path, database: str) -> dict[str, Any]:
+    names = [f"gpu-{i:06d}" for i in range(args.nodes)]
+    fresh = iter(names)  # each probe and burst fault takes a node that never failed before
+    figures: dict[str, Any] = {}
+    with KubeApiServer() as kube:
+        kube.add_nodes(names)
+        config = settings(kube, workdir, args.nodes, database, args.settle_s)
+        controller = start_controller(workdir, config)
+        target = asyncio.run(controller_target(workdir, controller))
+        sampler = Sampler(controller.pid)
+        beats = (args.heartbeat_s, args.idle_heartbeat_s)
+        workers = Workers(target, names, args.workers, beats, args.background_per_s)
+        try:
+            started, cpu0 = time.time(), sampler.cpu_s()
+            figures["connect_s"] = round(workers.connected(args.connect_timeout_s), 1)
+            figures["connect_controller_cpu_s"] = round(sampler.cpu_s() - cpu0, 1)
+            figures["rss_after_connect_mb"] = round(sampler.process.memory_info().rss / 2**20)
+            print(f"{args.nodes} agents connected in {figures['connect_s']} s", file=sys.stderr)
+            time.sleep(max(args.heartbeat_s, 5.0))  # a full heartbeat period: the steady load is on
+            workers.stats()  # the lag from here on
+            cordons = Cordons(kube)
+
+            cpu0, t0 = sampler.cpu_s(), time.monotonic()
+            probes, sent = [next(fresh) for _ in range(args.probes)], {}
+            for node in probes:
+                due = time.monotonic() + args.probe_every_s
+                sent |= workers.fault([node])
+                cordons.wait([node], 30)
+                time.sleep(max(0.0, due - time.monotonic()))
+            with AdminClient(target, timeout_s=60) as admin:
+                received = {
+                    n: next(i.received_at for i in admin.incidents(node=n, limit=50) if i.code == 79) for n in probes
+                }
+            figures["steady"] = {
+                "background_per_s": args.background_per_s,
+                "fault_to_cordon": summary([cordons.at[n] - sent[n] for n in probes]),
+                "controller_to_cordon": summary([cordons.at[n] - received[n] for n in probes]),
+                "controller_cores": round((sampler.cpu_s() - cpu0) / (time.monotonic() - t0), 2),
+                "simulator": workers.stats(),
+            }
+            print(f"steady: {json.dumps(figures['steady'])}", file=sys.stderr)
+
+            figures["bursts"] = []
+            for size in args.bursts:
+                burst = [next(fresh) for _ in range(size)]
+                cpu0, own0, sys0 = sampler.cpu_s(), own_cpu_s(), sampler.process.cpu_times().system
+                sent = workers.fault(burst)
+                cordons.wait(burst, args.burst_timeout_s)
+                first, last = min(sent.values()), max(cordons.at[n] for n in burst)
+                figures["bursts"].append(
+                    {
+                        "nodes": size,
+                        "all_cordoned_s": round(last - first, 2),
+                        "nodes_per_s": round(size / (last - first), 1),
+                        "fault_to_cordon": summary([cordons.at[n] - sent[n] for n in burst]),
+                        "controller_cpu_s": round(sampler.cpu_s() - cpu0, 1),
+                        "controller_system_cpu_s": round(sampler.process.cpu_times().system - sys0, 1),
+                        "api_server_cpu_s": round(own_cpu_s() - own0, 1),
+                        "node_lists": len(kube.requests("GET", r"^/api/v1/nodes$")),
+                        "simulator": workers.stats(),
+                    }
+                )
+                print(f"burst: {json.dumps(figures['bursts'][-1])}", file=sys.stderr)
+                time.sleep(2)
+
+            if args.restart:
+                controller.send_signal(signal.SIGTERM)
+                controller.wait(60)
+                (workdir / "port").unlink()
+                since = time.time()
+                controller = start_controller(workdir, config)
+                asyncio.run(controller_target(workdir, controller))
+                sampler.stop()
+                sampler = Sampler(controller.pid)
+                deadline = time.monotonic() + args.connect_timeout_s
+                back, last = workers.back_since(since)
+                while back < args.nodes and time.monotonic() < deadline:
+                    time.sleep(1)
+                    back, last = workers.back_since(since)
+                figures["restart"] = {
+                    "agents_back": back,
+                    "all_back_s": round(last - since, 1) if back == args.nodes else None,
+                    "simulator": workers.stats(),
+                }
+                print(f"restart: {json.dumps(figures['restart'])}", file=sys.stderr)
+            figures["controller_peak_rss_mb"] = round(sampler.peak_rss / 2**20)
+            figures["database_mb"] = round(database_bytes(database, workdir) / 2**20, 1)
+            figures["elapsed_s"] = round(time.time() - started)
+        finally:
+            workers.stop()
+            sampler.stop()
+            controller.terminate()
+            try:
+                controller.wait(60)
+            except subprocess.TimeoutExpired:
+                controller.kill()
+    return figures
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--nodes", type=int, default=2000)
+    parser.add_argument("--workers", type=int, default=3, help="processes simulating the fleet")
+    parser.add_argument("--heartbeat-s", type=float, default=5.0)
+    parser.add_argument(
+        "--idle-heartbeat-s",
+        type=float,
+        default=60.0,
+        help="as the agent's setting (0: a heartbeat every --heartbeat-s)",
+    )
+    parser.add_argument("--background-per-s", type=float, default=0.0, help="record-only signals a second")
+    parser.add_argument("--probes", type=int, default=60)
+    parser.add_argument("--probe-every-s", type=float, default=0.5)
+    parser.add_argument("--bursts", default="100,400,1000", help="comma-separated burst sizes ('' for none)")
+    parser.add_argument("--restart", action="store_true", help="stop and start the controller; time the return")
+    parser.add_argument("--database", choices=("sqlite", "postgresql"), default="sqlite")
+    parser.add_argument("--settle-s", type=float, default=None, help="the guard's settling window (default: 0.03)")
+    parser.add_argument("--connect-timeout-s", type=float, default=1200)
+    parser.add_argument("--burst-timeout-s", type=float, default=300)
+    parser.add_argument("--keep", action="store_true", help="keep the working directory (the controller's log)")
+    args = parser.parse_args()
+    try:
+        args.bursts = [int(b) for b in args.bursts.split(",") if b.strip()]
+    except ValueError:
+        parser.error(f"--bursts: whole numbers, comma-separated, not {args.bursts!r}")
+    if args.nodes < 1 or args.workers < 1 or args.probes < 1 or any(b < 1 for b in args.bursts):
+        parser.error("--nodes, --workers, --probes and each burst must be at least 1")
+    if args.probes + sum(args.bursts) > args.nodes:
+        parser.error("--probes plus the bursts must not exceed --nodes (each fault takes a fresh node)")
+    if args.database == "postgresql" and (why := postgres_unavailable()):
+        parser.error(f"--database postgresql: {why}")
+    with contextlib.ExitStack() as stack:
+        workdir = Path(tempfile.mkdtemp(prefix="vigil-scale-"))
+        if args.keep:
+            print(f"working directory (kept): {workdir}", file=sys.stderr)
+        else:
+            stack.callback(shutil.rmtree, workdir, ignore_errors=True)
+        if args.database == "postgresql":
+            database = stack.enter_context(postgres_cluster(fsync=True)).dsn
+        else:
+            database = str(workdir / "ctl.db")
+        try:
+            figures = measure(args, workdir, database)
+        except (TimeoutError, RuntimeError) as exc:
+            print(f"bench failed: {exc}; the controller's last words:", file=sys.stderr)
+            print((workdir / "controller.out").read_text()[-3000:], file=sys.stderr)
+            return 1
+    record = {
+        **header("scale", memory_gb=round(psutil.virtual_memory().total / 2**30)),
+        "nodes": args.nodes,
+        "database": args.database,
+        "heartbeat_s": args.heartbeat_s,
+        "settle_s": args.settle_s,
+        "idle_heartbeat_s": args.idle_heartbeat_s,
+        "workers": args.workers,
+        **figures,
+    }
+    print(json.dumps(record, indent=2))
+    append_result("scale", record)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

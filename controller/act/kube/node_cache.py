@@ -1,0 +1,162 @@
+"""The cluster's Nodes as the API server has them, kept by a paged LIST and then a WATCH, in a thread.
+
+What Vigil reads of a node every day comes from here, not from a LIST of every Node each time: the
+labels (each node's failure domains, for the guard) and what a quarantine is planned from (its
+cordon, taints and Vigil's own annotations, with the resourceVersion the PATCH is conditional on).
+Only those parts are kept (``trimmed``): a real Node is 5-20 KB, and 100,000 of them whole would
+cost gigabytes. A read that was stale costs the writer a 409 Conflict and one GET, as before.
+
+The watch resumes from the last resourceVersion it saw; 410 Gone (the API server no longer holds
+changes that old) or a broken stream lists again, after a backoff. Until the first list is whole,
+``synced`` is False and readers fall back to a GET.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+import sys
+import threading
+from collections.abc import Iterator
+from typing import Any, cast
+
+import structlog
+from kubernetes import client
+from kubernetes.watch.watch import iter_resp_lines
+
+from controller.act.kube.plans import DOMAIN, Json
+
+log = structlog.get_logger(__name__)
+
+PAGE = 500  # Nodes per LIST page
+WATCH_S = 300  # the server ends each watch after this; it is opened again from where it stopped
+
+
+def trimmed(node: Json) -> Json:
+    """The parts of a Node that Vigil reads: name, uid, resourceVersion, labels, Vigil's annotations,
+    cordon and taints. Label keys and values are interned (thousands of nodes share them). Pure."""
+    meta, spec = node.get("metadata") or {}, node.get("spec") or {}
+    labels = {sys.intern(k): sys.intern(v) for k, v in (meta.get("labels") or {}).items()}
+    annotations = {k: v for k, v in (meta.get("annotations") or {}).items() if k.startswith(DOMAIN)}
+    kept: Json = {
+        "metadata": {
+            "name": meta.get("name", ""),
+            "uid": meta.get("uid", ""),
+            "resourceVersion": meta.get("resourceVersion"),
+            "labels": labels,
+            "annotations": annotations,
+        },
+        "spec": {k: spec[k] for k in ("unschedulable", "taints") if k in spec},
+    }
+    return kept
+
+
+class NodeCache:
+    def __init__(self, core: client.CoreV1Api, timeout_s: float = 10.0, retry_s: float = 5.0) -> None:
+        self._core = core
+        self._timeout = timeout_s
+        self._retry_s = retry_s
+        self._lock = threading.Lock()
+        self._nodes: dict[str, Json] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="node-watch", daemon=True)
+        self._resp: Any = None  # the watch's open response
+        self.synced = False
+        self.lists = 0  # full LISTs made (one at start, and one after each lost watch)
+        self.events = 0  # changes received by the watch
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        resp = self._resp
+        sock = getattr(getattr(resp, "connection", None), "sock", None)
+        if sock is not None:  # the watch's blocking read ends now, not at the server's timeout
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
+    def get(self, name: str) -> Json | None:
+        with self._lock:
+            return self._nodes.get(name)
+
+    def labels(self) -> dict[str, dict[str, str]]:
+        with self._lock:
+            return {name: node["metadata"]["labels"] for name, node in self._nodes.items()}
+
+    # The thread ----------------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        version = ""
+        while not self._stop.is_set():
+            try:
+                if not version:
+                    version = self._list()
+                version = self._watch(version)
+            except Exception as exc:  # the API server away, a broken stream: list again after a pause
+                log.warning("node_watch_lost", error=repr(exc)[:300])
+                version = ""
+                self._stop.wait(self._retry_s)
+
+    def _list(self) -> str:
+        nodes: dict[str, Json] = {}
+        token, version = "", ""
+        while True:
+            resp = self._core.list_node(
+                limit=PAGE, _continue=token or None, _preload_content=False, _request_timeout=self._timeout
+            )
+            page = json.loads(cast(Any, resp).data)
+            for item in page.get("items") or []:
+                kept = trimmed(item)
+                nodes[kept["metadata"]["name"]] = kept
+            meta = page.get("metadata") or {}
+            version, token = meta.get("resourceVersion", ""), meta.get("continue") or ""
+            if not token:
+                break
+        with self._lock:
+            self._nodes = nodes
+        self.synced, self.lists = True, self.lists + 1
+        log.info("nodes_listed", nodes=len(nodes), resource_version=version)
+        return str(version)
+
+    def _watch(self, version: str) -> str:
+        """Follow changes from ``version`` until the server ends the watch; returns where it stopped
+        ("" when it must list again)."""
+        resp: Any = self._core.list_node(
+            watch=True,
+            resource_version=version,
+            timeout_seconds=WATCH_S,
+            allow_watch_bookmarks=True,
+            _preload_content=False,
+            _request_timeout=(self._timeout, WATCH_S + 30),
+        )
+        self._resp = resp
+        try:
+            for event in _events(resp):
+                if self._stop.is_set():
+                    break
+                kind, obj = event.get("type"), event.get("object") or {}
+                if kind == "ERROR":
+                    log.info("node_watch_expired", status=obj.get("code"), message=str(obj.get("message"))[:200])
+                    return ""
+                version = (obj.get("metadata") or {}).get("resourceVersion") or version
+                if kind == "BOOKMARK":
+                    continue
+                name = (obj.get("metadata") or {}).get("name", "")
+                self.events += 1
+                with self._lock:
+                    if kind == "DELETED":
+                        self._nodes.pop(name, None)
+                    else:
+                        self._nodes[name] = trimmed(obj)
+        finally:
+            self._resp = None
+            resp.release_conn()
+        return version
+
+
+def _events(resp: Any) -> Iterator[Json]:
+    for line in iter_resp_lines(resp):
+        if line.strip():
+            yield json.loads(line)

@@ -1,0 +1,110 @@
+"""What lets one controller serve 100,000 nodes, held to its contract on both store backends:
+commits made durable in groups off the event loop, a Hello that writes only what changed, silence
+looked at by deadline, and the once-a-second work reading only the nodes it concerns."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from controller.act.actuators import NullPager
+from controller.act.local_actuator import LocalActuator
+from controller.compose import NodeRoute, node_route
+from controller.nodes.guards.rules import GuardrailConfig
+from controller.store import Store
+from controller.vocab.node_state import Health
+from controller.vocab.policy import Policy
+from vigil_core.signals import GpuRef, Signal, SignalKind
+
+
+def route(store: Store, now: list[float]) -> NodeRoute:
+    guard = GuardrailConfig(shared={"enabled": False}, breaker_max_fraction=1.0)  # type: ignore[arg-type]
+    return node_route(store, Policy(), LocalActuator(store.db), NullPager(), clock=lambda: now[0], guardrails=guard)
+
+
+def xid(node: str, code: int, at: float, seq: int) -> Signal:
+    return Signal(node, SignalKind.XID, GpuRef(0, "GPU-0", "0000:18:00"), code, observed_at=at, seq=seq)
+
+
+def test_many_commits_are_made_durable_by_one_flush(store_target: Path | str) -> None:
+    async def scenario() -> None:
+        store = Store(store_target)
+        e = route(store, [1000.0])
+        for i in range(20):
+            e.engine.hello(f"n{i}", f"spool-{i}", 8)
+            e.engine.receive(f"n{i}", [xid(f"n{i}", 63, 1000.0, 1)])  # recorded only
+        flushes = store.group.flushes
+        await asyncio.gather(*(e.engine.durable() for _ in range(20)))  # twenty acks waiting at once
+        assert store.group.flushes - flushes <= 2  # the group: not one flush each
+        assert store.db.lazy_commits >= 40
+        assert len(store.incidents.list(limit=100)) == 20
+        store.close()
+        again = Store(store_target)  # committed, durable, read back by the next controller
+        assert len(again.incidents.list(limit=100)) == 20
+        again.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_flush_that_fails_reaches_whoever_waits_for_it(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        store = Store(tmp_path / "ctl.db")
+        e = route(store, [1000.0])
+        e.engine.hello("n1", "spool-1", 8)
+
+        def broken() -> None:
+            raise sqlite3.OperationalError("disk I/O error")
+
+        store.db.inner.sync = broken  # type: ignore[attr-defined,method-assign]
+        e.engine.receive("n1", [xid("n1", 63, 1000.0, 1)])
+        with pytest.raises(sqlite3.OperationalError, match="disk I/O"):
+            await e.engine.durable()  # the gateway answers UNAVAILABLE: the agent keeps its spool
+        assert store.health.problem  # and the store's health says so
+        store.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_reconnecting_agent_writes_nothing_unless_something_changed(store_target: Path | str) -> None:
+    async def scenario() -> None:
+        store = Store(store_target)
+        e = route(store, [1000.0])
+        e.engine.hello("n1", "spool-1", 8)
+        written = store.db.lazy_commits
+        e.engine.disconnected("n1")
+        e.engine.hello("n1", "spool-1", 8)  # a controller restart: 100,000 of these at once
+        assert store.db.lazy_commits == written
+        e.engine.hello("n1", "spool-2", 8)  # a new spool is news
+        assert store.db.lazy_commits == written + 1
+        e.engine.hello("n1", "spool-2", 6)  # so are two GPUs less (a fault, decided and recorded too)
+        assert store.db.lazy_commits > written + 1
+        await e.wait_for_actions()
+        store.close()
+
+    asyncio.run(scenario())
+
+
+def test_silence_is_looked_at_by_deadline_not_by_scanning_the_fleet(tmp_path: Path) -> None:
+    now = [1000.0]
+    store = Store(tmp_path / "ctl.db")
+    e = route(store, now)
+    timeout = Policy().heartbeat_timeout_s
+    for node in ("quiet", "gone", "steady"):
+        e.engine.hello(node, f"spool-{node}", 8, idle_heartbeat_s=0.0 if node == "steady" else 60.0)
+    e.upkeep.check_silence()
+    now[0] += 10
+    e.engine.disconnected("gone")
+    now[0] += timeout + 1  # past the timeout: the closed stream's node is silent, the quiet one is not
+    assert sorted(e.upkeep.check_silence()) == ["gone", "steady"]
+    health = {n: e.fleet.nodes[n].state.health for n in ("quiet", "gone", "steady")}
+    assert health == {"quiet": Health.HEALTHY, "gone": Health.UNKNOWN, "steady": Health.UNKNOWN}
+    now[0] += 180  # three idle heartbeats with nothing heard: an agent stuck with its connection up
+    assert e.upkeep.check_silence() == ["quiet"]
+    e.engine.hello("quiet", "spool-quiet", 8, idle_heartbeat_s=60.0)
+    assert e.fleet.nodes["quiet"].state.health is Health.HEALTHY
+    assert e.fleet.count(Health.UNKNOWN) == 2 and e.fleet.in_health(Health.HEALTHY) == ["quiet"]
+    assert len(e.fleet.due(now[0] + 1e6)) <= 3  # about one deadline per node, whatever happened
+    store.close()
