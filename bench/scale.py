@@ -407,6 +407,16 @@ def measure(args: argparse.Namespace, workdir: Path, database: str) -> dict[str,
     return figures
 
 
+def revision() -> str:
+    """The code measured: its commit, and whether the working tree differed from it."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True)
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head.stdout.strip() + (" (modified)" if dirty.stdout.strip() else "")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--nodes", type=int, default=2000)
@@ -457,6 +467,7 @@ def main() -> int:
             return 1
     record = {
         **header("scale", memory_gb=round(psutil.virtual_memory().total / 2**30)),
+        "revision": revision(),
         "nodes": args.nodes,
         "database": args.database,
         "heartbeat_s": args.heartbeat_s,

@@ -32,7 +32,13 @@ class GroupCommit:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="group-commit")
         self.before_flush: list[Callable[[], None]] = []
         self._waiting: set[asyncio.Task[None]] = set()
+        self._requested = False
         self.flushes = 0
+
+    @property
+    def pending(self) -> int:
+        """Commits made and not yet known to be on disk."""
+        return self._db.lazy_commits - self._synced
 
     async def durable(self) -> None:
         """Return once every commit made before the call is on disk; raises the database's error."""
@@ -51,6 +57,7 @@ class GroupCommit:
             self._db.sync()
             self._synced = self._db.lazy_commits
             return
+        self._requested = True  # a flush under way may have begun before this: another follows it
         self._start().add_done_callback(_said)
 
     def then(self, say: Callable[[], object]) -> None:
@@ -79,14 +86,18 @@ class GroupCommit:
         return self._flush
 
     async def _run(self) -> None:
+        self._requested = False
         for write in self.before_flush:
             write()
         target = self._db.lazy_commits
-        if target <= self._synced:
-            return
-        await asyncio.get_running_loop().run_in_executor(self._executor, self._db.sync)
-        self._synced = max(self._synced, target)
-        self.flushes += 1
+        if target > self._synced:
+            await asyncio.get_running_loop().run_in_executor(self._executor, self._db.sync)
+            self._synced = max(self._synced, target)
+            self.flushes += 1
+        if self._requested or self._db.lazy_commits > self._synced:
+            # Written, or asked for, while this flush ran: the next flush starts once this one is done
+            # (its waiters are answered first: they wait for this task, not for the load to stop).
+            asyncio.get_running_loop().call_soon(self.soon)
 
     def close(self) -> None:
         self._executor.shutdown(wait=True)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+import time
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ from controller.nodes.guards.rules import GuardrailConfig
 from controller.store import Store
 from controller.vocab.node_state import Health
 from controller.vocab.policy import Policy
+from tests.helpers import wait_until
 from vigil_core.signals import GpuRef, Signal, SignalKind
 
 
@@ -45,6 +47,28 @@ def test_many_commits_are_made_durable_by_one_flush(store_target: Path | str) ->
         again = Store(store_target)  # committed, durable, read back by the next controller
         assert len(again.incidents.list(limit=100)) == 20
         again.close()
+
+    asyncio.run(scenario())
+
+
+def test_what_is_written_while_a_flush_runs_is_flushed_after_it_without_anyone_waiting(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        store = Store(tmp_path / "ctl.db")
+        sync = store.db.inner.sync  # type: ignore[attr-defined]
+
+        def slow_sync() -> None:
+            time.sleep(0.2)
+            sync()
+
+        store.db.inner.sync = slow_sync  # type: ignore[attr-defined]
+        store.records.set_metas({"a": "1"}, durable=False)
+        store.group.soon()
+        await asyncio.sleep(0.05)  # the first flush is under way
+        store.records.set_metas({"b": "2"}, durable=False)  # the guard's windows, say: nobody awaits them
+        store.group.soon()
+        await wait_until(lambda: store.group.pending == 0, timeout=5, what="the second write flushed")
+        assert store.group.flushes == 2
+        store.close()
 
     asyncio.run(scenario())
 
