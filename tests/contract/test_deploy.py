@@ -169,12 +169,36 @@ CALL = re.compile(r"\.(read|list|patch|create|replace|delete)_(\w+?)\(")
 Grant = tuple[str, str, str]  # API group, resource, verb
 
 
+# The actuator's lean writes (``KubeActuator._write``): the HTTP verb and the path they name (inline,
+# or the ``path = ...`` before them, in order).
+WRITE_PATH = re.compile(r'path = f?"(/api/v1/[^"?]*)')
+PATHS = {
+    r"^/api/v1/nodes/\{[^}]+\}$": ("", "nodes"),
+    r"^/api/v1/nodes/\{[^}]+\}/status$": ("", "nodes/status"),
+    r"^/api/v1/namespaces/\{[^}]+\}/events$": ("", "events"),
+}
+
+
+def _placed(path: str) -> tuple[str, str]:
+    for pattern, where in PATHS.items():
+        if re.match(pattern, path):
+            return where
+    raise AssertionError(f"a write this test cannot place: {path} (add it to PATHS)")
+
+
 def used_by_the_code(source: str) -> set[Grant]:
     found = set()
     for verb, rest in CALL.findall(source):
         assert rest in RESOURCES, f"a kubernetes call this test cannot place: {verb}_{rest} (add it to RESOURCES)"
         group, resource = RESOURCES[rest]
         found.add((group, resource, VERBS[verb]))
+    for call in re.findall(r"\.list_(\w+?)\((?:[^()]|\([^()]*\))*?watch=True", source):
+        found.add((*RESOURCES[call], "watch"))
+    writes = re.findall(r'self\._write\(\s*"(PATCH|POST)",\s*(?:path|f"([^"]*)")', source)
+    paths = iter(WRITE_PATH.findall(source))
+    for verb, inline in writes:
+        group, resource = _placed((inline or next(paths)).split("?")[0])
+        found.add((group, resource, {"PATCH": "patch", "POST": "create"}[verb]))
     return found
 
 
