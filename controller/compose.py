@@ -105,6 +105,8 @@ def node_route(
     tasks = Tasks(lambda task: metrics.task_failures.labels(task).inc())
     store.health.on_failure = metrics.store_write_failures.inc
     metrics.store_up.set_function(lambda: 0 if store.health.failing_since is not None else 1)
+    if (cache := getattr(actuator, "cache", None)) is not None:  # the Kubernetes actuator's node watch
+        metrics.node_watch_up.set_function(lambda: 1 if cache.synced else 0)
     metrics.tasks_down.set_function(lambda: len(tasks.down()))
     outboxes, events = AgentOutboxes(), NodeEvents()
     app_faults = app_faults or AppFaults(JobMembership())

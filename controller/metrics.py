@@ -122,6 +122,11 @@ class ControllerMetrics:
         self.store_up = Gauge(
             "vigil_controller_store_up", "1 while the database takes writes; 0 during an outage", registry=r
         )
+        self.node_watch_up = Gauge(
+            "vigil_controller_node_watch_up",
+            "1 while the Kubernetes node watch is current (labels, quarantine reads); 0 while it is lost",
+            registry=r,
+        )
         self.store_write_failures = Counter(
             "vigil_controller_store_write_failures_total", "Database transactions that failed", registry=r
         )

@@ -266,6 +266,22 @@ def test_the_watch_lists_again_when_its_version_is_gone(
         cache.stop()
 
 
+def test_a_lost_watch_is_said_and_its_readers_fall_back_to_the_api_server(tmp_path: Path) -> None:
+    from controller.act.kube.node_cache import NodeCache
+
+    with KubeApiServer() as kube:
+        kube.add_nodes(["gpu-0"], labels={"rack": "r1"})
+        cache = NodeCache(client.CoreV1Api(api_client(kube.kubeconfig(tmp_path / "kc"), retry=RETRY.new(total=0))))
+        cache._retry_s = 0.1
+        cache.start()
+        poll_until(lambda: cache.synced, 10)
+    try:  # the API server is gone: the watch ends and cannot be opened again
+        poll_until(lambda: cache.losses >= 1, 15, what="the lost watch counted")
+        assert not cache.synced  # stale: the actuator reads by GET and lists labels, until it lists again
+    finally:
+        cache.stop()
+
+
 def cached_spec(act: KubeActuator, node: str) -> dict[str, object]:
     assert act.cache is not None
     spec: dict[str, object] = (act.cache.get(node) or {}).get("spec", {})

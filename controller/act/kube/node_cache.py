@@ -65,6 +65,7 @@ class NodeCache:
         self.synced = False
         self.lists = 0  # full LISTs made (one at start, and one after each lost watch)
         self.events = 0  # changes received by the watch
+        self.losses = 0  # watches lost (the API server away, a broken stream)
 
     def start(self) -> None:
         self._thread.start()
@@ -95,7 +96,10 @@ class NodeCache:
                     version = self._list()
                 version = self._watch(version)
             except Exception as exc:  # the API server away, a broken stream: list again after a pause
-                log.warning("node_watch_lost", error=repr(exc)[:300])
+                # Stale until listed again: readers fall back to a GET and a LIST (``synced``), and the
+                # controller's vigil_controller_node_watch_up says so.
+                self.synced, self.losses = False, self.losses + 1
+                log.warning("node_watch_lost", error=repr(exc)[:300], losses=self.losses)
                 version = ""
                 self._stop.wait(self._retry_s)
 
