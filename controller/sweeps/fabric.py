@@ -10,25 +10,28 @@ pair is judged against the healthy pairs of its class (``references``, ``judge_p
 
 Localisation, from the largest component down (each explains the slow pairs through it):
 - a **leaf switch**: most of its nodes slow in every pair they ran (within the leaf and across);
-- a **leaf's uplink**: the leaf is fine within, and slow with most of the other leaves it met (two
-  or more); two leaves are "slow with each other" when most of their pairs are. Leaves are taken
-  greedily, the one slow with the most leaves first, until no two leaves are slow with each other;
+- a **leaf's uplink**: the leaf is fine within, every pair across of its own is slow, and it is slow
+  with most of the other leaves it met (two or more); two leaves are "slow with each other" when
+  most of their pairs are. Leaves are taken greedily, the one slow with the most leaves first, while
+  a leaf is slow with two or more leaves not yet explained. A node slow in every pair it ran, its
+  leaf's included, is a suspect of its own: its pairs across are no evidence against an uplink;
 - a **spine or pod**: two or more of its leaves taken so, more than half its leaves (with no spine
   labels, all leaves are under one spine layer). With two leaves only, their slow pairs are the
   path between them: which uplink cannot be told;
 - what is left is re-tested node by node (``controller.sweeps.pairing``): a node slow with every partner
   is to blame; one fine within its leaf and slow across is that **node's uplink**; two fine nodes
-  slow together are the **link** between them.
+  slow together are the **link** between them, once their pair is slow again when run once more
+  (a pair slow once by chance, on a busy host, is not reproduced and blames nothing).
 """
 
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from controller.sweeps.judge import PairRun
-from controller.sweeps.pairing import Finding, IsolationPlan, Pair, culprits, plan_isolation
+from controller.sweeps.pairing import Finding, IsolationPlan, Pair, confirmed, culprits, plan_isolation
 from controller.sweeps.topology import Place, Topology, leaves, size_label
 
 WITHIN, ACROSS, ALL = "within", "across", "all"
@@ -216,9 +219,22 @@ def localise(
             )
             blame("leaf", f"leaf {leaf}", f"{leaf_label}={leaf}", members, through, evidence)
 
+    # A node slow in every pair it ran, within its leaf too, is a suspect of its own (its link, its
+    # NIC: the re-tests say): its pairs across are no evidence against an uplink or a spine.
+    suspects = {
+        n
+        for leaf, members in groups.items()
+        if leaf not in bad_leaves
+        for n in members
+        if mine.get(n) and all(p in slow for p in mine[n]) and any(pair_class(p, topology) == WITHIN for p in mine[n])
+    }
     # Leaves slow across while fine within: their uplinks, or the spine above several of them.
     across = [
-        p for p in runs if pair_class(p, topology) == ACROSS and not ({_leaf(topology, n) for n in p} & bad_leaves)
+        p
+        for p in runs
+        if pair_class(p, topology) == ACROSS
+        and not ({_leaf(topology, n) for n in p} & bad_leaves)
+        and not (set(p) & suspects)
     ]
     between: dict[frozenset[str], list[Pair]] = {}
     for pair in across:
@@ -231,17 +247,25 @@ def localise(
     # most slow leaves not yet explained, until every slow pair of leaves is explained.
     met = {leaf: sum(leaf in e for e in between if "" not in e) for leaf in fine_within}
     slow_with = {leaf: sum(leaf in e for e in edges) for leaf in fine_within}
+    # ...and every pair across of its own slow: a bad uplink slows each of them, while a good leaf
+    # whose partners' faults (and one pair slow by chance) slow some may look slow with two leaves.
+    all_across_slow = {
+        leaf for leaf in fine_within if all(p in slow for p in across if leaf in (_leaf(topology, n) for n in p))
+    }
     candidates = [
         leaf
         for leaf in groups
-        if leaf in slow_with and slow_with[leaf] * 2 > met[leaf] and (slow_with[leaf] >= 2 or len(groups) == 2)
+        if leaf in slow_with
+        and leaf in all_across_slow
+        and slow_with[leaf] * 2 > met[leaf]
+        and (slow_with[leaf] >= 2 or len(groups) == 2)
     ]
     picked: list[str] = []
     while edges and candidates:
         degree = {leaf: sum(leaf in e for e in edges) for leaf in candidates}
         leaf = max(candidates, key=lambda name: degree[name])
-        if not degree[leaf]:
-            break
+        if degree[leaf] < (1 if len(groups) == 2 else 2):
+            break  # one pair of leaves left slow is no uplink's evidence: its pairs are re-tested
         picked.append(leaf)
         candidates.remove(leaf)
         edges = {e for e in edges if leaf not in e}
@@ -310,18 +334,24 @@ def node_uplinks(
     return out
 
 
-def retest_partners(slow: Sequence[Pair], topology: Topology) -> Callable[[str, list[str]], list[str]]:
+def retest_partners(
+    slow: Sequence[Pair], topology: Topology, doubtful: Collection[str] = ()
+) -> Callable[[str, list[str]], list[str]]:
     """For ``plan_isolation``: re-test a suspect over the path it was slow on. Slow within its leaf
     only: a good node of its leaf; slow across: a good node of a third leaf (neither end's), else of
-    any other leaf."""
+    any other leaf. ``doubtful``: nodes taken only where no other will do (those that were in a slow
+    pair a component explains: fast elsewhere, but not proven on every path)."""
 
-    def prefer(suspect: str, good: list[str]) -> list[str]:
+    def on_path(suspect: str, good: list[str]) -> list[str]:
         mine = [p for p in slow if suspect in p]
         leaf = _leaf(topology, suspect)
         if mine and all(pair_class(p, topology) == WITHIN for p in mine):
             return [g for g in good if _leaf(topology, g) == leaf]
         ends = {_leaf(topology, n) for p in mine for n in p}
         return [g for g in good if _leaf(topology, g) not in ends] or [g for g in good if _leaf(topology, g) != leaf]
+
+    def prefer(suspect: str, good: list[str]) -> list[str]:
+        return on_path(suspect, [g for g in good if g not in doubtful]) or on_path(suspect, good)
 
     return prefer
 
@@ -366,17 +396,28 @@ def judge_first_stage(nodes: Sequence[str], first: Mapping[Pair, PairRun], judge
     slow = judge_pairs(first, refs, judge.topology, judge.min_busbw_gbps, judge.max_below)
     where = localise(nodes, judge.topology, list(first), slow, judge.leaf_label, judge.spine_label)
     rest = [p for p in slow if p not in where.explained]
-    plan = plan_isolation(rest, list(first), prefer=retest_partners(rest, judge.topology))
+    behind = {n for component in where.components for n in component.nodes}
+    doubtful = {n for pair in slow for n in pair}
+    prefer = retest_partners(rest, judge.topology, doubtful)
+    plan = plan_isolation(rest, list(first), prefer=prefer, exclude=behind)
     return Judged(refs, slow, where, rest, plan)
 
 
 def findings(
-    judged: Judged, first: Mapping[Pair, PairRun], retest: Mapping[Pair, PairRun], judge: FabricJudge
+    judged: Judged,
+    first: Mapping[Pair, PairRun],
+    retest: Mapping[Pair, PairRun],
+    judge: FabricJudge,
+    again: Mapping[Pair, PairRun] | None = None,
 ) -> list[Finding]:
-    """The components, then the nodes, node uplinks and links the re-tests blame."""
+    """The components, then the nodes, node uplinks and links the re-tests blame; ``again``: the
+    link pairs run once more (``links_to_confirm``), each link kept only if slow again."""
     retest_slow = judge_pairs(retest, judged.refs, judge.topology, judge.min_busbw_gbps, judge.max_below)
     errors = {p: run.error for p, run in retest.items() if run.error}
     busbw = {p: run.busbw_gbps for p, run in first.items()}
-    again = {p: run.busbw_gbps for p, run in retest.items()}
-    found = culprits(judged.rest, again, busbw, 0.0, judge.max_below, errors, retest_slow)
+    rerun = {p: run.busbw_gbps for p, run in retest.items()}
+    found = culprits(judged.rest, rerun, busbw, 0.0, judge.max_below, errors, retest_slow)
+    if again is not None:
+        slow_again = judge_pairs(again, judged.refs, judge.topology, judge.min_busbw_gbps, judge.max_below)
+        found = confirmed(found, again, slow_again)
     return judged.where.components + node_uplinks(found, judge.topology, list(first), judged.slow)

@@ -149,11 +149,14 @@ def pair_rows(
     findings: Sequence[Finding],
     basis: str,
     explained: Collection[Pair] = (),
+    again: Mapping[Pair, PairRun] | None = None,
 ) -> list[Row]:
     """Each paired node's verdict for the pairwise stage, from both rounds and the findings.
     ``basis``: what a pair that is not slow was judged against (``pair_basis``). A node behind a
     blamed component (a leaf switch, an uplink, a spine) is not blamed itself, nor one slow only
-    with such nodes (``explained``: the slow pairs the components account for)."""
+    with such nodes (``explained``: the slow pairs the components account for). ``again``: the
+    slow pairs run once more (a link's confirmation); one no longer slow was not reproduced."""
+    again = again or {}
     blamed = {f.node: f.reason for f in findings if not f.is_component}
     behind = {n: f for f in findings if f.is_component for n in f.nodes}
     links = {n for f in findings if f.kind == "link" for n in f.node.split("|")}
@@ -182,11 +185,16 @@ def pair_rows(
         elif node in untestable:
             why = run.error or "slow"
             rows.append(Row(node, PAIRS, Verdict.UNKNOWN, figure, f"{why}; no known-good node to re-pair with"))
-        elif again := [(p, r) for p, r in retest.items() if p[0] == node]:
-            (_suspect, good), rerun = again[0]
+        elif rerun_of := [(p, r) for p, r in retest.items() if p[0] == node]:
+            (_suspect, good), rerun = rerun_of[0]
             cleared = f"slow with {partner}, fast with {good} ({rerun.busbw_gbps:.3g} GB/s)"
-            link = f"; the link to {partner} is slow" if node in links else f": {partner} is to blame"
-            rows.append(Row(node, PAIRS, Verdict.OK, figure, cleared + link))
+            if node in links:
+                cleared += f"; the link to {partner} is slow"
+            elif pair in again:
+                cleared += f"; {again[pair].busbw_gbps:.3g} GB/s with {partner} once more: not reproduced"
+            else:
+                cleared += f": {partner} is to blame"
+            rows.append(Row(node, PAIRS, Verdict.OK, figure, cleared))
         else:
             rows.append(Row(node, PAIRS, Verdict.UNKNOWN, figure, "slow pair, not re-tested"))
     return rows

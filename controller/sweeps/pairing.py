@@ -7,13 +7,14 @@ below the threshold, or far below the fleet (``checks.judge.fleet_outliers``: me
 Round 2 re-pairs each member of a slow pair with a different known-good node (a member of a fast
 pair): the member whose new pair is slow again is the culprit; its partner is cleared. A member
 that is slow with every partner is the culprit even if both are; a slow pair whose members are
-both fast with good partners is reported as the link between them.
+both fast with good partners is run once more, and reported as the link between them only if it is
+slow again (a pair slow once by chance is "not reproduced").
 """
 
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from checks.judge import fleet_outliers
@@ -56,17 +57,32 @@ class IsolationPlan:
 
 
 def plan_isolation(
-    slow: Sequence[Pair], all_pairs: Sequence[Pair], prefer: Callable[[str, list[str]], list[str]] | None = None
+    slow: Sequence[Pair],
+    all_pairs: Sequence[Pair],
+    prefer: Callable[[str, list[str]], list[str]] | None = None,
+    exclude: Collection[str] = (),
 ) -> IsolationPlan:
     """Each member of a slow pair with a known-good node (one that was in a fast pair only),
     spread over them. ``prefer(suspect, good)``: the good nodes to take first for this suspect
-    (a topology-aware sweep re-tests across leaves what was slow across leaves)."""
+    (a topology-aware sweep re-tests across leaves what was slow across leaves). ``exclude``: nodes
+    that are nobody's known-good partner whatever their pairs (those behind a blamed switch).
+    Where no node was in fast pairs only (a small fleet with a bad node and a pair slow by
+    chance), a suspect is re-paired with a node that was fast somewhere and never slow with it,
+    the fewest slow pairs first."""
     suspects = list(dict.fromkeys(n for p in slow for n in p))
-    good = [n for p in all_pairs if p not in slow for n in p if n not in suspects]
+    good = [n for p in all_pairs if p not in slow for n in p if n not in suspects and n not in exclude]
     good = list(dict.fromkeys(good))
+    fast = [n for p in all_pairs if p not in slow for n in p if n not in exclude]
+    slow_count = {n: sum(n in p for p in slow) for n in fast}
+    fast = sorted(dict.fromkeys(fast), key=lambda n: slow_count[n])
     pairs, untestable = [], []
     for i, suspect in enumerate(suspects):
         candidates = (prefer(suspect, good) if prefer else []) or good
+        if not candidates:
+            met = {n for p in slow if suspect in p for n in p}
+            fallback = [n for n in fast if n not in met]
+            candidates = (prefer(suspect, fallback) if prefer else []) or fallback
+            i = 0  # the likeliest good first
         if candidates:
             pairs.append((suspect, candidates[i % len(candidates)]))
         else:
@@ -87,6 +103,23 @@ class Finding:
         return self.kind in ("leaf", "leaf-uplink", "spine")
 
 
+def slow_beside_first(
+    runs: Mapping[Pair, float],
+    first: Mapping[Pair, float],
+    slow: Collection[Pair],
+    min_busbw_gbps: float,
+    max_below_median: float,
+) -> dict[Pair, float]:
+    """The later runs that are slow against the first round's healthy pairs (their median)."""
+    good_level = [v for p, v in first.items() if p not in slow]
+    reference = statistics.median(good_level) if good_level else 0.0
+    return {
+        p: v
+        for p, v in runs.items()
+        if v < min_busbw_gbps or (reference > 0 and v < (1 - max_below_median) * reference)
+    }
+
+
 def culprits(
     slow: Sequence[Pair],
     retest: Mapping[Pair, float],
@@ -98,18 +131,15 @@ def culprits(
 ) -> list[Finding]:
     """Who is to blame for each slow pair, from the re-pairing round. ``errors``: why a pair that
     counts as 0 GB/s could not run at all. ``retest_slow``: the re-tests judged already (at each
-    size, with the evidence), instead of by their bandwidth against the first round's."""
+    size, with the evidence), instead of by their bandwidth against the first round's. A link
+    found here is a hypothesis until its pair runs again (``links_to_confirm``, ``confirmed``)."""
     good_level = [v for p, v in first.items() if p not in slow]
     reference = statistics.median(good_level) if good_level else 0.0
-
-    def is_slow(value: float) -> bool:
-        return value < min_busbw_gbps or (reference > 0 and value < (1 - max_below_median) * reference)
-
     errors = errors or {}
     if retest_slow is not None:
         slow_alone = {pair: v for pair, v in retest.items() if pair in retest_slow}
     else:
-        slow_alone = {pair: v for pair, v in retest.items() if is_slow(v)}
+        slow_alone = slow_beside_first(retest, first, slow, min_busbw_gbps, max_below_median)
     findings: list[Finding] = []
     for a, b in slow:
         for (n, good), value in slow_alone.items():
@@ -131,6 +161,26 @@ def culprits(
             why = f"each is fast with another node: the link between them, {first[(a, b)]:.3g} GB/s"
             findings.append(Finding(f"{a}|{b}", why, "link", (a, b)))
     return list({f.node: f for f in findings}.values())
+
+
+def links_to_confirm(found: Sequence[Finding]) -> list[Pair]:
+    """The pairs the link findings name: each runs once more before its link is blamed (two nodes
+    slow together once, each fast elsewhere, may have met a busy moment, not a bad link)."""
+    return [(f.nodes[0], f.nodes[1]) for f in found if f.kind == "link"]
+
+
+def confirmed(found: Sequence[Finding], again: Collection[Pair], slow_again: Mapping[Pair, str]) -> list[Finding]:
+    """The findings less each link whose pair ran again (``again``) and was fast: not reproduced.
+    A link slow again says so; one that could not run again stands on the first evidence."""
+    out = []
+    for f in found:
+        pair = (f.nodes[0], f.nodes[1]) if f.kind == "link" else None
+        if pair is None or pair not in again:
+            out.append(f)
+        elif pair in slow_again:
+            why = f"{f.reason}; slow again when run once more: {slow_again[pair]}"
+            out.append(Finding(f.node, why, f.kind, f.nodes))
+    return out
 
 
 def _partners(retest: Mapping[Pair, float], node: str) -> list[str]:

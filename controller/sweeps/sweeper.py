@@ -39,7 +39,18 @@ from controller.sweeps.judge import (
     pair_run,
     row_for,
 )
-from controller.sweeps.pairing import Finding, Pair, batches, culprits, pair_up, plan_isolation, slow_pairs
+from controller.sweeps.pairing import (
+    Finding,
+    Pair,
+    batches,
+    confirmed,
+    culprits,
+    links_to_confirm,
+    pair_up,
+    plan_isolation,
+    slow_beside_first,
+    slow_pairs,
+)
 from controller.sweeps.result import Emit, SweepDone, SweepProgress, SweepResult
 from controller.sweeps.spec import PAIR_PROGRAM, PAIRS, SweepConfig, SweepError, SweepSpec, master_address, pair_params
 from controller.sweeps.topology import Place, TopologyError, from_labels, is_topology_aware, merged, parse_topology_file
@@ -262,10 +273,19 @@ class Sweeper:
             progress.total += len(plan.pairs)
             retest = await self._round(sweep_id, "isolation", spec, plan.pairs, progress, stage)
         errors = {p: run.error for p, run in retest.items() if run.error}
-        again = {p: run.busbw_gbps for p, run in retest.items()}
-        stage.findings = culprits(slow, again, busbw, spec.min_busbw_gbps, cfg.pair_max_below_median, errors)
+        rerun = {p: run.busbw_gbps for p, run in retest.items()}
+        found = culprits(slow, rerun, busbw, spec.min_busbw_gbps, cfg.pair_max_below_median, errors)
+        again: dict[Pair, PairRun] = {}
+        if links := links_to_confirm(found):
+            progress.total += len(links)
+            again = await self._round(sweep_id, "links again", spec, links, progress, stage)
+            values = {p: run.busbw_gbps for p, run in again.items()}
+            slow_again = slow_beside_first(values, busbw, slow, spec.min_busbw_gbps, cfg.pair_max_below_median)
+            evidence = {p: again[p].error or f"{v:.3g} GB/s" for p, v in slow_again.items()}
+            found = confirmed(found, list(again), evidence)
+        stage.findings = found
         basis = pair_basis(first, spec.min_busbw_gbps, cfg.pair_max_below_median)
-        stage.rows += pair_rows(reachable, first, retest, slow, plan.untestable, stage.findings, basis)
+        stage.rows += pair_rows(reachable, first, retest, slow, plan.untestable, stage.findings, basis, again=again)
         return stage
 
     async def _topology(self, nodes: list[str]) -> dict[str, Place]:
@@ -314,12 +334,18 @@ class Sweeper:
         if judged.plan.pairs:
             progress.total += len(judged.plan.pairs)
             retest = await self._round(sweep_id, "isolation", spec, judged.plan.pairs, progress, stage)
-        stage.findings = findings(judged, first, retest, judge)
+        found = findings(judged, first, retest, judge)
+        again: dict[Pair, PairRun] = {}
+        if links := links_to_confirm(found):
+            progress.total += len(links)
+            again = await self._round(sweep_id, "links again", spec, links, progress, stage)
+            found = findings(judged, first, retest, judge, again)
+        stage.findings = found
         stage.domains = judged.where.domains
         basis = f"within {cfg.pair_max_below_median:.0%} of healthy pairs at each size"
         explained = judged.where.explained
         stage.rows += pair_rows(
-            nodes, first, retest, judged.slow, judged.plan.untestable, stage.findings, basis, explained
+            nodes, first, retest, judged.slow, judged.plan.untestable, stage.findings, basis, explained, again
         )
         return stage
 

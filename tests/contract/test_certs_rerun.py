@@ -3,7 +3,6 @@ before (unless --renew), and mends permissions on every run, whatever the umask.
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -11,9 +10,10 @@ from pathlib import Path
 
 def certs(out: Path, *args: str, umask: int = 0o022) -> subprocess.CompletedProcess[str]:
     command = [sys.executable, "-m", "vigil", "certs", str(out), "--controller-name", "127.0.0.1", *args]
-    return subprocess.run(
-        command, capture_output=True, text=True, timeout=60, preexec_fn=lambda: os.umask(umask), check=True
-    )
+    # The umask set by a shell, not by Python code run between fork and exec (``preexec_fn``): a
+    # worker that has loaded gRPC may abort in that window while gRPC's threads run.
+    umasked = ["sh", "-c", f'umask {umask:03o} && exec "$0" "$@"', *command]
+    return subprocess.run(umasked, capture_output=True, text=True, timeout=60, check=True)
 
 
 def mode(path: Path) -> int:

@@ -3,7 +3,16 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from controller.sweeps.pairing import batches, culprits, pair_up, plan_isolation, slow_pairs
+from controller.sweeps.pairing import (
+    batches,
+    confirmed,
+    culprits,
+    links_to_confirm,
+    pair_up,
+    plan_isolation,
+    slow_beside_first,
+    slow_pairs,
+)
 
 
 def simulate(nodes: list[str], speed: dict[str, float], pairs: list[tuple[str, str]]) -> dict[tuple[str, str], float]:
@@ -43,6 +52,24 @@ def test_a_bad_link_between_two_good_nodes_is_named_as_the_link() -> None:
     retest = dict.fromkeys(plan.pairs, 10.0)
     (finding,) = culprits(slow, retest, first, 1.0, 0.3)
     assert finding.node == "a|b" and "link between them" in finding.reason
+
+
+def test_a_link_is_blamed_only_if_its_pair_is_slow_again() -> None:
+    """Two nodes slow together once, each fast with a known-good node: their pair runs once more;
+    fast then, it was a busy moment (no finding); slow again, it is the link, said so."""
+    nodes = ["a", "b", "c", "d", "e", "f"]
+    first_pairs = pair_up(nodes)
+    first = {p: 10.0 for p in first_pairs} | {("a", "b"): 2.0}
+    slow = slow_pairs(first, 1.0, 0.3)
+    retest = dict.fromkeys(plan_isolation(slow, first_pairs).pairs, 10.0)
+    found = culprits(slow, retest, first, 1.0, 0.3)
+    assert links_to_confirm(found) == [("a", "b")]
+    assert confirmed(found, [("a", "b")], {}) == []
+    (link,) = confirmed(found, [("a", "b")], {("a", "b"): "2.1 GB/s"})
+    assert link.node == "a|b" and "slow again when run once more: 2.1 GB/s" in link.reason
+    assert confirmed(found, [], {}) == found  # not run again (its agents gone): the first evidence stands
+    again = slow_beside_first({("a", "b"): 9.5}, first, slow, 1.0, 0.3)
+    assert again == {}
 
 
 def test_without_good_nodes_nothing_can_be_isolated() -> None:
