@@ -15,8 +15,10 @@ What it does:
   ``sync_s`` > 0 the exchange happens only every few steps (about that many seconds apart), for
   jobs whose steps are so short that a collective each would cost them: the ranks then wait for a
   slow one inside the job's own collectives, which hides the skew, and a stop waits that long.
-- Every ``window_steps`` steps rank 0 turns the window into Progress (tokens/s and MFU at the pace
-  of the slowest rank, each rank's mean step time, the nodes) and hands it to the reporter thread.
+- Every ``window_steps`` steps, and at least ``window_min_s`` apart (the reporter's pace: a job
+  stepping in milliseconds neither floods the controller nor loses windows), rank 0 turns the
+  window into Progress (tokens/s and MFU at the pace of the slowest rank, each rank's mean step
+  time, the nodes) and hands it to the reporter thread.
   Nothing on the step path waits on the network; an unreachable controller costs nothing but logs.
 - A stop is asked for by ``request_stop`` (safe in a signal handler: it only sets a string) or by
   the controller's CHECKPOINT_AND_RESTART, which reaches rank 0's reporter thread.
@@ -100,6 +102,9 @@ class HookConfig(ConfigModel):
     node: str = Field(default_factory=lambda: socket.gethostname().lower())
     restart_count: int = Field(default=0, ge=0, description="starts of this job before this one")
     window_steps: int = Field(default=10, ge=1, description="steps per reporting window")
+    window_min_s: float = Field(
+        default=0.5, ge=0.5, le=600, description="a window is at least this long, whatever the step time"
+    )
     poll_s: float = Field(default=1.0, gt=0, description="how often rank 0 asks for commands between windows")
     sync_s: float = Field(
         default=0.0,
@@ -208,7 +213,9 @@ class VigilHook:
         self._mark("compute")
         if self.rank == 0 and self.config.controller:
             cfg = self.config
-            self._reporter = Reporter(cfg.controller, self._heartbeat, self._received, cfg.poll_s, tls=self._tls)
+            self._reporter = Reporter(
+                cfg.controller, self._heartbeat, self._received, cfg.poll_s, tls=self._tls, min_interval_s=0.5
+            )
             self._reporter.start()
             first = self._base("start")
             first.restore_s = max(0.0, time.time() - psutil.Process().create_time() if restore_s is None else restore_s)
@@ -296,7 +303,8 @@ class VigilHook:
         stop = False
         if self._pending_steps >= self._sync_every:
             stop = self._exchange()
-            if self._window_steps >= self.config.window_steps:
+            long_enough = time.time() - self._window_start >= self.config.window_min_s
+            if self._window_steps >= self.config.window_steps and long_enough:
                 if self._reporter is not None:
                     self._reporter.put(self._window())
                 self._reset_window(time.time())
@@ -374,9 +382,9 @@ class VigilHook:
         last = self._base("checkpointed" if checkpoint_step else "end")
         last.acks.extend([*self._acks, *acks])  # a CHECKPOINT_NOW done since the last window, too
         last.checkpoint_s = self._checkpoint_s + max(0.0, checkpoint_s)  # saves since the last window too
-        # An acknowledgement is worth a few seconds of retries (the controller moves on at once, not at
-        # the deadline); the end of a run is said once.
-        delivered = self._reporter.close(last, timeout_s=5.0 if acks else 0.0)
+        # A few seconds of retries, for an acknowledgement (the controller moves on at once, not at the
+        # deadline) as for the end of a run (else the job shows running until it is judged silent).
+        delivered = self._reporter.close(last, timeout_s=5.0)
         self._reporter = None
         return delivered
 

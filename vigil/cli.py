@@ -422,11 +422,13 @@ def sweep(
 def plan(
     gpus: Annotated[int, typer.Option("--gpus", min=1, help="the job's GPUs")],
     failures_per_1000_gpu_days: Annotated[
-        Optional[float], typer.Option("--failures-per-1000-gpu-days", min=0.0, help="the GPUs' failure rate")
+        Optional[float],
+        typer.Option("--gpu-rate", "--failures-per-1000-gpu-days", min=0.0, help="failures per 1,000 GPU-days"),
     ] = None,
     gpu_mtbf_hours: Annotated[Optional[float], typer.Option("--gpu-mtbf-hours", help="or one GPU's MTBF")] = None,
     failures_per_1000_node_days: Annotated[
-        Optional[float], typer.Option("--failures-per-1000-node-days", min=0.0, help="or the nodes' rate")
+        Optional[float],
+        typer.Option("--node-rate", "--failures-per-1000-node-days", min=0.0, help="or per 1,000 node-days"),
     ] = None,
     gpus_per_node: Annotated[int, typer.Option("--gpus-per-node", min=1, max=1024)] = 8,
     from_history: Annotated[
@@ -447,19 +449,26 @@ def plan(
         float, typer.Option("--stragglers-per-1000-gpu-days", min=0.0, help="slow-node episodes")
     ] = 0.0,
     straggler_slowdown: Annotated[float, typer.Option("--straggler-slowdown", min=0.0, max=10.0)] = 0.3,
-    watchdog_s: Annotated[float, typer.Option("--watchdog-s", help="without Vigil: NCCL's watchdog")] = 600.0,
-    person_s: Annotated[float, typer.Option("--person-s", help="without Vigil: a person finds the node")] = 1800.0,
+    watchdog_s: Annotated[float, typer.Option("--watchdog-s", min=0.0, help="without Vigil: NCCL's watchdog")] = 600.0,
+    person_s: Annotated[
+        float, typer.Option("--person-s", min=0.0, help="without Vigil: a person finds the node")
+    ] = 1800.0,
     runs: Annotated[int, typer.Option("--runs", min=10, max=100_000, help="simulated runs")] = 200,
     seed: Annotated[int, typer.Option("--seed")] = 0,
     as_json: Annotated[bool, typer.Option("--json")] = False,
-    plot: Annotated[Optional[Path], typer.Option("--plot", help="write ETTR against the interval (PNG)")] = None,
+    plot: Annotated[
+        Optional[Path], typer.Option("--plot", help="ETTR against the interval: .png, .svg or .pdf (vigil-gpu[plot])")
+    ] = None,
 ) -> None:
     """How often to checkpoint, and what share of the run trains, with Vigil and without it."""
     from dataclasses import replace
 
     from controller.planning.model import Baseline
-    from controller.planning.plan import HistoryError, PlanInputs, make_plan
-    from vigil.plan_view import dumps, print_plan, write_plot
+    from controller.planning.plan import HistoryError, PlanInputs, make_plan, never_trains
+    from vigil.plan_view import PLOT_FORMATS, dumps, print_plan, write_plot
+
+    if plot is not None and plot.suffix.lower().lstrip(".") not in PLOT_FORMATS:
+        _fail(f"--plot {plot}: the name's suffix picks the format: {', '.join('.' + f for f in PLOT_FORMATS)}")
 
     rates = (failures_per_1000_gpu_days, failures_per_1000_node_days, gpu_mtbf_hours)
     given = [x for x in rates if x is not None] + ([1] if from_history else [])
@@ -500,12 +509,14 @@ def plan(
         straggler_slowdown=straggler_slowdown,
         baseline=Baseline(watchdog_s=watchdog_s, person_s=person_s),
     )
+    if why := never_trains(inputs):
+        _fail(why)
     result = make_plan(inputs)
     if plot is not None:
         try:
             write_plot(result, plot)
         except ImportError:
-            _fail("--plot needs matplotlib: pip install 'vigil[plot]'")
+            _fail("--plot needs matplotlib: pip install 'vigil-gpu[plot]'")
         except OSError as exc:
             _fail(f"--plot {plot}: {exc.strerror or exc}")
     if as_json:
@@ -534,7 +545,9 @@ def launch(
     nodes: Annotated[str, typer.Option(help="comma-separated node names the ranks run as (VIGIL_NODE)")],
     job_id: Annotated[str, typer.Option(help="the job's id, as the controller will know it")] = "job",
     nproc_per_node: Annotated[int, typer.Option(help="ranks per node")] = 1,
-    controller: Annotated[str, typer.Option(help="controller HOST:PORT ('' to run without Vigil)")] = "",
+    controller: Annotated[
+        str, typer.Option(help="controller HOST:PORT, as every command; 'none' to run with nothing watching")
+    ] = "127.0.0.1:7070",
     max_failures: Annotated[int, typer.Option(help="restarts after failed starts before giving up")] = 3,
     log_dir: Annotated[Optional[Path], typer.Option(help="one log file per rank here (default: inherit)")] = None,
     log_format: LogFormatOpt = "auto",
@@ -557,6 +570,13 @@ def launch(
         _fail("--nproc-per-node must be >= 1 and --max-failures >= 0")
     if not ctx.args:
         _fail("no command to launch: put it after --, e.g. -- python -m trainer_hooks.moe_job.train")
+    if controller.strip().lower() in ("", "none"):
+        controller = ""
+        typer.echo(
+            "warning: --controller none: nothing watches this job (no hang or fault is noticed, no restart "
+            "leaves a bad node out); it restarts only after its own failures",
+            err=True,
+        )
     config = LaunchConfig(
         job_id=job_id,
         nodes=tuple(names),

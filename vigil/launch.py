@@ -50,6 +50,7 @@ import structlog
 from protos.vigil.v1 import trainer_pb2, trainer_pb2_grpc
 from trainer_hooks.protocol import CHECKPOINTED_EXIT_CODE
 from vigil_core.ports import free_port
+from vigil_core.rpc_errors import explain, is_refused
 from vigil_core.tls import TlsFiles, channel
 
 log = structlog.get_logger(__name__)
@@ -330,7 +331,8 @@ class Launcher:
         except grpc.RpcError as exc:
             if self._reachable:
                 self._reachable = False
-                log.warning("launch_controller_unreachable", controller=self.config.controller, error=str(exc)[:200])
+                event = "launch_controller_refused" if is_refused(exc) else "launch_controller_unreachable"
+                log.warning(event, controller=self.config.controller, error=explain(exc, self.config.controller))
             return None
         self._reachable = True
         new = set(reply.exclude_nodes) - self.excluded

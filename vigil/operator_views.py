@@ -19,6 +19,7 @@ from rich.table import Table
 from controller.jobs.goodput import KINDS
 from protos.vigil.v1 import admin_pb2, common_pb2
 from vigil.admin_client import AdminClient
+from vigil_core.rpc_errors import explain
 from vigil_core.tls import TlsError
 
 PIPED_WIDTH = 1000  # columns when stdout is not a terminal: whole rows for grep, files and pagers
@@ -39,7 +40,7 @@ def _ask(target: str, call: Callable[[AdminClient], T]) -> T | None:
         with AdminClient(target) as client:
             return call(client)
     except grpc.RpcError as exc:
-        _console.print(f"[red]error:[/] controller at {target} answered {exc.code().name}: {exc.details()}")
+        _console.print(f"[red]error:[/] {escape(explain(exc, target))}")
         return None
     except TlsError as exc:
         _console.print(f"[red]error:[/] VIGIL_TLS_DIR: {exc}")

@@ -7,6 +7,7 @@ import grpc
 from controller.planning.model import DAY_S
 from controller.planning.plan import HistoryError, rate_from_history
 from vigil.admin_client import AdminClient
+from vigil_core.rpc_errors import explain
 
 
 def fitted_rate(target: str, days: float) -> float:
@@ -17,7 +18,7 @@ def fitted_rate(target: str, days: float) -> float:
             status = admin.status()
             incidents = admin.incidents(limit=100_000)
     except grpc.RpcError as exc:
-        raise HistoryError(f"the controller at {target} did not answer: {exc.details() or exc.code()}") from None
+        raise HistoryError(explain(exc, target)) from None
     quarantined = [
         i.opened_at
         for i in incidents

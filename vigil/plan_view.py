@@ -86,12 +86,17 @@ def _simulated(s: Scenario) -> str:
     return f"{d.p5:.1%} / {d.p50:.1%} / {d.p95:.1%}"
 
 
+PLOT_FORMATS = ("png", "svg", "pdf")
+
+
 def write_plot(plan: Plan, path: Path) -> None:
-    """ETTR against the checkpoint interval, the optimum marked, with and without Vigil."""
+    """ETTR against the checkpoint interval, the optimum marked, with and without Vigil; the axis
+    labelled at 1-2-5 steps, the assumed save and restart in the title."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
     fig, ax = plt.subplots(figsize=(8, 5))
     for s in (plan.vigil, plan.baseline):
@@ -100,9 +105,17 @@ def write_plot(plan: Plan, path: Path) -> None:
         ax.plot([s.daly_s / 60], [s.at_optimum.ettr * 100], "o", color=line.get_color())
         ax.annotate(f"{_duration(s.daly_s)}: {s.at_optimum.ettr:.1%}", (s.daly_s / 60, s.at_optimum.ettr * 100))
     ax.set_xscale("log")
+    ax.xaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:g}"))
+    ax.xaxis.set_minor_formatter(NullFormatter())
     ax.set_xlabel("checkpoint interval (min)")
     ax.set_ylabel("ETTR (%)")
-    ax.set_title(f"{plan.inputs.gpus:,} GPUs, a failure every {_duration(plan.mtbf_s)}")
+    times = plan.vigil.times
+    ax.set_title(
+        f"{plan.inputs.gpus:,} GPUs, a failure every {_duration(plan.mtbf_s)}; "
+        f"a save blocks {_duration(times.save_s)}, a restart takes {_duration(times.restart_s)}",
+        fontsize=10,
+    )
     ax.legend()
     fig.tight_layout()
     fig.savefig(path)

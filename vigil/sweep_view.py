@@ -12,6 +12,7 @@ from collections.abc import Iterator
 import grpc
 from google.protobuf.json_format import MessageToDict
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -19,6 +20,7 @@ from checks.result import Verdict
 from protos.vigil.v1 import admin_pb2, common_pb2
 from vigil.admin_client import AdminClient
 from vigil.operator_views import table_console
+from vigil_core.rpc_errors import explain
 from vigil_core.tls import TlsError
 
 _console = table_console()
@@ -37,7 +39,7 @@ def run_sweep(target: str, request: admin_pb2.SweepRequest, as_json: bool, show_
             updates = client.sweep(request)
             summary = _collect(updates) if as_json else _follow(updates)
     except grpc.RpcError as exc:
-        _errors.print(f"[red]error:[/] the sweep on {target} ended: {exc.code().name}: {exc.details()}")
+        _errors.print(f"[red]error:[/] the sweep ended: {escape(explain(exc, target))}")
         return 2
     except TlsError as exc:
         _errors.print(f"[red]error:[/] VIGIL_TLS_DIR: {exc}")

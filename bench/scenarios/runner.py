@@ -325,7 +325,7 @@ class _JobReporter:
                 window_end=now,
                 mfu=w.mfu,
                 tokens=1000,
-                tokens_per_s=1000 / job.window_s,
+                tokens_per_s=w.tokens_per_s[i % len(w.tokens_per_s)] if w.tokens_per_s else 1000 / job.window_s,
                 step_times=times,
                 nodes=list(job.nodes),
                 world_size=len(times),

@@ -175,6 +175,9 @@ class JobWindows(_Strict):
 
     count: int = Field(default=1, ge=1, le=100)
     mfu: float = Field(default=0.5, ge=0, le=1.5)
+    tokens_per_s: tuple[float, ...] = Field(
+        default=(), description="each window's tokens/s, in turn (cycled); default 1,000 tokens a window"
+    )
     step_time_s: float = Field(default=0.1, gt=0)
     slow: dict[str, float] = Field(default_factory=dict)
     start: bool = False

@@ -42,7 +42,7 @@ class DropJudge:
         self.clock = clock
 
     def judge(self, job: Job, p: trainer_pb2.Progress) -> None:
-        found = window_figure(p.mfu, p.tokens_per_s)
+        found = window_figure(p.mfu, p.tokens_per_s, job.unit if job.track.windows else None)
         if found is None:
             return
         figure, unit = found
@@ -84,7 +84,7 @@ class DropJudge:
         shown = ", ".join(describe_figure(f, job.unit) for f in job.figures)
         what = (
             f"job {job.job_id}: {describe_figure(figure, job.unit)}, {1 - figure / baseline:.0%} below its baseline "
-            f"{describe_figure(baseline, job.unit)} "
+            f"{describe_figure(baseline, job.unit)} (its own windows within {job.track.noise / baseline:.0%} of it) "
             f"for {self.config.drop_windows} window(s) (recent windows: {shown})"
         )
         evidence = "; ".join(found.evidence) or "no straggler rank and no doubted node"

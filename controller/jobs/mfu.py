@@ -5,7 +5,14 @@ peak (a CPU run); both are computed by the hook from the ranks' step times, so a
 checkpoint pause does not look slow. After every (re)start the first ``warmup_windows`` are
 warm-up (compilation, caches, the allocator) and never count; the baseline is then the median of
 the next ``baseline_windows``. A figure below ``(1 - drop_fraction) * baseline`` for
-``drop_windows`` windows in a row is a drop, reported once until the figure recovers.
+``drop_windows`` windows in a row is a drop, reported once until the figure recovers; never one
+within the noise of the baseline's own windows (a figure must also be more than twice their widest
+swing from the median below it: a job whose windows swing by half is not paged for a 30% dip).
+
+The unit is chosen once per track, at its first window: MFU where it means something (at least
+``MIN_MFU``, 0.1%), else tokens/s (a CPU run, or a peak that does not match the device: an MFU
+that rounds to zero is no figure to judge). A later window of the track is judged in the same
+unit, so a collapse from 40% to 0.05% MFU is a drop, not a change of unit.
 
 Blame: a rank whose step time is ``straggler_ratio`` times the median rank's is a straggler, and
 its node is the suspect; a node of the job that the controller already holds as not healthy
@@ -39,6 +46,12 @@ class Track:
     samples: tuple[float, ...] = ()
     baseline: float | None = None
     low: int = 0
+    noise: float = 0.0  # the baseline windows' widest swing from their median
+
+    def floor(self, cfg: JobsConfig) -> float:
+        """Below this a window is low (with a baseline)."""
+        baseline = self.baseline or 0.0
+        return min((1 - cfg.drop_fraction) * baseline, baseline - 2 * self.noise)
 
 
 def observe(track: Track, value: float, cfg: JobsConfig) -> tuple[Track, Reading]:
@@ -50,8 +63,10 @@ def observe(track: Track, value: float, cfg: JobsConfig) -> tuple[Track, Reading
         samples = (*track.samples, value)
         if len(samples) < cfg.baseline_windows:
             return replace(track, samples=samples), Reading.LEARNING
-        return replace(track, samples=samples, baseline=statistics.median(samples)), Reading.LEARNING
-    if value >= (1 - cfg.drop_fraction) * track.baseline:
+        baseline = statistics.median(samples)
+        noise = max(abs(v - baseline) for v in samples)
+        return replace(track, samples=samples, baseline=baseline, noise=noise), Reading.LEARNING
+    if value >= track.floor(cfg):
         return replace(track, low=0), Reading.OK
     low = track.low + 1
     return replace(track, low=low), Reading.DROP if low == cfg.drop_windows else Reading.LOW
@@ -109,14 +124,26 @@ class Unit(StrEnum):
     TOKENS_PER_S = "tokens_per_s"  # no peak known (a CPU, an unlisted GPU)
 
 
-def window_figure(mfu: float, tokens_per_s: float) -> tuple[float, Unit] | None:
-    """The figure a window is judged by, and its unit: MFU where known, else tokens/s; None for an
-    empty window."""
-    if mfu > 0:
+MIN_MFU = 0.001  # below 0.1% MFU means nothing to judge by (module docstring)
+
+
+def window_figure(mfu: float, tokens_per_s: float, unit: Unit | None = None) -> tuple[float, Unit] | None:
+    """The figure a window is judged by, and its unit: ``unit`` where the track has one and the
+    window gives it (an MFU no longer reported at all is a change of unit); else MFU where
+    meaningful, else tokens/s; None for an empty window."""
+    if unit is Unit.TOKENS_PER_S and tokens_per_s > 0:
+        return tokens_per_s, Unit.TOKENS_PER_S
+    if mfu >= MIN_MFU or (unit is Unit.MFU and mfu > 0):
         return mfu, Unit.MFU
-    return (tokens_per_s, Unit.TOKENS_PER_S) if tokens_per_s > 0 else None
+    if tokens_per_s > 0:
+        return tokens_per_s, Unit.TOKENS_PER_S
+    return (mfu, Unit.MFU) if mfu > 0 else None
 
 
 def describe_figure(value: float, unit: Unit) -> str:
-    """For a person: ``MFU 41.0%`` or ``1,234 tokens/s``."""
-    return f"MFU {value:.1%}" if unit is Unit.MFU else f"{value:,.0f} tokens/s"
+    """For a person, with the digits that tell figures apart: ``MFU 41.0%``, ``MFU 0.0123%``,
+    ``1,234 tokens/s``, ``4.56 tokens/s``."""
+    if unit is Unit.MFU:
+        percent = value * 100
+        return f"MFU {percent:.1f}%" if percent >= 1 or percent == 0 else f"MFU {percent:.3g}%"
+    return f"{value:,.0f} tokens/s" if value >= 100 else f"{value:.3g} tokens/s"

@@ -75,6 +75,20 @@ class Plan:
         return self.vigil.at_optimum.ettr - self.baseline.at_optimum.ettr
 
 
+def never_trains(inputs: PlanInputs) -> str | None:
+    """Why no checkpoint interval helps, where none can: a restart (with its load) that outlasts the
+    job's time between failures never ends in training (ETTR 0 whatever the plan)."""
+    mtbf_s = Cluster(inputs.gpus, inputs.failures_per_1000_gpu_days).mtbf_s
+    back_s = inputs.restart_s + inputs.restore_s
+    if back_s < mtbf_s:
+        return None
+    return (
+        f"{inputs.gpus:,} GPUs at {inputs.failures_per_1000_gpu_days:g} failures per 1,000 GPU-days fail every "
+        f"{mtbf_s:,.0f} s, and a restart takes {back_s:,.0f} s: the job would never train again (ETTR 0 at any "
+        "checkpoint interval). Lower the restart time or the failure rate, or plan for fewer GPUs"
+    )
+
+
 def make_plan(inputs: PlanInputs, mix: tuple[FaultKind, ...] = LLAMA3_MIX) -> Plan:
     cluster = Cluster(inputs.gpus, inputs.failures_per_1000_gpu_days)
     watchdog = inputs.baseline.watchdog_s

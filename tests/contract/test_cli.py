@@ -73,8 +73,22 @@ def test_port_in_use_is_a_clear_error(tmp_path: Path) -> None:
 
 def test_status_without_a_controller_says_so() -> None:
     out = vigil("status", "--controller", "127.0.0.1:1")
-    assert out.returncode == 2 and "UNAVAILABLE" in out.stdout + out.stderr
+    said = " ".join((out.stdout + out.stderr).split())
+    assert out.returncode == 2 and "127.0.0.1:1 is not reachable" in said and "Connection refused" in said, said
     assert "Traceback" not in out.stdout + out.stderr
+
+
+def test_launch_watches_by_default_and_says_loudly_when_nothing_does() -> None:
+    """``vigil launch`` takes the controller every command does (127.0.0.1:7070); ``--controller
+    none`` runs the job with nothing watching, said on stderr; an unreachable controller is named."""
+    assert "127.0.0.1:7070" in " ".join(vigil("launch", "--help").stdout.split())
+    alone = vigil("launch", "--nodes", "node-1", "--controller", "none", "--", sys.executable, "-c", "pass")
+    assert alone.returncode == 0 and "nothing watches this job" in alone.stderr, alone.stderr
+    away = vigil("launch", "--nodes", "node-1", "--controller", "127.0.0.1:1", "--log-format", "json", "--",
+                 sys.executable, "-c", "pass")  # fmt: skip
+    assert away.returncode == 0, away.stderr
+    said = away.stdout + away.stderr
+    assert "launch_controller_unreachable" in said and "127.0.0.1:1 is not reachable" in said, said
 
 
 def test_agent_without_a_gpu_driver_says_so(tmp_path: Path) -> None:

@@ -157,8 +157,29 @@ def test_the_cli_speaks_tls_with_the_certificates_vigil_tls_dir_names(pki: Path,
         missing = await asyncio.to_thread(vigil_status, str(tmp_path / "nowhere"))
         assert missing.returncode == 2 and "cannot read" in missing.stdout + missing.stderr
         assert "Traceback" not in missing.stdout + missing.stderr
+        # No VIGIL_TLS_DIR against a TLS controller: gRPC says "Socket closed"; the CLI says why.
+        plaintext = await asyncio.to_thread(vigil_status, "")
+        said = " ".join((plaintext.stdout + plaintext.stderr).split())
+        assert plaintext.returncode == 2 and "may serve mutual TLS" in said and "set VIGIL_TLS_DIR" in said, said
 
     serve(pki, tmp_path, test)
+
+
+def test_a_tls_client_of_a_plaintext_controller_is_told_so(pki: Path, tmp_path: Path) -> None:
+    async def scenario() -> None:
+        cfg = ControllerConfig(listen="127.0.0.1", port=0, database=tmp_path / "c.db", pager="none", plaintext=True)
+        controller = Controller(cfg)
+        port = await controller.start()
+        try:
+            env = {**os.environ, "VIGIL_TLS_DIR": str(pki / "ours" / "admin-alice")}
+            command = [sys.executable, "-m", "vigil", "status", "--controller", f"127.0.0.1:{port}"]
+            done = await asyncio.to_thread(subprocess.run, command, capture_output=True, text=True, timeout=60, env=env)
+        finally:
+            await stop_controller(controller)
+        said = " ".join((done.stdout + done.stderr).split())
+        assert done.returncode == 2 and "did not complete a TLS handshake" in said and "serve plaintext" in said, said
+
+    asyncio.run(scenario())
 
 
 async def registers(target: str, pki: Path, tmp_path: Path, transport: list[str]) -> None:

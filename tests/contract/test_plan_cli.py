@@ -66,6 +66,11 @@ def test_a_table_by_default_with_the_measured_defaults_named() -> None:
         (["--gpus", "0", "--failures-per-1000-gpu-days", "1"], "--gpus"),
         (["--gpus", "12", "--failures-per-1000-gpu-days", "1"], "not a whole number of nodes"),
         (["--gpus", "8", "--failures-per-1000-gpu-days", "1", "--plot", "/nonexistent/dir/p.png"], "--plot"),
+        (["--gpus", "8", "--gpu-rate", "1", "--plot", "plan.txt"], "the name's suffix picks the format"),
+        (["--gpus", "8", "--gpu-rate", "1", "--watchdog-s", "-5"], "--watchdog-s"),
+        (["--gpus", "8", "--gpu-rate", "1", "--person-s", "-1"], "--person-s"),
+        # A restart longer than the time between failures: said at once, not 0.0% after a simulation.
+        (["--gpus", "3072", "--gpu-rate", "1000", "--restart-s", "600"], "would never train again"),
     ],
 )
 def test_bad_input_is_named_without_a_traceback(args: list[str], says: str) -> None:

@@ -16,6 +16,7 @@ from typing import Any
 
 import grpc
 import pytest
+import structlog.testing
 
 from controller.config import ControllerConfig, JobsConfig, LimitsConfig
 from controller.daemon import Controller
@@ -25,6 +26,7 @@ from protos.vigil.v1 import admin_pb2, admin_pb2_grpc, agent_pb2, common_pb2, tr
 from tests.fakes.fleet import Fleet
 from tests.fakes.sim_checks import SimulatedChecks
 from tests.helpers import stop_controller, wait_until
+from trainer_hooks.hook import HookConfig, VigilHook
 
 NODES = ["node-0", "node-1", "node-2"]
 FAST = JobsConfig(warmup_windows=1, baseline_windows=2, drop_windows=2, deadline_s=30)
@@ -350,6 +352,59 @@ def test_a_job_calling_too_often_is_refused_and_other_jobs_are_not(tmp_path: Pat
         assert (await r.trainer.Plan(other)).ready
 
     run(tmp_path, test, limits=LimitsConfig(reports_per_s=0.5, report_burst=3))
+
+
+def _fast_job(target: str, steps: int) -> tuple[bool, int, int]:
+    """The real hook on one rank, ``steps`` steps of about 1 ms, then its end: (delivered, calls
+    refused, calls sent)."""
+    hook = VigilHook(HookConfig(job_id="fast", controller=target, node="node-0", poll_s=0.2))
+    hook.start()
+    for step in range(1, steps + 1):
+        time.sleep(0.001)
+        hook.step_end(step, 100, 0.001)
+    reporter = hook._reporter
+    assert reporter is not None
+    return hook.end(), reporter.refused, reporter.sent
+
+
+def _finished_at(r: Rig) -> Callable[[], Awaitable[tuple[str, int]]]:
+    async def state() -> tuple[str, int]:
+        job = {j.job_id: j for j in (await r.admin.ListJobs(admin_pb2.JobsRequest())).jobs}["fast"]
+        return job.state, job.step
+
+    return state
+
+
+def test_a_job_stepping_in_milliseconds_is_paced_under_the_limit_and_its_end_arrives(tmp_path: Path) -> None:
+    """3,000 steps of 1 ms with the real hook, the controller allowing 2.5 calls a second: the
+    reporter paces its calls (windows at least 0.5 s long), none is refused, and the job's end
+    arrives: finished at step 3,000 (not "running" at the last window's step)."""
+
+    async def test(r: Rig) -> None:
+        target = f"127.0.0.1:{r.controller.port}"
+        delivered, refused, sent = await asyncio.to_thread(_fast_job, target, 3000)
+        assert (delivered, refused) == (True, 0) and sent >= 3
+        assert await _finished_at(r)() == ("finished", 3000)
+
+    run(tmp_path, test, limits=LimitsConfig(reports_per_s=2.5, report_burst=3))
+
+
+def test_a_job_over_a_stricter_limit_is_told_so_waits_and_its_end_still_arrives(tmp_path: Path) -> None:
+    """A controller allowing one call every 2 s: the hook's calls are refused, logged as a refusal
+    over the rate (not "unreachable"), sent again after a pause, and the end is delivered."""
+
+    async def test(r: Rig) -> None:
+        target = f"127.0.0.1:{r.controller.port}"
+        with structlog.testing.capture_logs() as logs:
+            delivered, refused, _ = await asyncio.to_thread(_fast_job, target, 2000)
+        assert delivered and refused > 0
+        said = [e for e in logs if e["event"] == "vigil_report_over_rate"]  # once per run of refusals
+        assert 1 <= len(said) <= refused
+        assert "refused the call, over its limit" in said[0]["error"] and "times/s" in said[0]["error"]
+        assert not [e for e in logs if e["event"] == "vigil_controller_unreachable"]
+        assert await _finished_at(r)() == ("finished", 2000)
+
+    run(tmp_path, test, limits=LimitsConfig(reports_per_s=0.5, report_burst=2))
 
 
 def test_a_jobs_figures_come_in_the_unit_it_reports(tmp_path: Path) -> None:

@@ -9,7 +9,17 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from controller.config import JobsConfig
-from controller.jobs.mfu import RankTime, Reading, Track, Unit, blame, observe, stragglers, window_figure
+from controller.jobs.mfu import (
+    RankTime,
+    Reading,
+    Track,
+    Unit,
+    blame,
+    describe_figure,
+    observe,
+    stragglers,
+    window_figure,
+)
 from trainer_hooks.window import RankWindow, figures
 
 CFG = JobsConfig(warmup_windows=1, baseline_windows=3, drop_fraction=0.2, drop_windows=2)
@@ -108,3 +118,37 @@ def test_window_throughput_is_at_the_slowest_ranks_pace() -> None:
     assert fig.mfu == pytest.approx(2000 * 1e9 / 2e12)
     assert figures(ranks, 4000, 1e9, 0.0).mfu == 0.0  # no peak: MFU unknown, tokens/s still judged
     assert figures([RankWindow(0, 0.0, 0)], 4000, 1e9, 1e12).tokens_per_s == 0.0
+
+
+def test_a_dip_within_the_baselines_own_noise_is_no_drop() -> None:
+    """Baseline windows 60, 100, 140 tokens/s (median 100, swinging by 40): windows at 70 are 30%
+    below, past the 20% threshold, and within the noise: never low. At 15, below the median less
+    twice the swing, they are a drop."""
+    track, got = readings([50.0, 60.0, 100.0, 140.0, 70.0, 70.0, 70.0])
+    assert track.noise == 40.0 and got[4:] == [Reading.OK] * 3
+    _, got = readings([50.0, 60.0, 100.0, 140.0, 15.0, 15.0])
+    assert got[4:] == [Reading.LOW, Reading.DROP]
+    _, got = readings([0.1, 0.50, 0.50, 0.51, 0.39, 0.39])  # a steady baseline: the 20% rule alone
+    assert got[4:] == [Reading.LOW, Reading.DROP]
+
+
+def test_an_mfu_that_rounds_to_zero_is_judged_in_tokens_per_s_and_a_collapse_stays_in_mfu() -> None:
+    """A CPU job given a GPU's peak reports MFU 0.00012: no figure to judge by; its tokens/s are.
+    A job that starts at 40% MFU keeps MFU for its track, so falling to 0.05% is a drop."""
+    assert window_figure(0.00012, 800.0) == (800.0, Unit.TOKENS_PER_S)
+    assert window_figure(0.0005, 800.0, Unit.MFU) == (0.0005, Unit.MFU)
+    assert window_figure(0.40, 800.0, Unit.TOKENS_PER_S) == (800.0, Unit.TOKENS_PER_S)
+
+
+@pytest.mark.parametrize(
+    ("value", "unit", "text"),
+    [
+        (0.41, Unit.MFU, "MFU 41.0%"),
+        (0.000123, Unit.MFU, "MFU 0.0123%"),
+        (0.0, Unit.MFU, "MFU 0.0%"),
+        (1234.4, Unit.TOKENS_PER_S, "1,234 tokens/s"),
+        (4.567, Unit.TOKENS_PER_S, "4.57 tokens/s"),
+    ],
+)
+def test_figures_are_shown_with_the_digits_that_tell_them_apart(value: float, unit: Unit, text: str) -> None:
+    assert describe_figure(value, unit) == text

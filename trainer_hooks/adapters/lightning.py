@@ -1,21 +1,26 @@
 """Vigil in a PyTorch Lightning run: one callback.
 
+    import sys
+    import lightning.pytorch as L
+    from lightning.pytorch.callbacks import ModelCheckpoint
     from trainer_hooks.adapters.lightning import VigilCallback
+
     vigil = VigilCallback(flops_per_token=6 * n_params, peak_flops=989e12)
     checkpoints = ModelCheckpoint(dirpath="ckpt", save_last=True)     # a fixed directory
-    trainer = L.Trainer(callbacks=[vigil, checkpoints], ...)
-    trainer.fit(model, ckpt_path="last")                               # resumes after a stop
+    trainer = L.Trainer(callbacks=[vigil, checkpoints], **options)
+    trainer.fit(model, data, ckpt_path="last")                         # resumes after a stop
     sys.exit(vigil.exit_code)                                          # 75 after a stop: restart me
 
-Launched by ``vigil launch`` or a Kubernetes Job (the VIGIL_* variables; LOCAL_RANK makes Lightning
-leave process creation to the launcher). At every optimizer step the callback hands the hook the
-step's time (the batches' own time, summed over gradient accumulation: data loading, validation and
-checkpoint saves between steps are left out) and the job's tokens (this rank's batch times the world
-size). When the controller asks for a stop (or SIGTERM is routed to ``hook.request_stop``), every
-rank saves ``last.ckpt`` in the ModelCheckpoint's directory at the same step, the run ends, and
-``exit_code`` says 75. When it asks for a save only (CHECKPOINT_NOW), every rank saves ``last.ckpt``
-there at the same step and training goes on. The loss is read once per reporting window (reading it
-waits for the GPU).
+(``model``, ``data``, ``n_params`` and the Trainer's other ``options`` are the job's own; the suite
+runs this snippet as written, on two ranks.) Launched by ``vigil launch`` or a Kubernetes Job (the
+VIGIL_* variables; LOCAL_RANK makes Lightning leave process creation to the launcher). At every
+optimizer step the callback hands the hook the step's time (the batches' own time, summed over
+gradient accumulation: data loading, validation and checkpoint saves between steps are left out) and
+the job's tokens (this rank's batch times the world size). When the controller asks for a stop (or
+SIGTERM is routed to ``hook.request_stop``), every rank saves ``last.ckpt`` in the ModelCheckpoint's
+directory at the same step, the run ends, and ``exit_code`` says 75. When it asks for a save only
+(CHECKPOINT_NOW), every rank saves ``last.ckpt`` there at the same step and training goes on. The
+loss is read once per reporting window (reading it waits for the GPU).
 """
 
 from __future__ import annotations

@@ -19,9 +19,8 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import Dataset
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
-from transformers.trainer_utils import get_last_checkpoint
 
-from trainer_hooks.adapters.huggingface import VigilTrainerCallback
+from trainer_hooks.adapters.huggingface import VigilTrainerCallback, last_checkpoint
 from trainer_hooks.hook import HookConfigError
 
 CONFIG = GPT2Config(vocab_size=64, n_positions=32, n_embd=32, n_layer=2, n_head=2)
@@ -58,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
         include_num_input_tokens_seen="all", disable_tqdm=True, seed=0, dataloader_num_workers=0,
     )  # fmt: skip
     trainer = Trainer(model=model, args=training, train_dataset=RandomTokens(4096), callbacks=[vigil])
-    resume = get_last_checkpoint(str(args.out)) if args.out.is_dir() else None  # type: ignore[no-untyped-call]
+    resume = last_checkpoint(args.out)
     trainer.train(resume_from_checkpoint=resume)
     if trainer.is_world_process_zero():
         print(json.dumps({"event": "train_ended", "step": trainer.state.global_step, "exit_code": vigil.exit_code,

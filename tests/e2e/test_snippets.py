@@ -1,0 +1,75 @@
+"""The adapters' docstring snippets run as written: each one's first code block, after a prelude that
+gives it what it calls the job's own (``model``, ``data``, ``n_params``, the Trainer's ``options``:
+a tiny model on CPU), on two gloo ranks under ``vigil launch --controller none``, from a first
+start (no output directory yet: the case a rank must not crash on)."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
+
+PRELUDES = {
+    "trainer_hooks.adapters.huggingface": """
+from trainer_hooks.examples.hf_lm import CONFIG, RandomTokens
+from transformers import GPT2LMHeadModel
+
+model = GPT2LMHeadModel(CONFIG)
+data = RandomTokens(256)
+n_params = model.num_parameters()
+options = dict(max_steps=6, per_device_train_batch_size=4, save_steps=3, report_to="none", use_cpu=True,
+               ddp_backend="gloo", disable_tqdm=True, dataloader_num_workers=0)
+""",
+    "trainer_hooks.adapters.lightning": """
+import os
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+from trainer_hooks.examples.lightning_lm import SEQ, VOCAB, TinyLM
+
+model = TinyLM()
+data = DataLoader(TensorDataset(torch.randint(0, VOCAB, (256, SEQ))), batch_size=4)
+n_params = sum(p.numel() for p in model.parameters())
+world = int(os.environ["WORLD_SIZE"])
+options = dict(accelerator="cpu", devices=1, num_nodes=world, strategy="ddp", max_steps=6, logger=False,
+               enable_progress_bar=False, enable_model_summary=False)
+""",
+}
+LIBRARY = {"trainer_hooks.adapters.huggingface": "transformers", "trainer_hooks.adapters.lightning": "lightning"}
+
+
+def first_snippet(docstring: str) -> str:
+    """The docstring's first indented block (blank lines inside it kept), dedented."""
+    lines = docstring.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("    "))
+    block = []
+    for line in lines[start:]:
+        if line and not line.startswith("    "):
+            break
+        block.append(line)
+    return textwrap.dedent("\n".join(block)).strip() + "\n"
+
+
+@pytest.mark.parametrize("module", sorted(PRELUDES))
+def test_the_adapters_snippet_runs_as_written_on_two_ranks(tmp_path: Path, module: str) -> None:
+    pytest.importorskip(LIBRARY[module], reason=f"the snippet needs {LIBRARY[module]} (make test installs it)")
+    doc = importlib.import_module(module).__doc__ or ""
+    snippet = first_snippet(doc)
+    ast.parse(snippet)  # valid Python as it stands, no "..." standing for code
+    script = tmp_path / "snippet.py"
+    script.write_text(PRELUDES[module] + "\n# --- the docstring's snippet, as written ---\n" + snippet)
+    command = [
+        sys.executable, "-m", "vigil", "launch", "--job-id", "snippet", "--nodes", "node-a,node-b",
+        "--controller", "none", "--max-failures", "0", "--log-dir", str(tmp_path / "ranks"), "--",
+        sys.executable, str(script),
+    ]  # fmt: skip
+    done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=280)
+    logs = "\n".join(p.read_text()[-2000:] for p in sorted((tmp_path / "ranks").glob("*.log")))
+    assert done.returncode == 0, done.stderr[-2000:] + logs
+    assert "Traceback" not in logs, logs

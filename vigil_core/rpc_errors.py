@@ -1,0 +1,56 @@
+"""A failed call to the controller in words a person can act on. Pure.
+
+gRPC's own text names the transport's symptom ("Socket closed", "WRONG_VERSION_NUMBER"), not the
+cause; these are the causes a client of Vigil meets: nobody listening, TLS on one side only, a
+certificate the other side refuses, a call over the controller's rate, no answer in time.
+"""
+
+from __future__ import annotations
+
+import grpc
+
+TLS_HINT = "set VIGIL_TLS_DIR to this party's certificates (ca.crt, tls.crt, tls.key: vigil certs)"
+
+
+def code_of(exc: grpc.RpcError) -> grpc.StatusCode | None:
+    return exc.code() if isinstance(exc, grpc.Call) else None
+
+
+def details_of(exc: grpc.RpcError) -> str:
+    return (exc.details() if isinstance(exc, grpc.Call) else None) or str(exc)
+
+
+def is_refused(exc: grpc.RpcError) -> bool:
+    """The controller answered and turned the call away (over its rate, too many jobs): not a lost
+    connection, and worth trying again later."""
+    return code_of(exc) is grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+def explain(exc: grpc.RpcError, target: str) -> str:
+    """``controller at HOST:PORT``: what happened, then what to do where that is known."""
+    code, details = code_of(exc), details_of(exc)
+    name = code.name if code is not None else "ERROR"
+    text = f"the controller at {target}"
+    if code is grpc.StatusCode.UNAVAILABLE:
+        if "Socket closed" in details:
+            why = "it may serve mutual TLS, and this client spoke plaintext"
+            return f"{text} closed the connection at once: {why}; {TLS_HINT}"
+        if "WRONG_VERSION_NUMBER" in details or "handshake" in details.lower():
+            return (
+                f"{text} did not complete a TLS handshake ({_last(details)}): it may serve plaintext "
+                "(unset VIGIL_TLS_DIR), or refuse this certificate (not signed by its CA)"
+            )
+        if "Connection refused" in details or "connect" in details.lower():
+            return f"{text} is not reachable ({_last(details)}): is it running, and is the address right?"
+    if code is grpc.StatusCode.RESOURCE_EXHAUSTED:
+        return f"{text} refused the call, over its limit: {details}"
+    if code is grpc.StatusCode.DEADLINE_EXCEEDED:
+        return f"{text} did not answer in time ({details})"
+    if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
+        return f"{text} refused this client ({name}): {details}"
+    return f"{text} answered {name}: {details}"
+
+
+def _last(details: str) -> str:
+    """gRPC's last error, without its 'failed to connect to all addresses' preamble."""
+    return details.split("last error: ", 1)[-1][:300]
