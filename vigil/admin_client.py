@@ -25,8 +25,8 @@ class AdminClient:
         request = admin_pb2.IncidentsRequest(open_only=open_only, node=node, limit=limit)
         return list(self._stub.ListIncidents(request, timeout=self._timeout).incidents)
 
-    def uncordon(self, node: str, requested_by: str, reason: str) -> admin_pb2.UncordonReply:
-        request = admin_pb2.UncordonRequest(node=node, requested_by=requested_by, reason=reason)
+    def uncordon(self, node: str, requested_by: str, reason: str, verdict: str = "") -> admin_pb2.UncordonReply:
+        request = admin_pb2.UncordonRequest(node=node, requested_by=requested_by, reason=reason, verdict=verdict)
         reply: admin_pb2.UncordonReply = self._stub.Uncordon(request, timeout=self._timeout)
         return reply
 

@@ -285,11 +285,21 @@ def uncordon(
     node: str,
     controller: ControllerOpt = "127.0.0.1:7070",
     reason: Annotated[str, typer.Option(help="why (recorded)")] = "",
+    repaired: Annotated[
+        bool, typer.Option("--repaired", help="the fault was real and is fixed: not held against the rule")
+    ] = False,
+    not_a_fault: Annotated[
+        bool, typer.Option("--not-a-fault", help="the quarantine was wrong: counts against the rule (vigil rules)")
+    ] = False,
 ) -> None:
-    """Return a node that Vigil quarantined to service (recorded, through the controller)."""
+    """Return a node that Vigil quarantined to service (recorded, through the controller). Unsaid,
+    a release counts as a repair if a check of the node passed since its quarantine, else as undone."""
     from vigil.operator_views import request_uncordon
 
-    raise typer.Exit(request_uncordon(controller, node, getpass.getuser(), reason))
+    if repaired and not_a_fault:
+        _fail("--repaired or --not-a-fault, not both")
+    verdict = "repaired" if repaired else "not-a-fault" if not_a_fault else ""
+    raise typer.Exit(request_uncordon(controller, node, getpass.getuser(), reason, verdict))
 
 
 @app.command()
@@ -305,24 +315,42 @@ def resolve(
     raise typer.Exit(request_resolve(controller, incident, getpass.getuser(), note))
 
 
-@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+@app.command(
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []},
+)
 def check(
     ctx: typer.Context,
-    name: Annotated[str, typer.Argument(help="gpu_health, matmul, membw or allreduce ('list' to list them)")],
+    name: Annotated[
+        str, typer.Argument(help="gpu_health, matmul, membw or allreduce ('list' to list them)")
+    ] = "--help",
     deadline: Annotated[float, typer.Option(help="seconds before the check counts as hung (UNKNOWN)")] = 600.0,
     as_json: Annotated[bool, typer.Option("--json", help="print the result as one JSON line")] = False,
 ) -> None:
-    """Run one diagnostic check on this machine (extra arguments go to the check: vigil check matmul --seconds 5).
+    """Run one diagnostic check on this machine (extra arguments go to the check: vigil check matmul --seconds 5;
+    vigil check matmul --help shows them).
 
     Exit code: 0 OK, 1 FAIL, 2 UNKNOWN (crashed, hung, or could not run)."""
-    from checks.program import describe_result
+    from checks.program import argument_problem, describe_result, parser_of
     from checks.runner import CHECKS, run_check
 
+    if name in ("--help", "-h"):
+        typer.echo(ctx.get_help())
+        raise typer.Exit(0)
     if name == "list":
         for check_name, what in CHECKS.items():
             typer.echo(f"{check_name:12} {what}")
         raise typer.Exit(0)
-    result = run_check(name, list(ctx.args), deadline)
+    if name not in CHECKS:
+        _fail(f"no check named {name!r}: {', '.join(CHECKS)} ('vigil check list' says what each does)")
+    args = list(ctx.args)
+    if "--help" in args or "-h" in args:
+        typer.echo(parser_of(name, prog=f"vigil check {name}").format_help())
+        raise typer.Exit(0)
+    if not deadline > 0:
+        _fail(f"--deadline must be above 0 seconds, not {deadline:g}")
+    if problem := argument_problem(name, args):
+        _fail(problem)
+    result = run_check(name, args, deadline)
     typer.echo(result.to_json() if as_json else describe_result(result))
     raise typer.Exit(result.verdict.exit_code)
 

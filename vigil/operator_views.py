@@ -10,7 +10,6 @@ from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 import grpc
-from google.protobuf.json_format import MessageToDict
 from google.protobuf.message import Message
 from rich.console import Console
 from rich.markup import escape
@@ -19,6 +18,7 @@ from rich.table import Table
 from controller.jobs.goodput import KINDS
 from protos.vigil.v1 import admin_pb2, common_pb2
 from vigil.admin_client import AdminClient
+from vigil.json_out import json_of
 from vigil_core.rpc_errors import explain
 from vigil_core.tls import TlsError
 
@@ -48,10 +48,7 @@ def _ask(target: str, call: Callable[[AdminClient], T]) -> T | None:
 
 
 def _print_json(found: Message | Sequence[Message]) -> None:
-    def as_dict(m: Message) -> dict[str, object]:
-        return MessageToDict(m, preserving_proto_field_name=True)
-
-    print(json.dumps([as_dict(m) for m in found] if isinstance(found, Sequence) else as_dict(found), indent=2))
+    print(json.dumps([json_of(m) for m in found] if isinstance(found, Sequence) else json_of(found), indent=2))
 
 
 def print_status(target: str, as_json: bool) -> int:
@@ -178,12 +175,13 @@ def print_rules(target: str, as_json: bool) -> int:
         _print_json(list(reply.rules))
         return 0
     window = f"{reply.undo_window_s / 60:g} min"
-    table = Table(title=f"Vigil rules: decisions, and those a person undid within {window}")
-    for column in ("rule", "quarantines", "undone", "precision", "pages", "resolved by hand"):
+    table = Table(title=f"Vigil rules: decisions, those a person undid within {window}, and those repaired")
+    for column in ("rule", "quarantines", "undone", "repaired", "precision", "pages", "resolved by hand"):
         table.add_column(column)
     for r in reply.rules:
         precision = f"{r.precision:.0%}" if r.quarantines else "-"
-        table.add_row(r.rule, str(r.quarantines), str(r.undone), precision, str(r.pages), str(r.resolved_by_hand))
+        counts = (r.quarantines, r.undone, r.repaired)
+        table.add_row(r.rule, *map(str, counts), precision, str(r.pages), str(r.resolved_by_hand))
     _console.print(table)
     return 0
 
@@ -208,8 +206,10 @@ def print_incidents(target: str, open_only: bool, node: str, limit: int, as_json
     return 0
 
 
-def request_uncordon(target: str, node: str, who: str, reason: str) -> int:
-    return _request(target, lambda c: c.uncordon(node, who, reason), lambda r: f"{r.node}: {r.health} ({r.detail})")
+def request_uncordon(target: str, node: str, who: str, reason: str, verdict: str = "") -> int:
+    return _request(
+        target, lambda c: c.uncordon(node, who, reason, verdict), lambda r: f"{r.node}: {r.health} ({r.detail})"
+    )
 
 
 def request_resolve(target: str, incident_id: str, who: str, note: str) -> int:
@@ -222,8 +222,18 @@ def request_resume(target: str, who: str, reason: str, apply_held: bool) -> int:
     return _request(
         target,
         lambda c: c.resume(who, reason, apply_held),
-        lambda r: f"automation: {r.automation} (held quarantines applied {r.applied}, dropped {r.dropped})",
+        lambda r: f"automation: {r.automation} ({_held_said(r)})",
     )
+
+
+def _held_said(reply: admin_pb2.ResumeReply) -> str:
+    """What became of the quarantines the breaker held, by node as status listed them."""
+    nodes = list(reply.nodes)
+    if not nodes:
+        return "nothing was held"
+    what = "applied" if reply.applied else "dropped"
+    actions = reply.applied or reply.dropped
+    return f"held quarantines {what} on {len(nodes)} node(s): {', '.join(nodes)} ({actions} action(s))"
 
 
 def _request(target: str, call: Callable[[AdminClient], T], say: Callable[[T], str]) -> int:

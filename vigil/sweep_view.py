@@ -10,7 +10,6 @@ import json
 from collections.abc import Iterator
 
 import grpc
-from google.protobuf.json_format import MessageToDict
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -19,6 +18,7 @@ from rich.table import Table
 from checks.result import Verdict
 from protos.vigil.v1 import admin_pb2, common_pb2
 from vigil.admin_client import AdminClient
+from vigil.json_out import json_of
 from vigil.operator_views import table_console
 from vigil_core.rpc_errors import explain
 from vigil_core.tls import TlsError
@@ -48,7 +48,7 @@ def run_sweep(target: str, request: admin_pb2.SweepRequest, as_json: bool, show_
         _errors.print("[red]error:[/] the controller ended the sweep without a summary")
         return 2
     if as_json:
-        print(json.dumps(MessageToDict(summary, preserving_proto_field_name=True), indent=2))
+        print(json.dumps(json_of(summary), indent=2))
     else:
         print_summary(summary, show_all)
     return Verdict(_verdict(summary.verdict)).exit_code if summary.verdict else 2

@@ -147,7 +147,11 @@ class Admin(admin_pb2_grpc.AdminServicer):
     ) -> admin_pb2.UncordonReply:
         await _bounded(context, requested_by=request.requested_by, reason=request.reason)
         try:
-            health, detail = await self._by_hand.uncordon(request.node, _who(request.requested_by), request.reason)
+            health, detail = await self._by_hand.uncordon(
+                request.node, _who(request.requested_by), request.reason, request.verdict
+            )
+        except ValueError as exc:  # a verdict it does not know
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         except UnknownNode:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"no node named {request.node!r}")
         except Exception as exc:  # the API server refused or is down: say so, keep serving
@@ -181,6 +185,7 @@ class Admin(admin_pb2_grpc.AdminServicer):
                     pages=s.pages,
                     undone=s.undone,
                     resolved_by_hand=s.resolved_by_hand,
+                    repaired=s.repaired,
                     precision=s.precision if s.precision is not None else 0.0,
                 )
                 for s in stats
@@ -194,8 +199,10 @@ class Admin(admin_pb2_grpc.AdminServicer):
         await _bounded(context, requested_by=request.requested_by, reason=request.reason)
         if not self._guard.holding:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"automation is {self._guard.automation}")
-        applied, dropped = await self._by_hand.resume(_who(request.requested_by), request.reason, request.apply_held)
-        return admin_pb2.ResumeReply(automation=self._guard.automation, applied=applied, dropped=dropped)
+        applied, dropped, nodes = await self._by_hand.resume(
+            _who(request.requested_by), request.reason, request.apply_held
+        )
+        return admin_pb2.ResumeReply(automation=self._guard.automation, applied=applied, dropped=dropped, nodes=nodes)
 
     async def Sweep(  # noqa: N802
         self, request: admin_pb2.SweepRequest, context: grpc.aio.ServicerContext

@@ -16,7 +16,15 @@ from controller.nodes.actions.runner import ActionRunner
 from controller.nodes.decide import incident_resolved, recovered
 from controller.nodes.fleet import Fleet
 from controller.nodes.guards.guard import Guard
-from controller.nodes.rule_stats import AUTOMATIC, Decision, PersonAction, RuleStats, count_rules, rule_id
+from controller.nodes.rule_stats import (
+    AUTOMATIC,
+    VERDICTS,
+    Decision,
+    PersonAction,
+    RuleStats,
+    count_rules,
+    rule_id,
+)
 from controller.store import Store
 from controller.vocab.actions import PageUpdate, action_kind
 from controller.vocab.node_state import Health
@@ -53,27 +61,35 @@ class ByHand:
         self._metrics = metrics
         self.undo_window_s = undo_window_s
 
-    async def uncordon(self, node: str, requested_by: str, reason: str) -> tuple[Health, str]:
-        """Return a node to service, at a person's request: only what Vigil quarantined is released."""
+    async def uncordon(self, node: str, requested_by: str, reason: str, verdict: str = "") -> tuple[Health, str]:
+        """Return a node to service, at a person's request: only what Vigil quarantined is released.
+        ``verdict``: "repaired" (the fault was real, and is fixed), "not-a-fault" (the quarantine was
+        wrong), or "" (unsaid: a repair if a check of the node passed since its quarantine)."""
+        if verdict not in VERDICTS:
+            raise ValueError(f"verdict {verdict!r}: one of {', '.join(repr(v) for v in VERDICTS)}")
         entry = self._fleet.entry(node)
         release = await asyncio.to_thread(self._runner.actuator.release, node, reason or f"requested by {requested_by}")
         now = self._clock()
-        self._store.records.operator_action("uncordon", node, requested_by, reason, release.detail, now)
+        self._store.records.operator_action(VERDICTS[verdict], node, requested_by, reason, release.detail, now)
         if not release.released and entry.state.health not in (Health.UNHEALTHY, Health.QUARANTINED):
             return entry.state.health, release.detail
-        if requested_by != AUTOMATIC:
-            self._count_undone(node, now)
+        if requested_by != AUTOMATIC and verdict != "repaired":
+            self._count_undone(node, now, checked=verdict == "")
         text = f"Resolved: {node} returned to service by {requested_by}" + (f" ({reason})" if reason else "")
         text += f"; {release.detail}"  # e.g. "left cordoned: kubectl-cordon changed its cordon ..."
         resolved = self.resolve_node(node, text, now)
         log.info("node_uncordoned", node=node, by=requested_by, reason=reason, incidents_resolved=resolved)
         return entry.state.health, f"{release.detail}; back in service; {resolved} incident(s) resolved"
 
-    def _count_undone(self, node: str, now: float) -> None:
-        """A person releases a node soon after Vigil quarantined it: a false positive of that rule."""
+    def _count_undone(self, node: str, now: float, checked: bool) -> None:
+        """A person releases a node soon after Vigil quarantined it: a false positive of that rule
+        (``checked``: unless a check of the node passed since, which makes it a repair)."""
+        passed = self._store.records.passed_checks(node).get(node, []) if checked else []
         for incident in self._store.incidents.list(open_only=True, node=node, limit=10000):
             done = [a.done_at for a in incident.actions if a.kind == "QUARANTINE" and a.status == "DONE"]
-            if done and done[0] is not None and now - done[0] <= self.undo_window_s:
+            if not done or done[0] is None or now - done[0] > self.undo_window_s:
+                continue
+            if not any(done[0] <= at <= now for at in passed):
                 self._metrics.rule_undone.labels(rule_id(incident.kind, incident.code)).inc()
 
     def rules(self) -> list[RuleStats]:
@@ -86,7 +102,7 @@ class ByHand:
             PersonAction(w, n or "", b or "", at, d or "")
             for at, w, n, b, _, d in self._store.records.operator_actions()
         ]
-        return count_rules(decisions, people, self.undo_window_s)
+        return count_rules(decisions, people, self.undo_window_s, self._store.records.passed_checks())
 
     def resolve_incident(self, incident_id: str, requested_by: str, note: str) -> tuple[str, Health, str]:
         """A person resolves an open incident of a node still in service; returns (node, its health,
@@ -126,9 +142,11 @@ class ByHand:
             self._runner.request(PageUpdate(incident.id, node, "RESOLVED", text, resolve=True), now)
         return resolved
 
-    async def resume(self, requested_by: str, reason: str, apply_held: bool) -> tuple[int, int]:
-        """A person resumes automation after the breaker tripped; returns (applied, dropped) held actions."""
+    async def resume(self, requested_by: str, reason: str, apply_held: bool) -> tuple[int, int, list[str]]:
+        """A person resumes automation after the breaker tripped; returns (applied, dropped) held actions
+        and the nodes they were for (one node's quarantine may hold more than one action)."""
         held = self._store.actions.held()
+        nodes = sorted({h.action.node for h in held})
         self._guard.resume()
         keys = [(h.incident_id, action_kind(h.action)) for h in held]
         if apply_held:
@@ -140,4 +158,4 @@ class ByHand:
         detail = f"{'applied' if apply_held else 'dropped'} {len(held)} held action(s)"
         self._store.records.operator_action("resume", "", requested_by, reason, detail, self._clock())
         log.warning("automation_resumed", by=requested_by, reason=reason, apply_held=apply_held, held=len(held))
-        return (len(held), 0) if apply_held else (0, len(held))
+        return ((len(held), 0) if apply_held else (0, len(held))) + (nodes,)

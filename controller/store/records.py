@@ -49,6 +49,17 @@ class Records:
     def operator_actions(self) -> list[tuple[float, str, str, str, str, str]]:
         return [tuple(r) for r in self._db.read("SELECT * FROM operator_actions ORDER BY at")]
 
+    def passed_checks(self, node: str = "") -> dict[str, list[float]]:
+        """Node -> when each check of it passed (OK), oldest first; ``node``: that node's only."""
+        where, args = ("AND node = ?", (node,)) if node else ("", ())
+        rows = self._db.read(
+            f"SELECT node, finished_at FROM check_results WHERE verdict = 'OK' {where} ORDER BY finished_at", args
+        )
+        found: dict[str, list[float]] = {}
+        for n, at in rows:
+            found.setdefault(str(n), []).append(float(at))
+        return found
+
     def check_result(
         self,
         request_id: str,

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from pydantic import Field, field_validator
 
+from checks.program import argument_problem
 from controller.sweeps.topology import TopologyConfig
 from vigil_core.config_file import ConfigModel
 
@@ -86,6 +87,11 @@ def _check_args(check: str, args: Mapping[str, str]) -> None:
             raise SweepError(f"{check}.{arg}: value {value!r} has characters a check argument never needs")
         if check == PAIRS and arg in _PAIR_OWN_ARGS:
             raise SweepError(f"{check}.{arg} is set by the sweep itself")
+    # As the check's own command line would take them (a bad value would make every node UNKNOWN).
+    program = PAIR_PROGRAM if check == PAIRS else check
+    flags = [a for arg, value in sorted(args.items()) for a in (f"--{arg}", str(value))]
+    if problem := argument_problem(program, flags):
+        raise SweepError(f"{check}: {problem.partition(': ')[2]}")
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 
 import grpc
 import pytest
 
 from controller.act.local_actuator import LocalQuarantines
+from controller.nodes.guards.rules import GuardrailConfig
+from controller.nodes.guards.shared import SharedCauseConfig
 from protos.vigil.v1 import admin_pb2, admin_pb2_grpc
 from tests.contract.test_agent_link import raw_batch, send_raw
 from tests.helpers import start_controller, stop_controller
@@ -115,6 +118,40 @@ def test_rules_count_a_quarantine_a_person_undid_soon_after(tmp_path: Path) -> N
         assert metrics.get_sample_value("vigil_controller_rule_undone_total", {"rule": "xid-79"}) == 1
         decided = {"rule": "xid-79", "action": "QUARANTINE"}
         assert metrics.get_sample_value("vigil_controller_rule_decisions_total", decided) == 1
+        await stop_controller(controller)
+
+    asyncio.run(scenario())
+
+
+def test_a_release_said_repaired_or_after_a_passing_check_is_not_held_against_the_rule(tmp_path: Path) -> None:
+    """node-a released "--repaired", node-b after a check of it passed, node-c "--not-a-fault":
+    one undone, two repaired (before, each counted as undone: a correct rule read 0%)."""
+
+    async def scenario() -> None:
+        # Three nodes with one fault at once would be a shared cause (and trip the breaker): not here.
+        guard = GuardrailConfig(breaker_max_nodes=10, breaker_max_fraction=1.0, shared=SharedCauseConfig(enabled=False))
+        controller = await start_controller(tmp_path / "ctl.db", guardrails=guard)
+        for node, spool in (("node-a", "s1"), ("node-b", "s2"), ("node-c", "s3")):
+            messages = raw_batch(spool, [1], code=79)
+            messages[0].hello.node = node
+            for signal in messages[1].signals.signals:
+                signal.node = node
+            await send_raw(controller.port, messages, until_ack=1)
+        await controller.engine.wait_for_actions()
+        now = time.time()
+        controller.store.records.check_result("r1", "node-b", "gpu_health", "OK", "fine", {}, now, now + 0.001)
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{controller.port}") as channel:
+            admin = admin_pb2_grpc.AdminStub(channel)
+            for node, verdict in (("node-a", "repaired"), ("node-b", ""), ("node-c", "not-a-fault")):
+                await admin.Uncordon(admin_pb2.UncordonRequest(node=node, requested_by="sre", verdict=verdict))
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await admin.Uncordon(admin_pb2.UncordonRequest(node="node-a", requested_by="sre", verdict="fixed"))
+            assert err.value.code() is grpc.StatusCode.INVALID_ARGUMENT and "'repaired'" in (err.value.details() or "")
+            (rule,) = (await admin.ListRules(admin_pb2.RulesRequest())).rules
+            assert (rule.quarantines, rule.undone, rule.repaired) == (3, 1, 2)
+            assert rule.precision == pytest.approx(2 / 3)
+        metrics = controller.engine.metrics.registry
+        assert metrics.get_sample_value("vigil_controller_rule_undone_total", {"rule": "xid-79"}) == 1
         await stop_controller(controller)
 
     asyncio.run(scenario())

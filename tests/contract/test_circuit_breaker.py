@@ -83,9 +83,10 @@ def test_thirty_percent_failing_trips_the_breaker(cluster: tuple[KubeApiServer, 
         assert NODES[10] in e.guard.breaker.held
 
         # A person resumes and asks for the held quarantines to be carried out.
-        applied, dropped = await e.by_hand.resume("sre", "checked: four bad GPUs", apply_held=True)
+        applied, dropped, nodes = await e.by_hand.resume("sre", "checked: four bad GPUs", apply_held=True)
         await e.wait_for_actions()
         assert (applied, dropped) == (8, 0)  # a quarantine and a page for each of the 4 held nodes
+        assert len(nodes) == 4 and NODES[10] in nodes  # the nodes, as status lists them (not the 8 actions)
         assert cordoned(kube) == sorted(failing + [NODES[10]])
         assert e.guard.automation == "active"
         e.store.close()
@@ -104,7 +105,8 @@ def test_resume_without_applying_drops_the_held(cluster: tuple[KubeApiServer, Fa
         await asyncio.sleep(0.1)
         await e.wait_for_actions()
         assert cordoned(kube) == NODES[:1]
-        assert await e.by_hand.resume("sre", "a bad driver roll-out, not the nodes", apply_held=False) == (0, 4)
+        dropped = await e.by_hand.resume("sre", "a bad driver roll-out, not the nodes", apply_held=False)
+        assert dropped == (0, 4, sorted(NODES[1:3]))
         await e.wait_for_actions()
         assert cordoned(kube) == NODES[:1]
         assert {a.status for i in e.store.incidents.list(node=NODES[1]) for a in i.actions} == {"SKIPPED"}

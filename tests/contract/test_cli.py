@@ -130,3 +130,15 @@ def test_leader_election_timings_are_checked(tmp_path: Path) -> None:
     config.write_text("leader_election: {enabled: true, lease_duration_s: 5, renew_deadline_s: 10}\n")
     out = vigil("controller", "--plaintext", "--config", str(config))
     assert out.returncode == 2 and "lease_duration_s > renew_deadline_s" in out.stderr
+
+
+def test_a_checks_own_options_its_help_and_bad_arguments_are_its_own() -> None:
+    """``vigil check matmul --help`` shows the check's options, not vigil's; a bad value is named as
+    the check names it, before anything runs; a deadline must be positive."""
+    shown = vigil("check", "matmul", "--help")
+    assert shown.returncode == 0 and "usage: vigil check matmul" in shown.stdout and "--seconds" in shown.stdout
+    bad = vigil("check", "matmul", "--seconds", "abc")
+    assert bad.returncode == 2 and "error: matmul: argument --seconds: invalid float value: 'abc'" in bad.stderr
+    assert "usage" not in bad.stderr.lower() and "Traceback" not in bad.stderr
+    assert "--deadline must be above 0" in vigil("check", "matmul", "--deadline", "-1").stderr
+    assert "no check named 'burn'" in vigil("check", "burn").stderr

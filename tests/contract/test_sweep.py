@@ -204,6 +204,7 @@ def test_one_sweep_at_a_time_and_bad_requests_are_named(tmp_path: Path) -> None:
             ({"params": {"matmul": "5"}}, grpc.StatusCode.INVALID_ARGUMENT, "expected CHECK.ARG=VALUE"),
             ({"params": {"pairs.master": "x:1"}}, grpc.StatusCode.INVALID_ARGUMENT, "set by the sweep itself"),
             ({"params": {"matmul.size": "1; rm"}}, grpc.StatusCode.INVALID_ARGUMENT, "characters"),
+            ({"params": {"matmul.seconds": "abc"}}, grpc.StatusCode.INVALID_ARGUMENT, "invalid float value: 'abc'"),
             ({"selector": "gpu=h100"}, grpc.StatusCode.INVALID_ARGUMENT, "needs the kubernetes actuator"),
             ({"nodes": ["Bad_Name"]}, grpc.StatusCode.INVALID_ARGUMENT, "not a node name"),
         ]

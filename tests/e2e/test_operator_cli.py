@@ -54,7 +54,8 @@ def test_operator_commands(tmp_path: Path) -> None:
         assert "QUARANTINED 1" in status.stdout
 
         resumed = cli("resume", "--controller", target, "--apply-held", "--reason", "two bad GPUs, checked")
-        assert resumed.returncode == 0 and "automation: active" in resumed.stdout and "applied 2" in resumed.stdout
+        said = " ".join(resumed.stdout.split())
+        assert resumed.returncode == 0 and "automation: active" in said and "applied on 1 node(s): node-b" in said, said
         again = cli("resume", "--controller", target)
         assert again.returncode == 2 and "FAILED_PRECONDITION" in again.stdout + again.stderr
 
@@ -70,6 +71,9 @@ def test_operator_commands(tmp_path: Path) -> None:
         listed = json.loads(incidents.stdout)
         assert sorted(i["node"] for i in listed) == ["node-a", "node-b"]
         assert all(i["status"] == "OPEN" for i in listed)
+        # Numbers as numbers (not the JSON mapping's "79"), every field there, zeros and empties too.
+        assert all(i["code"] == 79 and isinstance(i["signal_count"], int) for i in listed), listed
+        assert all({"remedy", "first_message", "actions"} <= set(i) for i in listed), listed
 
         released = cli("uncordon", "node-a", "--controller", target, "--reason", "GPU replaced")
         assert released.returncode == 0 and "node-a: HEALTHY" in released.stdout

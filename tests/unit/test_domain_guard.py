@@ -74,7 +74,7 @@ def test_the_engine_holds_a_suspect_domain_until_a_person_resumes(tmp_path: Path
         await e.wait_for_actions()
         assert LocalQuarantines(store.db).nodes().keys() == {"n1"}
         assert e.guard.holding and "vigil.dev/rack=r1" in e.guard.automation
-        assert await e.by_hand.resume("sre", "the rack's switch was replaced", apply_held=True) == (4, 0)
+        assert (await e.by_hand.resume("sre", "the rack's switch was replaced", apply_held=True))[:2] == (4, 0)
         await e.wait_for_actions()
         assert LocalQuarantines(store.db).nodes().keys() == {"n1", "n2", "n3"} and not e.guard.holding
         await e.shutdown()
@@ -120,7 +120,7 @@ def test_a_blamed_leaf_pages_once_and_cordons_none_of_its_nodes(tmp_path: Path) 
         assert LocalQuarantines(store.db).nodes() == {}
         assert [p.summary.split(" is slow")[0] for p in pages] == ["leaf leaf-a"]
         assert e.guard.holding and "vigil.dev/leaf-switch=leaf-a" in e.guard.automation
-        assert await e.by_hand.resume("sre", "the leaf was replaced", apply_held=False) == (0, 6)
+        assert (await e.by_hand.resume("sre", "the leaf was replaced", apply_held=False))[:2] == (0, 6)
         await e.shutdown()
 
     asyncio.run(scenario())

@@ -34,3 +34,20 @@ def test_only_a_persons_undo_within_the_window_counts_against_the_rule() -> None
     assert (xid79.quarantines, xid79.pages, xid79.undone) == (3, 1, 1)
     assert xid79.precision == pytest.approx(2 / 3)
     assert (by_rule["xid-13"].pages, by_rule["xid-13"].resolved_by_hand, by_rule["xid-13"].precision) == (1, 1, None)
+
+
+def test_a_release_after_a_repair_is_no_false_positive() -> None:
+    """Four quarantines released within the hour: one said repaired, one after its node passed a
+    check (a sweep, the release checks), one said not a fault though a check passed, one unsaid
+    with no check: the last two count against the rule, the first two as repairs."""
+    decisions = [Decision(f"i{k}", f"n{k}", "xid-79", "QUARANTINE", 100.0) for k in range(1, 5)]
+    people = [
+        PersonAction("uncordon-repaired", "n1", "sre", 300.0, ""),
+        PersonAction("uncordon", "n2", "sre", 300.0, ""),
+        PersonAction("uncordon-not-a-fault", "n3", "sre", 300.0, ""),
+        PersonAction("uncordon", "n4", "sre", 300.0, ""),
+    ]
+    passed = {"n2": [250.0], "n3": [250.0], "n4": [50.0, 400.0]}  # n4: before its quarantine, after its release
+    (xid79,) = count_rules(decisions, people, undo_window_s=3600.0, passed=passed)
+    assert (xid79.quarantines, xid79.repaired, xid79.undone) == (4, 2, 2)
+    assert xid79.precision == pytest.approx(0.5)

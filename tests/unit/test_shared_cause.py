@@ -113,7 +113,8 @@ def test_a_burst_on_much_of_the_fleet_is_one_page_and_no_cordon_until_a_person_d
         e.engine.receive("n5", [_xid("n5")])  # a later node joins it: held, no page of its own
         await e.wait_for_actions()
         assert len(pages) == 1 and LocalQuarantines(e.store.db).nodes() == {}
-        assert await e.by_hand.resume("sre", "bad driver roll-out", apply_held=True) == (10, 0)
+        applied = await e.by_hand.resume("sre", "bad driver roll-out", apply_held=True)
+        assert applied == (10, 0, ["n1", "n2", "n3", "n4", "n5"])
         await e.wait_for_actions()
         assert LocalQuarantines(e.store.db).nodes().keys() == {"n1", "n2", "n3", "n4", "n5"}
         assert not e.guard.holding

@@ -47,6 +47,10 @@ def test_a_spec_completes_the_request_from_the_configuration() -> None:
         ([], {"matmul.seconds": "5 && reboot"}, "characters"),
         ([], {"pairs.rank": "0"}, "set by the sweep itself"),
         ([], {"burn.seconds": "5"}, "no check named 'burn'"),
+        # As the check's own command line would refuse them, before any node runs it:
+        ([], {"matmul.seconds": "abc"}, "matmul: argument --seconds: invalid float value: 'abc'"),
+        ([], {"matmul.burn": "5"}, "matmul: unrecognized arguments: --burn 5"),
+        ([], {"pairs.iters": "many"}, "pairs: argument --iters: invalid int value: 'many'"),
     ],
 )
 def test_a_bad_request_names_its_problem(checks: list[str], params: dict[str, str], words: str) -> None:

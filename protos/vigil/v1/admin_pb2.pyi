@@ -108,14 +108,16 @@ class IncidentsReply(_message.Message):
     def __init__(self, incidents: _Optional[_Iterable[_Union[Incident, _Mapping]]] = ...) -> None: ...
 
 class UncordonRequest(_message.Message):
-    __slots__ = ("node", "requested_by", "reason")
+    __slots__ = ("node", "requested_by", "reason", "verdict")
     NODE_FIELD_NUMBER: _ClassVar[int]
     REQUESTED_BY_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    VERDICT_FIELD_NUMBER: _ClassVar[int]
     node: str
     requested_by: str
     reason: str
-    def __init__(self, node: _Optional[str] = ..., requested_by: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+    verdict: str
+    def __init__(self, node: _Optional[str] = ..., requested_by: _Optional[str] = ..., reason: _Optional[str] = ..., verdict: _Optional[str] = ...) -> None: ...
 
 class UncordonReply(_message.Message):
     __slots__ = ("node", "health", "detail")
@@ -154,20 +156,22 @@ class RulesRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class RuleStats(_message.Message):
-    __slots__ = ("rule", "quarantines", "pages", "undone", "resolved_by_hand", "precision")
+    __slots__ = ("rule", "quarantines", "pages", "undone", "resolved_by_hand", "precision", "repaired")
     RULE_FIELD_NUMBER: _ClassVar[int]
     QUARANTINES_FIELD_NUMBER: _ClassVar[int]
     PAGES_FIELD_NUMBER: _ClassVar[int]
     UNDONE_FIELD_NUMBER: _ClassVar[int]
     RESOLVED_BY_HAND_FIELD_NUMBER: _ClassVar[int]
     PRECISION_FIELD_NUMBER: _ClassVar[int]
+    REPAIRED_FIELD_NUMBER: _ClassVar[int]
     rule: str
     quarantines: int
     pages: int
     undone: int
     resolved_by_hand: int
     precision: float
-    def __init__(self, rule: _Optional[str] = ..., quarantines: _Optional[int] = ..., pages: _Optional[int] = ..., undone: _Optional[int] = ..., resolved_by_hand: _Optional[int] = ..., precision: _Optional[float] = ...) -> None: ...
+    repaired: int
+    def __init__(self, rule: _Optional[str] = ..., quarantines: _Optional[int] = ..., pages: _Optional[int] = ..., undone: _Optional[int] = ..., resolved_by_hand: _Optional[int] = ..., precision: _Optional[float] = ..., repaired: _Optional[int] = ...) -> None: ...
 
 class RulesReply(_message.Message):
     __slots__ = ("rules", "undo_window_s")
@@ -188,14 +192,16 @@ class ResumeRequest(_message.Message):
     def __init__(self, requested_by: _Optional[str] = ..., reason: _Optional[str] = ..., apply_held: _Optional[bool] = ...) -> None: ...
 
 class ResumeReply(_message.Message):
-    __slots__ = ("automation", "applied", "dropped")
+    __slots__ = ("automation", "applied", "dropped", "nodes")
     AUTOMATION_FIELD_NUMBER: _ClassVar[int]
     APPLIED_FIELD_NUMBER: _ClassVar[int]
     DROPPED_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
     automation: str
     applied: int
     dropped: int
-    def __init__(self, automation: _Optional[str] = ..., applied: _Optional[int] = ..., dropped: _Optional[int] = ...) -> None: ...
+    nodes: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, automation: _Optional[str] = ..., applied: _Optional[int] = ..., dropped: _Optional[int] = ..., nodes: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class SweepRequest(_message.Message):
     __slots__ = ("nodes", "checks", "quarantine", "selector", "job", "namespace", "requested_by", "params", "min_busbw_gbps")
