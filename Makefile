@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: demo demo-training test check lint protos bench scenarios images clean
+.PHONY: demo demo-training test check lint protos config-examples bench scenarios images clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -53,6 +53,9 @@ lint: $(VENV)/.dev  ## style, types, and the layering contracts (pyproject.toml 
 protos: $(VENV)/.dev  ## regenerate the committed protobuf/gRPC code from protos/vigil/v1/*.proto
 	$(BIN)/python -m protos.generate
 
+config-examples: $(VENV)/.dev  ## rewrite deploy/controller.example.yaml and deploy/agent.example.yaml from the models
+	$(BIN)/python -m vigil.config_examples
+
 scenarios: $(VENV)/.dev  ## the labelled fault scenarios through real processes, and their scorecard
 	$(BIN)/python -m bench.scenarios
 
@@ -66,13 +69,15 @@ bench: $(VENV)/.dev  ## benchmarks; each prints its figures and appends them to 
 # The container images (deploy/image/Dockerfile), pushed to REGISTRY; needs docker with buildx.
 REGISTRY ?=
 VERSION  ?= 0.1.0
-images:  ## build and push vigil-controller and vigil-agent: make images REGISTRY=registry.example.com/vigil
+TORCH_ARGS = $(if $(TORCH),--build-arg TORCH=$(TORCH)) $(if $(TORCH_INDEX),--build-arg TORCH_INDEX=$(TORCH_INDEX))
+images:  ## build and push every image the manifests name: make images REGISTRY=registry.example.com/vigil
 	@test -n "$(REGISTRY)" || { echo "make images needs REGISTRY=<your registry>/<path>"; exit 2; }
 	docker build -f deploy/image/Dockerfile --target controller -t $(REGISTRY)/vigil-controller:$(VERSION) .
-	docker build -f deploy/image/Dockerfile --target agent $(if $(TORCH),--build-arg TORCH=$(TORCH)) \
-		$(if $(TORCH_INDEX),--build-arg TORCH_INDEX=$(TORCH_INDEX)) -t $(REGISTRY)/vigil-agent:$(VERSION) .
+	docker build -f deploy/image/Dockerfile --target agent $(TORCH_ARGS) -t $(REGISTRY)/vigil-agent:$(VERSION) .
+	docker build -f deploy/image/Dockerfile --target train $(TORCH_ARGS) -t $(REGISTRY)/vigil-train:$(VERSION) .
 	docker push $(REGISTRY)/vigil-controller:$(VERSION)
 	docker push $(REGISTRY)/vigil-agent:$(VERSION)
+	docker push $(REGISTRY)/vigil-train:$(VERSION)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

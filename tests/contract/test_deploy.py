@@ -88,13 +88,46 @@ def test_every_object_validates_against_the_kubernetes_schema(overlays: dict[str
 
     for name, objects in overlays.items():
         kinds = {o["kind"] for o in objects}
-        assert {"Deployment", "DaemonSet", "ClusterRole", "NetworkPolicy", "PodDisruptionBudget"} <= kinds, name
+        assert {"Deployment", "DaemonSet", "ClusterRole", "NetworkPolicy"} <= kinds, name
         for obj in objects:
             if obj["kind"] in CUSTOM_KINDS:
                 assert obj["apiVersion"].split("/")[0] in ("monitoring.coreos.com", "cert-manager.io")
                 continue
             kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)  # raises, naming the field
             assert obj["metadata"].get("namespace", "vigil") == "vigil", (name, obj["metadata"])
+
+
+@pytest.mark.parametrize("overlay", ["example", "cert-manager"])
+def test_the_monitoring_objects_carry_the_label_prometheus_operator_selects(
+    overlays: dict[str, Objects], overlay: str
+) -> None:
+    """kube-prometheus-stack selects ServiceMonitors and PrometheusRules by ``release``: each
+    overlay sets it (a setting in its kustomization.yaml)."""
+    monitoring = find(overlays[overlay], "ServiceMonitor") + find(overlays[overlay], "PrometheusRule")
+    assert len(monitoring) == 3
+    assert all(o["metadata"].get("labels", {}).get("release") == "kube-prometheus-stack" for o in monitoring)
+
+
+def disruptions_allowed(budget: dict[str, Any], pods: int, ready: int) -> int:
+    """The Eviction API's arithmetic (policy/v1): healthy (Ready) pods less those the budget wants."""
+    spec = budget["spec"]
+    wanted = spec["minAvailable"] if "minAvailable" in spec else pods - spec["maxUnavailable"]
+    return max(0, ready - wanted)
+
+
+@pytest.mark.parametrize("overlay", ["example", "cert-manager", "with-postgres"])
+def test_no_budget_keeps_the_leaders_node_from_draining(overlays: dict[str, Objects], overlay: str) -> None:
+    """The standby is never Ready (the leader alone is): any PodDisruptionBudget over the controller
+    must still allow evicting the leader, or draining its node waits for ever (as maxUnavailable: 1
+    did: 1 Ready of the 1 it wanted, 0 evictions allowed)."""
+    (deployment,) = find(overlays[overlay], "Deployment", "vigil-controller")
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    replicas = deployment["spec"]["replicas"]
+    for budget in find(overlays[overlay], "PodDisruptionBudget"):
+        selects = budget["spec"]["selector"]["matchLabels"].items() <= labels.items()
+        assert not selects or disruptions_allowed(budget, replicas, ready=1) >= 1, budget
+    old = {"spec": {"maxUnavailable": 1}}  # what the base had: the check above would have caught it
+    assert disruptions_allowed(old, replicas, ready=1) == 0
 
 
 def test_the_training_job_example_validates_too() -> None:
@@ -381,6 +414,11 @@ def test_the_image_copies_every_package_the_wheel_holds() -> None:
     copied = {line.split()[1] for line in dockerfile.splitlines() if line.startswith("COPY ") and "--from" not in line}
     assert copied == {*packages["packages"], "pyproject.toml"}
     targets = set(re.findall(r"^FROM \S+ AS (\S+)$", dockerfile, re.M))
-    assert {"controller", "agent", "agent-lite"} <= targets
+    assert {"controller", "agent", "agent-lite", "train"} <= targets
     makefile = (ROOT / "Makefile").read_text()
-    assert "--target controller" in makefile and "--target agent " in makefile
+    assert "--target controller" in makefile and "--target agent " in makefile and "--target train " in makefile
+    # Every image a manifest names is one `make images` builds and pushes.
+    manifests = [*(ROOT / "deploy" / "kustomize").rglob("*.yaml"), ROOT / "deploy" / "training-job.example.yaml"]
+    named = {m.split("/")[-1].split(":")[0] for f in manifests for m in re.findall(r"image: (\S+)", f.read_text())}
+    built = set(re.findall(r"docker push \$\(REGISTRY\)/(\S+):", makefile))
+    assert named - {"busybox"} <= built, named - built

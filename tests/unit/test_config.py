@@ -206,3 +206,34 @@ def test_an_agent_spool_under_a_file_and_a_bool_for_a_number_are_refused(tmp_pat
         load_agent_config(write(tmp_path, "gpu_poll_s: true\nplaintext: true\n"), {})
     cfg = load_agent_config(write(tmp_path, "plaintext: true\n"), {"spool": tmp_path / "new" / "spool.db"})
     assert cfg.spool == tmp_path / "new" / "spool.db"  # a directory still to be made is fine
+
+
+def test_the_example_files_are_what_the_models_write_and_hold_every_key() -> None:
+    """``deploy/*.example.yaml`` are written from the models (make config-examples): up to date,
+    every key of every section there, and each loads as it stands."""
+    import yaml
+    from pydantic import BaseModel
+
+    from agent.config import AgentConfig, load_agent_config
+    from controller.config import ControllerConfig
+    from vigil.config_examples import DEPLOY, main
+
+    assert main(["--check"]) == 0, "deploy/*.example.yaml are out of date: make config-examples"
+
+    def keys(model: type[BaseModel], found: dict[str, object], prefix: str = "") -> list[str]:
+        missing = []
+        for name, info in model.model_fields.items():
+            if name not in found:
+                missing.append(prefix + name)
+            sub = found.get(name)
+            annotation = info.annotation
+            if isinstance(sub, dict) and isinstance(annotation, type) and issubclass(annotation, BaseModel):
+                missing += keys(annotation, sub, f"{prefix}{name}.")
+        return missing
+
+    for model, name in ((ControllerConfig, "controller"), (AgentConfig, "agent")):
+        found = yaml.safe_load((DEPLOY / f"{name}.example.yaml").read_text())
+        assert keys(model, found) == [], name
+    controller = load_controller_config(DEPLOY / "controller.example.yaml", {})
+    assert controller.actuator == "kubernetes" and controller.slack is not None
+    assert load_agent_config(DEPLOY / "agent.example.yaml", {}).node == "gpu-node-17"
