@@ -41,6 +41,7 @@ from typing import Any
 
 from bench.record import append_result, header, percentile
 from gpus.simulated import simulated_gpus
+from tests.e2e.processes import stop_all
 from vigil.admin_client import AdminClient
 from vigil.demo import simulated_agent_args, xid_line
 
@@ -182,13 +183,7 @@ def run(
             },
         }
     finally:
-        for proc in procs:
-            proc.terminate()
-        for proc in procs:
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        stop_all(procs)
         shutil.rmtree(work, ignore_errors=True)
 
 

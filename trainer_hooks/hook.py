@@ -1,12 +1,21 @@
 """The callback a training loop calls: Vigil's eyes inside the job, and its hand on the stop flag.
 
-    hook = VigilHook(HookConfig.from_env(flops_per_token=..., peak_flops=...))
-    hook.start(step)                                   # after the process group is up, on every rank
-    for step ...:
-        ...train...
+    import sys
+    from trainer_hooks.hook import HookConfig, VigilHook
+    from trainer_hooks.protocol import CHECKPOINTED_EXIT_CODE
+
+    hook = VigilHook(HookConfig.from_env(flops_per_token=flops_per_token, peak_flops=peak_flops))
+    hook.start(start_step)                        # after the process group is up, on every rank
+    for step in range(start_step + 1, last_step + 1):
+        tokens, seconds, loss = train_step(step)  # the job's own step: tokens of the whole job, its time
         if hook.step_end(step, tokens, seconds, loss):  # every rank, at every step boundary
-            save_checkpoint(); hook.end(checkpoint_step=step); sys.exit(CHECKPOINTED_EXIT_CODE)
+            save_checkpoint(step)
+            hook.end(checkpoint_step=step)
+            sys.exit(CHECKPOINTED_EXIT_CODE)      # 75: the launcher restarts the job without the bad node
     hook.end()
+
+(``train_step``, ``save_checkpoint`` and the figures are the job's own; the suite runs this snippet
+as written.)
 
 What it does:
 - At every step end, one small all-gather on a gloo group of its own (never the training's NCCL

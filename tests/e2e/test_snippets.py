@@ -1,4 +1,4 @@
-"""The adapters' docstring snippets run as written: each one's first code block, after a prelude that
+"""The hook's and the adapters' docstring snippets run as written: each one's first code block, after a prelude that
 gives it what it calls the job's own (``model``, ``data``, ``n_params``, the Trainer's ``options``:
 a tiny model on CPU), on two gloo ranks under ``vigil launch --controller none``, from a first
 start (no output directory yet: the case a rank must not crash on)."""
@@ -40,8 +40,28 @@ world = int(os.environ["WORLD_SIZE"])
 options = dict(accelerator="cpu", devices=1, num_nodes=world, strategy="ddp", max_steps=6, logger=False,
                enable_progress_bar=False, enable_model_summary=False)
 """,
+    "trainer_hooks.hook": """
+import time
+
+flops_per_token, peak_flops, start_step, last_step = 6.0e6, 0.0, 0, 30
+
+
+def train_step(step):
+    began = time.perf_counter()
+    time.sleep(0.01)
+    return 512, time.perf_counter() - began, 1.0 / step
+
+
+def save_checkpoint(step):
+    raise AssertionError("nobody asked this run to stop")
+""",
 }
-LIBRARY = {"trainer_hooks.adapters.huggingface": "transformers", "trainer_hooks.adapters.lightning": "lightning"}
+LIBRARY = {
+    "trainer_hooks.adapters.huggingface": "transformers",
+    "trainer_hooks.adapters.lightning": "lightning",
+    "trainer_hooks.hook": "torch",
+}
+NODES = {"trainer_hooks.hook": "node-a"}  # the plain hook's snippet makes no process group: one rank
 
 
 def first_snippet(docstring: str) -> str:
@@ -65,7 +85,7 @@ def test_the_adapters_snippet_runs_as_written_on_two_ranks(tmp_path: Path, modul
     script = tmp_path / "snippet.py"
     script.write_text(PRELUDES[module] + "\n# --- the docstring's snippet, as written ---\n" + snippet)
     command = [
-        sys.executable, "-m", "vigil", "launch", "--job-id", "snippet", "--nodes", "node-a,node-b",
+        sys.executable, "-m", "vigil", "launch", "--job-id", "snippet", "--nodes", NODES.get(module, "node-a,node-b"),
         "--controller", "none", "--max-failures", "0", "--log-dir", str(tmp_path / "ranks"), "--",
         sys.executable, str(script),
     ]  # fmt: skip
