@@ -122,6 +122,11 @@ class Cluster:
     def stop_agent(self, node: str, kill: bool = False) -> None:
         self._stop(node, kill)
 
+    def freeze_agent(self, node: str) -> None:
+        """SIGSTOP: the agent's process and its connection stay, and nothing in it answers (a
+        stuck agent, a frozen node's userspace); ``stop`` wakes it to end it."""
+        self.procs[node].send_signal(signal.SIGSTOP)
+
     def _stop(self, name: str, kill: bool) -> None:
         proc = self.procs.pop(name)
         proc.send_signal(signal.SIGKILL if kill else signal.SIGTERM)
@@ -140,6 +145,7 @@ class Cluster:
     def stop(self) -> None:
         for proc in self.procs.values():
             if proc.poll() is None:
+                proc.send_signal(signal.SIGCONT)  # a frozen agent must run to end
                 proc.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + 5
         for proc in self.procs.values():

@@ -109,10 +109,12 @@ def _run(
     try:
         cluster.start_controller(START_TIMEOUT_S, config)
         cluster.start_agents()
+        # Agents in network namespaces start through `ip netns exec`, a few a core on a loaded
+        # machine: their registration gets twice as long.
+        registered_s = START_TIMEOUT_S * (2 if fabric is not None else 1)
         with AdminClient(cluster.target, plaintext=True) as admin:
-            wait_for(
-                lambda: _all_healthy(admin, cluster.nodes), START_TIMEOUT_S, "every node HEALTHY", cluster.check_alive
-            )
+            healthy = lambda: _all_healthy(admin, cluster.nodes)  # noqa: E731
+            wait_for(healthy, registered_s, "every node HEALTHY", cluster.check_alive)
             faults, sweeps = _play(cluster, config, admin, scenario, kube, fabric, machines)
             want = scenario.expect
             with contextlib.suppress(DemoFailed):  # judged below: what was missed is named there
@@ -287,6 +289,8 @@ def _inject(cluster: Cluster, admin: AdminClient, event: Event, seq: int) -> int
         _fault_line(cluster, node, {"gpu": event.nvml_xid.gpu, "xid": event.nvml_xid.xid})
     elif event.gpu is not None:
         _fault_line(cluster, node, {"gpu": event.gpu.gpu, "set": event.gpu.set})
+    elif event.stop_agent is not None and event.stop_agent.freeze:
+        cluster.freeze_agent(node)
     elif event.stop_agent is not None:
         cluster.stop_agent(node, kill=event.stop_agent.kill)
     elif event.restart_agent is not None:

@@ -118,9 +118,11 @@ class RestartAgent(_Strict):
 
 
 class StopAgent(_Strict):
-    """The node's agent goes away and stays away (the node froze, the pod was evicted)."""
+    """The node's agent goes away and stays away (the node froze, the pod was evicted), or, with
+    ``freeze``, stays with its connection up and answers nothing (SIGSTOP: a stuck agent)."""
 
     kill: bool = Field(default=True, description="SIGKILL, not SIGTERM")
+    freeze: bool = Field(default=False, description="SIGSTOP: the process and its connection stay, silent")
 
 
 class Uncordon(_Strict):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -92,3 +93,13 @@ def test_from_history_asks_the_controller_and_says_why_it_cannot_fit(tmp_path: P
     out = asyncio.run(scenario())
     assert out.returncode == 2 and "--from-history: " in out.stderr, out.stderr
     assert "watches no GPU node" in out.stderr  # a fresh controller: no agent, no history
+
+
+def test_the_rate_options_read_apart_at_80_columns() -> None:
+    """Rich cuts long option names at 80 columns: the short forms come first, so the two rates
+    still read apart (both showed as "--failures-per-1000-…")."""
+    shown = subprocess.run(
+        [sys.executable, "-m", "vigil", "plan", "--help"], capture_output=True, text=True, timeout=60,
+        env={**os.environ, "COLUMNS": "80", "TERM": "dumb"},
+    )  # fmt: skip
+    assert "--gpu-rate" in shown.stdout and "--node-rate" in shown.stdout, shown.stdout

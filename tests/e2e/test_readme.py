@@ -63,3 +63,11 @@ def test_the_first_plan_example_runs(tmp_path: Path) -> None:
     done = shell(first, tmp_path)
     assert done.returncode == 0, done.stderr
     assert "ETTR" in done.stdout and (tmp_path / "plan.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_the_bundled_jobs_cpu_example_trains(tmp_path: Path) -> None:
+    """The first torchrun line (the debug preset, two ranks on CPU); the other two want GPUs."""
+    first = block_with("sh", "torchrun --nproc-per-node 2").splitlines()[0]
+    done = shell(first, tmp_path, timeout=170)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert (tmp_path / "runs" / "debug").is_dir()

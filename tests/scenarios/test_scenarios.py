@@ -21,11 +21,12 @@ def _case(path: Path) -> object:
     if why := unavailable(scenario):
         marks.append(pytest.mark.skip(reason=why))
     if scenario.fleet.fabric is not None:  # network namespaces on one subnet: one at a time
-        marks.append(pytest.mark.xdist_group("netns"))
+        marks += [pytest.mark.xdist_group("netns"), pytest.mark.timeout(240)]  # all-reduces on a loaded machine
+    else:
+        marks.append(pytest.mark.timeout(90))
     return pytest.param(path, id=path.stem, marks=marks)
 
 
-@pytest.mark.timeout(90)
 @pytest.mark.parametrize("path", [_case(p) for p in scenario_paths()])
 def test_scenario(path: Path) -> None:
     scenario = load_scenario(path)
