@@ -77,14 +77,13 @@ def plan_isolation(
     fast = sorted(dict.fromkeys(fast), key=lambda n: slow_count[n])
     pairs, untestable = [], []
     for i, suspect in enumerate(suspects):
-        candidates = (prefer(suspect, good) if prefer else []) or good
+        candidates, pick = (prefer(suspect, good) if prefer else []) or good, i  # spread over the good
         if not candidates:
             met = {n for p in slow if suspect in p for n in p}
             fallback = [n for n in fast if n not in met]
-            candidates = (prefer(suspect, fallback) if prefer else []) or fallback
-            i = 0  # the likeliest good first
+            candidates, pick = (prefer(suspect, fallback) if prefer else []) or fallback, 0  # the likeliest first
         if candidates:
-            pairs.append((suspect, candidates[i % len(candidates)]))
+            pairs.append((suspect, candidates[pick % len(candidates)]))
         else:
             untestable.append(suspect)
     return IsolationPlan(pairs, untestable)
@@ -103,6 +102,12 @@ class Finding:
         return self.kind in ("leaf", "leaf-uplink", "spine")
 
 
+def healthy_median(first: Mapping[Pair, float], slow: Collection[Pair]) -> float:
+    """The first round's healthy pairs' median bandwidth (0 without any)."""
+    good_level = [v for p, v in first.items() if p not in slow]
+    return statistics.median(good_level) if good_level else 0.0
+
+
 def slow_beside_first(
     runs: Mapping[Pair, float],
     first: Mapping[Pair, float],
@@ -111,8 +116,7 @@ def slow_beside_first(
     max_below_median: float,
 ) -> dict[Pair, float]:
     """The later runs that are slow against the first round's healthy pairs (their median)."""
-    good_level = [v for p, v in first.items() if p not in slow]
-    reference = statistics.median(good_level) if good_level else 0.0
+    reference = healthy_median(first, slow)
     return {
         p: v
         for p, v in runs.items()
@@ -133,8 +137,7 @@ def culprits(
     counts as 0 GB/s could not run at all. ``retest_slow``: the re-tests judged already (at each
     size, with the evidence), instead of by their bandwidth against the first round's. A link
     found here is a hypothesis until its pair runs again (``links_to_confirm``, ``confirmed``)."""
-    good_level = [v for p, v in first.items() if p not in slow]
-    reference = statistics.median(good_level) if good_level else 0.0
+    reference = healthy_median(first, slow)
     errors = errors or {}
     if retest_slow is not None:
         slow_alone = {pair: v for pair, v in retest.items() if pair in retest_slow}

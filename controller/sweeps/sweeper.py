@@ -275,10 +275,7 @@ class Sweeper:
         errors = {p: run.error for p, run in retest.items() if run.error}
         rerun = {p: run.busbw_gbps for p, run in retest.items()}
         found = culprits(slow, rerun, busbw, spec.min_busbw_gbps, cfg.pair_max_below_median, errors)
-        again: dict[Pair, PairRun] = {}
-        if links := links_to_confirm(found):
-            progress.total += len(links)
-            again = await self._round(sweep_id, "links again", spec, links, progress, stage)
+        if again := await self._links_again(sweep_id, spec, found, progress, stage):
             values = {p: run.busbw_gbps for p, run in again.items()}
             slow_again = slow_beside_first(values, busbw, slow, spec.min_busbw_gbps, cfg.pair_max_below_median)
             evidence = {p: again[p].error or f"{v:.3g} GB/s" for p, v in slow_again.items()}
@@ -335,10 +332,7 @@ class Sweeper:
             progress.total += len(judged.plan.pairs)
             retest = await self._round(sweep_id, "isolation", spec, judged.plan.pairs, progress, stage)
         found = findings(judged, first, retest, judge)
-        again: dict[Pair, PairRun] = {}
-        if links := links_to_confirm(found):
-            progress.total += len(links)
-            again = await self._round(sweep_id, "links again", spec, links, progress, stage)
+        if again := await self._links_again(sweep_id, spec, found, progress, stage):
             found = findings(judged, first, retest, judge, again)
         stage.findings = found
         stage.domains = judged.where.domains
@@ -348,6 +342,16 @@ class Sweeper:
             nodes, first, retest, judged.slow, judged.plan.untestable, stage.findings, basis, explained, again
         )
         return stage
+
+    async def _links_again(
+        self, sweep_id: str, spec: SweepSpec, found: list[Finding], progress: _Progress, stage: _PairStage
+    ) -> dict[Pair, PairRun]:
+        """Each link the re-tests point to, its pair run once more (none: no round)."""
+        links = links_to_confirm(found)
+        if not links:
+            return {}
+        progress.total += len(links)
+        return await self._round(sweep_id, "links again", spec, links, progress, stage)
 
     async def _round(
         self,
