@@ -53,7 +53,7 @@ class Reporter:
         self._thread = threading.Thread(target=self._run, name="vigil-reporter", daemon=True)
         self.target = target
         self.reachable = True
-        self.sent = self.failed = self.refused = 0
+        self.sent = self.failed = self.refused = self.dropped = 0
         self.recommended_checkpoint_s = 0.0  # the controller's latest advice (0: none yet)
         self._min_interval_s = min_interval_s
         self._next_call = 0.0  # monotonic: no call before this (pacing, or a refusal's pause)
@@ -63,7 +63,13 @@ class Reporter:
         self._thread.start()
 
     def put(self, progress: trainer_pb2.Progress) -> None:
-        """Queue a report; never blocks (a full queue drops its oldest window)."""
+        """Queue a report; never blocks (a full queue drops its oldest window: counted in
+        ``dropped`` and logged, the first and every hundredth)."""
+        if len(self._queue) == self._queue.maxlen:
+            self.dropped += 1
+            if self.dropped % 100 == 1:
+                log.warning("vigil_report_windows_dropped", target=self.target, dropped=self.dropped,
+                            why="the controller is unreachable, or refuses calls over its rate")  # fmt: skip
         self._queue.append(progress)
         self._wake.set()
 
@@ -130,12 +136,15 @@ class Reporter:
         deadline = time.monotonic() + timeout_s
         if last is not None:
             time.sleep(max(0.0, min(self._next_call, deadline) - time.monotonic()))  # paced, as every call
-        delivered = last is None or self._send(last)
+        if last is None:
+            self._channel.close()
+            return True
+        delivered = self._send(last)
         while not delivered and (left := deadline - time.monotonic()) > 0:
             time.sleep(max(0.0, min(max(0.2, self._next_call - time.monotonic()), left)))
             left = deadline - time.monotonic()
-            delivered = self._send(last, min(self._timeout_s, max(0.1, left))) if last is not None else True
-        if not delivered and last is not None:
+            delivered = self._send(last, min(self._timeout_s, max(0.1, left)))
+        if not delivered:
             log.warning("vigil_last_report_not_delivered", target=self.target, report=last.event, step=last.step)
         self._channel.close()
         return delivered
