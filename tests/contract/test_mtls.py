@@ -202,7 +202,13 @@ async def registers(target: str, pki: Path, tmp_path: Path, transport: list[str]
                 raise AssertionError("the agent never registered")
     finally:
         agent.terminate()
-        agent.wait(10)
+        # Waited for in a thread: the controller the agent is leaving runs on this loop, and a
+        # blocked loop made the agent's exit take over 10 s under CI load.
+        try:
+            await asyncio.to_thread(agent.wait, 30)
+        except subprocess.TimeoutExpired:
+            agent.kill()
+            raise
 
 
 def test_a_real_agent_connects_with_its_node_certificate(pki: Path, tmp_path: Path) -> None:
