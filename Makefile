@@ -33,7 +33,7 @@ demo-training: $(VENV)/.dev  ## the bundled MoE job on 3 simulated nodes: a GPU 
 # Tests on network namespaces share one subnet and run in one worker (xdist_group "netns"); tests
 # judged by timings (marker serial) run after the rest, alone.
 test: $(VENV)/.dev  ## the whole test suite
-	$(BIN)/pytest -n 3 --dist loadgroup -m "not serial"; parallel=$$?; \
+	$(BIN)/pytest -n 3 --dist loadgroup -m "not serial" --durations 25; parallel=$$?; \
 	$(BIN)/pytest -m serial; serial=$$?; \
 	test $$parallel -eq 0 -a $$serial -eq 0
 

@@ -1,20 +1,29 @@
 """The README's commands and snippets, run as written: the by-hand recipe (a controller, two
-agents, an XID, ``vigil status``), the policy snippet through the policy loader, ``vigil certs``, and
-``vigil plan``'s first example. The ``vigil`` on the PATH is this checkout's; each runs in a
-directory of its own (the recipe's ``/tmp/vigil`` becomes one)."""
+agents, an XID, ``vigil status``), the policy snippet through the policy loader, ``vigil certs``,
+the sweep examples against nodes of the names they give, ``vigil launch``'s example, and ``vigil
+plan``'s examples. The ``vigil`` on the PATH is this checkout's; each runs in a directory of its own
+(the recipe's ``/tmp/vigil`` becomes one). The two torchrun lines that want GPUs run in
+``tests/gpu``."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import socket
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 import yaml
 
 from controller.vocab.policy import load_policy
+from tests.e2e.processes import configured_controller, port_of, start_agent, stop_all
+from tests.fakes.kube_api import KubeApiServer
+from tests.helpers import poll_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("port-7070"), pytest.mark.timeout(180)]
 README = Path(__file__).resolve().parents[2] / "README.md"
@@ -33,6 +42,27 @@ def block_with(language: str, words: str) -> str:
 def shell(script: str, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
     return subprocess.run(["bash", "-c", script], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+@contextmanager
+def controller_on_7070(tmp_path: Path, agents: tuple[str, ...] = (), **settings: object) -> Iterator[None]:
+    """A plaintext controller on 127.0.0.1:7070, where the README's commands look by default, with
+    simulated agents of these names registered."""
+    ctl = configured_controller(tmp_path, "ctl", port=7070, pager="none", **settings)
+    procs = [ctl, *(start_agent(tmp_path, node, "127.0.0.1:7070")[0] for node in agents)]
+    try:
+        assert port_of(tmp_path, "ctl") == 7070
+        if agents:
+            poll_until(lambda: all(n in shell("vigil status", tmp_path).stdout for n in agents), 60, "agents")
+        yield
+    finally:
+        stop_all(procs)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def test_the_by_hand_recipe_quarantines_node_2(tmp_path: Path) -> None:
@@ -71,3 +101,61 @@ def test_the_bundled_jobs_cpu_example_trains(tmp_path: Path) -> None:
     done = shell(first, tmp_path, timeout=170)
     assert done.returncode == 0, done.stderr[-3000:]
     assert (tmp_path / "runs" / "debug").is_dir()
+
+
+def test_the_sweep_examples_and_the_plan_from_history(tmp_path: Path) -> None:
+    """Each line of the sweeps block against gpu-017 and gpu-018 (labelled pool=h100, running the
+    Job moe-pretrain's pods in namespace train), then ``vigil plan --from-history`` on that fleet
+    (the controller's address in place of the cluster's Service name).
+    The controller's own defaults for the checks' sizes are small (the README's ``-p`` still wins)."""
+    nodes = ("gpu-017", "gpu-018")
+    quick = {"matmul": {"size": "256", "seconds": "0.5"}, "membw": {"mib": "16"}, "allreduce": {"sizes": "1048576"}}
+    with KubeApiServer() as kube:
+        for node in nodes:
+            kube.add_node(node, labels={"pool": "h100"})
+            labels = {"batch.kubernetes.io/job-name": "moe-pretrain"}
+            kube.add_pod("train", f"moe-pretrain-{node}", node, owner_kind="Job", labels=labels)
+        kubernetes = {"kubeconfig": str(kube.kubeconfig(tmp_path / "kubeconfig"))}
+        sweep = {"params": quick, "pair_port_base": free_port()}
+        with controller_on_7070(tmp_path, nodes, actuator="kubernetes", kubernetes=kubernetes, sweep=sweep):
+            for line in block_with("sh", "vigil sweep --selector").splitlines():
+                done = shell(line, tmp_path, timeout=150)
+                said = done.stdout + done.stderr
+                assert done.returncode == 0 and "Traceback" not in said, f"{line}\n{said[-3000:]}"
+                assert all(node in done.stdout for node in nodes), f"{line}\n{said[-3000:]}"
+                if "--json" in line:
+                    summary = json.loads(done.stdout)
+                    assert summary["verdict"] == "OK" and {r["check"] for r in summary["rows"]} == {"pairs"}
+            assert kube.node("gpu-017")["spec"].get("unschedulable") is not True  # nothing failed
+            plan = block_with("sh", "vigil plan --gpus 3072").splitlines()[1]
+            done = shell(plan.replace("vigil-controller:7070", "127.0.0.1:7070"), tmp_path)
+            # A fleet watched for a minute: too little to fit a rate, said in one line as the README says.
+            assert done.returncode == 2 and not done.stdout, done.stdout + done.stderr
+            assert done.stderr.strip() == (
+                "error: --from-history: 0.0 h of history: too little to fit a failure rate (a day at least)"
+            )
+
+
+def test_the_launch_example_trains_under_the_controller(tmp_path: Path) -> None:
+    """``vigil launch``'s example: two simulated nodes of two ranks each, reporting to the controller
+    at 127.0.0.1:7070, which shows the job finished at the step the line asks for."""
+    line = block_with("sh", "vigil launch --job-id moe").replace("\\\n", " ")
+    steps = int(re.search(r"--steps (\d+)", line).group(1))  # type: ignore[union-attr]
+    with controller_on_7070(tmp_path):
+        done = shell(line, tmp_path, timeout=170)
+        assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+        jobs = json.loads(shell("vigil jobs --json", tmp_path).stdout)
+    (job,) = jobs
+    assert (job["job_id"], job["state"], job["step"]) == ("moe", "finished", steps), job
+
+
+def test_the_scenario_example_is_a_valid_scenario(tmp_path: Path) -> None:
+    """The scenario file format's example loads with the benchmark's own loader (every key it
+    shows is one the loader knows; it is a tour of the keys, not a scenario to run)."""
+    from bench.scenarios.spec import load_scenario
+
+    path = tmp_path / "example.yaml"
+    example = block_with("yaml", "family: xid-catalog")
+    path.write_text(example)
+    scenario = load_scenario(path)
+    assert scenario.family == "xid-catalog" and len(scenario.events) == len(yaml.safe_load(example)["events"])

@@ -8,6 +8,7 @@ the plain one's over 200 steps. ``python -m bench.gpu_train`` records the figure
 
 from __future__ import annotations
 
+import re
 import statistics
 from pathlib import Path
 
@@ -67,3 +68,24 @@ def test_the_speed_options_follow_the_plain_loss_curve_on_the_gpu(tmp_path: Path
     gaps = [abs(a - b) for a, b in zip(*curves, strict=True)]
     print(f"\nloss plain vs fast over 200 steps: mean gap {statistics.fmean(gaps):.4f}, last {gaps[-1]:.4f}")
     assert statistics.fmean(gaps[-50:]) < 0.05 and curves[1][-1] < curves[1][0] - 1.0
+
+
+def test_the_readmes_gpu_torchrun_lines_train(tmp_path: Path) -> None:
+    """The README's torchrun lines that want GPUs, as written but for ten steps and an output
+    directory of the test's own; a line wanting more GPUs than this machine has is skipped by name."""
+    from tests.e2e.test_readme import block_with, shell
+
+    lines = [line for line in block_with("sh", "--preset h100").splitlines() if "--preset debug" not in line]
+    ran = 0
+    for i, line in enumerate(lines):
+        wanted = int(line.split("--nproc-per-node ")[1].split()[0])
+        if wanted > gpus():
+            print(f"\nskipped (wants {wanted} GPUs, {gpus()} here): {line}")
+            continue
+        out = tmp_path / f"out{i}"
+        command = re.sub(r"--out \S+", f"--out {out}", line) + " --steps 10"
+        done = shell(command, tmp_path, timeout=1200)
+        assert done.returncode == 0, f"{command}\n{done.stderr[-3000:]}"
+        assert out.is_dir()
+        ran += 1
+    assert ran, "no line fits this machine's GPUs"
