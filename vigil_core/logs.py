@@ -28,6 +28,8 @@ def configure_logging(fmt: LogFormat = "auto", level: str = "info", stream: obje
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelNamesMapping()[level.upper()]),
-        logger_factory=structlog.PrintLoggerFactory(file=out),  # type: ignore[arg-type]
+        # One write per line (print writes the line and its newline apart): a line from another
+        # thread (the store's writer, a library's own logging) never lands inside one of ours.
+        logger_factory=structlog.WriteLoggerFactory(file=out),  # type: ignore[arg-type]
         cache_logger_on_first_use=True,
     )

@@ -118,6 +118,8 @@ class AgentGateway(agent_pb2_grpc.AgentGatewayServicer):
             acked = self._engine.hello(node, hello.spool_id, len(hello.gpus), address, hello.idle_heartbeat_s)
             await self._engine.durable()
         except Exception as exc:
+            if not self._outboxes.is_open(node):  # no stream of its own is open: it must not count as connected
+                self._engine.disconnected(node)
             await self._cannot_record(exc, context)
         log.info("agent_connected", node=node, peer=context.peer(), acked_seq=acked, gpus=len(hello.gpus))
         outbox = self._outboxes.open(node)

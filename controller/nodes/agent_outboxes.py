@@ -32,6 +32,10 @@ class AgentOutboxes:
         del self._queues[node]
         return True
 
+    def is_open(self, node: str) -> bool:
+        """Whether a stream from ``node``'s agent is open now."""
+        return node in self._queues
+
     def send(self, node: str, message: agent_pb2.ControllerMessage) -> bool:
         """Queue a message for ``node``'s agent; False when that agent is not connected."""
         outbox = self._queues.get(node)

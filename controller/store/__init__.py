@@ -28,6 +28,7 @@ from controller.store.incidents import ActionView, IncidentLog, IncidentView
 from controller.store.nodes import NodeRow, NodeTable
 from controller.store.records import Records
 from controller.store.retention import prune
+from controller.store.write_behind import StoreUnavailable, WriteBehind
 
 __all__ = [
     "ActionLog",
@@ -45,7 +46,9 @@ __all__ = [
     "SqliteDatabase",
     "Store",
     "StoreHealth",
+    "StoreUnavailable",
     "Tx",
+    "WriteBehind",
 ]
 
 
@@ -61,7 +64,8 @@ class Store:
             raw.close()
             raise
         self.health = StoreHealth(raw.where)
-        self.db: Database = WatchedDatabase(raw, self.health)
+        # The hot writes leave the event loop (controller.store.write_behind); the health sees the writer's.
+        self.db: Database = WriteBehind(WatchedDatabase(raw, self.health))
         self.nodes = NodeTable(self.db)
         self.incidents = IncidentLog(self.db)
         self.actions = ActionLog(self.db)

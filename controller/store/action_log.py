@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from controller.store.database import Database, Tx
+from controller.store.database import Cursor, Database, Tx
 from controller.vocab.actions import ExternalAction, action_from_json, action_kind, action_to_json
 
 SCHEMA = """
@@ -36,28 +36,20 @@ class ActionLog:
         db.create(SCHEMA)
 
     @staticmethod
-    def add_in(db: Tx, action: ExternalAction, now: float, seq: int = 0, held: bool = False) -> bool:
-        """In the caller's transaction; False when that incident already has an action of this kind."""
-        return (
-            db.execute(
-                "INSERT INTO actions (incident_id, kind, status, payload, requested_at, seq) "
-                "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
-                (
-                    action.incident_id,
-                    action_kind(action),
-                    "HELD" if held else "PENDING",
-                    action_to_json(action),
-                    now,
-                    seq,
-                ),
-            ).rowcount
-            == 1
+    @staticmethod
+    def add_in(db: Tx, action: ExternalAction, now: float, seq: int = 0, held: bool = False) -> Cursor:
+        """In the caller's transaction (its rowcount, where it is known: 0 when that incident already
+        has an action of this kind)."""
+        return db.execute(
+            "INSERT INTO actions (incident_id, kind, status, payload, requested_at, seq) "
+            "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+            (action.incident_id, action_kind(action), "HELD" if held else "PENDING", action_to_json(action), now, seq),
         )
 
     def add(self, action: ExternalAction, now: float, seq: int = 0) -> bool:
         """An action the controller asks for itself; False when that incident already has it."""
         with self._db.tx() as db:
-            return self.add_in(db, action, now, seq)
+            return self.add_in(db, action, now, seq).rowcount == 1
 
     def paged(self, incident_id: str) -> bool:
         """Whether the incident has a page (to send later words to its thread)."""

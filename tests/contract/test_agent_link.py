@@ -407,3 +407,31 @@ def test_a_hello_that_makes_up_a_node_beyond_max_nodes_is_refused(tmp_path: Path
         await stop_controller(controller)
 
     asyncio.run(scenario())
+
+
+def test_a_hello_the_store_cannot_record_leaves_the_node_disconnected(tmp_path: Path) -> None:
+    """The database fails as an agent says Hello: the agent is told UNAVAILABLE (it keeps its
+    spool and comes back), and the controller does not count it connected, so a node that then dies
+    goes UNKNOWN after the policy's timeout, not after three of its idle heartbeats."""
+
+    async def scenario() -> None:
+        import sqlite3
+
+        controller = await start_controller(tmp_path / "ctl.db")
+
+        def broken() -> None:
+            raise sqlite3.OperationalError("database or disk is full")
+
+        controller.store.db.inner.inner.sync = broken  # type: ignore[attr-defined]
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{controller.port}") as channel:
+            call = agent_pb2_grpc.AgentGatewayStub(channel).Connect()
+            hello = agent_pb2.Hello(node=NODE, spool_id="s1", idle_heartbeat_s=60)
+            await call.write(agent_pb2.AgentMessage(hello=hello))
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await call.read()
+        assert err.value.code() == grpc.StatusCode.UNAVAILABLE and "cannot record" in str(err.value.details())
+        entry = controller.engine.fleet.nodes[NODE]
+        assert not entry.connected and entry.disconnected_at > 0
+        await stop_controller(controller)
+
+    asyncio.run(scenario())

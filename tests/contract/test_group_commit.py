@@ -54,13 +54,13 @@ def test_many_commits_are_made_durable_by_one_flush(store_target: Path | str) ->
 def test_what_is_written_while_a_flush_runs_is_flushed_after_it_without_anyone_waiting(tmp_path: Path) -> None:
     async def scenario() -> None:
         store = Store(tmp_path / "ctl.db")
-        sync = store.db.inner.sync  # type: ignore[attr-defined]
+        sync = store.db.inner.inner.sync  # type: ignore[attr-defined]
 
         def slow_sync() -> None:
             time.sleep(0.2)
             sync()
 
-        store.db.inner.sync = slow_sync  # type: ignore[attr-defined]
+        store.db.inner.inner.sync = slow_sync  # type: ignore[attr-defined]
         store.records.set_metas({"a": "1"}, durable=False)
         store.group.soon()
         await asyncio.sleep(0.05)  # the first flush is under way
@@ -82,7 +82,7 @@ def test_a_flush_that_fails_reaches_whoever_waits_for_it(tmp_path: Path) -> None
         def broken() -> None:
             raise sqlite3.OperationalError("disk I/O error")
 
-        store.db.inner.sync = broken  # type: ignore[attr-defined,method-assign]
+        store.db.inner.inner.sync = broken  # type: ignore[attr-defined,method-assign]
         e.engine.receive("n1", [xid("n1", 63, 1000.0, 1)])
         with pytest.raises(sqlite3.OperationalError, match="disk I/O"):
             await e.engine.durable()  # the gateway answers UNAVAILABLE: the agent keeps its spool

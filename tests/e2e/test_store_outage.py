@@ -55,7 +55,7 @@ def health(admin: AdminClient) -> dict[str, str]:
 
 def outage_and_back(tmp: Path, database: str, break_store: Callable[[], None], mend_store: Callable[[], None]) -> None:
     policy = tmp / "policy.yaml"
-    policy.write_text("heartbeat_timeout_s: 8\nsuspect_clear_s: 12\n")
+    policy.write_text("heartbeat_timeout_s: 8\nsuspect_clear_s: 12\nxid: {4001: {action: record}}\n")
     ctl = configured_controller(tmp, "ctl", database=database, metrics_port=0, policy=str(policy))
     procs: list[subprocess.Popen[bytes]] = [ctl]
     try:
@@ -72,7 +72,9 @@ def outage_and_back(tmp: Path, database: str, break_store: Callable[[], None], m
             assert readyz(metrics_port)[0] == 200
 
             break_store()
-            xid(agents["node-a"][1], "node-a", 79, 1, "GPU has fallen off the bus.")
+            # A write makes the outage known (what was recorded before is written once the database
+            # is back: controller.store.write_behind); this one, or one of the controller's own.
+            xid(agents["node-b"][1], "node-b", 4001, 1, "a record-only error")
             poll_until(
                 lambda: any("cannot record" in p for p in admin.status().problems),
                 timeout=30,
@@ -80,6 +82,8 @@ def outage_and_back(tmp: Path, database: str, break_store: Callable[[], None], m
             )
             code, body = readyz(metrics_port)
             assert code == 503 and "cannot record" in body
+            xid(agents["node-a"][1], "node-a", 79, 1, "GPU has fallen off the bus.")
+            time.sleep(2)  # the agent has sent it (its link wakes at once); it is refused
             assert health(admin)["node-a"] != "QUARANTINED"  # the XID 79 waits in node-a's spool
             assert metric(metrics_port, "vigil_controller_store_up") == 0
             agents["node-b"][0].terminate()  # silent from now on
@@ -93,6 +97,7 @@ def outage_and_back(tmp: Path, database: str, break_store: Callable[[], None], m
             assert readyz(metrics_port)[0] == 200
             assert metric(metrics_port, "vigil_controller_store_up") == 1
             assert metric(metrics_port, "vigil_controller_store_write_failures_total") >= 1
+            assert ("node-a", 79) in {(i.node, i.code) for i in admin.incidents()}
         events = [e["event"] for e in json_lines(tmp / "ctl.log")]
         assert events.count("store_cannot_record") >= 1 and "store_recorded_again" in events
     finally:
