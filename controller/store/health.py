@@ -22,13 +22,19 @@ from controller.store.database import Database, Tx
 log = structlog.get_logger(__name__)
 
 
+_PG_CONTENT_ERRORS = {"ProgrammingError", "DataError", "IntegrityError", "NotSupportedError"}  # psycopg's
+
+
 def is_database_error(exc: BaseException) -> bool:
     """The database's own failure (a full disk, a server gone), not a bug of the code inside a transaction."""
     if isinstance(exc, sqlite3.ProgrammingError) or (
         isinstance(exc, sqlite3.OperationalError) and str(exc).startswith(("no such", "syntax error"))
     ):
         return False  # the SQL's fault, not the database's
-    return isinstance(exc, (sqlite3.Error, OSError)) or type(exc).__module__.startswith(("psycopg", "psycopg_pool"))
+    if type(exc).__module__.startswith(("psycopg", "psycopg_pool")):
+        # The statement's own fault (a missing table, bad data, a broken constraint) is not an outage.
+        return not any(k.__name__ in _PG_CONTENT_ERRORS for k in type(exc).__mro__)
+    return isinstance(exc, (sqlite3.Error, OSError))
 
 
 class StoreHealth:

@@ -160,3 +160,30 @@ def test_the_store_writes_through_it_on_both_backends(store_target: Path | str) 
         tx.execute("UPDATE nodes SET last_seq = ? WHERE node = ?", (7, "n1"))
     assert store.read("SELECT node, last_seq FROM nodes") == [("n1", 7)]
     store.close()
+
+
+def test_what_counts_as_an_outage_and_what_as_the_statements_fault() -> None:
+    """An outage is retried until the database is back; a statement's own fault never is (it would
+    hold every write behind it for good)."""
+    import psycopg
+    from psycopg_pool import PoolTimeout
+
+    from controller.store.health import is_database_error
+
+    outages = [
+        psycopg.OperationalError("server closed the connection"),
+        psycopg.errors.DiskFull(),
+        PoolTimeout("couldn't get a connection"),
+        sqlite3.OperationalError("database or disk is full"),
+        OSError(28, "No space left on device"),
+    ]
+    faults = [
+        psycopg.errors.UndefinedTable(),
+        psycopg.errors.UniqueViolation(),
+        psycopg.errors.InvalidTextRepresentation(),
+        sqlite3.OperationalError("no such table: t"),
+        sqlite3.ProgrammingError("wrong number of bindings"),
+        TypeError("a bug"),
+    ]
+    assert [is_database_error(e) for e in outages] == [True] * len(outages)
+    assert [is_database_error(e) for e in faults] == [False] * len(faults)
