@@ -411,7 +411,11 @@ def revision() -> str:
     """The code measured: its commit, and whether the working tree differed from it."""
     try:
         head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True)
+        dirty = subprocess.run(  # the results file itself is not the code measured
+            ["git", "status", "--porcelain", "--untracked-files=no", "--", ".", ":!bench/results"],
+            capture_output=True,
+            text=True,
+        )
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
     return head.stdout.strip() + (" (modified)" if dirty.stdout.strip() else "")
