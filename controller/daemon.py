@@ -85,6 +85,9 @@ class Controller:
             options=[
                 ("grpc.max_receive_message_length", size),
                 ("grpc.max_send_message_length", size),
+                # A port already in use is an error, not shared: with SO_REUSEPORT (gRPC's default) a
+                # second controller, or an old one still stopping, would silently take half the agents.
+                ("grpc.so_reuseport", 0),
                 *KEEPALIVE_SERVER,
             ],
         )
@@ -98,9 +101,9 @@ class Controller:
             else:
                 self.port = self.server.add_insecure_port(address)
         except RuntimeError as exc:  # grpcio reports a failed bind this way
-            raise OSError(f"cannot listen on {address}: {exc}") from None
+            raise OSError(f"cannot listen on {address} (in use by another process?): {exc}") from None
         if self.port == 0:
-            raise OSError(f"cannot listen on {address}")
+            raise OSError(f"cannot listen on {address} (in use by another process?)")
         self.engine.resume_pending()
         await self.server.start()
         if self.config.port_file is not None:

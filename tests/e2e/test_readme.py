@@ -72,6 +72,13 @@ def test_the_by_hand_recipe_quarantines_node_2(tmp_path: Path) -> None:
     assert done.returncode == 0, said[-3000:]
     quarantined = [line for line in done.stdout.splitlines() if "node-2" in line and "QUARANTINED" in line]
     assert quarantined and "XID 79" in done.stdout and "Traceback" not in said, said[-3000:]
+    # The recipe ends with `kill`, which does not wait: the next test's controller wants the port.
+    poll_until(lambda: not port_7070_taken(), 30, "the recipe's controller gone from port 7070")
+
+
+def port_7070_taken() -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", 7070)) == 0
 
 
 def test_the_policy_snippet_loads_as_the_policy_file(tmp_path: Path) -> None:
