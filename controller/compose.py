@@ -104,6 +104,7 @@ def node_route(
     # The background work's health: failures logged, counted, and retried with backoff.
     tasks = Tasks(lambda task: metrics.task_failures.labels(task).inc())
     store.health.on_failure = metrics.store_write_failures.inc
+    store.writer.on_refused = metrics.store_writes_refused.inc
     metrics.store_up.set_function(lambda: 0 if store.health.failing_since is not None else 1)
     if (cache := getattr(actuator, "cache", None)) is not None:  # the Kubernetes actuator's node watch
         metrics.node_watch_up.set_function(lambda: 1 if cache.synced else 0)

@@ -130,6 +130,11 @@ class ControllerMetrics:
         self.store_write_failures = Counter(
             "vigil_controller_store_write_failures_total", "Database transactions that failed", registry=r
         )
+        self.store_writes_refused = Counter(
+            "vigil_controller_store_writes_refused_total",
+            "Recorded writes the database refused by their content (a bug; logged as store_write_refused)",
+            registry=r,
+        )
         self.database_bytes = Gauge("vigil_controller_database_bytes", "The database's size on disk", registry=r)
         self.plaintext_exposed = Gauge(
             "vigil_controller_plaintext_exposed",

@@ -65,7 +65,8 @@ class Store:
             raise
         self.health = StoreHealth(raw.where)
         # The hot writes leave the event loop (controller.store.write_behind); the health sees the writer's.
-        self.db: Database = WriteBehind(WatchedDatabase(raw, self.health))
+        self.writer = WriteBehind(WatchedDatabase(raw, self.health))
+        self.db: Database = self.writer
         self.nodes = NodeTable(self.db)
         self.incidents = IncidentLog(self.db)
         self.actions = ActionLog(self.db)

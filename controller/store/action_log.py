@@ -36,7 +36,6 @@ class ActionLog:
         db.create(SCHEMA)
 
     @staticmethod
-    @staticmethod
     def add_in(db: Tx, action: ExternalAction, now: float, seq: int = 0, held: bool = False) -> Cursor:
         """In the caller's transaction (its rowcount, where it is known: 0 when that incident already
         has an action of this kind)."""

@@ -24,7 +24,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
@@ -107,6 +107,7 @@ class WriteBehind:
         self._error: BaseException | None = None  # the writer's last failure, while it fails
         self._closing = False
         self.refused = 0  # transactions the database refused by their content (said, not retried)
+        self.on_refused: Callable[[], None] = lambda: None  # the metrics' counter, once they exist
         self._thread = threading.Thread(target=self._write_loop, name="write-behind", daemon=True)
         self._thread.start()
 
@@ -132,7 +133,7 @@ class WriteBehind:
     @contextmanager
     def _recorded_tx(self) -> Iterator[Tx]:
         if self._error is not None:  # an outage: fail at once, the caller's batch waits in its spool
-            raise StoreUnavailable(f"{self.where} does not take writes now: {self._error!r}"[:400])
+            raise self._unavailable(self._error)
         recording = _Recording()
         yield recording
         if not recording.statements:
@@ -195,10 +196,13 @@ class WriteBehind:
             target = self._recorded
             while self._written < target:
                 if self._error is not None:
-                    raise StoreUnavailable(f"{self.where} does not take writes now: {self._error!r}"[:400])
+                    raise self._unavailable(self._error)
                 if not self._thread.is_alive():
                     raise StoreUnavailable(f"{self.where}: the writer has stopped")
                 self._cond.wait(0.5)
+
+    def _unavailable(self, error: BaseException) -> StoreUnavailable:
+        return StoreUnavailable(f"{self.where} does not take writes now: {error!r}"[:400])
 
     def _write_loop(self) -> None:
         pause = self._retry_s[0]
@@ -239,6 +243,7 @@ class WriteBehind:
                 if is_database_error(exc):
                     return
                 self.refused += 1
+                self.on_refused()
                 log.error("store_write_refused", database=self.where, error=repr(exc)[:300], sql=unit[0][0][:200])
             self._done(1)
 

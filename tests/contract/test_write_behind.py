@@ -121,6 +121,22 @@ def test_a_statement_refused_by_its_content_is_said_and_the_rest_written(tmp_pat
     db.close()
 
 
+def test_a_refused_write_is_exported_as_a_metric(tmp_path: Path) -> None:
+    from controller.act.actuators import NullPager
+    from controller.act.local_actuator import LocalActuator
+    from controller.compose import node_route
+    from controller.metrics import ControllerMetrics
+    from controller.vocab.policy import Policy
+
+    store, metrics = Store(tmp_path / "ctl.db"), ControllerMetrics()
+    node_route(store, Policy(), LocalActuator(store.db), NullPager(), metrics=metrics)
+    with store.tx(durable=False) as tx:
+        tx.execute("INSERT INTO no_such_table VALUES (?)", (1,))
+    store.db.sync()
+    assert metrics.store_writes_refused._value.get() == 1
+    store.close()
+
+
 def test_close_writes_what_was_recorded(tmp_path: Path) -> None:
     db, gated, _ = writer(tmp_path)
     gated.gate.clear()
