@@ -23,7 +23,7 @@ import yaml
 from controller.vocab.policy import load_policy
 from tests.e2e.processes import configured_controller, port_of, start_agent, stop_all
 from tests.fakes.kube_api import KubeApiServer
-from tests.helpers import poll_until
+from tests.helpers import free_port, poll_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("port-7070"), pytest.mark.timeout(180)]
 README = Path(__file__).resolve().parents[2] / "README.md"
@@ -57,12 +57,6 @@ def controller_on_7070(tmp_path: Path, agents: tuple[str, ...] = (), **settings:
         yield
     finally:
         stop_all(procs)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def test_the_by_hand_recipe_quarantines_node_2(tmp_path: Path) -> None:
