@@ -114,7 +114,10 @@ def _run(
         registered_s = START_TIMEOUT_S * (2 if fabric is not None else 1)
         with AdminClient(cluster.target, plaintext=True) as admin:
             healthy = lambda: _all_healthy(admin, cluster.nodes)  # noqa: E731
-            wait_for(healthy, registered_s, "every node HEALTHY", cluster.check_alive)
+            try:
+                wait_for(healthy, registered_s, "every node HEALTHY", cluster.check_alive)
+            except DemoFailed as exc:
+                raise DemoFailed(f"{exc}; {_not_healthy(admin, cluster)}") from None
             faults, sweeps = _play(cluster, config, admin, scenario, kube, fabric, machines)
             want = scenario.expect
             with contextlib.suppress(DemoFailed):  # judged below: what was missed is named there
@@ -405,6 +408,22 @@ def _slack_posts(slack: FakeSlack) -> tuple[str, ...]:
 def _all_healthy(admin: AdminClient, nodes: list[str]) -> bool:
     health = {n.node: n.health for n in admin.status().nodes}
     return all(health.get(n) == "HEALTHY" for n in nodes)
+
+
+def _not_healthy(admin: AdminClient, cluster: Cluster) -> str:
+    """Each node not HEALTHY yet: its state, and the last line its agent logged (why it is not in)."""
+    try:
+        health = {n.node: n.health for n in admin.status().nodes}
+    except grpc.RpcError as exc:
+        return f"the controller does not answer: {exc.code().name}"
+    said = []
+    for node in cluster.nodes:
+        if health.get(node) != "HEALTHY":
+            log = cluster.workdir / f"{node}.log"
+            lines = log.read_text(errors="replace").strip().splitlines() if log.exists() else []
+            last = lines[-1][-300:] if lines else "nothing"
+            said.append(f"{node} {health.get(node, 'unknown')}, its agent last said: {last}")
+    return "; ".join(said)
 
 
 class _Seen:

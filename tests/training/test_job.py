@@ -20,7 +20,9 @@ from trainer_hooks.moe_job.config import PRESETS  # noqa: E402
 from trainer_hooks.moe_job.flops import flops_per_token  # noqa: E402
 from trainer_hooks.protocol import CHECKPOINTED_EXIT_CODE  # noqa: E402
 
-pytestmark = pytest.mark.e2e
+# Each run starts two processes that import torch and its checkpointing (8 s of CPU each); on two
+# loaded cores a test with the module's first run before it takes two minutes.
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
 GOLDEN = json.loads((Path(__file__).parent / "golden" / "moe_debug_loss.json").read_text())
 ARGS = ("--steps", "30", "--global-batch", "6", "--checkpoint-every", "10")
