@@ -176,6 +176,12 @@ def node_route(
 def build_actuator(config: ControllerConfig, store: Store) -> Actuator:
     if config.actuator == "local":
         return LocalActuator(store.db, config.node_labels)
+    if config.actuator == "slurm":
+        from controller.act.slurm.actuator import SlurmActuator
+        from controller.act.slurm.client import SlurmCommands
+
+        s = config.slurm
+        return SlurmActuator(SlurmCommands(s.conf, s.bin_dir, s.timeout_s), s.node_names, config.node_labels)
     from controller.act.kube.actuator import watching
     from controller.act.kube.client import api_client
 
@@ -201,8 +207,8 @@ def repair_ports(config: ControllerConfig, actuator: Actuator) -> tuple[NodeOwne
     """Who else holds a node and its labels (the cluster's), how a node is rebooted, and who runs
     the reset Jobs (Kubernetes only)."""
     remediation = config.remediation
-    if config.actuator != "kubernetes":
-        assert isinstance(actuator, LocalActuator)
+    if config.actuator != "kubernetes":  # the actuator itself knows who else holds its nodes
+        assert isinstance(actuator, NodeOwners)
         return actuator, build_reboot(remediation.reboot, None) if remediation.enabled else HandOffReboot(), None
     from controller.act.kube.client import api_client
     from controller.act.kube.repair_ops import KubeRepairOps

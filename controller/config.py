@@ -30,6 +30,24 @@ class KubernetesConfig(ConfigModel):
     )
 
 
+class SlurmConfig(ConfigModel):
+    conf: Path | None = Field(
+        default=None, description="slurm.conf for Slurm's commands (default: $SLURM_CONF, then Slurm's own)"
+    )
+    bin_dir: Path | None = Field(default=None, description="where sinfo, squeue and scontrol are (default: the PATH)")
+    timeout_s: float = Field(default=10.0, gt=0, description="one Slurm command's deadline")
+    node_names: dict[str, str] = Field(
+        default_factory=dict, description="Vigil's node name -> Slurm's, where they differ (default: the same)"
+    )
+
+    @model_validator(mode="after")
+    def _one_to_one(self) -> SlurmConfig:
+        slurm = list(self.node_names.values())
+        if twice := sorted({n for n in slurm if slurm.count(n) > 1}):
+            raise ValueError(f"node_names: Slurm node {twice[0]!r} is named for two Vigil nodes")
+        return self
+
+
 class SlackConfig(ConfigModel):
     channel: str
     token_env: str = Field(default="VIGIL_SLACK_TOKEN", description="environment variable holding the bot token")
@@ -83,7 +101,7 @@ class ControllerConfig(ConfigModel):
         description="recorded in the database at creation: a database of another cluster is refused",
     )
     policy: Path | None = None
-    actuator: Literal["local", "kubernetes"] = "local"
+    actuator: Literal["local", "kubernetes", "slurm"] = "local"
     pager: Literal["console", "none", "slack", "webhook"] = "console"
     fold_report_s: float = Field(default=300.0, gt=0, description="a flooding incident's count: at most this often")
     retention_days: float | None = Field(
@@ -97,6 +115,7 @@ class ControllerConfig(ConfigModel):
         default=None, description="where /metrics and /readyz listen; default: the gRPC address (listen)"
     )
     kubernetes: KubernetesConfig = Field(default_factory=KubernetesConfig)
+    slurm: SlurmConfig = Field(default_factory=SlurmConfig, description="the Slurm actuator's (actuator: slurm)")
     slack: SlackConfig | None = None
     webhook: WebhookConfig | None = None
     guardrails: GuardrailConfig = Field(default_factory=GuardrailConfig)
@@ -109,7 +128,8 @@ class ControllerConfig(ConfigModel):
     jobs: JobsConfig = Field(default_factory=JobsConfig)
     app_faults: AppFaultConfig = Field(default_factory=AppFaultConfig)
     node_labels: dict[str, dict[str, str]] = Field(
-        default_factory=dict, description="the local actuator's nodes' labels (failure domains); Kubernetes has its own"
+        default_factory=dict,
+        description="nodes' labels (failure domains) for the local and Slurm actuators; Kubernetes has its own",
     )
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
     tls_dir: Path | None = Field(

@@ -405,6 +405,8 @@ def sweep(
     selector: Annotated[str, typer.Option("--selector", "-l", help="Kubernetes label selector on nodes")] = "",
     job: Annotated[str, typer.Option(help="the nodes of this Kubernetes Job's pods")] = "",
     namespace: Annotated[str, typer.Option(help="the Job's namespace")] = "default",
+    partition: Annotated[str, typer.Option(help="the nodes of this Slurm partition (a Slurm controller)")] = "",
+    slurm_job: Annotated[str, typer.Option(help="the nodes this Slurm job holds (a Slurm controller)")] = "",
     checks: Annotated[
         str, typer.Option(help="comma-separated, in order: gpu_health,matmul,membw,allreduce,pairs (default: all)")
     ] = "",
@@ -430,8 +432,13 @@ def sweep(
         if not eq or "." not in key:
             _fail(f"--param {item!r}: expected CHECK.ARG=VALUE, e.g. matmul.seconds=5")
         params[key] = value
-    if sum(map(bool, (nodes, selector, job))) > 1:
-        _fail("choose nodes one way: names, --selector or --job")
+    if sum(map(bool, (nodes, selector, job, partition, slurm_job))) > 1:
+        _fail("choose nodes one way: names, --selector, --job, --partition or --slurm-job")
+    if slurm_job and not slurm_job.isdigit():
+        _fail(f"--slurm-job {slurm_job!r}: a Slurm job id is a number")
+    if partition:  # the Slurm actuator's selector; a Kubernetes controller finds no such label
+        selector = f"partition={partition}"
+    job = job or slurm_job
     request = admin_pb2.SweepRequest(
         nodes=nodes or [],
         checks=[c.strip() for c in checks.split(",") if c.strip()],

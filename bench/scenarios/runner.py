@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from tests.e2e.netns import Nodes
     from tests.fakes.kube_api import KubeApiServer
     from tests.fakes.slack_api import FakeSlack
+    from tests.slurm import SlurmCluster
 
 START_TIMEOUT_S = 30.0
 SWEEP_TIMEOUT_S = 180.0
@@ -64,11 +65,21 @@ def run_scenario(name: str, scenario: Scenario, keep: bool = False) -> Observed:
 
             nodes, leaves = len(scenario.fleet.names), scenario.fleet.fabric.leaves
             fabric = stack.enter_context(namespaced_nodes(nodes, prefix=f"vs{os.getpid() % 1000}", leaves=leaves))
-        return _run(workdir, scenario, slack, kube, fabric, keep)
+        slurm = None
+        if scenario.fleet.slurm:  # a real slurmctld, and a slurmd for each node, on loopback
+            from tests.slurm import slurm_cluster
+
+            slurm = stack.enter_context(slurm_cluster(scenario.fleet.names))
+        return _run(workdir, scenario, slack, kube, fabric, keep, slurm)
 
 
 def unavailable(scenario: Scenario) -> str | None:
     """Why the scenario cannot run on this machine, or None."""
+    if scenario.fleet.slurm:
+        from tests.slurm import unavailable as slurm_unavailable
+
+        if why := slurm_unavailable():
+            return why
     if scenario.fleet.fabric is None:
         return None
     from tests.e2e.netns import unavailable as netns_unavailable
@@ -77,7 +88,13 @@ def unavailable(scenario: Scenario) -> str | None:
 
 
 def _run(
-    workdir: Path, scenario: Scenario, slack: FakeSlack, kube: KubeApiServer | None, fabric: Nodes | None, keep: bool
+    workdir: Path,
+    scenario: Scenario,
+    slack: FakeSlack,
+    kube: KubeApiServer | None,
+    fabric: Nodes | None,
+    keep: bool,
+    slurm: SlurmCluster | None,
 ) -> Observed:
     from tests.fakes.slack_api import CHANNEL, TOKEN
 
@@ -105,6 +122,8 @@ def _run(
     if kube is not None:
         kubeconfig = str(kube.kubeconfig(workdir / "kubeconfig"))
         settings |= {"actuator": "kubernetes", "kubernetes": {"kubeconfig": kubeconfig}}
+    if slurm is not None:
+        settings |= {"actuator": "slurm", "slurm": {"conf": str(slurm.conf)}}
     config = _controller_config(workdir, settings)
     try:
         cluster.start_controller(START_TIMEOUT_S, config)
@@ -118,7 +137,7 @@ def _run(
                 wait_for(healthy, registered_s, "every node HEALTHY", cluster.check_alive)
             except DemoFailed as exc:
                 raise DemoFailed(f"{exc}; {_not_healthy(admin, cluster)}") from None
-            faults, sweeps = _play(cluster, config, admin, scenario, kube, fabric, machines)
+            faults, sweeps = _play(cluster, config, admin, scenario, kube, fabric, machines, slurm)
             want = scenario.expect
             with contextlib.suppress(DemoFailed):  # judged below: what was missed is named there
                 database, fleet_pages = workdir / "controller.db", want.fleet_pages or 0
@@ -148,6 +167,7 @@ def _run(
                 back_in_service_s=_back_in_service(workdir / "controller.db", faults),
                 page_texts={n: tuple(t) for n, t in texts.items()},
                 cordoned=cordoned,
+                drained=_drained(slurm) if slurm is not None else {},
                 undone=undone,
                 paged_incidents=frozenset(incident for incident, _, _ in recorded),
                 slack_posts=_slack_posts(slack),
@@ -181,6 +201,7 @@ def _play(
     kube: KubeApiServer | None,
     fabric: Nodes | None,
     machines: _Machines,
+    slurm: SlurmCluster | None,
 ) -> tuple[dict[str, list[float]], list[SweepSeen]]:
     """Inject the events on their timeline; returns when each node's faults were injected (wall
     clock), and what each sweep found."""
@@ -197,6 +218,10 @@ def _play(
         if event.job_windows is not None:
             assert scenario.job is not None and job is not None
             job.windows(event.job_windows)
+            continue
+        if event.person is not None and event.person.drain:
+            assert slurm is not None
+            slurm.drain(event.node, event.person.drain)
             continue
         if event.person is not None:
             assert kube is not None
@@ -340,6 +365,11 @@ class _JobReporter:
             )
             self._stub.Report(p, timeout=5)
             time.sleep(job.window_s)
+
+
+def _drained(slurm: SlurmCluster) -> dict[str, str]:
+    """Each drained node's reason, as ``sinfo`` shows it."""
+    return {n: slurm.reason(n) for n in slurm.nodes if "DRAIN" in slurm.state(n).split("+")}
 
 
 def _person_api(kube: KubeApiServer, workdir: Path) -> Any:

@@ -34,6 +34,7 @@ class Observed:
     fleet_pages: int = 0  # pages about a job or a domain, not one node (an MFU drop, a job's crash, a rack)
     page_texts: dict[str, tuple[str, ...]] = field(default_factory=dict)  # node (or "fleet") -> what its pages said
     cordoned: frozenset[str] = frozenset()  # Nodes cordoned at the end (a Kubernetes fleet)
+    drained: dict[str, str] = field(default_factory=dict)  # node -> its drain reason at the end (a Slurm fleet)
     undone: dict[str, int] = field(default_factory=dict)  # rule -> quarantines a person undid (vigil rules)
     paged_incidents: frozenset[str] = frozenset()  # incidents the controller recorded a sent page for
     slack_posts: tuple[str, ...] = ()  # the incident of each top-level message in the Slack channel
@@ -106,6 +107,12 @@ def judge(name: str, scenario: Scenario, seen: Observed) -> Outcome:
         problems.append(f"{seen.fleet_pages} page(s) about a job or a domain, expected {want.fleet_pages}")
     if want.cordoned is not None and seen.cordoned != want.cordoned:
         problems.append(f"cordoned at the end: {sorted(seen.cordoned)}, expected {sorted(want.cordoned)}")
+    if want.drained is not None:
+        wrong = sorted(set(want.drained) ^ set(seen.drained)) or [
+            n for n, start in sorted(want.drained.items()) if not seen.drained[n].startswith(start)
+        ]
+        if wrong:
+            problems.append(f"drained at the end: {seen.drained}, expected reasons starting {want.drained}")
     for rule, count in sorted(want.undone.items()):
         if seen.undone.get(rule, 0) != count:
             problems.append(f"vigil rules: {rule} undone {seen.undone.get(rule, 0)} time(s), expected {count}")

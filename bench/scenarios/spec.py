@@ -65,6 +65,10 @@ class Fleet(_Strict):
     kubernetes: bool = Field(
         default=False, description="Node objects in a Kubernetes API on loopback; the controller acts through it"
     )
+    slurm: bool = Field(
+        default=False,
+        description="a private Slurm cluster (real slurmctld, a slurmd per node); the controller drains through it",
+    )
     labels: dict[str, dict[str, str]] = Field(default_factory=dict, description="node -> its labels (kubernetes)")
     infiniband: bool = Field(
         default=False, description="each node has an InfiniBand HCA, mlx5_0 port 1 at 400 Gb/s (a sysfs tree)"
@@ -153,15 +157,17 @@ Verdict = Literal["OK", "FAIL", "UNKNOWN"]
 
 
 class Person(_Strict):
-    """What a person does to a Node through the Kubernetes API (needs ``fleet.kubernetes``)."""
+    """What a person does to a node: through the Kubernetes API (``cordon``, ``taint``: needs
+    ``fleet.kubernetes``) or through Slurm (``drain``: needs ``fleet.slurm``)."""
 
     cordon: bool = False  # kubectl cordon
     taint: str = ""  # kubectl taint KEY=VALUE:NoSchedule, e.g. "repair=rma"
+    drain: str = ""  # scontrol update nodename=NODE state=drain reason=DRAIN (a person's, or NHC's)
 
     @model_validator(mode="after")
     def _something(self) -> Person:
-        if not self.cordon and not self.taint:
-            raise ValueError("a person event needs cordon: true or a taint")
+        if not self.cordon and not self.taint and not self.drain:
+            raise ValueError("a person event needs cordon: true, a taint or a drain")
         return self
 
 
@@ -343,6 +349,10 @@ class Expect(_Strict):
     pages: dict[str, int] = Field(default_factory=dict, description="exactly this many pages for the node")
     fleet_pages: int | None = Field(default=None, ge=0, description="exactly this many pages about jobs or domains")
     cordoned: frozenset[str] | None = Field(default=None, description="exactly these Nodes cordoned at the end")
+    drained: dict[str, str] | None = Field(
+        default=None,
+        description="exactly these nodes drained in Slurm at the end, each with a reason that starts with this",
+    )
     undone: dict[str, int] = Field(
         default_factory=dict, description="rule -> quarantines a person undid soon after (vigil rules)"
     )
@@ -373,8 +383,14 @@ class Scenario(_Strict):
     @model_validator(mode="after")
     def _names_known(self) -> Scenario:
         names = set(self.fleet.names)
-        if (any(e.person for e in self.events) or self.expect.cordoned is not None) and not self.fleet.kubernetes:
-            raise ValueError("person events and expect.cordoned need fleet.kubernetes: true")
+        kube_people = any(e.person and (e.person.cordon or e.person.taint) for e in self.events)
+        if (kube_people or self.expect.cordoned is not None) and not self.fleet.kubernetes:
+            raise ValueError("cordon and taint events and expect.cordoned need fleet.kubernetes: true")
+        slurm_people = any(e.person and e.person.drain for e in self.events)
+        if (slurm_people or self.expect.drained is not None) and not self.fleet.slurm:
+            raise ValueError("drain events and expect.drained need fleet.slurm: true")
+        if self.fleet.slurm and self.fleet.kubernetes:
+            raise ValueError("fleet.slurm and fleet.kubernetes: one actuator, choose one")
         if any(e.ib_port for e in self.events) and not self.fleet.infiniband:
             raise ValueError("ib_port events need fleet.infiniband: true")
         if any(e.throttle for e in self.events) and self.fleet.fabric is None:

@@ -8,7 +8,7 @@ import asyncio
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import structlog
 
@@ -35,6 +35,7 @@ OPERATOR_PAUSE = {
 OPERANDS_GONE_S = 120.0  # how long the paused components' pods may take to leave the node
 
 
+@runtime_checkable
 class NodeOwners(Protocol):
     def held_by_others(self, node: str) -> str: ...
 

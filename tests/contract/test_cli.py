@@ -142,3 +142,13 @@ def test_a_checks_own_options_its_help_and_bad_arguments_are_its_own() -> None:
     assert "usage" not in bad.stderr.lower() and "Traceback" not in bad.stderr
     assert "--deadline must be above 0" in vigil("check", "matmul", "--deadline", "-1").stderr
     assert "no check named 'burn'" in vigil("check", "burn").stderr
+
+
+def test_sweep_choices_on_slurm_are_checked_before_anything_is_asked() -> None:
+    for args, said in (
+        (("--partition", "gpu", "--job", "moe"), "choose nodes one way"),
+        (("--slurm-job", "4411", "gpu-01"), "choose nodes one way"),
+        (("--slurm-job", "moe-pretrain"), "--slurm-job 'moe-pretrain': a Slurm job id is a number"),
+    ):
+        out = vigil("sweep", *args, "--controller", "127.0.0.1:9")
+        assert out.returncode == 2 and said in out.stderr and "Traceback" not in out.stderr, out.stderr

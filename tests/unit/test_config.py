@@ -237,3 +237,23 @@ def test_the_example_files_are_what_the_models_write_and_hold_every_key() -> Non
     controller = load_controller_config(DEPLOY / "controller.example.yaml", {})
     assert controller.actuator == "kubernetes" and controller.slack is not None
     assert load_agent_config(DEPLOY / "agent.example.yaml", {}).node == "gpu-node-17"
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        ("actuator: slurm\nslurm: {node_names: {a: gpu-01, b: gpu-01}}\n", "Slurm node 'gpu-01' is named for two"),
+        ("actuator: slurm\nslurm: {timeout_s: 0}\n", "slurm.timeout_s"),
+        ("actuator: slurm\nslurm: {partition: gpu}\n", "slurm.partition"),
+        ("actuator: pbs\n", "actuator"),
+    ],
+)
+def test_the_slurm_actuators_settings_name_the_bad_key(tmp_path: Path, text: str, problem: str) -> None:
+    with pytest.raises(ConfigError, match=problem):
+        load_controller_config(write(tmp_path, "plaintext: true\n" + text), {})
+
+
+def test_a_slurm_controller_loads_with_its_name_map(tmp_path: Path) -> None:
+    text = "plaintext: true\nactuator: slurm\nslurm: {conf: /etc/slurm/slurm.conf, node_names: {node-a: gpu-01}}\n"
+    config = load_controller_config(write(tmp_path, text), {})
+    assert config.actuator == "slurm" and config.slurm.node_names == {"node-a": "gpu-01"}

@@ -1,0 +1,84 @@
+"""Slurm's own commands, run as a person would run them: ``sinfo --json``, ``squeue --json``,
+``scontrol update`` and ``scontrol show hostnames``, against the cluster that ``SLURM_CONF`` (or
+the configured file) names. Thin: every decision is in ``controller.act.slurm.plans``.
+
+Slurm 22.05's ``--json`` ignores the other filters (``-n``, ``-p``, ``-j``): the whole list comes
+back and is filtered here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+from controller.act.actuators import PermanentActionError
+from controller.act.slurm.plans import Json, SlurmAnswerError, SlurmNode, parse_nodes
+
+# scontrol's words for a request that can never succeed as written.
+_PERMANENT = ("invalid node name", "invalid node state", "access/permission denied", "invalid user")
+
+
+class SlurmUnavailable(Exception):
+    """slurmctld could not be asked (not running, unreachable, too slow): try again later."""
+
+
+class SlurmCommands:
+    def __init__(self, conf: Path | None = None, bin_dir: Path | None = None, timeout_s: float = 10.0) -> None:
+        self._env = {**os.environ, **({"SLURM_CONF": str(conf)} if conf is not None else {})}
+        self._bin = bin_dir
+        self._timeout = timeout_s
+
+    def nodes(self) -> list[SlurmNode]:
+        return parse_nodes(self._json("sinfo", "--json"))
+
+    def node(self, name: str) -> SlurmNode:
+        found = [n for n in self.nodes() if n.name == name]
+        if not found:
+            raise PermanentActionError(f"Slurm has no node {name!r}")
+        return found[0]
+
+    def jobs(self) -> list[Json]:
+        doc = self._json("squeue", "--json")
+        if errors := doc.get("errors"):
+            raise SlurmAnswerError(f"squeue: {errors}")
+        jobs: list[Json] = doc.get("jobs") or []
+        return jobs
+
+    def hostnames(self, hostlist: str) -> list[str]:
+        """Slurm's expansion of a host list (``gpu-[01-03,07]``)."""
+        return self._run("scontrol", "show", "hostnames", hostlist).split()
+
+    def update_node(self, name: str, *settings: str) -> None:
+        """``scontrol update nodename=NAME SETTING...``; raises PermanentActionError where Slurm
+        refuses the request itself, SlurmUnavailable where it could not be asked."""
+        self._run("scontrol", "update", f"nodename={name}", *settings)
+
+    def _json(self, *command: str) -> Json:
+        out = self._run(*command)
+        try:
+            doc = json.loads(out)
+        except json.JSONDecodeError as exc:
+            raise SlurmAnswerError(f"{' '.join(command)}: not JSON ({exc})") from None
+        if not isinstance(doc, dict):
+            raise SlurmAnswerError(f"{' '.join(command)}: not a JSON object")
+        return doc
+
+    def _run(self, program: str, *args: str) -> str:
+        path = str(self._bin / program) if self._bin is not None else program
+        try:
+            done = subprocess.run(
+                [path, *args], env=self._env, capture_output=True, text=True, timeout=self._timeout, check=False
+            )
+        except FileNotFoundError:
+            raise PermanentActionError(f"{program} is not installed here ({path}): Slurm's client commands") from None
+        except subprocess.TimeoutExpired:
+            raise SlurmUnavailable(f"{program} {' '.join(args[:2])}: no answer within {self._timeout:g} s") from None
+        if done.returncode != 0:
+            said = (done.stderr or done.stdout).strip().splitlines()
+            text = said[-1] if said else f"exit code {done.returncode}"
+            if any(word in text.lower() for word in _PERMANENT):
+                raise PermanentActionError(f"{program} {' '.join(args)}: {text}")
+            raise SlurmUnavailable(f"{program} {' '.join(args[:2])}: {text}")
+        return done.stdout

@@ -1,0 +1,229 @@
+"""What a drain, a resume and a reading of Slurm mean, decided without Slurm. Pure.
+
+Vigil drains a node with the reason ``vigil:<incident>:<class>`` (``class``: the quarantine's reason
+as a short slug). That reason is the ownership record, as the annotations are on Kubernetes: a
+release resumes a node only while its reason is still Vigil's, so a node a person (or NHC, or Slurm
+itself) drained, before Vigil or after it, is never resumed by Vigil.
+
+Drains made by others are classified the way operators of large Slurm fleets read them: a *node*
+problem (hardware, a health check, Slurm finding the node unresponsive or unable to kill a task)
+or a *user* problem (a job left the node in a bad state: out of memory, a task that would not die
+is the node's, not the user's; soperator marks these ``[user_problem]``), or a person's own
+reason, which is kept as written.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+Json = dict[str, Any]
+
+PREFIX = "vigil:"
+_CLASS_CHARS = 48  # Slurm keeps the whole reason; sinfo's default column shows 20: the prefix and incident
+
+# The states in which a node runs (or is finishing) a job: a drained node in one of them is
+# "draining", and is only safe to work on once it is idle.
+_BUSY = frozenset({"ALLOCATED", "MIXED", "COMPLETING"})
+
+
+class DrainKind(Enum):
+    VIGIL = "vigil"  # Vigil's own drain
+    NODE = "node_problem"  # the hardware or the node's software: a health check, Slurm's own findings
+    USER = "user_problem"  # a job left the node unusable (soperator's tag, a person's note)
+    PERSON = "person"  # a reason nobody classified: a person's, kept as written and respected
+
+
+@dataclass(frozen=True, slots=True)
+class SlurmNode:
+    """One node as ``sinfo --json`` shows it (Slurm 22.05's data_parser, v0.0.38)."""
+
+    name: str
+    state: str  # the base state, upper case: IDLE, ALLOCATED, MIXED, DOWN, ...
+    flags: frozenset[str]  # DRAIN, COMPLETING, NOT_RESPONDING, ...
+    reason: str = ""
+    reason_by: str = ""
+    reason_at: float = 0.0
+    partitions: tuple[str, ...] = ()
+    features: tuple[str, ...] = ()
+
+    @property
+    def drained(self) -> bool:
+        """Drained or draining: Slurm places no new job here."""
+        return "DRAIN" in self.flags
+
+    @property
+    def busy(self) -> bool:
+        """A job runs here, or is finishing."""
+        return self.state in _BUSY or bool(self.flags & _BUSY)
+
+    def describe(self) -> str:
+        """Slurm's own spelling of the state: IDLE+DRAIN, ALLOCATED+DRAIN, ..."""
+        return "+".join([self.state, *sorted(self.flags)])
+
+
+class SlurmAnswerError(ValueError):
+    """Slurm answered something that does not read as expected (its errors, or another format)."""
+
+
+def parse_nodes(doc: Json) -> list[SlurmNode]:
+    """The nodes of a ``sinfo --json`` answer; raises SlurmAnswerError on Slurm's own errors."""
+    if errors := doc.get("errors"):
+        raise SlurmAnswerError("; ".join(str(e.get("error", e)) if isinstance(e, dict) else str(e) for e in errors))
+    try:
+        return [_node(n) for n in doc["nodes"]]
+    except (KeyError, TypeError, AttributeError) as exc:
+        raise SlurmAnswerError(f"sinfo --json: not a node list as Slurm 22.05 writes it ({exc!r})") from None
+
+
+def _node(n: Json) -> SlurmNode:
+    state = str(n["state"]).upper()
+    flags = frozenset(str(f).upper() for f in n.get("state_flags") or [])
+    features = n.get("active_features") or n.get("features") or ""
+    if isinstance(features, str):
+        features = [f for f in features.split(",") if f]
+    return SlurmNode(
+        name=str(n["name"]),
+        state=state,
+        flags=flags,
+        reason=str(n.get("reason") or ""),
+        reason_by=str(n.get("reason_set_by_user") or ""),
+        reason_at=float(n.get("reason_changed_at") or 0),
+        partitions=tuple(str(p) for p in n.get("partitions") or ()),
+        features=tuple(str(f) for f in features),
+    )
+
+
+def reason_class(reason: str) -> str:
+    """The quarantine's reason as a short slug of [a-z0-9._-] (never a colon: it ends Vigil's reason)."""
+    slug = re.sub(r"[^a-z0-9._-]+", "-", reason.lower())[:_CLASS_CHARS]
+    return slug.strip("-._") or "fault"
+
+
+def drain_reason(incident_id: str, reason: str) -> str:
+    """The reason Vigil drains with: ``vigil:<incident>:<class>``."""
+    return f"{PREFIX}{incident_id}:{reason_class(reason)}"
+
+
+def vigil_drain(reason: str) -> tuple[str, str] | None:
+    """(incident, class) of a reason Vigil wrote, or None for anyone else's."""
+    if not reason.startswith(PREFIX):
+        return None
+    incident, colon, klass = reason[len(PREFIX) :].rpartition(":")
+    if not colon or not incident:
+        return None
+    return incident, klass
+
+
+# What Slurm itself writes, and what health checks write, read as the node's problem. Lower case,
+# matched as words anywhere in the reason.
+_NODE_WORDS = (
+    "not responding",
+    "kill task failed",
+    "node unexpectedly rebooted",
+    "low realmemory",
+    "low tmpdisk",
+    "low socket",
+    "health check",
+    "healthcheck",
+    "nhc",
+    "gpu",
+    "xid",
+    "ecc",
+    "nvlink",
+    "infiniband",
+    "hca",
+    "prolog error",
+    "epilog error",
+    "batch job complete failure",
+    "duplicate jobid",
+    "[node_problem]",
+)
+_USER_WORDS = ("[user_problem]", "user problem", "job oom", "user job")
+
+
+def classify(node: SlurmNode) -> DrainKind:
+    """Whose problem a drain says it is. Pure."""
+    if vigil_drain(node.reason) is not None:
+        return DrainKind.VIGIL
+    text = node.reason.lower()
+    if any(w in text for w in _USER_WORDS):
+        return DrainKind.USER
+    if any(w in text for w in _NODE_WORDS):
+        return DrainKind.NODE
+    return DrainKind.PERSON
+
+
+@dataclass(frozen=True, slots=True)
+class Drain:
+    reason: str  # drain with this reason
+
+
+@dataclass(frozen=True, slots=True)
+class AlreadyOurs:
+    incident_id: str  # Vigil drained it already (this incident or another)
+
+
+@dataclass(frozen=True, slots=True)
+class HeldByOther:
+    why: str  # drained by someone else: left as it is (their reason is theirs to clear)
+
+
+QuarantinePlan = Drain | AlreadyOurs | HeldByOther
+
+
+def plan_quarantine(node: SlurmNode, incident_id: str, reason: str) -> QuarantinePlan:
+    """Drain the node, unless it is drained already: by Vigil (nothing to do) or by someone else,
+    whose reason stays (overwriting it would make the drain Vigil's, to be resumed by Vigil)."""
+    if not node.drained:
+        return Drain(drain_reason(incident_id, reason))
+    ours = vigil_drain(node.reason)
+    if ours is not None:
+        return AlreadyOurs(ours[0])
+    return HeldByOther(_whose(node))
+
+
+def plan_release(node: SlurmNode) -> str | None:
+    """None: resume it (Vigil's drain); otherwise why it is left as it is."""
+    if not node.drained:
+        return f"not drained ({node.describe()}): left as it is"
+    if vigil_drain(node.reason) is None:
+        return f"drained by someone else ({_whose(node)}): left as it is"
+    return None
+
+
+def held_by_others(node: SlurmNode) -> str:
+    """Why a repair must not touch the node yet ('' when it may): a job still runs on it, or the
+    drain is no longer Vigil's."""
+    if node.drained and vigil_drain(node.reason) is None:
+        return f"drained by someone else: {_whose(node)}"
+    if node.busy:
+        return f"a job still runs on it ({node.describe()}): waiting for DRAIN+IDLE"
+    return ""
+
+
+def _whose(node: SlurmNode) -> str:
+    by = f" by {node.reason_by}" if node.reason_by else ""
+    return f"{node.reason or 'no reason given'!r}{by}, {classify(node).value}"
+
+
+def matches(node: SlurmNode, selector: str) -> bool:
+    """``partition=P``, ``feature=F`` or ``state=S``, comma-separated (all must hold). Raises
+    ValueError naming a term it does not know."""
+    for term in (t.strip() for t in selector.split(",") if t.strip()):
+        key, eq, value = term.partition("=")
+        if not eq or not value:
+            raise ValueError(f"{term!r}: expected partition=P, feature=F or state=S")
+        if key == "partition":
+            ok = value in node.partitions
+        elif key == "feature":
+            ok = value in node.features
+        elif key == "state":
+            ok = value.upper() in {node.state, *node.flags}
+        else:
+            raise ValueError(f"{key!r}: a Slurm selector knows partition, feature and state")
+        if not ok:
+            return False
+    return True

@@ -1,0 +1,142 @@
+"""The Slurm actuator's decisions, without Slurm: Vigil's drain reason, whose drain a reason is,
+when a node may be drained, resumed or repaired, and which nodes a selector picks."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from controller.act.slurm.plans import (
+    AlreadyOurs,
+    Drain,
+    DrainKind,
+    HeldByOther,
+    SlurmAnswerError,
+    SlurmNode,
+    classify,
+    drain_reason,
+    held_by_others,
+    matches,
+    parse_nodes,
+    plan_quarantine,
+    plan_release,
+    reason_class,
+    vigil_drain,
+)
+
+
+def node(
+    state: str = "IDLE", *flags: str, reason: str = "", by: str = "", partitions: tuple[str, ...] = ()
+) -> SlurmNode:
+    return SlurmNode("gpu-01", state, frozenset(flags), reason, by, 0.0, partitions)
+
+
+@given(
+    incident=st.text(st.characters(codec="ascii", exclude_characters="\n\r"), min_size=1, max_size=60),
+    reason=st.text(max_size=300),
+)
+def test_vigils_reason_names_its_incident_whatever_the_incident_and_reason(incident: str, reason: str) -> None:
+    written = drain_reason(incident, reason)
+    assert vigil_drain(written) == (incident, reason_class(reason))
+    assert ":" not in reason_class(reason) and len(reason_class(reason)) <= 48
+
+
+@pytest.mark.parametrize(
+    "reason",
+    ["", "vigil", "vigil:", "vigil:nocolon", "Vigil:inc:x", " vigil:inc:x", "not responding", "vigil-ish:inc:x"],
+)
+def test_other_reasons_are_not_vigils(reason: str) -> None:
+    assert vigil_drain(reason) is None
+
+
+@pytest.mark.parametrize(
+    ("reason", "kind"),
+    [
+        ("vigil:gpu-01-a1-7:xid-79", DrainKind.VIGIL),
+        ("Not responding", DrainKind.NODE),  # Slurm's own
+        ("Kill task failed", DrainKind.NODE),
+        ("Node unexpectedly rebooted boot=1795000000 last response=1795000100", DrainKind.NODE),
+        ("Low RealMemory (reported:100 < 100.00% of configured:200)", DrainKind.NODE),
+        ("NHC: check_hw_gpu: GPU 3 missing", DrainKind.NODE),  # LBNL NHC
+        ("aznhc: IB link flapping on mlx5_2", DrainKind.NODE),
+        ("XID 48 DBE on GPU 0", DrainKind.NODE),
+        ("prolog error", DrainKind.NODE),
+        ("[node_problem] GPU fell off the bus", DrainKind.NODE),  # soperator's tags
+        ("[user_problem] job 1234 filled /tmp", DrainKind.USER),
+        ("user problem: stale processes from job 88", DrainKind.USER),
+        ("bad DIMM, RMA 4411", DrainKind.PERSON),
+        ("maintenance window 2026-12-01", DrainKind.PERSON),
+        ("", DrainKind.PERSON),
+    ],
+)
+def test_whose_problem_a_drain_says_it_is(reason: str, kind: DrainKind) -> None:
+    assert classify(node("IDLE", "DRAIN", reason=reason)) is kind
+
+
+def test_a_quarantine_drains_a_node_in_service_whatever_it_runs() -> None:
+    for state in ("IDLE", "ALLOCATED", "MIXED", "DOWN"):
+        plan = plan_quarantine(node(state), "inc-1", "XID 79: fell off the bus")
+        assert plan == Drain("vigil:inc-1:xid-79-fell-off-the-bus")
+
+
+def test_a_drained_node_is_left_to_whoever_drained_it() -> None:
+    assert plan_quarantine(node("IDLE", "DRAIN", reason="vigil:inc-0:xid-79"), "inc-1", "x") == AlreadyOurs("inc-0")
+    held = plan_quarantine(node("ALLOCATED", "DRAIN", reason="RMA 12", by="alice"), "inc-1", "x")
+    assert isinstance(held, HeldByOther) and "'RMA 12' by alice, person" in held.why
+
+
+def test_only_vigils_own_drain_is_resumed() -> None:
+    assert plan_release(node("IDLE", "DRAIN", reason="vigil:inc-1:xid-79")) is None
+    assert plan_release(node("DOWN", "DRAIN", reason="vigil:inc-1:xid-79")) is None
+    assert "drained by someone else" in (plan_release(node("IDLE", "DRAIN", reason="Kill task failed")) or "")
+    assert "not drained" in (plan_release(node("IDLE")) or "")
+    assert "not drained" in (plan_release(node("DOWN", reason="Not responding")) or "")  # down, not drained
+
+
+def test_a_repair_waits_for_drain_and_idle_and_for_vigils_drain() -> None:
+    ours = "vigil:inc-1:xid-79"
+    assert held_by_others(node("IDLE", "DRAIN", reason=ours)) == ""
+    assert held_by_others(node("DOWN", "DRAIN", reason=ours)) == ""
+    for busy in (node("ALLOCATED", "DRAIN", reason=ours), node("MIXED", "DRAIN", reason=ours)):
+        assert "a job still runs on it" in held_by_others(busy)
+    assert "a job still runs" in held_by_others(node("IDLE", "DRAIN", "COMPLETING", reason=ours))
+    assert "drained by someone else" in held_by_others(node("IDLE", "DRAIN", reason="hands on, do not touch"))
+
+
+def test_selectors_pick_by_partition_feature_and_state() -> None:
+    n = SlurmNode("gpu-01", "IDLE", frozenset({"DRAIN"}), partitions=("gpu", "debug"), features=("h100", "ib"))
+    assert matches(n, "partition=gpu") and matches(n, "partition=debug,feature=h100") and matches(n, "state=drain")
+    assert not matches(n, "partition=cpu") and not matches(n, "partition=gpu,feature=a100")
+    for bad, said in (
+        ("pool=h100", "knows partition"),
+        ("partition", "expected partition=P"),
+        ("feature=", "expected"),
+    ):
+        with pytest.raises(ValueError, match=said):
+            matches(n, bad)
+
+
+def test_sinfos_answer_is_read_and_its_errors_are_said() -> None:
+    doc = {
+        "errors": [],
+        "nodes": [
+            {
+                "name": "gpu-03",
+                "state": "allocated",
+                "state_flags": ["DRAIN"],
+                "reason": "nhc: disk full",
+                "reason_set_by_user": "root",
+                "reason_changed_at": 1795715671,
+                "partitions": ["gpu"],
+                "active_features": "h100,ib",
+            }
+        ],
+    }
+    (n,) = parse_nodes(doc)
+    assert (n.state, n.describe(), n.busy, n.drained, n.features) == (
+        "ALLOCATED", "ALLOCATED+DRAIN", True, True, ("h100", "ib"))  # fmt: skip
+    with pytest.raises(SlurmAnswerError, match="Unable to contact slurm controller"):
+        parse_nodes({"errors": [{"error": "Unable to contact slurm controller", "errno": 1}], "nodes": []})
+    with pytest.raises(SlurmAnswerError, match="not a node list"):
+        parse_nodes({"nodes": [{"state": "idle"}]})
