@@ -30,11 +30,13 @@ from controller.nodes.by_hand import ByHand
 from controller.nodes.check_requests import CheckRequests
 from controller.nodes.engine import Engine
 from controller.nodes.fleet import Fleet
+from controller.nodes.found import Report
 from controller.nodes.guards.guard import Guard
 from controller.nodes.guards.rules import GuardrailConfig, TokenBucket
 from controller.nodes.node_events import NodeEvents
 from controller.nodes.recovery.release_checks import ReleaseChecks
 from controller.nodes.recovery.rules import RecoveryConfig
+from controller.nodes.scheduler_drains import DrainSource, SchedulerDrains
 from controller.nodes.upkeep import Labels, Upkeep
 from controller.repairs.config import RemediationConfig
 from controller.repairs.ladder import rule_ladder
@@ -228,6 +230,7 @@ class Rooms:
     agent_gateway: AgentGateway
     admin: Admin
     trainer_gateway: TrainerGateway
+    scheduler_drains: SchedulerDrains | None = None  # others' drains read from Slurm (actuator: slurm)
 
 
 def rooms(config: ControllerConfig, store: Store, metrics: ControllerMetrics) -> Rooms:
@@ -300,4 +303,14 @@ def rooms(config: ControllerConfig, store: Store, metrics: ControllerMetrics) ->
         AgentGateway(nodes.engine, nodes.fleet, nodes.checks, nodes.outboxes, config.limits),
         admin,
         TrainerGateway(jobs, config.limits),
+        scheduler_drains(config, actuator, report, store),
     )
+
+
+def scheduler_drains(
+    config: ControllerConfig, actuator: Actuator, report: Report, store: Store
+) -> SchedulerDrains | None:
+    """Where the scheduler records drains of its own (Slurm), they are read as signals."""
+    if not isinstance(actuator, DrainSource) or config.actuator != "slurm" or config.slurm.read_drains_s <= 0:
+        return None
+    return SchedulerDrains(actuator, report, store.records, config.slurm.read_drains_s)

@@ -39,6 +39,9 @@ class SlurmConfig(ConfigModel):
     node_names: dict[str, str] = Field(
         default_factory=dict, description="Vigil's node name -> Slurm's, where they differ (default: the same)"
     )
+    read_drains_s: float = Field(
+        default=30.0, ge=0, description="read others' drains (NHC, people, Slurm) this often, as signals (0: never)"
+    )
 
     @model_validator(mode="after")
     def _one_to_one(self) -> SlurmConfig:

@@ -166,6 +166,8 @@ class Controller:
             asyncio.create_task(supervise("jobs", lambda: self.jobs.watch(stop), stop, tasks)),
             asyncio.create_task(supervise("repairs", lambda: self.rooms.repairs.watch(stop), stop, tasks)),
         ]
+        if (drains := self.rooms.scheduler_drains) is not None:
+            watchers.append(asyncio.create_task(supervise("scheduler-drains", lambda: drains.watch(stop), stop, tasks)))
         await stop.wait()
         assert self.server is not None
         await self.server.stop(grace=1.0)

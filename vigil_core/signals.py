@@ -33,6 +33,7 @@ class SignalKind(StrEnum):
     IB_PORT_DEGRADED = "IB_PORT_DEGRADED"
     IB_PORT_ERRORS = "IB_PORT_ERRORS"
     GPU_FABRIC_FAILED = "GPU_FABRIC_FAILED"  # the GPU did not join its NVLink fabric (NVSwitch systems)
+    SCHEDULER_DRAIN = "SCHEDULER_DRAIN"  # drained in Slurm by someone else (the controller reads Slurm)
 
 
 # Signals an agent may drop first when its spool is full: measurements of degradation, not faults.

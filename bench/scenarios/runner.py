@@ -123,7 +123,7 @@ def _run(
         kubeconfig = str(kube.kubeconfig(workdir / "kubeconfig"))
         settings |= {"actuator": "kubernetes", "kubernetes": {"kubeconfig": kubeconfig}}
     if slurm is not None:
-        settings |= {"actuator": "slurm", "slurm": {"conf": str(slurm.conf)}}
+        settings |= {"actuator": "slurm", "slurm": {"conf": str(slurm.conf)} | dict(settings.get("slurm", {}))}
     config = _controller_config(workdir, settings)
     try:
         cluster.start_controller(START_TIMEOUT_S, config)
@@ -168,6 +168,10 @@ def _run(
                 page_texts={n: tuple(t) for n, t in texts.items()},
                 cordoned=cordoned,
                 drained=_drained(slurm) if slurm is not None else {},
+                incident_texts={
+                    n: tuple(f"{i.reason} | {i.first_message}" for i in admin.incidents(node=n))
+                    for n in scenario.expect.incident_says
+                },
                 undone=undone,
                 paged_incidents=frozenset(incident for incident, _, _ in recorded),
                 slack_posts=_slack_posts(slack),

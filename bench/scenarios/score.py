@@ -35,6 +35,9 @@ class Observed:
     page_texts: dict[str, tuple[str, ...]] = field(default_factory=dict)  # node (or "fleet") -> what its pages said
     cordoned: frozenset[str] = frozenset()  # Nodes cordoned at the end (a Kubernetes fleet)
     drained: dict[str, str] = field(default_factory=dict)  # node -> its drain reason at the end (a Slurm fleet)
+    incident_texts: dict[str, tuple[str, ...]] = field(
+        default_factory=dict
+    )  # node -> its incidents' reason and message
     undone: dict[str, int] = field(default_factory=dict)  # rule -> quarantines a person undid (vigil rules)
     paged_incidents: frozenset[str] = frozenset()  # incidents the controller recorded a sent page for
     slack_posts: tuple[str, ...] = ()  # the incident of each top-level message in the Slack channel
@@ -107,6 +110,10 @@ def judge(name: str, scenario: Scenario, seen: Observed) -> Outcome:
         problems.append(f"{seen.fleet_pages} page(s) about a job or a domain, expected {want.fleet_pages}")
     if want.cordoned is not None and seen.cordoned != want.cordoned:
         problems.append(f"cordoned at the end: {sorted(seen.cordoned)}, expected {sorted(want.cordoned)}")
+    for node, words in sorted(want.incident_says.items()):
+        texts = [t.lower() for t in seen.incident_texts.get(node, ())]
+        if not any(all(w.lower() in t for w in words) for t in texts):
+            problems.append(f"no incident of {node} says {list(words)}: {list(seen.incident_texts.get(node, ()))}")
     if want.drained is not None:
         wrong = sorted(set(want.drained) ^ set(seen.drained)) or [
             n for n, start in sorted(want.drained.items()) if not seen.drained[n].startswith(start)

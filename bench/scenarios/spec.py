@@ -345,6 +345,10 @@ class Expect(_Strict):
         description=f"node (or {FLEET!r}) -> words one of its pages or their replies must say, any case",
     )
     paged: frozenset[str] = frozenset()
+    incident_says: dict[str, tuple[str, ...]] = Field(
+        default_factory=dict,
+        description="node -> words one of its incidents (reason, first message) must say, any case",
+    )
     health: dict[str, Health] = Field(default_factory=dict)
     pages: dict[str, int] = Field(default_factory=dict, description="exactly this many pages for the node")
     fleet_pages: int | None = Field(default=None, ge=0, description="exactly this many pages about jobs or domains")

@@ -43,6 +43,18 @@ class FoundQuarantine:
     at: float
 
 
+@dataclass(frozen=True, slots=True)
+class ForeignDrain:
+    """A node drained in the scheduler by someone other than Vigil, as the scheduler records it."""
+
+    node: str  # Vigil's name for it
+    reason: str  # as written, kept whole
+    by: str  # who set it, where the scheduler says
+    at: float  # when the reason was set (Unix seconds): a new drain has a new time
+    kind: str  # node_problem, user_problem or person (controller.act.slurm.plans.DrainKind)
+    state: str  # the scheduler's state, e.g. ALLOCATED+DRAIN
+
+
 class NodeSelector(Protocol):
     def nodes_matching(self, selector: str) -> list[str]:
         """The nodes a label selector picks; raises SelectionError."""

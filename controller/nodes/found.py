@@ -24,6 +24,7 @@ class Source(StrEnum):
     HANG = "hang"  # a hung job, blamed on a node with a hardware signal of its own
     INVENTORY = "inventory"  # a node came back with fewer GPUs
     CONTROLLER = "controller"  # the controller's own bookkeeping (a replaced spool)
+    SCHEDULER = "scheduler"  # the scheduler's own record: a drain someone else made (Slurm)
 
 
 @dataclass(frozen=True)

@@ -140,6 +140,11 @@ DEFAULT_KIND_RULES: dict[SignalKind, Rule] = {
     SignalKind.HOST_MEMORY_PRESSURE: _rule("suspect", "host memory nearly exhausted", "find the leak before OOM kills"),
     SignalKind.DISK_FULL: _rule("suspect", "checkpoint filesystem nearly full", "free space before the checkpoint"),
     SignalKind.NIC_ERRORS: _rule("record", "network interface errors or drops"),
+    # A drain someone else made in Slurm (a health check, a person, Slurm itself): recorded, so the
+    # fleet's story is whole; the node is already out of the scheduler's hands and the drain is theirs.
+    SignalKind.SCHEDULER_DRAIN: _rule(
+        "record", "drained in the scheduler by someone else", "read the drain's reason: it is theirs to lift"
+    ),
     SignalKind.SPOOL_LOST: _rule(
         "suspect",
         "the agent's spool was damaged or lost: faults it had not delivered may be gone",

@@ -133,3 +133,13 @@ def test_an_unknown_node_is_permanent_and_a_silent_slurmctld_is_not(slurm: Slurm
     elsewhere.write_text(text.replace(port, "SlurmctldPort=9"))
     with pytest.raises(SlurmUnavailable):
         SlurmActuator(SlurmCommands(conf=elsewhere, timeout_s=2)).quarantine(Quarantine("inc-7", "gpu-01", REASON, ""))
+
+
+def test_others_drains_are_read_with_who_why_and_whose_problem(slurm: SlurmCluster) -> None:
+    slurm_actuator = actuator(slurm, {"node-c": "gpu-03"})
+    slurm_actuator.quarantine(Quarantine("inc-8", "gpu-01", REASON, ""))  # Vigil's own: not foreign
+    slurm.drain("gpu-03", "NHC: check_hw_ib: mlx5_2 port 1 down")
+    (found,) = slurm_actuator.foreign_drains()
+    assert (found.node, found.reason, found.by, found.kind, found.state) == (
+        "node-c", "NHC: check_hw_ib: mlx5_2 port 1 down", "root", "node_problem", "IDLE+DRAIN")  # fmt: skip
+    assert found.at > 0

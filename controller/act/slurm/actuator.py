@@ -15,13 +15,14 @@ from typing import TypeVar
 
 import structlog
 
-from controller.act.actuators import FoundQuarantine, Release, SelectionError
+from controller.act.actuators import ForeignDrain, FoundQuarantine, Release, SelectionError
 from controller.act.slurm.client import SlurmCommands, SlurmUnavailable
 from controller.act.slurm.plans import (
     AlreadyOurs,
     HeldByOther,
     SlurmAnswerError,
     SlurmNode,
+    classify,
     held_by_others,
     matches,
     plan_quarantine,
@@ -86,6 +87,14 @@ class SlurmActuator:
             if ours is not None:
                 found.append(FoundQuarantine(self.vigil_name(node.name), ours[0], node.reason, node.reason_at))
         return found
+
+    def foreign_drains(self) -> list[ForeignDrain]:
+        """Every drain that is not Vigil's: a health check's, a person's, Slurm's own."""
+        return [
+            ForeignDrain(self.vigil_name(n.name), n.reason, n.reason_by, n.reason_at, classify(n).value, n.describe())
+            for n in self._slurm.nodes()
+            if n.drained and vigil_drain(n.reason) is None
+        ]
 
     def node_labels(self) -> dict[str, dict[str, str]]:
         labels = {node: dict(values) for node, values in self._labels.items()}

@@ -33,6 +33,7 @@ class SignalKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     IB_PORT_DEGRADED: _ClassVar[SignalKind]
     IB_PORT_ERRORS: _ClassVar[SignalKind]
     GPU_FABRIC_FAILED: _ClassVar[SignalKind]
+    SCHEDULER_DRAIN: _ClassVar[SignalKind]
 
 class Verdict(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -64,6 +65,7 @@ IB_PORT_FLAP: SignalKind
 IB_PORT_DEGRADED: SignalKind
 IB_PORT_ERRORS: SignalKind
 GPU_FABRIC_FAILED: SignalKind
+SCHEDULER_DRAIN: SignalKind
 VERDICT_UNSPECIFIED: Verdict
 OK: Verdict
 FAIL: Verdict
