@@ -41,7 +41,7 @@ def unavailable() -> str | None:
     return None
 
 
-def _conf(root: Path, nodes: Sequence[str], ctld_port: int, node_ports: Sequence[int]) -> str:
+def _conf(root: Path, nodes: Sequence[str], ctld_port: int, node_ports: Sequence[int], extra: Sequence[str]) -> str:
     lines = [
         "ClusterName=vigiltest",
         "SlurmctldHost=localhost(127.0.0.1)",
@@ -68,6 +68,7 @@ def _conf(root: Path, nodes: Sequence[str], ctld_port: int, node_ports: Sequence
         "SlurmdTimeout=30",
         "InactiveLimit=0",
         "KillWait=2",
+        *extra,
     ]
     for node, port in zip(nodes, node_ports, strict=True):
         lines.append(
@@ -155,14 +156,17 @@ class SlurmCluster:
 
 
 @contextmanager
-def slurm_cluster(nodes: Sequence[str] = ("gpu-01", "gpu-02", "gpu-03")) -> Iterator[SlurmCluster]:
-    """A running cluster whose nodes are all IDLE, stopped and removed afterwards."""
+def slurm_cluster(
+    nodes: Sequence[str] = ("gpu-01", "gpu-02", "gpu-03"), extra: Sequence[str] = ()
+) -> Iterator[SlurmCluster]:
+    """A running cluster whose nodes are all IDLE, stopped and removed afterwards (``extra``: more
+    slurm.conf lines, e.g. ``Prolog=...``)."""
     root = Path(tempfile.mkdtemp(prefix="vigil-slurm-"))
     (root / "state").mkdir()
     for node in nodes:
         (root / "spool" / node).mkdir(parents=True)
     conf = root / "slurm.conf"
-    conf.write_text(_conf(root, nodes, free_port(), [free_port() for _ in nodes]))
+    conf.write_text(_conf(root, nodes, free_port(), [free_port() for _ in nodes], extra))
     cluster = SlurmCluster(root, conf, tuple(nodes))
     try:
         cluster._spawn("slurmctld", ["slurmctld", "-D", "-i", "-f", str(conf)])

@@ -325,11 +325,21 @@ def check(
     ] = "--help",
     deadline: Annotated[float, typer.Option(help="seconds before the check counts as hung (UNKNOWN)")] = 600.0,
     as_json: Annotated[bool, typer.Option("--json", help="print the result as one JSON line")] = False,
+    slurm_drain: Annotated[
+        bool,
+        typer.Option(
+            "--slurm-drain",
+            help="as Slurm's HealthCheckProgram, prolog or epilog: a FAIL drains this node with its reason",
+        ),
+    ] = False,
+    node: Annotated[str, typer.Option(help="with --slurm-drain: the Slurm node (default: $SLURMD_NODENAME)")] = "",
+    strict: Annotated[bool, typer.Option(help="with --slurm-drain: UNKNOWN fails too (exit 2)")] = False,
 ) -> None:
     """Run one diagnostic check on this machine (extra arguments go to the check: vigil check matmul --seconds 5;
     vigil check matmul --help shows them).
 
-    Exit code: 0 OK, 1 FAIL, 2 UNKNOWN (crashed, hung, or could not run)."""
+    Exit code: 0 OK, 1 FAIL, 2 UNKNOWN (crashed, hung, or could not run). With --slurm-drain: 0 unless
+    the check FAILed (then 1, the node drained), or with --strict could not judge (2)."""
     from checks.program import argument_problem, describe_result, parser_of
     from checks.runner import CHECKS, run_check
 
@@ -352,7 +362,16 @@ def check(
         _fail(problem)
     result = run_check(name, args, deadline)
     typer.echo(result.to_json() if as_json else describe_result(result))
-    raise typer.Exit(result.verdict.exit_code)
+    if not slurm_drain:
+        raise typer.Exit(result.verdict.exit_code)
+    from checks.result import Verdict
+    from vigil.slurm_check import drain_node, drain_reason, slurm_exit_code, this_node
+
+    if result.verdict is Verdict.FAIL:
+        target, reason = node or this_node(), drain_reason(result)
+        problem = drain_node(target, reason)
+        typer.echo(f"error: {problem}" if problem else f"drained {target} in Slurm: {reason}", err=True)
+    raise typer.Exit(slurm_exit_code(result.verdict, strict))
 
 
 @app.command()

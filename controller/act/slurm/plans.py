@@ -140,6 +140,7 @@ _NODE_WORDS = (
     "batch job complete failure",
     "duplicate jobid",
     "[node_problem]",
+    "vigil check",  # vigil check --slurm-drain, run by slurmd as its health check, prolog or epilog
 )
 _USER_WORDS = ("[user_problem]", "user problem", "job oom", "user job")
 
