@@ -596,7 +596,12 @@ def resume(
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def launch(
     ctx: typer.Context,
-    nodes: Annotated[str, typer.Option(help="comma-separated node names the ranks run as (VIGIL_NODE)")],
+    nodes: Annotated[
+        str, typer.Option(help="comma-separated node names the ranks run as (VIGIL_NODE); --slurm: the allocation's")
+    ] = "",
+    slurm: Annotated[
+        bool, typer.Option("--slurm", help="inside a Slurm allocation: each start one srun step over the nodes left")
+    ] = False,
     job_id: Annotated[str, typer.Option(help="the job's id, as the controller will know it")] = "job",
     nproc_per_node: Annotated[int, typer.Option(help="ranks per node")] = 1,
     controller: Annotated[
@@ -613,6 +618,13 @@ def launch(
 
     _setup_logs(log_format)
     names = [n.strip() for n in nodes.split(",") if n.strip()]
+    from vigil.launch_slurm import SlurmLaunchError, this_allocation
+
+    if slurm and not names:
+        try:
+            names = this_allocation()
+        except SlurmLaunchError as exc:
+            _fail(str(exc))
     bad = [n for n in names if not is_node_name(n)]
     if not names or bad:
         _fail(f"--nodes: {bad[0]!r} is not a node name" if bad else "--nodes names no node")
@@ -640,12 +652,15 @@ def launch(
         max_failures=max_failures,
         log_dir=log_dir,
         tls=_client_tls(),
+        slurm=slurm,
     )
     launcher = Launcher(config)
     try:
         code = launcher.run()
     except FileNotFoundError as exc:
         _fail(f"cannot start the command: {exc}")
+    except SlurmLaunchError as exc:
+        _fail(str(exc))
     finally:
         launcher.close()
     raise typer.Exit(code)

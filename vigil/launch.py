@@ -79,6 +79,7 @@ class LaunchConfig:
     rpc_timeout_s: float = 2.0
     stacks_wait_s: float = 2.0  # for the ranks' stacks, when the controller wants them (a hang)
     tls: TlsFiles | None = None  # the launcher's certificate (trainer: or admin:); None: plaintext
+    slurm: bool = False  # each start one srun step over the nodes left (vigil.launch_slurm)
 
 
 @dataclass
@@ -211,6 +212,8 @@ class Launcher:
     # One start -----------------------------------------------------------------------------
 
     def _spawn(self, number: int, nodes: list[str]) -> Start:
+        if self.config.slurm:
+            return self._srun(number, nodes)
         cfg = self.config
         start, port = Start(number, nodes), str(free_port())
         start.stacks_dir = Path(tempfile.mkdtemp(prefix=f"vigil-stacks-{cfg.job_id}-{number}-"))
@@ -240,6 +243,33 @@ class Launcher:
                 finally:
                     if out is not None:
                         os.close(out)  # the child keeps its own copy
+        return start
+
+    def _srun(self, number: int, nodes: list[str]) -> Start:
+        """One srun step over ``nodes``: its ranks' exit codes come back as srun's own (the highest)."""
+        from vigil.launch_slurm import address_of, srun_command
+
+        cfg, start = self.config, Start(number, nodes)
+        env = {
+            **os.environ,
+            "MASTER_ADDR": address_of(nodes[0]),
+            "MASTER_PORT": str(free_port()),
+            "VIGIL_JOB_ID": cfg.job_id,
+            "VIGIL_CONTROLLER": cfg.controller,
+            "VIGIL_RESTART_COUNT": str(number),
+            "TORCH_FR_BUFFER_SIZE": os.environ.get("TORCH_FR_BUFFER_SIZE", "2000"),
+        }
+        command = srun_command(nodes, cfg.nproc_per_node, cfg.command, sys.executable)
+        log.info("job_starting", job=cfg.job_id, start=number, nodes=nodes, world_size=len(nodes) * cfg.nproc_per_node)
+        out: int | None = None
+        if cfg.log_dir is not None:
+            cfg.log_dir.mkdir(parents=True, exist_ok=True)
+            out = os.open(cfg.log_dir / f"step{number}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+        try:
+            start.procs.append(subprocess.Popen(command, env=env, stdout=out, stderr=out))
+        finally:
+            if out is not None:
+                os.close(out)
         return start
 
     def _supervise(self, start: Start) -> tuple[Ended, list[int]]:
