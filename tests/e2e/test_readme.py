@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from controller.config import load_controller_config
 from controller.vocab.policy import load_policy
 from tests.e2e.processes import configured_controller, port_of, start_agent, stop_all
 from tests.fakes.kube_api import KubeApiServer
@@ -81,6 +82,15 @@ def test_the_policy_snippet_loads_as_the_policy_file(tmp_path: Path) -> None:
     path.write_text(snippet)
     policy = load_policy(path)
     assert policy.heartbeat_timeout_s == 30 and yaml.safe_load(snippet)["xid"][13]["threshold"] == 3
+
+
+def test_the_slurm_snippet_loads_as_the_controllers_configuration(tmp_path: Path) -> None:
+    snippet = block_with("yaml", "actuator: slurm")
+    path = tmp_path / "controller.yaml"
+    path.write_text(snippet + "plaintext: true\n")  # the rest of a controller's file, as the README leaves it
+    config = load_controller_config(path, {})
+    assert config.actuator == "slurm" and config.slurm.conf == Path("/etc/slurm/slurm.conf")
+    assert config.slurm.read_drains_s == 30
 
 
 def test_vigil_certs_as_the_readme_shows(tmp_path: Path) -> None:
