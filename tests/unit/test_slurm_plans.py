@@ -19,6 +19,7 @@ from controller.act.slurm.plans import (
     held_by_others,
     matches,
     parse_nodes,
+    parse_show_node,
     plan_quarantine,
     plan_release,
     reason_class,
@@ -140,3 +141,30 @@ def test_sinfos_answer_is_read_and_its_errors_are_said() -> None:
         parse_nodes({"errors": [{"error": "Unable to contact slurm controller", "errno": 1}], "nodes": []})
     with pytest.raises(SlurmAnswerError, match="not a node list"):
         parse_nodes({"nodes": [{"state": "idle"}]})
+
+
+# What scontrol show node -o NAME printed on Slurm 22.05.8 (the tests' private cluster).
+DRAINING = (
+    "NodeName=gpu-03 Arch=x86_64 CoresPerSocket=1  CPUAlloc=1 CPUEfctv=1 CPUTot=1 CPULoad=3.53 "
+    "AvailableFeatures=(null) ActiveFeatures=(null) Gres=(null) NodeAddr=127.0.0.1 NodeHostName=localhost "
+    "Port=16823 Version=22.05.8 OS=Linux 6.18.44-fc-v782 #1 SMP PREEMPT_DYNAMIC @0  RealMemory=100 AllocMem=100 "
+    "FreeMem=21796 Sockets=1 Boards=1 State=ALLOCATED+DRAIN ThreadsPerCore=1 TmpDisk=0 Weight=1 Owner=N/A "
+    "MCS_label=N/A Partitions=gpu  BootTime=2026-11-25T19:21:49 SlurmdStartTime=2026-11-26T17:54:25 "
+    "LastBusyTime=2026-11-26T17:54:25 CfgTRES=cpu=1,mem=100M,billing=1 AllocTRES=cpu=1,mem=100M CapWatts=n/a "
+    "CurrentWatts=0 AveWatts=0 ExtSensorsJoules=n/s ExtSensorsWatts=0 ExtSensorsTemp=n/s "
+    "Reason=nhc: disk full, see /var/log/nhc.log [root@2026-11-26T17:54:31]\n"
+)
+
+
+def test_scontrols_one_line_node_is_read_with_its_reason_whole() -> None:
+    n = parse_show_node(DRAINING, lambda text: {"2026-11-26T17:54:31": 1795715671.0}[text])
+    assert (n.name, n.describe(), n.busy, n.drained, n.partitions, n.features) == (
+        "gpu-03", "ALLOCATED+DRAIN", True, True, ("gpu",), ())  # fmt: skip
+    assert (n.reason, n.reason_by, n.reason_at) == ("nhc: disk full, see /var/log/nhc.log", "root", 1795715671.0)
+    idle = DRAINING.split(" Reason=")[0].replace("ALLOCATED+DRAIN", "IDLE").replace("(null) Gres", "h100,ib Gres")
+    n = parse_show_node(idle, float)
+    assert (n.describe(), n.reason, n.reason_by, n.features) == ("IDLE", "", "", ("h100", "ib"))
+    ours = DRAINING.replace("nhc: disk full, see /var/log/nhc.log", "vigil:gpu-03-ab12cd-4:xid-79-a=b")
+    assert vigil_drain(parse_show_node(ours, lambda _: 0.0).reason) == ("gpu-03-ab12cd-4", "xid-79-a=b")
+    with pytest.raises(SlurmAnswerError, match="not a node"):
+        parse_show_node("Node gpu-99 not found", float)

@@ -11,10 +11,11 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import time
 from pathlib import Path
 
 from controller.act.actuators import PermanentActionError
-from controller.act.slurm.plans import Json, SlurmAnswerError, SlurmNode, parse_nodes
+from controller.act.slurm.plans import Json, SlurmAnswerError, SlurmNode, parse_nodes, parse_show_node
 
 # scontrol's words for a request that can never succeed as written.
 _PERMANENT = ("invalid node name", "invalid node state", "access/permission denied", "invalid user")
@@ -34,10 +35,15 @@ class SlurmCommands:
         return parse_nodes(self._json("sinfo", "--json"))
 
     def node(self, name: str) -> SlurmNode:
-        found = [n for n in self.nodes() if n.name == name]
-        if not found:
-            raise PermanentActionError(f"Slurm has no node {name!r}")
-        return found[0]
+        """One node, read alone (``scontrol show node -o``: a burst of quarantines reads each node,
+        not the whole cluster each time)."""
+        try:
+            line = self._run("scontrol", "show", "node", "-o", name)
+        except SlurmUnavailable as exc:
+            if "not found" in str(exc).lower():
+                raise PermanentActionError(f"Slurm has no node {name!r}") from None
+            raise
+        return parse_show_node(line, _local_epoch)
 
     def jobs(self) -> list[Json]:
         doc = self._json("squeue", "--json")
@@ -82,3 +88,11 @@ class SlurmCommands:
                 raise PermanentActionError(f"{program} {' '.join(args)}: {text}")
             raise SlurmUnavailable(f"{program} {' '.join(args[:2])}: {text}")
         return done.stdout
+
+
+def _local_epoch(text: str) -> float:
+    """Slurm's timestamps (``2026-11-26T17:54:31``) are in the local time of whoever printed them."""
+    try:
+        return time.mktime(time.strptime(text, "%Y-%m-%dT%H:%M:%S"))
+    except ValueError:
+        return 0.0

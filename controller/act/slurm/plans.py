@@ -15,6 +15,7 @@ reason, which is kept as written.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
@@ -93,6 +94,34 @@ def _node(n: Json) -> SlurmNode:
         reason_at=float(n.get("reason_changed_at") or 0),
         partitions=tuple(str(p) for p in n.get("partitions") or ()),
         features=tuple(str(f) for f in features),
+    )
+
+
+_REASON_TAIL = re.compile(r" \[(?P<by>[^@\]]*)@(?P<at>[0-9T:-]+)\]$")
+
+
+def parse_show_node(line: str, to_epoch: Callable[[str], float]) -> SlurmNode:
+    """One node from ``scontrol show node -o NAME`` (one line of KEY=VALUE; the reason, which may
+    hold spaces and '=', comes last as ``Reason=TEXT [USER@TIME]``); ``to_epoch`` reads TIME, which
+    Slurm writes in the controller's local time. Raises SlurmAnswerError for another answer."""
+    head, _, reason = line.strip().partition(" Reason=")
+    fields = dict(re.findall(r"(\w+)=(\S*)", head))
+    if "NodeName" not in fields or "State" not in fields:
+        raise SlurmAnswerError(f"scontrol show node: not a node as Slurm writes it: {line[:200]!r}")
+    state, *flags = fields["State"].upper().split("+")
+    by, at = "", 0.0
+    if tail := _REASON_TAIL.search(reason):
+        reason, by, at = reason[: tail.start()], tail["by"], to_epoch(tail["at"])
+    features = fields.get("ActiveFeatures", "")
+    return SlurmNode(
+        name=fields["NodeName"],
+        state=state,
+        flags=frozenset(flags),
+        reason=reason,
+        reason_by=by,
+        reason_at=at,
+        partitions=tuple(p for p in fields.get("Partitions", "").split(",") if p),
+        features=tuple(f for f in features.split(",") if f and features != "(null)"),
     )
 
 
