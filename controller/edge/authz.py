@@ -129,6 +129,11 @@ def _streaming(
     """A server-streaming method (its argument a request or the requests' iterator), checked first."""
 
     async def guarded(argument: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        if hasattr(argument, "__aiter__"):
+            # A stream's first message is read before the caller is judged: refused at once, the
+            # caller's first write could fail against the closing stream, and its client would then
+            # report that failure (INTERNAL) instead of the refusal and its reason.
+            argument = await _first_read(argument)
         await _require(service, context, tokens)
         who, token = caller(), bearer(context.invocation_metadata())
         if tokens is not None and token and who is not None and hasattr(argument, "__aiter__"):
@@ -137,6 +142,27 @@ def _streaming(
             yield reply
 
     return guarded
+
+
+async def _first_read(requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
+    """The same messages, the first of them read now."""
+    iterator = aiter(requests)
+    try:
+        first = await anext(iterator)
+    except StopAsyncIteration:
+        return _empty()
+
+    async def replay() -> AsyncIterator[Any]:
+        yield first
+        async for message in iterator:
+            yield message
+
+    return replay()
+
+
+async def _empty() -> AsyncIterator[Any]:
+    return
+    yield
 
 
 async def _rechecked(
