@@ -98,11 +98,8 @@ class Steps:
     async def run(self, repair: Repair) -> Repair:
         """Carry out the repair's step; returns the repair as it stands after it (running on, for a
         reboot, until the node's agent says hello again)."""
-        try:  # once more, right before acting: someone may have taken the node since the last reading
-            others = await asyncio.to_thread(self._owners.held_by_others, repair.node)
-        except Exception as exc:
-            others = f"cannot read the node: {exc!r}"[:200]
-        if others:
+        # Once more, right before acting: someone may have taken the node since the last reading.
+        if others := await self._held(repair.node):
             return replace(repair, phase=Phase.WAITING, waiting_for=f"owner: {others}")
         self._keep_evidence(repair)
         if repair.step is Step.REBOOT:
@@ -114,6 +111,13 @@ class Steps:
             log.info("reboot_asked", node=repair.node, detail=detail)
             return replace(repair, since=asked_at)  # running until its agent says hello again
         return await self._on_agent(repair)
+
+    async def _held(self, node: str) -> str:
+        """Who else holds the node now ('' when nobody), read from the cluster."""
+        try:
+            return await asyncio.to_thread(self._owners.held_by_others, node)
+        except Exception as exc:
+            return f"cannot read the node: {exc!r}"[:200]
 
     async def _on_agent(self, repair: Repair) -> Repair:
         node, step = repair.node, repair.step
@@ -127,6 +131,10 @@ class Steps:
         try:
             if paused and (left := await self._operands_gone(node)):
                 return step_done(repair, False, False, f"the GPU Operator's {left} still on the node", self._clock())
+            # Read once more right before the reset: pausing the GPU Operator took a while, and a
+            # person who took the node meanwhile (a taint, a drain) must not find it reset.
+            if others := await self._held(node):
+                return replace(repair, phase=Phase.WAITING, waiting_for=f"owner: {others}")
             if self._jobs is not None and self.config.resets == "job":
                 return await self._by_job(repair, run, self._jobs)
             future = self._checks.ask_remedy(node, run)

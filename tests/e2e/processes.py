@@ -92,7 +92,7 @@ def configured_controller(tmp: Path, name: str, **settings: Any) -> subprocess.P
 
 def port_of(tmp: Path, name: str) -> int:
     """The port a configured controller bound, once it writes it (a standby writes it when it leads)."""
-    poll_until(lambda: (tmp / f"{name}.port").exists(), what=f"{name}'s port")
+    poll_until(lambda: (tmp / f"{name}.port").exists(), 60, what=f"{name}'s port")  # a loaded machine: 20 s and more
     return int((tmp / f"{name}.port").read_text())
 
 

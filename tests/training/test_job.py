@@ -25,15 +25,20 @@ from trainer_hooks.protocol import CHECKPOINTED_EXIT_CODE  # noqa: E402
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
 GOLDEN = json.loads((Path(__file__).parent / "golden" / "moe_debug_loss.json").read_text())
-ARGS = ("--steps", "30", "--global-batch", "6", "--checkpoint-every", "10")
+ARGS = ("--steps", "30", "--global-batch", "6", "--checkpoint-every", "10", "--peak-tflops", "1")
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> dict[int, float]:
+def uninterrupted_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("uninterrupted")
     assert run(2, out, *ARGS) == [0, 0], (out / "rank0.log").read_text()[-2000:]
     assert (out / "checkpoints" / "latest").read_text().strip() == "step-00000030"
-    return losses(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(uninterrupted_run: Path) -> dict[int, float]:
+    return losses(uninterrupted_run)
 
 
 def test_the_loss_goes_down_along_the_golden_curve(uninterrupted: dict[int, float]) -> None:
@@ -125,17 +130,16 @@ def test_a_half_written_checkpoint_is_never_resumed_from(tmp_path: Path) -> None
     assert events(tmp_path, "start")[-1]["step"] == 10
 
 
-def test_mfu_is_logged_against_a_given_peak_and_a_finished_run_is_not_rewritten(tmp_path: Path) -> None:
-    args = ("--steps", "4", "--global-batch", "4", "--peak-tflops", "1")
-    assert run(2, tmp_path, *args) == [0, 0]
-    steps = events(tmp_path, "step")
+def test_mfu_is_logged_against_a_given_peak_and_a_finished_run_is_not_rewritten(uninterrupted_run: Path) -> None:
+    """On the module's run (its --peak-tflops 1), then that finished run started again."""
+    steps = events(uninterrupted_run, "step")
     tokens_per_s = steps[-1]["tokens_per_s"]
     per_device_flops = tokens_per_s / 2 * flops_per_token(PRESETS["debug"])
     assert steps[-1]["mfu"] == pytest.approx(per_device_flops / 1e12, rel=1e-3)
-    metadata = step_dir(tmp_path / "checkpoints", 4) / ".metadata"
+    metadata = step_dir(uninterrupted_run / "checkpoints", 30) / ".metadata"
     written = metadata.stat().st_mtime_ns
-    assert run(2, tmp_path, *args) == [0, 0]  # nothing left to train: the committed step stays as it is
-    assert metadata.stat().st_mtime_ns == written and events(tmp_path, "start")[-1]["step"] == 4
+    assert run(2, uninterrupted_run, *ARGS) == [0, 0]  # nothing left to train: the committed step stays
+    assert metadata.stat().st_mtime_ns == written and events(uninterrupted_run, "start")[-1]["step"] == 30
 
 
 def test_an_unreachable_controller_leaves_training_unharmed(
