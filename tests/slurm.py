@@ -91,7 +91,8 @@ class SlurmCluster:
 
     def command(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         """One of Slurm's commands against this cluster, as a person would type it."""
-        done = subprocess.run(list(args), env=self.env, capture_output=True, text=True, timeout=30)
+        # In the cluster's folder: sbatch writes its jobs' output (slurm-JOBID.out) where it is run.
+        done = subprocess.run(list(args), env=self.env, cwd=self.root, capture_output=True, text=True, timeout=30)
         if check and done.returncode != 0:
             raise AssertionError(f"{' '.join(args)}: {done.stderr.strip() or done.stdout.strip()}")
         return done
