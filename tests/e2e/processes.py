@@ -91,8 +91,13 @@ def configured_controller(tmp: Path, name: str, **settings: Any) -> subprocess.P
 
 
 def port_of(tmp: Path, name: str) -> int:
-    """The port a configured controller bound, once it writes it (a standby writes it when it leads)."""
-    poll_until(lambda: (tmp / f"{name}.port").exists(), 60, what=f"{name}'s port")  # a loaded machine: 20 s and more
+    """The port a configured controller bound, once it writes it (a standby writes it when it leads);
+    when it does not, what the controller said (its log's end) is the failure's message."""
+    try:  # a loaded machine: 20 s and more
+        poll_until(lambda: (tmp / f"{name}.port").exists(), 60, what=f"{name}'s port")
+    except AssertionError:
+        said = [p.read_text(errors="replace")[-2000:] for p in (tmp / f"{name}.out", tmp / f"{name}.log") if p.exists()]
+        raise AssertionError(f"timed out waiting for {name}'s port; {name} said:\n" + "\n".join(said)) from None
     return int((tmp / f"{name}.port").read_text())
 
 
