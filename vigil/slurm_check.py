@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import os
 import socket
-import subprocess
 
 from checks.result import CheckResult, Verdict
+from controller.act.actuators import PermanentActionError
+from controller.act.slurm.client import SlurmCommands, SlurmUnavailable
 
 PREFIX = "vigil check"
 _REASON_CHARS = 200
@@ -41,14 +42,11 @@ def this_node() -> str:
     return os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
 
 
-def drain_node(node: str, reason: str, scontrol: str = "scontrol", timeout_s: float = 30.0) -> str:
-    """Drain the node in Slurm; returns '' when done, else what went wrong (said, never raised:
-    the check's verdict stands either way)."""
-    command = [scontrol, "update", f"nodename={node}", "state=drain", f"reason={reason}"]
+def drain_node(node: str, reason: str, commands: SlurmCommands | None = None) -> str:
+    """Drain the node in Slurm (the controller's own ``scontrol update``); returns '' when done, else
+    what went wrong (said, never raised: the check's verdict stands either way)."""
     try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, check=False)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return f"cannot run {scontrol}: {exc}"
-    if done.returncode != 0:
-        return f"{scontrol} refused the drain: {(done.stderr or done.stdout).strip() or done.returncode}"
+        (commands or SlurmCommands(timeout_s=30.0)).update_node(node, "state=drain", f"reason={reason}")
+    except (PermanentActionError, SlurmUnavailable) as exc:
+        return f"the drain was not made: {exc}"
     return ""

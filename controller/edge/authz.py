@@ -147,22 +147,18 @@ def _streaming(
 async def _first_read(requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
     """The same messages, the first of them read now."""
     iterator = aiter(requests)
-    try:
-        first = await anext(iterator)
-    except StopAsyncIteration:
-        return _empty()
+    first = await anext(iterator, _NOTHING)
 
     async def replay() -> AsyncIterator[Any]:
-        yield first
+        if first is not _NOTHING:
+            yield first
         async for message in iterator:
             yield message
 
     return replay()
 
 
-async def _empty() -> AsyncIterator[Any]:
-    return
-    yield
+_NOTHING = object()  # a stream that ended before its first message
 
 
 async def _rechecked(

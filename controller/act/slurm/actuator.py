@@ -21,7 +21,6 @@ from controller.act.slurm.plans import (
     AlreadyOurs,
     HeldByOther,
     SlurmAnswerError,
-    SlurmNode,
     classify,
     held_by_others,
     matches,
@@ -143,6 +142,3 @@ class SlurmActuator:
 
     def operand_pods(self, node: str) -> list[str]:
         return []  # no GPU Operator pods on a Slurm node
-
-    def slurm_node(self, node: str) -> SlurmNode:
-        return self._slurm.node(self.slurm_name(node))
