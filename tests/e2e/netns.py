@@ -16,12 +16,20 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 SUBNET = "10.213.0"
 HOST = f"{SUBNET}.254"
+
+
+# Bridged frames never go through the root namespace's iptables (br_netfilter, loaded by a container
+# runtime, would run a leaf's traffic through a FORWARD chain whose policy may be DROP).
+_NO_NETFILTER = ("nf_call_iptables", "0", "nf_call_ip6tables", "0", "nf_call_arptables", "0")
 
 
 def _ip(*args: str) -> None:
@@ -39,6 +47,15 @@ def _tbf(namespace: str, device: str, rate: str) -> None:
 def _tbf_root(device: str, rate: str) -> None:
     shape = ["root", "tbf", "rate", rate, "burst", "64kb", "latency", "50ms"]
     subprocess.run(["tc", "qdisc", "replace", "dev", device, *shape], check=True, capture_output=True, text=True)
+
+
+def _remove_stale_subnet_holders() -> None:
+    """Delete any link in the root namespace that holds an address on the test subnet: a bridge a
+    killed run left behind would take the replies meant for this run's nodes (the same route twice)."""
+    listing = subprocess.run(["ip", "-o", "-4", "addr", "show", "to", f"{SUBNET}.0/24"], capture_output=True, text=True)
+    for line in listing.stdout.splitlines():
+        device = line.split()[1]
+        subprocess.run(["ip", "link", "del", device], capture_output=True)
 
 
 def unavailable() -> str | None:
@@ -113,12 +130,13 @@ class Nodes:
         )
 
     def _create(self) -> None:
-        _ip("link", "add", self.bridge, "type", "bridge")
+        _remove_stale_subnet_holders()
+        _ip("link", "add", self.bridge, "type", "bridge", *_NO_NETFILTER)
         _ip("addr", "add", f"{HOST}/24", "dev", self.bridge)
         _ip("link", "set", self.bridge, "up")
         for j in range(self.leaves):
             leaf, up, down = f"{self.prefix}l{j}", f"{self.prefix}u{j}", f"{self.prefix}s{j}"
-            _ip("link", "add", leaf, "type", "bridge")
+            _ip("link", "add", leaf, "type", "bridge", *_NO_NETFILTER)
             _ip("link", "set", leaf, "up")
             _ip("link", "add", up, "type", "veth", "peer", "name", down)
             _ip("link", "set", up, "master", leaf, "up")
@@ -134,9 +152,38 @@ class Nodes:
             _ip("-n", ns, "link", "set", veth, "up")
             _ip("-n", ns, "link", "set", "lo", "up")
 
+    def reachable(self, timeout: float = 10.0) -> None:
+        """Wait until every namespace can open a TCP connection to the bridge's address, or raise
+        with what the root namespace holds (a test that would otherwise time out later, nameless)."""
+        with socket.create_server((HOST, 0)) as server:
+            port = server.getsockname()[1]
+            probe = f"import socket; socket.create_connection(('{HOST}', {port}), timeout=2).close()"
+            waiting = list(range(self.count))
+            deadline = time.monotonic() + timeout
+            while waiting and time.monotonic() < deadline:
+                waiting = [
+                    i
+                    for i in waiting
+                    if subprocess.run(
+                        [*self.exec_prefix(i), sys.executable, "-c", probe], capture_output=True
+                    ).returncode
+                    != 0
+                ]
+                if waiting:
+                    time.sleep(0.2)
+        if waiting:
+            addresses = subprocess.run(["ip", "-br", "addr"], capture_output=True, text=True).stdout
+            routes = subprocess.run(["ip", "route"], capture_output=True, text=True).stdout
+            names = ", ".join(self.namespace(i) for i in waiting)
+            raise RuntimeError(
+                f"{names} cannot reach {HOST} within {timeout:.0f}s; addresses:\n{addresses}routes:\n{routes}"
+            )
+
     def remove(self) -> None:
         for i in range(self.count):
             subprocess.run(["ip", "netns", "del", self.namespace(i)], capture_output=True)
+            # The host end outlives its namespace while a process still runs in there.
+            subprocess.run(["ip", "link", "del", f"{self.prefix}h{i}"], capture_output=True)
         for j in range(self.leaves):
             subprocess.run(["ip", "link", "del", f"{self.prefix}u{j}"], capture_output=True)
             subprocess.run(["ip", "link", "del", f"{self.prefix}l{j}"], capture_output=True)
@@ -147,8 +194,9 @@ class Nodes:
 def namespaced_nodes(count: int, prefix: str = "vg", leaves: int = 0) -> Iterator[Nodes]:
     nodes = Nodes(count, prefix, leaves)
     nodes.remove()  # what a killed earlier run left behind
-    nodes._create()
     try:
+        nodes._create()
+        nodes.reachable()
         yield nodes
     finally:
         nodes.remove()
