@@ -53,10 +53,11 @@ __all__ = [
 
 
 class Store:
-    def __init__(self, target: Path | str, cluster: str = "default") -> None:
+    def __init__(self, target: Path | str, cluster: str = "default", coalesce: bool = True) -> None:
         """Open (or create) the database a file path or a ``postgresql://`` DSN names; raises
         DatabaseRefused for one that is damaged, foreign, or newer than this controller
-        (``controller.store.identity``). ``opened`` says what it was."""
+        (``controller.store.identity``). ``opened`` says what it was. ``coalesce``: the writer merges
+        its statements per table (off only to measure it, ``bench.store_writer``)."""
         raw, self.opened = open_database(target)
         try:
             check_identity(raw, cluster)
@@ -65,7 +66,7 @@ class Store:
             raise
         self.health = StoreHealth(raw.where)
         # The hot writes leave the event loop (controller.store.write_behind); the health sees the writer's.
-        self.writer = WriteBehind(WatchedDatabase(raw, self.health))
+        self.writer = WriteBehind(WatchedDatabase(raw, self.health), coalesce=coalesce)
         self.db: Database = self.writer
         self.nodes = NodeTable(self.db)
         self.incidents = IncidentLog(self.db)

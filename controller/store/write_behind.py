@@ -30,12 +30,11 @@ from typing import Any
 
 import structlog
 
+from controller.store.coalesce import Statement, coalesced
 from controller.store.database import Cursor, Database, Tx
 from controller.store.health import is_database_error
 
 log = structlog.get_logger(__name__)
-
-Statement = tuple[str, Any, bool]  # the SQL, its arguments (rows, for executemany), whether many
 
 
 class StoreUnavailable(OSError):
@@ -71,7 +70,7 @@ class _Recording:
         self.statements.append((sql, [tuple(r) for r in rows], True))
 
 
-def _replay(tx: Tx, unit: list[Statement]) -> None:
+def _replay(tx: Tx, unit: Sequence[Statement]) -> None:
     for sql, args, many in unit:
         if many:
             tx.executemany(sql, args)
@@ -89,10 +88,13 @@ class WriteBehind:
         group_max: int = 500,
         retry_s: tuple[float, float] = (0.1, 2.0),
         close_wait_s: float = 10.0,
+        coalesce: bool = True,
     ) -> None:
         """``max_pending``: recorded transactions not yet written, past which a new one waits (the
         event loop, then, as without the writer); ``group_max``: transactions in one of the
-        database's; ``retry_s``: the first and the longest pause between tries while it fails."""
+        database's; ``retry_s``: the first and the longest pause between tries while it fails;
+        ``coalesce``: a group's statements merged per table (``controller.store.coalesce``; off
+        only to measure it)."""
         self.inner = inner
         self.where = inner.where
         self.shared = inner.shared
@@ -100,6 +102,7 @@ class WriteBehind:
         self._group_max = group_max
         self._retry_s = retry_s
         self._close_wait_s = close_wait_s
+        self._coalesce = coalesce
         self._cond = threading.Condition()
         self._queue: deque[list[Statement]] = deque()
         self._recorded = 0  # hot transactions recorded
@@ -148,6 +151,11 @@ class WriteBehind:
     @property
     def lazy_commits(self) -> int:
         return self._recorded
+
+    @property
+    def thread_id(self) -> int:
+        """The writer thread's id in the operating system (its CPU, measured by ``bench.store_writer``)."""
+        return self._thread.native_id or 0
 
     @property
     def pending(self) -> int:
@@ -215,8 +223,11 @@ class WriteBehind:
                 units = [self._queue[i] for i in range(min(len(self._queue), self._group_max))]
             try:
                 with self.inner.tx(durable=False) as tx:
-                    for unit in units:
-                        _replay(tx, unit)
+                    if self._coalesce:
+                        _replay(tx, coalesced(units))
+                    else:
+                        for unit in units:
+                            _replay(tx, unit)
             except Exception as exc:
                 if not is_database_error(exc):
                     self._write_one_by_one(units)
