@@ -303,14 +303,17 @@ def rooms(config: ControllerConfig, store: Store, metrics: ControllerMetrics) ->
         AgentGateway(nodes.engine, nodes.fleet, nodes.checks, nodes.outboxes, config.limits),
         admin,
         TrainerGateway(jobs, config.limits),
-        scheduler_drains(config, actuator, report, store),
+        scheduler_drains(config, actuator, report, store, metrics),
     )
 
 
 def scheduler_drains(
-    config: ControllerConfig, actuator: Actuator, report: Report, store: Store
+    config: ControllerConfig, actuator: Actuator, report: Report, store: Store, metrics: ControllerMetrics
 ) -> SchedulerDrains | None:
     """Where the scheduler records drains of its own (Slurm), they are read as signals."""
     if not isinstance(actuator, DrainSource) or config.actuator != "slurm" or config.slurm.read_drains_s <= 0:
         return None
-    return SchedulerDrains(actuator, report, store.records, config.slurm.read_drains_s)
+    drains = SchedulerDrains(actuator, report, store.records, config.slurm.read_drains_s)
+    metrics.scheduler_drains_up.set_function(lambda: 1 if drains.up else 0)
+    metrics.scheduler_drains_waiting.set_function(lambda: len(drains.waiting))
+    return drains

@@ -127,6 +127,16 @@ class ControllerMetrics:
             "1 while the Kubernetes node watch is current (labels, quarantine reads); 0 while it is lost",
             registry=r,
         )
+        self.scheduler_drains_up = Gauge(
+            "vigil_controller_scheduler_drains_up",
+            "1 while the scheduler's drains are read (Slurm); 0 after a reading failed",
+            registry=r,
+        )
+        self.scheduler_drains_waiting = Gauge(
+            "vigil_controller_scheduler_drains_waiting",
+            "Drains the scheduler made on nodes no agent has said hello from: not filed as signals yet",
+            registry=r,
+        )
         self.store_write_failures = Counter(
             "vigil_controller_store_write_failures_total", "Database transactions that failed", registry=r
         )

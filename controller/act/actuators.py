@@ -66,6 +66,9 @@ class NodeSelector(Protocol):
 
 
 class Actuator(NodeSelector, Protocol):
+    # What a quarantine is on this cluster, in a person's words (pages say it: "a taint, ...").
+    quarantine_means: str
+
     def quarantine(self, action: Quarantine) -> str:
         """Take the node out of service; returns a one-line account of what was done."""
         ...

@@ -46,6 +46,8 @@ class LocalQuarantines:
 
 
 class LocalActuator:
+    quarantine_means = "a quarantine in the controller's own table"
+
     def __init__(self, db: Database, labels: dict[str, dict[str, str]] | None = None) -> None:
         self.quarantines = LocalQuarantines(db)
         self._labels = labels or {}  # no Node objects here: the configuration's node_labels

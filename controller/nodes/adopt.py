@@ -57,7 +57,7 @@ async def adopt_cluster_state(
             q.reason,
             "see the incident's signals; the node stays quarantined until released",
             observed_at=0.0,
-            did="quarantined the node (taint, cordon, node condition), by the previous leader replica",
+            did=f"quarantined the node ({actuator.quarantine_means}), by the previous leader replica",
         )
         runner.request(page, now)
     log.info("cluster_state_adopted", quarantines_found=len(found), new_here=adopted, paged_incidents=threads)

@@ -59,32 +59,40 @@ class SchedulerDrains:
         self._records = records
         self.every_s = every_s
         self._reported: dict[str, float] = _load(records.get_meta(SEEN_KEY))
+        self.up = True  # the last reading worked (vigil_controller_scheduler_drains_up)
+        self.waiting: dict[str, float] = {}  # drains on nodes no agent has said hello from, not filed yet
 
     async def watch(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
             try:
                 drains = await asyncio.to_thread(self._source.foreign_drains)
             except Exception as exc:  # slurmctld away: say so, read again next time
+                self.up = False
                 log.warning("scheduler_drains_unread", error=str(exc)[:300])
             else:
+                self.up = True
                 self.take(drains)
             await wait_event(stop, self.every_s)
 
     def take(self, drains: list[ForeignDrain]) -> int:
         """Report the new drains; returns how many were filed."""
         reported = still_drained(self._reported, drains)
-        filed = 0
+        filed, waiting = 0, {}
         for drain in new_drains(drains, reported):
             outcome = self._report(
                 Found(
                     drain.node, f"drain-{int(drain.at)}", describe(drain), Source.SCHEDULER, SignalKind.SCHEDULER_DRAIN
                 )
             )
-            if outcome.result is Result.UNKNOWN_NODE:
-                continue  # no agent has said hello from it yet: next reading
+            if outcome.result is Result.UNKNOWN_NODE:  # no agent has said hello from it yet: next reading
+                if self.waiting.get(drain.node) != drain.at:  # said once a drain, not at every reading
+                    log.warning("scheduler_drain_waits_for_agent", node=drain.node, reason=drain.reason, by=drain.by)
+                waiting[drain.node] = drain.at
+                continue
             reported[drain.node] = drain.at
             filed += 1
             log.info("scheduler_drain_seen", node=drain.node, reason=drain.reason, by=drain.by, kind=drain.kind)
+        self.waiting = waiting
         if reported != self._reported:
             self._reported = reported
             self._records.set_meta(SEEN_KEY, json.dumps(reported, sort_keys=True))

@@ -74,6 +74,8 @@ def test_sigkill_after_acting_then_restart_repeats_nothing(tmp_path: Path) -> No
 class BlockingActuator:
     """Hangs in every call, like a process killed half-way through its actions."""
 
+    quarantine_means = "nothing: this process is gone"
+
     def __init__(self) -> None:
         self.release = threading.Event()
 

@@ -3,6 +3,7 @@ across a restart (the store), and retried where no agent has said hello yet."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -85,6 +86,29 @@ def test_a_drain_on_a_node_without_an_agent_yet_is_filed_once_it_has_one(store: 
     engine = Engine(set())
     drains = [drain("gpu-07", 100.0)]
     reader = SchedulerDrains(Drained(drains), engine.found, store.records, 30)
-    assert reader.take(drains) == 0
+    assert reader.take(drains) == 0 and reader.waiting == {"gpu-07": 100.0}  # counted while it waits
     engine.known.add("gpu-07")
     assert reader.take(drains) == 1 and reader.take(drains) == 0
+    assert reader.waiting == {}
+
+
+class Unreachable:
+    def foreign_drains(self) -> list[ForeignDrain]:
+        raise OSError("slurmctld: connection refused")
+
+
+def test_a_failed_reading_is_said_until_one_works(store: Store) -> None:
+    reader = SchedulerDrains(Unreachable(), Engine(set()).found, store.records, 0.01)
+
+    async def watch_a_while() -> None:
+        stop = asyncio.Event()
+        watching = asyncio.create_task(reader.watch(stop))
+        await asyncio.sleep(0.05)
+        assert reader.up is False
+        reader._source = Drained([])  # slurmctld is back
+        await asyncio.sleep(0.05)
+        stop.set()
+        await watching
+
+    asyncio.run(watch_a_while())
+    assert reader.up is True

@@ -41,6 +41,8 @@ class DrainBlocked(Exception):
 
 
 class KubeActuator:
+    quarantine_means = "a taint, a cordon and a node condition"
+
     def __init__(
         self,
         api: client.ApiClient,

@@ -38,6 +38,8 @@ _HOLDING = frozenset({"RUNNING", "SUSPENDED", "COMPLETING", "CONFIGURING", "STOP
 
 
 class SlurmActuator:
+    quarantine_means = "a drain in Slurm, with Vigil's reason"
+
     def __init__(
         self,
         commands: SlurmCommands,
