@@ -131,8 +131,10 @@ def _fault_scenario(cluster: Cluster, admin: AdminClient, console: Console, time
 
 def _slow_scenario(cluster: Cluster, admin: AdminClient, console: Console, timeout: float) -> dict[str, Any]:
     console.print("\n[bold]2. A second job on node-1 and node-3; from step 40, node-3's rank is slow[/]")
+    # Steps of at least 60 ms: windows of 10 steps (0.5 s at least) whatever the machine's speed, so
+    # the baseline is learnt from steps 11-40, before the slow rank.
     job = _Job(cluster, "moe-slow", ["node-1", "node-3"], "--slow-node", "node-3", "--slow-s", "0.15",
-               "--slow-from-step", "40")  # fmt: skip
+               "--slow-from-step", "40", "--step-floor-s", "0.06")  # fmt: skip
     job.wait(timeout)
     drops = _logged(cluster, "mfu_drop", "moe-slow")
     stopped = job.events("checkpointed_and_exiting")

@@ -96,7 +96,11 @@ def test_a_fault_on_node_b_restarts_the_job_on_node_a_at_the_committed_step(
 @pytest.mark.serial  # a slow rank is told from the others by its step times: nothing else may load the CPUs
 def test_a_slow_rank_is_detected_blamed_on_its_node_and_left_out_of_the_restart(cluster: JobCluster) -> None:
     run_dir = cluster.tmp / "run"
-    launcher = launch(cluster, "--slow-node", "node-b", "--slow-s", "0.15", "--slow-from-step", "40")
+    # Steps of at least 60 ms: each window is 10 steps (it is also 0.5 s at least) on a fast machine too,
+    # so the baseline (windows 2-4) is learnt before the slow rank starts.
+    launcher = launch(
+        cluster, "--slow-node", "node-b", "--slow-s", "0.15", "--slow-from-step", "40", "--step-floor-s", "0.06"
+    )
     assert launcher.wait(180) == 0, (cluster.tmp / "launch.log").read_text()[-3000:]
 
     log = json_lines(cluster.tmp / "ctl.log")

@@ -136,6 +136,13 @@ class TrainConfig(ConfigModel):
     slow_node: str | None = Field(default=None, description="inject: the ranks on this node (VIGIL_NODE) turn slow")
     slow_s: float = Field(default=0.0, ge=0, description="inject: seconds added to each of their steps")
     slow_from_step: int = Field(default=0, ge=0, description="inject: from this step on")
+    step_floor_s: float = Field(
+        default=0.0,
+        ge=0,
+        le=60,
+        description="every step lasts at least this long, as a larger model's would: a reporting window (at least"
+        " 10 steps and 0.5 s) then holds the same steps on a fast machine as on a slow one",
+    )
     hang_node: str | None = Field(default=None, description="inject: the ranks on this node stop stepping (a hang)")
     hang_at_step: int = Field(default=0, ge=0, description="inject: at this step, before its collectives")
     slow_save_s: float = Field(default=0.0, ge=0, description="inject: seconds added to each scheduled save")

@@ -141,6 +141,8 @@ def main(argv: list[str] | None = None) -> int:
         mean_loss = mean.item() / world
         if slow and state.step > cfg.slow_from_step:
             time.sleep(slow)  # injected: this node's ranks are slow
+        if (short := cfg.step_floor_s - (time.perf_counter() - started)) > 0:
+            time.sleep(short)
         seconds = time.perf_counter() - started
         trained_s += seconds
         stopping = hook.step_end(state.step, tokens_per_step, seconds, mean_loss)
