@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -34,3 +35,17 @@ def header(bench: str, **machine: Any) -> dict[str, Any]:
         "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), **machine},
     }
+
+
+def revision() -> str:
+    """The code measured: its commit, and whether the working tree differed from it."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True)
+        dirty = subprocess.run(  # the results file itself is not the code measured
+            ["git", "status", "--porcelain", "--untracked-files=no", "--", ".", ":!bench/results"],
+            capture_output=True,
+            text=True,
+        )
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head.stdout.strip() + (" (modified)" if dirty.stdout.strip() else "")

@@ -51,7 +51,7 @@ from typing import Any
 import psutil
 
 from bench.controller_process import controller_target, start_controller
-from bench.record import append_result, header, percentile
+from bench.record import append_result, header, percentile, revision
 from tests.fakes.fleet import Fleet
 from tests.fakes.kube_api import KubeApiServer
 from tests.helpers import free_port
@@ -405,20 +405,6 @@ def measure(args: argparse.Namespace, workdir: Path, database: str) -> dict[str,
             except subprocess.TimeoutExpired:
                 controller.kill()
     return figures
-
-
-def revision() -> str:
-    """The code measured: its commit, and whether the working tree differed from it."""
-    try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True)
-        dirty = subprocess.run(  # the results file itself is not the code measured
-            ["git", "status", "--porcelain", "--untracked-files=no", "--", ".", ":!bench/results"],
-            capture_output=True,
-            text=True,
-        )
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    return head.stdout.strip() + (" (modified)" if dirty.stdout.strip() else "")
 
 
 def main() -> int:

@@ -27,7 +27,7 @@ from typing import Any
 
 import psutil
 
-from bench.record import append_result, header
+from bench.record import append_result, header, revision
 from controller.nodes.decide import decide
 from controller.nodes.engine import incident_id_for
 from controller.store import Store
@@ -110,6 +110,7 @@ def main() -> None:
     before, after = rows
     record = {
         **header("store_writer", database=args.database),
+        "revision": revision(),
         "nodes": args.nodes,
         "batches": args.batches,
         "runs": rows,

@@ -16,6 +16,7 @@ tables independent.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -26,6 +27,7 @@ _TABLE = re.compile(r"^\s*(?:INSERT\s+INTO|UPDATE|DELETE\s+FROM)\s+(\w+)\b", re.
 _READS = re.compile(r"\bSELECT\b", re.IGNORECASE)
 
 
+@functools.lru_cache(maxsize=256)  # the store's statements are a few dozen strings
 def table_of(sql: str) -> str | None:
     """The one table a plain write touches, or None where the statement may not move."""
     match = _TABLE.match(sql)
