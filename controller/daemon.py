@@ -78,10 +78,11 @@ class Controller:
         if self.config.leader_election.enabled:
             await self.nodes.adopt_cluster_state()
         tokens = self._token_reviewer()
-        size = self.config.limits.max_message_bytes
+        size, limits = self.config.limits.max_message_bytes, self.config.limits
+        roles = [RoleInterceptor(tokens, limits.first_message_s)] if self.tls else []
         self.server = grpc.aio.server(
             # Undecodable bytes are refused first (INVALID_ARGUMENT); then, under TLS, the caller's role.
-            interceptors=[DecodeInterceptor(), *([RoleInterceptor(tokens)] if self.tls else [])],
+            interceptors=[DecodeInterceptor(), *roles],
             options=[
                 ("grpc.max_receive_message_length", size),
                 ("grpc.max_send_message_length", size),

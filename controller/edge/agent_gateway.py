@@ -95,7 +95,12 @@ class AgentGateway(agent_pb2_grpc.AgentGatewayServicer):
     async def Connect(  # noqa: N802 (gRPC method name)
         self, request_iterator: AsyncIterator[agent_pb2.AgentMessage], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[agent_pb2.ControllerMessage]:
-        first = await anext(aiter(request_iterator), None)
+        try:
+            first = await asyncio.wait_for(anext(aiter(request_iterator), None), self._limits.first_message_s)
+        except TimeoutError:
+            why = f"no Hello within {self._limits.first_message_s:g} s of opening the stream"
+            log.warning("call_refused", peer=context.peer(), why=why)
+            await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, why)
         if first is None or not first.HasField("hello"):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the first message must be Hello")
             return

@@ -95,14 +95,17 @@ async def _require(service: str, context: grpc.aio.ServicerContext, tokens: Toke
 
 
 class RoleInterceptor(WrappingInterceptor):
-    def __init__(self, tokens: TokenReviewer | None = None) -> None:
+    def __init__(self, tokens: TokenReviewer | None = None, first_message_s: float = 30.0) -> None:
         self.tokens = tokens
+        self.first_message_s = first_message_s  # a stream's first message, awaited before the caller is judged
 
     def wrap(self, handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
-        return _guarded(handler, method.split("/")[1], self.tokens)
+        return _guarded(handler, method.split("/")[1], self.tokens, self.first_message_s)
 
 
-def _guarded(handler: grpc.RpcMethodHandler, service: str, tokens: TokenReviewer | None) -> grpc.RpcMethodHandler:
+def _guarded(
+    handler: grpc.RpcMethodHandler, service: str, tokens: TokenReviewer | None, first_message_s: float
+) -> grpc.RpcMethodHandler:
     """The same handler, checking the caller first."""
     codec: dict[str, Any] = {
         "request_deserializer": handler.request_deserializer,
@@ -117,14 +120,16 @@ def _guarded(handler: grpc.RpcMethodHandler, service: str, tokens: TokenReviewer
 
         return grpc.unary_unary_rpc_method_handler(unary_unary, **codec)
     if handler.unary_stream:
-        return grpc.unary_stream_rpc_method_handler(_streaming(service, handler.unary_stream, tokens), **codec)
+        streaming = _streaming(service, handler.unary_stream, tokens, first_message_s)
+        return grpc.unary_stream_rpc_method_handler(streaming, **codec)
     if handler.stream_stream:
-        return grpc.stream_stream_rpc_method_handler(_streaming(service, handler.stream_stream, tokens), **codec)
+        streaming = _streaming(service, handler.stream_stream, tokens, first_message_s)
+        return grpc.stream_stream_rpc_method_handler(streaming, **codec)
     raise TypeError(f"{service}: a client-streaming method is not guarded")  # Vigil has none
 
 
 def _streaming(
-    service: str, inner: Callable[[Any, Any], AsyncIterator[Any]], tokens: TokenReviewer | None
+    service: str, inner: Callable[[Any, Any], AsyncIterator[Any]], tokens: TokenReviewer | None, first_message_s: float
 ) -> Callable[..., AsyncIterator[Any]]:
     """A server-streaming method (its argument a request or the requests' iterator), checked first."""
 
@@ -133,7 +138,11 @@ def _streaming(
             # A stream's first message is read before the caller is judged: refused at once, the
             # caller's first write could fail against the closing stream, and its client would then
             # report that failure (INTERNAL) instead of the refusal and its reason.
-            argument = await _first_read(argument)
+            try:
+                argument = await _first_read(argument, first_message_s)
+            except TimeoutError:
+                why = f"no first message within {first_message_s:g} s of opening the stream"
+                await _refuse(context, service, grpc.StatusCode.DEADLINE_EXCEEDED, why)
         await _require(service, context, tokens)
         who, token = caller(), bearer(context.invocation_metadata())
         if tokens is not None and token and who is not None and hasattr(argument, "__aiter__"):
@@ -144,10 +153,10 @@ def _streaming(
     return guarded
 
 
-async def _first_read(requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
-    """The same messages, the first of them read now."""
+async def _first_read(requests: AsyncIterator[Any], wait_s: float) -> AsyncIterator[Any]:
+    """The same messages, the first of them read now (within ``wait_s``, else TimeoutError)."""
     iterator = aiter(requests)
-    first = await anext(iterator, _NOTHING)
+    first = await asyncio.wait_for(anext(iterator, _NOTHING), wait_s)
 
     async def replay() -> AsyncIterator[Any]:
         if first is not _NOTHING:

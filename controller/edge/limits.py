@@ -23,6 +23,13 @@ class LimitsConfig(ConfigModel):
         ge=1,
         description="nodes the controller knows at most; a Hello from a new one beyond is refused",
     )
+    first_message_s: float = Field(
+        default=30.0,
+        gt=0,
+        le=600,
+        description="an agent's stream with no Hello within this long is closed (DEADLINE_EXCEEDED): a peer that "
+        "opens streams and says nothing holds no resources past it",
+    )
     max_seq_gap: int = Field(
         default=10_000_000,
         ge=1000,

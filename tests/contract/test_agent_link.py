@@ -451,3 +451,19 @@ def test_a_second_controller_on_a_port_in_use_is_refused_not_given_half_the_agen
         await stop_controller(first)
 
     asyncio.run(scenario())
+
+
+def test_a_stream_that_never_says_hello_is_closed(tmp_path: Path) -> None:
+    """A peer that opens agent streams and sends nothing holds none of them past limits.first_message_s."""
+
+    async def scenario() -> None:
+        controller = await start_controller(tmp_path / "ctl.db", limits={"first_message_s": 0.5})
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{controller.port}") as channel:
+            call = agent_pb2_grpc.AgentGatewayStub(channel).Connect()
+            code, details = await asyncio.wait_for(call.code(), 10), await call.details()
+        assert code == grpc.StatusCode.DEADLINE_EXCEEDED and "no Hello within 0.5 s" in str(details)
+        replies = await send_raw(controller.port, raw_batch("s1", [1]), until_ack=1)  # an agent that speaks
+        assert replies[-1].ack.acked_seq == 1
+        await stop_controller(controller)
+
+    asyncio.run(scenario())

@@ -126,6 +126,20 @@ def test_agents_are_admitted_only_with_a_certificate_of_this_cluster_for_their_o
     serve(pki, tmp_path, test)
 
 
+def test_a_certified_peer_that_never_says_hello_is_closed(pki: Path, tmp_path: Path) -> None:
+    """Under TLS the stream's first message is read before the caller is judged; it is awaited
+    limits.first_message_s at most."""
+
+    async def test(target: str) -> None:
+        async with _channel(target, mine(pki, "node-node-1")) as channel:
+            call = agent_pb2_grpc.AgentGatewayStub(channel).Connect()
+            code, details = await asyncio.wait_for(call.code(), 10), await call.details()
+        assert code == grpc.StatusCode.DEADLINE_EXCEEDED and "no first message within 0.5 s" in str(details)
+        assert await hello(target, mine(pki, "node-node-1"), "node-1") is grpc.StatusCode.OK
+
+    serve(pki, tmp_path, test, limits={"first_message_s": 0.5})
+
+
 def test_the_admin_and_trainer_services_take_only_their_own_roles(pki: Path, tmp_path: Path) -> None:
     async def test(target: str) -> None:
         admin, node, trainer = mine(pki, "admin-alice"), mine(pki, "node-node-1"), mine(pki, "trainer-jobs")
