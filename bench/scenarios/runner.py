@@ -137,7 +137,7 @@ def _run(
                 wait_for(healthy, registered_s, "every node HEALTHY", cluster.check_alive)
             except DemoFailed as exc:
                 raise DemoFailed(f"{exc}; {_not_healthy(admin, cluster)}") from None
-            faults, sweeps = _play(cluster, config, admin, scenario, kube, fabric, machines, slurm)
+            faults, sweeps, restarted_without = _play(cluster, config, admin, scenario, kube, fabric, machines, slurm)
             want = scenario.expect
             with contextlib.suppress(DemoFailed):  # judged below: what was missed is named there
                 database, fleet_pages = workdir / "controller.db", want.fleet_pages or 0
@@ -173,6 +173,7 @@ def _run(
                     for n in scenario.expect.incident_says
                 },
                 undone=undone,
+                job_restarted_without=restarted_without,
                 paged_incidents=frozenset(incident for incident, _, _ in recorded),
                 slack_posts=_slack_posts(slack),
                 sweeps=tuple(sweeps),
@@ -206,9 +207,9 @@ def _play(
     fabric: Nodes | None,
     machines: _Machines,
     slurm: SlurmCluster | None,
-) -> tuple[dict[str, list[float]], list[SweepSeen]]:
+) -> tuple[dict[str, list[float]], list[SweepSeen], frozenset[str] | None]:
     """Inject the events on their timeline; returns when each node's faults were injected (wall
-    clock), and what each sweep found."""
+    clock), what each sweep found, and the nodes the job was told to restart without (None: never)."""
     people = kube is not None and any(e.person for e in scenario.events)
     person_api = _person_api(kube, cluster.workdir) if kube is not None and people else None
     started, seq = time.monotonic(), 10_000
@@ -251,7 +252,7 @@ def _play(
             machines.job_process(event.node, event.job_process)
             continue
         seq = _inject(cluster, admin, event, seq)
-    return faults, sweeps
+    return faults, sweeps, job.restarted_without if job is not None else None
 
 
 def _throttle(fabric: Nodes, nodes: list[str], throttle: Throttle) -> None:
@@ -343,6 +344,7 @@ class _JobReporter:
         self._stub = trainer_pb2_grpc.TrainerGatewayStub(grpc.insecure_channel(target))
         self._job = job
         self._step = 0
+        self.restarted_without: frozenset[str] | None = None  # what a CheckpointAndRestart told it to leave
 
     def windows(self, w: JobWindows) -> None:
         job = self._job
@@ -367,7 +369,11 @@ class _JobReporter:
                 world_size=len(times),
                 event="start" if w.start and i == 0 else "",
             )
-            self._stub.Report(p, timeout=5)
+            reply = self._stub.Report(p, timeout=5)
+            for command in reply.commands:
+                if command.HasField("checkpoint_and_restart"):
+                    left = frozenset(command.checkpoint_and_restart.exclude_nodes)
+                    self.restarted_without = (self.restarted_without or frozenset()) | left
             time.sleep(job.window_s)
 
 

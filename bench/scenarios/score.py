@@ -39,6 +39,7 @@ class Observed:
         default_factory=dict
     )  # node -> its incidents' reason and message
     undone: dict[str, int] = field(default_factory=dict)  # rule -> quarantines a person undid (vigil rules)
+    job_restarted_without: frozenset[str] | None = None  # the nodes a CheckpointAndRestart told the job to leave
     paged_incidents: frozenset[str] = frozenset()  # incidents the controller recorded a sent page for
     slack_posts: tuple[str, ...] = ()  # the incident of each top-level message in the Slack channel
     sweeps: tuple[SweepSeen, ...] = ()  # in the order of the scenario's sweep events
@@ -120,6 +121,9 @@ def judge(name: str, scenario: Scenario, seen: Observed) -> Outcome:
         ]
         if wrong:
             problems.append(f"drained at the end: {seen.drained}, expected reasons starting {want.drained}")
+    if want.job_restarted_without is not None and seen.job_restarted_without != want.job_restarted_without:
+        told = "never told to restart" if seen.job_restarted_without is None else sorted(seen.job_restarted_without)
+        problems.append(f"the job: {told}, expected a restart without {sorted(want.job_restarted_without)}")
     for rule, count in sorted(want.undone.items()):
         if seen.undone.get(rule, 0) != count:
             problems.append(f"vigil rules: {rule} undone {seen.undone.get(rule, 0)} time(s), expected {count}")

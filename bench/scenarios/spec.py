@@ -360,6 +360,11 @@ class Expect(_Strict):
     undone: dict[str, int] = Field(
         default_factory=dict, description="rule -> quarantines a person undid soon after (vigil rules)"
     )
+    job_restarted_without: frozenset[str] | None = Field(
+        default=None,
+        description="the job was told to checkpoint and restart without exactly these nodes (needs job: and"
+        " job_windows after the fault, which is when the job hears its commands)",
+    )
     remedied: frozenset[str] | None = Field(
         default=None, description="exactly these nodes had a repair carried out on them (a reset or a reboot)"
     )
