@@ -144,6 +144,7 @@ def node_route(
         lambda n: labels.get(n, {}),
         fleet.names,
         flush_soon=store.group.soon,
+        quarantine_means=actuator.quarantine_means,
     )
     store.group.before_flush.append(guard.flush_state)
     runner.settle = guard.settle  # a burst's quarantines and pages wait to be decided as a whole

@@ -150,7 +150,7 @@ def execute(action: ExternalAction, actuator: Actuator, pager: Pager) -> str:
     """Carry an external action out (blocking); returns a one-line account of what was done."""
     match action:
         case Quarantine(dry_run=True):
-            return "dry run: would quarantine (taint, cordon, condition); nothing changed"
+            return f"dry run: would quarantine ({actuator.quarantine_means}); nothing changed"
         case Quarantine():
             return actuator.quarantine(action)
         case Drain():

@@ -52,7 +52,11 @@ _BREAKER_KEY = "circuit_breaker"
 _DOMAINS_KEY = "domain_guard"
 _SHARED_KEY = "shared_cause"
 _SETTLED_AFTER_S = 60.0  # a settling entry this old is forgotten (its actions have long run)
-DRY_RUN_DID = "DRY RUN: would quarantine the node (taint, cordon, condition); nothing was changed"
+
+
+def dry_run_did(quarantine_means: str) -> str:
+    """What a dry run's page says it did (``quarantine_means``: the actuator's words, "a drain in Slurm")."""
+    return f"DRY RUN: would quarantine the node ({quarantine_means}); nothing was changed"
 
 
 class Guard:
@@ -67,8 +71,10 @@ class Guard:
         labels: Callable[[str], Mapping[str, str]] = lambda node: {},
         fleet_nodes: Callable[[], Sequence[str]] = lambda: (),
         flush_soon: Callable[[], None] | None = None,
+        quarantine_means: str = "a taint, a cordon and a node condition",
     ) -> None:
         self.config = config
+        self._quarantine_means = quarantine_means  # the actuator's words, for a dry run's page
         self._records = records
         self._runner = runner
         self._metrics = metrics
@@ -121,7 +127,7 @@ class Guard:
         if quarantine is None:
             return actions, frozenset()
         if self.config.dry_run:
-            return tuple(_dry(a) for a in actions), frozenset()
+            return tuple(_dry(a, self._quarantine_means) for a in actions), frozenset()
         cfg = self.config.domains
         named = node_domains(self._labels(quarantine.node), cfg)
         domains = list(dict.fromkeys([*named, *held_domains(self.domains, quarantine.node)]))
@@ -297,11 +303,11 @@ class Guard:
         self._runner.request(page)
 
 
-def _dry(action: Action) -> Action:
+def _dry(action: Action, quarantine_means: str) -> Action:
     if isinstance(action, Quarantine):
         return replace(action, dry_run=True)
     if isinstance(action, Page):
-        return replace(action, did=DRY_RUN_DID)
+        return replace(action, did=dry_run_did(quarantine_means))
     return action
 
 
