@@ -101,7 +101,9 @@ def hang_blame(
     came), ``faults`` its nodes' recent signals, ``since`` when its step last moved."""
     verdict = wave.verdict if wave is not None else None
     if verdict in (HangClass.APPLICATION, HangClass.IO):
-        return HangBlame((), (), f"the stacks name the {verdict.value} (not the hardware): nothing cordoned")
+        return HangBlame(
+            (), (), f"the stacks name the {verdict.value} (not the hardware): nothing taken out of service"
+        )
     if verdict in (HangClass.HOST, HangClass.BEHIND) and wave is not None:
         candidates = tuple(dict.fromkeys(c.node for c in wave.culprits))
     else:
@@ -120,7 +122,7 @@ def hang_blame(
         else "no stacks to say where it is stuck"
     )
     if not blamed:
-        nothing = "no node of the job shows a hardware signal of its own: nothing cordoned"
+        nothing = "no node of the job shows a hardware signal of its own: nothing taken out of service"
         return HangBlame((), (), f"{where}, and {nothing}")
     said = "; ".join(f"{n}: " + ", ".join(sorted({f.describe() for f in found if f.node == n})) for n in blamed)
     return HangBlame(blamed, tuple(found), f"{where}, joined with the nodes' own signals ({said})")

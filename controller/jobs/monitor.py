@@ -391,5 +391,6 @@ def hang_page(job: Job, hang: Hang) -> Page:
         "recorder, TORCH_FR_BUFFER_SIZE); the rank that never entered the collective the others wait in is "
         "the culprit. Under vigil launch, this page's thread names it from the ranks' stacks",
         observed_at=hang.since,
-        did="nothing cordoned: a hang alone does not say the hardware (most are the application's or the host's)",
+        did="nothing taken out of service: a hang alone does not say the hardware (most are the application's"
+        " or the host's)",
     )

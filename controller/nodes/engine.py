@@ -308,4 +308,6 @@ class Engine:
             reason = f"behind {fault.node}: {fault.reason}"
             self.found(Found(node, f"{fault.key}-{domain}", reason, fault.source, fault.kind))
         paged = "paged once" if news else "its domain was suspect already: not paged again"
-        return Outcome(Result.HELD_IN_DOMAIN, "", f"{domain}: {len(nodes)} node(s) behind it, none cordoned; {paged}")
+        return Outcome(
+            Result.HELD_IN_DOMAIN, "", f"{domain}: {len(nodes)} node(s) behind it, none taken out of service; {paged}"
+        )

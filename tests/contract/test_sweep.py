@@ -308,7 +308,7 @@ def test_a_slow_leaf_switch_is_named_and_its_nodes_held_not_cordoned(tmp_path: P
         assert {n: pairs[n] for n in behind} == dict.fromkeys(behind, "UNKNOWN")  # not blamed: behind it
         assert {v for n, v in pairs.items() if n not in behind} == {"OK"}, summary
         assert common_pb2.Verdict.Name(summary.verdict) == "FAIL" and summary.failed_nodes == 0
-        assert "none cordoned; paged once" in summary.quarantine["leaf leaf-b"]
+        assert "none taken out of service; paged once" in summary.quarantine["leaf leaf-b"]
         assert LocalQuarantines(c.controller.store.db).nodes() == {}
         assert c.controller.engine.guard.holding  # the nodes behind it wait for a person
         sizes = {r.params.get("sizes") for _, r in c.checks.requests if "master" in r.params}

@@ -505,7 +505,9 @@ def test_a_job_whose_step_stops_while_rank_0_heartbeats_is_hung_paged_once_and_c
         (page,) = [a for a in r.actions("hang-moe-") if a[1].startswith("PAGE")]
         assert page[0] == "hang-moe-1"
         (payload,) = r.controller.store.read("SELECT payload FROM actions WHERE incident_id = 'hang-moe-1'")
-        assert "no step for" in payload[0] and "at step 40" in payload[0] and "nothing cordoned" in payload[0]
+        assert (
+            "no step for" in payload[0] and "at step 40" in payload[0] and "nothing taken out of service" in payload[0]
+        )
         assert r.controller.engine.metrics.job_hung.labels("moe")._value.get() > 0.6
         assert {n.node: n.health for n in (await r.admin.GetStatus(admin_pb2.StatusRequest())).nodes} == {
             n: "HEALTHY" for n in NODES
@@ -570,7 +572,7 @@ def test_a_hung_job_whose_nodes_show_nothing_is_paged_and_nothing_is_cordoned(tm
                 break
             await asyncio.sleep(0.1)
         (note,) = r.controller.store.read("SELECT payload FROM actions WHERE kind = 'NOTE:NO-EVIDENCE'")
-        assert "no node of the job shows a hardware signal of its own: nothing cordoned" in note[0]
+        assert "no node of the job shows a hardware signal of its own: nothing taken out of service" in note[0]
         health = {n.node: n.health for n in (await r.admin.GetStatus(admin_pb2.StatusRequest())).nodes}
         assert set(health.values()) == {"HEALTHY"}
 

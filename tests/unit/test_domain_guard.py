@@ -116,7 +116,10 @@ def test_a_blamed_leaf_pages_once_and_cordons_none_of_its_nodes(tmp_path: Path) 
         )
         await e.wait_for_actions()
         assert said.result is again.result is Result.HELD_IN_DOMAIN and not said.quarantined
-        assert "3 node(s) behind it, none cordoned; paged once" in str(said) and "not paged again" in again.detail
+        assert (
+            "3 node(s) behind it, none taken out of service; paged once" in str(said)
+            and "not paged again" in again.detail
+        )
         assert LocalQuarantines(store.db).nodes() == {}
         assert [p.summary.split(" is slow")[0] for p in pages] == ["leaf leaf-a"]
         assert e.guard.holding and "vigil.dev/leaf-switch=leaf-a" in e.guard.automation

@@ -45,7 +45,7 @@ def test_evidence_from_long_before_the_hang_or_of_another_node_is_none() -> None
     old = NodeFault("node-b", SignalKind.NVLINK_ERRORS, 4, SINCE - 61)
     elsewhere = NodeFault("node-z", SignalKind.IB_PORT_DOWN, 1, SINCE)
     blame = hang_blame(None, NODES, [old, elsewhere], SINCE, 60)
-    assert blame.nodes == () and "nothing cordoned" in blame.why
+    assert blame.nodes == () and "nothing taken out of service" in blame.why
 
 
 @pytest.mark.parametrize(

@@ -199,7 +199,7 @@ class Guard:
                 summary=f"{component} is slow ({len(nodes)} node(s) behind it): {evidence}",
                 remedy=f"check {component} (ports, cables, optics, its counters); then `vigil resume` "
                 "(add --apply-held to quarantine the nodes behind it after all)",
-                did=f"held the quarantines of the {len(nodes)} node(s) in {domain}; cordoned none",
+                did=f"held the quarantines of the {len(nodes)} node(s) in {domain}; took none out of service",
             )
             self._runner.request(page)
         return news
