@@ -39,7 +39,10 @@ def test_the_adapter_reports_progress_and_obeys_the_checkpoint_command(
 ) -> None:
     pytest.importorskip(library, reason=f"the adapter's test needs {library} (make test installs it)")
     with job_cluster(tmp_path, pager="console") as cluster, AdminClient(cluster.controller) as admin:
-        launcher = cluster.launch("lm", ["node-a", "node-b"], ["--steps", str(STEPS)], ENV, module=module)
+        # 20 ms after each step: on a fast machine the job would otherwise finish its last 100 steps
+        # before it heard the stop (it asks every second).
+        args = ["--steps", str(STEPS), "--step-pause-s", "0.02"]
+        launcher = cluster.launch("lm", ["node-a", "node-b"], args, ENV, module=module)
 
         def learned() -> bool:  # Progress arrived: the job, its two nodes, windows judged into a baseline
             jobs = admin.jobs()

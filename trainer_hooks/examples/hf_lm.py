@@ -13,12 +13,14 @@ import argparse
 import json
 import os
 import sys
+import time
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch.utils.data import Dataset
-from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
+from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
 
 from trainer_hooks.adapters.huggingface import VigilTrainerCallback, last_checkpoint
 from trainer_hooks.hook import HookConfigError
@@ -38,11 +40,23 @@ class RandomTokens(Dataset[dict[str, torch.Tensor]]):
         return {"input_ids": self.tokens[i], "labels": self.tokens[i]}
 
 
+class Paced(TrainerCallback):
+    """Each step pauses ``pause_s`` after it, as a larger model's step would take longer (the tests: a job
+    on a fast machine still runs long enough to hear Vigil's commands)."""
+
+    def __init__(self, pause_s: float) -> None:
+        self.pause_s = pause_s
+
+    def on_step_end(self, *args: Any, **kwargs: Any) -> None:
+        time.sleep(self.pause_s)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m trainer_hooks.examples.hf_lm", description=__doc__)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--batch", type=int, default=8, help="sequences per rank per step")
+    parser.add_argument("--step-pause-s", type=float, default=0.0, help="a pause after each step")
     args = parser.parse_args(argv)
     model = GPT2LMHeadModel(CONFIG)
     try:
@@ -56,7 +70,12 @@ def main(argv: list[str] | None = None) -> int:
         ddp_backend="gloo" if int(os.environ.get("WORLD_SIZE", 1)) > 1 else None,
         include_num_input_tokens_seen="all", disable_tqdm=True, seed=0, dataloader_num_workers=0,
     )  # fmt: skip
-    trainer = Trainer(model=model, args=training, train_dataset=RandomTokens(4096), callbacks=[vigil])
+    trainer = Trainer(
+        model=model,
+        args=training,
+        train_dataset=RandomTokens(4096),
+        callbacks=[vigil, *([Paced(args.step_pause_s)] if args.step_pause_s > 0 else [])],
+    )
     resume = last_checkpoint(args.out)
     trainer.train(resume_from_checkpoint=resume)
     if trainer.is_world_process_zero():

@@ -13,7 +13,9 @@ import argparse
 import json
 import os
 import sys
+import time
 from pathlib import Path
+from typing import Any
 
 import lightning.pytorch as pl
 import torch
@@ -41,6 +43,17 @@ class TinyLM(pl.LightningModule):
         return torch.optim.AdamW(self.parameters(), lr=3e-3)
 
 
+class Paced(pl.Callback):
+    """Each step pauses ``pause_s`` after it, as a larger model's step would take longer (the tests: a job
+    on a fast machine still runs long enough to hear Vigil's commands)."""
+
+    def __init__(self, pause_s: float) -> None:
+        self.pause_s = pause_s
+
+    def on_train_batch_end(self, *args: Any) -> None:
+        time.sleep(self.pause_s)
+
+
 def flops_per_token() -> float:
     return 6.0 * sum(p.numel() for p in TinyLM().parameters())
 
@@ -50,6 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--batch", type=int, default=8, help="sequences per rank per step")
+    parser.add_argument("--step-pause-s", type=float, default=0.0, help="a pause after each step")
     args = parser.parse_args(argv)
     world, local = int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("LOCAL_WORLD_SIZE", 1))
     try:
@@ -60,9 +74,10 @@ def main(argv: list[str] | None = None) -> int:
     pl.seed_everything(0, verbose=False)
     data = TensorDataset(torch.randint(0, VOCAB, (4096, SEQ), generator=torch.Generator().manual_seed(0)))
     checkpoints = ModelCheckpoint(dirpath=args.out / "checkpoints", every_n_train_steps=20, save_last=True)
+    paced = [Paced(args.step_pause_s)] if args.step_pause_s > 0 else []
     trainer = pl.Trainer(
         accelerator="cpu", devices=local, num_nodes=world // local, strategy="ddp" if world > 1 else "auto",
-        max_steps=args.steps, callbacks=[vigil, checkpoints], logger=False, enable_progress_bar=False,
+        max_steps=args.steps, callbacks=[vigil, checkpoints, *paced], logger=False, enable_progress_bar=False,
         enable_model_summary=False, use_distributed_sampler=True,
     )  # fmt: skip
     trainer.fit(TinyLM(), DataLoader(data, batch_size=args.batch, shuffle=True), ckpt_path="last")
