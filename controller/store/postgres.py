@@ -15,11 +15,7 @@ from contextlib import contextmanager
 from typing import Any
 from urllib.parse import urlsplit
 
-import structlog
-
 from controller.store.database import Cursor, Tx
-
-log = structlog.get_logger(__name__)
 
 _TYPES = ((re.compile(r"\bINTEGER\b"), "BIGINT"), (re.compile(r"\bREAL\b"), "DOUBLE PRECISION"))
 
@@ -72,14 +68,12 @@ def _pool_timeout() -> type[Exception]:
 class PostgresDatabase:
     shared = True
 
-    def __init__(
-        self, dsn: str, pool_size: int = 4, timeout_s: float = 10.0, away_wait_s: float = 0.2, reconnect_s: float = 8.0
-    ) -> None:
+    def __init__(self, dsn: str, pool_size: int = 4, timeout_s: float = 10.0, away_wait_s: float = 0.2) -> None:
         """``timeout_s``: how long a transaction waits for a connection while the server answers;
         ``away_wait_s``: how long once it has failed, until it answers again. The store runs on the
         controller's event loop, so a server that is away must not hold the loop for ``timeout_s``
         per write: the write fails at once, is said (``StoreHealth``) and waits in its agent's spool,
-        while the pool reconnects in the background (``reconnect_s``: one reconnection's tries, at most)."""
+        while the pool reconnects in the background."""
         try:
             from psycopg_pool import ConnectionPool
         except ImportError as exc:
@@ -91,21 +85,7 @@ class PostgresDatabase:
         self._away_wait_s = away_wait_s
         self._away = False
         self._lazy = 0
-        # The pool's reconnection backs off exponentially (1, 2, 4, 8, 16 s ...) while the server is away, and
-        # nothing asks again before its next try: after a long outage the server could be back for a minute
-        # before the controller wrote again. A try that gives up after ``reconnect_s`` bounds that wait; the
-        # next write starts a new one at once.
-        self._pool = ConnectionPool(
-            dsn,
-            min_size=1,
-            max_size=pool_size,
-            timeout=timeout_s,
-            open=False,
-            reconnect_timeout=reconnect_s,
-            reconnect_failed=lambda _pool: log.warning(
-                "store_reconnect_gave_up", database=self.where, after_s=reconnect_s
-            ),
-        )
+        self._pool = ConnectionPool(dsn, min_size=1, max_size=pool_size, timeout=timeout_s, open=False)
         try:
             self._pool.open(wait=True, timeout=timeout_s)
         except Exception as exc:  # PoolTimeout: the server is away, or refuses us
