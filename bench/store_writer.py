@@ -57,9 +57,10 @@ def _run(target: str, nodes: int, batches: int, coalesce: bool) -> dict[str, Any
         seqs[node] += 1
         now = time.time()
         signal = Signal(node, SignalKind.XID, GpuRef(k % 8), 63, message="row remap", observed_at=now, seq=seqs[node])
-        decision = decide(states[node], signal, policy, now, incident_id_for(node, "spool0", seqs[node]))
+        incident_id = incident_id_for(node, "spool0", seqs[node])
+        decision = decide(states[node], signal, policy, now, incident_id)
         with store.tx(durable=False) as db:
-            IncidentLog.signal(db, node, "spool0", signal, incident_id_for(node, "spool0", seqs[node]), now)
+            IncidentLog.signal(db, node, "spool0", signal, incident_id, now)
             for action in decision.actions:
                 if isinstance(action, OpenIncident):
                     IncidentLog.open(db, action, now)
@@ -70,7 +71,7 @@ def _run(target: str, nodes: int, batches: int, coalesce: bool) -> dict[str, Any
     store.db.sync()
     wall, cpu, writer_cpu = time.perf_counter() - t0, time.process_time() - cpu0, _thread_cpu(writer) - writer0
     size = store.db.size_bytes()
-    store.db.close()
+    store.close()  # the group commit's thread too, not only the database
     return {
         "coalesce": coalesce,
         "batches_per_s": round(batches / wall, 1),
