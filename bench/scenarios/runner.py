@@ -288,6 +288,8 @@ def _sweep(target: str, sweep: Sweep) -> SweepSeen:
         verdict=summary.get("verdict", ""),
         rows=rows,
         findings=tuple(sorted(f["node"] for f in summary.get("findings", []))),
+        why={(r["node"], r["check"]): f"{r.get('figure', '')}: {r.get('reason', '')}" for r in summary.get("rows", [])},
+        why_found={f["node"]: f.get("reason", "") for f in summary.get("findings", [])},
     )
 
 

@@ -20,6 +20,10 @@ class SweepSeen:
     rows: dict[tuple[str, str], str] = field(default_factory=dict)  # (node, check) -> verdict
     findings: tuple[str, ...] = ()  # culprit nodes, or "a|b" for a link
     error: str = ""
+    # The evidence, to show when the verdicts are not the expected ones: (node, check) -> the row's
+    # figure and reason; finding -> its reason.
+    why: dict[tuple[str, str], str] = field(default_factory=dict)
+    why_found: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -181,9 +185,12 @@ def _sweep_problems(want: Sweep, got: SweepSeen) -> list[str]:
     for node, checks in sorted(want.rows.items()):
         for check, verdict in sorted(checks.items()):
             if got.rows.get((node, check)) != verdict:
-                problems.append(f"{node} {check}: {got.rows.get((node, check), 'no row')}, expected {verdict}")
+                because = f" ({why})" if (why := got.why.get((node, check))) else ""
+                problems.append(f"{node} {check}: {got.rows.get((node, check), 'no row')}, expected {verdict}{because}")
     if want.findings is not None and got.findings != tuple(sorted(want.findings)):
-        problems.append(f"findings {list(got.findings)}, expected {sorted(want.findings)}")
+        evidence = "; ".join(f"{f}: {got.why_found[f]}" for f in got.findings if f in got.why_found)
+        because = f" ({evidence})" if evidence else ""
+        problems.append(f"findings {list(got.findings)}, expected {sorted(want.findings)}{because}")
     return problems
 
 

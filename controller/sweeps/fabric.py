@@ -6,7 +6,10 @@ stage pairs the k-th node of each leaf with the k-th node of another leaf, a dif
 k (the rounds of a round-robin tournament between leaves), so one round has each leaf meet up to
 as many other leaves as it has nodes. A second cross round runs only where some leaf met fewer than
 two others. Each pair all-reduces at several sizes (8 B latency to 1 GiB bandwidth); at each size a
-pair is judged against the healthy pairs of its class (``references``, ``judge_pairs``).
+pair is judged against the healthy pairs of its class (``references``, ``judge_pairs``). The slow
+pairs run once more, and each counts at its better run (``better_of``): on a busy host a pair can
+be slow once by chance, and one such pair beside a fault can make a small fabric's evidence point
+at the wrong part (a node of a leaf of two slow in every pair, its pair across no evidence then).
 
 Localisation, from the largest component down (each explains the slow pairs through it):
 - a **leaf switch**: most of its nodes slow in every pair they ran (within the leaf and across);
@@ -20,15 +23,16 @@ Localisation, from the largest component down (each explains the slow pairs thro
   path between them: which uplink cannot be told;
 - what is left is re-tested node by node (``controller.sweeps.pairing``): a node slow with every partner
   is to blame; one fine within its leaf and slow across is that **node's uplink**; two fine nodes
-  slow together are the **link** between them, once their pair is slow again when run once more
-  (a pair slow once by chance, on a busy host, is not reproduced and blames nothing).
+  slow together are the **link** between them. A node, its uplink or a link is blamed only once the
+  pair its blame rests on (the node's re-test, the link's pair) is slow again when run once more (a
+  pair slow once by chance, on a busy host, is not reproduced and blames nothing).
 """
 
 from __future__ import annotations
 
 import statistics
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from controller.sweeps.judge import PairRun
 from controller.sweeps.pairing import Finding, IsolationPlan, Pair, confirmed, culprits, plan_isolation
@@ -328,22 +332,29 @@ def node_uplinks(
         if within and not any(p in slow for p in within) and any(p in slow for p in across):
             leaf = _leaf(topology, f.node)
             why = f"fine within leaf {leaf}, slow across leaves: {f.reason}"
-            out.append(Finding(f.node, why, "node-uplink", (f.node,)))
+            out.append(replace(f, reason=why, kind="node-uplink"))
         else:
             out.append(f)
     return out
 
 
+def suspect_in(pair: Pair, node: str, topology: Topology, behind: Collection[str]) -> bool:
+    """Whether a slow pair is evidence against this member: not for a node behind a blamed component
+    (a leaf, an uplink, a spine) when the pair goes across leaves, through that component."""
+    return node not in behind or pair_class(pair, topology) == WITHIN
+
+
 def retest_partners(
-    slow: Sequence[Pair], topology: Topology, doubtful: Collection[str] = ()
+    slow: Sequence[Pair], topology: Topology, doubtful: Collection[str] = (), behind: Collection[str] = ()
 ) -> Callable[[str, list[str]], list[str]]:
     """For ``plan_isolation``: re-test a suspect over the path it was slow on. Slow within its leaf
     only: a good node of its leaf; slow across: a good node of a third leaf (neither end's), else of
     any other leaf. ``doubtful``: nodes taken only where no other will do (those that were in a slow
-    pair a component explains: fast elsewhere, but not proven on every path)."""
+    pair a component explains: fast elsewhere, but not proven on every path). ``behind``: the nodes
+    behind a blamed component, whose slow pairs across are not theirs (``suspect_in``)."""
 
     def on_path(suspect: str, good: list[str]) -> list[str]:
-        mine = [p for p in slow if suspect in p]
+        mine = [p for p in slow if suspect in p and suspect_in(p, suspect, topology, behind)]
         leaf = _leaf(topology, suspect)
         if mine and all(pair_class(p, topology) == WITHIN for p in mine):
             return [g for g in good if _leaf(topology, g) == leaf]
@@ -391,6 +402,32 @@ class Judged:
     plan: IsolationPlan
 
 
+def slow_in_first_stage(first: Mapping[Pair, PairRun], judge: FabricJudge) -> list[Pair]:
+    """The first stage's slow pairs (and those that failed), to run once more before they count."""
+    refs = references(first, judge.topology)
+    return list(judge_pairs(first, refs, judge.topology, judge.min_busbw_gbps, judge.max_below))
+
+
+def better_of(first: Mapping[Pair, PairRun], again: Mapping[Pair, PairRun]) -> dict[Pair, PairRun]:
+    """The first stage with each pair run once more taken at its better run, size by size: a pair
+    slow once by chance (a busy host) is fast the second time, while a fault slows both. A pair
+    that failed and then ran is taken as it ran; one that failed again keeps its first answer."""
+    out = dict(first)
+    for pair, second in again.items():
+        one = first.get(pair)
+        if one is None or second.error:
+            continue
+        if one.error:
+            out[pair] = second
+            continue
+        by_size = {
+            s: max(v for v in (one.by_size.get(s), second.by_size.get(s)) if v is not None)
+            for s in {*one.by_size, *second.by_size}
+        }
+        out[pair] = PairRun(max(one.busbw_gbps, second.busbw_gbps), by_size=by_size)
+    return out
+
+
 def judge_first_stage(nodes: Sequence[str], first: Mapping[Pair, PairRun], judge: FabricJudge) -> Judged:
     refs = references(first, judge.topology)
     slow = judge_pairs(first, refs, judge.topology, judge.min_busbw_gbps, judge.max_below)
@@ -398,8 +435,12 @@ def judge_first_stage(nodes: Sequence[str], first: Mapping[Pair, PairRun], judge
     rest = [p for p in slow if p not in where.explained]
     behind = {n for component in where.components for n in component.nodes}
     doubtful = {n for pair in slow for n in pair}
-    prefer = retest_partners(rest, judge.topology, doubtful)
-    plan = plan_isolation(rest, list(first), prefer=prefer, exclude=behind)
+    prefer = retest_partners(rest, judge.topology, doubtful, behind)
+    # A node behind a blamed uplink, slow across with a node no component explains (one slow in
+    # every pair it ran): the uplink explains the node's side; only the other member is re-tested
+    # (re-testing the node across would cross the bad uplink again and blame the node for it).
+    suspects = list(dict.fromkeys(n for p in rest for n in p if suspect_in(p, n, judge.topology, behind)))
+    plan = plan_isolation(rest, list(first), prefer=prefer, exclude=behind, suspects=suspects)
     return Judged(refs, slow, where, rest, plan)
 
 
@@ -411,7 +452,7 @@ def findings(
     again: Mapping[Pair, PairRun] | None = None,
 ) -> list[Finding]:
     """The components, then the nodes, node uplinks and links the re-tests blame; ``again``: the
-    link pairs run once more (``links_to_confirm``), each link kept only if slow again."""
+    pairs those blames rest on, run once more (``to_confirm``), each blame kept only if slow again."""
     retest_slow = judge_pairs(retest, judged.refs, judge.topology, judge.min_busbw_gbps, judge.max_below)
     errors = {p: run.error for p, run in retest.items() if run.error}
     busbw = {p: run.busbw_gbps for p, run in first.items()}

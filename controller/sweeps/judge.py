@@ -155,7 +155,8 @@ def pair_rows(
     ``basis``: what a pair that is not slow was judged against (``pair_basis``). A node behind a
     blamed component (a leaf switch, an uplink, a spine) is not blamed itself, nor one slow only
     with such nodes (``explained``: the slow pairs the components account for). ``again``: the
-    slow pairs run once more (a link's confirmation); one no longer slow was not reproduced."""
+    pairs run once more (a node's re-test, a link's pair: ``pairing.to_confirm``); one no longer
+    slow was not reproduced."""
     again = again or {}
     blamed = {f.node: f.reason for f in findings if not f.is_component}
     behind = {n: f for f in findings if f.is_component for n in f.nodes}
@@ -187,13 +188,22 @@ def pair_rows(
             rows.append(Row(node, PAIRS, Verdict.UNKNOWN, figure, f"{why}; no known-good node to re-pair with"))
         elif rerun_of := [(p, r) for p, r in retest.items() if p[0] == node]:
             (_suspect, good), rerun = rerun_of[0]
-            cleared = f"slow with {partner}, fast with {good} ({rerun.busbw_gbps:.3g} GB/s)"
+            if (node, good) in again:  # slow with the known-good node once, not when run once more
+                once_more = again[(node, good)].busbw_gbps
+                cleared = f"slow with {partner}; with {good} slow once ({rerun.busbw_gbps:.3g} GB/s), "
+                cleared += f"{once_more:.3g} GB/s once more: not reproduced"
+            else:
+                cleared = f"slow with {partner}, fast with {good} ({rerun.busbw_gbps:.3g} GB/s)"
             if node in links:
                 cleared += f"; the link to {partner} is slow"
             elif pair in again:
                 cleared += f"; {again[pair].busbw_gbps:.3g} GB/s with {partner} once more: not reproduced"
-            else:
+            elif partner in blamed:
                 cleared += f": {partner} is to blame"
+            elif partner in behind:
+                cleared += f": {partner} is behind {behind[partner].node}"
+            else:
+                cleared += f"; {partner} is not blamed either"
             rows.append(Row(node, PAIRS, Verdict.OK, figure, cleared))
         else:
             rows.append(Row(node, PAIRS, Verdict.UNKNOWN, figure, "slow pair, not re-tested"))

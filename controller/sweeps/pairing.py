@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from checks.judge import fleet_outliers
 
@@ -61,16 +61,20 @@ def plan_isolation(
     all_pairs: Sequence[Pair],
     prefer: Callable[[str, list[str]], list[str]] | None = None,
     exclude: Collection[str] = (),
+    suspects: Sequence[str] | None = None,
 ) -> IsolationPlan:
     """Each member of a slow pair with a known-good node (one that was in a fast pair only),
     spread over them. ``prefer(suspect, good)``: the good nodes to take first for this suspect
     (a topology-aware sweep re-tests across leaves what was slow across leaves). ``exclude``: nodes
     that are nobody's known-good partner whatever their pairs (those behind a blamed switch).
+    ``suspects``: the members to re-test, where not every member of a slow pair is one (a node
+    behind a blamed uplink is no suspect for its slow pairs across: the uplink explains them).
     Where no node was in fast pairs only (a small fleet with a bad node and a pair slow by
     chance), a suspect is re-paired with a node that was fast somewhere and never slow with it,
     the fewest slow pairs first."""
-    suspects = list(dict.fromkeys(n for p in slow for n in p))
-    good = [n for p in all_pairs if p not in slow for n in p if n not in suspects and n not in exclude]
+    suspects = list(dict.fromkeys(n for p in slow for n in p) if suspects is None else suspects)
+    in_slow = {n for p in slow for n in p}
+    good = [n for p in all_pairs if p not in slow for n in p if n not in in_slow and n not in exclude]
     good = list(dict.fromkeys(good))
     fast = [n for p in all_pairs if p not in slow for n in p if n not in exclude]
     slow_count = {n: sum(n in p for p in slow) for n in fast}
@@ -95,6 +99,9 @@ class Finding:
     reason: str  # the evidence
     kind: str = "node"  # node, link, node-uplink; leaf, leaf-uplink, spine (controller.fabric)
     nodes: tuple[str, ...] = ()  # the nodes behind a component
+    # The one slow run the blame rests on, to run once more (``to_confirm``): a node's re-test with
+    # its known-good partner, a link's own pair; None where it needs none (a run that failed outright).
+    pair: Pair | None = None
 
     @property
     def is_component(self) -> bool:
@@ -135,8 +142,8 @@ def culprits(
 ) -> list[Finding]:
     """Who is to blame for each slow pair, from the re-pairing round. ``errors``: why a pair that
     counts as 0 GB/s could not run at all. ``retest_slow``: the re-tests judged already (at each
-    size, with the evidence), instead of by their bandwidth against the first round's. A link
-    found here is a hypothesis until its pair runs again (``links_to_confirm``, ``confirmed``)."""
+    size, with the evidence), instead of by their bandwidth against the first round's. A node or a
+    link found here is a hypothesis until its pair runs again (``to_confirm``, ``confirmed``)."""
     reference = healthy_median(first, slow)
     errors = errors or {}
     if retest_slow is not None:
@@ -155,34 +162,33 @@ def culprits(
                 why = f"slow with known-good {good} too: {measured}" + (
                     "" if retest_slow is not None else f" (fleet {reference:.3g})"
                 )
-                findings.append(Finding(n, why, "node", (n,)))
+                findings.append(Finding(n, why, "node", (n,), (n, good)))
         blamed = [n for n in (a, b) if any(s == n for s, _ in slow_alone)]
         # The link only on evidence: each member was re-tested with a known-good node and was fast
         # there. A member never re-tested (no known-good partner, no agent to run it) is unknown.
         fast_elsewhere = all(any((n, g) not in slow_alone for g in _partners(retest, n)) for n in (a, b))
         if not blamed and fast_elsewhere:
             why = f"each is fast with another node: the link between them, {first[(a, b)]:.3g} GB/s"
-            findings.append(Finding(f"{a}|{b}", why, "link", (a, b)))
+            findings.append(Finding(f"{a}|{b}", why, "link", (a, b), (a, b)))
     return list({f.node: f for f in findings}.values())
 
 
-def links_to_confirm(found: Sequence[Finding]) -> list[Pair]:
-    """The pairs the link findings name: each runs once more before its link is blamed (two nodes
-    slow together once, each fast elsewhere, may have met a busy moment, not a bad link)."""
-    return [(f.nodes[0], f.nodes[1]) for f in found if f.kind == "link"]
+def to_confirm(found: Sequence[Finding]) -> list[Pair]:
+    """The pairs the node and link findings rest on, each to run once more before it is blamed (a
+    re-test slow once, or two nodes slow together once, may have met a busy moment, not a fault)."""
+    return list(dict.fromkeys(f.pair for f in found if f.pair is not None))
 
 
 def confirmed(found: Sequence[Finding], again: Collection[Pair], slow_again: Mapping[Pair, str]) -> list[Finding]:
-    """The findings less each link whose pair ran again (``again``) and was fast: not reproduced.
-    A link slow again says so; one that could not run again stands on the first evidence."""
+    """The findings less each whose pair ran again (``again``) and was fast: not reproduced. One
+    slow again says so; one that could not run again stands on the first evidence."""
     out = []
     for f in found:
-        pair = (f.nodes[0], f.nodes[1]) if f.kind == "link" else None
-        if pair is None or pair not in again:
+        if f.pair is None or f.pair not in again:
             out.append(f)
-        elif pair in slow_again:
-            why = f"{f.reason}; slow again when run once more: {slow_again[pair]}"
-            out.append(Finding(f.node, why, f.kind, f.nodes))
+        elif f.pair in slow_again:
+            why = f"{f.reason}; slow again when run once more: {slow_again[f.pair]}"
+            out.append(replace(f, reason=why))
     return out
 
 

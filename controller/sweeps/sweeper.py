@@ -25,7 +25,14 @@ from controller.nodes.check_requests import CheckRequests
 from controller.nodes.fleet import FleetView
 from controller.nodes.found import Found, Report, Source
 from controller.store import Records
-from controller.sweeps.fabric import FabricJudge, findings, first_stage, judge_first_stage
+from controller.sweeps.fabric import (
+    FabricJudge,
+    better_of,
+    findings,
+    first_stage,
+    judge_first_stage,
+    slow_in_first_stage,
+)
 from controller.sweeps.judge import (
     NodeCheck,
     PairRun,
@@ -45,11 +52,11 @@ from controller.sweeps.pairing import (
     batches,
     confirmed,
     culprits,
-    links_to_confirm,
     pair_up,
     plan_isolation,
     slow_beside_first,
     slow_pairs,
+    to_confirm,
 )
 from controller.sweeps.result import Emit, SweepDone, SweepProgress, SweepResult
 from controller.sweeps.spec import PAIR_PROGRAM, PAIRS, SweepConfig, SweepError, SweepSpec, master_address, pair_params
@@ -275,7 +282,7 @@ class Sweeper:
         errors = {p: run.error for p, run in retest.items() if run.error}
         rerun = {p: run.busbw_gbps for p, run in retest.items()}
         found = culprits(slow, rerun, busbw, spec.min_busbw_gbps, cfg.pair_max_below_median, errors)
-        if again := await self._links_again(sweep_id, spec, found, progress, stage):
+        if again := await self._again(sweep_id, spec, found, progress, stage):
             values = {p: run.busbw_gbps for p, run in again.items()}
             slow_again = slow_beside_first(values, busbw, slow, spec.min_busbw_gbps, cfg.pair_max_below_median)
             evidence = {p: again[p].error or f"{v:.3g} GB/s" for p, v in slow_again.items()}
@@ -326,13 +333,16 @@ class Sweeper:
         # One stage: batches pack the pairs of both (a leaf's odd one out meets its neighbour while
         # the others run across), so an uneven fleet costs a round or two less.
         first = await self._round(sweep_id, "neighbours and across leaves", spec, across + within, progress, stage)
+        if slow := slow_in_first_stage(first, judge):  # each at its better run (``fabric.better_of``)
+            progress.total += len(slow)
+            first = better_of(first, await self._round(sweep_id, "slow pairs once more", spec, slow, progress, stage))
         judged = judge_first_stage(nodes, first, judge)
         retest: dict[Pair, PairRun] = {}
         if judged.plan.pairs:
             progress.total += len(judged.plan.pairs)
             retest = await self._round(sweep_id, "isolation", spec, judged.plan.pairs, progress, stage)
         found = findings(judged, first, retest, judge)
-        if again := await self._links_again(sweep_id, spec, found, progress, stage):
+        if again := await self._again(sweep_id, spec, found, progress, stage):
             found = findings(judged, first, retest, judge, again)
         stage.findings = found
         stage.domains = judged.where.domains
@@ -343,15 +353,15 @@ class Sweeper:
         )
         return stage
 
-    async def _links_again(
+    async def _again(
         self, sweep_id: str, spec: SweepSpec, found: list[Finding], progress: _Progress, stage: _PairStage
     ) -> dict[Pair, PairRun]:
-        """Each link the re-tests point to, its pair run once more (none: no round)."""
-        links = links_to_confirm(found)
-        if not links:
+        """The pair each node or link finding rests on, run once more (none: no round)."""
+        pairs = to_confirm(found)
+        if not pairs:
             return {}
-        progress.total += len(links)
-        return await self._round(sweep_id, "links again", spec, links, progress, stage)
+        progress.total += len(pairs)
+        return await self._round(sweep_id, "once more", spec, pairs, progress, stage)
 
     async def _round(
         self,

@@ -19,16 +19,18 @@ from controller.sweeps.fabric import (
     ACROSS,
     WITHIN,
     FabricJudge,
+    better_of,
     cross_pairs,
     findings,
     first_stage,
     judge_first_stage,
     neighbour_pairs,
     pair_class,
+    slow_in_first_stage,
     tournament,
 )
 from controller.sweeps.judge import PairRun
-from controller.sweeps.pairing import Finding, Pair, batches, links_to_confirm
+from controller.sweeps.pairing import Finding, Pair, batches, to_confirm
 from controller.sweeps.topology import Place
 
 SIZES = (8, 1 << 20, 1 << 30)
@@ -43,6 +45,7 @@ class Fabric:
     noise: Callable[[Pair], float] = lambda pair: 10.0
     latency_only: bool = False  # the bad part slows small messages only
     flaky: frozenset[Pair] = frozenset()  # pairs slowed by chance in the first stage only (a busy host)
+    flaky_retest: frozenset[Pair] = frozenset()  # pairs slowed by chance in the isolation round only
 
     @property
     def topology(self) -> dict[str, Place]:
@@ -64,8 +67,9 @@ class Fabric:
             parts += [f"spine:{topo[n].spine}" for n in pair]
         return parts
 
-    def run(self, pair: Pair, first: bool = False) -> PairRun:
-        base = self.noise(pair) * (0.15 if first and pair in self.flaky else 1.0)
+    def run(self, pair: Pair, first: bool = False, retest: bool = False) -> PairRun:
+        chance = (first and pair in self.flaky) or (retest and pair in self.flaky_retest)
+        base = self.noise(pair) * (0.15 if chance else 1.0)
         worst = min([self.bad.get(part, base) for part in self.path(pair)])
         by_size = {s: base * s / SIZES[-1] for s in SIZES}  # small sizes: latency-bound, low GB/s
         for s in SIZES:
@@ -85,13 +89,17 @@ def sweep(fabric: Fabric, max_below: float = 0.5) -> Swept:
     judge = FabricJudge(fabric.topology, 0.0, max_below, "leaf", "spine")
     within, across = first_stage(nodes, fabric.topology)
     first = {p: fabric.run(p, first=True) for p in [*within, *across]}
+    rounds = len(batches(across + within))
+    if slow := slow_in_first_stage(first, judge):  # as the sweep does: the slow pairs once more
+        first = better_of(first, {p: fabric.run(p) for p in slow})
+        rounds += len(batches(slow))
     judged = judge_first_stage(nodes, first, judge)
-    retest = {p: fabric.run(p) for p in judged.plan.pairs}
-    rounds = len(batches(across + within)) + len(batches(judged.plan.pairs))
+    retest = {p: fabric.run(p, retest=True) for p in judged.plan.pairs}
+    rounds += len(batches(judged.plan.pairs))
     found = findings(judged, first, retest, judge)
-    if links := links_to_confirm(found):  # as the sweep does: each link's pair once more
-        found = findings(judged, first, retest, judge, {p: fabric.run(p) for p in links})
-        rounds += len(batches(links))
+    if again := to_confirm(found):  # as the sweep does: the pair of each node's or link's blame once more
+        found = findings(judged, first, retest, judge, {p: fabric.run(p) for p in again})
+        rounds += len(batches(again))
     return Swept(found, rounds)
 
 
@@ -165,7 +173,9 @@ def test_a_thousand_nodes_under_32_leaves_one_bad_leaf() -> None:
     fabric = Fabric(leaves=32, per_leaf=31, bad={"leaf:l7": 1.0})
     swept = sweep(fabric)
     assert named(swept) == [("leaf", "leaf l7")]
-    assert swept.rounds == 3  # neighbours and across, packed (31 is odd: one batch more), no isolation
+    # Neighbours and across, packed (31 is odd: one batch more); the leaf's slow pairs once more (a
+    # node of it in up to three: three batches); no isolation. Never more with more leaves.
+    assert swept.rounds == 3 + 3
 
 
 @dataclass(frozen=True)
@@ -195,29 +205,23 @@ def test_one_fault_anywhere_is_named_as_its_component(leaves: int, per_leaf: int
     assert named(sweep(fabric)) == [fault.expected]
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=300, deadline=None)
 @given(st.integers(3, 8), st.integers(2, 6), st.data())
-def test_a_pair_slow_by_chance_beside_a_fault_blames_no_component(
+def test_any_pair_slow_by_chance_beside_a_fault_blames_nothing_else(
     leaves: int, per_leaf: int, data: st.DataObject
 ) -> None:
-    """One real fault, and one other pair across leaves slow by chance in the first stage (a busy
-    host; fine when run again): the fault's component is named, and the fault's own slow pairs do
-    not make up, with the chance one, a bad uplink or spine, nor is the chance pair a bad link.
-    The chance pair is away from the fault's leaf (two nodes of a leaf slow in every pair are its
-    switch, whatever made them so), and a fault on the way across (an uplink) is left out of sparse
-    fabrics (under four leaves, or two nodes a leaf): there a leaf meets each other leaf through one
-    pair, and one chance pair can make two leaves look alike (the first stage cannot tell them)."""
+    """One real fault, and any other pair (within a leaf or across, away from the fault's leaf) slow
+    by chance in the first stage: the slow pairs run once more, and the fault alone is named, in
+    sparse fabrics too (a chance pair within a leaf of two made a good node slow in every pair it ran,
+    which hid a bad uplink's evidence, and its nodes were named in its place)."""
     fault = data.draw(faults(leaves, per_leaf))
-    if fault.expected[0] in ("leaf-uplink", "node-uplink") and (leaves < 4 or per_leaf < 3):
-        return
     fabric = Fabric(leaves, per_leaf, bad={fault.part: 1.0})
-    _, across = first_stage(fabric.nodes, fabric.topology)
+    within, across = first_stage(fabric.nodes, fabric.topology)
     part = fault.part.split(":")[1]
     leaf = fabric.topology[part].leaf if part in fabric.topology else part
-    innocent = [p for p in across if leaf not in {fabric.topology[n].leaf for n in p}]
-    if not innocent:
-        return
-    fabric.flaky = frozenset({data.draw(st.sampled_from(innocent))})
+    innocent = [p for p in within + across if leaf not in {fabric.topology[n].leaf for n in p}]
+    if innocent:
+        fabric.flaky = frozenset({data.draw(st.sampled_from(innocent))})
     assert named(sweep(fabric)) == [fault.expected]
 
 
@@ -229,6 +233,55 @@ def test_a_throttled_node_beside_a_slow_pair_by_chance_is_the_node() -> None:
     fabric.flaky = frozenset(p for p in across if set(p) == {"l0n1", "l1n1"})
     assert fabric.flaky, across
     assert named(sweep(fabric)) == [("node", "l2n0")]
+
+
+def test_a_bad_uplink_beside_a_pair_slow_by_chance_in_another_leaf_is_the_uplink() -> None:
+    """The end-to-end fabric's other case (seen in CI): leaf l0's uplink throttled, and l2n0 <-> l2n1
+    slow by chance, so l2n1 is slow in every pair it ran (its pair across goes through the uplink)
+    and is re-tested; l0n1, its partner across, is behind the uplink: it is not re-tested across
+    (that would cross the bad uplink again and blame l0n1 for it)."""
+    fabric = Fabric(leaves=3, per_leaf=2, bad={"leaf-uplink:l0": 1.0}, flaky=frozenset({("l2n0", "l2n1")}))
+    _, across = first_stage(fabric.nodes, fabric.topology)
+    assert ("l0n1", "l2n1") in across
+    assert named(sweep(fabric)) == [("leaf-uplink", "uplink of leaf l0")]
+
+
+def test_a_throttled_node_beside_a_re_test_slow_by_chance_is_the_node_alone() -> None:
+    """The end-to-end fabric's case again: l1n0 met the throttled l2n0 across leaves, and its re-test
+    with a known-good node was slow by chance (seen in CI): one slow run is no evidence against
+    l1n0 or its uplink until it is slow again; run once more, it is fast, and only l2n0 is named."""
+    fabric = Fabric(leaves=3, per_leaf=2, bad={"node:l2n0": 1.0})
+    nodes, topology = fabric.nodes, fabric.topology
+    within, across = first_stage(nodes, topology)
+    assert ("l1n0", "l2n0") in across
+    judge = FabricJudge(topology, 0.0, 0.5, "leaf", "spine")
+    judged = judge_first_stage(nodes, {p: fabric.run(p) for p in within + across}, judge)
+    fabric.flaky_retest = frozenset(p for p in judged.plan.pairs if p[0] == "l1n0")
+    assert fabric.flaky_retest, judged.plan.pairs
+    assert named(sweep(fabric)) == [("node", "l2n0")]
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.integers(3, 10), st.integers(2, 6), st.data())
+def test_a_re_test_slow_by_chance_blames_nobody(leaves: int, per_leaf: int, data: st.DataObject) -> None:
+    """One real fault, and one of its innocent neighbours' re-tests slow by chance (a busy host):
+    the fault alone is named, however the neighbour's one slow run looks (its node, its uplink)."""
+    fault = data.draw(faults(leaves, per_leaf))
+    fabric = Fabric(leaves, per_leaf, bad={fault.part: 1.0})
+    judge = FabricJudge(fabric.topology, 0.0, 0.5, "leaf", "spine")
+    within, across = first_stage(fabric.nodes, fabric.topology)
+    judged = judge_first_stage(fabric.nodes, {p: fabric.run(p) for p in within + across}, judge)
+    culprit = fault.expected[1]
+    innocent = [p for p in judged.plan.pairs if p[0] != culprit]
+    if not innocent:
+        return
+    fabric.flaky_retest = frozenset({data.draw(st.sampled_from(innocent))})
+    assert named(sweep(fabric)) == [fault.expected]
+
+
+def test_a_node_slow_again_when_its_re_test_runs_once_more_is_blamed_saying_so() -> None:
+    (finding,) = sweep(Fabric(leaves=4, per_leaf=4, bad={"node:l3n1": 1.0})).findings
+    assert finding.node == "l3n1" and "slow again when run once more" in finding.reason
 
 
 @settings(max_examples=100, deadline=None)

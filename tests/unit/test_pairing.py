@@ -7,11 +7,11 @@ from controller.sweeps.pairing import (
     batches,
     confirmed,
     culprits,
-    links_to_confirm,
     pair_up,
     plan_isolation,
     slow_beside_first,
     slow_pairs,
+    to_confirm,
 )
 
 
@@ -63,7 +63,7 @@ def test_a_link_is_blamed_only_if_its_pair_is_slow_again() -> None:
     slow = slow_pairs(first, 1.0, 0.3)
     retest = dict.fromkeys(plan_isolation(slow, first_pairs).pairs, 10.0)
     found = culprits(slow, retest, first, 1.0, 0.3)
-    assert links_to_confirm(found) == [("a", "b")]
+    assert to_confirm(found) == [("a", "b")]
     assert confirmed(found, [("a", "b")], {}) == []
     (link,) = confirmed(found, [("a", "b")], {("a", "b"): "2.1 GB/s"})
     assert link.node == "a|b" and "slow again when run once more: 2.1 GB/s" in link.reason
@@ -112,3 +112,26 @@ def test_a_slow_pair_with_no_known_good_partner_blames_nobody() -> None:
     retest = {("a", "c"): 50.0, ("b", "d"): 50.0}
     (finding,) = culprits(slow, retest, {**first, ("c", "d"): 50.0}, 10.0, 0.3)
     assert finding.node == "a|b"
+
+
+def test_a_node_is_blamed_only_if_its_re_test_is_slow_again() -> None:
+    """n0 and n1 slow together (n1's fault); n0's re-test with a known-good node slow too, once, by
+    chance (a busy host): both are found, and the pairs their blames rest on run once more; n0's
+    fast then is not reproduced, n1's slow again stands, saying so."""
+    nodes = [f"n{i}" for i in range(6)]
+    first_pairs = pair_up(nodes)
+    first = {p: 10.0 for p in first_pairs} | {("n0", "n1"): 2.0}
+    slow = slow_pairs(first, 1.0, 0.3)
+    plan = plan_isolation(slow, first_pairs)
+    retest = dict.fromkeys(plan.pairs, 2.0)  # n1's slow for its fault, n0's by chance
+    found = culprits(slow, retest, first, 1.0, 0.3)
+    assert sorted(f.node for f in found) == ["n0", "n1"]
+    again = to_confirm(found)
+    assert sorted(again) == sorted(plan.pairs)
+    slow_again = {p: "2.0 GB/s" for p in again if p[0] == "n1"}
+    (n1,) = confirmed(found, again, slow_again)
+    assert n1.node == "n1" and "slow again when run once more: 2.0 GB/s" in n1.reason
+    # An all-reduce that failed outright is not a busy moment: that blame is not run again.
+    errors = {p: "connection refused" for p in plan.pairs if p[0] == "n1"}
+    failed = culprits(slow, retest, first, 1.0, 0.3, errors)
+    assert [f.pair for f in failed if f.node == "n1"] == [None]
