@@ -10,12 +10,17 @@ extra; the controller's image has it).
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 from urllib.parse import urlsplit
 
+import structlog
+
 from controller.store.database import Cursor, Tx
+
+log = structlog.get_logger(__name__)
 
 _TYPES = ((re.compile(r"\bINTEGER\b"), "BIGINT"), (re.compile(r"\bREAL\b"), "DOUBLE PRECISION"))
 
@@ -68,12 +73,21 @@ def _pool_timeout() -> type[Exception]:
 class PostgresDatabase:
     shared = True
 
-    def __init__(self, dsn: str, pool_size: int = 4, timeout_s: float = 10.0, away_wait_s: float = 0.2) -> None:
+    def __init__(
+        self,
+        dsn: str,
+        pool_size: int = 4,
+        timeout_s: float = 10.0,
+        away_wait_s: float = 0.2,
+        reconnect_s: float = 8.0,
+    ) -> None:
         """``timeout_s``: how long a transaction waits for a connection while the server answers;
         ``away_wait_s``: how long once it has failed, until it answers again. The store runs on the
         controller's event loop, so a server that is away must not hold the loop for ``timeout_s``
         per write: the write fails at once, is said (``StoreHealth``) and waits in its agent's spool,
-        while the pool reconnects in the background."""
+        while the pool reconnects in the background (``reconnect_s``: one reconnection's tries, at
+        most). A wait that began before the server was seen away ends within ``away_wait_s`` of the
+        first sign of it (``_checkout``)."""
         try:
             from psycopg_pool import ConnectionPool
         except ImportError as exc:
@@ -85,7 +99,21 @@ class PostgresDatabase:
         self._away_wait_s = away_wait_s
         self._away = False
         self._lazy = 0
-        self._pool = ConnectionPool(dsn, min_size=1, max_size=pool_size, timeout=timeout_s, open=False)
+        # The pool's reconnection backs off exponentially (1, 2, 4, 8, 16 s ...) while the server is
+        # away, and nothing asks again before its next try: after a long outage the server could be
+        # back for a minute before the controller wrote again. A reconnection that gives up after
+        # ``reconnect_s`` bounds that wait; the next write starts a new one at once.
+        self._pool = ConnectionPool(
+            dsn,
+            min_size=1,
+            max_size=pool_size,
+            timeout=timeout_s,
+            open=False,
+            reconnect_timeout=reconnect_s,
+            reconnect_failed=lambda _pool: log.warning(
+                "store_reconnect_gave_up", database=self.where, after_s=reconnect_s
+            ),
+        )
         try:
             self._pool.open(wait=True, timeout=timeout_s)
         except Exception as exc:  # PoolTimeout: the server is away, or refuses us
@@ -107,13 +135,40 @@ class PostgresDatabase:
     def _connection(self) -> Iterator[Any]:
         import psycopg
 
+        broken = (psycopg.OperationalError, psycopg.InterfaceError, _pool_timeout())
         try:
-            with self._pool.connection(timeout=self._away_wait_s if self._away else self._wait_s) as connection:
-                yield connection
-        except (psycopg.OperationalError, psycopg.InterfaceError, _pool_timeout()):
+            connection = self._checkout()
+        except broken:
             self._away = True
             raise
+        try:
+            with connection:  # commits, or rolls back on an error (a pooled connection stays open)
+                yield connection
+        except broken:
+            self._away = True
+            raise
+        finally:
+            self._pool.putconn(connection)
         self._away = False
+
+    def _checkout(self) -> Any:
+        """A connection from the pool. While the server answers, the wait (up to ``timeout_s``: the
+        pool busy) is taken in slices of ``away_wait_s``, and ends after the slice in which the server
+        was seen away: another caller's failure, or a connection attempt of the pool's that failed.
+        Without that, a caller that began waiting just before the outage held the event loop for the
+        whole ``timeout_s``."""
+        if self._away:
+            return self._pool.getconn(timeout=self._away_wait_s)
+        failed_before = self._pool.get_stats().get("connections_errors", 0)
+        deadline = time.monotonic() + self._wait_s
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                return self._pool.getconn(timeout=max(min(self._away_wait_s, left), 0.001))
+            except _pool_timeout():
+                failed = self._pool.get_stats().get("connections_errors", 0) > failed_before
+                if self._away or failed or left <= self._away_wait_s:
+                    raise
 
     @contextmanager
     def tx(self, durable: bool = True) -> Iterator[Tx]:

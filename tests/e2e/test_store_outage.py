@@ -90,8 +90,8 @@ def outage_and_back(tmp: Path, database: str, break_store: Callable[[], None], m
             time.sleep(14)  # past node-c's quiet time, while the database cannot record it
             mend_store()
 
-            # The agent's next try (backoff up to 10 s), and on PostgreSQL the pool's reconnection, which
-            # backs off exponentially while the server is away: tens of seconds on a loaded machine.
+            # The agent's next try (backoff up to 10 s), and on PostgreSQL the pool's reconnection (its tries
+            # back off for up to 8 s, then the next write begins again): 1-7 s here, more on a loaded machine.
             poll_until(lambda: health(admin)["node-a"] == "QUARANTINED", timeout=90, what="the waiting XID 79 acted on")
             poll_until(lambda: health(admin)["node-b"] == "UNKNOWN", timeout=30, what="silent node-b UNKNOWN")
             poll_until(lambda: health(admin)["node-c"] == "HEALTHY", timeout=30, what="quiet node-c cleared")
