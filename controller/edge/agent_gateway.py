@@ -119,15 +119,23 @@ class AgentGateway(agent_pb2_grpc.AgentGatewayServicer):
             log.warning("call_refused", peer=context.peer(), why=why)
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, why)
         address = hello.address or peer_host(context.peer())
+        outbox: Outbox | None = None
         try:
             acked = self._engine.hello(node, hello.spool_id, len(hello.gpus), address, hello.idle_heartbeat_s)
             await self._engine.durable()
+            # Open now, whatever ended meanwhile: an older stream of this node's that closed while this
+            # Hello was written counted the node as gone.
+            outbox = self._outboxes.open(node)
+            self._engine.connected(node)
         except Exception as exc:
-            if not self._outboxes.is_open(node):  # no stream of its own is open: it must not count as connected
-                self._engine.disconnected(node)
             await self._cannot_record(exc, context)
+        finally:
+            # Not answered (the database failed, or the call was cancelled while the Hello was written:
+            # the agent died or gave up on it), and no other stream of the node's is open: the node is
+            # not connected, else a dead node would stay HEALTHY for three of its idle heartbeats.
+            if outbox is None and not self._outboxes.is_open(node):
+                self._engine.disconnected(node)
         log.info("agent_connected", node=node, peer=context.peer(), acked_seq=acked, gpus=len(hello.gpus))
-        outbox = self._outboxes.open(node)
         yield agent_pb2.ControllerMessage(ack=agent_pb2.Ack(acked_seq=acked))
         reader = asyncio.create_task(self._read(node, request_iterator, outbox, context))
         reader.add_done_callback(lambda _: outbox.put_nowait(None))  # the stream's end, after what came before

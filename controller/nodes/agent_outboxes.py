@@ -16,30 +16,37 @@ Outbox = asyncio.Queue[agent_pb2.ControllerMessage | None]  # None: the stream's
 
 
 class AgentOutboxes:
+    """A node's agent may have more than one stream open for a moment (a reconnection overlapping
+    the stream it replaces, a Hello answered late): the node is connected while any is open, and
+    what the controller sends goes through the newest."""
+
     def __init__(self) -> None:
-        self._queues: dict[str, Outbox] = {}
+        self._queues: dict[str, list[Outbox]] = {}
 
     def open(self, node: str) -> Outbox:
-        """A new stream from ``node``'s agent: it replaces any earlier one."""
+        """A new stream from ``node``'s agent: it takes what is sent from now on."""
         outbox: Outbox = asyncio.Queue()
-        self._queues[node] = outbox
+        self._queues.setdefault(node, []).append(outbox)
         return outbox
 
     def close(self, node: str, outbox: Outbox) -> bool:
-        """The stream that owned ``outbox`` ended; False when a newer stream has replaced it."""
-        if self._queues.get(node) is not outbox:
+        """The stream that owned ``outbox`` ended; True when it was the node's last one open."""
+        open_now = self._queues.get(node, [])
+        if outbox in open_now:
+            open_now.remove(outbox)
+        if open_now:
             return False
-        del self._queues[node]
+        self._queues.pop(node, None)
         return True
 
     def is_open(self, node: str) -> bool:
         """Whether a stream from ``node``'s agent is open now."""
-        return node in self._queues
+        return bool(self._queues.get(node))
 
     def send(self, node: str, message: agent_pb2.ControllerMessage) -> bool:
-        """Queue a message for ``node``'s agent; False when that agent is not connected."""
-        outbox = self._queues.get(node)
-        if outbox is None:
+        """Queue a message for ``node``'s agent (its newest stream); False when it is not connected."""
+        open_now = self._queues.get(node)
+        if not open_now:
             return False
-        outbox.put_nowait(message)
+        open_now[-1].put_nowait(message)
         return True

@@ -180,6 +180,11 @@ class Engine:
             self.store.nodes.save([new_state], durable=False)
             self.store.group.soon()
 
+    def connected(self, node: str) -> None:
+        """A stream of the node's agent is open and answered (its Hello was recorded)."""
+        if (entry := self.fleet.nodes.get(node)) is not None:
+            entry.connected = True
+
     def disconnected(self, node: str) -> None:
         if (entry := self.fleet.nodes.get(node)) is not None:
             entry.connected, entry.disconnected_at = False, self.clock()

@@ -467,3 +467,79 @@ def test_a_stream_that_never_says_hello_is_closed(tmp_path: Path) -> None:
         await stop_controller(controller)
 
     asyncio.run(scenario())
+
+
+def hold_hello_writes(controller: Controller) -> tuple[asyncio.Event, asyncio.Event]:
+    """From now on the controller waits for ``release`` before a Hello's write is durable; ``written``
+    is set once one waits there."""
+    written, release = asyncio.Event(), asyncio.Event()
+    durable = controller.engine.durable
+
+    async def slow_durable() -> None:
+        written.set()
+        await release.wait()
+        await durable()
+
+    controller.engine.durable = slow_durable  # type: ignore[method-assign]
+    return written, release
+
+
+def test_a_stream_gone_while_its_hello_is_written_leaves_no_node_counted_connected(tmp_path: Path) -> None:
+    """The agent dies (or gives up on a slow Hello) while the controller waits for the Hello's
+    write: the call is cancelled there. The node must not stay counted as connected with no stream,
+    which would keep a dead node HEALTHY for three of its idle heartbeats (seen under load: a killed
+    agent's node never turned UNKNOWN within the scenario's 21 s)."""
+
+    async def scenario() -> None:
+        controller = await start_controller(tmp_path / "ctl.db")
+        written, release = hold_hello_writes(controller)
+        try:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{controller.port}") as channel:
+                call = agent_pb2_grpc.AgentGatewayStub(channel).Connect()
+                hello = agent_pb2.Hello(node=NODE, spool_id="s1", idle_heartbeat_s=60)
+                await call.write(agent_pb2.AgentMessage(hello=hello))
+                await asyncio.wait_for(written.wait(), 10)
+                call.cancel()
+            entry = controller.engine.fleet.nodes[NODE]
+            await wait_until(lambda: not entry.connected, timeout=5, what="the node counted as gone")
+            assert entry.disconnected_at > 0
+        finally:
+            release.set()
+            await stop_controller(controller)
+
+    asyncio.run(scenario())
+
+
+def test_an_older_stream_ending_while_a_newer_says_hello_leaves_the_node_connected(tmp_path: Path) -> None:
+    """A reconnection overlaps the old stream: the new Hello is being written when the old stream
+    ends. The node is connected (through the new stream) once its Hello is answered; counted as gone,
+    an agent that beats only every idle interval would turn UNKNOWN while it talks."""
+
+    async def scenario() -> None:
+        controller = await start_controller(tmp_path / "ctl.db")
+        hello = agent_pb2.AgentMessage(hello=agent_pb2.Hello(node=NODE, spool_id="s1", idle_heartbeat_s=60))
+        release = asyncio.Event()
+        agents = controller.engine.agents
+        try:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{controller.port}") as channel:
+                stub = agent_pb2_grpc.AgentGatewayStub(channel)
+                old = stub.Connect()
+                await old.write(hello)
+                assert (await old.read()).HasField("ack")
+                written, release = hold_hello_writes(controller)
+                new = stub.Connect()
+                await new.write(hello)
+                await asyncio.wait_for(written.wait(), 10)
+                old.cancel()
+                entry = controller.engine.fleet.nodes[NODE]
+                await wait_until(lambda: not agents.is_open(NODE), timeout=5, what="the old stream's end seen")
+                release.set()
+                assert (await new.read()).HasField("ack")
+                assert entry.connected and agents.is_open(NODE)
+                new.cancel()
+                await wait_until(lambda: not entry.connected, timeout=5, what="the node counted as gone")
+        finally:
+            release.set()
+            await stop_controller(controller)
+
+    asyncio.run(scenario())

@@ -1,0 +1,32 @@
+"""A node's agent streams as the controller keeps them (``controller.nodes.agent_outboxes``)."""
+
+from __future__ import annotations
+
+from controller.nodes.agent_outboxes import AgentOutboxes
+from protos.vigil.v1 import agent_pb2
+
+
+def ack(seq: int) -> agent_pb2.ControllerMessage:
+    return agent_pb2.ControllerMessage(ack=agent_pb2.Ack(acked_seq=seq))
+
+
+def test_the_node_is_connected_while_any_of_its_streams_is_open_and_the_newest_is_sent_to() -> None:
+    boxes = AgentOutboxes()
+    older, newer = boxes.open("n1"), boxes.open("n1")
+    assert boxes.send("n1", ack(1)) and newer.get_nowait() == ack(1) and older.empty()
+    # Answered in either order: the older stream ending is not the node going away.
+    assert boxes.close("n1", older) is False and boxes.is_open("n1")
+    assert boxes.send("n1", ack(2)) and newer.get_nowait() == ack(2)
+    assert boxes.close("n1", newer) is True and not boxes.is_open("n1")
+    assert not boxes.send("n1", ack(3))
+
+
+def test_a_late_stream_opened_after_a_newer_one_takes_the_sends_until_it_ends() -> None:
+    """A Hello answered late (its stream already left by the agent) is the newest for a moment; when
+    it ends, the stream still open takes what is sent, and the node stays connected."""
+    boxes = AgentOutboxes()
+    live, late = boxes.open("n1"), boxes.open("n1")
+    assert boxes.close("n1", late) is False
+    assert boxes.send("n1", ack(7)) and live.get_nowait() == ack(7)
+    assert boxes.close("n1", live) is True
+    assert boxes.close("n1", live) is True  # closing twice, or a stream never opened, changes nothing
