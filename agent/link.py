@@ -23,12 +23,14 @@ import structlog
 
 from agent.spool import Spool
 from protos.vigil.v1 import agent_pb2, agent_pb2_grpc, common_pb2
+from vigil_core.rpc_errors import retry_after_s
 from vigil_core.waiting import wait_event
 
 log = structlog.get_logger(__name__)
 
 BATCH_LIMIT = 500
 HELLO_ACK_TIMEOUT_S = 10.0
+HELLO_TURN_SPREAD_S = 0.05  # added to a turn the controller gave: agents of one slot do not come as one
 
 
 def backoff_delay(attempt: int, base: float = 0.2, cap: float = 10.0, rng: random.Random | None = None) -> float:
@@ -91,9 +93,14 @@ class ControllerLink:
         while not stop.is_set():
             try:
                 await self._session(stop)
-            except (TimeoutError, grpc.aio.AioRpcError, ConnectionError) as exc:
-                detail = exc.details() if isinstance(exc, grpc.aio.AioRpcError) else repr(exc)
-                log.warning("controller_link_down", target=self._target, error=detail, attempt=self.attempt)
+            except grpc.aio.AioRpcError as exc:
+                if (turn := retry_after_s(exc)) is not None:  # the controller gave us a turn: come back then
+                    log.info("controller_link_paced", target=self._target, turn_in_s=turn)
+                    await wait_event(stop, turn + random.uniform(0, HELLO_TURN_SPREAD_S))
+                    continue
+                log.warning("controller_link_down", target=self._target, error=exc.details(), attempt=self.attempt)
+            except (TimeoutError, ConnectionError) as exc:
+                log.warning("controller_link_down", target=self._target, error=repr(exc), attempt=self.attempt)
             except Exception:  # never let the link die: the spool keeps everything until it is back
                 log.exception("controller_link_error", target=self._target, attempt=self.attempt)
             finally:

@@ -2,7 +2,8 @@
 
     python -m bench.scale --nodes 20000 [--workers 3] [--heartbeat-s 5] [--idle-heartbeat-s 60]
                           [--background-per-s 500] [--probes 60] [--probe-every-s 0.5]
-                          [--bursts 100,400,1000] [--restart] [--database sqlite|postgresql] [--keep]
+                          [--bursts 100,400,1000] [--restart] [--hellos-per-s N]
+                          [--database sqlite|postgresql] [--keep]
 
 What runs, all on this machine:
 
@@ -20,7 +21,8 @@ What runs, all on this machine:
   cordon (the agent's stamp to the cordon PATCH arriving at the API server) and controller → cordon
   (the controller's receipt, read back from its incident, to the PATCH);
 - bursts: each of ``--bursts`` nodes failing at the same moment, until all are cordoned;
-- ``--restart``: the controller stopped and started again; the time until every agent is back.
+- ``--restart``: the controller stopped and started again; the time until every agent is back
+  (``--hellos-per-s``: the controller's Hello pacing, 0 for none: every agent admitted at once).
 
 Figures: connect time (all N agents acknowledged), controller RSS (peak) and CPU (cores, per phase;
 a burst's CPU of this process, the API double's, beside it), database size, each phase's
@@ -123,8 +125,10 @@ async def _worker(
                     conn.send(("sent", {n: fleet.nodes[n].fault() for n in faulty}))
                 case ("stats",):
                     reconnects = sum(n.reconnects for n in fleet.nodes.values())
+                    paced = sum(n.paced for n in fleet.nodes.values())
                     why = Counter(n.last_error[:80] for n in fleet.nodes.values() if n.last_error)
-                    conn.send(("stats", {"lag": lag.take(), "reconnects": reconnects, "why": dict(why)}))
+                    stats = {"lag": lag.take(), "reconnects": reconnects, "paced": paced, "why": dict(why)}
+                    conn.send(("stats", stats))
                 case ("connected_since", since):
                     back = [n.connected_at for n in fleet.nodes.values() if n.connected_at >= since]
                     conn.send(("connected_since", len(back), max(back, default=0.0)))
@@ -206,6 +210,7 @@ class Workers:
             "lag_p99_ms": max(a["lag"]["p99_ms"] for a in answers),
             "lag_max_ms": max(a["lag"]["max_ms"] for a in answers),
             "stream_reconnects": sum(a["reconnects"] for a in answers),
+            "hellos_paced": sum(a["paced"] for a in answers),
             "streams_broke_because": dict(sum((Counter(a["why"]) for a in answers), Counter())),
         }
 
@@ -280,14 +285,21 @@ class Cordons:
         raise TimeoutError(f"{len(missing)} of {len(nodes)} nodes not cordoned within {timeout_s} s: {missing[:5]}")
 
 
-def settings(kube: KubeApiServer, workdir: Path, nodes: int, database: str, settle_s: float | None) -> dict[str, Any]:
+def settings(
+    kube: KubeApiServer, workdir: Path, nodes: int, database: str, settle_s: float | None, hellos_per_s: float | None
+) -> dict[str, Any]:
+    pacing = (
+        {}
+        if hellos_per_s is None
+        else {"hellos_per_s": hellos_per_s or 1e9, "hello_burst": nodes if not hellos_per_s else 2000}
+    )
     return {
         "port": free_port(),  # the same after a restart: the agents come back to where they were
         "database": database,
         "actuator": "kubernetes",
         "kubernetes": {"kubeconfig": str(kube.kubeconfig(workdir / "kubeconfig"))},
         "pager": "none",
-        "limits": {"max_nodes": nodes},
+        "limits": {"max_nodes": nodes} | pacing,
         "guardrails": {
             "breaker_max_nodes": nodes,
             "breaker_max_fraction": 1.0,
@@ -314,7 +326,7 @@ def measure(args: argparse.Namespace, workdir: Path, database: str) -> dict[str,
     figures: dict[str, Any] = {}
     with KubeApiServer() as kube:
         kube.add_nodes(names)
-        config = settings(kube, workdir, args.nodes, database, args.settle_s)
+        config = settings(kube, workdir, args.nodes, database, args.settle_s, args.hellos_per_s)
         controller = start_controller(workdir, config)
         target = asyncio.run(controller_target(workdir, controller))
         sampler = Sampler(controller.pid)
@@ -425,6 +437,12 @@ def main() -> int:
     parser.add_argument("--restart", action="store_true", help="stop and start the controller; time the return")
     parser.add_argument("--database", choices=("sqlite", "postgresql"), default="sqlite")
     parser.add_argument("--settle-s", type=float, default=None, help="the guard's settling window (default: 0.03)")
+    parser.add_argument(
+        "--hellos-per-s",
+        type=float,
+        default=None,
+        help="the controller's limits.hellos_per_s (default: its own; 0: no pacing, every Hello admitted at once)",
+    )
     parser.add_argument("--connect-timeout-s", type=float, default=1200)
     parser.add_argument("--burst-timeout-s", type=float, default=300)
     parser.add_argument("--keep", action="store_true", help="keep the working directory (the controller's log)")

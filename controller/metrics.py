@@ -151,6 +151,11 @@ class ControllerMetrics:
             "1 when the controller serves plaintext gRPC on an address other than loopback",
             registry=r,
         )
+        self.hellos_paced = Counter(
+            "vigil_controller_hellos_paced_total",
+            "Agent Hellos turned away with a turn to come back at (limits.hellos_per_s: a fleet reconnecting at once)",
+            registry=r,
+        )
         self.check_results_refused = Counter(
             "vigil_controller_check_results_refused_total",
             "Check results not stored: the node sent more than limits.check_results_per_node_hour",

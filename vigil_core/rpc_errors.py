@@ -26,6 +26,26 @@ def is_refused(exc: grpc.RpcError) -> bool:
     return code_of(exc) is grpc.StatusCode.RESOURCE_EXHAUSTED
 
 
+RETRY_AFTER_KEY = "vigil-retry-after-ms"  # trailing metadata of a call turned away: when to try again
+MAX_RETRY_AFTER_S = 600.0  # a turn further away than this is not believed (a controller's bug, a foe)
+
+
+def retry_after_s(exc: grpc.RpcError) -> float | None:
+    """When the controller said to try again (a Hello turned away while a fleet reconnects:
+    ``controller.edge.hello_pacing``), in seconds; None when it did not say, or said nonsense."""
+    code, trailing = getattr(exc, "code", None), getattr(exc, "trailing_metadata", None)  # grpc.Call, AioRpcError
+    if code is None or trailing is None or code() is not grpc.StatusCode.RESOURCE_EXHAUSTED:
+        return None
+    for key, value in trailing() or ():
+        if key == RETRY_AFTER_KEY:
+            try:
+                seconds = int(value) / 1000
+            except (TypeError, ValueError):
+                return None
+            return seconds if 0 <= seconds <= MAX_RETRY_AFTER_S else None
+    return None
+
+
 def explain(exc: grpc.RpcError, target: str) -> str:
     """``controller at HOST:PORT``: what happened, then what to do where that is known."""
     code, details = code_of(exc), details_of(exc)

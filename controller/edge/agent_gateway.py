@@ -18,6 +18,7 @@ import grpc
 import structlog
 
 from controller.edge.authz import caller
+from controller.edge.hello_pacing import HelloPacing
 from controller.edge.limits import LimitsConfig
 from controller.nodes.agent_outboxes import AgentOutboxes, Outbox
 from controller.nodes.check_requests import CheckRequests
@@ -29,6 +30,7 @@ from protos.codec import BadSignal, signal_from_proto
 from protos.vigil.v1 import agent_pb2, agent_pb2_grpc
 from vigil_core.names import is_address, is_node_name
 from vigil_core.rank_progress import RankRecord
+from vigil_core.rpc_errors import RETRY_AFTER_KEY
 from vigil_core.signals import Signal
 
 log = structlog.get_logger(__name__)
@@ -91,6 +93,7 @@ class AgentGateway(agent_pb2_grpc.AgentGatewayServicer):
         self._outboxes = outboxes  # the engine's too: what it sends a connected agent goes out here
         self._limits = limits or LimitsConfig()
         self._rate = RateLimiter(self._limits.agent_messages_per_s, self._limits.agent_burst)  # per node
+        self._pacing = HelloPacing(self._limits.hellos_per_s, self._limits.hello_burst)  # the whole fleet's
 
     async def Connect(  # noqa: N802 (gRPC method name)
         self, request_iterator: AsyncIterator[agent_pb2.AgentMessage], context: grpc.aio.ServicerContext
@@ -113,6 +116,11 @@ class AgentGateway(agent_pb2_grpc.AgentGatewayServicer):
         if who is not None and who.name != node:
             log.warning("call_refused", peer=context.peer(), why=f"{who} said Hello as {node}")
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, f"{who} cannot report for {node}")
+        if (wait_s := self._pacing.ask(node, time.monotonic())) > 0:
+            self._engine.metrics.hellos_paced.inc()
+            why = f"{self._limits.hellos_per_s:g} agents/s are being admitted; {node}'s turn is in {wait_s:.1f} s"
+            turn = ((RETRY_AFTER_KEY, str(int(wait_s * 1000))),)
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, why, trailing_metadata=turn)
         fleet = self._fleet
         if node not in fleet.nodes and len(fleet) >= self._limits.max_nodes:  # names are the caller's to make up
             why = f"{len(fleet)} nodes are known already (limits.max_nodes); {node!r} is not one of them"

@@ -23,6 +23,13 @@ class LimitsConfig(ConfigModel):
         ge=1,
         description="nodes the controller knows at most; a Hello from a new one beyond is refused",
     )
+    hellos_per_s: float = Field(
+        default=2000.0,
+        gt=0,
+        description="agents admitted per second once more than hello_burst come at once (a restart, a failover); "
+        "each one turned away is given its turn (RESOURCE_EXHAUSTED with vigil-retry-after-ms)",
+    )
+    hello_burst: int = Field(default=5000, ge=1, description="Hellos admitted at once before the pacing begins")
     first_message_s: float = Field(
         default=30.0,
         gt=0,

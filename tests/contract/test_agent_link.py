@@ -543,3 +543,50 @@ def test_an_older_stream_ending_while_a_newer_says_hello_leaves_the_node_connect
             await stop_controller(controller)
 
     asyncio.run(scenario())
+
+
+def test_a_fleet_connecting_at_once_is_given_turns_and_every_agent_takes_its_own(tmp_path: Path) -> None:
+    """Twelve agents at once, the controller admitting 10 a second after a burst of 4: four are in at
+    once, each of the others is turned away with its turn (RESOURCE_EXHAUSTED, vigil-retry-after-ms)
+    and the real agent link comes back then, so all are in after about 0.8 s, each turned away at
+    most once (the link does not spend its backoff's tries on a full controller)."""
+
+    async def scenario() -> None:
+        limits = LimitsConfig(hellos_per_s=10, hello_burst=4)
+        controller = await start_controller(tmp_path / "ctl.db", limits=limits)
+        stop = asyncio.Event()
+        links = []
+        for i in range(12):
+            spool = Spool(tmp_path / f"spool{i}.db")
+
+            def hello(node: str = f"node-{i}", spool: Spool = spool) -> agent_pb2.Hello:
+                return agent_pb2.Hello(node=node, spool_id=spool.spool_id, last_acked_seq=spool.acked_seq)
+
+            links.append(ControllerLink(f"127.0.0.1:{controller.port}", spool, hello, no_check, heartbeat_s=0.2))
+        running = [asyncio.create_task(link.run(stop)) for link in links]
+        try:
+            await wait_until(lambda: all(link.connected for link in links), timeout=20, what="every agent in")
+            paced = controller.engine.metrics.hellos_paced._value.get()
+            assert paced == 8, paced  # twelve, less the burst of four; none turned away twice
+            assert all(link.connections == 1 for link in links)
+        finally:
+            stop.set()
+            await asyncio.gather(*running)
+            await stop_controller(controller)
+
+    asyncio.run(scenario())
+
+
+def test_a_turn_the_controller_says_is_read_only_from_a_refusal_and_only_when_sane() -> None:
+    from vigil_core.rpc_errors import RETRY_AFTER_KEY, retry_after_s
+
+    def refusal(code: grpc.StatusCode, value: str | None) -> grpc.aio.AioRpcError:
+        trailing = grpc.aio.Metadata(*([(RETRY_AFTER_KEY, value)] if value is not None else []))
+        return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), trailing, details="paced")
+
+    assert retry_after_s(refusal(grpc.StatusCode.RESOURCE_EXHAUSTED, "1500")) == 1.5
+    assert retry_after_s(refusal(grpc.StatusCode.RESOURCE_EXHAUSTED, None)) is None  # a plain refusal: back off
+    assert retry_after_s(refusal(grpc.StatusCode.UNAVAILABLE, "1500")) is None
+    assert retry_after_s(refusal(grpc.StatusCode.RESOURCE_EXHAUSTED, "soon")) is None
+    assert retry_after_s(refusal(grpc.StatusCode.RESOURCE_EXHAUSTED, "-5")) is None
+    assert retry_after_s(refusal(grpc.StatusCode.RESOURCE_EXHAUSTED, str(10**9))) is None  # not believed

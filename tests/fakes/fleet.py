@@ -15,9 +15,10 @@ import time
 
 import grpc
 
-from agent.link import backoff_delay
+from agent.link import HELLO_TURN_SPREAD_S, backoff_delay
 from protos.vigil.v1 import agent_pb2, agent_pb2_grpc, common_pb2
 from tests.fakes.sim_checks import SimulatedChecks
+from vigil_core.rpc_errors import retry_after_s
 
 NODES_PER_CHANNEL = 100
 
@@ -35,6 +36,7 @@ class FleetNode:
         self.acked = 0
         self.ready = asyncio.Event()
         self.reconnects = 0
+        self.paced = 0  # Hellos the controller turned away with a turn to come back at
         self.last_error = ""  # why its stream last broke
         self.connected_at = 0.0  # when its stream was last taken (the controller's first ack on it)
         self.idle_heartbeat_s = 0.0  # as the agent's setting: 0, a heartbeat every heartbeat_s
@@ -71,6 +73,10 @@ class FleetNode:
             except grpc.aio.AioRpcError as exc:
                 self.reconnects += 1
                 self.last_error = f"{exc.code().name}: {exc.details()}"
+                if (turn := retry_after_s(exc)) is not None:  # the controller gave it a turn, as the agent takes it
+                    self.paced, self.last_error = self.paced + 1, "RESOURCE_EXHAUSTED: given a turn (paced)"
+                    await asyncio.sleep(turn + random.uniform(0, HELLO_TURN_SPREAD_S))
+                    continue
                 attempt += 1
                 await asyncio.sleep(backoff_delay(attempt, base=0.5))  # as the agent's link does
 
