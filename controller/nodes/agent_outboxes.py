@@ -12,7 +12,44 @@ import asyncio
 
 from protos.vigil.v1 import agent_pb2
 
-Outbox = asyncio.Queue[agent_pb2.ControllerMessage | None]  # None: the stream's reader ended (the gateway's own)
+Message = agent_pb2.ControllerMessage | None  # None: the stream's reader ended (the gateway's own)
+
+
+class Outbox:
+    """One agent stream's outgoing messages, read by its stream alone. What an ``asyncio.Queue``
+    does for one reader, in a list and one future: a Queue holds four deques and an Event, about
+    3.5 KB, and there is one per connected agent (350 MB at 100,000)."""
+
+    __slots__ = ("_items", "_waiter")
+
+    def __init__(self) -> None:
+        self._items: list[Message] = []
+        self._waiter: asyncio.Future[None] | None = None
+
+    def put_nowait(self, message: Message) -> None:
+        self._items.append(message)
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    async def get(self) -> Message:
+        while not self._items:
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        return self._items.pop(0)
+
+    def get_nowait(self) -> Message:
+        if not self._items:
+            raise asyncio.QueueEmpty
+        return self._items.pop(0)
+
+    def empty(self) -> bool:
+        return not self._items
+
+    def qsize(self) -> int:
+        return len(self._items)
 
 
 class AgentOutboxes:
@@ -25,7 +62,7 @@ class AgentOutboxes:
 
     def open(self, node: str) -> Outbox:
         """A new stream from ``node``'s agent: it takes what is sent from now on."""
-        outbox: Outbox = asyncio.Queue()
+        outbox = Outbox()
         self._queues.setdefault(node, []).append(outbox)
         return outbox
 

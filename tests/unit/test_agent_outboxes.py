@@ -30,3 +30,35 @@ def test_a_late_stream_opened_after_a_newer_one_takes_the_sends_until_it_ends() 
     assert boxes.send("n1", ack(7)) and live.get_nowait() == ack(7)
     assert boxes.close("n1", live) is True
     assert boxes.close("n1", live) is True  # closing twice, or a stream never opened, changes nothing
+
+
+def test_an_outbox_hands_its_reader_each_message_in_order_waiting_when_empty() -> None:
+    import asyncio
+
+    from controller.nodes.agent_outboxes import Outbox
+
+    async def scenario() -> None:
+        outbox = Outbox()
+        reader = asyncio.create_task(outbox.get())
+        await asyncio.sleep(0)
+        assert not reader.done()  # nothing yet: it waits
+        outbox.put_nowait(ack(1))
+        outbox.put_nowait(ack(2))
+        assert await asyncio.wait_for(reader, 1) == ack(1)
+        assert outbox.qsize() == 1 and await outbox.get() == ack(2) and outbox.empty()
+        outbox.put_nowait(None)  # the stream's end, after what came before
+        assert outbox.get_nowait() is None
+        try:
+            outbox.get_nowait()
+        except asyncio.QueueEmpty:
+            pass
+        else:
+            raise AssertionError("an empty outbox gave something")
+        cancelled = asyncio.create_task(outbox.get())
+        await asyncio.sleep(0)
+        cancelled.cancel()  # the stream gone while its reader waited
+        await asyncio.gather(cancelled, return_exceptions=True)
+        outbox.put_nowait(ack(3))  # no waiter left to wake: kept for the next reader
+        assert await outbox.get() == ack(3)
+
+    asyncio.run(scenario())
