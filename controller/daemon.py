@@ -19,6 +19,7 @@ import structlog
 
 from controller.compose import Rooms, rooms
 from controller.config import ControllerConfig
+from controller.edge import open_files
 from controller.edge.authz import RoleInterceptor
 from controller.edge.undecodable import DecodeInterceptor
 from controller.metrics import ControllerMetrics
@@ -105,6 +106,7 @@ class Controller:
             raise OSError(f"cannot listen on {address} (in use by another process?): {exc}") from None
         if self.port == 0:
             raise OSError(f"cannot listen on {address} (in use by another process?)")
+        self._room_for_agents()
         self.engine.resume_pending()
         await self.server.start()
         if self.config.port_file is not None:
@@ -133,6 +135,22 @@ class Controller:
             transport=transport,
         )
         return self.port
+
+    def _room_for_agents(self) -> None:
+        """One descriptor per connected agent: raise the open-file limit for ``limits.max_nodes`` of
+        them, and say so where the system does not allow it (``controller.edge.open_files``)."""
+        want = open_files.needed(self.config.limits.max_nodes)
+        soft, hard = open_files.raise_open_files(want)
+        self.engine.metrics.open_files_limit.set(soft)
+        if soft < want:
+            log.error(
+                "open_files_limit_low",
+                limit=soft,
+                hard_limit=hard,
+                needed=want,
+                detail=f"about {max(0, soft - open_files.SPARE)} agents can connect, not limits.max_nodes "
+                f"({self.config.limits.max_nodes}): raise the controller's open-file limit (LimitNOFILE, ulimit -n)",
+            )
 
     def _token_reviewer(self) -> TokenReviewer | None:
         """Where agents may connect with a service-account token: the API server reviews them."""

@@ -151,6 +151,12 @@ class ControllerMetrics:
             "1 when the controller serves plaintext gRPC on an address other than loopback",
             registry=r,
         )
+        self.open_files_limit = Gauge(
+            "vigil_controller_open_files_limit",
+            "The controller's open-file limit (one descriptor per connected agent; raised at start toward "
+            "limits.max_nodes + 1,024)",
+            registry=r,
+        )
         self.hellos_paced = Counter(
             "vigil_controller_hellos_paced_total",
             "Agent Hellos turned away with a turn to come back at (limits.hellos_per_s: a fleet reconnecting at once)",
