@@ -10,11 +10,13 @@ What runs, all on this machine:
 - a real ``vigil controller`` process with the Kubernetes actuator, talking to the Kubernetes API
   double (``tests/fakes/kube_api.py``, holding all N Node objects; it stamps each request's arrival);
   guards open (breaker, shared-cause and rate limit: every fault here is real), pager off;
-- N simulated agents, one real gRPC stream each (``tests/fakes/fleet.py``, 100 streams to an HTTP/2
-  connection), heartbeating as the agent does (``--heartbeat-s`` with something new to say, else
-  ``--idle-heartbeat-s``), spread over ``--workers`` processes so that the simulator is not what is
-  measured: each worker measures its own event loop's lag (a 10 ms ticker) and says it with the
-  figures, with the streams gRPC's client broke by itself and why;
+- N simulated agents, one real gRPC stream each (``tests/fakes/fleet.py``), each on a connection of
+  its own as real agents are (``--streams-per-connection``; 0: every stream of a worker on one
+  HTTP/2 connection, which is how the figures before that option were taken), heartbeating as
+  the agent does (``--heartbeat-s`` with something new to say, else ``--idle-heartbeat-s``),
+  spread over ``--workers`` processes so that the simulator is not what is measured: each worker
+  measures its own event loop's lag (a 10 ms ticker) and says it with the figures, with the
+  streams gRPC's client broke by itself and why;
 - continuous background: ``--background-per-s`` record-only signals a second (XID 63, a row remap
   event: stored, no action), spread over the fleet;
 - probes: ``--probes`` single XID 79s, one every ``--probe-every-s`` on a fresh node: fault →
@@ -98,21 +100,25 @@ class LagMeter:
         return {"p99_ms": round(percentile(samples, 0.99) * 1000, 1), "max_ms": round(max(samples) * 1000, 1)}
 
 
-def worker(
-    conn: Connection, target: str, names: list[str], beats: tuple[float, float], background_per_s: float
-) -> None:
-    asyncio.run(_worker(conn, target, names, beats, background_per_s))
+def worker(conn: Connection, *args: Any) -> None:
+    """A simulator process: ``_worker``'s loop (its arguments, after the pipe)."""
+    asyncio.run(_worker(conn, *args))
 
 
 async def _worker(
-    conn: Connection, target: str, names: list[str], beats: tuple[float, float], background_per_s: float
+    conn: Connection,
+    target: str,
+    names: list[str],
+    beats: tuple[float, float],
+    background_per_s: float,
+    per_connection: int | None,
 ) -> None:
     loop = asyncio.get_running_loop()
     inbox: asyncio.Queue[tuple[Any, ...]] = asyncio.Queue()
     loop.add_reader(conn.fileno(), lambda: inbox.put_nowait(conn.recv()))
     lag = LagMeter()
     lag_task = asyncio.create_task(lag.run())
-    fleet = Fleet(target, names, beats[0], idle_heartbeat_s=beats[1])
+    fleet = Fleet(target, names, beats[0], idle_heartbeat_s=beats[1], streams_per_connection=per_connection)
     started = time.time()
     await fleet.start(timeout_s=1800)
     conn.send(("connected", time.time() - started))
@@ -160,7 +166,13 @@ class Workers:
     """The fleet's processes, each with a share of the nodes, and a pipe to each."""
 
     def __init__(
-        self, target: str, names: list[str], count: int, beats: tuple[float, float], background_per_s: float
+        self,
+        target: str,
+        names: list[str],
+        count: int,
+        beats: tuple[float, float],
+        background_per_s: float,
+        per_connection: int | None,
     ) -> None:
         context = multiprocessing.get_context("spawn")
         self.shares = [names[i::count] for i in range(count)]
@@ -170,7 +182,9 @@ class Workers:
         for share in self.shares:
             ours, theirs = context.Pipe()
             process = context.Process(
-                target=worker, args=(theirs, target, share, beats, background_per_s / count), daemon=True
+                target=worker,
+                args=(theirs, target, share, beats, background_per_s / count, per_connection),
+                daemon=True,
             )
             process.start()
             self.pipes.append(ours)
@@ -331,7 +345,8 @@ def measure(args: argparse.Namespace, workdir: Path, database: str) -> dict[str,
         target = asyncio.run(controller_target(workdir, controller))
         sampler = Sampler(controller.pid)
         beats = (args.heartbeat_s, args.idle_heartbeat_s)
-        workers = Workers(target, names, args.workers, beats, args.background_per_s)
+        per_connection = args.streams_per_connection or None
+        workers = Workers(target, names, args.workers, beats, args.background_per_s, per_connection)
         try:
             started, cpu0 = time.time(), sampler.cpu_s()
             figures["connect_s"] = round(workers.connected(args.connect_timeout_s), 1)
@@ -438,6 +453,13 @@ def main() -> int:
     parser.add_argument("--database", choices=("sqlite", "postgresql"), default="sqlite")
     parser.add_argument("--settle-s", type=float, default=None, help="the guard's settling window (default: 0.03)")
     parser.add_argument(
+        "--streams-per-connection",
+        type=int,
+        default=1,
+        help="agents on one HTTP/2 connection (1: each its own, as real agents; 0: all of a worker's on one, "
+        "gRPC's sharing, as the figures before this option were taken)",
+    )
+    parser.add_argument(
         "--hellos-per-s",
         type=float,
         default=None,
@@ -482,6 +504,7 @@ def main() -> int:
         "settle_s": args.settle_s,
         "idle_heartbeat_s": args.idle_heartbeat_s,
         "workers": args.workers,
+        "streams_per_connection": args.streams_per_connection or "all of a worker's on one",
         **figures,
     }
     print(json.dumps(record, indent=2))

@@ -3,8 +3,10 @@
 Each node says Hello, heartbeats every ``heartbeat_s`` (jittered; with ``idle_heartbeat_s``, as the
 agent does, only that often while it has no jobs to report) and, when asked, sends a signal
 stamped with the time it is sent (``observed_at``), so the controller's fault-to-action clock starts
-exactly there. Streams are spread over several channels (HTTP/2 connections), as real agents would
-be spread over many. With ``checks`` (``tests.fakes.sim_checks``) the nodes answer RunCheck too.
+exactly there. By default every stream of the process shares one HTTP/2 connection (gRPC shares it
+between channels to one target); ``streams_per_connection`` gives every N nodes a connection of
+their own (1: as real agents, each on its own machine, and as the controller then holds them).
+With ``checks`` (``tests.fakes.sim_checks``) the nodes answer RunCheck too.
 """
 
 from __future__ import annotations
@@ -150,8 +152,16 @@ class Fleet:
         heartbeat_s: float = 5.0,
         checks: SimulatedChecks | None = None,
         idle_heartbeat_s: float = 0.0,
+        streams_per_connection: int | None = None,
     ) -> None:
-        self._channels = [grpc.aio.insecure_channel(target) for _ in range(max(1, len(names) // NODES_PER_CHANNEL + 1))]
+        """``streams_per_connection``: None, every stream of this process on one HTTP/2 connection
+        (gRPC shares a connection between channels to one target: the cheapest for tests); N, a
+        connection of its own for every N nodes (1: as real agents, each on its own machine)."""
+        if streams_per_connection is None:
+            count, options = max(1, len(names) // NODES_PER_CHANNEL + 1), []
+        else:
+            count, options = max(1, -(-len(names) // streams_per_connection)), [("grpc.use_local_subchannel_pool", 1)]
+        self._channels = [grpc.aio.insecure_channel(target, options=options) for _ in range(count)]
         self.nodes = {
             name: FleetNode(name, agent_pb2_grpc.AgentGatewayStub(self._channels[i % len(self._channels)]), checks)
             for i, name in enumerate(names)
