@@ -40,6 +40,7 @@ import contextlib
 import json
 import multiprocessing
 import random
+import resource
 import shutil
 import signal
 import subprocess
@@ -56,6 +57,7 @@ import psutil
 
 from bench.controller_process import controller_target, start_controller
 from bench.record import append_result, header, percentile, revision
+from controller.edge import open_files
 from tests.fakes.fleet import Fleet
 from tests.fakes.kube_api import KubeApiServer
 from tests.helpers import free_port
@@ -479,6 +481,14 @@ def main() -> int:
         parser.error("--probes plus the bursts must not exceed --nodes (each fault takes a fresh node)")
     if args.database == "postgresql" and (why := postgres_unavailable()):
         parser.error(f"--database postgresql: {why}")
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    connections = -(-args.nodes // args.streams_per_connection) if args.streams_per_connection else args.workers
+    if hard != resource.RLIM_INFINITY and connections + open_files.SPARE > hard:
+        parser.error(
+            f"{connections} connections need {connections + open_files.SPARE} open files in the controller, and this "
+            f"machine's hard limit is {hard}: raise it (ulimit -Hn) or give each connection more agents "
+            f"(--streams-per-connection {-(-args.nodes // (hard - open_files.SPARE))})"
+        )
     with contextlib.ExitStack() as stack:
         workdir = Path(tempfile.mkdtemp(prefix="vigil-scale-"))
         if args.keep:
