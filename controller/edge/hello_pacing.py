@@ -23,6 +23,7 @@ class HelloPacing:
     def __init__(self, per_s: float, burst: int) -> None:
         self._interval = 1.0 / per_s
         self._window = burst * self._interval  # how far ahead of now the schedule may run (a burst's worth)
+        self._early = min(EARLY_S, self._interval / 2)  # how early a turn may be taken: never a whole turn
         self._next = 0.0  # when the schedule is free again (the virtual clock of a GCRA)
         self._turns: dict[str, float] = {}  # node -> when its reserved turn comes
         self._expiry: deque[tuple[float, str]] = deque()  # (turn, node), in the order they were given
@@ -37,7 +38,7 @@ class HelloPacing:
         self._forget(now)
         turn = self._turns.get(node)
         if turn is not None:
-            if now + EARLY_S >= turn:  # its turn (or a hair before: the turn is said in whole ms)
+            if now + self._early >= turn:  # its turn (or a hair before: the turn is said in whole ms)
                 del self._turns[node]
                 return 0.0
             return turn - now  # early: the same turn, not a new one

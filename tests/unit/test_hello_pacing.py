@@ -5,7 +5,7 @@ from __future__ import annotations
 import heapq
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from controller.edge.hello_pacing import SLOT_KEPT_S, HelloPacing
@@ -38,7 +38,8 @@ def test_one_that_comes_back_early_keeps_its_turn_and_one_that_never_comes_loses
     assert pacing.waiting == 0  # b's and c's turns, never taken, given up
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=300, deadline=None)
+@example(400.0, 1, [(0.0, 0)] * 5)  # a turn shorter than the early allowance: never taken at once
 @given(
     st.floats(1, 1000),
     st.integers(1, 50),
