@@ -13,11 +13,15 @@ TLS_HINT = "set VIGIL_TLS_DIR to this party's certificates (ca.crt, tls.crt, tls
 
 
 def code_of(exc: grpc.RpcError) -> grpc.StatusCode | None:
-    return exc.code() if isinstance(exc, grpc.Call) else None
+    """The status of a failed call: a blocking call's error (a ``grpc.Call``) and an asyncio one
+    (``grpc.aio.AioRpcError``, which is not a ``grpc.Call``) alike; None for neither."""
+    code = getattr(exc, "code", None)
+    return code() if callable(code) else None
 
 
 def details_of(exc: grpc.RpcError) -> str:
-    return (exc.details() if isinstance(exc, grpc.Call) else None) or str(exc)
+    details = getattr(exc, "details", None)
+    return (details() if callable(details) else None) or str(exc)
 
 
 def is_refused(exc: grpc.RpcError) -> bool:
@@ -33,8 +37,8 @@ MAX_RETRY_AFTER_S = 600.0  # a turn further away than this is not believed (a co
 def retry_after_s(exc: grpc.RpcError) -> float | None:
     """When the controller said to try again (a Hello turned away while a fleet reconnects:
     ``controller.edge.hello_pacing``), in seconds; None when it did not say, or said nonsense."""
-    code, trailing = getattr(exc, "code", None), getattr(exc, "trailing_metadata", None)  # grpc.Call, AioRpcError
-    if code is None or trailing is None or code() is not grpc.StatusCode.RESOURCE_EXHAUSTED:
+    trailing = getattr(exc, "trailing_metadata", None)
+    if code_of(exc) is not grpc.StatusCode.RESOURCE_EXHAUSTED or not callable(trailing):
         return None
     for key, value in trailing() or ():
         if key == RETRY_AFTER_KEY:

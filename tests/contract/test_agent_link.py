@@ -578,7 +578,7 @@ def test_a_fleet_connecting_at_once_is_given_turns_and_every_agent_takes_its_own
 
 
 def test_a_turn_the_controller_says_is_read_only_from_a_refusal_and_only_when_sane() -> None:
-    from vigil_core.rpc_errors import RETRY_AFTER_KEY, retry_after_s
+    from vigil_core.rpc_errors import RETRY_AFTER_KEY, code_of, explain, retry_after_s
 
     def refusal(code: grpc.StatusCode, value: str | None) -> grpc.aio.AioRpcError:
         trailing = grpc.aio.Metadata(*([(RETRY_AFTER_KEY, value)] if value is not None else []))
@@ -590,3 +590,8 @@ def test_a_turn_the_controller_says_is_read_only_from_a_refusal_and_only_when_sa
     assert retry_after_s(refusal(grpc.StatusCode.RESOURCE_EXHAUSTED, "soon")) is None
     assert retry_after_s(refusal(grpc.StatusCode.RESOURCE_EXHAUSTED, "-5")) is None
     assert retry_after_s(refusal(grpc.StatusCode.RESOURCE_EXHAUSTED, str(10**9))) is None  # not believed
+    # An asyncio call's error is no grpc.Call: its status is read all the same.
+    assert code_of(refusal(grpc.StatusCode.RESOURCE_EXHAUSTED, None)) is grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "refused the call, over its limit: paced" in explain(
+        refusal(grpc.StatusCode.RESOURCE_EXHAUSTED, None), "c:1"
+    )
