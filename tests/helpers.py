@@ -42,4 +42,5 @@ async def stop_controller(controller: Controller) -> None:
     assert controller.server is not None
     await controller.server.stop(0)
     await controller.engine.wait_for_actions()
+    await controller.engine.shutdown()  # the actuator lets go too (a Kubernetes node watch's thread)
     controller.store.close()

@@ -89,6 +89,10 @@ class Actuator(NodeSelector, Protocol):
         """Every node's labels (the failure domains come from them)."""
         ...
 
+    def close(self) -> None:
+        """Let go of what it holds besides calls (a watch's thread); at the controller's shutdown."""
+        ...
+
 
 class Pager(Protocol):
     def page(self, action: Page) -> str: ...

@@ -68,6 +68,9 @@ class LocalActuator:
     def node_labels(self) -> dict[str, dict[str, str]]:
         return {node: dict(labels) for node, labels in self._labels.items()}
 
+    def close(self) -> None:
+        pass  # holds nothing besides the store's table
+
     def drain(self, action: Drain) -> str:
         return "nothing to drain (local actuator: no pods)"
 

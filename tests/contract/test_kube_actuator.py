@@ -215,8 +215,10 @@ def test_a_burst_reads_nodes_from_the_watch_not_one_get_each(kube: KubeApiServer
         assert act.quarantine(quarantine("gpu-0", "inc-gpu-0")).startswith("already tainted and cordoned")
         assert not kube.requests("GET", r"/api/v1/nodes/gpu-\d+$")
     finally:
+        act.close()  # as the controller's shutdown does: the watch's thread ends
         assert act.cache is not None
-        act.cache.stop()
+        act.cache._thread.join(10)
+        assert not act.cache._thread.is_alive()
 
 
 def test_a_stale_read_from_the_watch_costs_one_conflict_and_one_get(kube: KubeApiServer, tmp_path: Path) -> None:

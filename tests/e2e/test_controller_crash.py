@@ -82,6 +82,9 @@ class BlockingActuator:
     def node_labels(self) -> dict[str, dict[str, str]]:
         return {}
 
+    def close(self) -> None:
+        pass
+
     def quarantine(self, action: Quarantine) -> str:
         self.release.wait(10)
         raise RuntimeError("this process is gone")

@@ -197,6 +197,11 @@ class KubeActuator:
             return Release(True, f"taint removed, uncordoned{kept}")
         raise RuntimeError(f"node {node!r} kept changing: {_CONFLICT_RETRIES} conflicts in a row")
 
+    def close(self) -> None:
+        """The node watch's thread ends (its blocking read cut short)."""
+        if self.cache is not None:
+            self.cache.stop()
+
     def node_labels(self) -> dict[str, dict[str, str]]:
         if self.cache is not None and self.cache.synced:
             return self.cache.labels()

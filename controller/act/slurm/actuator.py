@@ -105,6 +105,9 @@ class SlurmActuator:
             mine.update({f"slurm.feature/{f}": "true" for f in node.features})
         return labels
 
+    def close(self) -> None:
+        pass  # each call is its own scontrol or sinfo
+
     # Choosing nodes (sweeps) -------------------------------------------------------------------
 
     def nodes_matching(self, selector: str) -> list[str]:

@@ -169,3 +169,4 @@ class ActionRunner:
             task.cancel()
         await asyncio.gather(*list(self._tasks), return_exceptions=True)
         self._executor.shutdown(wait=False, cancel_futures=True)  # a call already in an actuator finishes alone
+        self.actuator.close()
