@@ -7,14 +7,14 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from controller.act.actuators import FoundQuarantine, NullPager
+from controller.act.actuators import FoundQuarantine
 from controller.act.local_actuator import LocalActuator
 from controller.act.slurm.actuator import SlurmActuator
 from controller.compose import node_route
 from controller.store import Store
-from controller.vocab.actions import Page
 from controller.vocab.node_state import Health
 from controller.vocab.policy import Policy
+from tests.fakes.pagers import RecordingPager
 
 
 class SlurmsWords(LocalActuator):
@@ -26,18 +26,9 @@ class SlurmsWords(LocalActuator):
         return [FoundQuarantine("gpu-01", "inc-gpu-01", "XID 79 on gpu-01 GPU 3", 100.0)]
 
 
-class Pages(NullPager):
-    def __init__(self) -> None:
-        self.sent: list[Page] = []
-
-    def page(self, action: Page) -> str:
-        self.sent.append(action)
-        return "sent"
-
-
 def test_an_adopted_quarantine_is_paged_in_its_clusters_words(tmp_path: Path) -> None:
     async def scenario() -> None:
-        store, pages = Store(tmp_path / "ctl.db"), Pages()
+        store, pages = Store(tmp_path / "ctl.db"), RecordingPager()
         route = node_route(store, Policy(), SlurmsWords(store.db), pages, clock=lambda: 200.0)
         assert await route.adopt_cluster_state() == 1
         await route.wait_for_actions()

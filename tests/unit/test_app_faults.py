@@ -6,7 +6,6 @@ import asyncio
 from dataclasses import replace
 from pathlib import Path
 
-from controller.act.actuators import NullPager
 from controller.act.local_actuator import LocalActuator
 from controller.compose import node_route
 from controller.nodes.app_faults import AppFaultConfig, AppFaults, JobMembership, job_crashed
@@ -16,6 +15,7 @@ from controller.store import Store
 from controller.vocab.actions import Page, PageUpdate
 from controller.vocab.node_state import Health, NodeState
 from controller.vocab.policy import Policy, Severity
+from tests.fakes.pagers import RecordingPager
 from vigil_core.signals import GpuRef, Signal, SignalKind
 
 NODES = ("n1", "n2", "n3", "n4")
@@ -106,17 +106,8 @@ def test_an_application_xid_of_a_crashed_job_is_recorded_without_action() -> Non
     assert hardware.state.health is Health.UNHEALTHY  # job_fault never hides a hardware XID
 
 
-class _Pages(NullPager):
-    def __init__(self) -> None:
-        self.pages: list[Page] = []
-
-    def page(self, action: Page) -> str:
-        self.pages.append(action)
-        return "recorded"
-
-
-def _engine(tmp_path: Path, now: list[float]) -> tuple[Engine, _Pages, JobMembership]:
-    store, pager, membership = Store(tmp_path / "ctl.db"), _Pages(), JobMembership()
+def _engine(tmp_path: Path, now: list[float]) -> tuple[Engine, RecordingPager, JobMembership]:
+    store, pager, membership = Store(tmp_path / "ctl.db"), RecordingPager(), JobMembership()
     faults = AppFaults(membership, AppFaultConfig(grace_s=2.0))
     engine = node_route(store, Policy(), LocalActuator(store.db), pager, clock=lambda: now[0], app_faults=faults).engine
     for n in NODES:
@@ -139,14 +130,14 @@ def test_a_jobs_node_waits_the_grace_for_the_others_then_is_decided(tmp_path: Pa
         engine, pager, _ = _engine(tmp_path, now)
         three_xid13(engine, "n1", now[0])
         await engine.wait_for_actions()
-        assert engine.fleet.nodes["n1"].state.health is Health.HEALTHY and pager.pages == []
+        assert engine.fleet.nodes["n1"].state.health is Health.HEALTHY and pager.sent == []
         now[0] += 1.0
         assert engine.decide_held() == 0  # still within the grace
         now[0] += 1.5
         assert engine.decide_held() == 1
         await engine.wait_for_actions()
         assert engine.fleet.nodes["n1"].state.health is Health.SUSPECT
-        assert [(p.node, p.severity) for p in pager.pages] == [("n1", Severity.SUSPECT)]
+        assert [(p.node, p.severity) for p in pager.sent] == [("n1", Severity.SUSPECT)]
         (incident,) = engine.store.incidents.list(node="n1")
         assert incident.severity == "suspect" and incident.signal_count == 3  # held, not counted twice
 
@@ -165,7 +156,7 @@ def test_the_others_reporting_within_the_grace_make_it_the_jobs_crash(tmp_path: 
         assert engine.decide_held() == 0  # n1's held XIDs were part of the crash
         await engine.wait_for_actions()
         assert {n: engine.fleet.nodes[n].state.health for n in NODES} == dict.fromkeys(NODES, Health.HEALTHY)
-        assert [p.node for p in pager.pages] == [""]  # one page, about the job
+        assert [p.node for p in pager.sent] == [""]  # one page, about the job
 
     asyncio.run(scenario())
 
@@ -177,6 +168,6 @@ def test_without_a_job_the_third_xid13_is_decided_at_once(tmp_path: Path) -> Non
         membership.forget("train")
         three_xid13(engine, "n1", now[0])
         await engine.wait_for_actions()
-        assert engine.fleet.nodes["n1"].state.health is Health.SUSPECT and len(pager.pages) == 1
+        assert engine.fleet.nodes["n1"].state.health is Health.SUSPECT and len(pager.sent) == 1
 
     asyncio.run(scenario())

@@ -24,6 +24,7 @@ from controller.store import Store
 from controller.sweeps.pairing import Finding
 from controller.vocab.actions import Page
 from controller.vocab.policy import Policy
+from tests.fakes.pagers import RecordingPager
 from vigil_core.signals import GpuRef, Signal, SignalKind
 
 CFG = DomainGuardConfig(labels=("rack", "leaf"), max_nodes=2, window_s=600.0)
@@ -98,13 +99,7 @@ def test_a_blamed_leaf_pages_once_and_cordons_none_of_its_nodes(tmp_path: Path) 
         labels = {n: {"vigil.dev/leaf-switch": "leaf-a"} for n in ("n1", "n2", "n3")}
         guardrails = GuardrailConfig(breaker_max_fraction=1.0, breaker_page_delay_s=0)
         pages: list[Page] = []
-
-        class Recording(NullPager):
-            def page(self, action: Page) -> str:
-                pages.append(action)
-                return "paged"
-
-        e = node_route(store, Policy(), LocalActuator(store.db, labels), Recording(), guardrails=guardrails)
+        e = node_route(store, Policy(), LocalActuator(store.db, labels), RecordingPager(pages), guardrails=guardrails)
         await e.upkeep.refresh_labels()
         for node in ("n1", "n2", "n3"):
             e.engine.hello(node, "s", 8)

@@ -4,7 +4,6 @@ import asyncio
 import itertools
 from pathlib import Path
 
-from controller.act.actuators import NullPager
 from controller.act.local_actuator import LocalActuator, LocalQuarantines
 from controller.compose import NodeRoute, node_route
 from controller.nodes.guards.rules import GuardrailConfig
@@ -21,6 +20,7 @@ from controller.nodes.guards.shared import (
 from controller.store import Store
 from controller.vocab.actions import Page
 from controller.vocab.policy import Policy
+from tests.fakes.pagers import RecordingPager
 from vigil_core.signals import GpuRef, Signal, SignalKind
 
 CFG = SharedCauseConfig(min_nodes=3, share=0.1, window_s=60)
@@ -81,14 +81,9 @@ def test_the_page_names_the_count_the_span_and_what_only_these_nodes_share() -> 
 
 
 def _route(tmp_path: Path, pages: list[Page], **shared: object) -> NodeRoute:
-    class Recording(NullPager):
-        def page(self, action: Page) -> str:
-            pages.append(action)
-            return "recorded"
-
     store = Store(tmp_path / "ctl.db")
     guard = GuardrailConfig(breaker_max_fraction=1.0, breaker_page_delay_s=0, shared=shared)  # type: ignore[arg-type]
-    return node_route(store, Policy(), LocalActuator(store.db), Recording(), guardrails=guard)
+    return node_route(store, Policy(), LocalActuator(store.db), RecordingPager(pages), guardrails=guard)
 
 
 def _xid(node: str, code: int = 79, seq: int = 1) -> Signal:
