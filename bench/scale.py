@@ -304,11 +304,10 @@ class Cordons:
 def settings(
     kube: KubeApiServer, workdir: Path, nodes: int, database: str, settle_s: float | None, hellos_per_s: float | None
 ) -> dict[str, Any]:
-    pacing = (
-        {}
-        if hellos_per_s is None
-        else {"hellos_per_s": hellos_per_s or 1e9, "hello_burst": nodes if not hellos_per_s else 2000}
-    )
+    # A rate: the controller's own burst with it; 0: no pacing at all (every Hello within one burst).
+    pacing = {} if hellos_per_s is None else {"hellos_per_s": hellos_per_s or 1e9}
+    if hellos_per_s == 0:
+        pacing["hello_burst"] = nodes
     return {
         "port": free_port(),  # the same after a restart: the agents come back to where they were
         "database": database,
