@@ -179,7 +179,9 @@ def test_a_reset_that_fails_climbs_to_a_reboot_and_a_gpu_missing_after_it_pages_
     with AdminClient(fleet.target) as admin:
         poll_until(lambda: set(health(admin)) == set(NODES), timeout=30, what="every agent registered")
         fleet.xid("node-c", 5, 48, 1)
-        poll_until(lambda: (fleet.tmp / "reboots").exists(), timeout=60, what="a reboot asked for node-c")
+        # The reboot command creates the file, then writes the line: wait for what it wrote, not for the file.
+        reboots = fleet.tmp / "reboots"
+        poll_until(lambda: reboots.exists() and reboots.read_text() != "", timeout=60, what="a reboot asked for node-c")
         assert (fleet.tmp / "reboots").read_text() == "node-c\n"
         fleet.agents["node-c"].terminate()  # the node reboots: its agent comes back with 7 GPUs
         fleet.agents["node-c"].wait(timeout=10)
