@@ -146,7 +146,6 @@ def node_route(
         flush_soon=store.group.soon,
         quarantine_means=actuator.quarantine_means,
     )
-    store.group.before_flush.append(guard.flush_state)
     runner.settle = guard.settle  # a burst's quarantines and pages wait to be decided as a whole
     by_hand = ByHand(fleet, store, runner, folds, guard, clock, metrics, recovery.undo_window_s)
     releases = ReleaseChecks(fleet, checks, recovery, by_hand.uncordon, clock, tasks)

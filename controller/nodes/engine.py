@@ -206,7 +206,7 @@ class Engine:
                 received.append(item)
             if not received:
                 return self.ack_seq(node)
-            self.applier.commit(entry.spool_id, received, state, last_seq, now)
+            self.applier.commit(entry.spool_id, received, state, last_seq, now, self.guard.write_with)
         entry.state, entry.last_seq, entry.last_heartbeat = state, last_seq, now
         return self.ack_seq(node)
 
@@ -252,7 +252,7 @@ class Engine:
             with self.guard.saving():
                 held, rule = Received(signal, "", (), new=False), rule_id(signal.kind.value, signal.code)
                 state, item = self._guarded(decision.state, decision.actions, held, now, rule)
-                self.applier.commit(entry.spool_id, [item], state, entry.last_seq, now)
+                self.applier.commit(entry.spool_id, [item], state, entry.last_seq, now, self.guard.write_with)
             entry.state = state
             log.info(
                 "application_fault_decided", node=signal.node, code=signal.code, held_s=self.app_faults.config.grace_s
@@ -295,7 +295,7 @@ class Engine:
         with self.guard.saving():
             state, item = self._decide(entry.state, signal, now, incident_id, shared=False)
             # Filed under its key (the sweep, the job), not the agent's spool: the agent's seq stays its own.
-            self.applier.commit(fault.key, [item], state, entry.last_seq, now)
+            self.applier.commit(fault.key, [item], state, entry.last_seq, now, self.guard.write_with)
         entry.state = state
         quarantine = next((a for a in item.actions if isinstance(a, Quarantine)), None)
         if quarantine is None:

@@ -7,8 +7,7 @@ the agent drops what was acknowledged) awaits ``durable()``: one flush in a thre
 (SQLite: fdatasync of the write-ahead log; PostgreSQL: one commit that waits for the WAL) covers
 every commit made before it, however many. While a flush runs, the commits that come in wait for
 the next, so under load each flush carries a group, and at rest a lone write waits one flush as
-before. ``before_flush`` hooks write state kept in memory and saved at most once per flush (the
-guard's windows).
+before.
 """
 
 from __future__ import annotations
@@ -30,7 +29,6 @@ class GroupCommit:
         self._synced = 0  # lazy commits known to be on disk
         self._flush: asyncio.Task[None] | None = None
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="group-commit")
-        self.before_flush: list[Callable[[], None]] = []
         self._waiting: set[asyncio.Task[None]] = set()
         self._requested = False
         self.flushes = 0
@@ -52,8 +50,6 @@ class GroupCommit:
         try:
             asyncio.get_running_loop()
         except RuntimeError:
-            for write in self.before_flush:
-                write()
             self._db.sync()
             self._synced = self._db.lazy_commits
             return
@@ -87,8 +83,6 @@ class GroupCommit:
 
     async def _run(self) -> None:
         self._requested = False
-        for write in self.before_flush:
-            write()
         target = self._db.lazy_commits
         if target > self._synced:
             await asyncio.get_running_loop().run_in_executor(self._executor, self._db.sync)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from controller.store.database import Database
+from controller.store.database import Database, Tx
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -34,10 +34,15 @@ class Records:
 
     def set_metas(self, values: dict[str, str], durable: bool = True) -> None:
         with self._db.tx(durable) as db:
-            db.executemany(
-                "INSERT INTO meta VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
-                list(values.items()),
-            )
+            Records.put_metas(db, values)
+
+    @staticmethod
+    def put_metas(db: Tx, values: dict[str, str]) -> None:
+        """Within a transaction of the caller's (a decision's, so the two are stored together)."""
+        db.executemany(
+            "INSERT INTO meta VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+            list(values.items()),
+        )
 
     def operator_action(self, what: str, node: str, requested_by: str, reason: str, detail: str, now: float) -> None:
         with self._db.tx() as db:

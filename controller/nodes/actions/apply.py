@@ -74,10 +74,17 @@ class Applier:
         self._metrics = metrics
 
     def commit(
-        self, filed_under: str, received: Sequence[Received], state: NodeState, last_seq: int, now: float
+        self,
+        filed_under: str,
+        received: Sequence[Received],
+        state: NodeState,
+        last_seq: int,
+        now: float,
+        also: Callable[[Tx], None] = lambda db: None,
     ) -> None:
         """Record the batch (signals filed under ``filed_under``: the agent's spool or a sweep's key),
-        then let the views follow and start the external actions."""
+        then let the views follow and start the external actions. ``also`` writes in the same
+        transaction what else the decision changed (the guardrails' windows)."""
         with self._store.tx(durable=False) as db:  # on disk with the next flush; the agent's ack awaits it
             for item in received:
                 if item.new:
@@ -85,6 +92,7 @@ class Applier:
                 for action in item.actions:
                     self._record(db, action, item, now)
             NodeTable.received(db, state, last_seq, now)
+            also(db)
         self._store.group.soon()
         for item in received:
             if item.new:

@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
+from typing import Any
 
 import structlog
 
@@ -42,7 +43,7 @@ from controller.nodes.guards.shared import (
     common_factors,
     fleet_summary,
 )
-from controller.store import Records
+from controller.store import Records, Tx
 from controller.vocab.actions import Action, Page, Quarantine, action_kind
 from controller.vocab.policy import Severity
 
@@ -89,10 +90,11 @@ class Guard:
         self._went: dict[str, set[str]] = {}  # rule -> nodes whose actions were carried out after settling
         self._page_task: asyncio.Task[None] | None = None
         self._page_tasks: set[asyncio.Task[None]] = set()
-        # The windows change with every quarantine: written once per group commit (``flush_state``,
-        # before the acks that flush releases), not once per batch. None: written at once.
-        self._flush_soon = flush_soon
-        self._dirty = False
+        # What changed is written in the transaction of the decision that changed it (``write_with``):
+        # a controller killed between the two would leave a held action beside an active breaker.
+        # A change with no decision to go with (a component held) is written on its own, at once.
+        self._flush_soon = flush_soon  # None: such a write is durable at once (no group commit)
+        self._before: tuple[BreakerState, DomainState, SharedState] | None = None  # inside ``saving``
 
     @property
     def automation(self) -> str:
@@ -206,39 +208,36 @@ class Guard:
 
     @contextmanager
     def saving(self) -> Iterator[None]:
-        """Save the guard's state after the block if the block changed it. When the block raises, what it
-        decided was not committed either: the guard's state goes back to what it was."""
-        before = self.state
+        """Save the guard's state after the block if the block changed it and did not store it with
+        its decision (``write_with``). When the block raises, what it decided was not committed
+        either: the guard's state goes back to what it was."""
+        before = self._before = self.state
         try:
             yield
+            unsaved = self._changed(self._before)
         except BaseException:
             self.breaker, self.domains, self.shared = before  # the batch comes again: count it then, not twice
             raise
-        if any(now is not then for now, then in zip(self.state, before, strict=True)):
-            if self._flush_soon is None:
-                self.save()
-            else:
-                self._dirty = True
+        finally:
+            self._before = None
+        if unsaved:
+            self._records.set_metas(unsaved, durable=self._flush_soon is None)
+            if self._flush_soon is not None:
                 self._flush_soon()
 
-    def flush_state(self) -> None:
-        """The group commit's hook: the windows, if they changed, written in the flush about to run."""
-        if self._dirty:
-            self._dirty = False
-            try:
-                self._write(durable=False)
-            except BaseException:
-                self._dirty = True
-                raise
+    def write_with(self, db: Tx) -> None:
+        """Within ``saving``, in the decision's transaction: what the decision changed, stored with it."""
+        if self._before is not None and (changed := self._changed(self._before)):
+            Records.put_metas(db, changed)
+            self._before = self.state  # stored: what changes after this is written after the block
+
+    def _changed(self, before: tuple[BreakerState, DomainState, SharedState]) -> dict[str, str]:
+        """The stored form of each part of the state that is not what it was."""
+        parts = zip(_KEYS, _DUMPS, self.state, before, strict=True)
+        return {key: dump(now) for key, dump, now, then in parts if now is not then}
 
     def save(self) -> None:
-        self._dirty = False
-        self._write(durable=True)
-
-    def _write(self, durable: bool) -> None:
-        domains = json.dumps({"recent": self.domains.recent, "held": self.domains.held})
-        metas = {_SHARED_KEY: _dump_shared(self.shared), _BREAKER_KEY: _dump(self.breaker), _DOMAINS_KEY: domains}
-        self._records.set_metas(metas, durable)
+        self._records.set_metas({key: dump(now) for key, dump, now in zip(_KEYS, _DUMPS, self.state, strict=True)})
 
     def count_adopted(self, quarantines: list[tuple[str, float]]) -> None:
         self.breaker = with_adopted(self.breaker, quarantines, self.config, self._clock())
@@ -315,6 +314,10 @@ def _dump(state: BreakerState) -> str:
     return json.dumps({"tripped_at": state.tripped_at, "recent": state.recent, "held": state.held})
 
 
+def _dump_domains(state: DomainState) -> str:
+    return json.dumps({"recent": state.recent, "held": state.held})
+
+
 def _dump_shared(state: SharedState) -> str:
     incidents = [[i.rule, i.opened_at, i.first_at, list(i.nodes)] for i in state.open]
     return json.dumps({"recent": state.recent, "open": incidents})
@@ -340,3 +343,7 @@ def _load(text: str | None) -> BreakerState:
         return BreakerState()
     d = json.loads(text)
     return BreakerState(d["tripped_at"], tuple((n, t) for n, t in d["recent"]), tuple(d["held"]))
+
+
+_KEYS = (_BREAKER_KEY, _DOMAINS_KEY, _SHARED_KEY)  # in the order of ``Guard.state``
+_DUMPS: tuple[Callable[[Any], str], ...] = (_dump, _dump_domains, _dump_shared)

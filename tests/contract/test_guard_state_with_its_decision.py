@@ -1,0 +1,84 @@
+"""The guardrails' state (the breaker's window, a suspect domain, an open fleet incident) is in the
+store together with the decision that changed it. A controller killed right after a decision (in
+the same event-loop turn, before any flush) leaves the store as the decision left it: a new leader
+or a restart reads the held quarantine and the tripped breaker, not a held action beside an active
+breaker (seen: a SIGKILLed leader whose successor said "active" with node-d's quarantine held).
+
+The "kill" is a second connection reading the database file right after the call returns, with
+no await in between: what it reads is what a process started after a SIGKILL there would read."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from controller.act.local_actuator import LocalActuator
+from controller.compose import NodeRoute, node_route
+from controller.nodes.found import Found, Source
+from controller.nodes.guards.rules import GuardrailConfig
+from controller.nodes.guards.shared import SharedCauseConfig
+from controller.store import Store
+from controller.vocab.policy import Policy
+from tests.fakes.pagers import RecordingPager
+from vigil_core.signals import GpuRef, Signal, SignalKind
+
+NODES = [f"n{i}" for i in range(6)]
+
+
+def route(path: Path, guard: GuardrailConfig) -> NodeRoute:
+    store = Store(path)
+    return node_route(store, Policy(), LocalActuator(store.db), RecordingPager([]), guardrails=guard)
+
+
+def xid79(node: str) -> Signal:
+    return Signal(node, SignalKind.XID, GpuRef(0), 79, seq=1)
+
+
+BREAKER = GuardrailConfig(breaker_max_nodes=1, breaker_max_fraction=1.0, shared=SharedCauseConfig(enabled=False))
+SHARED = GuardrailConfig(breaker_max_nodes=50, breaker_max_fraction=1.0, shared=SharedCauseConfig(min_nodes=3))
+
+
+def receive_each(r: NodeRoute) -> list[str]:
+    """One XID 79 per node, one decision at a time; after each, what was decided."""
+    seen = []
+    for node in NODES[:4]:
+        r.engine.receive(node, [xid79(node)])
+        seen.append(node)
+    return seen
+
+
+def component(r: NodeRoute) -> list[str]:
+    """A sweep blames a leaf switch: its nodes are held in its domain (no batch of an agent's)."""
+    r.engine.found(Found("leaf-0", "sweep-1", "slow across leaf-0", Source.SWEEP, behind=(NODES[0], NODES[1])))
+    return [NODES[0], NODES[1]]
+
+
+@pytest.mark.parametrize(
+    ("guard", "decide", "holding"),
+    [(BREAKER, receive_each, "paused"), (SHARED, receive_each, "holding xid-79"), (BREAKER, component, "suspect")],
+    ids=["breaker-trips", "fleet-incident-opens", "component-held-in-its-domain"],
+)
+def test_a_decision_and_the_guard_state_it_changed_are_stored_together(
+    tmp_path: Path, guard: GuardrailConfig, decide: Callable[[NodeRoute], list[str]], holding: str
+) -> None:
+    path = tmp_path / "ctl.db"
+
+    async def scenario() -> None:
+        r = route(path, guard)
+        for node in NODES:
+            r.engine.hello(node, f"spool-{node}", 8)
+        decide(r)
+        assert holding in r.guard.automation
+        # No await since the decisions: no flush has run. A process started now reads this.
+        after_a_kill = route(path, guard)
+        assert after_a_kill.guard.state == r.guard.state
+        assert holding in after_a_kill.guard.automation
+        after_a_kill.store.close()
+        await r.store.group.durable()
+        await r.engine.shutdown()
+        r.store.close()
+
+    asyncio.run(scenario())
