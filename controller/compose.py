@@ -113,6 +113,7 @@ def node_route(
     metrics.tasks_down.set_function(lambda: len(tasks.down()))
     outboxes, events = AgentOutboxes(), NodeEvents()
     app_faults = app_faults or AppFaults(JobMembership())
+    app_faults.restore(store.incidents.still_held())  # held by the controller before this one
     refused = metrics.check_results_refused
     checks = CheckRequests(
         store.records, outboxes.send, check_results_per_node_hour, lambda node: refused.labels(node).inc(), clock
@@ -145,6 +146,7 @@ def node_route(
         fleet.names,
         flush_soon=store.group.soon,
         quarantine_means=actuator.quarantine_means,
+        paged=store.actions.paged,
     )
     runner.settle = guard.settle  # a burst's quarantines and pages wait to be decided as a whole
     by_hand = ByHand(fleet, store, runner, folds, guard, clock, metrics, recovery.undo_window_s)

@@ -16,8 +16,10 @@ Nodes of a job that crashed everywhere at once do not report in the same millise
 application XID that would make a node of a job (of at least ``min_nodes``) SUSPECT is held for
 ``grace_s``: recorded at once, decided only when no crash of its job claimed it by then (the
 engine's watch asks ``due``). The node being in service either way, waiting costs nothing; deciding
-first would page a node for its job's crash. The held decisions live in memory: a controller
-restart within the grace leaves them recorded but undecided.
+first would page a node for its job's crash. What is held, and what stops being held (decided, or
+claimed by a crash), is stored in the transaction of the decision that did it (``changes``, the
+engine writes them), so a controller restarted within the grace decides what the last one held.
+With ``MAX_HELD`` held already, a signal is decided at once: never held and forgotten.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import structlog
 from pydantic import Field
 
 from controller.vocab.actions import Page, PageUpdate
+from controller.vocab.held import Held
 from controller.vocab.policy import Policy, Severity
 from vigil_core.config_file import ConfigModel
 from vigil_core.signals import Signal, SignalKind
@@ -77,7 +80,8 @@ class AppFaults:
         self.config = config or AppFaultConfig()
         self._last_hit: dict[str, float] = {}  # node -> its latest application XID
         self._paged_at: dict[str, float] = {}  # job -> when its crash was last paged
-        self._held: list[tuple[float, Signal]] = []  # (decide at, signal): waiting for the job's other nodes
+        self._held: list[Held] = []  # waiting for the job's other nodes
+        self._unsaved: tuple[list[Held], list[Held]] = ([], [])  # (held, no longer held) since ``changes``
         self._hardware: dict[str, float] = {}  # node -> its latest hardware XID (one whose rule quarantines)
         self._crash_pages: dict[str, tuple[str, tuple[str, ...], float]] = {}  # job -> (incident, nodes, when)
 
@@ -113,7 +117,7 @@ class AppFaults:
             return "", None
         job, nodes = crash
         claimed = set(self.hit_nodes(nodes, now))
-        self._held = [(at, s) for at, s in self._held if s.node not in claimed]  # part of the crash
+        self._let_go([h for h in self._held if h.signal.node in claimed])  # part of the crash
         if culprits := self.hardware_on(nodes, now):
             log.warning("job_crash_caused_by_hardware", job=job, nodes=list(nodes), hardware=culprits)
             return job, None  # the hardware's own incident pages it; the job is not blamed
@@ -145,20 +149,38 @@ class AppFaults:
         return [n for n in nodes if self._hardware.get(n, float("-inf")) >= now - self.config.window_s]
 
     def may_be_crash(self, node: str) -> bool:
-        """Whether the node's application XIDs could yet turn out to be its job's crash."""
-        if self.config.grace_s <= 0:
+        """Whether the node's application XIDs could yet turn out to be its job's crash (and there is
+        room to hold them while that is seen)."""
+        if self.config.grace_s <= 0 or len(self._held) >= MAX_HELD:
             return False
         return any(len(nodes) >= self.config.min_nodes for _, nodes in self.membership.jobs_of(node))
 
-    def hold(self, signal: Signal, now: float) -> None:
+    def restore(self, held: Sequence[Held]) -> None:
+        """What an earlier controller held and did not decide (from the store): decided when due."""
+        self._held = [*held, *self._held]
+
+    def hold(self, signal: Signal, spool_id: str, now: float) -> None:
         """Decide ``signal`` after the grace, unless a crash of its job claims it first."""
-        self._held = [*self._held, (now + self.config.grace_s, signal)][-MAX_HELD:]
+        held = Held(now + self.config.grace_s, spool_id, signal)
+        self._held.append(held)
+        self._unsaved[0].append(held)
 
     def due(self, now: float) -> list[Signal]:
         """The held signals whose grace is over, no job crash having claimed them."""
-        due = [s for at, s in self._held if at <= now]
-        self._held = [(at, s) for at, s in self._held if at > now]
-        return due
+        due = [h for h in self._held if h.decide_at <= now]
+        self._let_go(due)
+        return [h.signal for h in due]
+
+    def _let_go(self, gone: list[Held]) -> None:
+        if gone:
+            ids = {id(h) for h in gone}
+            self._held = [h for h in self._held if id(h) not in ids]
+            self._unsaved[1].extend(gone)
+
+    def changes(self) -> tuple[list[Held], list[Held]]:
+        """What was held and what stopped being held since the last call, to store with the decision."""
+        changes, self._unsaved = self._unsaved, ([], [])
+        return changes
 
     def page_due(self, job: str, now: float) -> bool:
         """True once per crash of the job (then not again within ``page_every_s``)."""

@@ -25,7 +25,7 @@ from controller.nodes.fleet import Fleet, NodeEntry, UnknownNode
 from controller.nodes.found import Found, Outcome, Result, Source
 from controller.nodes.guards.guard import Guard
 from controller.nodes.rule_stats import rule_id
-from controller.store import Store
+from controller.store import IncidentLog, Store, Tx
 from controller.vocab.actions import Action, Page, Quarantine, action_kind
 from controller.vocab.node_state import NodeState
 from controller.vocab.policy import Policy
@@ -201,18 +201,21 @@ class Engine:
                 if signal.seq <= last_seq:
                     self.metrics.duplicates.inc()
                     continue
-                state, item = self._decide(state, signal, now, incident_id_for(node, entry.spool_id, signal.seq))
+                incident_id = incident_id_for(node, entry.spool_id, signal.seq)
+                state, item = self._decide(state, signal, now, incident_id, entry.spool_id)
                 last_seq = signal.seq
                 received.append(item)
             if not received:
                 return self.ack_seq(node)
-            self.applier.commit(entry.spool_id, received, state, last_seq, now, self.guard.write_with)
+            self.applier.commit(entry.spool_id, received, state, last_seq, now, self._stored_with)
         entry.state, entry.last_seq, entry.last_heartbeat = state, last_seq, now
         return self.ack_seq(node)
 
     # Actions -------------------------------------------------------------------------------
 
     def resume_pending(self) -> int:
+        """At start: the actions an earlier controller left PENDING, and the guard's pages it owed."""
+        self.guard.resume_owed()
         pending = self.store.actions.pending()
         for p in pending:
             self.runner.schedule(p)
@@ -221,10 +224,11 @@ class Engine:
         return len(pending)
 
     def _decide(
-        self, state: NodeState, signal: Signal, now: float, incident_id: str, shared: bool = True
+        self, state: NodeState, signal: Signal, now: float, incident_id: str, filed_under: str, shared: bool = True
     ) -> tuple[NodeState, Received]:
-        """Decide one signal and pass its actions through the guardrails (``shared``: one fault on
-        many nodes may be a shared cause; not for what the controller's own checks found)."""
+        """Decide one signal (filed under its agent's spool, or what found it) and pass its actions
+        through the guardrails (``shared``: one fault on many nodes may be a shared cause; not for
+        what the controller's own checks found)."""
         job, page = self.app_faults.crash_of(signal, self.policy, now)
         if page is not None:
             self.runner.request(page, now)
@@ -233,7 +237,7 @@ class Engine:
         if application and _pages(decision.actions) and self.app_faults.may_be_crash(signal.node):
             # Its job's other nodes may not have reported theirs yet: wait for them before deciding.
             decision = decide(state, signal, self.policy, now, incident_id, hold=True)
-            self.app_faults.hold(signal, now)
+            self.app_faults.hold(signal, filed_under, now)
         rule = rule_id(signal.kind.value, signal.code) if shared else ""
         return self._guarded(decision.state, decision.actions, Received(signal, incident_id, ()), now, rule)
 
@@ -252,12 +256,23 @@ class Engine:
             with self.guard.saving():
                 held, rule = Received(signal, "", (), new=False), rule_id(signal.kind.value, signal.code)
                 state, item = self._guarded(decision.state, decision.actions, held, now, rule)
-                self.applier.commit(entry.spool_id, [item], state, entry.last_seq, now, self.guard.write_with)
+                self.applier.commit(entry.spool_id, [item], state, entry.last_seq, now, self._stored_with)
             entry.state = state
             log.info(
                 "application_fault_decided", node=signal.node, code=signal.code, held_s=self.app_faults.config.grace_s
             )
+        waiting, gone = self.app_faults.changes()  # decided with nothing to do: no longer held all the same
+        if waiting or gone:
+            with self.store.tx(durable=False) as db:
+                IncidentLog.held(db, waiting, gone)
+            self.store.group.soon()
         return len(due)
+
+    def _stored_with(self, db: Tx) -> None:
+        """What a decision changed beside its batch, in the batch's transaction: the guard's windows
+        and the application XIDs held (a controller killed between two writes would lose them)."""
+        self.guard.write_with(db)
+        IncidentLog.held(db, *self.app_faults.changes())
 
     def _guarded(
         self, state: NodeState, decided: tuple[Action, ...], item: Received, now: float, rule: str = ""
@@ -293,9 +308,9 @@ class Engine:
         signal = Signal(fault.node, fault.kind, message=fault.reason, source=fault.source.value, observed_at=now)
         incident_id = f"{fault.node}-{fault.key}"
         with self.guard.saving():
-            state, item = self._decide(entry.state, signal, now, incident_id, shared=False)
+            state, item = self._decide(entry.state, signal, now, incident_id, fault.key, shared=False)
             # Filed under its key (the sweep, the job), not the agent's spool: the agent's seq stays its own.
-            self.applier.commit(fault.key, [item], state, entry.last_seq, now, self.guard.write_with)
+            self.applier.commit(fault.key, [item], state, entry.last_seq, now, self._stored_with)
         entry.state = state
         quarantine = next((a for a in item.actions if isinstance(a, Quarantine)), None)
         if quarantine is None:

@@ -12,8 +12,9 @@ from dataclasses import dataclass, field
 
 from controller.store.database import Database, Tx
 from controller.vocab.actions import EscalateIncident, FoldIntoIncident, OpenIncident, ResolveIncident
+from controller.vocab.held import Held
 from controller.vocab.policy import Severity
-from vigil_core.signals import GpuRef, Signal
+from vigil_core.signals import GpuRef, Signal, SignalKind
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS signals (
@@ -27,6 +28,9 @@ CREATE TABLE IF NOT EXISTS incidents (
   status TEXT NOT NULL, signal_count INTEGER NOT NULL, first_message TEXT, first_seq INTEGER,
   first_observed_at REAL, received_at REAL, opened_at REAL, last_at REAL);
 CREATE INDEX IF NOT EXISTS incidents_node ON incidents (node, status);
+CREATE TABLE IF NOT EXISTS held_signals (
+  node TEXT NOT NULL, spool_id TEXT NOT NULL, seq INTEGER NOT NULL, decide_at REAL NOT NULL,
+  PRIMARY KEY (node, spool_id, seq));
 """
 
 
@@ -69,6 +73,21 @@ class IncidentLog:
         db.create(SCHEMA)
 
     # Writes, in the caller's transaction ------------------------------------------------------
+
+    @staticmethod
+    def held(db: Tx, held: Sequence[Held], gone: Sequence[Held]) -> None:
+        """Application XIDs held for their job's other nodes (``controller.nodes.app_faults``), and
+        those no longer held (decided, or claimed by the job's crash)."""
+        for h in held:
+            db.execute(
+                "INSERT INTO held_signals VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                (h.signal.node, h.spool_id, h.signal.seq, h.decide_at),
+            )
+        for h in gone:
+            db.execute(
+                "DELETE FROM held_signals WHERE node = ? AND spool_id = ? AND seq = ?",
+                (h.signal.node, h.spool_id, h.signal.seq),
+            )
 
     @staticmethod
     def signal(db: Tx, node: str, spool_id: str, s: Signal, incident_id: str, now: float) -> None:
@@ -222,6 +241,18 @@ class IncidentLog:
             "AND a.detail NOT LIKE 'dry run%' ORDER BY a.done_at"
         )
         return tuple((str(r[0]), str(r[1]), str(r[2]), int(r[3] or 0), str(r[4]), float(r[5] or 0.0)) for r in rows)
+
+    def still_held(self) -> Sequence[Held]:
+        """The application XIDs an earlier controller held and did not decide, oldest first."""
+        rows = self._db.read(
+            "SELECT h.decide_at, s.spool_id, s.node, s.kind, s.code, s.gpu_index, s.gpu_uuid, s.pci_bus_id, "
+            "s.value, s.message, s.source, s.observed_at, s.seq, s.count FROM held_signals h JOIN signals s "
+            "ON s.node = h.node AND s.spool_id = h.spool_id AND s.seq = h.seq ORDER BY h.decide_at"
+        )
+        return [
+            Held(at, spool, Signal(node, SignalKind(kind), GpuRef(i, uuid, bus), code, value, msg, src, obs, seq, n))
+            for at, spool, node, kind, code, i, uuid, bus, value, msg, src, obs, seq, n in rows
+        ]
 
     def latest_open(self) -> dict[str, str]:
         """node -> the id of its most recently opened OPEN incident."""

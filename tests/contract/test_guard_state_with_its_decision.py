@@ -21,6 +21,7 @@ from controller.nodes.found import Found, Source
 from controller.nodes.guards.rules import GuardrailConfig
 from controller.nodes.guards.shared import SharedCauseConfig
 from controller.store import Store
+from controller.vocab.actions import Page
 from controller.vocab.policy import Policy
 from tests.fakes.pagers import RecordingPager
 from vigil_core.signals import GpuRef, Signal, SignalKind
@@ -28,17 +29,22 @@ from vigil_core.signals import GpuRef, Signal, SignalKind
 NODES = [f"n{i}" for i in range(6)]
 
 
-def route(path: Path, guard: GuardrailConfig) -> NodeRoute:
+def route(path: Path, guard: GuardrailConfig, pages: list[Page] | None = None) -> NodeRoute:
     store = Store(path)
-    return node_route(store, Policy(), LocalActuator(store.db), RecordingPager([]), guardrails=guard)
+    return node_route(store, Policy(), LocalActuator(store.db), RecordingPager(pages), guardrails=guard)
 
 
 def xid79(node: str) -> Signal:
     return Signal(node, SignalKind.XID, GpuRef(0), 79, seq=1)
 
 
-BREAKER = GuardrailConfig(breaker_max_nodes=1, breaker_max_fraction=1.0, shared=SharedCauseConfig(enabled=False))
-SHARED = GuardrailConfig(breaker_max_nodes=50, breaker_max_fraction=1.0, shared=SharedCauseConfig(min_nodes=3))
+DELAY = 0.3  # the guard gathers a burst this long before its one page
+BREAKER = GuardrailConfig(
+    breaker_max_nodes=1, breaker_max_fraction=1.0, breaker_page_delay_s=DELAY, shared=SharedCauseConfig(enabled=False)
+)
+SHARED = GuardrailConfig(
+    breaker_max_nodes=50, breaker_max_fraction=1.0, breaker_page_delay_s=DELAY, shared=SharedCauseConfig(min_nodes=3)
+)
 
 
 def receive_each(r: NodeRoute) -> list[str]:
@@ -72,13 +78,26 @@ def test_a_decision_and_the_guard_state_it_changed_are_stored_together(
             r.engine.hello(node, f"spool-{node}", 8)
         decide(r)
         assert holding in r.guard.automation
-        # No await since the decisions: no flush has run. A process started now reads this.
-        after_a_kill = route(path, guard)
+        # No await since the decisions: no flush has run, no page has gone. A process started now reads this.
+        pages: list[Page] = []
+        after_a_kill = route(path, guard, pages)
+        r.guard.cancel()  # the killed one sends nothing more
         assert after_a_kill.guard.state == r.guard.state
         assert holding in after_a_kill.guard.automation
-        after_a_kill.store.close()
-        await r.store.group.durable()
-        await r.engine.shutdown()
-        r.store.close()
+        # The one page about what is held (the breaker, the fleet incident, the domain) is not lost
+        # with the process that was gathering the burst for it.
+        after_a_kill.engine.resume_pending()
+        await asyncio.sleep(DELAY + 0.2)
+        await after_a_kill.engine.wait_for_actions()
+        assert len([p for p in pages if p.node == ""]) == 1, [p.summary for p in pages]
+        restarted = route(path, guard, pages)  # once sent, never again
+        restarted.engine.resume_pending()
+        await asyncio.sleep(DELAY + 0.2)
+        await restarted.engine.wait_for_actions()
+        assert len([p for p in pages if p.node == ""]) == 1, [p.summary for p in pages]
+        for each in (r, after_a_kill, restarted):
+            await each.store.group.durable()
+            await each.engine.shutdown()
+            each.store.close()
 
     asyncio.run(scenario())

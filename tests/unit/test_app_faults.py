@@ -6,6 +6,8 @@ import asyncio
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
+
 from controller.act.local_actuator import LocalActuator
 from controller.compose import node_route
 from controller.nodes.app_faults import AppFaultConfig, AppFaults, JobMembership, job_crashed
@@ -169,5 +171,72 @@ def test_without_a_job_the_third_xid13_is_decided_at_once(tmp_path: Path) -> Non
         three_xid13(engine, "n1", now[0])
         await engine.wait_for_actions()
         assert engine.fleet.nodes["n1"].state.health is Health.SUSPECT and len(pager.sent) == 1
+
+    asyncio.run(scenario())
+
+
+def test_a_held_xid_outlives_a_controller_killed_within_the_grace(tmp_path: Path) -> None:
+    """The held decision is stored with the batch that held it: a controller started after a kill
+    within the grace (no flush, no shutdown) decides it when the grace is over, once."""
+
+    async def scenario() -> None:
+        now = [1000.0]
+        engine, _, _ = _engine(tmp_path, now)
+        three_xid13(engine, "n1", now[0])
+        again, pager, _ = _engine(tmp_path, now)  # the same file, read at once: what a restart reads
+        now[0] += 1.0
+        assert again.decide_held() == 0  # still within the grace
+        now[0] += 1.5
+        assert again.decide_held() == 1
+        await again.wait_for_actions()
+        assert again.fleet.nodes["n1"].state.health is Health.SUSPECT
+        assert [(p.node, p.severity) for p in pager.sent] == [("n1", Severity.SUSPECT)]
+        third, _, _ = _engine(tmp_path, now)  # decided: a later start has nothing left to decide
+        assert third.decide_held() == 0
+        for e in (engine, again, third):
+            await e.store.group.durable()
+            await e.shutdown()
+
+    asyncio.run(scenario())
+
+
+def test_a_held_xid_its_jobs_crash_claimed_is_not_decided_after_a_restart(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        now = [1000.0]
+        engine, _, _ = _engine(tmp_path, now)
+        three_xid13(engine, "n1", now[0])  # held
+        now[0] += 0.3
+        three_xid13(engine, "n2", now[0])
+        three_xid13(engine, "n3", now[0])  # the job's crash claims n1's
+        again, pager, _ = _engine(tmp_path, now)
+        now[0] += 5.0
+        assert again.decide_held() == 0
+        assert again.fleet.nodes["n1"].state.health is Health.HEALTHY and pager.sent == []
+        for e in (engine, again):
+            await e.store.group.durable()
+            await e.shutdown()
+
+    asyncio.run(scenario())
+
+
+def test_with_every_hold_taken_a_jobs_node_is_decided_at_once_not_forgotten(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("controller.nodes.app_faults.MAX_HELD", 1)
+
+    async def scenario() -> None:
+        now = [1000.0]
+        engine, pager, _ = _engine(tmp_path, now)
+        three_xid13(engine, "n1", now[0])  # the one hold
+        three_xid13(engine, "n2", now[0])  # no room to wait: decided now
+        assert engine.fleet.nodes["n2"].state.health is Health.SUSPECT
+        now[0] += 2.5
+        assert engine.decide_held() == 1
+        await engine.wait_for_actions()
+        assert {n: engine.fleet.nodes[n].state.health for n in ("n1", "n2")} == dict.fromkeys(
+            ("n1", "n2"), Health.SUSPECT
+        )
+        assert sorted(p.node for p in pager.sent) == ["n1", "n2"]
+        await engine.shutdown()
 
     asyncio.run(scenario())

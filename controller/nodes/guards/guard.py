@@ -25,6 +25,7 @@ from controller.nodes.guards.domains import (
     hold_domain,
     node_domains,
 )
+from controller.nodes.guards.owed import OwedPage, dump_owed, load_owed, owe, paid
 from controller.nodes.guards.rules import (
     Admission,
     BreakerState,
@@ -49,9 +50,12 @@ from controller.vocab.policy import Severity
 
 log = structlog.get_logger(__name__)
 
+GuardState = tuple[BreakerState, DomainState, SharedState, tuple[OwedPage, ...]]
+
 _BREAKER_KEY = "circuit_breaker"
 _DOMAINS_KEY = "domain_guard"
 _SHARED_KEY = "shared_cause"
+_OWED_KEY = "guard_pages_owed"
 _SETTLED_AFTER_S = 60.0  # a settling entry this old is forgotten (its actions have long run)
 
 
@@ -73,6 +77,7 @@ class Guard:
         fleet_nodes: Callable[[], Sequence[str]] = lambda: (),
         flush_soon: Callable[[], None] | None = None,
         quarantine_means: str = "a taint, a cordon and a node condition",
+        paged: Callable[[str], bool] = lambda incident_id: False,
     ) -> None:
         self.config = config
         self._quarantine_means = quarantine_means  # the actuator's words, for a dry run's page
@@ -84,17 +89,18 @@ class Guard:
         self.breaker = _load(records.get_meta(_BREAKER_KEY))
         self.domains = _load_domains(records.get_meta(_DOMAINS_KEY))
         self.shared = _load_shared(records.get_meta(_SHARED_KEY))
+        self.owed = load_owed(records.get_meta(_OWED_KEY))  # pages gathering their burst (``resume_owed``)
+        self._paged = paged  # whether a page with this incident id was recorded
         self._labels = labels  # a node's labels: its failure domains
         self._fleet_nodes = fleet_nodes
         self._settling: dict[str, tuple[str, str, float]] = {}  # incident -> (rule, node, monotonic when decided)
         self._went: dict[str, set[str]] = {}  # rule -> nodes whose actions were carried out after settling
-        self._page_task: asyncio.Task[None] | None = None
         self._page_tasks: set[asyncio.Task[None]] = set()
         # What changed is written in the transaction of the decision that changed it (``write_with``):
         # a controller killed between the two would leave a held action beside an active breaker.
         # A change with no decision to go with (a component held) is written on its own, at once.
         self._flush_soon = flush_soon  # None: such a write is durable at once (no group commit)
-        self._before: tuple[BreakerState, DomainState, SharedState] | None = None  # inside ``saving``
+        self._before: GuardState | None = None  # inside ``saving``
 
     @property
     def automation(self) -> str:
@@ -113,8 +119,8 @@ class Guard:
         return self.breaker.tripped or bool(self.domains.suspect) or bool(self.shared.open)
 
     @property
-    def state(self) -> tuple[BreakerState, DomainState, SharedState]:
-        return self.breaker, self.domains, self.shared
+    def state(self) -> GuardState:
+        return self.breaker, self.domains, self.shared, self.owed
 
     def apply(
         self, actions: tuple[Action, ...], now: float, rule: str = ""
@@ -137,7 +143,7 @@ class Guard:
         if in_domain is not DomainAdmission.GO:
             if in_domain is DomainAdmission.SUSPECT:
                 log.error("domain_suspected", domain=domain, node=quarantine.node)
-                self._page_tasks.add(asyncio.get_running_loop().create_task(self._page_domain(domain)))
+                self._owe(f"domain:{domain}", f"domain-{domain}-{int(now)}", Severity.QUARANTINE, now)
             log.warning("quarantine_held", node=quarantine.node, incident=quarantine.incident_id, domain=domain)
             return actions, held_kinds  # one page for the domain, not one per node
         self.breaker, admission = admit_quarantine(self.breaker, quarantine.node, self._fleet_size(), self.config, now)
@@ -146,7 +152,7 @@ class Guard:
         if admission is Admission.TRIP:
             log.error("circuit_breaker_tripped", node=quarantine.node, fleet=self._fleet_size())
             self._metrics.breaker_trips.inc()
-            self._page_task = asyncio.get_running_loop().create_task(self._page())
+            self._owe("breaker", f"breaker-{int(now * 1000)}", Severity.QUARANTINE, now)
         log.warning("quarantine_held", node=quarantine.node, incident=quarantine.incident_id)
         # Its page is held too: one page for the breaker, not one per node of a mass failure.
         return actions, held_kinds
@@ -167,7 +173,7 @@ class Guard:
             log.error("fleet_incident_opened", rule=rule, incident=opened.id, nodes=len(opened.nodes))
             self._metrics.fleet_incidents.inc()
             severity = Severity.QUARANTINE if any(isinstance(a, Quarantine) for a in acting) else acting[0].severity  # type: ignore[union-attr]
-            self._page_tasks.add(asyncio.get_running_loop().create_task(self._page_fleet(opened, severity)))
+            self._owe(f"fleet:{rule}", opened.id, severity, now)
         log.warning("quarantine_held", node=node, incident=incident_id, fleet_incident=rule)
         return True
 
@@ -216,7 +222,7 @@ class Guard:
             yield
             unsaved = self._changed(self._before)
         except BaseException:
-            self.breaker, self.domains, self.shared = before  # the batch comes again: count it then, not twice
+            self.breaker, self.domains, self.shared, self.owed = before  # the batch comes again: count it then
             raise
         finally:
             self._before = None
@@ -231,7 +237,7 @@ class Guard:
             Records.put_metas(db, changed)
             self._before = self.state  # stored: what changes after this is written after the block
 
-    def _changed(self, before: tuple[BreakerState, DomainState, SharedState]) -> dict[str, str]:
+    def _changed(self, before: GuardState) -> dict[str, str]:
         """The stored form of each part of the state that is not what it was."""
         parts = zip(_KEYS, _DUMPS, self.state, before, strict=True)
         return {key: dump(now) for key, dump, now, then in parts if now is not then}
@@ -247,59 +253,95 @@ class Guard:
         self.breaker = resumed(self.breaker)
         self.domains = replace(self.domains, held=())
         self.shared = closed(self.shared)
+        self.owed = ()  # what they would have said, the person has seen
         self._went.clear()
         self.save()
 
     def cancel(self) -> None:
-        if self._page_task is not None:
-            self._page_task.cancel()
         for task in self._page_tasks:
             task.cancel()
 
-    async def _page_domain(self, domain: str) -> None:
-        await asyncio.sleep(self.config.breaker_page_delay_s)  # gather the rest of the burst
-        page = Page(
-            incident_id=f"domain-{domain}-{int(self._clock())}",
+    # The pages owed for what is held --------------------------------------------------------------
+
+    def resume_owed(self) -> None:
+        """At start: send the pages an earlier controller owed and did not send (it stopped while
+        gathering their burst); forget those it did send."""
+        sent = [o.id for o in self.owed if self._paged(o.id)]
+        if sent:
+            with self.saving():
+                for page_id in sent:
+                    self.owed = paid(self.owed, page_id)
+        for o in self.owed:
+            log.warning("owed_page_resumed", page=o.id, about=o.about)
+            self._send_when_due(o)
+
+    def _owe(self, about: str, page_id: str, severity: Severity, now: float) -> None:
+        """Owe one page about what is now held, sent once the rest of the burst is gathered. Stored
+        with the decision that made it owed (the caller is inside ``saving``)."""
+        owed = OwedPage(page_id, about, severity, now + self.config.breaker_page_delay_s)
+        self.owed = owe(self.owed, owed)
+        self._send_when_due(owed)
+
+    def _send_when_due(self, owed: OwedPage) -> None:
+        task = asyncio.get_running_loop().create_task(self._send(owed))
+        self._page_tasks.add(task)
+        task.add_done_callback(self._page_tasks.discard)
+
+    async def _send(self, owed: OwedPage) -> None:
+        await asyncio.sleep(max(0.0, owed.due_at - self._clock()))  # gather the rest of the burst
+        page = self._page_for(owed)
+        if page is not None:  # None: no longer held (a person resumed meanwhile)
+            self._runner.request(page)  # recorded before it is forgotten here: never lost, at worst looked up
+        with self.saving():
+            self.owed = paid(self.owed, owed.id)
+
+    def _page_for(self, owed: OwedPage) -> Page | None:
+        match owed.kind:
+            case "breaker":
+                return self._breaker_page(owed) if self.breaker.tripped else None
+            case "fleet":
+                incident = self.shared.incident(owed.subject)
+                return self._fleet_page(owed, incident) if incident is not None else None
+            case "domain":
+                return self._domain_page(owed, owed.subject) if owed.subject in self.domains.suspect else None
+        return None
+
+    def _domain_page(self, owed: OwedPage, domain: str) -> Page:
+        return Page(
+            incident_id=owed.id,
             node="",
-            severity=Severity.QUARANTINE,
+            severity=owed.severity,
             summary=domain_summary(self.domains, domain, self.config.domains),
             remedy=f"check what the nodes of {domain} share (switch, PDU, cooling); then `vigil resume` "
             "(add --apply-held to quarantine the held nodes after all)",
             did=f"held the quarantines past {self.config.domains.max_nodes} in {domain}",
         )
-        self._runner.request(page)
 
-    async def _page_fleet(self, opened: FleetIncident, severity: Severity) -> None:
-        await asyncio.sleep(self.config.breaker_page_delay_s)  # gather the rest of the burst
-        incident = self.shared.incident(opened.rule) or opened
+    def _fleet_page(self, owed: OwedPage, incident: FleetIncident) -> Page:
         labels = {n: self._labels(n) for n in (*incident.nodes, *self._fleet_nodes())}
         factors = common_factors(incident.nodes, labels, list(self._fleet_nodes()))
         went = self._went.get(incident.rule, set())
         acted = [n for n in incident.nodes if n in went]
-        page = Page(
-            incident_id=incident.id,
+        return Page(
+            incident_id=owed.id,
             node="",
-            severity=severity,
+            severity=owed.severity,
             summary=fleet_summary(incident, self._fleet_size(), factors, acted),
             remedy="find what changed on these nodes at once (a driver or firmware roll-out, power, cooling, "
             "a replayed log); then `vigil resume` (add --apply-held to act on each node after all)",
             did=f"held the actions on {len(incident.nodes) - len(acted)} node(s); one fleet incident, not a page each",
         )
-        self._runner.request(page)
 
-    async def _page(self) -> None:
-        await asyncio.sleep(self.config.breaker_page_delay_s)  # gather the rest of the burst
-        tripped_at = self.breaker.tripped_at or self._clock()
-        page = Page(
-            incident_id=f"breaker-{int(tripped_at * 1000)}",
+    def _breaker_page(self, owed: OwedPage) -> Page:
+        return Page(
+            incident_id=owed.id,
             node="",
-            severity=Severity.QUARANTINE,
+            severity=owed.severity,
             summary=breaker_summary(self.breaker, self._fleet_size(), self.config),
             remedy="check what the held nodes have in common (driver, switch, rack); "
             "then `vigil resume` (add --apply-held to quarantine them after all)",
             did="paused automation: no node was quarantined past the limit",
         )
-        self._runner.request(page)
 
 
 def _dry(action: Action, quarantine_means: str) -> Action:
@@ -345,5 +387,5 @@ def _load(text: str | None) -> BreakerState:
     return BreakerState(d["tripped_at"], tuple((n, t) for n, t in d["recent"]), tuple(d["held"]))
 
 
-_KEYS = (_BREAKER_KEY, _DOMAINS_KEY, _SHARED_KEY)  # in the order of ``Guard.state``
-_DUMPS: tuple[Callable[[Any], str], ...] = (_dump, _dump_domains, _dump_shared)
+_KEYS = (_BREAKER_KEY, _DOMAINS_KEY, _SHARED_KEY, _OWED_KEY)  # in the order of ``Guard.state``
+_DUMPS: tuple[Callable[[Any], str], ...] = (_dump, _dump_domains, _dump_shared, dump_owed)
