@@ -116,16 +116,16 @@ class AgentGateway(agent_pb2_grpc.AgentGatewayServicer):
         if who is not None and who.name != node:
             log.warning("call_refused", peer=context.peer(), why=f"{who} said Hello as {node}")
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, f"{who} cannot report for {node}")
+        fleet = self._fleet  # a name past the limit is refused before it takes a turn it cannot use
+        if node not in fleet.nodes and len(fleet) >= self._limits.max_nodes:  # names are the caller's to make up
+            why = f"{len(fleet)} nodes are known already (limits.max_nodes); {node!r} is not one of them"
+            log.warning("call_refused", peer=context.peer(), why=why)
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, why)
         if (wait_s := self._pacing.ask(node, time.monotonic())) > 0:
             self._engine.metrics.hellos_paced.inc()
             why = f"{self._limits.hellos_per_s:g} agents/s are being admitted; {node}'s turn is in {wait_s:.1f} s"
             turn = ((RETRY_AFTER_KEY, str(int(wait_s * 1000))),)
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, why, trailing_metadata=turn)
-        fleet = self._fleet
-        if node not in fleet.nodes and len(fleet) >= self._limits.max_nodes:  # names are the caller's to make up
-            why = f"{len(fleet)} nodes are known already (limits.max_nodes); {node!r} is not one of them"
-            log.warning("call_refused", peer=context.peer(), why=why)
-            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, why)
         address = hello.address or peer_host(context.peer())
         outbox: Outbox | None = None
         try:

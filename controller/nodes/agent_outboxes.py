@@ -28,6 +28,9 @@ class Outbox:
 
     def put_nowait(self, message: Message) -> None:
         self._items.append(message)
+        self._wake()
+
+    def _wake(self) -> None:
         if self._waiter is not None and not self._waiter.done():
             self._waiter.set_result(None)
 
@@ -44,6 +47,15 @@ class Outbox:
         if not self._items:
             raise asyncio.QueueEmpty
         return self._items.pop(0)
+
+    def hand_over(self, to: Outbox, before: bool) -> None:
+        """Give ``to`` what this stream did not send (not its end mark), ahead of its own messages
+        when they were sent later (``before``), else after them."""
+        unsent = [m for m in self._items if m is not None]
+        self._items = []
+        if unsent:
+            to._items = [*unsent, *to._items] if before else [*to._items, *unsent]
+            to._wake()
 
     def empty(self) -> bool:
         return not self._items
@@ -67,10 +79,14 @@ class AgentOutboxes:
         return outbox
 
     def close(self, node: str, outbox: Outbox) -> bool:
-        """The stream that owned ``outbox`` ended; True when it was the node's last one open."""
+        """The stream that owned ``outbox`` ended; True when it was the node's last one open. What
+        it had not sent goes to the newest stream still open, in the order it was sent."""
         open_now = self._queues.get(node, [])
         if outbox in open_now:
+            opened_before_newest = open_now.index(outbox) < len(open_now) - 1
             open_now.remove(outbox)
+            if open_now:  # what it did not send goes through the stream still open: nothing is lost
+                outbox.hand_over(open_now[-1], before=opened_before_newest)
         if open_now:
             return False
         self._queues.pop(node, None)

@@ -393,17 +393,22 @@ def test_seq_problem_allows_a_fresh_spool_any_number_and_a_known_one_a_bounded_g
 
 
 def test_a_hello_that_makes_up_a_node_beyond_max_nodes_is_refused(tmp_path: Path) -> None:
-    """In plaintext any caller can name any node: the nodes table is bounded, known nodes still connect."""
+    """In plaintext any caller can name any node: the nodes table is bounded, known nodes still connect.
+    Made-up names are refused before they take a turn of the Hello pacing (twenty of them would
+    otherwise push the known node's next Hello two seconds out, at 10 Hellos a second)."""
 
     async def scenario() -> None:
-        controller = await start_controller(tmp_path / "ctl.db", limits=LimitsConfig(max_nodes=1))
+        limits = LimitsConfig(max_nodes=1, hellos_per_s=10, hello_burst=1)
+        controller = await start_controller(tmp_path / "ctl.db", limits=limits)
         first = await send_raw(controller.port, raw_batch("s1", [1]), until_ack=1)
         assert first[-1].ack.acked_seq == 1  # NODE, the first and only one allowed
         async with grpc.aio.insecure_channel(f"127.0.0.1:{controller.port}") as channel:
-            call = agent_pb2_grpc.AgentGatewayStub(channel).Connect()
-            await call.write(agent_pb2.AgentMessage(hello=agent_pb2.Hello(node="made-up-node", spool_id="x")))
-            code, details = await asyncio.wait_for(call.code(), 10), await call.details()
-        assert code == grpc.StatusCode.RESOURCE_EXHAUSTED and "limits.max_nodes" in str(details)
+            for i in range(20):
+                call = agent_pb2_grpc.AgentGatewayStub(channel).Connect()
+                await call.write(agent_pb2.AgentMessage(hello=agent_pb2.Hello(node=f"made-up-{i}", spool_id="x")))
+                code, details = await asyncio.wait_for(call.code(), 10), await call.details()
+                assert code == grpc.StatusCode.RESOURCE_EXHAUSTED and "limits.max_nodes" in str(details)
+        await asyncio.sleep(0.2)  # past NODE's next turn, had no one else taken one
         again = await send_raw(controller.port, raw_batch("s1", [2]), until_ack=2)
         assert again[-1].ack.acked_seq == 2
         assert len(controller.engine.fleet) == 1

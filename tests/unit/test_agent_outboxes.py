@@ -62,3 +62,26 @@ def test_an_outbox_hands_its_reader_each_message_in_order_waiting_when_empty() -
         assert await outbox.get() == ack(3)
 
     asyncio.run(scenario())
+
+
+def test_what_a_stream_ending_had_not_sent_goes_through_the_stream_still_open_in_order() -> None:
+    """A stream that ends with messages it did not write (a check request, an ack) hands them to the
+    node's stream still open, in the order they were sent; the gateway's own end mark stays behind."""
+    check = agent_pb2.ControllerMessage(run_check=agent_pb2.RunCheck(request_id="r1"))
+    # A late Hello's stream, the newest, took the sends and ended: the older stream sends them after its own.
+    boxes = AgentOutboxes()
+    live = boxes.open("n1")
+    assert boxes.send("n1", ack(1))
+    late = boxes.open("n1")
+    assert boxes.send("n1", check) and boxes.send("n1", ack(3))
+    late.put_nowait(None)  # its reader ended
+    assert boxes.close("n1", late) is False
+    assert [live.get_nowait() for _ in range(live.qsize())] == [ack(1), check, ack(3)]
+    # The older stream ended with messages unsent: the newer one sends them before its own.
+    boxes = AgentOutboxes()
+    older = boxes.open("n1")
+    assert boxes.send("n1", check)
+    newer = boxes.open("n1")
+    assert boxes.send("n1", ack(4))
+    assert boxes.close("n1", older) is False
+    assert [newer.get_nowait() for _ in range(newer.qsize())] == [check, ack(4)]
