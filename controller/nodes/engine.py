@@ -25,7 +25,7 @@ from controller.nodes.fleet import Fleet, NodeEntry, UnknownNode
 from controller.nodes.found import Found, Outcome, Result, Source
 from controller.nodes.guards.guard import Guard
 from controller.nodes.rule_stats import rule_id
-from controller.store import IncidentLog, Store, Tx
+from controller.store import IncidentLog, PendingAction, Store, Tx
 from controller.vocab.actions import Action, Page, Quarantine, action_kind
 from controller.vocab.node_state import NodeState
 from controller.vocab.policy import Policy
@@ -217,11 +217,23 @@ class Engine:
         """At start: the actions an earlier controller left PENDING, and the guard's pages it owed."""
         self.guard.resume_owed()
         pending = self.store.actions.pending()
+        faults = self.store.incidents.faults_of([p.incident_id for p in pending if p.action.node])
         for p in pending:
+            if why := self._held_at_restart(p, faults.get(p.incident_id)):
+                self.store.actions.set_status([(p.incident_id, action_kind(p.action))], "HELD", why)
+                log.warning("action_held", incident=p.incident_id, node=p.action.node, why=why)
+                continue
             self.runner.schedule(p)
         if pending:
             log.info("actions_resumed", count=len(pending))
         return len(pending)
+
+    def _held_at_restart(self, pending: PendingAction, fault: tuple[str, int] | None) -> str | None:
+        """Why to hold a quarantine or page left PENDING (it was settling when the controller
+        stopped, and its fault's fleet incident holds it); None: carry it out."""
+        if fault is None or not isinstance(pending.action, (Quarantine, Page)):
+            return None
+        return self.guard.holds_resumed(pending.action, rule_id(*fault))
 
     def _decide(
         self, state: NodeState, signal: Signal, now: float, incident_id: str, filed_under: str, shared: bool = True

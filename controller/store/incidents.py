@@ -232,6 +232,14 @@ class IncidentLog:
         rows = self._db.read("SELECT node, status FROM incidents WHERE id = ?", (incident_id,))
         return (str(rows[0][0]), str(rows[0][1])) if rows else None
 
+    def faults_of(self, incident_ids: Sequence[str]) -> dict[str, tuple[str, int]]:
+        """Incident id -> the (kind, code) of the fault that opened it."""
+        if not incident_ids:
+            return {}
+        marks = ", ".join("?" * len(incident_ids))
+        rows = self._db.read(f"SELECT id, kind, code FROM incidents WHERE id IN ({marks})", tuple(incident_ids))
+        return {str(i): (str(kind), int(code or 0)) for i, kind, code in rows}
+
     def decisions(self) -> tuple[tuple[str, str, str, int, str, float], ...]:
         """(incident, node, kind, code, action kind, done at) of every quarantine (not a dry run) and
         page carried out for a node's incident."""

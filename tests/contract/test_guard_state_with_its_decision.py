@@ -101,3 +101,40 @@ def test_a_decision_and_the_guard_state_it_changed_are_stored_together(
             each.store.close()
 
     asyncio.run(scenario())
+
+
+def test_a_bursts_actions_still_settling_at_a_kill_are_held_by_its_fleet_incident_after_it(tmp_path: Path) -> None:
+    """n0 and n1 were decided and were settling when n2 made the three one fleet incident; the
+    controller is killed before their settling ends. The next one resumes their actions PENDING, and
+    holds them as the fleet incident's, as the killed one would have: no cordon, no page of their own."""
+    path = tmp_path / "ctl.db"
+    guard = SHARED.model_copy(update={"shared": SharedCauseConfig(min_nodes=3, settle_s=5.0)})
+
+    async def scenario() -> None:
+        r = route(path, guard)
+        for node in NODES:
+            r.engine.hello(node, f"spool-{node}", 8)
+        for node in NODES[:3]:
+            r.engine.receive(node, [xid79(node)])
+        assert "holding xid-79 on 3 node(s)" in r.guard.automation
+        pages: list[Page] = []
+        after_a_kill = route(path, guard, pages)
+        r.guard.cancel()
+        await r.runner.shutdown()
+        after_a_kill.engine.resume_pending()
+        await asyncio.sleep(DELAY + 0.2)
+        await after_a_kill.engine.wait_for_actions()
+        statuses = {
+            (n, a.kind): a.status
+            for n in NODES[:3]
+            for i in after_a_kill.store.incidents.list(node=n)
+            for a in i.actions
+        }
+        assert set(statuses.values()) == {"HELD"}, statuses
+        assert [p.node for p in pages] == [""]  # the fleet incident's one page
+        for each in (r, after_a_kill):
+            await each.store.group.durable()
+            await each.engine.shutdown()
+            each.store.close()
+
+    asyncio.run(scenario())

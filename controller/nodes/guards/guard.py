@@ -190,7 +190,13 @@ class Guard:
         if incident is None:
             self._went.setdefault(rule, set()).add(node)
             return None
-        return f"held: one of {len(incident.nodes)} nodes with {rule} at once, a fleet incident ({incident.id})"
+        return _held_in(incident)
+
+    def holds_resumed(self, action: Quarantine | Page, rule: str) -> str | None:
+        """Why to hold an action an earlier controller decided and left PENDING (it may have been
+        settling when that one stopped): its fault's fleet incident holds it. None: carry it out."""
+        incident = self.shared.holds(rule, action.node)
+        return None if incident is None else _held_in(incident)
 
     def hold_component(self, component: str, domain: str, nodes: list[str], evidence: str, now: float) -> bool:
         """A fabric component found at fault: its domain turns suspect, the quarantines of the nodes
@@ -342,6 +348,10 @@ class Guard:
             "then `vigil resume` (add --apply-held to quarantine them after all)",
             did="paused automation: no node was quarantined past the limit",
         )
+
+
+def _held_in(incident: FleetIncident) -> str:
+    return f"held: one of {len(incident.nodes)} nodes with {incident.rule} at once, a fleet incident ({incident.id})"
 
 
 def _dry(action: Action, quarantine_means: str) -> Action:
