@@ -182,10 +182,16 @@ def build_actuator(config: ControllerConfig, store: Store) -> Actuator:
         return LocalActuator(store.db, config.node_labels)
     if config.actuator == "slurm":
         from controller.act.slurm.actuator import SlurmActuator
-        from controller.act.slurm.client import SlurmCommands
+        from controller.act.slurm.client import Slurm, SlurmCommands
+        from controller.act.slurm.rest import SlurmRest
 
-        s = config.slurm
-        return SlurmActuator(SlurmCommands(s.conf, s.bin_dir, s.timeout_s), s.node_names, config.node_labels)
+        s, r = config.slurm, config.slurm.rest
+        slurm: Slurm = (
+            SlurmCommands(s.conf, s.bin_dir, s.timeout_s)
+            if r is None
+            else SlurmRest(str(r.url), r.token_file, r.user, r.api_version, s.timeout_s)
+        )
+        return SlurmActuator(slurm, s.node_names, config.node_labels)
     from controller.act.kube.actuator import watching
     from controller.act.kube.client import api_client
 

@@ -30,7 +30,25 @@ class KubernetesConfig(ConfigModel):
     )
 
 
+class SlurmRestConfig(ConfigModel):
+    """slurmrestd in place of Slurm's commands (Slurm 24.05 and later)."""
+
+    url: HttpUrl = Field(description="slurmrestd's address, http(s)://host:port")
+    token_file: Path = Field(
+        description="a file holding a JWT for slurmrestd (read on every request: rotate it in place)"
+    )
+    user: str = Field(default="root", min_length=1, description="the Slurm user the token is for")
+    api_version: str = Field(
+        default="v0.0.41",
+        pattern=r"^v0\.0\.(4[1-9]|[5-9][0-9])$",
+        description="the REST API's version (v0.0.41 and later update nodes; 24.05 to 25.05 all speak v0.0.41)",
+    )
+
+
 class SlurmConfig(ConfigModel):
+    rest: SlurmRestConfig | None = Field(
+        default=None, description="reach slurmctld through slurmrestd instead of Slurm's commands"
+    )
     conf: Path | None = Field(
         default=None, description="slurm.conf for Slurm's commands (default: $SLURM_CONF, then Slurm's own)"
     )

@@ -46,7 +46,7 @@ def drain_node(node: str, reason: str, commands: SlurmCommands | None = None) ->
     """Drain the node in Slurm (the controller's own ``scontrol update``); returns '' when done, else
     what went wrong (said, never raised: the check's verdict stands either way)."""
     try:
-        (commands or SlurmCommands(timeout_s=30.0)).update_node(node, "state=drain", f"reason={reason}")
+        (commands or SlurmCommands(timeout_s=30.0)).drain(node, reason)
     except (PermanentActionError, SlurmUnavailable) as exc:
         return f"the drain was not made: {exc}"
     return ""

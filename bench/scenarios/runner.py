@@ -67,18 +67,20 @@ def run_scenario(name: str, scenario: Scenario, keep: bool = False) -> Observed:
             fabric = stack.enter_context(namespaced_nodes(nodes, prefix=f"vs{os.getpid() % 1000}", leaves=leaves))
         slurm = None
         if scenario.fleet.slurm:  # a real slurmctld, and a slurmd for each node, on loopback
-            from tests.slurm import slurm_cluster
+            from tests.slurm import NEW, OLD, slurm_cluster
 
-            slurm = stack.enter_context(slurm_cluster(scenario.fleet.names))
+            version = NEW if scenario.fleet.slurmrestd else OLD
+            slurm = stack.enter_context(slurm_cluster(scenario.fleet.names, version=version))
         return _run(workdir, scenario, slack, kube, fabric, keep, slurm)
 
 
 def unavailable(scenario: Scenario) -> str | None:
     """Why the scenario cannot run on this machine, or None."""
     if scenario.fleet.slurm:
+        from tests.slurm import NEW, OLD
         from tests.slurm import unavailable as slurm_unavailable
 
-        if why := slurm_unavailable():
+        if why := slurm_unavailable(NEW if scenario.fleet.slurmrestd else OLD):
             return why
     if scenario.fleet.fabric is None:
         return None
@@ -123,7 +125,12 @@ def _run(
         kubeconfig = str(kube.kubeconfig(workdir / "kubeconfig"))
         settings |= {"actuator": "kubernetes", "kubernetes": {"kubeconfig": kubeconfig}}
     if slurm is not None:
-        settings |= {"actuator": "slurm", "slurm": {"conf": str(slurm.conf)} | dict(settings.get("slurm", {}))}
+        reach: dict[str, object] = (
+            {"rest": {"url": slurm.rest_url, "token_file": str(slurm.token_file)}}
+            if scenario.fleet.slurmrestd
+            else {"conf": str(slurm.conf)}
+        )
+        settings |= {"actuator": "slurm", "slurm": reach | dict(settings.get("slurm", {}))}
     config = _controller_config(workdir, settings)
     try:
         cluster.start_controller(START_TIMEOUT_S, config)

@@ -69,6 +69,9 @@ class Fleet(_Strict):
         default=False,
         description="a private Slurm cluster (real slurmctld, a slurmd per node); the controller drains through it",
     )
+    slurmrestd: bool = Field(
+        default=False, description="the Slurm cluster is 24.11, and the controller reaches it through slurmrestd"
+    )
     labels: dict[str, dict[str, str]] = Field(default_factory=dict, description="node -> its labels (kubernetes)")
     infiniband: bool = Field(
         default=False, description="each node has an InfiniBand HCA, mlx5_0 port 1 at 400 Gb/s (a sysfs tree)"
@@ -398,6 +401,8 @@ class Scenario(_Strict):
         slurm_people = any(e.person and e.person.drain for e in self.events)
         if (slurm_people or self.expect.drained is not None) and not self.fleet.slurm:
             raise ValueError("drain events and expect.drained need fleet.slurm: true")
+        if self.fleet.slurmrestd and not self.fleet.slurm:
+            raise ValueError("fleet.slurmrestd needs fleet.slurm: true")
         if self.fleet.slurm and self.fleet.kubernetes:
             raise ValueError("fleet.slurm and fleet.kubernetes: one actuator, choose one")
         if any(e.ib_port for e in self.events) and not self.fleet.infiniband:

@@ -1,6 +1,8 @@
 """The Slurm actuator against a real slurmctld and slurmd (``tests.slurm``): drains with Vigil's
 reason, resumes only its own, adopts its drains from Slurm, leaves everyone else's drains as they
-are, waits for DRAIN+IDLE before a repair, and chooses nodes by partition and by job."""
+are, waits for DRAIN+IDLE before a repair, and chooses nodes by partition and by job. Each test
+runs three times: through Slurm's commands on Debian 12's Slurm 22.05, and on Debian 13's 24.11
+through its commands and through slurmrestd."""
 
 from __future__ import annotations
 
@@ -10,24 +12,37 @@ import pytest
 
 from controller.act.actuators import PermanentActionError, SelectionError
 from controller.act.slurm.actuator import SlurmActuator
-from controller.act.slurm.client import SlurmCommands, SlurmUnavailable
+from controller.act.slurm.client import SlurmUnavailable
 from controller.vocab.actions import Quarantine
-from tests.slurm import SlurmCluster, slurm_cluster, unavailable
+from tests.slurm import NEW, OLD, SlurmCluster, slurm_cluster, unavailable
 
-pytestmark = [pytest.mark.skipif(bool(unavailable()), reason=unavailable() or ""), pytest.mark.timeout(180)]
+pytestmark = pytest.mark.timeout(180)
 
 REASON = "XID 79 on GPU 3: GPU has fallen off the bus"
 
 
+REACHED = [(OLD, "commands"), (NEW, "commands"), (NEW, "slurmrestd")]  # 22.05's REST API updates no node
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "slurm" in metafunc.fixturenames:
+        ids = [f"{version}-{via}" for version, via in REACHED]
+        metafunc.parametrize(("version", "via"), REACHED, ids=ids, scope="module")
+
+
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[SlurmCluster]:
-    with slurm_cluster(("gpu-01", "gpu-02", "gpu-03")) as running:
+def cluster(version: str) -> Iterator[SlurmCluster]:
+    if why := unavailable(version):
+        pytest.skip(why)
+    with slurm_cluster(("gpu-01", "gpu-02", "gpu-03"), version=version) as running:
         yield running
 
 
 @pytest.fixture
-def slurm(cluster: SlurmCluster) -> Iterator[SlurmCluster]:
-    """The module's cluster with every node IDLE again and no job left, whatever the last test did."""
+def slurm(cluster: SlurmCluster, via: str) -> Iterator[SlurmCluster]:
+    """The module's cluster, reached through ``via``, with every node IDLE again and no job left,
+    whatever the last test did."""
+    cluster.via = via
     yield cluster
     for job in cluster.command("squeue", "-h", "-o", "%i").stdout.split():
         cluster.cancel(job)
@@ -37,7 +52,7 @@ def slurm(cluster: SlurmCluster) -> Iterator[SlurmCluster]:
 
 
 def actuator(slurm: SlurmCluster, names: dict[str, str] | None = None) -> SlurmActuator:
-    return SlurmActuator(SlurmCommands(conf=slurm.conf), names)
+    return SlurmActuator(slurm.client(), names)
 
 
 def test_a_quarantine_drains_with_vigils_reason_once(slurm: SlurmCluster) -> None:
@@ -127,12 +142,9 @@ def test_names_map_between_vigil_and_slurm(slurm: SlurmCluster) -> None:
 def test_an_unknown_node_is_permanent_and_a_silent_slurmctld_is_not(slurm: SlurmCluster) -> None:
     with pytest.raises(PermanentActionError, match="no node 'gpu-99'"):
         actuator(slurm).quarantine(Quarantine("inc-6", "gpu-99", REASON, ""))
-    elsewhere = slurm.root / "elsewhere.conf"  # a slurmctld nobody runs: the action is tried again later
-    text = slurm.conf.read_text()
-    port = next(line for line in text.splitlines() if line.startswith("SlurmctldPort="))
-    elsewhere.write_text(text.replace(port, "SlurmctldPort=9"))
+    elsewhere = slurm.client(elsewhere=True, timeout_s=2)  # nobody answers there: the action is tried again later
     with pytest.raises(SlurmUnavailable):
-        SlurmActuator(SlurmCommands(conf=elsewhere, timeout_s=2)).quarantine(Quarantine("inc-7", "gpu-01", REASON, ""))
+        SlurmActuator(elsewhere).quarantine(Quarantine("inc-7", "gpu-01", REASON, ""))
 
 
 def test_others_drains_are_read_with_who_why_and_whose_problem(slurm: SlurmCluster) -> None:

@@ -246,6 +246,12 @@ def test_the_example_files_are_what_the_models_write_and_hold_every_key() -> Non
         ("actuator: slurm\nslurm: {timeout_s: 0}\n", "slurm.timeout_s"),
         ("actuator: slurm\nslurm: {partition: gpu}\n", "slurm.partition"),
         ("actuator: pbs\n", "actuator"),
+        ("actuator: slurm\nslurm: {rest: {url: slurmrestd:6820, token_file: /t}}\n", "slurm.rest.url"),
+        ("actuator: slurm\nslurm: {rest: {url: 'http://r:6820'}}\n", "slurm.rest.token_file"),
+        (
+            "actuator: slurm\nslurm: {rest: {url: 'http://r:6820', token_file: /t, api_version: v0.0.38}}\n",
+            "slurm.rest.api_version",
+        ),
     ],
 )
 def test_the_slurm_actuators_settings_name_the_bad_key(tmp_path: Path, text: str, problem: str) -> None:
@@ -257,3 +263,8 @@ def test_a_slurm_controller_loads_with_its_name_map(tmp_path: Path) -> None:
     text = "plaintext: true\nactuator: slurm\nslurm: {conf: /etc/slurm/slurm.conf, node_names: {node-a: gpu-01}}\n"
     config = load_controller_config(write(tmp_path, text), {})
     assert config.actuator == "slurm" and config.slurm.node_names == {"node-a": "gpu-01"}
+    assert config.slurm.rest is None
+    rest = "plaintext: true\nactuator: slurm\nslurm: {rest: {url: 'http://slurmrestd:6820', token_file: /jwt}}\n"
+    reached = load_controller_config(write(tmp_path, rest), {}).slurm.rest
+    assert reached is not None and (reached.url, reached.api_version, reached.user) == (
+        "http://slurmrestd:6820", "v0.0.41", "root")  # fmt: skip

@@ -13,11 +13,13 @@ from controller.act.slurm.plans import (
     DrainKind,
     HeldByOther,
     SlurmAnswerError,
+    SlurmJob,
     SlurmNode,
     classify,
     drain_reason,
     held_by_others,
     matches,
+    parse_jobs,
     parse_nodes,
     parse_show_node,
     plan_quarantine,
@@ -141,6 +143,52 @@ def test_sinfos_answer_is_read_and_its_errors_are_said() -> None:
         parse_nodes({"errors": [{"error": "Unable to contact slurm controller", "errno": 1}], "nodes": []})
     with pytest.raises(SlurmAnswerError, match="not a node list"):
         parse_nodes({"nodes": [{"state": "idle"}]})
+
+
+def test_the_json_of_slurm_23_and_later_is_read_too() -> None:
+    """``scontrol --json`` and slurmrestd (data_parser v0.0.41, as Slurm 24.11.5 wrote it): the state
+    one list, numbers as {set, number}, features a list; jobs with their nodes one by one."""
+    doc = {
+        "errors": [],
+        "warnings": [],
+        "nodes": [
+            {
+                "name": "gpu-02",
+                "state": ["IDLE", "DRAIN"],
+                "reason": "vigil:inc-1:xid-79",
+                "reason_set_by_user": "root",
+                "reason_changed_at": {"set": True, "infinite": False, "number": 1795750879},
+                "partitions": ["gpu"],
+                "features": ["h100"],
+                "active_features": ["h100", "ib"],
+            },
+            {"name": "gpu-03", "state": ["MIXED", "COMPLETING"], "reason_changed_at": {"set": False, "number": 7}},
+        ],
+    }
+    drained, finishing = parse_nodes(doc)
+    assert (drained.state, drained.flags, drained.reason_at, drained.features) == (
+        "IDLE", frozenset({"DRAIN"}), 1795750879.0, ("h100", "ib"))  # fmt: skip
+    assert (finishing.describe(), finishing.busy, finishing.drained, finishing.reason_at) == (
+        "MIXED+COMPLETING", True, False, 0.0)  # fmt: skip
+    allocation = [{"index": 0, "name": "gpu-01"}, {"index": 1, "name": "gpu-02"}]
+    jobs = {
+        "errors": [],
+        "jobs": [
+            {
+                "job_id": 1,
+                "job_state": ["RUNNING"],
+                "nodes": "gpu-[01-02]",
+                "job_resources": {"nodes": {"allocation": allocation}},
+            },
+            {"job_id": 2, "job_state": "PENDING", "nodes": "", "job_resources": {"nodes": "gpu-01"}},  # 22.05's
+        ],
+    }
+    assert parse_jobs(jobs) == [
+        SlurmJob("1", "RUNNING", "gpu-[01-02]", ("gpu-01", "gpu-02")), SlurmJob("2", "PENDING", "", ())]  # fmt: skip
+    with pytest.raises(SlurmAnswerError, match="Failure to query node gpu-09"):
+        parse_nodes({"errors": [{"description": "Failure to query node gpu-09", "error": "No error"}], "nodes": []})
+    with pytest.raises(SlurmAnswerError, match="not a job list"):
+        parse_jobs({"jobs": [{"job_state": "RUNNING"}]})
 
 
 # What scontrol show node -o NAME printed on Slurm 22.05.8 (the tests' private cluster).

@@ -16,7 +16,7 @@ from typing import TypeVar
 import structlog
 
 from controller.act.actuators import ForeignDrain, FoundQuarantine, Release, SelectionError
-from controller.act.slurm.client import SlurmCommands, SlurmUnavailable
+from controller.act.slurm.client import Slurm, SlurmUnavailable
 from controller.act.slurm.plans import (
     AlreadyOurs,
     HeldByOther,
@@ -42,11 +42,11 @@ class SlurmActuator:
 
     def __init__(
         self,
-        commands: SlurmCommands,
+        slurm: Slurm,
         names: dict[str, str] | None = None,
         labels: dict[str, dict[str, str]] | None = None,
     ) -> None:
-        self._slurm = commands
+        self._slurm = slurm
         self._to_slurm = dict(names or {})
         self._to_vigil = {s: v for v, s in self._to_slurm.items()}
         self._labels = labels or {}  # the configuration's node_labels (failure domains), beside Slurm's
@@ -67,7 +67,7 @@ class SlurmActuator:
         if isinstance(plan, HeldByOther):
             log.warning("slurm_drained_by_others", node=action.node, held=plan.why, incident=action.incident_id)
             return f"already drained, not by Vigil ({plan.why}): its reason is left as it is"
-        self._slurm.update_node(name, "state=drain", f"reason={plan.reason}")
+        self._slurm.drain(name, plan.reason)
         return f"drained in Slurm ({plan.reason})"
 
     def release(self, node: str, reason: str) -> Release:
@@ -75,7 +75,7 @@ class SlurmActuator:
         why_not = plan_release(current)
         if why_not is not None:
             return Release(False, why_not)
-        self._slurm.update_node(current.name, "state=resume")
+        self._slurm.resume(current.name)
         return Release(True, f"resumed in Slurm (was {current.describe()}, {current.reason})")
 
     def drain(self, action: Drain) -> str:
@@ -106,7 +106,7 @@ class SlurmActuator:
         return labels
 
     def close(self) -> None:
-        pass  # each call is its own scontrol or sinfo
+        self._slurm.close()
 
     # Choosing nodes (sweeps) -------------------------------------------------------------------
 
@@ -123,10 +123,10 @@ class SlurmActuator:
         if not job.isdigit():
             raise SelectionError(f"Slurm job {job!r}: a job id is a number")
         jobs = self._read(f"Slurm job {job}", self._slurm.jobs)
-        held = [j for j in jobs if str(j.get("job_id")) == job and str(j.get("job_state")) in _HOLDING]
-        if not held or not held[0].get("nodes"):
+        held = [j for j in jobs if j.id == job and j.state in _HOLDING and (j.nodes or j.hosts)]
+        if not held:
             raise SelectionError(f"Slurm job {job} holds no nodes (not running, or unknown to slurmctld)")
-        hosts = self._read(f"Slurm job {job}", lambda: self._slurm.hostnames(str(held[0]["nodes"])))
+        hosts = self._read(f"Slurm job {job}", lambda: self._slurm.hosts(held[0]))
         return sorted(self.vigil_name(h) for h in hosts)
 
     @staticmethod

@@ -1,9 +1,11 @@
-"""Slurm's own commands, run as a person would run them: ``sinfo --json``, ``squeue --json``,
-``scontrol update`` and ``scontrol show hostnames``, against the cluster that ``SLURM_CONF`` (or
-the configured file) names. Thin: every decision is in ``controller.act.slurm.plans``.
+"""How the Slurm actuator reaches slurmctld (``Slurm``): Slurm's own commands here, run as a person
+would run them (``sinfo --json``, ``squeue --json``, ``scontrol update`` and ``scontrol show
+hostnames``, against the cluster that ``SLURM_CONF`` or the configured file names), or slurmrestd
+(``controller.act.slurm.rest``). Thin: every decision is in ``controller.act.slurm.plans``.
 
 Slurm 22.05's ``--json`` ignores the other filters (``-n``, ``-p``, ``-j``): the whole list comes
-back and is filtered here.
+back and is filtered here. From 23.02 on, ``sinfo --json`` lists groups of nodes, not nodes:
+``scontrol --json show nodes`` reads them then.
 """
 
 from __future__ import annotations
@@ -13,9 +15,18 @@ import os
 import subprocess
 import time
 from pathlib import Path
+from typing import Protocol
 
 from controller.act.actuators import PermanentActionError
-from controller.act.slurm.plans import Json, SlurmAnswerError, SlurmNode, parse_nodes, parse_show_node
+from controller.act.slurm.plans import (
+    Json,
+    SlurmAnswerError,
+    SlurmJob,
+    SlurmNode,
+    parse_jobs,
+    parse_nodes,
+    parse_show_node,
+)
 
 # scontrol's words for a request that can never succeed as written.
 _PERMANENT = ("invalid node name", "invalid node state", "access/permission denied", "invalid user")
@@ -25,6 +36,28 @@ class SlurmUnavailable(Exception):
     """slurmctld could not be asked (not running, unreachable, too slow): try again later."""
 
 
+class Slurm(Protocol):
+    """What the actuator asks of slurmctld. Each raises PermanentActionError where Slurm refuses the
+    request itself (no such node), SlurmUnavailable where it could not be asked, SlurmAnswerError
+    where the answer does not read."""
+
+    def nodes(self) -> list[SlurmNode]: ...
+
+    def node(self, name: str) -> SlurmNode: ...
+
+    def drain(self, name: str, reason: str) -> None: ...
+
+    def resume(self, name: str) -> None: ...
+
+    def jobs(self) -> list[SlurmJob]: ...
+
+    def hosts(self, job: SlurmJob) -> list[str]:
+        """The nodes the job holds, one name each."""
+        ...
+
+    def close(self) -> None: ...
+
+
 class SlurmCommands:
     def __init__(self, conf: Path | None = None, bin_dir: Path | None = None, timeout_s: float = 10.0) -> None:
         self._env = {**os.environ, **({"SLURM_CONF": str(conf)} if conf is not None else {})}
@@ -32,7 +65,10 @@ class SlurmCommands:
         self._timeout = timeout_s
 
     def nodes(self) -> list[SlurmNode]:
-        return parse_nodes(self._json("sinfo", "--json"))
+        doc = self._json("sinfo", "--json")
+        if "nodes" not in doc and "sinfo" in doc:  # 23.02 and later: groups of nodes
+            doc = self._json("scontrol", "--json", "show", "nodes")
+        return parse_nodes(doc)
 
     def node(self, name: str) -> SlurmNode:
         """One node, read alone (``scontrol show node -o``: a burst of quarantines reads each node,
@@ -45,21 +81,21 @@ class SlurmCommands:
             raise
         return parse_show_node(line, _local_epoch)
 
-    def jobs(self) -> list[Json]:
-        doc = self._json("squeue", "--json")
-        if errors := doc.get("errors"):
-            raise SlurmAnswerError(f"squeue: {errors}")
-        jobs: list[Json] = doc.get("jobs") or []
-        return jobs
+    def jobs(self) -> list[SlurmJob]:
+        return parse_jobs(self._json("squeue", "--json"))
 
-    def hostnames(self, hostlist: str) -> list[str]:
-        """Slurm's expansion of a host list (``gpu-[01-03,07]``)."""
-        return self._run("scontrol", "show", "hostnames", hostlist).split()
+    def hosts(self, job: SlurmJob) -> list[str]:
+        """Slurm's expansion of the job's host list (``gpu-[01-03,07]``), where the answer had none."""
+        return list(job.hosts) or self._run("scontrol", "show", "hostnames", job.nodes).split()
 
-    def update_node(self, name: str, *settings: str) -> None:
-        """``scontrol update nodename=NAME SETTING...``; raises PermanentActionError where Slurm
-        refuses the request itself, SlurmUnavailable where it could not be asked."""
-        self._run("scontrol", "update", f"nodename={name}", *settings)
+    def drain(self, name: str, reason: str) -> None:
+        self._run("scontrol", "update", f"nodename={name}", "state=drain", f"reason={reason}")
+
+    def resume(self, name: str) -> None:
+        self._run("scontrol", "update", f"nodename={name}", "state=resume")
+
+    def close(self) -> None:
+        pass  # each call is its own command
 
     def _json(self, *command: str) -> Json:
         out = self._run(*command)

@@ -37,9 +37,14 @@ class DrainKind(Enum):
     PERSON = "person"  # a reason nobody classified: a person's, kept as written and respected
 
 
+# A node's base state, where Slurm 23.02 and later write the state and its flags as one list.
+_BASE_STATES = frozenset({"IDLE", "ALLOCATED", "MIXED", "DOWN", "ERROR", "FUTURE", "UNKNOWN"})
+
+
 @dataclass(frozen=True, slots=True)
 class SlurmNode:
-    """One node as ``sinfo --json`` shows it (Slurm 22.05's data_parser, v0.0.38)."""
+    """One node as Slurm shows it (``sinfo --json`` of 22.05, ``scontrol --json show nodes`` and
+    slurmrestd of 23.02 and later, ``scontrol show node -o``)."""
 
     name: str
     state: str  # the base state, upper case: IDLE, ALLOCATED, MIXED, DOWN, ...
@@ -69,19 +74,43 @@ class SlurmAnswerError(ValueError):
     """Slurm answered something that does not read as expected (its errors, or another format)."""
 
 
+@dataclass(frozen=True, slots=True)
+class SlurmJob:
+    """One job as ``squeue --json`` or slurmrestd shows it."""
+
+    id: str
+    state: str  # RUNNING, PENDING, COMPLETING, ...
+    nodes: str  # the host list it holds (``gpu-[01-03]``), '' when none
+    hosts: tuple[str, ...] = ()  # the same, one name each, where the answer lists them (23.02 and later)
+
+
+def errors_of(doc: Json) -> str:
+    """Slurm's own errors in an answer ('' when none)."""
+    errors = doc.get("errors") or []
+    return "; ".join(_error(e) for e in errors)
+
+
+def _error(e: object) -> str:
+    if not isinstance(e, dict):
+        return str(e)
+    words = [str(e[k]) for k in ("description", "error") if e.get(k) and e.get(k) != "No error"]
+    return ": ".join(words) or str(e)
+
+
 def parse_nodes(doc: Json) -> list[SlurmNode]:
-    """The nodes of a ``sinfo --json`` answer; raises SlurmAnswerError on Slurm's own errors."""
-    if errors := doc.get("errors"):
-        raise SlurmAnswerError("; ".join(str(e.get("error", e)) if isinstance(e, dict) else str(e) for e in errors))
+    """The nodes of an answer (``nodes``, as Slurm 22.05's ``sinfo --json`` and 23.02 and later's
+    ``scontrol --json`` and slurmrestd write them); raises SlurmAnswerError on Slurm's own errors."""
+    if errors := errors_of(doc):
+        raise SlurmAnswerError(errors)
     try:
         return [_node(n) for n in doc["nodes"]]
-    except (KeyError, TypeError, AttributeError) as exc:
-        raise SlurmAnswerError(f"sinfo --json: not a node list as Slurm 22.05 writes it ({exc!r})") from None
+    except (KeyError, TypeError, AttributeError, ValueError) as exc:
+        raise SlurmAnswerError(f"not a node list as Slurm writes it ({exc!r})") from None
 
 
 def _node(n: Json) -> SlurmNode:
-    state = str(n["state"]).upper()
-    flags = frozenset(str(f).upper() for f in n.get("state_flags") or [])
+    state, flags = _state(n["state"])
+    flags |= frozenset(str(f).upper() for f in n.get("state_flags") or [])
     features = n.get("active_features") or n.get("features") or ""
     if isinstance(features, str):
         features = [f for f in features.split(",") if f]
@@ -91,10 +120,46 @@ def _node(n: Json) -> SlurmNode:
         flags=flags,
         reason=str(n.get("reason") or ""),
         reason_by=str(n.get("reason_set_by_user") or ""),
-        reason_at=float(n.get("reason_changed_at") or 0),
+        reason_at=_number(n.get("reason_changed_at")),
         partitions=tuple(str(p) for p in n.get("partitions") or ()),
         features=tuple(str(f) for f in features),
     )
+
+
+def _state(raw: object) -> tuple[str, frozenset[str]]:
+    """(base state, flags): 22.05 writes the base state alone (its flags apart); 23.02 and later one
+    list, the base state among the flags (``["IDLE", "DRAIN"]``)."""
+    if not isinstance(raw, list):
+        return str(raw).upper(), frozenset()
+    words = [str(w).upper() for w in raw]
+    base = next((w for w in words if w in _BASE_STATES), words[0] if words else "UNKNOWN")
+    return base, frozenset(w for w in words if w != base)
+
+
+def _number(raw: object) -> float:
+    """A number as 22.05 writes it, or as 23.02 and later do (``{"set": true, "number": N}``)."""
+    if isinstance(raw, dict):
+        return float(raw.get("number") or 0) if raw.get("set", True) else 0.0
+    return float(raw) if isinstance(raw, (int, float, str)) and raw != "" else 0.0
+
+
+def parse_jobs(doc: Json) -> list[SlurmJob]:
+    """The jobs of a ``squeue --json`` or slurmrestd answer; raises SlurmAnswerError on Slurm's errors."""
+    if errors := errors_of(doc):
+        raise SlurmAnswerError(errors)
+    try:
+        return [_job(j) for j in doc["jobs"]]
+    except (KeyError, TypeError, AttributeError) as exc:
+        raise SlurmAnswerError(f"not a job list as Slurm writes it ({exc!r})") from None
+
+
+def _job(j: Json) -> SlurmJob:
+    state, _ = _state(j.get("job_state") or "")
+    resources = j.get("job_resources")
+    nodes = resources.get("nodes") if isinstance(resources, dict) else None  # 22.05: a host list, not this
+    allocation = nodes.get("allocation") if isinstance(nodes, dict) else None
+    hosts = tuple(str(a["name"]) for a in allocation or () if isinstance(a, dict) and a.get("name"))
+    return SlurmJob(str(j["job_id"]), state, str(j.get("nodes") or ""), hosts)
 
 
 _REASON_TAIL = re.compile(r" \[(?P<by>[^@\]]*)@(?P<at>[0-9T:-]+)\]$")
