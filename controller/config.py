@@ -41,7 +41,7 @@ class SlurmRestConfig(ConfigModel):
     api_version: str = Field(
         default="v0.0.41",
         pattern=r"^v0\.0\.(4[1-9]|[5-9][0-9])$",
-        description="the REST API's version (v0.0.41 and later update nodes; 24.05 to 25.05 all speak v0.0.41)",
+        description="the REST API's version, v0.0.41 or later (tested: v0.0.41 on Slurm 24.11)",
     )
 
 

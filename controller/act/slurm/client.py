@@ -4,7 +4,7 @@ hostnames``, against the cluster that ``SLURM_CONF`` or the configured file name
 (``controller.act.slurm.rest``). Thin: every decision is in ``controller.act.slurm.plans``.
 
 Slurm 22.05's ``--json`` ignores the other filters (``-n``, ``-p``, ``-j``): the whole list comes
-back and is filtered here. From 23.02 on, ``sinfo --json`` lists groups of nodes, not nodes:
+back and is filtered here. Later releases' ``sinfo --json`` lists groups of nodes, not nodes (seen on 24.11):
 ``scontrol --json show nodes`` reads them then.
 """
 
@@ -66,7 +66,7 @@ class SlurmCommands:
 
     def nodes(self) -> list[SlurmNode]:
         doc = self._json("sinfo", "--json")
-        if "nodes" not in doc and "sinfo" in doc:  # 23.02 and later: groups of nodes
+        if "nodes" not in doc and "sinfo" in doc:  # a later release: groups of nodes
             doc = self._json("scontrol", "--json", "show", "nodes")
         return parse_nodes(doc)
 

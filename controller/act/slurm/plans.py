@@ -37,14 +37,14 @@ class DrainKind(Enum):
     PERSON = "person"  # a reason nobody classified: a person's, kept as written and respected
 
 
-# A node's base state, where Slurm 23.02 and later write the state and its flags as one list.
+# A node's base state, where later releases (24.11 seen) write the state and its flags as one list.
 _BASE_STATES = frozenset({"IDLE", "ALLOCATED", "MIXED", "DOWN", "ERROR", "FUTURE", "UNKNOWN"})
 
 
 @dataclass(frozen=True, slots=True)
 class SlurmNode:
     """One node as Slurm shows it (``sinfo --json`` of 22.05, ``scontrol --json show nodes`` and
-    slurmrestd of 23.02 and later, ``scontrol show node -o``)."""
+    slurmrestd of later releases, ``scontrol show node -o``)."""
 
     name: str
     state: str  # the base state, upper case: IDLE, ALLOCATED, MIXED, DOWN, ...
@@ -81,7 +81,7 @@ class SlurmJob:
     id: str
     state: str  # RUNNING, PENDING, COMPLETING, ...
     nodes: str  # the host list it holds (``gpu-[01-03]``), '' when none
-    hosts: tuple[str, ...] = ()  # the same, one name each, where the answer lists them (23.02 and later)
+    hosts: tuple[str, ...] = ()  # the same, one name each, where the answer lists them (later releases)
 
 
 def errors_of(doc: Json) -> str:
@@ -98,7 +98,7 @@ def _error(e: object) -> str:
 
 
 def parse_nodes(doc: Json) -> list[SlurmNode]:
-    """The nodes of an answer (``nodes``, as Slurm 22.05's ``sinfo --json`` and 23.02 and later's
+    """The nodes of an answer (``nodes``, as Slurm 22.05's ``sinfo --json`` and later releases'
     ``scontrol --json`` and slurmrestd write them); raises SlurmAnswerError on Slurm's own errors."""
     if errors := errors_of(doc):
         raise SlurmAnswerError(errors)
@@ -127,7 +127,7 @@ def _node(n: Json) -> SlurmNode:
 
 
 def _state(raw: object) -> tuple[str, frozenset[str]]:
-    """(base state, flags): 22.05 writes the base state alone (its flags apart); 23.02 and later one
+    """(base state, flags): 22.05 writes the base state alone (its flags apart); later releases one
     list, the base state among the flags (``["IDLE", "DRAIN"]``)."""
     if not isinstance(raw, list):
         return str(raw).upper(), frozenset()
@@ -137,7 +137,7 @@ def _state(raw: object) -> tuple[str, frozenset[str]]:
 
 
 def _number(raw: object) -> float:
-    """A number as 22.05 writes it, or as 23.02 and later do (``{"set": true, "number": N}``)."""
+    """A number as 22.05 writes it, or as later releases do (``{"set": true, "number": N}``)."""
     if isinstance(raw, dict):
         return float(raw.get("number") or 0) if raw.get("set", True) else 0.0
     return float(raw) if isinstance(raw, (int, float, str)) and raw != "" else 0.0

@@ -1,7 +1,7 @@
 """slurmrestd in place of Slurm's commands: for a controller with no Slurm client and no munge key
 beside it (a pod under Slinky, SUNK or soperator), which reaches slurmctld through its REST API
-with a JWT. Slurm 24.05 and later (the API's v0.0.41, the version every release since speaks; the
-one before it had no node update).
+with a JWT. The API's v0.0.41 by default (tested on Slurm 24.11, which speaks v0.0.40 to v0.0.42;
+22.05's v0.0.38 cannot update a node at all).
 
 The token is read from its file on every request, so a rotated token is used at once (Slinky
 and ``scontrol token`` write a new one before the old expires). Thin, as the commands are: every
