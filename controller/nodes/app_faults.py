@@ -156,8 +156,12 @@ class AppFaults:
         return any(len(nodes) >= self.config.min_nodes for _, nodes in self.membership.jobs_of(node))
 
     def restore(self, held: Sequence[Held]) -> None:
-        """What an earlier controller held and did not decide (from the store): decided when due."""
+        """What an earlier controller held and did not decide (from the store): decided when due, and
+        counted as its node's application XID, so a crash of its job seen now claims it."""
         self._held = [*held, *self._held]
+        for h in held:
+            at = h.signal.observed_at or h.decide_at - self.config.grace_s
+            self._last_hit[h.signal.node] = max(at, self._last_hit.get(h.signal.node, at))
 
     def hold(self, signal: Signal, spool_id: str, now: float) -> None:
         """Decide ``signal`` after the grace, unless a crash of its job claims it first."""

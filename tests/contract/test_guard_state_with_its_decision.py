@@ -5,7 +5,8 @@ or a restart reads the held quarantine and the tripped breaker, not a held actio
 breaker (seen: a SIGKILLed leader whose successor said "active" with node-d's quarantine held).
 
 The "kill" is a second connection reading the database file right after the call returns, with
-no await in between: what it reads is what a process started after a SIGKILL there would read."""
+no await in between (the store's writer thread given the moment it takes to write, no flush): what
+it reads is what a process started after a SIGKILL there would read."""
 
 from __future__ import annotations
 
@@ -78,7 +79,9 @@ def test_a_decision_and_the_guard_state_it_changed_are_stored_together(
             r.engine.hello(node, f"spool-{node}", 8)
         decide(r)
         assert holding in r.guard.automation
-        # No await since the decisions: no flush has run, no page has gone. A process started now reads this.
+        # No await since the decisions: no flush has run, no page has gone. A process started now reads
+        # what the store's writer thread has written, which it does a moment later: let it.
+        r.store.writer.catch_up()
         pages: list[Page] = []
         after_a_kill = route(path, guard, pages)
         r.guard.cancel()  # the killed one sends nothing more
@@ -117,6 +120,7 @@ def test_a_bursts_actions_still_settling_at_a_kill_are_held_by_its_fleet_inciden
         for node in NODES[:3]:
             r.engine.receive(node, [xid79(node)])
         assert "holding xid-79 on 3 node(s)" in r.guard.automation
+        r.store.writer.catch_up()  # written, as a moment later; not flushed
         pages: list[Page] = []
         after_a_kill = route(path, guard, pages)
         r.guard.cancel()

@@ -84,13 +84,16 @@ def test_the_policy_snippet_loads_as_the_policy_file(tmp_path: Path) -> None:
     assert policy.heartbeat_timeout_s == 30 and yaml.safe_load(snippet)["xid"][13]["threshold"] == 3
 
 
-def test_the_slurm_snippet_loads_as_the_controllers_configuration(tmp_path: Path) -> None:
-    snippet = block_with("yaml", "actuator: slurm")
+def test_the_slurm_snippets_load_as_the_controllers_configuration(tmp_path: Path) -> None:
     path = tmp_path / "controller.yaml"
-    path.write_text(snippet + "plaintext: true\n")  # the rest of a controller's file, as the README leaves it
+    path.write_text(block_with("yaml", "conf: /etc/slurm/slurm.conf") + "plaintext: true\n")  # the rest, as left
     config = load_controller_config(path, {})
     assert config.actuator == "slurm" and config.slurm.conf == Path("/etc/slurm/slurm.conf")
-    assert config.slurm.read_drains_s == 30
+    assert config.slurm.read_drains_s == 30 and config.slurm.rest is None
+    path.write_text(block_with("yaml", "rest:") + "plaintext: true\n")  # slurmrestd instead of the commands
+    rest = load_controller_config(path, {}).slurm.rest
+    assert rest is not None and (rest.url, rest.token_file, rest.user) == (
+        "http://slurmrestd.slurm:6820", Path("/var/run/secrets/slurm/token"), "vigil")  # fmt: skip
 
 
 def test_vigil_certs_as_the_readme_shows(tmp_path: Path) -> None:

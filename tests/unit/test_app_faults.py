@@ -183,6 +183,7 @@ def test_a_held_xid_outlives_a_controller_killed_within_the_grace(tmp_path: Path
         now = [1000.0]
         engine, _, _ = _engine(tmp_path, now)
         three_xid13(engine, "n1", now[0])
+        engine.store.writer.catch_up()  # written (a moment later), not flushed
         again, pager, _ = _engine(tmp_path, now)  # the same file, read at once: what a restart reads
         now[0] += 1.0
         assert again.decide_held() == 0  # still within the grace
@@ -208,6 +209,7 @@ def test_a_held_xid_its_jobs_crash_claimed_is_not_decided_after_a_restart(tmp_pa
         now[0] += 0.3
         three_xid13(engine, "n2", now[0])
         three_xid13(engine, "n3", now[0])  # the job's crash claims n1's
+        engine.store.writer.catch_up()
         again, pager, _ = _engine(tmp_path, now)
         now[0] += 5.0
         assert again.decide_held() == 0
@@ -238,5 +240,30 @@ def test_with_every_hold_taken_a_jobs_node_is_decided_at_once_not_forgotten(
         )
         assert sorted(p.node for p in pager.sent) == ["n1", "n2"]
         await engine.shutdown()
+
+    asyncio.run(scenario())
+
+
+def test_a_crash_seen_across_a_restart_claims_what_the_last_controller_held(tmp_path: Path) -> None:
+    """n1 and n2 of a four-node job crash (half: not yet the job's); the controller restarts; n3's
+    crash after it makes three of four: the job's own, and n1's and n2's held XIDs are part of it."""
+
+    async def scenario() -> None:
+        now = [1000.0]
+        engine, _, _ = _engine(tmp_path, now)
+        three_xid13(engine, "n1", now[0])
+        three_xid13(engine, "n2", now[0])
+        engine.store.writer.catch_up()
+        again, pager, _ = _engine(tmp_path, now)
+        now[0] += 0.5
+        three_xid13(again, "n3", now[0])
+        now[0] += 5.0
+        assert again.decide_held() == 0
+        await again.wait_for_actions()
+        assert {n: again.fleet.nodes[n].state.health for n in NODES} == dict.fromkeys(NODES, Health.HEALTHY)
+        assert [p.node for p in pager.sent] == [""]  # one page, about the job
+        for e in (engine, again):
+            await e.store.group.durable()
+            await e.shutdown()
 
     asyncio.run(scenario())
