@@ -16,7 +16,8 @@ from controller.act.slurm.client import SlurmUnavailable
 from controller.vocab.actions import Quarantine
 from tests.slurm import NEW, OLD, SlurmCluster, slurm_cluster, unavailable
 
-pytestmark = pytest.mark.timeout(180)
+# On one worker: two clusters in all, not two a worker (three workers starting six at once on two cores).
+pytestmark = [pytest.mark.timeout(180), pytest.mark.xdist_group("slurm-actuator")]
 
 REASON = "XID 79 on GPU 3: GPU has fallen off the bus"
 
