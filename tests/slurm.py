@@ -210,11 +210,33 @@ class SlurmCluster:
             )
 
     def stop(self) -> None:
-        for proc in self._procs.values():  # each daemon's session: slurmstepd and the jobs' tasks too
+        # Jobs first: a job's slurmstepd leaves slurmd's session, and outlives it unless its job ends.
+        jobs = self.command("squeue", "-h", "-o", "%i", check=False).stdout.split() if self._procs else []
+        if jobs:
+            self.command("scancel", *jobs, check=False)
+            with suppress(TimeoutError):
+                self.wait(lambda: not self.command("squeue", "-h", "-o", "%i", check=False).stdout.split(), "", 10)
+        for proc in self._procs.values():  # each daemon's session
             with suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
         for proc in self._procs.values():
             proc.wait(10)
+        deadline = time.monotonic() + 10
+        while (strays := self.strays()) and time.monotonic() < deadline:  # a job's slurmstepd and tasks
+            for pid in strays:  # left the daemons' sessions: each on its own
+                with suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            time.sleep(0.05)
+
+    def strays(self) -> list[int]:
+        """This cluster's processes still running (``SLURM_CONF`` names its slurm.conf)."""
+        mine, found = f"SLURM_CONF={self.conf}".encode(), []
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit() and int(entry.name) != os.getpid():
+                with suppress(OSError):
+                    if mine in (entry / "environ").read_bytes().split(b"\0"):
+                        found.append(int(entry.name))
+        return found
 
 
 @contextmanager

@@ -6,6 +6,8 @@ through its commands and through slurmrestd."""
 
 from __future__ import annotations
 
+import os
+import subprocess
 from collections.abc import Iterator
 
 import pytest
@@ -156,3 +158,20 @@ def test_others_drains_are_read_with_who_why_and_whose_problem(slurm: SlurmClust
     assert (found.node, found.reason, found.by, found.kind, found.state) == (
         "node-c", "NHC: check_hw_ib: mlx5_2 port 1 down", "root", "node_problem", "IDLE+DRAIN")  # fmt: skip
     assert found.at > 0
+
+
+@pytest.mark.parametrize("version", [OLD, NEW])
+def test_a_stopped_test_cluster_leaves_no_process_behind(version: str) -> None:
+    """The harness itself: a job's slurmstepd leaves slurmd's session (one was left by each run)."""
+    if why := unavailable(version):
+        pytest.skip(why)
+    job = f"sleep {300 + os.getpid() % 1000}.{version.replace('.', '')}"  # its task, told apart from others'
+    with slurm_cluster(("gpu-01",), version=version) as running:
+        running.submit(["gpu-01"], job)
+        assert _running(job)
+    assert running.strays() == []
+    assert not _running(job)
+
+
+def _running(command: str) -> bool:
+    return subprocess.run(["pgrep", "-f", f"^{command}$"], capture_output=True).returncode == 0
