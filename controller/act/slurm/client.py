@@ -26,10 +26,8 @@ from controller.act.slurm.plans import (
     parse_jobs,
     parse_nodes,
     parse_show_node,
+    refused_for_good,
 )
-
-# scontrol's words for a request that can never succeed as written.
-_PERMANENT = ("invalid node name", "invalid node state", "access/permission denied", "invalid user")
 
 
 class SlurmUnavailable(Exception):
@@ -120,7 +118,7 @@ class SlurmCommands:
         if done.returncode != 0:
             said = (done.stderr or done.stdout).strip().splitlines()
             text = said[-1] if said else f"exit code {done.returncode}"
-            if any(word in text.lower() for word in _PERMANENT):
+            if refused_for_good(text):
                 raise PermanentActionError(f"{program} {' '.join(args)}: {text}")
             raise SlurmUnavailable(f"{program} {' '.join(args[:2])}: {text}")
         return done.stdout

@@ -84,6 +84,15 @@ class SlurmJob:
     hosts: tuple[str, ...] = ()  # the same, one name each, where the answer lists them (later releases)
 
 
+# Slurm's words for a request that can never succeed as written (its commands' and slurmrestd's).
+_PERMANENT = ("invalid node name", "invalid node state", "access/permission denied", "invalid user")
+
+
+def refused_for_good(said: str) -> bool:
+    """Whether Slurm's answer refuses the request itself (trying again changes nothing)."""
+    return any(word in said.lower() for word in _PERMANENT)
+
+
 def errors_of(doc: Json) -> str:
     """Slurm's own errors in an answer ('' when none)."""
     errors = doc.get("errors") or []

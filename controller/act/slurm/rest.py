@@ -18,10 +18,16 @@ import urllib3
 
 from controller.act.actuators import PermanentActionError
 from controller.act.slurm.client import SlurmUnavailable
-from controller.act.slurm.plans import Json, SlurmAnswerError, SlurmJob, SlurmNode, errors_of, parse_jobs, parse_nodes
-
-# Slurm's words for a request that can never succeed as written.
-_PERMANENT = ("invalid node name", "invalid node state", "access/permission denied", "invalid user")
+from controller.act.slurm.plans import (
+    Json,
+    SlurmAnswerError,
+    SlurmJob,
+    SlurmNode,
+    errors_of,
+    parse_jobs,
+    parse_nodes,
+    refused_for_good,
+)
 
 
 class SlurmRest:
@@ -86,7 +92,7 @@ class SlurmRest:
         if not isinstance(doc, dict):
             raise SlurmUnavailable(f"{where}: HTTP {answer.status}, not Slurm's JSON: {answer.data[:200]!r}")
         errors = errors_of(doc)
-        if any(word in errors.lower() for word in _PERMANENT):
+        if refused_for_good(errors):
             raise PermanentActionError(f"{where}: {errors}")
         if answer.status in (401, 403) or "authentication" in errors.lower():
             raise SlurmUnavailable(f"{where}: the token in {self._token_file} was refused ({errors or answer.status})")
