@@ -142,3 +142,31 @@ def test_a_bursts_actions_still_settling_at_a_kill_are_held_by_its_fleet_inciden
             each.store.close()
 
     asyncio.run(scenario())
+
+
+def test_a_page_task_that_dies_is_said_and_counted(tmp_path: Path) -> None:
+    """The store fails as the breaker's page, sent, is marked paid: the task's death is logged and
+    counted (vigil_controller_task_failures_total), not lost in asyncio; the page went all the same."""
+    path = tmp_path / "ctl.db"
+
+    async def scenario() -> None:
+        pages: list[Page] = []
+        r = route(path, BREAKER, pages)
+        for node in NODES:
+            r.engine.hello(node, f"spool-{node}", 8)
+        receive_each(r)
+        assert [o.kind for o in r.guard.owed] == ["breaker"]
+
+        def failing(values: dict[str, str], durable: bool = True) -> None:
+            raise OSError("disk full")
+
+        r.store.records.set_metas = failing  # type: ignore[method-assign]
+        await asyncio.sleep(DELAY + 0.2)
+        await r.engine.wait_for_actions()
+        assert r.runner.tasks.states["guard-page"].total == 1
+        assert [p.summary[:24] for p in pages if p.node == ""] == ["circuit breaker tripped:"]
+        await r.store.group.durable()
+        await r.engine.shutdown()
+        r.store.close()
+
+    asyncio.run(scenario())

@@ -290,6 +290,7 @@ class Guard:
 
     def _send_when_due(self, owed: OwedPage) -> None:
         task = asyncio.get_running_loop().create_task(self._send(owed))
+        self._runner.tasks.watch("guard-page", task)  # a page that died (the store failing) is said and counted
         self._page_tasks.add(task)
         task.add_done_callback(self._page_tasks.discard)
 
