@@ -168,7 +168,7 @@ def test_a_stopped_test_cluster_leaves_no_process_behind(version: str) -> None:
     job = f"sleep {300 + os.getpid() % 1000}.{version.replace('.', '')}"  # its task, told apart from others'
     with slurm_cluster(("gpu-01",), version=version) as running:
         running.submit(["gpu-01"], job)
-        assert _running(job)
+        running.wait(lambda: _running(job), "the job's task started")  # RUNNING comes before its exec
     assert running.strays() == []
     assert not _running(job)
 
