@@ -24,18 +24,13 @@ import structlog
 from agent.spool import Spool
 from protos.vigil.v1 import agent_pb2, agent_pb2_grpc, common_pb2
 from vigil_core.rpc_errors import retry_after_s
-from vigil_core.waiting import wait_event
+from vigil_core.waiting import backoff_delay, wait_event
 
 log = structlog.get_logger(__name__)
 
 BATCH_LIMIT = 500
 HELLO_ACK_TIMEOUT_S = 10.0
 HELLO_TURN_SPREAD_S = 0.05  # added to a turn the controller gave: agents of one slot do not come as one
-
-
-def backoff_delay(attempt: int, base: float = 0.2, cap: float = 10.0, rng: random.Random | None = None) -> float:
-    """Full-jitter exponential backoff (AWS architecture blog): uniform in [0, min(cap, base·2^n)]."""
-    return (rng or random).uniform(0, min(cap, base * 2**attempt))
 
 
 CheckRunner = Callable[[agent_pb2.RunCheck], Awaitable[common_pb2.CheckResult]]

@@ -3,7 +3,7 @@
     python -m bench.scale --nodes 20000 [--workers 3] [--heartbeat-s 5] [--idle-heartbeat-s 60]
                           [--background-per-s 500] [--probes 60] [--probe-every-s 0.5]
                           [--bursts 100,400,1000] [--restart] [--hellos-per-s N]
-                          [--database sqlite|postgresql] [--keep]
+                          [--database sqlite|postgresql] [--relays K] [--keep]
 
 What runs, all on this machine:
 
@@ -23,6 +23,9 @@ What runs, all on this machine:
   cordon (the agent's stamp to the cordon PATCH arriving at the API server) and controller → cordon
   (the controller's receipt, read back from its incident, to the PATCH);
 - bursts: each of ``--bursts`` nodes failing at the same moment, until all are cordoned;
+- ``--relays K``: K ``vigil relay`` processes between the fleet and the controller (each worker's
+  agents on one of them): the controller then holds K streams, and the agents' connections are the
+  relays' (their RSS and CPU are given beside the controller's);
 - ``--restart``: the controller stopped and started again; the time until every agent is back
   (``--hellos-per-s``: the controller's Hello pacing, 0 for none: every agent admitted at once).
 
@@ -169,7 +172,7 @@ class Workers:
 
     def __init__(
         self,
-        target: str,
+        targets: list[str],
         names: list[str],
         count: int,
         beats: tuple[float, float],
@@ -181,11 +184,11 @@ class Workers:
         self.owner = {n: i for i, share in enumerate(self.shares) for n in share}
         self.pipes: list[Connection] = []
         self.processes = []
-        for share in self.shares:
+        for i, share in enumerate(self.shares):
             ours, theirs = context.Pipe()
             process = context.Process(
                 target=worker,
-                args=(theirs, target, share, beats, background_per_s / count, per_connection),
+                args=(theirs, targets[i % len(targets)], share, beats, background_per_s / count, per_connection),
                 daemon=True,
             )
             process.start()
@@ -245,6 +248,44 @@ class Workers:
 
 
 # The controller's side -----------------------------------------------------------------------------
+
+
+class Relays:
+    """``vigil relay`` processes in front of the controller (none: agents connect to it directly)."""
+
+    def __init__(self, controller: str, count: int, workdir: Path) -> None:
+        self.processes: list[subprocess.Popen[bytes]] = []
+        self.targets: list[str] = []
+        for i in range(count):
+            port, port_file = free_port(), workdir / f"relay-{i}.port"
+            command = [sys.executable, "-m", "vigil", "relay", "--controller", controller, "--plaintext",
+                       "--listen", f"127.0.0.1:{port}", "--port-file", str(port_file),
+                       "--log-format", "json"]  # fmt: skip
+            out = open(workdir / f"relay-{i}.out", "wb")  # noqa: SIM115 (the process's until it ends)
+            self.processes.append(subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT))
+            deadline = time.monotonic() + 60
+            while not port_file.exists():
+                if self.processes[-1].poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError((workdir / f"relay-{i}.out").read_text()[-2000:])
+                time.sleep(0.05)
+            self.targets.append(f"127.0.0.1:{port}")
+        self.samplers = [Sampler(p.pid) for p in self.processes]
+
+    def cpu_s(self) -> float:
+        return sum(s.cpu_s() for s in self.samplers)
+
+    def rss(self) -> list[int]:
+        return [s.process.memory_info().rss for s in self.samplers]
+
+    def stop(self) -> None:
+        for sampler, process in zip(self.samplers, self.processes, strict=True):
+            sampler.stop()
+            process.terminate()
+        for process in self.processes:
+            try:
+                process.wait(30)
+            except subprocess.TimeoutExpired:
+                process.kill()
 
 
 class Sampler:
@@ -347,12 +388,19 @@ def measure(args: argparse.Namespace, workdir: Path, database: str) -> dict[str,
         sampler = Sampler(controller.pid)
         beats = (args.heartbeat_s, args.idle_heartbeat_s)
         per_connection = args.streams_per_connection or None
-        workers = Workers(target, names, args.workers, beats, args.background_per_s, per_connection)
+        relays = Relays(target, args.relays, workdir)
+        workers = Workers(relays.targets or [target], names, args.workers, beats, args.background_per_s, per_connection)
         try:
-            started, cpu0 = time.time(), sampler.cpu_s()
+            started, cpu0, relays_cpu0 = time.time(), sampler.cpu_s(), relays.cpu_s()
             figures["connect_s"] = round(workers.connected(args.connect_timeout_s), 1)
             figures["connect_controller_cpu_s"] = round(sampler.cpu_s() - cpu0, 1)
             figures["rss_after_connect_mb"] = round(sampler.process.memory_info().rss / 2**20)
+            if args.relays:
+                figures["relays"] = {
+                    "count": args.relays,
+                    "rss_after_connect_mb": [round(r / 2**20) for r in relays.rss()],
+                    "connect_cpu_s": round(relays.cpu_s() - relays_cpu0, 1),
+                }
             print(f"{args.nodes} agents connected in {figures['connect_s']} s", file=sys.stderr)
             time.sleep(max(args.heartbeat_s, 5.0))  # a full heartbeat period: the steady load is on
             workers.stats()  # the lag from here on
@@ -424,8 +472,11 @@ def measure(args: argparse.Namespace, workdir: Path, database: str) -> dict[str,
             figures["controller_peak_rss_mb"] = round(sampler.peak_rss / 2**20)
             figures["database_mb"] = round(database_bytes(database, workdir) / 2**20, 1)
             figures["elapsed_s"] = round(time.time() - started)
+            if args.relays:
+                figures["relays"]["peak_rss_mb"] = [round(r.peak_rss / 2**20) for r in relays.samplers]
         finally:
             workers.stop()
+            relays.stop()
             sampler.stop()
             controller.terminate()
             try:
@@ -466,6 +517,7 @@ def main() -> int:
         default=None,
         help="the controller's limits.hellos_per_s (default: its own; 0: no pacing, every Hello admitted at once)",
     )
+    parser.add_argument("--relays", type=int, default=0, help="vigil relay processes in front of the controller")
     parser.add_argument("--connect-timeout-s", type=float, default=1200)
     parser.add_argument("--burst-timeout-s", type=float, default=300)
     parser.add_argument("--keep", action="store_true", help="keep the working directory (the controller's log)")
@@ -482,9 +534,11 @@ def main() -> int:
         parser.error(f"--database postgresql: {why}")
     hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
     connections = -(-args.nodes // args.streams_per_connection) if args.streams_per_connection else args.workers
+    connections = -(-connections // args.relays) if args.relays else connections  # each relay's share
     if hard != resource.RLIM_INFINITY and connections + open_files.SPARE > hard:
         parser.error(
-            f"{connections} connections need {connections + open_files.SPARE} open files in the controller, and this "
+            f"{connections} connections need {connections + open_files.SPARE} open files in the controller (or each "
+            f"relay), and this "
             f"machine's hard limit is {hard}: raise it (ulimit -Hn) or give each connection more agents "
             f"(--streams-per-connection {-(-args.nodes // (hard - open_files.SPARE))})"
         )
@@ -514,6 +568,7 @@ def main() -> int:
         "idle_heartbeat_s": args.idle_heartbeat_s,
         "workers": args.workers,
         "streams_per_connection": args.streams_per_connection or "all of a worker's on one",
+        "relays": args.relays,
         **figures,
     }
     print(json.dumps(record, indent=2))

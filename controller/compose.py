@@ -16,6 +16,8 @@ from controller.act.local_actuator import LocalActuator
 from controller.config import ControllerConfig
 from controller.edge.admin import Admin
 from controller.edge.agent_gateway import AgentGateway
+from controller.edge.agent_sessions import AgentSessions
+from controller.edge.relay_gateway import RelayGateway
 from controller.edge.trainer_gateway import TrainerGateway
 from controller.jobs.monitor import JobMonitor
 from controller.metrics import ControllerMetrics
@@ -236,6 +238,7 @@ class Rooms:
     jobs: JobMonitor
     repairs: Repairs
     agent_gateway: AgentGateway
+    relay_gateway: RelayGateway  # agents that come through a `vigil relay`, the same sessions
     admin: Admin
     trainer_gateway: TrainerGateway
     scheduler_drains: SchedulerDrains | None = None  # others' drains read from Slurm (actuator: slurm)
@@ -303,12 +306,14 @@ def rooms(config: ControllerConfig, store: Store, metrics: ControllerMetrics) ->
         clock=nodes.clock,
         repairs=repairs,
     )
+    sessions = AgentSessions(nodes.engine, nodes.fleet, nodes.checks, nodes.outboxes, config.limits)
     return Rooms(
         nodes,
         sweeper,
         jobs,
         repairs,
-        AgentGateway(nodes.engine, nodes.fleet, nodes.checks, nodes.outboxes, config.limits),
+        AgentGateway(sessions),
+        RelayGateway(sessions),
         admin,
         TrainerGateway(jobs, config.limits),
         scheduler_drains(config, actuator, report, store, metrics),

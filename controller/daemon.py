@@ -25,7 +25,7 @@ from controller.edge.undecodable import DecodeInterceptor
 from controller.metrics import ControllerMetrics
 from controller.nodes.engine import Engine
 from controller.store import Opened, Store
-from protos.vigil.v1 import admin_pb2_grpc, agent_pb2_grpc, trainer_pb2_grpc
+from protos.vigil.v1 import admin_pb2_grpc, agent_pb2_grpc, relay_pb2_grpc, trainer_pb2_grpc
 from vigil_core.cert_reload import CertificateSource, server_credentials
 from vigil_core.http_status import serve_http
 from vigil_core.names import is_loopback
@@ -94,6 +94,7 @@ class Controller:
             ],
         )
         agent_pb2_grpc.add_AgentGatewayServicer_to_server(self.rooms.agent_gateway, self.server)
+        relay_pb2_grpc.add_AgentRelayServicer_to_server(self.rooms.relay_gateway, self.server)
         admin_pb2_grpc.add_AdminServicer_to_server(self.rooms.admin, self.server)
         trainer_pb2_grpc.add_TrainerGatewayServicer_to_server(self.rooms.trainer_gateway, self.server)
         address = f"{self.config.listen_address}:{self.config.port}"

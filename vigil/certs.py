@@ -1,16 +1,18 @@
 """``vigil certs``: a CA and the certificates of a Vigil cluster, for mutual TLS (``vigil_core.tls``).
 
     vigil certs ./vigil-certs --controller-name vigil-controller.vigil.svc --nodes gpu-001,gpu-002 \\
-        --admin alice --trainer jobs [--agents]
+        --admin alice --trainer jobs [--agents] [--relay vigil-relay.vigil.svc]
 
 writes one directory per party, each laid out as a Kubernetes TLS secret (ca.crt, tls.crt, tls.key;
 ``kubectl create secret generic NAME --from-file=DIR``): ``controller/``, ``node-<name>/``,
 ``admin-<who>/``, ``trainer-<name>/``, ``agents/`` (the DaemonSet's shared certificate: it admits an
-agent, whose service-account token then proves its node); and ``ca/`` with the CA's key, which stays
-with whoever issues certificates. A second run with the same directory reuses the CA and adds only
-what is new: a party whose key and certificate are there already keeps them (``renew`` issues the
-named parties' again). Every run sets every key to 0600 and every directory to 0700, whatever the
-umask and whatever they had become. Keys are ECDSA P-256; certificates last ``days``.
+agent, whose service-account token then proves its node), ``relay-<name>/`` (a ``vigil relay``: its
+name is the DNS name agents dial it by, and it serves them and calls the controller with it); and
+``ca/`` with the CA's key, which stays with whoever issues certificates. A second run with the same
+directory reuses the CA and adds only what is new: a party whose key and certificate are there
+already keeps them (``renew`` issues the named parties' again). Every run sets every key to 0600 and
+every directory to 0700, whatever the umask and whatever they had become. Keys are ECDSA P-256;
+certificates last ``days``.
 """
 
 from __future__ import annotations
@@ -47,10 +49,11 @@ def create(
     days: int = 365,
     agents: bool = False,
     renew: bool = False,
+    relays: Sequence[str] = (),
 ) -> tuple[list[Path], list[Path]]:
     """Write (or add to) a cluster's certificates; returns the directories written and those kept
     as they were (already there, ``renew`` not asked)."""
-    bad = [n for n in nodes if not is_node_name(n)] + [n for n in (*admins, *trainers) if not _NAME.match(n)]
+    bad = [n for n in nodes if not is_node_name(n)] + [n for n in (*admins, *trainers, *relays) if not _NAME.match(n)]
     if bad:
         raise CertsError(f"{bad[0]!r} is not a usable name (lower case letters, digits, -._)")
     if not controller_names:
@@ -61,6 +64,7 @@ def create(
     parties += [(f"admin-{n}", f"admin:{n}", []) for n in admins]
     parties += [(f"trainer-{n}", f"trainer:{n}", []) for n in trainers]
     parties += [("agents", "agents", [])] if agents else []
+    parties += [(f"relay-{n}", f"relay:{n}", [n]) for n in relays]
     written, kept = [], []
     for directory, common_name, names in parties:
         if not renew and (out / directory / KEY_FILE).exists() and (out / directory / CERT_FILE).exists():
@@ -115,6 +119,8 @@ def _issue(
 ) -> x509.Certificate:
     now = datetime.datetime.now(datetime.UTC)
     usage = [ExtendedKeyUsageOID.SERVER_AUTH] if names else [ExtendedKeyUsageOID.CLIENT_AUTH]
+    if common_name.startswith("relay:"):  # agents' server and the controller's client
+        usage = [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]
     builder = (
         x509.CertificateBuilder()
         .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)]))

@@ -13,7 +13,7 @@ from typing import Annotated, Optional
 import typer
 
 from vigil_core.config_file import ConfigError
-from vigil_core.tls import TlsError, TlsFiles, from_env
+from vigil_core.tls import TlsError, TlsFiles, from_env, transport_problem
 
 app = typer.Typer(
     help="Vigil: GPU-cluster health checking and fault tolerance.",
@@ -169,6 +169,48 @@ def controller(
 
 
 @app.command()
+def relay(
+    controller: Annotated[
+        str, typer.Option(help="the controller's host:port (its Service): where the agents' streams go")
+    ],
+    listen: Annotated[str, typer.Option(help="host:port agents dial")] = "0.0.0.0:7070",
+    port_file: Annotated[
+        Optional[Path], typer.Option(help="write the bound port here once the controller answers")
+    ] = None,
+    first_message_s: Annotated[
+        float, typer.Option(min=0.1, max=600, help="an agent's stream with no Hello by then is closed")
+    ] = 30.0,
+    max_message_bytes: Annotated[
+        int,
+        typer.Option(min=64 << 10, max=64 << 20, help="one gRPC message (the controller's limits.max_message_bytes)"),
+    ] = 4 << 20,
+    tls_dir: TlsDirOpt = None,
+    plaintext: PlaintextOpt = False,
+    log_format: LogFormatOpt = "auto",
+) -> None:
+    """Hold agents' connections for the controller, carrying their streams to it on one."""
+    from controller.relay.server import RelaySettings, run_relay
+    from vigil_core.names import is_address
+
+    _setup_logs(log_format)
+    if problem := transport_problem(tls_dir, plaintext):
+        _fail(problem)
+    for name, value in (("--controller", controller), ("--listen", listen)):
+        host, _, port = value.rpartition(":")
+        if not (host.strip("[]") and is_address(host.strip("[]")) and port.isdigit() and 0 <= int(port) <= 65535):
+            _fail(f"{name} must be host:port, not {value!r}")
+    try:
+        tls = TlsFiles.load(tls_dir) if tls_dir is not None else None
+    except TlsError as exc:
+        _fail(f"--tls-dir: {exc}")
+    settings = RelaySettings(controller, listen, tls, first_message_s, max_message_bytes)
+    try:
+        run_relay(settings, port_file)
+    except OSError as exc:
+        _fail(f"the relay cannot start: {exc}")
+
+
+@app.command()
 def certs(
     out: Annotated[Path, typer.Argument(help="directory to write (or add to): one subdirectory per party")],
     controller_name: Annotated[
@@ -184,13 +226,16 @@ def certs(
     renew: Annotated[
         bool, typer.Option("--renew", help="issue the named parties' keys and certificates again (default: keep them)")
     ] = False,
+    relay: Annotated[
+        list[str], typer.Option(help="a relay's certificate, by the DNS name agents dial it (repeat)")
+    ] = [],  # noqa: B006
 ) -> None:
     """Create the cluster's CA and certificates for mutual TLS (each directory: ca.crt, tls.crt, tls.key)."""
     from vigil.certs import CertsError, create
 
     try:
         written, kept = create(
-            out, controller_name, [n for n in nodes.split(",") if n], admin, trainer, days, agents, renew
+            out, controller_name, [n for n in nodes.split(",") if n], admin, trainer, days, agents, renew, relay
         )
     except (CertsError, OSError) as exc:
         _fail(str(exc))

@@ -78,3 +78,12 @@ def explain(exc: grpc.RpcError, target: str) -> str:
 def _last(details: str) -> str:
     """gRPC's last error, without its 'failed to connect to all addresses' preamble."""
     return details.split("last error: ", 1)[-1][:300]
+
+
+_CODES = {code.value[0]: code for code in grpc.StatusCode}
+
+
+def status_code(number: int) -> grpc.StatusCode:
+    """A status code from its number on the wire (a relay's ``StreamEnd``); UNKNOWN for a number gRPC
+    does not define."""
+    return _CODES.get(number, grpc.StatusCode.UNKNOWN)

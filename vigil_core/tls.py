@@ -1,7 +1,9 @@
 """Mutual TLS between agents, trainer hooks, operators and the controller.
 
 Every party holds a certificate signed by the cluster's Vigil CA, and its common name says who it
-is: ``controller``, ``node:<node name>``, ``admin:<who>`` or ``trainer:<name>``. The controller
+is: ``controller``, ``node:<node name>``, ``admin:<who>``, ``trainer:<name>`` or ``relay:<its DNS
+name>`` (a ``vigil relay``: it serves agents under that name and carries their streams to the
+controller). The controller
 accepts only clients with such a certificate (the handshake refuses anybody else), and then:
 an agent may report only for the node its certificate names; the admin service (sweeps, uncordon,
 resume, status) needs an ``admin:`` certificate; the trainer gateway takes ``trainer:`` (or admin)
@@ -26,7 +28,7 @@ from pathlib import Path
 
 import grpc
 
-ROLES = ("controller", "agents", "node", "admin", "trainer")
+ROLES = ("controller", "agents", "node", "admin", "trainer", "relay")
 UNNAMED = ("controller", "agents")  # the roles whose common name is the role alone
 CA_FILE, CERT_FILE, KEY_FILE = "ca.crt", "tls.crt", "tls.key"
 
@@ -174,8 +176,11 @@ def channel(target: str, tls: TlsFiles | None) -> grpc.Channel:
     return grpc.secure_channel(target, tls.channel_credentials()) if tls else grpc.insecure_channel(target)
 
 
-def aio_channel(target: str, tls: TlsFiles | None) -> grpc.aio.Channel:
-    """An asyncio channel to the controller: mutual TLS when this party has certificates."""
+def aio_channel(target: str, tls: TlsFiles | None, max_message_bytes: int = 0) -> grpc.aio.Channel:
+    """An asyncio channel to the controller: mutual TLS when this party has certificates; messages up
+    to ``max_message_bytes`` each way where given (a relay's batches)."""
+    sizes = [(f"grpc.max_{way}_message_length", max_message_bytes) for way in ("send", "receive")]
+    options = KEEPALIVE_CLIENT + (sizes if max_message_bytes else [])
     if tls is None:
-        return grpc.aio.insecure_channel(target, options=KEEPALIVE_CLIENT)
-    return grpc.aio.secure_channel(target, tls.channel_credentials(), options=KEEPALIVE_CLIENT)
+        return grpc.aio.insecure_channel(target, options=options)
+    return grpc.aio.secure_channel(target, tls.channel_credentials(), options=options)

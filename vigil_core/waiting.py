@@ -1,9 +1,11 @@
-"""Waiting on an asyncio event with a time limit, the way every loop in Vigil sleeps."""
+"""Waiting on an asyncio event with a time limit, the way every loop in Vigil sleeps; and how long to
+wait before trying a lost connection again."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 
 
 async def wait_event(event: asyncio.Event, timeout: float) -> bool:
@@ -11,3 +13,8 @@ async def wait_event(event: asyncio.Event, timeout: float) -> bool:
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(event.wait(), timeout=max(0.0, timeout))
     return event.is_set()
+
+
+def backoff_delay(attempt: int, base: float = 0.2, cap: float = 10.0, rng: random.Random | None = None) -> float:
+    """Full-jitter exponential backoff (AWS architecture blog): uniform in [0, min(cap, base·2^n)]."""
+    return (rng or random).uniform(0, min(cap, base * 2**attempt))

@@ -2,7 +2,8 @@
 
 - AgentGateway: ``node:`` certificates (and ``Connect`` lets a node speak only for itself);
 - TrainerGateway: ``trainer:`` or ``admin:`` certificates;
-- Admin: ``admin:`` certificates only.
+- Admin: ``admin:`` certificates only;
+- AgentRelay: ``relay:`` certificates (a relay checks its agents' certificates itself).
 A client without a certificate of the cluster's CA never gets this far: the handshake refuses it.
 The DaemonSet's shared ``agents`` certificate names no node: its calls must bring the pod's
 service-account token, and the node the API server names for it is the caller
@@ -44,13 +45,14 @@ ROLES_BY_SERVICE: dict[str, tuple[str, ...]] = {
     AGENT_SERVICE: ("node",),
     "vigil.v1.TrainerGateway": ("trainer", "admin"),
     "vigil.v1.Admin": ("admin",),
+    "vigil.v1.AgentRelay": ("relay",),
 }
 
 
 def allowed(service: str, who: Identity | None) -> str:
     """Why ``who`` may not call ``service``; "" when it may. Pure."""
     if who is None:
-        return "the client certificate names no Vigil identity (node:NAME, admin:WHO, trainer:NAME)"
+        return "the client certificate names no Vigil identity (node:NAME, admin:WHO, trainer:NAME, relay:NAME)"
     roles = ROLES_BY_SERVICE.get(service, ())
     if who.role not in roles:
         return f"{who} may not call {service} (it takes {' or '.join(roles) or 'nobody'})"

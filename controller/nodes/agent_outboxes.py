@@ -9,24 +9,27 @@ their constructors.
 from __future__ import annotations
 
 import asyncio
+from typing import Generic, TypeVar
 
 from protos.vigil.v1 import agent_pb2
 
 Message = agent_pb2.ControllerMessage | None  # None: the stream's reader ended (the gateway's own)
+T = TypeVar("T")
 
 
-class Outbox:
+class Outbox(Generic[T]):
     """One agent stream's outgoing messages, read by its stream alone. What an ``asyncio.Queue``
     does for one reader, in a list and one future: a Queue holds four deques and an Event, about
-    3.5 KB, and there is one per connected agent (350 MB at 100,000)."""
+    3.5 KB, and there is one per connected agent (350 MB at 100,000). A relay's agent streams use
+    it too, for what comes back to them from the controller."""
 
     __slots__ = ("_items", "_waiter")
 
     def __init__(self) -> None:
-        self._items: list[Message] = []
+        self._items: list[T] = []
         self._waiter: asyncio.Future[None] | None = None
 
-    def put_nowait(self, message: Message) -> None:
+    def put_nowait(self, message: T) -> None:
         self._items.append(message)
         self._wake()
 
@@ -34,7 +37,7 @@ class Outbox:
         if self._waiter is not None and not self._waiter.done():
             self._waiter.set_result(None)
 
-    async def get(self) -> Message:
+    async def get(self) -> T:
         while not self._items:
             self._waiter = asyncio.get_running_loop().create_future()
             try:
@@ -43,12 +46,12 @@ class Outbox:
                 self._waiter = None
         return self._items.pop(0)
 
-    def get_nowait(self) -> Message:
+    def get_nowait(self) -> T:
         if not self._items:
             raise asyncio.QueueEmpty
         return self._items.pop(0)
 
-    def hand_over(self, to: Outbox, before: bool) -> None:
+    def hand_over(self, to: Outbox[T], before: bool) -> None:
         """Give ``to`` what this stream did not send (not its end mark), ahead of its own messages
         when they were sent later (``before``), else after them."""
         unsent = [m for m in self._items if m is not None]
@@ -70,15 +73,16 @@ class AgentOutboxes:
     what the controller sends goes through the newest."""
 
     def __init__(self) -> None:
-        self._queues: dict[str, list[Outbox]] = {}
+        self._queues: dict[str, list[Outbox[Message]]] = {}
 
-    def open(self, node: str) -> Outbox:
-        """A new stream from ``node``'s agent: it takes what is sent from now on."""
-        outbox = Outbox()
+    def open(self, node: str, outbox: Outbox[Message] | None = None) -> Outbox[Message]:
+        """A new stream from ``node``'s agent (its outgoing messages ``outbox``, a new one when not
+        given): it takes what is sent from now on."""
+        outbox = outbox or Outbox[Message]()
         self._queues.setdefault(node, []).append(outbox)
         return outbox
 
-    def close(self, node: str, outbox: Outbox) -> bool:
+    def close(self, node: str, outbox: Outbox[Message]) -> bool:
         """The stream that owned ``outbox`` ended; True when it was the node's last one open. What
         it had not sent goes to the newest stream still open, in the order it was sent."""
         open_now = self._queues.get(node, [])

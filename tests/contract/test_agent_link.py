@@ -14,7 +14,7 @@ from agent.link import ControllerLink
 from agent.spool import Spool
 from controller.config import LimitsConfig
 from controller.daemon import Controller
-from controller.edge.agent_gateway import seq_problem
+from controller.edge.agent_sessions import seq_problem
 from protos.codec import signal_to_proto
 from protos.vigil.v1 import agent_pb2, agent_pb2_grpc, common_pb2, trainer_pb2, trainer_pb2_grpc
 from tests.helpers import free_port, start_controller, stop_controller, wait_until

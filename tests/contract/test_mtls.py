@@ -19,9 +19,18 @@ import pytest
 from controller.act.agent_tokens import AgentTokensConfig
 from controller.config import ControllerConfig
 from controller.daemon import Controller
-from protos.vigil.v1 import admin_pb2, admin_pb2_grpc, agent_pb2, agent_pb2_grpc, trainer_pb2, trainer_pb2_grpc
+from protos.vigil.v1 import (
+    admin_pb2,
+    admin_pb2_grpc,
+    agent_pb2,
+    agent_pb2_grpc,
+    relay_pb2,
+    relay_pb2_grpc,
+    trainer_pb2,
+    trainer_pb2_grpc,
+)
 from tests.fakes.kube_api import KubeApiServer
-from tests.helpers import stop_controller
+from tests.helpers import free_port, stop_controller, wait_until
 from vigil_core.tls import TlsFiles
 
 Creds = grpc.ChannelCredentials | None
@@ -37,7 +46,9 @@ def certs(out: Path, *args: str) -> None:
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("pki")
-    certs(root / "ours", "--nodes", "node-1", "--admin", "alice", "--trainer", "jobs", "--agents")
+    certs(
+        root / "ours", "--nodes", "node-1", "--admin", "alice", "--trainer", "jobs", "--agents", "--relay", "127.0.0.1"
+    )
     certs(root / "ours", "--nodes", "node-2", "--trainer", "other")  # a second run adds to the same CA
     certs(root / "theirs", "--nodes", "node-1", "--admin", "alice")  # another cluster's CA
     return root
@@ -122,6 +133,49 @@ def test_agents_are_admitted_only_with_a_certificate_of_this_cluster_for_their_o
         assert await hello(target, only_ca, "node-1") is grpc.StatusCode.UNAVAILABLE
         assert await hello(target, mine(pki, "node-node-1", "theirs"), "node-1") is grpc.StatusCode.UNAVAILABLE
         assert await hello(target, None, "node-1") is grpc.StatusCode.UNAVAILABLE
+
+    serve(pki, tmp_path, test)
+
+
+async def relay_call(target: str, creds: Creds) -> grpc.StatusCode:
+    """Open the controller's AgentRelay stream and say one agent's Hello on it."""
+    hello = agent_pb2.AgentMessage(hello=agent_pb2.Hello(node="node-1", spool_id="s1")).SerializeToString()
+    async with _channel(target, creds) as channel:
+        call = relay_pb2_grpc.AgentRelayStub(channel).Relay()
+        try:
+            await call.write(relay_pb2.RelayUp(items=[relay_pb2.UpItem(stream=1, message=hello)]))
+            reply = await asyncio.wait_for(call.read(), 10)
+        except grpc.aio.AioRpcError as exc:
+            return exc.code()
+        call.cancel()
+        assert reply.items[0].stream == 1
+        return grpc.StatusCode.OK
+
+
+def test_a_relay_carries_agents_only_for_the_nodes_their_certificates_name(pki: Path, tmp_path: Path) -> None:
+    """``vigil relay`` (the command) with its relay certificate, in front of the controller."""
+
+    async def test(target: str) -> None:
+        port_file, port = tmp_path / "relay.port", free_port()
+        command = [sys.executable, "-m", "vigil", "relay", "--controller", target, "--listen", f"127.0.0.1:{port}",
+                   "--tls-dir", str(pki / "ours" / "relay-127.0.0.1"), "--port-file", str(port_file)]  # fmt: skip
+        relay = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        try:
+            await wait_until(port_file.exists, timeout=30, what="the relay up")
+            through = f"127.0.0.1:{port}"
+            assert await hello(through, mine(pki, "node-node-1"), "node-1") is grpc.StatusCode.OK
+            assert await hello(through, mine(pki, "node-node-1"), "node-2") is grpc.StatusCode.PERMISSION_DENIED
+            assert await hello(through, mine(pki, "agents"), "node-1") is grpc.StatusCode.PERMISSION_DENIED
+            assert await hello(through, mine(pki, "node-node-1", "theirs"), "node-1") is grpc.StatusCode.UNAVAILABLE
+            # The controller takes the relay's service only from a relay, and no agent from a relay.
+            assert await relay_call(target, mine(pki, "relay-127.0.0.1")) is grpc.StatusCode.OK
+            assert await relay_call(target, mine(pki, "node-node-1")) is grpc.StatusCode.PERMISSION_DENIED
+            assert await relay_call(target, mine(pki, "admin-alice")) is grpc.StatusCode.PERMISSION_DENIED
+            assert await hello(target, mine(pki, "relay-127.0.0.1"), "node-1") is grpc.StatusCode.PERMISSION_DENIED
+        finally:
+            relay.terminate()
+            await asyncio.to_thread(relay.wait, 30)
+        assert relay.returncode == 0, relay.stderr.read() if relay.stderr else ""
 
     serve(pki, tmp_path, test)
 

@@ -17,10 +17,11 @@ import time
 
 import grpc
 
-from agent.link import HELLO_TURN_SPREAD_S, backoff_delay
+from agent.link import HELLO_TURN_SPREAD_S
 from protos.vigil.v1 import agent_pb2, agent_pb2_grpc, common_pb2
 from tests.fakes.sim_checks import SimulatedChecks
 from vigil_core.rpc_errors import retry_after_s
+from vigil_core.waiting import backoff_delay
 
 NODES_PER_CHANNEL = 100
 

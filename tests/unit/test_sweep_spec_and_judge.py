@@ -6,7 +6,7 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from checks.result import CheckResult, Verdict
-from controller.edge.agent_gateway import peer_host
+from controller.edge.agent_sessions import peer_host
 from controller.sweeps.judge import (
     NodeCheck,
     PairRun,

@@ -1,0 +1,216 @@
+"""An agent's session, whatever carries its stream: the checks on its Hello, the Hello written, each
+message after it, the stream's end. The agent gateway (an agent connected to the controller) and the
+relay gateway (agents connected to a ``vigil relay``, many streams on one) both speak through it, so
+an agent is admitted, limited, recorded and acknowledged the same way on either.
+
+A session refuses by raising ``Refused``, a gRPC status that names the problem; the transport ends
+the agent's stream with it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import NoReturn
+from urllib.parse import unquote
+
+import grpc
+import structlog
+
+from controller.edge.hello_pacing import HelloPacing
+from controller.edge.limits import LimitsConfig
+from controller.nodes.agent_outboxes import AgentOutboxes, Message, Outbox
+from controller.nodes.check_requests import CheckRequests
+from controller.nodes.engine import Engine
+from controller.nodes.fleet import Fleet
+from controller.nodes.guards.rules import RateLimiter
+from controller.store.health import is_database_error
+from protos.codec import BadSignal, signal_from_proto
+from protos.vigil.v1 import agent_pb2
+from vigil_core.names import is_address, is_node_name
+from vigil_core.rank_progress import RankRecord
+from vigil_core.signals import Signal
+from vigil_core.tls import Identity
+
+log = structlog.get_logger(__name__)
+
+MAX_GPUS = 1024
+MAX_IDLE_HEARTBEAT_S = 600.0  # an agent quiet longer than this could be stuck for half an hour unseen
+RECEIVE_CHUNK = 50  # signals decided and committed between two turns of the event loop
+
+
+class Refused(Exception):
+    """The agent's stream ends with this status (and, for a Hello paced, the turn it was given)."""
+
+    def __init__(self, code: grpc.StatusCode, why: str, retry_after_ms: int = 0) -> None:
+        super().__init__(why)
+        self.code, self.why, self.retry_after_ms = code, why, retry_after_ms
+
+
+def peer_host(peer: str) -> str:
+    """The host part of a gRPC peer ("ipv4:10.0.0.7:41234", "ipv6:[fd00::7]:41234"); "" for others."""
+    kind, _, rest = peer.partition(":")
+    if kind not in ("ipv4", "ipv6"):
+        return ""
+    host = unquote(rest).rpartition(":")[0]
+    return host.strip("[]")
+
+
+def hello_problem(hello: agent_pb2.Hello) -> str:
+    """What is wrong with an agent's Hello; "" when nothing. Pure."""
+    if not is_node_name(hello.node):
+        return f"Hello.node {hello.node[:100]!r} is not a valid node name"
+    if not 0 < len(hello.spool_id) <= 128:
+        return "Hello.spool_id must be 1 to 128 characters"
+    if len(hello.gpus) > MAX_GPUS:
+        return f"Hello.gpus lists {len(hello.gpus)} GPUs, more than {MAX_GPUS}"
+    if not is_address(hello.address):
+        return "Hello.address is not a host name or an IP address"
+    if len(hello.agent_version) > 64 or len(hello.gpu_backend) > 32:
+        return "Hello.agent_version or gpu_backend is too long"
+    if not 0 <= hello.idle_heartbeat_s <= MAX_IDLE_HEARTBEAT_S:  # NaN fails this too
+        return f"Hello.idle_heartbeat_s must be from 0 to {MAX_IDLE_HEARTBEAT_S:g} s"
+    return ""
+
+
+def seq_problem(signals: list[Signal], last_seq: int, max_gap: int) -> str:
+    """Why a batch's numbering cannot be taken; "" when it can. A spool numbers its signals one by
+    one (a gap is what its bound dropped, far below ``max_gap``), so a number far past the last one
+    received is a broken or hostile agent: taken, it would make every later signal look replayed.
+    Before anything was received from the spool, any number is the spool's own. Pure."""
+    top = max((s.seq for s in signals), default=0)
+    if last_seq and top - last_seq > max_gap:
+        return f"signal seq={top} is {top - last_seq} past this spool's last ({last_seq}); at most {max_gap}"
+    return ""
+
+
+def first_hello(message: agent_pb2.AgentMessage | None) -> agent_pb2.Hello:
+    """The Hello a stream must open with."""
+    if message is None or not message.HasField("hello"):
+        raise Refused(grpc.StatusCode.INVALID_ARGUMENT, "the first message must be Hello")
+    return message.hello
+
+
+class AgentSessions:
+    def __init__(
+        self,
+        engine: Engine,
+        fleet: Fleet,
+        checks: CheckRequests,
+        outboxes: AgentOutboxes,
+        limits: LimitsConfig | None = None,
+    ) -> None:
+        self._engine = engine  # an agent's session: hello, heartbeats, batches, going away
+        self._fleet = fleet  # who is known already (limits.max_nodes), and each spool's last seq
+        self._checks = checks  # the answers to the checks the controller asked for
+        self._outboxes = outboxes  # the engine's too: what it sends a connected agent goes out here
+        self.limits = limits or LimitsConfig()
+        self._rate = RateLimiter(self.limits.agent_messages_per_s, self.limits.agent_burst)  # per node
+        self._pacing = HelloPacing(self.limits.hellos_per_s, self.limits.hello_burst)  # the whole fleet's
+
+    def admit(self, hello: agent_pb2.Hello, who: Identity | None, peer: str) -> None:
+        """Whether this Hello may open a session now: its content, its caller (None: nobody to check,
+        plaintext or a relay that checked), the fleet's size limit, and its turn."""
+        node = hello.node
+        if problem := hello_problem(hello):
+            log.warning("bad_hello", peer=peer, error=problem)
+            raise Refused(grpc.StatusCode.INVALID_ARGUMENT, problem)
+        if who is not None and who.name != node:
+            log.warning("call_refused", peer=peer, why=f"{who} said Hello as {node}")
+            raise Refused(grpc.StatusCode.PERMISSION_DENIED, f"{who} cannot report for {node}")
+        fleet = self._fleet  # a name past the limit is refused before it takes a turn it cannot use
+        if node not in fleet.nodes and len(fleet) >= self.limits.max_nodes:  # names are the caller's to make up
+            why = f"{len(fleet)} nodes are known already (limits.max_nodes); {node!r} is not one of them"
+            log.warning("call_refused", peer=peer, why=why)
+            raise Refused(grpc.StatusCode.RESOURCE_EXHAUSTED, why)
+        if (wait_s := self._pacing.ask(node, time.monotonic())) > 0:
+            self._engine.metrics.hellos_paced.inc()
+            why = f"{self.limits.hellos_per_s:g} agents/s are being admitted; {node}'s turn is in {wait_s:.1f} s"
+            raise Refused(grpc.StatusCode.RESOURCE_EXHAUSTED, why, retry_after_ms=int(wait_s * 1000))
+
+    async def start(self, hello: agent_pb2.Hello, peer: str, outbox: Outbox[Message]) -> int:
+        """Write an admitted Hello and open the node's stream (``outbox``); returns what its spool has
+        acknowledged, the first message back."""
+        node = hello.node
+        address = hello.address or peer_host(peer)
+        opened = False
+        try:
+            acked = self._engine.hello(node, hello.spool_id, len(hello.gpus), address, hello.idle_heartbeat_s)
+            await self._engine.durable()
+            # Open now, whatever ended meanwhile: an older stream of this node's that closed while this
+            # Hello was written counted the node as gone.
+            self._outboxes.open(node, outbox)
+            opened = True
+            self._engine.connected(node)
+        except Exception as exc:
+            cannot_record(exc)
+        finally:
+            # Not answered (the database failed, or the call was cancelled while the Hello was written:
+            # the agent died or gave up on it), and no other stream of the node's is open: the node is
+            # not connected, else a dead node would stay HEALTHY for three of its idle heartbeats.
+            if not opened and not self._outboxes.is_open(node):
+                self._engine.disconnected(node)
+        log.info("agent_connected", node=node, peer=peer, acked_seq=acked, gpus=len(hello.gpus))
+        return acked
+
+    async def handle(self, node: str, msg: agent_pb2.AgentMessage, outbox: Outbox[Message]) -> None:
+        """One message after the Hello, in the stream's order; an ack goes to ``outbox``."""
+        if not self._rate.allow(node, time.monotonic()):  # the spool keeps what was not acknowledged
+            why = f"{node} sends more than {self.limits.agent_messages_per_s:g} messages/s"
+            log.warning("agent_rate_limited", node=node, why=why)
+            raise Refused(grpc.StatusCode.RESOURCE_EXHAUSTED, why)
+        body = msg.WhichOneof("body")
+        if body == "heartbeat":
+            beat = msg.heartbeat
+            unparsed = list(beat.unparsed_lines)
+            ranks = [RankRecord(r.job_id, r.rank, node, r.step, r.phase, r.at) for r in beat.ranks]
+            self._engine.heartbeat(
+                node, beat.dropped_faults, beat.spooled, list(beat.jobs), unparsed, beat.unparsed_total, ranks
+            )
+        elif body == "signals":
+            try:
+                signals = [signal_from_proto(s) for s in msg.signals.signals]
+            except BadSignal as exc:
+                log.warning("bad_signal", node=node, error=str(exc))
+                raise Refused(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from None
+            if problem := seq_problem(signals, self._fleet.entry(node).last_seq, self.limits.max_seq_gap):
+                log.warning("bad_signal", node=node, error=problem)
+                raise Refused(grpc.StatusCode.INVALID_ARGUMENT, problem)
+            if foreign := [s.node for s in signals if s.node != node]:
+                raise Refused(grpc.StatusCode.PERMISSION_DENIED, f"agent for {node!r} sent a signal for {foreign[0]!r}")
+            try:
+                acked = await self._receive(node, signals)
+                await self._engine.durable()  # the agent drops what is acknowledged: on disk first
+            except Exception as exc:
+                cannot_record(exc)
+            outbox.put_nowait(agent_pb2.ControllerMessage(ack=agent_pb2.Ack(acked_seq=acked)))
+        elif body == "check_result":
+            self._checks.answered(node, msg.check_result)
+        else:
+            raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"unexpected message {body!r} after Hello")
+
+    def end(self, node: str, outbox: Outbox[Message]) -> None:
+        """The stream that owned ``outbox`` ended: the node is gone when it was its last one."""
+        if self._outboxes.close(node, outbox):
+            self._engine.disconnected(node)
+        log.info("agent_disconnected", node=node)
+
+    async def _receive(self, node: str, signals: list[Signal]) -> int:
+        """Decide a batch in chunks, letting the event loop run between them: one node's flood never
+        holds up another node's fault (or an operator's ``vigil status``) for a whole batch."""
+        acked = 0
+        for start in range(0, max(len(signals), 1), RECEIVE_CHUNK):
+            if start:
+                await asyncio.sleep(0)
+            acked = self._engine.receive(node, signals[start : start + RECEIVE_CHUNK])
+        return acked
+
+
+def cannot_record(exc: Exception) -> NoReturn:
+    """The database failed (said aloud by the store's health): the agent is told UNAVAILABLE and keeps
+    the batch in its spool, to send again. Anything else is a bug, raised as it is."""
+    if not is_database_error(exc):
+        raise exc
+    raise Refused(
+        grpc.StatusCode.UNAVAILABLE, f"the controller cannot record now ({exc!r:.200}): keep the signals, retry"
+    ) from None

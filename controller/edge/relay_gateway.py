@@ -1,0 +1,203 @@
+"""Agents that come through a relay (``vigil relay``, ``controller.relay``): many agents' streams on
+one ``AgentRelay.Relay`` stream. Each agent stream the relay carries is a session of its own
+(``controller.edge.agent_sessions``), admitted, recorded and acknowledged as if it were connected
+here; what the controller costs for it is the session's bookkeeping, not a connection and a stream.
+
+The relay numbers its agents' streams. A stream's messages are handled in their order by a task that
+lives only while the stream has messages waiting (an idle agent costs no task); its replies go back
+on the relay's stream, batched with every other reply ready at the same turn of the event loop. The
+relay says when an agent's stream ended; the controller ends one by refusing it (a ``StreamEnd`` with
+the status, which the relay gives the agent) and forgets it when the relay says it ended. When the
+relay's own stream ends, every agent it carried is disconnected.
+
+Under TLS only a ``relay:`` certificate may call it (``controller.edge.authz``); the relay has
+checked that each agent's certificate names the node its Hello names.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+
+import grpc
+import structlog
+from google.protobuf.message import DecodeError
+
+from controller.edge.agent_sessions import AgentSessions, Refused, first_hello
+from controller.edge.authz import caller
+from controller.nodes.agent_outboxes import Message, Outbox
+from protos.vigil.v1 import agent_pb2, relay_pb2, relay_pb2_grpc
+
+log = structlog.get_logger(__name__)
+
+REPLIES_PER_MESSAGE = 1000  # DownItems in one RelayDown
+OK = grpc.StatusCode.OK.value[0]
+
+
+class RelayedOutbox(Outbox[Message]):
+    """A relayed agent's outgoing messages: each goes on to the relay's stream as it is put."""
+
+    __slots__ = ("_forward",)
+
+    def __init__(self, forward: Callable[[Message], None]) -> None:
+        super().__init__()
+        self._forward = forward
+
+    def _wake(self) -> None:  # what is put (or handed over from a stream that closed) goes on at once
+        items, self._items = self._items, []
+        for message in items:
+            if message is not None:
+                self._forward(message)
+
+
+@dataclass(slots=True, eq=False)
+class _Stream:
+    """One agent stream carried by the relay."""
+
+    id: int
+    peer: str
+    outbox: RelayedOutbox
+    waiting: list[bytes] = field(default_factory=list)  # its messages not handled yet, in order
+    node: str = ""  # once its Hello was written
+    busy: bool = False  # a task handles its messages now
+    finishing: bool = False  # the agent sent all it will: the stream ends once they are handled
+    over: bool = False  # ended: what still comes from the relay is dropped
+
+
+class _Relay:
+    """One relay's stream: its agents' sessions, and the replies going back."""
+
+    def __init__(self, sessions: AgentSessions, peer: str) -> None:
+        self.sessions = sessions
+        self.peer = peer
+        self.streams: dict[int, _Stream] = {}
+        self.replies: list[relay_pb2.DownItem] = []
+        self.ready = asyncio.Event()
+        self.tasks: set[asyncio.Task[None]] = set()
+
+    def send(self, item: relay_pb2.DownItem) -> None:
+        self.replies.append(item)
+        self.ready.set()
+
+    def take(self, item: relay_pb2.UpItem) -> None:
+        """One item from the relay, in its stream's order."""
+        stream = self.streams.get(item.stream)
+        if item.HasField("end"):
+            if stream is None:
+                return
+            if item.end.code == OK:  # the agent closed its side: what it sent is answered first
+                stream.finishing = True
+                if not stream.busy:
+                    self._finish(stream)
+                return
+            del self.streams[item.stream]  # its call is over: the relay says nothing more of it
+            stream.over = True  # a busy stream's task closes it when it sees this
+            if not stream.busy:
+                self._close(stream)
+            return
+        if stream is None:
+            stream = _Stream(item.stream, item.peer or self.peer, RelayedOutbox(self._forwarder(item.stream)))
+            self.streams[item.stream] = stream
+        if stream.over:
+            return
+        stream.waiting.append(item.message)
+        if not stream.busy:
+            stream.busy = True
+            task = asyncio.create_task(self._handle(stream))
+            self.tasks.add(task)
+            task.add_done_callback(self.tasks.discard)
+
+    def _forwarder(self, stream_id: int) -> Callable[[Message], None]:
+        def forward(message: Message) -> None:
+            if message is not None:
+                self.send(relay_pb2.DownItem(stream=stream_id, message=message.SerializeToString()))
+
+        return forward
+
+    async def _handle(self, stream: _Stream) -> None:
+        try:
+            while stream.waiting and not stream.over:
+                raw = stream.waiting.pop(0)
+                try:
+                    message = agent_pb2.AgentMessage.FromString(raw)
+                except DecodeError as exc:
+                    raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"not a valid AgentMessage: {exc}") from None
+                if not stream.node:
+                    hello = first_hello(message)
+                    self.sessions.admit(hello, None, stream.peer)  # the relay checked the agent's identity
+                    acked = await self.sessions.start(hello, stream.peer, stream.outbox)
+                    stream.node = hello.node
+                    stream.outbox.put_nowait(agent_pb2.ControllerMessage(ack=agent_pb2.Ack(acked_seq=acked)))
+                else:
+                    await self.sessions.handle(stream.node, message, stream.outbox)
+        except Refused as refused:
+            end = relay_pb2.StreamEnd(code=refused.code.value[0], details=refused.why)
+            end.retry_after_ms = refused.retry_after_ms
+            self._finish(stream, end)
+        finally:
+            stream.busy = False
+            if stream.finishing:
+                self._finish(stream)
+            elif stream.over:
+                self._close(stream)
+
+    def _finish(self, stream: _Stream, end: relay_pb2.StreamEnd | None = None) -> None:
+        """The controller ends the stream (OK unless ``end`` says otherwise); the relay's word that
+        its call is over forgets it."""
+        if not stream.over:
+            self.send(relay_pb2.DownItem(stream=stream.id, end=end or relay_pb2.StreamEnd(code=OK)))
+            stream.over = True
+        self._close(stream)
+
+    def _close(self, stream: _Stream) -> None:
+        stream.waiting.clear()
+        if stream.node:
+            self.sessions.end(stream.node, stream.outbox)
+            stream.node = ""
+
+    def close(self) -> None:
+        """The relay's stream ended: every agent it carried is gone."""
+        for task in self.tasks:
+            task.cancel()
+        for stream in self.streams.values():
+            stream.over = True
+            if not stream.busy:
+                self._close(stream)
+        self.streams.clear()
+
+
+class RelayGateway(relay_pb2_grpc.AgentRelayServicer):
+    def __init__(self, sessions: AgentSessions) -> None:
+        self._sessions = sessions
+
+    async def Relay(  # noqa: N802 (gRPC method name)
+        self, request_iterator: AsyncIterator[relay_pb2.RelayUp], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[relay_pb2.RelayDown]:
+        peer = context.peer()  # read now: the call's context is not to be touched once it ended
+        name = str(caller() or peer)
+        relay = _Relay(self._sessions, peer)
+        log.info("relay_connected", relay=name)
+        reader = asyncio.create_task(self._read(relay, request_iterator))
+        reader.add_done_callback(lambda _: relay.ready.set())
+        try:
+            while True:
+                await relay.ready.wait()
+                relay.ready.clear()
+                while relay.replies:
+                    batch, relay.replies = relay.replies[:REPLIES_PER_MESSAGE], relay.replies[REPLIES_PER_MESSAGE:]
+                    yield relay_pb2.RelayDown(items=batch)
+                if reader.done():
+                    reader.result()
+                    return
+        finally:
+            reader.cancel()
+            carried = len(relay.streams)
+            relay.close()
+            log.info("relay_disconnected", relay=name, agents=carried)
+
+    @staticmethod
+    async def _read(relay: _Relay, requests: AsyncIterator[relay_pb2.RelayUp]) -> None:
+        async for up in requests:
+            for item in up.items:
+                relay.take(item)

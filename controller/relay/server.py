@@ -1,0 +1,149 @@
+"""The relay's side towards agents: the agent gateway's ``Connect``, served with the messages as
+bytes. Each agent stream is passed on to the controller as it comes (its first message checked here
+under TLS: the agent's certificate must name the node its Hello names), and what the controller sends
+back is written to it; the controller's end of a stream ends the agent's call with the same status
+(and a Hello's turn as ``vigil-retry-after-ms``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import structlog
+from google.protobuf.message import DecodeError
+
+from controller.edge.open_files import raise_open_files
+from controller.relay.uplink import Uplink
+from protos.vigil.v1 import agent_pb2
+from vigil_core.rpc_errors import RETRY_AFTER_KEY, status_code
+from vigil_core.tls import KEEPALIVE_SERVER, TlsFiles, peer_identity
+
+log = structlog.get_logger(__name__)
+
+
+@dataclass(frozen=True)
+class RelaySettings:
+    controller: str  # host:port of the controller (its Service)
+    listen: str  # host:port agents dial
+    tls: TlsFiles | None  # a relay:NAME certificate, both to agents and to the controller; None: plaintext
+    first_message_s: float = 30.0
+    max_message_bytes: int = 4 << 20
+
+
+def identity_problem(raw: bytes, identity: object) -> str:
+    """Why an agent with this certificate identity may not open a stream with this first message;
+    "" when it may. Pure."""
+    try:
+        first = agent_pb2.AgentMessage.FromString(raw)
+    except DecodeError as exc:
+        return f"the first message is not a valid AgentMessage: {exc}"
+    node = first.hello.node if first.HasField("hello") else ""
+    who = str(identity) if identity is not None else "a client with no Vigil identity"
+    if getattr(identity, "role", "") == "agents":
+        return "a relay takes node: certificates; agents proving their node by token connect to the controller"
+    if getattr(identity, "role", "") != "node" or getattr(identity, "name", "") != node:
+        return f"{who} cannot report for {node or 'no node (the first message must be Hello)'}"
+    return ""
+
+
+class AgentStreams:
+    def __init__(self, uplink: Uplink, settings: RelaySettings) -> None:
+        self._uplink = uplink
+        self._settings = settings
+
+    def handler(self) -> grpc.GenericRpcHandler:
+        """``vigil.v1.AgentGateway/Connect``, bytes in and out."""
+        connect = grpc.stream_stream_rpc_method_handler(self.connect)
+        return grpc.method_handlers_generic_handler("vigil.v1.AgentGateway", {"Connect": connect})
+
+    async def connect(self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
+        settings = self._settings
+        try:
+            first = await asyncio.wait_for(anext(aiter(requests), None), settings.first_message_s)
+        except TimeoutError:
+            why = f"no Hello within {settings.first_message_s:g} s of opening the stream"
+            await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, why)
+        if first is None:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the first message must be Hello")
+            return
+        if settings.tls is not None and (why := identity_problem(first, peer_identity(context.auth_context()))):
+            log.warning("call_refused", peer=context.peer(), why=why)
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, why)
+        if not self._uplink.connected.is_set():
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "the relay is not connected to the controller: retry")
+        stream, back = self._uplink.open()
+        self._uplink.send(stream, first, peer=context.peer())
+        reader = asyncio.create_task(self._read(stream, requests))
+        try:
+            while isinstance(item := await back.get(), bytes):
+                yield item
+            if item.code != 0:
+                turn = ((RETRY_AFTER_KEY, str(item.retry_after_ms)),) if item.retry_after_ms else ()
+                await context.abort(status_code(item.code), item.details, trailing_metadata=turn)
+        finally:
+            reader.cancel()
+            self._uplink.end(stream)
+
+    async def _read(self, stream: int, requests: AsyncIterator[bytes]) -> None:
+        async for raw in requests:
+            self._uplink.send(stream, raw)
+        self._uplink.finish(stream)  # the agent closed its side: the controller ends the stream after it
+
+
+async def serve(
+    settings: RelaySettings, stop: asyncio.Event, ready: asyncio.Event | None = None, port_file: Path | None = None
+) -> int:
+    """Run the relay until ``stop``; returns the port it listened on. ``ready`` is set, and the port
+    written to ``port_file``, once both the port and the uplink are up."""
+    soft, _ = raise_open_files(1 << 20)  # a descriptor per agent: as many as the hard limit allows
+    uplink = Uplink(settings.controller, settings.tls, settings.max_message_bytes)
+    size = settings.max_message_bytes
+    server = grpc.aio.server(
+        options=[
+            ("grpc.max_receive_message_length", size),
+            ("grpc.max_send_message_length", size),
+            ("grpc.so_reuseport", 0),
+            *KEEPALIVE_SERVER,
+        ]
+    )
+    server.add_generic_rpc_handlers((AgentStreams(uplink, settings).handler(),))
+    try:
+        if settings.tls is not None:
+            port = int(server.add_secure_port(settings.listen, settings.tls.server_credentials()))
+        else:
+            port = int(server.add_insecure_port(settings.listen))
+    except RuntimeError as exc:
+        raise OSError(f"cannot listen on {settings.listen} (in use by another process?): {exc}") from None
+    if port == 0:
+        raise OSError(f"cannot listen on {settings.listen} (in use by another process?)")
+    await server.start()
+    running = asyncio.create_task(uplink.run(stop))
+    await uplink.connected.wait()
+    if port_file is not None:
+        port_file.with_suffix(".tmp").write_text(str(port))
+        port_file.with_suffix(".tmp").replace(port_file)
+    log.info("relay_started", port=port, controller=settings.controller, tls=settings.tls is not None, open_files=soft)
+    if ready is not None:
+        ready.set()
+    await stop.wait()
+    await server.stop(grace=2.0)
+    running.cancel()
+    return port
+
+
+def run_relay(settings: RelaySettings, port_file: Path | None = None) -> None:
+    """``vigil relay``: serve until SIGTERM or SIGINT."""
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await serve(settings, stop, port_file=port_file)
+
+    asyncio.run(main())

@@ -1,0 +1,127 @@
+"""The relay's one stream to the controller (``AgentRelay.Relay``): every agent stream it carries,
+numbered, in one direction; the controller's replies and its ends of streams in the other.
+
+While the uplink is down no agent is taken (UNAVAILABLE: its agent tries again, as it does with a
+controller that is down), and when it breaks every agent stream it carried is ended the same way:
+their sessions were the controller's and ended with the stream. Nothing is kept to send later; an
+agent resends what it has not had acknowledged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import AsyncIterator
+
+import grpc
+import structlog
+
+from controller.nodes.agent_outboxes import Outbox
+from protos.vigil.v1 import relay_pb2, relay_pb2_grpc
+from vigil_core.tls import TlsFiles, aio_channel
+from vigil_core.waiting import backoff_delay, wait_event
+
+log = structlog.get_logger(__name__)
+
+Back = bytes | relay_pb2.StreamEnd  # what comes back to an agent stream: a ControllerMessage (encoded), then its end
+OK, CANCELLED, UNAVAILABLE = (
+    code.value[0] for code in (grpc.StatusCode.OK, grpc.StatusCode.CANCELLED, grpc.StatusCode.UNAVAILABLE)
+)
+UP_BATCH_BYTES = 1 << 20  # a RelayUp carries what is ready up to about this much (the controller's limit is 4 MiB)
+
+
+class Uplink:
+    def __init__(self, target: str, tls: TlsFiles | None, max_message_bytes: int = 4 << 20) -> None:
+        self.target = target
+        self._tls = tls
+        self._max_message_bytes = max_message_bytes
+        self._ids = itertools.count(1)
+        self._streams: dict[int, Outbox[Back]] = {}  # each agent stream's way back: its messages, then its end
+        self._up: list[relay_pb2.UpItem] = []
+        self._ready = asyncio.Event()
+        self.connected = asyncio.Event()
+        self.breaks = 0
+
+    @property
+    def carried(self) -> int:
+        return len(self._streams)
+
+    def open(self) -> tuple[int, Outbox[Back]]:
+        """A new agent stream; its messages back will arrive in the outbox returned."""
+        stream, box = next(self._ids), Outbox[Back]()
+        self._streams[stream] = box
+        return stream, box
+
+    def send(self, stream: int, message: bytes, peer: str = "") -> None:
+        if stream in self._streams:  # else its uplink broke: its agent is being told
+            self._queue(relay_pb2.UpItem(stream=stream, message=message, peer=peer))
+
+    def finish(self, stream: int) -> None:
+        """The agent sent all it will (it closed its side): the controller answers what it sent, then
+        ends the stream."""
+        if stream in self._streams:
+            self._queue(relay_pb2.UpItem(stream=stream, end=relay_pb2.StreamEnd(code=OK)))
+
+    def end(self, stream: int) -> None:
+        """The agent's call is over (however it ended): the controller forgets the stream; said once
+        for every stream opened, also one the controller ended."""
+        if self._streams.pop(stream, None) is not None:
+            self._queue(relay_pb2.UpItem(stream=stream, end=relay_pb2.StreamEnd(code=CANCELLED)))
+
+    def _queue(self, item: relay_pb2.UpItem) -> None:
+        self._up.append(item)
+        self._ready.set()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Keep the stream to the controller open, reconnecting with backoff, until ``stop``."""
+        attempt = 0
+        while not stop.is_set():
+            channel = aio_channel(self.target, self._tls, max_message_bytes=self._max_message_bytes)
+            try:
+                call = relay_pb2_grpc.AgentRelayStub(channel).Relay(self._sending())
+                await call.wait_for_connection()
+                self.connected.set()
+                attempt = 0
+                log.info("relay_uplink_connected", controller=self.target)
+                async for down in call:
+                    self._deliver(down)
+                why = "the controller ended the stream"
+            except grpc.aio.AioRpcError as exc:
+                why = f"{exc.code().name}: {exc.details()}"
+            finally:
+                self.connected.clear()
+                await channel.close(grace=None)
+            self.breaks += 1
+            self._break(why)
+            log.warning("relay_uplink_lost", controller=self.target, why=why)
+            if not await wait_event(stop, backoff_delay(attempt, base=0.5)):
+                attempt += 1
+
+    def _deliver(self, down: relay_pb2.RelayDown) -> None:
+        for item in down.items:
+            box = self._streams.get(item.stream)
+            if box is None:  # its agent is gone already
+                continue
+            box.put_nowait(item.end if item.HasField("end") else item.message)
+
+    def _break(self, why: str) -> None:
+        """Every agent stream carried is ended: the controller has ended their sessions."""
+        self._up.clear()
+        streams, self._streams = self._streams, {}
+        end = relay_pb2.StreamEnd(code=UNAVAILABLE, details=f"the relay lost the controller ({why:.200}): retry")
+        for box in streams.values():
+            box.put_nowait(end)
+
+    async def _sending(self) -> AsyncIterator[relay_pb2.RelayUp]:
+        while True:
+            await self._ready.wait()
+            self._ready.clear()
+            while self._up:
+                size, count = 0, 0
+                for item in self._up:
+                    size += item.ByteSize()
+                    count += 1
+                    if size >= UP_BATCH_BYTES:
+                        break
+                batch, self._up = self._up[:count], self._up[count:]
+                yield relay_pb2.RelayUp(items=batch)

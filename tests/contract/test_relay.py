@@ -1,0 +1,183 @@
+"""Agents through a relay (``vigil relay``) over real gRPC on loopback: the controller admits,
+records, acknowledges and asks them exactly as when they connect to it, many streams on one."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from agent.link import ControllerLink
+from agent.spool import Spool
+from controller.config import LimitsConfig
+from controller.daemon import Controller
+from controller.relay.server import RelaySettings, identity_problem, serve
+from protos.vigil.v1 import agent_pb2, agent_pb2_grpc, common_pb2
+from tests.contract.test_agent_link import duplicates, signals_received, xid
+from tests.helpers import free_port, start_controller, stop_controller, wait_until
+from vigil_core.rpc_errors import retry_after_s
+from vigil_core.tls import Identity
+
+NODE = "node-a"
+
+
+async def answer_ok(request: agent_pb2.RunCheck) -> common_pb2.CheckResult:
+    return common_pb2.CheckResult(request_id=request.request_id, check=request.check, verdict=common_pb2.OK)
+
+
+def link_for(spool: Spool, port: int, node: str = NODE) -> ControllerLink:
+    def hello() -> agent_pb2.Hello:
+        return agent_pb2.Hello(node=node, spool_id=spool.spool_id, last_acked_seq=spool.acked_seq)
+
+    return ControllerLink(f"127.0.0.1:{port}", spool, hello, answer_ok, heartbeat_s=0.2)
+
+
+class Relay:
+    """A relay on this event loop, in front of ``controller``."""
+
+    def __init__(self, controller_port: int, port: int = 0) -> None:
+        self.port = port or free_port()
+        self.settings = RelaySettings(f"127.0.0.1:{controller_port}", f"127.0.0.1:{self.port}", None)
+        self.stop = asyncio.Event()
+        self.ready = asyncio.Event()
+        self.task: asyncio.Task[int] | None = None
+
+    async def __aenter__(self) -> Relay:
+        self.task = asyncio.create_task(serve(self.settings, self.stop, self.ready))
+        await asyncio.wait_for(self.ready.wait(), 20)
+        return self
+
+    async def __aexit__(self, *_: Any) -> None:
+        self.stop.set()
+        assert self.task is not None
+        await self.task
+
+
+def connected(controller: Controller, node: str = NODE) -> bool:
+    return node in controller.nodes.fleet.nodes and controller.nodes.fleet.entry(node).connected
+
+
+def run(test: Callable[[Controller, Path], Awaitable[None]], tmp_path: Path, **config: Any) -> None:
+    async def scenario() -> None:
+        controller = await start_controller(tmp_path / "ctl.db", **config)
+        try:
+            await test(controller, tmp_path)
+        finally:
+            await stop_controller(controller)
+
+    asyncio.run(scenario())
+
+
+def test_signals_through_a_relay_are_acknowledged_once_recorded_and_replayed_after_it_restarts(tmp_path: Path) -> None:
+    async def test(controller: Controller, tmp_path: Path) -> None:
+        spool = Spool(tmp_path / "spool.db")
+        stop = asyncio.Event()
+        relay = Relay(controller.port)
+        async with relay:
+            link = link_for(spool, relay.port)
+            running = asyncio.create_task(link.run(stop))
+            spool.append([xid(45) for _ in range(5)])
+            link.notify()
+            await wait_until(lambda: spool.acked_seq == 5, what="five acknowledged through the relay")
+            assert signals_received(controller) == 5 and connected(controller)
+        # The relay went away: its agent's session ended with it, and the agent keeps spooling.
+        await wait_until(lambda: not connected(controller), what="the node disconnected with its relay")
+        await wait_until(lambda: not link.connected, what="the agent's link down")
+        spool.append([xid(45) for _ in range(3)])
+        link.notify()
+        async with Relay(controller.port, relay.port):  # the same port again
+            await wait_until(lambda: spool.acked_seq == 8, timeout=20, what="the replay acknowledged")
+            assert signals_received(controller) == 8 and duplicates(controller) == 0
+            assert controller.store.incidents.signals_from(NODE) == 8 and connected(controller)
+            stop.set()
+            await running
+            await wait_until(lambda: not connected(controller), what="the agent's own goodbye seen")
+
+    run(test, tmp_path)
+
+
+def test_the_controller_asks_a_relayed_agent_and_hears_its_answer(tmp_path: Path) -> None:
+    async def test(controller: Controller, tmp_path: Path) -> None:
+        stop = asyncio.Event()
+        async with Relay(controller.port) as relay:
+            nodes = [f"node-{i}" for i in range(3)]
+            links = [link_for(Spool(tmp_path / f"{n}.db"), relay.port, n) for n in nodes]
+            running = [asyncio.create_task(link.run(stop)) for link in links]
+            await wait_until(lambda: all(connected(controller, n) for n in nodes), what="three agents on one relay")
+            runs = [agent_pb2.RunCheck(request_id=f"r-{n}", check="gpu_burn", deadline_s=5) for n in nodes]
+            asked = [controller.nodes.checks.ask(n, run) for n, run in zip(nodes, runs, strict=True)]
+            assert all(f is not None for f in asked)
+            answers = await asyncio.wait_for(asyncio.gather(*[f for f in asked if f is not None]), 10)
+            assert [(a.request_id, a.verdict) for a in answers] == [(f"r-{n}", common_pb2.OK) for n in nodes]
+            stop.set()
+            await asyncio.gather(*running)
+
+    run(test, tmp_path)
+
+
+async def first_reply(port: int, hello: agent_pb2.Hello) -> grpc.aio.AioRpcError | agent_pb2.ControllerMessage:
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        call = agent_pb2_grpc.AgentGatewayStub(channel).Connect(iter([agent_pb2.AgentMessage(hello=hello)]))
+        try:
+            async for message in call:
+                return message
+        except grpc.aio.AioRpcError as exc:
+            return exc
+    raise AssertionError("the stream ended with no reply")
+
+
+@pytest.mark.parametrize("through_relay", [False, True])
+def test_a_relayed_agent_is_refused_as_a_direct_one_with_the_same_status_and_turn(
+    tmp_path: Path, through_relay: bool
+) -> None:
+    async def test(controller: Controller, tmp_path: Path) -> None:
+        async with Relay(controller.port) as relay:
+            port = relay.port if through_relay else controller.port
+            bad = await first_reply(port, agent_pb2.Hello(node="Not A Node!", spool_id="s"))
+            assert isinstance(bad, grpc.aio.AioRpcError) and bad.code() is grpc.StatusCode.INVALID_ARGUMENT
+            assert "is not a valid node name" in (bad.details() or "")
+            first = await first_reply(port, agent_pb2.Hello(node="node-1", spool_id="s"))
+            assert isinstance(first, agent_pb2.ControllerMessage) and first.HasField("ack")
+            paced = await first_reply(port, agent_pb2.Hello(node="node-2", spool_id="s"))
+            assert isinstance(paced, grpc.aio.AioRpcError) and paced.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+            turn = retry_after_s(paced)
+            assert turn is not None and 0.5 < turn <= 1.0  # one Hello a second after a burst of one
+
+    run(test, tmp_path, limits=LimitsConfig(hellos_per_s=1, hello_burst=1))
+
+
+def test_a_relay_that_loses_the_controller_ends_its_agents_streams_and_takes_them_again(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        controller = await start_controller(tmp_path / "ctl.db")
+        port = controller.port
+        spool, stop = Spool(tmp_path / "spool.db"), asyncio.Event()
+        async with Relay(port) as relay:
+            link = link_for(spool, relay.port)
+            running = asyncio.create_task(link.run(stop))
+            await wait_until(lambda: connected(controller), what="connected through the relay")
+            await stop_controller(controller)
+            await wait_until(lambda: not link.connected, what="the agent told its stream ended")
+            spool.append([xid(45) for _ in range(2)])
+            controller = await start_controller(tmp_path / "ctl.db", port)
+            await wait_until(lambda: spool.acked_seq == 2, timeout=30, what="back through the relay, replayed")
+            assert connected(controller) and signals_received(controller) == 2
+            stop.set()
+            await running
+        await stop_controller(controller)
+
+    asyncio.run(scenario())
+
+
+def test_under_tls_a_relay_takes_only_an_agent_whose_certificate_names_its_hello() -> None:
+    hello = agent_pb2.AgentMessage(hello=agent_pb2.Hello(node="node-1", spool_id="s")).SerializeToString()
+    assert identity_problem(hello, Identity("node", "node-1")) == ""
+    assert "cannot report for node-1" in identity_problem(hello, Identity("node", "node-2"))
+    assert "cannot report for node-1" in identity_problem(hello, Identity("admin", "alice"))
+    assert "by token" in identity_problem(hello, Identity("agents"))
+    heartbeat = agent_pb2.AgentMessage(heartbeat=agent_pb2.Heartbeat()).SerializeToString()
+    assert "must be Hello" in identity_problem(heartbeat, Identity("node", "node-1"))
+    assert "not a valid AgentMessage" in identity_problem(b"\xff\xff", Identity("node", "node-1"))
