@@ -32,6 +32,7 @@ from protos.vigil.v1 import agent_pb2, relay_pb2, relay_pb2_grpc
 log = structlog.get_logger(__name__)
 
 REPLIES_PER_MESSAGE = 1000  # DownItems in one RelayDown
+MAX_WAITING_BYTES = 64 << 20  # a relay's messages not handled yet: past this its stream is not read until half of it is
 OK = grpc.StatusCode.OK.value[0]
 
 
@@ -75,6 +76,9 @@ class _Relay:
         self.replies: list[relay_pb2.DownItem] = []
         self.ready = asyncio.Event()
         self.tasks: set[asyncio.Task[None]] = set()
+        self.waiting_bytes = 0  # of every stream's messages not handled yet
+        self.drained = asyncio.Event()
+        self.drained.set()
 
     def send(self, item: relay_pb2.DownItem) -> None:
         self.replies.append(item)
@@ -102,6 +106,7 @@ class _Relay:
         if stream.over:
             return
         stream.waiting.append(item.message)
+        self._waiting(len(item.message))
         if not stream.busy:
             stream.busy = True
             task = asyncio.create_task(self._handle(stream))
@@ -119,6 +124,7 @@ class _Relay:
         try:
             while stream.waiting and not stream.over:
                 raw = stream.waiting.pop(0)
+                self._waiting(-len(raw))
                 try:
                     message = agent_pb2.AgentMessage.FromString(raw)
                 except DecodeError as exc:
@@ -150,7 +156,15 @@ class _Relay:
             stream.over = True
         self._close(stream)
 
+    def _waiting(self, change: int) -> None:
+        self.waiting_bytes += change
+        if self.waiting_bytes >= MAX_WAITING_BYTES:
+            self.drained.clear()
+        elif self.waiting_bytes < MAX_WAITING_BYTES // 2:
+            self.drained.set()
+
     def _close(self, stream: _Stream) -> None:
+        self._waiting(-sum(len(raw) for raw in stream.waiting))
         stream.waiting.clear()
         if stream.node:
             self.sessions.end(stream.node, stream.outbox)
@@ -201,3 +215,4 @@ class RelayGateway(relay_pb2_grpc.AgentRelayServicer):
         async for up in requests:
             for item in up.items:
                 relay.take(item)
+            await relay.drained.wait()  # behind: the relay waits (gRPC's flow control), and its agents with it

@@ -101,7 +101,7 @@ class Engine:
         state = heartbeat_returned(entry.state)
         changed = changed or state is not entry.state or gpus != entry.gpus or gpus > entry.expected_gpus
         entry.state = state
-        entry.last_heartbeat, entry.gpus, entry.connected, entry.address = now, gpus, True, address
+        entry.last_heartbeat, entry.gpus, entry.address = now, gpus, address  # connected once its stream opens
         entry.connected_at, entry.idle_heartbeat_s = now, max(0.0, idle_heartbeat_s)
         self.fleet.watch_silence(node, now + self.policy.heartbeat_timeout_s)
         expected, entry.expected_gpus = entry.expected_gpus, max(entry.expected_gpus, gpus)

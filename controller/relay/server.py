@@ -18,7 +18,7 @@ import structlog
 from google.protobuf.message import DecodeError
 
 from controller.edge.open_files import raise_open_files
-from controller.relay.uplink import Uplink
+from controller.relay.uplink import ITEM_OVERHEAD, Uplink
 from protos.vigil.v1 import agent_pb2
 from vigil_core.rpc_errors import RETRY_AFTER_KEY, status_code
 from vigil_core.tls import KEEPALIVE_SERVER, TlsFiles, peer_identity
@@ -92,6 +92,7 @@ class AgentStreams:
     async def _read(self, stream: int, requests: AsyncIterator[bytes]) -> None:
         async for raw in requests:
             self._uplink.send(stream, raw)
+            await self._uplink.room()
         self._uplink.finish(stream)  # the agent closed its side: the controller ends the stream after it
 
 
@@ -105,7 +106,8 @@ async def serve(
     size = settings.max_message_bytes
     server = grpc.aio.server(
         options=[
-            ("grpc.max_receive_message_length", size),
+            # An agent's message must fit in one RelayUp under the controller's own limit.
+            ("grpc.max_receive_message_length", size - ITEM_OVERHEAD),
             ("grpc.max_send_message_length", size),
             ("grpc.so_reuseport", 0),
             *KEEPALIVE_SERVER,

@@ -27,7 +27,24 @@ Back = bytes | relay_pb2.StreamEnd  # what comes back to an agent stream: a Cont
 OK, CANCELLED, UNAVAILABLE = (
     code.value[0] for code in (grpc.StatusCode.OK, grpc.StatusCode.CANCELLED, grpc.StatusCode.UNAVAILABLE)
 )
-UP_BATCH_BYTES = 1 << 20  # a RelayUp carries what is ready up to about this much (the controller's limit is 4 MiB)
+ITEM_OVERHEAD = 1024  # an UpItem's bytes beside its agent's message, with room to spare
+UP_BATCH_BYTES = 1 << 20  # a RelayUp carries what is ready up to this much, or one message alone when bigger
+MAX_QUEUED_BYTES = 64 << 20  # not sent yet past this much: the agents' streams are not read until it drains
+
+
+def batches(items: list[relay_pb2.UpItem], limit: int) -> list[list[relay_pb2.UpItem]]:
+    """Items in order, cut into RelayUps of at most ``limit`` bytes each (an item bigger than that goes
+    alone: the relay takes no agent message that would not fit in one with room to spare). Pure."""
+    out: list[list[relay_pb2.UpItem]] = []
+    size = 0
+    for item in items:
+        n = item.ByteSize() + 8  # its tag and length in the RelayUp
+        if not out or size + n > limit:
+            out.append([])
+            size = 0
+        out[-1].append(item)
+        size += n
+    return out
 
 
 class Uplink:
@@ -38,7 +55,10 @@ class Uplink:
         self._ids = itertools.count(1)
         self._streams: dict[int, Outbox[Back]] = {}  # each agent stream's way back: its messages, then its end
         self._up: list[relay_pb2.UpItem] = []
+        self._queued_bytes = 0
         self._ready = asyncio.Event()
+        self._drained = asyncio.Event()  # set while what waits to be sent is below MAX_QUEUED_BYTES
+        self._drained.set()
         self.connected = asyncio.Event()
         self.breaks = 0
 
@@ -70,7 +90,21 @@ class Uplink:
 
     def _queue(self, item: relay_pb2.UpItem) -> None:
         self._up.append(item)
+        self._queued_bytes += len(item.message)
+        if self._queued_bytes >= MAX_QUEUED_BYTES:
+            self._drained.clear()
         self._ready.set()
+
+    async def room(self) -> None:
+        """Wait while too much waits to be sent: an agent's next message is read only then, so a
+        controller that falls behind slows the agents (gRPC's flow control) instead of filling the
+        relay's memory."""
+        await self._drained.wait()
+
+    def _sent(self, items: list[relay_pb2.UpItem]) -> None:
+        self._queued_bytes -= sum(len(item.message) for item in items)
+        if self._queued_bytes < MAX_QUEUED_BYTES // 2:
+            self._drained.set()
 
     async def run(self, stop: asyncio.Event) -> None:
         """Keep the stream to the controller open, reconnecting with backoff, until ``stop``."""
@@ -107,6 +141,8 @@ class Uplink:
     def _break(self, why: str) -> None:
         """Every agent stream carried is ended: the controller has ended their sessions."""
         self._up.clear()
+        self._queued_bytes = 0
+        self._drained.set()
         streams, self._streams = self._streams, {}
         end = relay_pb2.StreamEnd(code=UNAVAILABLE, details=f"the relay lost the controller ({why:.200}): retry")
         for box in streams.values():
@@ -116,12 +152,7 @@ class Uplink:
         while True:
             await self._ready.wait()
             self._ready.clear()
-            while self._up:
-                size, count = 0, 0
-                for item in self._up:
-                    size += item.ByteSize()
-                    count += 1
-                    if size >= UP_BATCH_BYTES:
-                        break
-                batch, self._up = self._up[:count], self._up[count:]
+            ready, self._up = self._up, []
+            for batch in batches(ready, UP_BATCH_BYTES):
                 yield relay_pb2.RelayUp(items=batch)
+                self._sent(batch)

@@ -118,6 +118,7 @@ def test_silence_is_looked_at_by_deadline_not_by_scanning_the_fleet(tmp_path: Pa
     timeout = Policy().heartbeat_timeout_s
     for node in ("quiet", "gone", "steady"):
         e.engine.hello(node, f"spool-{node}", 8, idle_heartbeat_s=0.0 if node == "steady" else 60.0)
+        e.engine.connected(node)  # its stream open, as the gateway says once the Hello is written
     e.upkeep.check_silence()
     now[0] += 10
     e.engine.disconnected("gone")

@@ -16,7 +16,8 @@ from agent.spool import Spool
 from controller.config import LimitsConfig
 from controller.daemon import Controller
 from controller.relay.server import RelaySettings, identity_problem, serve
-from protos.vigil.v1 import agent_pb2, agent_pb2_grpc, common_pb2
+from controller.relay.uplink import ITEM_OVERHEAD, batches
+from protos.vigil.v1 import agent_pb2, agent_pb2_grpc, common_pb2, relay_pb2
 from tests.contract.test_agent_link import duplicates, signals_received, xid
 from tests.helpers import free_port, start_controller, stop_controller, wait_until
 from vigil_core.rpc_errors import retry_after_s
@@ -181,3 +182,57 @@ def test_under_tls_a_relay_takes_only_an_agent_whose_certificate_names_its_hello
     heartbeat = agent_pb2.AgentMessage(heartbeat=agent_pb2.Heartbeat()).SerializeToString()
     assert "must be Hello" in identity_problem(heartbeat, Identity("node", "node-1"))
     assert "not a valid AgentMessage" in identity_problem(b"\xff\xff", Identity("node", "node-1"))
+
+
+def test_an_agent_message_as_big_as_the_relay_takes_goes_alone_and_a_bigger_one_ends_only_its_stream(
+    tmp_path: Path,
+) -> None:
+    async def test(controller: Controller, tmp_path: Path) -> None:
+        async with Relay(controller.port) as relay, grpc.aio.insecure_channel(f"127.0.0.1:{relay.port}") as channel:
+            stub = agent_pb2_grpc.AgentGatewayStub(channel)
+            calls = {n: stub.Connect() for n in ("node-1", "node-2", "node-3")}
+            for node, call in calls.items():
+                await call.write(agent_pb2.AgentMessage(hello=agent_pb2.Hello(node=node, spool_id="s")))
+                assert (await asyncio.wait_for(call.read(), 10)).HasField("ack")
+
+            def beat(size: int) -> agent_pb2.AgentMessage:
+                """A heartbeat of exactly ``size`` bytes."""
+                lines = ["x" * 500] * (size // 503 - 1)
+                for last in range(size % 503 + 500, 0, -1):  # the lengths' varints vary: find the one that fits
+                    message = agent_pb2.AgentMessage(heartbeat=agent_pb2.Heartbeat(unparsed_lines=[*lines, "x" * last]))
+                    if message.ByteSize() == size:
+                        return message
+                raise AssertionError(f"no heartbeat of {size} bytes")
+
+            fleet = controller.nodes.fleet
+            hellos = {n: fleet.entry(n).last_heartbeat for n in ("node-1", "node-2")}
+            await asyncio.sleep(0.01)
+            limit = relay.settings.max_message_bytes - ITEM_OVERHEAD
+            await calls["node-2"].write(beat(1000))
+            await calls["node-1"].write(beat(limit))  # the most the relay takes, with another beside it
+            # Under the controller's limit, but not with a relay's wrapping: this stream alone ends.
+            await calls["node-3"].write(beat(relay.settings.max_message_bytes - 2))
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await asyncio.wait_for(calls["node-3"].read(), 10)
+            assert refused.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+            await wait_until(
+                lambda: all(fleet.entry(n).last_heartbeat > at for n, at in hellos.items()),
+                what="both heartbeats handled",
+            )
+            assert connected(controller, "node-1") and connected(controller, "node-2")
+            await wait_until(lambda: not connected(controller, "node-3"), what="node-3's stream ended")
+            for call in calls.values():
+                call.cancel()
+
+    run(test, tmp_path)
+
+
+def test_what_the_relay_sends_is_cut_under_the_controllers_limit_in_order() -> None:
+    def item(stream: int, size: int) -> relay_pb2.UpItem:
+        return relay_pb2.UpItem(stream=stream, message=b"x" * size)
+
+    items = [item(1, 300), item(2, 300), item(3, 900), item(4, 100), item(5, 2000), item(6, 10)]
+    cut = batches(items, 1000)
+    assert [[i.stream for i in batch] for batch in cut] == [[1, 2], [3], [4], [5], [6]]
+    assert all(sum(i.ByteSize() + 8 for i in batch) <= 1000 for batch in cut if len(batch) > 1)
+    assert batches([], 1000) == []
