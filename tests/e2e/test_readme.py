@@ -97,9 +97,31 @@ def test_the_slurm_snippets_load_as_the_controllers_configuration(tmp_path: Path
 
 
 def test_vigil_certs_as_the_readme_shows(tmp_path: Path) -> None:
-    done = shell(block_with("sh", "vigil certs ./certs"), tmp_path)
+    done = shell(block_with("sh", "vigil certs ./certs --controller-name vigil-controller.vigil.svc --nodes"), tmp_path)
     assert done.returncode == 0, done.stderr
     assert {p.name for p in (tmp_path / "certs").iterdir()} >= {"ca", "controller", "node-gpu-001", "admin-alice"}
+
+
+def test_the_relays_certificate_as_the_readme_shows(tmp_path: Path) -> None:
+    """Its certificate line makes a relay certificate that serves agents under its name and is a
+    client of the controller; its ``vigil relay`` line takes those arguments (checked, not run: it
+    would listen on 7070 and dial a Service that is not here)."""
+    from cryptography import x509
+    from cryptography.x509.oid import ExtendedKeyUsageOID
+
+    certs_line, relay_command = block_with("sh", "vigil relay").split("\n", 1)
+    done = shell(certs_line, tmp_path)
+    assert done.returncode == 0, done.stderr
+    directory = tmp_path / "certs" / "relay-vigil-relay.vigil.svc"
+    cert = x509.load_pem_x509_certificate((directory / "tls.crt").read_bytes())
+    assert cert.subject.rfc4514_string() == "CN=relay:vigil-relay.vigil.svc"
+    assert cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(
+        x509.DNSName
+    ) == ["vigil-relay.vigil.svc"]
+    usage = set(cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value)
+    assert usage == {ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH}
+    wrong = shell(relay_command.replace("--tls-dir", "--plaintext --tls-dir"), tmp_path)
+    assert wrong.returncode == 2 and "not both" in wrong.stderr  # the arguments were read, the transport judged
 
 
 def test_the_first_plan_example_runs(tmp_path: Path) -> None:
