@@ -79,6 +79,7 @@ class Controller:
         if self.config.leader_election.enabled:
             await self.nodes.adopt_cluster_state()
         tokens = self._token_reviewer()
+        self.rooms.relay_gateway.tokens = tokens  # a relay's agents' tokens are reviewed here too
         size, limits = self.config.limits.max_message_bytes, self.config.limits
         roles = [RoleInterceptor(tokens, limits.first_message_s)] if self.tls else []
         self.server = grpc.aio.server(

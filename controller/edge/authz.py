@@ -72,25 +72,52 @@ async def _refuse(context: grpc.aio.ServicerContext, service: str, code: grpc.St
     await context.abort(code, why)
 
 
+class TokenRefused(Exception):
+    """A token that proves no node now: the status to end the call with, and why."""
+
+    def __init__(self, code: grpc.StatusCode, why: str) -> None:
+        super().__init__(why)
+        self.code, self.why = code, why
+
+
+async def token_node(tokens: TokenReviewer | None, token: str) -> Identity:
+    """The node a shared-certificate agent's token proves (reviewed by the API server; a relay's
+    agents' tokens too). Raises ``TokenRefused``."""
+    if tokens is None:
+        why = "the shared agents certificate needs agent_tokens enabled on the controller"
+        raise TokenRefused(grpc.StatusCode.PERMISSION_DENIED, why)
+    if not token:
+        why = "the shared agents certificate needs the pod's service-account token (authorization: Bearer)"
+        raise TokenRefused(grpc.StatusCode.UNAUTHENTICATED, why)
+    try:
+        reviewed = await asyncio.to_thread(tokens.review, token)  # the kubernetes client blocks
+    except ReviewUnavailable as exc:  # neither accepted nor refused: the agent tries again
+        raise TokenRefused(grpc.StatusCode.UNAVAILABLE, str(exc)) from None
+    if isinstance(reviewed, str):
+        raise TokenRefused(grpc.StatusCode.UNAUTHENTICATED, reviewed)
+    return reviewed
+
+
+async def token_still_proves(tokens: TokenReviewer, token: str, who: Identity) -> str | None:
+    """A stream's token reviewed again: why it no longer proves ``who``; "" while it does; None when
+    the API server cannot be asked now (neither: ask again next time)."""
+    try:
+        again = await asyncio.to_thread(tokens.review, token)
+    except ReviewUnavailable:
+        return None
+    if again == who:
+        return ""
+    why = again if isinstance(again, str) else f"the token now speaks for {again}, not {who}"
+    return f"token no longer accepted: {why}"
+
+
 async def _require(service: str, context: grpc.aio.ServicerContext, tokens: TokenReviewer | None) -> None:
     who = peer_identity(context.auth_context())
     if who is not None and who.role == "agents" and service == AGENT_SERVICE:  # whose node, the token says
-        token = bearer(context.invocation_metadata())
-        if tokens is None:
-            why = "the shared agents certificate needs agent_tokens enabled on the controller"
-            await _refuse(context, service, grpc.StatusCode.PERMISSION_DENIED, why)
-        elif not token:
-            why = "the shared agents certificate needs the pod's service-account token (authorization: Bearer)"
-            await _refuse(context, service, grpc.StatusCode.UNAUTHENTICATED, why)
-        else:
-            try:
-                reviewed = await asyncio.to_thread(tokens.review, token)  # the kubernetes client blocks
-            except ReviewUnavailable as exc:  # neither accepted nor refused: the agent tries again
-                reviewed = None
-                await _refuse(context, service, grpc.StatusCode.UNAVAILABLE, str(exc))
-            if isinstance(reviewed, str):
-                await _refuse(context, service, grpc.StatusCode.UNAUTHENTICATED, reviewed)
-            who = reviewed if isinstance(reviewed, Identity) else None
+        try:
+            who = await token_node(tokens, bearer(context.invocation_metadata()))
+        except TokenRefused as refused:
+            await _refuse(context, service, refused.code, refused.why)
     if why := allowed(service, who):
         await _refuse(context, service, grpc.StatusCode.PERMISSION_DENIED, why)
     _CALLER.set(who)
@@ -185,13 +212,9 @@ async def _rechecked(
     reviewed_at = time.monotonic()
     async for message in requests:
         if time.monotonic() - reviewed_at >= tokens.recheck_s:
-            try:
-                again = await asyncio.to_thread(tokens.review, token)
-            except ReviewUnavailable:
-                again = who  # the API server is away: neither accepted nor refused; ask again next time
-            else:
+            why = await token_still_proves(tokens, token, who)
+            if why is not None:
                 reviewed_at = time.monotonic()
-            if again != who:
-                why = again if isinstance(again, str) else f"the token now speaks for {again}, not {who}"
-                await _refuse(context, service, grpc.StatusCode.UNAUTHENTICATED, f"token no longer accepted: {why}")
+            if why:
+                await _refuse(context, service, grpc.StatusCode.UNAUTHENTICATED, why)
         yield message

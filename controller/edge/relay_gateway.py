@@ -11,23 +11,31 @@ the status, which the relay gives the agent) and forgets it when the relay says 
 relay's own stream ends, every agent it carried is disconnected.
 
 Under TLS only a ``relay:`` certificate may call it (``controller.edge.authz``); the relay has
-checked that each agent's certificate names the node its Hello names.
+checked that each agent's certificate names the node its Hello names, or, for the DaemonSet's
+shared ``agents`` certificate, passed on the agent's service-account token, which is reviewed here
+for the node it proves (and again every ``agent_tokens.cache_s``, as on a direct stream).
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import grpc
 import structlog
 from google.protobuf.message import DecodeError
 
 from controller.edge.agent_sessions import AgentSessions, Refused, first_hello
-from controller.edge.authz import caller
+from controller.edge.authz import TokenRefused, caller, token_node, token_still_proves
 from controller.nodes.agent_outboxes import Message, Outbox
 from protos.vigil.v1 import agent_pb2, relay_pb2, relay_pb2_grpc
+from vigil_core.tls import Identity
+
+if TYPE_CHECKING:  # the kubernetes client is imported only where agents may bring tokens
+    from controller.act.kube.tokens import TokenReviewer
 
 log = structlog.get_logger(__name__)
 
@@ -60,6 +68,9 @@ class _Stream:
     peer: str
     outbox: RelayedOutbox
     waiting: list[bytes] = field(default_factory=list)  # its messages not handled yet, in order
+    token: str = ""  # a shared-certificate agent's service-account token, which proves its node
+    who: Identity | None = None  # the node its token proved
+    reviewed_at: float = 0.0  # when its token was last reviewed
     node: str = ""  # once its Hello was written
     busy: bool = False  # a task handles its messages now
     finishing: bool = False  # the agent sent all it will: the stream ends once they are handled
@@ -69,9 +80,10 @@ class _Stream:
 class _Relay:
     """One relay's stream: its agents' sessions, and the replies going back."""
 
-    def __init__(self, sessions: AgentSessions, peer: str) -> None:
+    def __init__(self, sessions: AgentSessions, peer: str, tokens: TokenReviewer | None) -> None:
         self.sessions = sessions
         self.peer = peer
+        self.tokens = tokens
         self.streams: dict[int, _Stream] = {}
         self.replies: list[relay_pb2.DownItem] = []
         self.ready = asyncio.Event()
@@ -102,6 +114,7 @@ class _Relay:
             return
         if stream is None:
             stream = _Stream(item.stream, item.peer or self.peer, RelayedOutbox(self._forwarder(item.stream)))
+            stream.token = item.token
             self.streams[item.stream] = stream
         if stream.over:
             return
@@ -131,11 +144,13 @@ class _Relay:
                     raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"not a valid AgentMessage: {exc}") from None
                 if not stream.node:
                     hello = first_hello(message)
-                    self.sessions.admit(hello, None, stream.peer)  # the relay checked the agent's identity
+                    # A node certificate the relay checked; a token the controller reviews.
+                    self.sessions.admit(hello, await self._token_node(stream), stream.peer)
                     acked = await self.sessions.start(hello, stream.peer, stream.outbox)
                     stream.node = hello.node
                     stream.outbox.put_nowait(agent_pb2.ControllerMessage(ack=agent_pb2.Ack(acked_seq=acked)))
                 else:
+                    await self._token_again(stream)
                     await self.sessions.handle(stream.node, message, stream.outbox)
         except Refused as refused:
             end = relay_pb2.StreamEnd(code=refused.code.value[0], details=refused.why)
@@ -147,6 +162,30 @@ class _Relay:
                 self._finish(stream)
             elif stream.over:
                 self._close(stream)
+
+    async def _token_node(self, stream: _Stream) -> Identity | None:
+        """The node a shared-certificate agent's token proves; None where the relay checked the agent's
+        own certificate (or in plaintext)."""
+        if not stream.token:
+            return None
+        try:
+            stream.who = await token_node(self.tokens, stream.token)
+        except TokenRefused as refused:
+            raise Refused(refused.code, refused.why) from None
+        stream.reviewed_at = time.monotonic()
+        return stream.who
+
+    async def _token_again(self, stream: _Stream) -> None:
+        """A token-proven stream's token reviewed again every ``recheck_s``, as on a direct stream."""
+        if not stream.token or self.tokens is None or stream.who is None:
+            return
+        if time.monotonic() - stream.reviewed_at < self.tokens.recheck_s:
+            return
+        why = await token_still_proves(self.tokens, stream.token, stream.who)
+        if why is not None:
+            stream.reviewed_at = time.monotonic()
+        if why:
+            raise Refused(grpc.StatusCode.UNAUTHENTICATED, why)
 
     def _finish(self, stream: _Stream, end: relay_pb2.StreamEnd | None = None) -> None:
         """The controller ends the stream (OK unless ``end`` says otherwise); the relay's word that
@@ -184,13 +223,14 @@ class _Relay:
 class RelayGateway(relay_pb2_grpc.AgentRelayServicer):
     def __init__(self, sessions: AgentSessions) -> None:
         self._sessions = sessions
+        self.tokens: TokenReviewer | None = None  # where agents' tokens are reviewed (set by the daemon)
 
     async def Relay(  # noqa: N802 (gRPC method name)
         self, request_iterator: AsyncIterator[relay_pb2.RelayUp], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[relay_pb2.RelayDown]:
         peer = context.peer()  # read now: the call's context is not to be touched once it ended
         name = str(caller() or peer)
-        relay = _Relay(self._sessions, peer)
+        relay = _Relay(self._sessions, peer, self.tokens)
         log.info("relay_connected", relay=name)
         reader = asyncio.create_task(self._read(relay, request_iterator))
         reader.add_done_callback(lambda _: relay.ready.set())

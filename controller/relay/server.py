@@ -17,11 +17,12 @@ import grpc
 import structlog
 from google.protobuf.message import DecodeError
 
+from controller.edge.authz import bearer
 from controller.edge.open_files import raise_open_files
 from controller.relay.uplink import ITEM_OVERHEAD, Uplink
 from protos.vigil.v1 import agent_pb2
 from vigil_core.rpc_errors import RETRY_AFTER_KEY, status_code
-from vigil_core.tls import KEEPALIVE_SERVER, TlsFiles, peer_identity
+from vigil_core.tls import KEEPALIVE_SERVER, Identity, TlsFiles, peer_identity
 
 log = structlog.get_logger(__name__)
 
@@ -35,18 +36,19 @@ class RelaySettings:
     max_message_bytes: int = 4 << 20
 
 
-def identity_problem(raw: bytes, identity: object) -> str:
+def identity_problem(raw: bytes, identity: Identity | None, token: str) -> str:
     """Why an agent with this certificate identity may not open a stream with this first message;
-    "" when it may. Pure."""
+    "" when it may (the shared ``agents`` certificate with a token: the controller reviews the token).
+    Pure."""
     try:
         first = agent_pb2.AgentMessage.FromString(raw)
     except DecodeError as exc:
         return f"the first message is not a valid AgentMessage: {exc}"
     node = first.hello.node if first.HasField("hello") else ""
     who = str(identity) if identity is not None else "a client with no Vigil identity"
-    if getattr(identity, "role", "") == "agents":
-        return "a relay takes node: certificates; agents proving their node by token connect to the controller"
-    if getattr(identity, "role", "") != "node" or getattr(identity, "name", "") != node:
+    if identity is not None and identity.role == "agents":  # its node: what its token proves
+        return "" if token else "the shared agents certificate needs the pod's service-account token"
+    if identity is None or identity.role != "node" or identity.name != node:
         return f"{who} cannot report for {node or 'no node (the first message must be Hello)'}"
     return ""
 
@@ -71,13 +73,17 @@ class AgentStreams:
         if first is None:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the first message must be Hello")
             return
-        if settings.tls is not None and (why := identity_problem(first, peer_identity(context.auth_context()))):
-            log.warning("call_refused", peer=context.peer(), why=why)
-            await context.abort(grpc.StatusCode.PERMISSION_DENIED, why)
+        token = ""
+        if settings.tls is not None:
+            identity = peer_identity(context.auth_context())
+            token = bearer(context.invocation_metadata()) if identity is not None and identity.role == "agents" else ""
+            if why := identity_problem(first, identity, token):
+                log.warning("call_refused", peer=context.peer(), why=why)
+                await context.abort(grpc.StatusCode.PERMISSION_DENIED, why)
         if not self._uplink.connected.is_set():
             await context.abort(grpc.StatusCode.UNAVAILABLE, "the relay is not connected to the controller: retry")
         stream, back = self._uplink.open()
-        self._uplink.send(stream, first, peer=context.peer())
+        self._uplink.send(stream, first, peer=context.peer(), token=token)
         reader = asyncio.create_task(self._read(stream, requests))
         try:
             while isinstance(item := await back.get(), bytes):

@@ -72,9 +72,9 @@ class Uplink:
         self._streams[stream] = box
         return stream, box
 
-    def send(self, stream: int, message: bytes, peer: str = "") -> None:
+    def send(self, stream: int, message: bytes, peer: str = "", token: str = "") -> None:
         if stream in self._streams:  # else its uplink broke: its agent is being told
-            self._queue(relay_pb2.UpItem(stream=stream, message=message, peer=peer))
+            self._queue(relay_pb2.UpItem(stream=stream, message=message, peer=peer, token=token))
 
     def finish(self, stream: int) -> None:
         """The agent sent all it will (it closed its side): the controller answers what it sent, then

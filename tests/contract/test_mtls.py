@@ -9,7 +9,7 @@ import contextlib
 import os
 import subprocess
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -152,32 +152,62 @@ async def relay_call(target: str, creds: Creds) -> grpc.StatusCode:
         return grpc.StatusCode.OK
 
 
-def test_a_relay_carries_agents_only_for_the_nodes_their_certificates_name(pki: Path, tmp_path: Path) -> None:
-    """``vigil relay`` (the command) with its relay certificate, in front of the controller."""
+@contextlib.asynccontextmanager
+async def relay_process(target: str, pki: Path, tmp_path: Path) -> AsyncIterator[str]:
+    """``vigil relay`` (the command) with its relay certificate in front of the controller at
+    ``target``; yields where agents dial it."""
+    port_file, port = tmp_path / "relay.port", free_port()
+    command = [sys.executable, "-m", "vigil", "relay", "--controller", target, "--listen", f"127.0.0.1:{port}",
+               "--tls-dir", str(pki / "ours" / "relay-127.0.0.1"), "--port-file", str(port_file)]  # fmt: skip
+    relay = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        await wait_until(port_file.exists, timeout=30, what="the relay up")
+        yield f"127.0.0.1:{port}"
+    finally:
+        relay.terminate()
+        await asyncio.to_thread(relay.wait, 30)
+    assert relay.returncode == 0, relay.stderr.read() if relay.stderr else ""
 
+
+def test_a_relay_carries_agents_only_for_the_nodes_their_certificates_name(pki: Path, tmp_path: Path) -> None:
     async def test(target: str) -> None:
-        port_file, port = tmp_path / "relay.port", free_port()
-        command = [sys.executable, "-m", "vigil", "relay", "--controller", target, "--listen", f"127.0.0.1:{port}",
-                   "--tls-dir", str(pki / "ours" / "relay-127.0.0.1"), "--port-file", str(port_file)]  # fmt: skip
-        relay = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        try:
-            await wait_until(port_file.exists, timeout=30, what="the relay up")
-            through = f"127.0.0.1:{port}"
+        async with relay_process(target, pki, tmp_path) as through:
             assert await hello(through, mine(pki, "node-node-1"), "node-1") is grpc.StatusCode.OK
             assert await hello(through, mine(pki, "node-node-1"), "node-2") is grpc.StatusCode.PERMISSION_DENIED
-            assert await hello(through, mine(pki, "agents"), "node-1") is grpc.StatusCode.PERMISSION_DENIED
+            assert await hello(through, mine(pki, "admin-alice"), "node-1") is grpc.StatusCode.PERMISSION_DENIED
             assert await hello(through, mine(pki, "node-node-1", "theirs"), "node-1") is grpc.StatusCode.UNAVAILABLE
+            # The shared agents certificate's token goes to the controller, which takes no tokens here.
+            assert await hello(through, with_token(pki, tmp_path, "t"), "node-1") is grpc.StatusCode.PERMISSION_DENIED
+            assert await hello(through, mine(pki, "agents"), "node-1") is grpc.StatusCode.PERMISSION_DENIED
             # The controller takes the relay's service only from a relay, and no agent from a relay.
             assert await relay_call(target, mine(pki, "relay-127.0.0.1")) is grpc.StatusCode.OK
             assert await relay_call(target, mine(pki, "node-node-1")) is grpc.StatusCode.PERMISSION_DENIED
             assert await relay_call(target, mine(pki, "admin-alice")) is grpc.StatusCode.PERMISSION_DENIED
             assert await hello(target, mine(pki, "relay-127.0.0.1"), "node-1") is grpc.StatusCode.PERMISSION_DENIED
-        finally:
-            relay.terminate()
-            await asyncio.to_thread(relay.wait, 30)
-        assert relay.returncode == 0, relay.stderr.read() if relay.stderr else ""
 
     serve(pki, tmp_path, test)
+
+
+def test_through_a_relay_an_agent_token_speaks_only_for_its_node_and_is_reviewed_again(
+    pki: Path, tmp_path: Path
+) -> None:
+    with KubeApiServer() as kube:
+        node_1, anyone = kube.issue_token("node-1"), kube.issue_token("node-1", "system:serviceaccount:ml:trainer")
+        revoked = kube.issue_token("node-2")
+
+        async def test(target: str) -> None:
+            async with relay_process(target, pki, tmp_path) as through:
+                assert await hello(through, with_token(pki, tmp_path, node_1), "node-1") is grpc.StatusCode.OK
+                got = await hello(through, with_token(pki, tmp_path, node_1), "node-2")
+                assert got is grpc.StatusCode.PERMISSION_DENIED
+                for refused in ("forged", anyone):
+                    got = await hello(through, with_token(pki, tmp_path, refused), "node-1")
+                    assert got is grpc.StatusCode.UNAUTHENTICATED, refused
+                await revoked_ends_its_stream(through, with_token(pki, tmp_path, revoked), kube, revoked, "node-2")
+
+        kubeconfig = kube.kubeconfig(tmp_path / "kc")
+        tokens = AgentTokensConfig(enabled=True, cache_s=0)
+        serve(pki, tmp_path, test, agent_tokens=tokens, kubernetes={"kubeconfig": kubeconfig})
 
 
 def test_a_certified_peer_that_never_says_hello_is_closed(pki: Path, tmp_path: Path) -> None:
@@ -411,24 +441,30 @@ def test_an_operators_action_is_recorded_under_its_certificate_not_its_word(pki:
     assert who == "admin:alice (says 'mallory')"
 
 
+async def revoked_ends_its_stream(target: str, creds: Creds, kube: KubeApiServer, token: str, node: str) -> None:
+    """An agent with ``token`` connected as ``node``; the token revoked: its stream ends UNAUTHENTICATED
+    within the recheck, at one of its heartbeats."""
+    async with _channel(target, creds) as channel:
+        call = agent_pb2_grpc.AgentGatewayStub(channel).Connect()
+        await call.write(agent_pb2.AgentMessage(hello=agent_pb2.Hello(node=node, spool_id="s1")))
+        assert (await asyncio.wait_for(call.read(), 10)).HasField("ack")
+        kube.revoke(token)
+        for _ in range(40):  # heartbeats, 0.5 s apart: the stream ends within the recheck (5 s)
+            if call.done():
+                break
+            with contextlib.suppress(asyncio.InvalidStateError, grpc.aio.AioRpcError):
+                await call.write(agent_pb2.AgentMessage(heartbeat=agent_pb2.Heartbeat()))
+            await asyncio.sleep(0.5)
+        assert await asyncio.wait_for(call.code(), 5) is grpc.StatusCode.UNAUTHENTICATED
+        assert "no longer accepted" in (await call.details() or "")
+
+
 def test_a_revoked_token_ends_a_stream_already_open(pki: Path, tmp_path: Path) -> None:
     with KubeApiServer() as kube:
         token = kube.issue_token("node-1")
 
         async def test(target: str) -> None:
-            async with _channel(target, with_token(pki, tmp_path, token)) as channel:
-                call = agent_pb2_grpc.AgentGatewayStub(channel).Connect()
-                await call.write(agent_pb2.AgentMessage(hello=agent_pb2.Hello(node="node-1", spool_id="s1")))
-                assert (await asyncio.wait_for(call.read(), 10)).HasField("ack")
-                kube.revoke(token)
-                for _ in range(40):  # heartbeats, 0.5 s apart: the stream ends within the recheck (5 s)
-                    if call.done():
-                        break
-                    with contextlib.suppress(asyncio.InvalidStateError, grpc.aio.AioRpcError):
-                        await call.write(agent_pb2.AgentMessage(heartbeat=agent_pb2.Heartbeat()))
-                    await asyncio.sleep(0.5)
-                assert await asyncio.wait_for(call.code(), 5) is grpc.StatusCode.UNAUTHENTICATED
-                assert "no longer accepted" in (await call.details() or "")
+            await revoked_ends_its_stream(target, with_token(pki, tmp_path, token), kube, token, "node-1")
 
         kubeconfig = kube.kubeconfig(tmp_path / "kc")
         serve(

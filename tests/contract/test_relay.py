@@ -175,13 +175,15 @@ def test_a_relay_that_loses_the_controller_ends_its_agents_streams_and_takes_the
 
 def test_under_tls_a_relay_takes_only_an_agent_whose_certificate_names_its_hello() -> None:
     hello = agent_pb2.AgentMessage(hello=agent_pb2.Hello(node="node-1", spool_id="s")).SerializeToString()
-    assert identity_problem(hello, Identity("node", "node-1")) == ""
-    assert "cannot report for node-1" in identity_problem(hello, Identity("node", "node-2"))
-    assert "cannot report for node-1" in identity_problem(hello, Identity("admin", "alice"))
-    assert "by token" in identity_problem(hello, Identity("agents"))
+    assert identity_problem(hello, Identity("node", "node-1"), "") == ""
+    assert "cannot report for node-1" in identity_problem(hello, Identity("node", "node-2"), "")
+    assert "cannot report for node-1" in identity_problem(hello, Identity("admin", "alice"), "")
+    assert "cannot report for node-1" in identity_problem(hello, None, "")
+    assert identity_problem(hello, Identity("agents"), "a-token") == ""  # the controller reviews the token
+    assert "service-account token" in identity_problem(hello, Identity("agents"), "")
     heartbeat = agent_pb2.AgentMessage(heartbeat=agent_pb2.Heartbeat()).SerializeToString()
-    assert "must be Hello" in identity_problem(heartbeat, Identity("node", "node-1"))
-    assert "not a valid AgentMessage" in identity_problem(b"\xff\xff", Identity("node", "node-1"))
+    assert "must be Hello" in identity_problem(heartbeat, Identity("node", "node-1"), "")
+    assert "not a valid AgentMessage" in identity_problem(b"\xff\xff", Identity("node", "node-1"), "")
 
 
 def test_an_agent_message_as_big_as_the_relay_takes_goes_alone_and_a_bigger_one_ends_only_its_stream(

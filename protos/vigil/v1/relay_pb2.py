@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bprotos/vigil/v1/relay.proto\x12\x08vigil.v1\"e\n\x06UpItem\x12\x0e\n\x06stream\x18\x01 \x01(\x04\x12\x11\n\x07message\x18\x02 \x01(\x0cH\x00\x12\"\n\x03\x65nd\x18\x03 \x01(\x0b\x32\x13.vigil.v1.StreamEndH\x00\x12\x0c\n\x04peer\x18\x04 \x01(\tB\x06\n\x04\x62ody\"Y\n\x08\x44ownItem\x12\x0e\n\x06stream\x18\x01 \x01(\x04\x12\x11\n\x07message\x18\x02 \x01(\x0cH\x00\x12\"\n\x03\x65nd\x18\x03 \x01(\x0b\x32\x13.vigil.v1.StreamEndH\x00\x42\x06\n\x04\x62ody\"B\n\tStreamEnd\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0f\n\x07\x64\x65tails\x18\x02 \x01(\t\x12\x16\n\x0eretry_after_ms\x18\x03 \x01(\x03\"*\n\x07RelayUp\x12\x1f\n\x05items\x18\x01 \x03(\x0b\x32\x10.vigil.v1.UpItem\".\n\tRelayDown\x12!\n\x05items\x18\x01 \x03(\x0b\x32\x12.vigil.v1.DownItem2A\n\nAgentRelay\x12\x33\n\x05Relay\x12\x11.vigil.v1.RelayUp\x1a\x13.vigil.v1.RelayDown(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bprotos/vigil/v1/relay.proto\x12\x08vigil.v1\"t\n\x06UpItem\x12\x0e\n\x06stream\x18\x01 \x01(\x04\x12\x11\n\x07message\x18\x02 \x01(\x0cH\x00\x12\"\n\x03\x65nd\x18\x03 \x01(\x0b\x32\x13.vigil.v1.StreamEndH\x00\x12\x0c\n\x04peer\x18\x04 \x01(\t\x12\r\n\x05token\x18\x05 \x01(\tB\x06\n\x04\x62ody\"Y\n\x08\x44ownItem\x12\x0e\n\x06stream\x18\x01 \x01(\x04\x12\x11\n\x07message\x18\x02 \x01(\x0cH\x00\x12\"\n\x03\x65nd\x18\x03 \x01(\x0b\x32\x13.vigil.v1.StreamEndH\x00\x42\x06\n\x04\x62ody\"B\n\tStreamEnd\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0f\n\x07\x64\x65tails\x18\x02 \x01(\t\x12\x16\n\x0eretry_after_ms\x18\x03 \x01(\x03\"*\n\x07RelayUp\x12\x1f\n\x05items\x18\x01 \x03(\x0b\x32\x10.vigil.v1.UpItem\".\n\tRelayDown\x12!\n\x05items\x18\x01 \x03(\x0b\x32\x12.vigil.v1.DownItem2A\n\nAgentRelay\x12\x33\n\x05Relay\x12\x11.vigil.v1.RelayUp\x1a\x13.vigil.v1.RelayDown(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -32,15 +32,15 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'protos.vigil.v1.relay_pb2',
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_UPITEM']._serialized_start=41
-  _globals['_UPITEM']._serialized_end=142
-  _globals['_DOWNITEM']._serialized_start=144
-  _globals['_DOWNITEM']._serialized_end=233
-  _globals['_STREAMEND']._serialized_start=235
-  _globals['_STREAMEND']._serialized_end=301
-  _globals['_RELAYUP']._serialized_start=303
-  _globals['_RELAYUP']._serialized_end=345
-  _globals['_RELAYDOWN']._serialized_start=347
-  _globals['_RELAYDOWN']._serialized_end=393
-  _globals['_AGENTRELAY']._serialized_start=395
-  _globals['_AGENTRELAY']._serialized_end=460
+  _globals['_UPITEM']._serialized_end=157
+  _globals['_DOWNITEM']._serialized_start=159
+  _globals['_DOWNITEM']._serialized_end=248
+  _globals['_STREAMEND']._serialized_start=250
+  _globals['_STREAMEND']._serialized_end=316
+  _globals['_RELAYUP']._serialized_start=318
+  _globals['_RELAYUP']._serialized_end=360
+  _globals['_RELAYDOWN']._serialized_start=362
+  _globals['_RELAYDOWN']._serialized_end=408
+  _globals['_AGENTRELAY']._serialized_start=410
+  _globals['_AGENTRELAY']._serialized_end=475
 # @@protoc_insertion_point(module_scope)

@@ -7,16 +7,18 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class UpItem(_message.Message):
-    __slots__ = ("stream", "message", "end", "peer")
+    __slots__ = ("stream", "message", "end", "peer", "token")
     STREAM_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     END_FIELD_NUMBER: _ClassVar[int]
     PEER_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
     stream: int
     message: bytes
     end: StreamEnd
     peer: str
-    def __init__(self, stream: _Optional[int] = ..., message: _Optional[bytes] = ..., end: _Optional[_Union[StreamEnd, _Mapping]] = ..., peer: _Optional[str] = ...) -> None: ...
+    token: str
+    def __init__(self, stream: _Optional[int] = ..., message: _Optional[bytes] = ..., end: _Optional[_Union[StreamEnd, _Mapping]] = ..., peer: _Optional[str] = ..., token: _Optional[str] = ...) -> None: ...
 
 class DownItem(_message.Message):
     __slots__ = ("stream", "message", "end")
