@@ -72,7 +72,12 @@ def overlays(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Objects]:
     (remediation / "kustomization.yaml").write_text(
         yaml.safe_dump({"resources": ["../../base"], "components": ["../../components/remediation"]})
     )
-    names = ("example", "cert-manager", "with-drain", "with-postgres", "with-remediation")
+    relay = copy / "overlays" / "with-relay"  # the base and the relay component alone
+    relay.mkdir()
+    (relay / "kustomization.yaml").write_text(
+        yaml.safe_dump({"resources": ["../../base"], "components": ["../../components/relay"]})
+    )
+    names = ("example", "cert-manager", "with-drain", "with-postgres", "with-remediation", "with-relay")
     return {name: render(copy / "overlays" / name) for name in names}
 
 
@@ -163,6 +168,36 @@ def test_the_pods_mount_what_the_overlay_generated(overlays: dict[str, Objects])
                 assert ref is None or ref in generated, (name, workload["metadata"]["name"], ref)
                 seen += ref is not None
         assert seen >= 2, f"{name}: no pod mounts a generated secret or config map: nothing was checked"
+
+
+def test_the_relay_component_points_the_agents_at_relays_that_reach_the_controller(
+    overlays: dict[str, Objects], tmp_path: Path
+) -> None:
+    """With components/relay the agents dial the relays' Service (their last --controller wins over
+    the config file's), the relays dial the controller's, and the relays' arguments are ones
+    ``vigil relay`` takes, with the certificate ``vigil certs --relay`` writes."""
+    objects = overlays["with-relay"]
+    (agent,) = find(objects, "DaemonSet", "vigil-agent")
+    (relay,) = find(objects, "Deployment", "vigil-relay")
+    (relays,) = find(objects, "Service", "vigil-relay")
+    (controller,) = [o for o in find(objects, "Service") if o["metadata"]["name"] == "vigil-controller"]
+    args = agent["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[-1] == "--controller=vigil-relay.vigil.svc:7070"
+    assert relays["spec"]["selector"] == relay["spec"]["template"]["metadata"]["labels"]
+    (container,) = relay["spec"]["template"]["spec"]["containers"]
+    relay_args = container["args"]
+    assert relay_args[relay_args.index("--controller") + 1] == f"{controller['metadata']['name']}.vigil.svc:7070"
+    # The same arguments, with a certificate of the name it serves; a plaintext flag beside them makes
+    # the command refuse at once (so it stops once it has read them all).
+    certs = [sys.executable, "-m", "vigil", "certs", str(tmp_path / "certs"), "--controller-name", "c",
+             "--relay", "vigil-relay.vigil.svc"]  # fmt: skip
+    assert subprocess.run(certs, capture_output=True, timeout=60).returncode == 0
+    cert_dir = str(tmp_path / "certs" / "relay-vigil-relay.vigil.svc")
+    command = [sys.executable, "-m", "vigil", *[cert_dir if a == "/etc/vigil/tls" else a for a in relay_args]]
+    done = subprocess.run([*command, "--plaintext"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "not both" in done.stderr, done.stderr
+    (policy,) = find(objects, "NetworkPolicy", "vigil-relay")
+    assert policy["spec"]["egress"][-1]["to"][0]["podSelector"]["matchLabels"] == controller["spec"]["selector"]
 
 
 def test_the_agent_runs_unprivileged_with_its_own_node_token(overlays: dict[str, Objects]) -> None:
