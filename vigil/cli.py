@@ -184,6 +184,9 @@ def relay(
         int,
         typer.Option(min=64 << 10, max=64 << 20, help="one gRPC message (the controller's limits.max_message_bytes)"),
     ] = 4 << 20,
+    metrics_port: Annotated[
+        Optional[int], typer.Option(min=0, max=65535, help="serve /metrics and /readyz here (0: any free port)")
+    ] = None,
     tls_dir: TlsDirOpt = None,
     plaintext: PlaintextOpt = False,
     log_format: LogFormatOpt = "auto",
@@ -203,7 +206,7 @@ def relay(
         tls = TlsFiles.load(tls_dir) if tls_dir is not None else None
     except TlsError as exc:
         _fail(f"--tls-dir: {exc}")
-    settings = RelaySettings(controller, listen, tls, first_message_s, max_message_bytes)
+    settings = RelaySettings(controller, listen, tls, first_message_s, max_message_bytes, metrics_port)
     try:
         run_relay(settings, port_file)
     except OSError as exc:

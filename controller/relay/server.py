@@ -21,6 +21,7 @@ from controller.edge.authz import bearer
 from controller.edge.open_files import raise_open_files
 from controller.relay.uplink import ITEM_OVERHEAD, Uplink
 from protos.vigil.v1 import agent_pb2
+from vigil_core.http_status import serve_http
 from vigil_core.rpc_errors import RETRY_AFTER_KEY, status_code
 from vigil_core.tls import KEEPALIVE_SERVER, Identity, TlsFiles, peer_identity
 
@@ -34,6 +35,7 @@ class RelaySettings:
     tls: TlsFiles | None  # a relay:NAME certificate, both to agents and to the controller; None: plaintext
     first_message_s: float = 30.0
     max_message_bytes: int = 4 << 20
+    metrics_port: int | None = None  # /metrics and /readyz (0: any free port); None: not served
 
 
 def identity_problem(raw: bytes, identity: Identity | None, token: str) -> str:
@@ -69,6 +71,7 @@ class AgentStreams:
             first = await asyncio.wait_for(anext(aiter(requests), None), settings.first_message_s)
         except TimeoutError:
             why = f"no Hello within {settings.first_message_s:g} s of opening the stream"
+            self._uplink.metrics.refused.labels("no_hello").inc()
             await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, why)
         if first is None:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the first message must be Hello")
@@ -79,9 +82,15 @@ class AgentStreams:
             token = bearer(context.invocation_metadata()) if identity is not None and identity.role == "agents" else ""
             if why := identity_problem(first, identity, token):
                 log.warning("call_refused", peer=context.peer(), why=why)
+                self._uplink.metrics.refused.labels("identity").inc()
                 await context.abort(grpc.StatusCode.PERMISSION_DENIED, why)
-        if not self._uplink.connected.is_set():
-            await context.abort(grpc.StatusCode.UNAVAILABLE, "the relay is not connected to the controller: retry")
+        if not self._uplink.connected.is_set():  # the controller restarting: its agents wait here, not on backoff
+            try:
+                await asyncio.wait_for(self._uplink.connected.wait(), settings.first_message_s)
+            except TimeoutError:
+                self._uplink.metrics.refused.labels("no_controller").inc()
+                why = f"the relay has not reached the controller for {settings.first_message_s:g} s: retry"
+                await context.abort(grpc.StatusCode.UNAVAILABLE, why)
         stream, back = self._uplink.open()
         self._uplink.send(stream, first, peer=context.peer(), token=token)
         reader = asyncio.create_task(self._read(stream, requests))
@@ -130,18 +139,36 @@ async def serve(
     if port == 0:
         raise OSError(f"cannot listen on {settings.listen} (in use by another process?)")
     await server.start()
+    http = None
+    if settings.metrics_port is not None:
+        http = serve_http("0.0.0.0", settings.metrics_port, uplink.metrics.registry, lambda: not_ready(uplink))
     running = asyncio.create_task(uplink.run(stop))
     await uplink.connected.wait()
     if port_file is not None:
         port_file.with_suffix(".tmp").write_text(str(port))
         port_file.with_suffix(".tmp").replace(port_file)
-    log.info("relay_started", port=port, controller=settings.controller, tls=settings.tls is not None, open_files=soft)
+    log.info(
+        "relay_started",
+        port=port,
+        controller=settings.controller,
+        tls=settings.tls is not None,
+        open_files=soft,
+        metrics_port=http.server_port if http is not None else None,
+    )
     if ready is not None:
         ready.set()
     await stop.wait()
     await server.stop(grace=2.0)
     running.cancel()
+    if http is not None:
+        http.shutdown()
     return port
+
+
+def not_ready(uplink: Uplink) -> list[str]:
+    """Why this relay is not ready (``/readyz``): it takes no agent while it has no stream to the
+    controller."""
+    return [] if uplink.connected.is_set() else [f"not connected to the controller at {uplink.target}"]
 
 
 def run_relay(settings: RelaySettings, port_file: Path | None = None) -> None:

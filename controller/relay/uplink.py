@@ -1,10 +1,10 @@
 """The relay's one stream to the controller (``AgentRelay.Relay``): every agent stream it carries,
 numbered, in one direction; the controller's replies and its ends of streams in the other.
 
-While the uplink is down no agent is taken (UNAVAILABLE: its agent tries again, as it does with a
-controller that is down), and when it breaks every agent stream it carried is ended the same way:
-their sessions were the controller's and ended with the stream. Nothing is kept to send later; an
-agent resends what it has not had acknowledged.
+When it breaks every agent stream it carried is ended (UNAVAILABLE: their sessions were the
+controller's and ended with the stream), and while it is down a new agent stream waits for it (up
+to ``first_message_s``, then UNAVAILABLE: its agent tries again, as with a controller that is down).
+Nothing is kept to send later; an agent resends what it has not had acknowledged.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import grpc
 import structlog
 
 from controller.nodes.agent_outboxes import Outbox
+from controller.relay.metrics import RelayMetrics
 from protos.vigil.v1 import relay_pb2, relay_pb2_grpc
 from vigil_core.tls import TlsFiles, aio_channel
 from vigil_core.waiting import backoff_delay, wait_event
@@ -48,19 +49,27 @@ def batches(items: list[relay_pb2.UpItem], limit: int) -> list[list[relay_pb2.Up
 
 
 class Uplink:
-    def __init__(self, target: str, tls: TlsFiles | None, max_message_bytes: int = 4 << 20) -> None:
+    def __init__(
+        self,
+        target: str,
+        tls: TlsFiles | None,
+        max_message_bytes: int = 4 << 20,
+        metrics: RelayMetrics | None = None,
+    ) -> None:
         self.target = target
+        self.metrics = metrics or RelayMetrics()
         self._tls = tls
         self._max_message_bytes = max_message_bytes
         self._ids = itertools.count(1)
         self._streams: dict[int, Outbox[Back]] = {}  # each agent stream's way back: its messages, then its end
         self._up: list[relay_pb2.UpItem] = []
         self._queued_bytes = 0
+        self._generation = 0  # of the stream to the controller: one more at each connection
         self._ready = asyncio.Event()
         self._drained = asyncio.Event()  # set while what waits to be sent is below MAX_QUEUED_BYTES
         self._drained.set()
         self.connected = asyncio.Event()
-        self.breaks = 0
+        self.metrics.watch(lambda: len(self._streams), self.connected.is_set, lambda: self._queued_bytes)
 
     @property
     def carried(self) -> int:
@@ -111,11 +120,13 @@ class Uplink:
         attempt = 0
         while not stop.is_set():
             channel = aio_channel(self.target, self._tls, max_message_bytes=self._max_message_bytes)
+            was_up = False
             try:
-                call = relay_pb2_grpc.AgentRelayStub(channel).Relay(self._sending())
+                self._generation += 1  # a broken stream's sender, still waiting, must not take the next one's
+                call = relay_pb2_grpc.AgentRelayStub(channel).Relay(self._sending(self._generation))
                 await call.wait_for_connection()
                 self.connected.set()
-                attempt = 0
+                was_up, attempt = True, 0
                 log.info("relay_uplink_connected", controller=self.target)
                 async for down in call:
                     self._deliver(down)
@@ -125,13 +136,18 @@ class Uplink:
             finally:
                 self.connected.clear()
                 await channel.close(grace=None)
-            self.breaks += 1
             self._break(why)
-            log.warning("relay_uplink_lost", controller=self.target, why=why)
-            if not await wait_event(stop, backoff_delay(attempt, base=0.5)):
+            if was_up:
+                self.metrics.uplink_losses.inc()
+                log.warning("relay_uplink_lost", controller=self.target, why=why)
+            elif attempt % 10 == 0:  # not reached again: said now and then, not at every try
+                log.warning("relay_uplink_unreachable", controller=self.target, why=why, tries=attempt + 1)
+            # A few relays, not a fleet: they try again soon, while their agents wait for them.
+            if not await wait_event(stop, backoff_delay(attempt, base=0.25, cap=2.0)):
                 attempt += 1
 
     def _deliver(self, down: relay_pb2.RelayDown) -> None:
+        self.metrics.messages.labels("down").inc(len(down.items))
         for item in down.items:
             box = self._streams.get(item.stream)
             if box is None:  # its agent is gone already
@@ -148,11 +164,17 @@ class Uplink:
         for box in streams.values():
             box.put_nowait(end)
 
-    async def _sending(self) -> AsyncIterator[relay_pb2.RelayUp]:
+    async def _sending(self, generation: int) -> AsyncIterator[relay_pb2.RelayUp]:
+        """What waits to be sent, for the stream of this generation only: gRPC may still hold the
+        sender of a stream that broke, waiting; woken, it ends without taking anything (else it
+        took the next stream's first messages, a Hello among them, to a stream that no longer was)."""
         while True:
             await self._ready.wait()
+            if generation != self._generation:
+                return
             self._ready.clear()
             ready, self._up = self._up, []
             for batch in batches(ready, UP_BATCH_BYTES):
                 yield relay_pb2.RelayUp(items=batch)
                 self._sent(batch)
+                self.metrics.messages.labels("up").inc(len(batch))

@@ -4,6 +4,8 @@ records, acknowledges and asks them exactly as when they connect to it, many str
 from __future__ import annotations
 
 import asyncio
+import urllib.error
+import urllib.request
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -16,7 +18,7 @@ from agent.spool import Spool
 from controller.config import LimitsConfig
 from controller.daemon import Controller
 from controller.relay.server import RelaySettings, identity_problem, serve
-from controller.relay.uplink import ITEM_OVERHEAD, batches
+from controller.relay.uplink import ITEM_OVERHEAD, Uplink, batches
 from protos.vigil.v1 import agent_pb2, agent_pb2_grpc, common_pb2, relay_pb2
 from tests.contract.test_agent_link import duplicates, signals_received, xid
 from tests.helpers import free_port, start_controller, stop_controller, wait_until
@@ -40,9 +42,12 @@ def link_for(spool: Spool, port: int, node: str = NODE) -> ControllerLink:
 class Relay:
     """A relay on this event loop, in front of ``controller``."""
 
-    def __init__(self, controller_port: int, port: int = 0) -> None:
+    def __init__(
+        self, controller_port: int, port: int = 0, metrics_port: int | None = None, first_message_s: float = 30.0
+    ) -> None:
         self.port = port or free_port()
-        self.settings = RelaySettings(f"127.0.0.1:{controller_port}", f"127.0.0.1:{self.port}", None)
+        target, listen = f"127.0.0.1:{controller_port}", f"127.0.0.1:{self.port}"
+        self.settings = RelaySettings(target, listen, None, first_message_s, metrics_port=metrics_port)
         self.stop = asyncio.Event()
         self.ready = asyncio.Event()
         self.task: asyncio.Task[int] | None = None
@@ -238,3 +243,75 @@ def test_what_the_relay_sends_is_cut_under_the_controllers_limit_in_order() -> N
     assert [[i.stream for i in batch] for batch in cut] == [[1, 2], [3], [4], [5], [6]]
     assert all(sum(i.ByteSize() + 8 for i in batch) <= 1000 for batch in cut if len(batch) > 1)
     assert batches([], 1000) == []
+
+
+def scrape(port: int, path: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as reply:
+            return reply.status, reply.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def sample(text: str, name: str, absent: float | None = None) -> float:
+    """A sample's value; ``absent`` for a labelled series not counted yet (else it must be there)."""
+    values = [float(line.split()[-1]) for line in text.splitlines() if line.startswith(name + " ")]
+    if not values and absent is not None:
+        return absent
+    (value,) = values
+    return value
+
+
+def test_a_relay_says_what_it_carries_and_is_not_ready_without_the_controller(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        controller = await start_controller(tmp_path / "ctl.db")
+        metrics_port, spool, stop = free_port(), Spool(tmp_path / "spool.db"), asyncio.Event()
+        async with Relay(controller.port, metrics_port=metrics_port, first_message_s=1.0) as relay:
+            link = link_for(spool, relay.port)
+            running = asyncio.create_task(link.run(stop))
+            await wait_until(lambda: connected(controller), what="connected through the relay")
+            status, text = await asyncio.to_thread(scrape, metrics_port, "/metrics")
+            assert status == 200 and sample(text, "vigil_relay_agents") == 1
+            assert sample(text, "vigil_relay_uplink_up") == 1
+            assert sample(text, 'vigil_relay_messages_total{direction="up"}') >= 1
+            assert await asyncio.to_thread(scrape, metrics_port, "/readyz") == (200, "ok\n")
+            await stop_controller(controller)
+            await wait_until(lambda: not link.connected, what="the agent's stream ended")
+            status, why = await asyncio.to_thread(scrape, metrics_port, "/readyz")
+            assert status == 503 and f"not connected to the controller at 127.0.0.1:{controller.port}" in why
+            text = (await asyncio.to_thread(scrape, metrics_port, "/metrics"))[1]
+            assert sample(text, "vigil_relay_uplink_up") == 0 and sample(text, "vigil_relay_agents") == 0
+            assert sample(text, "vigil_relay_uplink_losses_total") == 1
+            refused = 'vigil_relay_agents_refused_total{why="no_controller"}'
+            await wait_until(
+                lambda: sample(scrape(metrics_port, "/metrics")[1], refused, absent=0) >= 1,
+                timeout=20,
+                what="the agent's retry refused by the relay",
+            )
+            stop.set()
+            await running
+
+    asyncio.run(scenario())
+
+
+def test_a_broken_streams_sender_takes_nothing_the_next_stream_must_send() -> None:
+    """gRPC may keep waiting on the sender of a relay stream that broke; woken by what is queued for
+    the next stream, it must end without it (it took a new agent's Hello to nowhere: seen as
+    'the first message must be Hello' from the controller after a restart)."""
+
+    async def scenario() -> None:
+        uplink = Uplink("127.0.0.1:1", None)
+        uplink._generation = 1
+        old = uplink._sending(1)
+        waiting = asyncio.ensure_future(anext(old))
+        await asyncio.sleep(0)
+        uplink._generation = 2  # the stream broke and another opened
+        new = uplink._sending(2)
+        stream, _ = uplink.open()
+        uplink.send(stream, b"hello")
+        with pytest.raises(StopAsyncIteration):
+            await asyncio.wait_for(waiting, 1)
+        sent = await asyncio.wait_for(anext(new), 1)
+        assert [(i.stream, i.message) for i in sent.items] == [(stream, b"hello")]
+
+    asyncio.run(scenario())

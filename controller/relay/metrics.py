@@ -1,0 +1,42 @@
+"""What a relay says about itself on ``/metrics`` (``vigil relay --metrics-port``); its ``/readyz`` is
+503 while it has no stream to the controller, so a Service sends agents only to relays that can
+carry them."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+
+class RelayMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.agents = Gauge("vigil_relay_agents", "Agent streams this relay carries now", registry=r)
+        self.uplink_up = Gauge(
+            "vigil_relay_uplink_up", "1 while the relay's stream to the controller is open", registry=r
+        )
+        self.queued = Gauge("vigil_relay_queued_bytes", "Agents' messages not yet sent to the controller", registry=r)
+        self.uplink_losses = Counter(
+            "vigil_relay_uplink_losses_total",
+            "Times the stream to the controller broke (the agents it carried were ended)",
+            registry=r,
+        )
+        self.messages = Counter(
+            "vigil_relay_messages_total",
+            "Messages carried, by direction (up: to the controller)",
+            ["direction"],
+            registry=r,
+        )
+        self.refused = Counter(
+            "vigil_relay_agents_refused_total",
+            "Agent streams the relay refused itself, by why (identity, no_controller, no_hello)",
+            ["why"],
+            registry=r,
+        )
+
+    def watch(self, carried: Callable[[], int], up: Callable[[], bool], queued: Callable[[], int]) -> None:
+        self.agents.set_function(carried)
+        self.uplink_up.set_function(lambda: 1 if up() else 0)
+        self.queued.set_function(queued)
