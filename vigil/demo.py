@@ -49,6 +49,8 @@ class Cluster:
     env: dict[str, str] = field(default_factory=dict)  # added to every process's environment
     host: str = "127.0.0.1"  # where the controller listens (its config's listen) and the agents dial
     prefixes: dict[str, list[str]] = field(default_factory=dict)  # a node's command prefix (ip netns exec ...)
+    relays: int = 0  # agents reach the controller through this many `vigil relay`s: node i through i mod relays
+    relay_ports: dict[int, int] = field(default_factory=dict)  # each relay's, kept across its restarts
 
     def kernel_log(self, node: str) -> Path:
         return self.workdir / f"{node}.kmsg"
@@ -97,6 +99,32 @@ class Cluster:
             )
         )
 
+    def start_relays(self, timeout: float) -> None:
+        for relay in range(self.relays):
+            self.start_relay(relay, timeout)
+
+    def start_relay(self, relay: int, timeout: float) -> None:
+        """Start a relay in front of the controller; again after ``stop_relay``: on the same port.
+        It is up once it has reached the controller."""
+        port_file = self.workdir / f"relay-{relay}.port"
+        port_file.unlink(missing_ok=True)
+        listen = f"{self.host}:{self.relay_ports.get(relay, 0)}"
+        args = ["relay", "--plaintext", "--controller", self.target, "--listen", listen, "--port-file", str(port_file)]
+        self._spawn(f"relay-{relay}", [*args, "--log-format", "json"])
+        found = wait_for(
+            lambda: port_file.read_text() if port_file.exists() else None, timeout, "the relay", self.check_alive
+        )
+        self.relay_ports[relay] = int(found)
+
+    def stop_relay(self, relay: int, kill: bool = False) -> None:
+        self._stop(f"relay-{relay}", kill)
+
+    def agent_target(self, node: str) -> str:
+        """Where a node's agent dials: the controller, or its relay."""
+        if not self.relays:
+            return self.target
+        return f"{self.host}:{self.relay_ports[self.nodes.index(node) % self.relays]}"
+
     def fault_file(self, node: str) -> Path:
         """The node's simulated GPUs read faults from this file as it grows (``gpus.simulated``)."""
         return self.workdir / f"{node}.faults"
@@ -112,7 +140,7 @@ class Cluster:
         if not restart:
             log.write_text("".join(_boot_lines(node, self.gpus)))
         spool = self.workdir / f"{node}.spool.db"
-        args = simulated_agent_args(node, self.target, log, spool, gpus or self.gpus, self.fault_file(node))
+        args = simulated_agent_args(node, self.agent_target(node), log, spool, gpus or self.gpus, self.fault_file(node))
         config = self.agent_configs.get(node, self.agent_config)
         self._spawn(node, [*args, *(["--config", str(config)] if config else [])])
 

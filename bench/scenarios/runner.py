@@ -100,7 +100,13 @@ def _run(
 ) -> Observed:
     from tests.fakes.slack_api import CHANNEL, TOKEN
 
-    cluster = Cluster(workdir, scenario.fleet.names, scenario.fleet.gpus, env={"VIGIL_SLACK_TOKEN": TOKEN})
+    cluster = Cluster(
+        workdir,
+        scenario.fleet.names,
+        scenario.fleet.gpus,
+        env={"VIGIL_SLACK_TOKEN": TOKEN},
+        relays=scenario.fleet.relays,
+    )
     labels = scenario.fleet.labels
     if fabric is not None:
         from tests.e2e.netns import HOST
@@ -134,6 +140,7 @@ def _run(
     config = _controller_config(workdir, settings)
     try:
         cluster.start_controller(START_TIMEOUT_S, config)
+        cluster.start_relays(START_TIMEOUT_S)
         cluster.start_agents()
         # Agents in network namespaces start through `ip netns exec`, a few a core on a loaded
         # machine: their registration gets twice as long.
@@ -251,6 +258,12 @@ def _play(
             continue
         if event.start_controller is not None:
             cluster.start_controller(START_TIMEOUT_S, config)
+            continue
+        if event.stop_relay is not None:
+            cluster.stop_relay(event.stop_relay.relay, kill=event.stop_relay.kill)
+            continue
+        if event.start_relay is not None:
+            cluster.start_relay(event.start_relay.relay, START_TIMEOUT_S)
             continue
         if event.smi is not None:
             machines.smi(event.node, event.smi)

@@ -28,7 +28,9 @@ needs ``job:``), ``sweep`` (a person runs ``vigil sweep``; what it must find is 
 ``fleet.infiniband``), ``smi`` (how a node's nvidia-smi behaves: resets that fail, GPUs gone after
 one; needs ``fleet.remedies``), ``job_process`` (a job's process on a node's GPU starts or goes),
 ``stop_controller`` / ``start_controller`` (the controller goes away, SIGTERM or SIGKILL, and comes
-back on the same database and port). ``at`` is seconds after every node reported healthy.
+back on the same database and port), ``stop_relay`` / ``start_relay`` (one of ``fleet.relays``, the
+``vigil relay`` its nodes' agents dial, goes away and comes back on the same port). ``at`` is seconds
+after every node reported healthy.
 
 Every page goes to a Slack Web API on loopback (the real ``slack-sdk``); the judge checks that
 each incident Vigil recorded as paged is one top-level Slack message, and that nothing else is.
@@ -86,6 +88,12 @@ class Fleet(_Strict):
         "a reboot the controller asks restarts the node's agent with its GPUs reset (needs controller remediation)",
     )
     after_reboot: dict[str, int] = Field(default_factory=dict, description="node -> the GPUs it has after a reboot")
+    relays: int = Field(
+        default=0,
+        ge=0,
+        le=4,
+        description="agents reach the controller through this many vigil relays (node-i: i-1 mod)",
+    )
 
     @property
     def names(self) -> list[str]:
@@ -152,6 +160,8 @@ EVENT_KINDS = (
     "sweep",
     "stop_controller",
     "start_controller",
+    "stop_relay",
+    "start_relay",
     "throttle",
     "smi",
     "job_process",
@@ -266,6 +276,15 @@ class StartController(_Strict):
     pass
 
 
+class StopRelay(_Strict):
+    relay: int = Field(default=0, ge=0, description="which relay (fleet.relays): node-i's is (i - 1) mod relays")
+    kill: bool = Field(default=False, description="SIGKILL, not SIGTERM")
+
+
+class StartRelay(_Strict):
+    relay: int = Field(default=0, ge=0)
+
+
 class Job(_Strict):
     """A training job on some of the fleet's nodes, reported to the controller as its hook would."""
 
@@ -292,6 +311,8 @@ class Event(_Strict):
     sweep: Sweep | None = None
     stop_controller: StopController | None = None
     start_controller: StartController | None = None
+    stop_relay: StopRelay | None = None
+    start_relay: StartRelay | None = None
     throttle: Throttle | None = None
     smi: Smi | None = None
     job_process: JobProcess | None = None
@@ -314,7 +335,9 @@ class Event(_Strict):
     @property
     def fleet_wide(self) -> bool:
         """Happens to the fleet or the controller, not to one node."""
-        return self.kind in ("job_windows", "sweep", "stop_controller", "start_controller", "throttle")
+        return self.kind in (
+            "job_windows", "sweep", "stop_controller", "start_controller", "stop_relay", "start_relay", "throttle"
+        )  # fmt: skip
 
 
 class Among(_Strict):
@@ -417,6 +440,10 @@ class Scenario(_Strict):
             raise ValueError("smi and job_process events need fleet.remedies: true")
         if self.fleet.remedies and not (self.controller.get("remediation") or {}).get("enabled"):
             raise ValueError("fleet.remedies needs controller: {remediation: {enabled: true}}")
+        for e in self.events:
+            relay = e.stop_relay or e.start_relay
+            if relay is not None and relay.relay >= self.fleet.relays:
+                raise ValueError(f"{e.kind} at {e.at} s: relay {relay.relay}, and fleet.relays is {self.fleet.relays}")
         if any(e.job_windows for e in self.events) and self.job is None:
             raise ValueError("job_windows events need a job: section")
         if bad := [e for e in self.events if bool(e.node) == e.fleet_wide]:

@@ -12,7 +12,9 @@ be slow once by chance, and one such pair beside a fault can make a small fabric
 at the wrong part (a node of a leaf of two slow in every pair, its pair across no evidence then).
 
 Localisation, from the largest component down (each explains the slow pairs through it):
-- a **leaf switch**: most of its nodes slow in every pair they ran (within the leaf and across);
+- a **leaf switch**: most of its nodes slow in every pair they ran (within the leaf and across),
+  each with a partner that is not slow in every pair (a good node whose partners were all bad
+  nodes is slow in every pair too: no evidence against its switch);
 - a **leaf's uplink**: the leaf is fine within, every pair across of its own is slow, and it is slow
   with most of the other leaves it met (two or more); two leaves are "slow with each other" when
   most of their pairs are. Leaves are taken greedily, the one slow with the most leaves first, while
@@ -208,11 +210,21 @@ def localise(
         explained.update(p for p in through if p in slow)
         domains[name] = domain
 
-    # Leaf switches: most of the leaf's nodes slow in every pair, its pairs within included.
+    # Leaf switches: most of the leaf's nodes slow in every pair, its pairs within included. A node
+    # counts only when it is slow with a partner that is not: a good node whose every partner was a
+    # bad node (slow in every pair itself) is slow in every pair too, and that is no evidence
+    # against its switch (three bad nodes in three leaves blamed one of the leaves otherwise).
+    slow_everywhere = {n for n, pairs in mine.items() if all(p in slow for p in pairs)}
+
+    def slow_itself(node: str) -> bool:
+        return node in slow_everywhere and any(
+            partner not in slow_everywhere for p in mine[node] for partner in p if partner != node
+        )
+
     bad_leaves = set()
     for leaf, members in groups.items():
         within = _within(runs, topology, leaf)
-        all_slow = [n for n in members if mine.get(n) and all(p in slow for p in mine[n])]
+        all_slow = [n for n in members if slow_itself(n)]
         mostly_slow = bool(within) and sum(p in slow for p in within) * 2 > len(within)
         if len(members) >= 2 and mostly_slow and len(all_slow) * 2 > len(members):
             bad_leaves.add(leaf)

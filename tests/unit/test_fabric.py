@@ -284,6 +284,15 @@ def test_a_node_slow_again_when_its_re_test_runs_once_more_is_blamed_saying_so()
     assert finding.node == "l3n1" and "slow again when run once more" in finding.reason
 
 
+def test_good_nodes_whose_partners_were_all_bad_nodes_blame_no_leaf() -> None:
+    """Found by the property below: three bad nodes in three leaves of five; in leaf l1 the two good
+    nodes that met only bad nodes (l1n0 within, l2n1 and l0n4 across) were slow in every pair, with
+    l1n0 the leaf's majority, and its switch was blamed instead of l1n0."""
+    bad = {"l2n1", "l1n0", "l0n4"}
+    fabric = Fabric(5, 5, bad={f"node:{n}": 1.0 for n in bad})
+    assert sorted(named(sweep(fabric))) == sorted(("node", n) for n in bad)
+
+
 @settings(max_examples=100, deadline=None)
 @given(st.integers(4, 8), st.integers(4, 8), st.data())
 def test_bad_nodes_in_several_leaves_are_nodes_not_the_uplinks_between(
