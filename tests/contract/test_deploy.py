@@ -26,6 +26,7 @@ from agent.config import load_agent_config
 from agent.metrics import AgentMetrics
 from controller.config import load_controller_config
 from controller.metrics import ControllerMetrics
+from controller.relay.metrics import RelayMetrics
 
 ROOT = Path(__file__).parents[2]
 KUSTOMIZE = ROOT / "deploy" / "kustomize"
@@ -109,7 +110,7 @@ def test_the_monitoring_objects_carry_the_label_prometheus_operator_selects(
     """kube-prometheus-stack selects ServiceMonitors and PrometheusRules by ``release``: each
     overlay sets it (a setting in its kustomization.yaml)."""
     monitoring = find(overlays[overlay], "ServiceMonitor") + find(overlays[overlay], "PrometheusRule")
-    assert len(monitoring) == 3
+    assert len(monitoring) == 4  # the controller's, the agents', the relays' ServiceMonitors, the rules
     assert all(o["metadata"].get("labels", {}).get("release") == "kube-prometheus-stack" for o in monitoring)
 
 
@@ -179,7 +180,9 @@ def test_the_relay_component_points_the_agents_at_relays_that_reach_the_controll
     objects = overlays["with-relay"]
     (agent,) = find(objects, "DaemonSet", "vigil-agent")
     (relay,) = find(objects, "Deployment", "vigil-relay")
-    (relays,) = find(objects, "Service", "vigil-relay")
+    (relays,) = [o for o in find(objects, "Service") if o["metadata"]["name"] == "vigil-relay"]
+    (metrics,) = [o for o in find(objects, "Service") if o["metadata"]["name"] == "vigil-relay-metrics"]
+    assert metrics["spec"]["publishNotReadyAddresses"]  # a relay that cannot reach the controller is scraped too
     (controller,) = [o for o in find(objects, "Service") if o["metadata"]["name"] == "vigil-controller"]
     args = agent["spec"]["template"]["spec"]["containers"][0]["args"]
     assert args[-1] == "--controller=vigil-relay.vigil.svc:7070"
@@ -196,7 +199,7 @@ def test_the_relay_component_points_the_agents_at_relays_that_reach_the_controll
     command = [sys.executable, "-m", "vigil", *[cert_dir if a == "/etc/vigil/tls" else a for a in relay_args]]
     done = subprocess.run([*command, "--plaintext"], capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "not both" in done.stderr, done.stderr
-    (policy,) = find(objects, "NetworkPolicy", "vigil-relay")
+    (policy,) = [o for o in find(objects, "NetworkPolicy") if o["metadata"]["name"] == "vigil-relay"]
     assert policy["spec"]["egress"][-1]["to"][0]["podSelector"]["matchLabels"] == controller["spec"]["selector"]
 
 
@@ -373,10 +376,10 @@ def test_the_postgres_component_gives_the_controller_its_dsn_from_the_secret(
 
 
 def exported_metrics() -> set[str]:
-    """The sample names the controller and the agent expose (a counter as NAME_total, ...)."""
+    """The sample names the controller, the agent and a relay expose (a counter as NAME_total, ...)."""
     suffixes = {"counter": ["_total"], "histogram": ["_bucket", "_sum", "_count"], "gauge": [""]}
     names = set()
-    for registry in (ControllerMetrics().registry, AgentMetrics("n").registry):
+    for registry in (ControllerMetrics().registry, AgentMetrics("n").registry, RelayMetrics().registry):
         for family in registry.collect():
             names |= {family.name + s for s in suffixes[family.type]}
     return names
@@ -425,7 +428,7 @@ def promtool() -> Iterator[str]:
 def test_promtool_checks_the_rules(promtool: str, rules: Path) -> None:
     done = subprocess.run([promtool, "check", "rules", str(rules)], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "SUCCESS: 19 rules found" in done.stdout
+    assert "SUCCESS: 20 rules found" in done.stdout
 
 
 def test_the_alerts_fire_when_they_should(promtool: str, rules: Path) -> None:
