@@ -27,7 +27,7 @@ from controller.nodes.actions.fold_reports import FoldReports
 from controller.nodes.actions.runner import ActionRunner
 from controller.nodes.adopt import adopt_cluster_state
 from controller.nodes.agent_outboxes import AgentOutboxes
-from controller.nodes.app_faults import AppFaults, JobMembership
+from controller.nodes.app_faults import CRASH_PAGE, AppFaults, JobMembership
 from controller.nodes.by_hand import ByHand
 from controller.nodes.check_requests import CheckRequests
 from controller.nodes.engine import Engine
@@ -116,6 +116,7 @@ def node_route(
     outboxes, events = AgentOutboxes(), NodeEvents()
     app_faults = app_faults or AppFaults(JobMembership())
     app_faults.restore(store.incidents.still_held())  # held by the controller before this one
+    app_faults.restore_paged(store.actions.pages_since(CRASH_PAGE, clock() - app_faults.config.page_every_s))
     refused = metrics.check_results_refused
     checks = CheckRequests(
         store.records, outboxes.send, check_results_per_node_hour, lambda node: refused.labels(node).inc(), clock

@@ -163,6 +163,13 @@ class AppFaults:
             at = h.signal.observed_at or h.decide_at - self.config.grace_s
             self._last_hit[h.signal.node] = max(at, self._last_hit.get(h.signal.node, at))
 
+    def restore_paged(self, pages: Sequence[tuple[str, float]]) -> None:
+        """The job-crash pages an earlier controller asked for (incident, when; from its action log):
+        the same crash is not paged again within ``page_every_s`` across a restart."""
+        for incident, at in pages:
+            if job := job_of_crash_page(incident):
+                self._paged_at[job] = max(at, self._paged_at.get(job, at))
+
     def hold(self, signal: Signal, spool_id: str, now: float) -> None:
         """Decide ``signal`` after the grace, unless a crash of its job claims it first."""
         held = Held(now + self.config.grace_s, spool_id, signal)
@@ -205,4 +212,15 @@ def job_crash_page(job: str, nodes: Sequence[str], hit: Sequence[str], now: floa
     )
     did = "recorded on each node; no node marked SUSPECT, nobody quarantined"
     remedy = "look at the job's logs (its code, its data, its last change) before the GPUs"
-    return Page(f"app-{job}-{int(now)}", "", Severity.SUSPECT, summary, remedy, now, did=did)
+    return Page(f"{CRASH_PAGE}{job}-{int(now)}", "", Severity.SUSPECT, summary, remedy, now, did=did)
+
+
+CRASH_PAGE = "app-"  # a job crash page's incident: app-<job>-<when>
+
+
+def job_of_crash_page(incident: str) -> str:
+    """The job a crash page's incident id names ("" for another incident). Pure."""
+    if not incident.startswith(CRASH_PAGE):
+        return ""
+    job, _, when = incident.removeprefix(CRASH_PAGE).rpartition("-")
+    return job if when.isdigit() else ""

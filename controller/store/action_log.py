@@ -54,6 +54,16 @@ class ActionLog:
         """Whether the incident has a page (to send later words to its thread)."""
         return bool(self._db.read("SELECT 1 FROM actions WHERE incident_id = ? AND kind LIKE 'PAGE%'", (incident_id,)))
 
+    def pages_since(self, prefix: str, since: float) -> list[tuple[str, float]]:
+        """(incident, when asked) of the pages asked for since ``since`` whose incident ids begin
+        with ``prefix`` (a job crash's: what the next controller must not page again)."""
+        rows = self._db.read(
+            "SELECT incident_id, requested_at FROM actions WHERE kind LIKE 'PAGE%' AND incident_id LIKE ? "
+            "AND requested_at >= ?",
+            (prefix.replace("%", "").replace("_", "") + "%", since),
+        )
+        return [(str(r[0]), float(r[1])) for r in rows]
+
     def pending(self) -> list[PendingAction]:
         return self._with_status("PENDING")
 

@@ -10,7 +10,14 @@ import pytest
 
 from controller.act.local_actuator import LocalActuator
 from controller.compose import node_route
-from controller.nodes.app_faults import AppFaultConfig, AppFaults, JobMembership, job_crashed
+from controller.nodes.app_faults import (
+    AppFaultConfig,
+    AppFaults,
+    JobMembership,
+    job_crash_page,
+    job_crashed,
+    job_of_crash_page,
+)
 from controller.nodes.decide import decide
 from controller.nodes.engine import Engine
 from controller.store import Store
@@ -267,3 +274,37 @@ def test_a_crash_seen_across_a_restart_claims_what_the_last_controller_held(tmp_
             await e.shutdown()
 
     asyncio.run(scenario())
+
+
+def test_a_jobs_crash_paged_before_a_restart_is_not_paged_again_after_it(tmp_path: Path) -> None:
+    """The job's crash is paged, the controller restarts, and the job's nodes write their XIDs again
+    within ``page_every_s`` (the same crash, still being torn down, or the next): no second page."""
+
+    async def scenario() -> None:
+        now = [1000.0]
+        engine, pager, _ = _engine(tmp_path, now)
+        for node in NODES[:3]:
+            three_xid13(engine, node, now[0])
+        await engine.wait_for_actions()
+        assert [p.node for p in pager.sent] == [""]  # the job's page
+        engine.store.writer.catch_up()
+        again, pager_after, _ = _engine(tmp_path, now)
+        now[0] += 60.0
+        for node in NODES[:3]:  # the agents' next signals (their spools number on)
+            again.receive(node, [replace(xid(node, 13, now[0] + 1.5 * i), seq=4 + i) for i in range(3)])
+        assert again.fleet.nodes["n3"].last_seq == 6  # taken, not dropped as replays
+        now[0] += 5.0
+        again.decide_held()
+        await again.wait_for_actions()
+        assert pager_after.sent == []
+        assert {n: again.fleet.nodes[n].state.health for n in NODES} == dict.fromkeys(NODES, Health.HEALTHY)
+        for e in (engine, again):
+            await e.store.group.durable()
+            await e.shutdown()
+
+    asyncio.run(scenario())
+
+
+def test_a_crash_pages_incident_names_its_job() -> None:
+    assert job_of_crash_page(job_crash_page("train-7b", ["n1"], ["n1"], 1234.5).incident_id) == "train-7b"
+    assert job_of_crash_page("inc-42") == "" and job_of_crash_page("app-train-latest") == ""
