@@ -198,10 +198,10 @@ def relay(
     _setup_logs(log_format)
     if problem := transport_problem(tls_dir, plaintext):
         _fail(problem)
-    for name, value in (("--controller", controller), ("--listen", listen)):
-        host, _, port = value.rpartition(":")
+    for name, value in [*(("--controller", c) for c in controller.split(",")), ("--listen", listen)]:
+        host, _, port = value.strip().rpartition(":")
         if not (host.strip("[]") and is_address(host.strip("[]")) and port.isdigit() and 0 <= int(port) <= 65535):
-            _fail(f"{name} must be host:port, not {value!r}")
+            _fail(f"{name} must be host:port (the controller's: each replica's, separated by commas), not {value!r}")
     try:
         tls = TlsFiles.load(tls_dir) if tls_dir is not None else None
     except TlsError as exc:

@@ -168,7 +168,7 @@ async def serve(
 def not_ready(uplink: Uplink) -> list[str]:
     """Why this relay is not ready (``/readyz``): it takes no agent while it has no stream to the
     controller."""
-    return [] if uplink.connected.is_set() else [f"not connected to the controller at {uplink.target}"]
+    return [] if uplink.connected.is_set() else [f"not connected to the controller at {', '.join(uplink.targets)}"]
 
 
 def run_relay(settings: RelaySettings, port_file: Path | None = None) -> None:

@@ -56,7 +56,8 @@ class Uplink:
         max_message_bytes: int = 4 << 20,
         metrics: RelayMetrics | None = None,
     ) -> None:
-        self.target = target
+        self.targets = [t.strip() for t in target.split(",") if t.strip()]  # every replica's, as agents list them
+        self.target = self.targets[0]  # the one tried now: the leader's once found
         self.metrics = metrics or RelayMetrics()
         self._tls = tls
         self._max_message_bytes = max_message_bytes
@@ -142,8 +143,11 @@ class Uplink:
                 log.warning("relay_uplink_lost", controller=self.target, why=why)
             elif attempt % 10 == 0:  # not reached again: said now and then, not at every try
                 log.warning("relay_uplink_unreachable", controller=self.target, why=why, tries=attempt + 1)
-            # A few relays, not a fleet: they try again soon, while their agents wait for them.
-            if not await wait_event(stop, backoff_delay(attempt, base=0.25, cap=2.0)):
+            # The next replica at once (the leader may be another); round the list, after a pause: a
+            # few relays, not a fleet, so they try again soon, while their agents wait for them.
+            self.target = self.targets[(self.targets.index(self.target) + 1) % len(self.targets)]
+            pause = backoff_delay(attempt, base=0.25, cap=2.0) if self.target == self.targets[0] else 0.05
+            if not await wait_event(stop, pause) and self.target == self.targets[0]:
                 attempt += 1
 
     def _deliver(self, down: relay_pb2.RelayDown) -> None:

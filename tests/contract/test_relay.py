@@ -43,10 +43,11 @@ class Relay:
     """A relay on this event loop, in front of ``controller``."""
 
     def __init__(
-        self, controller_port: int, port: int = 0, metrics_port: int | None = None, first_message_s: float = 30.0
+        self, controller_port: int | str, port: int = 0, metrics_port: int | None = None, first_message_s: float = 30.0
     ) -> None:
         self.port = port or free_port()
-        target, listen = f"127.0.0.1:{controller_port}", f"127.0.0.1:{self.port}"
+        target = f"127.0.0.1:{controller_port}" if isinstance(controller_port, int) else controller_port
+        listen = f"127.0.0.1:{self.port}"
         self.settings = RelaySettings(target, listen, None, first_message_s, metrics_port=metrics_port)
         self.stop = asyncio.Event()
         self.ready = asyncio.Event()
@@ -313,5 +314,32 @@ def test_a_broken_streams_sender_takes_nothing_the_next_stream_must_send() -> No
             await asyncio.wait_for(waiting, 1)
         sent = await asyncio.wait_for(anext(new), 1)
         assert [(i.stream, i.message) for i in sent.items] == [(stream, b"hello")]
+
+    asyncio.run(scenario())
+
+
+def test_a_relay_given_every_replica_finds_the_one_that_serves_and_follows_a_failover(tmp_path: Path) -> None:
+    """As agents list every replica (only the leader serves), a relay does: it carries its agents to
+    whichever answers, and to the other when that one goes and the other starts serving."""
+
+    async def scenario() -> None:
+        first_port, second_port = free_port(), free_port()
+        controller = await start_controller(tmp_path / "a.db", second_port)  # the second listed leads
+        spool, stop = Spool(tmp_path / "spool.db"), asyncio.Event()
+        async with Relay(f"127.0.0.1:{first_port},127.0.0.1:{second_port}") as relay:
+            link = link_for(spool, relay.port)
+            running = asyncio.create_task(link.run(stop))
+            spool.append([xid(45)])
+            link.notify()
+            await wait_until(lambda: spool.acked_seq == 1, what="acknowledged through the serving replica")
+            await stop_controller(controller)
+            controller = await start_controller(tmp_path / "a.db", first_port)  # the other replica now leads
+            spool.append([xid(45)])
+            link.notify()
+            await wait_until(lambda: spool.acked_seq == 2, timeout=30, what="acknowledged by the new leader")
+            assert connected(controller) and signals_received(controller) == 1
+            stop.set()
+            await running
+        await stop_controller(controller)
 
     asyncio.run(scenario())
