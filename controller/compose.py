@@ -122,6 +122,7 @@ def node_route(
         store.records, outboxes.send, check_results_per_node_hour, lambda node: refused.labels(node).inc(), clock
     )
     fleet = Fleet(store.nodes.load(), store.incidents.latest_open(), clock())
+    app_faults.restore_hardware(entry.state for entry in fleet.nodes.values())
     bucket = TokenBucket(guardrails.quarantines_per_s, guardrails.quarantine_burst)
     after = AfterAction(fleet, store.nodes, recovery, drain, clock, paged=store.actions.paged)
     runner = ActionRunner(

@@ -24,13 +24,14 @@ With ``MAX_HELD`` held already, a signal is decided at once: never held and forg
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import structlog
 from pydantic import Field
 
 from controller.vocab.actions import Page, PageUpdate
 from controller.vocab.held import Held
+from controller.vocab.node_state import NodeState
 from controller.vocab.policy import Policy, Severity
 from vigil_core.config_file import ConfigModel
 from vigil_core.signals import Signal, SignalKind
@@ -162,6 +163,14 @@ class AppFaults:
         for h in held:
             at = h.signal.observed_at or h.decide_at - self.config.grace_s
             self._last_hit[h.signal.node] = max(at, self._last_hit.get(h.signal.node, at))
+
+    def restore_hardware(self, states: Iterable[NodeState]) -> None:
+        """The hardware XIDs the nodes' remembered incidents hold (their last time): a job crash seen
+        just after a restart is still the hardware's when one of its nodes had one within the window."""
+        for state in states:
+            for ref in state.incidents:
+                if ref.severity is Severity.QUARANTINE and f"|{SignalKind.XID.value}|" in ref.key:
+                    self._hardware[state.node] = max(ref.last_at, self._hardware.get(state.node, ref.last_at))
 
     def restore_paged(self, pages: Sequence[tuple[str, float]]) -> None:
         """The job-crash pages an earlier controller asked for (incident, when; from its action log):

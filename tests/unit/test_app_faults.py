@@ -308,3 +308,31 @@ def test_a_jobs_crash_paged_before_a_restart_is_not_paged_again_after_it(tmp_pat
 def test_a_crash_pages_incident_names_its_job() -> None:
     assert job_of_crash_page(job_crash_page("train-7b", ["n1"], ["n1"], 1234.5).incident_id) == "train-7b"
     assert job_of_crash_page("inc-42") == "" and job_of_crash_page("app-train-latest") == ""
+
+
+def test_a_hardware_xid_before_a_restart_still_explains_the_jobs_crash_after_it(tmp_path: Path) -> None:
+    """n4 writes XID 79 (hardware: quarantined, paged on its own); the controller restarts; n1-n3's
+    crash lines arrive just after: the crash is the hardware's, not paged as the job's own code."""
+
+    async def scenario() -> None:
+        now = [1000.0]
+        engine, pager, _ = _engine(tmp_path, now)
+        engine.receive("n4", [replace(xid("n4", 79, now[0]), seq=1)])
+        await engine.wait_for_actions()
+        assert [p.node for p in pager.sent] == ["n4"]
+        engine.store.writer.catch_up()
+        await engine.store.group.durable()
+        again, pager_after, membership = _engine(tmp_path, now)
+        now[0] += 5.0
+        for node in NODES[:3]:
+            three_xid13(again, node, now[0])
+        now[0] += 5.0
+        again.decide_held()
+        await again.wait_for_actions()
+        assert [p.node for p in pager_after.sent if not p.node] == []  # no page blaming the job's code
+        assert {n: again.fleet.nodes[n].state.health for n in NODES[:3]} == dict.fromkeys(NODES[:3], Health.HEALTHY)
+        for e in (engine, again):
+            await e.store.group.durable()
+            await e.shutdown()
+
+    asyncio.run(scenario())
