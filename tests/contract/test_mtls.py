@@ -188,6 +188,14 @@ def test_a_relay_carries_agents_only_for_the_nodes_their_certificates_name(pki: 
     serve(pki, tmp_path, test)
 
 
+def test_a_real_agent_connects_through_a_real_relay_with_its_node_certificate(pki: Path, tmp_path: Path) -> None:
+    async def test(target: str) -> None:
+        async with relay_process(target, pki, tmp_path) as through:
+            await registers(target, pki, tmp_path, ["--tls-dir", str(pki / "ours" / "node-node-2")], dial=through)
+
+    serve(pki, tmp_path, test)
+
+
 def test_through_a_relay_an_agent_token_speaks_only_for_its_node_and_is_reviewed_again(
     pki: Path, tmp_path: Path
 ) -> None:
@@ -280,10 +288,11 @@ def test_a_tls_client_of_a_plaintext_controller_is_told_so(pki: Path, tmp_path: 
     asyncio.run(scenario())
 
 
-async def registers(target: str, pki: Path, tmp_path: Path, transport: list[str]) -> None:
-    """``vigil agent`` for node-2 with these transport flags comes up in the controller's status."""
+async def registers(target: str, pki: Path, tmp_path: Path, transport: list[str], dial: str = "") -> None:
+    """``vigil agent`` for node-2 with these transport flags (dialing ``dial``, else the controller)
+    comes up in the controller's status."""
     command = [
-        sys.executable, "-m", "vigil", "agent", "--node", "node-2", "--controller", target, *transport,
+        sys.executable, "-m", "vigil", "agent", "--node", "node-2", "--controller", dial or target, *transport,
         "--gpu-backend", "simulated", "--simulated-gpus", "2",
         "--kernel-log-source", "none", "--spool", str(tmp_path / "spool.db"), "--metrics-port", "0",
     ]  # fmt: skip
