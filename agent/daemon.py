@@ -234,6 +234,7 @@ class Agent:
             spool_id=self.spool.spool_id,
             address=self.config.advertise_address,
             idle_heartbeat_s=self.config.idle_heartbeat_s,
+            jobs=self.jobs_seen,
         )
 
     def record(self, signals: list[Signal], cursors: Mapping[str, str] | None = None) -> None:

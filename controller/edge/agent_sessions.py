@@ -135,7 +135,9 @@ class AgentSessions:
         address = hello.address or peer_host(peer)
         opened = False
         try:
-            acked = self._engine.hello(node, hello.spool_id, len(hello.gpus), address, hello.idle_heartbeat_s)
+            acked = self._engine.hello(
+                node, hello.spool_id, len(hello.gpus), address, hello.idle_heartbeat_s, list(hello.jobs)
+            )
             await self._engine.durable()
             # Open now, whatever ended meanwhile: an older stream of this node's that closed while this
             # Hello was written counted the node as gone.

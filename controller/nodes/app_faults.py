@@ -60,10 +60,15 @@ def job_crashed(nodes: Sequence[str], last_hit: Mapping[str, float], now: float,
 
 
 class JobMembership:
-    """Which nodes each known job runs on (the job monitor writes, the engine reads)."""
+    """Which nodes each known job runs on: as its reports say (the job monitor writes), else as the
+    nodes' agents say (the jobs their processes run, with each Hello and heartbeat: what a job
+    without the hook has, and every job right after a controller restart, before it reports again).
+    The engine reads."""
 
     def __init__(self) -> None:
         self._nodes: dict[str, tuple[str, ...]] = {}
+        self._seen: dict[str, set[str]] = {}  # job -> the nodes whose agents see it
+        self._seen_on: dict[str, frozenset[str]] = {}  # node -> the jobs its agent sees
 
     def set(self, job_id: str, nodes: Sequence[str]) -> None:
         self._nodes[job_id] = tuple(nodes)
@@ -71,8 +76,31 @@ class JobMembership:
     def forget(self, job_id: str) -> None:
         self._nodes.pop(job_id, None)
 
+    def agent_sees(self, node: str, jobs: frozenset[str]) -> None:
+        """What the node's agent says its processes run now."""
+        before = self._seen_on.get(node, frozenset())
+        if jobs == before:
+            return
+        for job in before - jobs:
+            if (nodes := self._seen.get(job)) is not None:
+                nodes.discard(node)
+                if not nodes:
+                    del self._seen[job]
+        for job in jobs - before:
+            self._seen.setdefault(job, set()).add(node)
+        if jobs:
+            self._seen_on[node] = jobs
+        else:
+            self._seen_on.pop(node, None)
+
     def jobs_of(self, node: str) -> list[tuple[str, tuple[str, ...]]]:
-        return [(job, nodes) for job, nodes in sorted(self._nodes.items()) if node in nodes]
+        reported = [(job, nodes) for job, nodes in sorted(self._nodes.items()) if node in nodes]
+        seen = [
+            (job, tuple(sorted(self._seen[job])))
+            for job in sorted(self._seen_on.get(node, frozenset()))
+            if job not in self._nodes
+        ]
+        return reported + seen
 
 
 class AppFaults:

@@ -86,9 +86,18 @@ class Engine:
 
     # Agents --------------------------------------------------------------------------------
 
-    def hello(self, node: str, spool_id: str, gpus: int, address: str = "", idle_heartbeat_s: float = 0.0) -> int:
+    def hello(
+        self,
+        node: str,
+        spool_id: str,
+        gpus: int,
+        address: str = "",
+        idle_heartbeat_s: float = 0.0,
+        jobs: Sequence[str] = (),
+    ) -> int:
         """Register a (re)connecting agent; returns the seq it may drop its spool up to (``ack_seq``).
-        ``idle_heartbeat_s``: how long it may stay quiet with nothing new (0: it beats steadily)."""
+        ``idle_heartbeat_s``: how long it may stay quiet with nothing new (0: it beats steadily);
+        ``jobs``: what its processes run now."""
         now = self.clock()
         entry = self.fleet.nodes.get(node)
         changed = entry is None  # what the database holds of the node: written only when it changes
@@ -103,6 +112,7 @@ class Engine:
         entry.state = state
         entry.last_heartbeat, entry.gpus, entry.address = now, gpus, address  # connected once its stream opens
         entry.connected_at, entry.idle_heartbeat_s = now, max(0.0, idle_heartbeat_s)
+        self._jobs_seen(node, entry, jobs)
         self.fleet.watch_silence(node, now + self.policy.heartbeat_timeout_s)
         expected, entry.expected_gpus = entry.expected_gpus, max(entry.expected_gpus, gpus)
         if changed:  # a reconnection after a restart writes nothing: 100,000 agents come back at once
@@ -145,6 +155,10 @@ class Engine:
         held_back = self.runner.held_back_seq(node)
         return entry.last_seq if held_back is None else min(entry.last_seq, held_back - 1)
 
+    def _jobs_seen(self, node: str, entry: NodeEntry, jobs: Sequence[str]) -> None:
+        entry.jobs = frozenset(j for j in jobs[:MAX_JOBS_PER_NODE] if is_job_id(j))
+        self.app_faults.membership.agent_sees(node, entry.jobs)
+
     def heartbeat(
         self,
         node: str,
@@ -157,7 +171,7 @@ class Engine:
     ) -> None:
         entry = self.fleet.entry(node)
         entry.last_heartbeat, entry.spooled = self.clock(), max(0, spooled)
-        entry.jobs = frozenset(j for j in jobs[:MAX_JOBS_PER_NODE] if is_job_id(j))
+        self._jobs_seen(node, entry, jobs)
         entry.ranks = tuple(r for r in ranks[:MAX_RANKS_PER_NODE] if r.node == node and is_valid(r))
         if len(entry.ranks) < len(ranks):  # its agent sent what no agent of this version sends
             log.warning("agent_rank_progress_refused", node=node, sent=len(ranks), kept=len(entry.ranks))

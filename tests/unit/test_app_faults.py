@@ -336,3 +336,41 @@ def test_a_hardware_xid_before_a_restart_still_explains_the_jobs_crash_after_it(
             await e.shutdown()
 
     asyncio.run(scenario())
+
+
+def test_the_nodes_agents_say_which_jobs_they_run_where_no_report_does() -> None:
+    membership = JobMembership()
+    for node in ("n1", "n2", "n3"):
+        membership.agent_sees(node, frozenset({"train"}))
+    membership.agent_sees("n3", frozenset({"train", "eval"}))
+    assert membership.jobs_of("n3") == [("eval", ("n3",)), ("train", ("n1", "n2", "n3"))]
+    membership.agent_sees("n2", frozenset())  # its processes ended
+    assert membership.jobs_of("n1") == [("train", ("n1", "n3"))] and membership.jobs_of("n2") == []
+    membership.set("train", ["n1", "n2", "n3", "n4"])  # the job's own report says better
+    assert membership.jobs_of("n3") == [("train", ("n1", "n2", "n3", "n4")), ("eval", ("n3",))]
+
+
+def test_a_jobs_crash_is_known_from_its_agents_where_no_report_says_the_job(tmp_path: Path) -> None:
+    """No report of the job (it has no hook, or the controller restarted and forgot the reports); the
+    job's agents say it with their Hellos: its crash is the job's own (one page, nobody SUSPECT), not
+    three bad GPUs."""
+
+    async def scenario() -> None:
+        now = [1000.0]
+        store, pager = Store(tmp_path / "ctl.db"), RecordingPager()
+        faults = AppFaults(JobMembership(), AppFaultConfig(grace_s=2.0))
+        route = node_route(store, Policy(), LocalActuator(store.db), pager, clock=lambda: now[0], app_faults=faults)
+        engine = route.engine
+        for n in NODES:  # no job reports: only the agents say what runs
+            engine.hello(n, f"spool-{n}", 8, jobs=["train"])
+        for node in NODES[:3]:
+            three_xid13(engine, node, now[0])
+        now[0] += 5.0
+        engine.decide_held()
+        await engine.wait_for_actions()
+        assert [p.node for p in pager.sent] == [""]  # the job's page
+        assert {n: engine.fleet.nodes[n].state.health for n in NODES} == dict.fromkeys(NODES, Health.HEALTHY)
+        await engine.store.group.durable()
+        await engine.shutdown()
+
+    asyncio.run(scenario())
