@@ -41,7 +41,7 @@ log = structlog.get_logger(__name__)
 
 REPLIES_PER_MESSAGE = 1000  # DownItems in one RelayDown
 MAX_WAITING_BYTES = 64 << 20  # a relay's messages not handled yet: past this its stream is not read until half of it is
-OK = grpc.StatusCode.OK.value[0]
+OK, INTERNAL = grpc.StatusCode.OK.value[0], grpc.StatusCode.INTERNAL.value[0]
 
 
 class RelayedOutbox(Outbox[Message]):
@@ -156,6 +156,9 @@ class _Relay:
             end = relay_pb2.StreamEnd(code=refused.code.value[0], details=refused.why)
             end.retry_after_ms = refused.retry_after_ms
             self._finish(stream, end)
+        except Exception as exc:  # a bug: this agent's stream ends (as a direct one's call would), not the relay's
+            log.exception("relayed_stream_failed", node=stream.node, relay=self.peer)
+            self._finish(stream, relay_pb2.StreamEnd(code=INTERNAL, details=f"the controller failed: {exc!r:.200}"))
         finally:
             stream.busy = False
             if stream.finishing:
