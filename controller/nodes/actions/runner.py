@@ -13,6 +13,7 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 
 import structlog
 
@@ -21,6 +22,7 @@ from controller.metrics import ControllerMetrics
 from controller.nodes.actions.apply import execute
 from controller.nodes.guards.rules import TokenBucket
 from controller.store import ActionLog, PendingAction
+from controller.store.health import is_database_error
 from controller.vocab.actions import ExternalAction, Page, Quarantine, action_kind
 from vigil_core.supervise import Tasks
 
@@ -38,6 +40,9 @@ Settle = Callable[[Quarantine | Page], Awaitable[str | None]]  # wait, then why 
 
 async def _go(action: Quarantine | Page) -> str | None:
     return None
+
+
+STORE_RETRY_S = 1.0  # an action that needs the store (its bookkeeping, the local actuator) tries it again this often
 
 
 def retry_delay(attempt: int) -> float:
@@ -114,31 +119,60 @@ class ActionRunner:
                     detail = await loop.run_in_executor(self._executor, execute, action, self.actuator, self.pager)
                 except PermanentActionError as exc:
                     bound.error("action_failed_permanently", error=str(exc))
-                    self._finish(pending, kind, "FAILED", str(exc)[:500])
+                    await self._finished(pending, kind, "FAILED", str(exc)[:500])
                     return
                 except NotReadyYet as exc:  # waiting on another action is not a failed attempt
                     if waited_s >= MAX_WAIT_FOR_OTHER_S:
-                        self._finish(pending, kind, "FAILED", f"gave up waiting: {exc}")
+                        await self._finished(pending, kind, "FAILED", f"gave up waiting: {exc}")
                         return
                     await asyncio.sleep(0.2)
                     waited_s += 0.2
                     continue
                 except Exception as exc:  # the actuator's failure is retried, never fatal
+                    if is_database_error(exc):  # the store away (the local actuator writes there): not its attempt
+                        bound.warning("action_waits_for_the_store", error=repr(exc))
+                        await asyncio.sleep(STORE_RETRY_S)
+                        continue
                     bound.warning("action_failed", attempt=attempt, error=repr(exc))
-                    self.actions.count_attempt(pending.incident_id, kind, repr(exc)[:500])
+                    count = partial(self.actions.count_attempt, pending.incident_id, kind, repr(exc)[:500])
+                    if not self._recorded(count):
+                        bound.warning("action_attempt_not_counted", why="the store takes no writes now")
                     await asyncio.sleep(retry_delay(attempt))
                     attempt += 1
                     continue
-                latency = self._finish(pending, kind, "DONE", detail)
+                latency = await self._finished(pending, kind, "DONE", detail)
                 bound.info("action_done", detail=detail, latency_s=round(latency, 4))
                 for follow in self.on_done(pending, detail):
                     self.request(follow)
                 return
-            self._finish(pending, kind, "FAILED", "gave up after retries")
+            await self._finished(pending, kind, "FAILED", "gave up after retries")
             bound.error("action_gave_up", attempts=MAX_ACTION_ATTEMPTS)
         finally:
             self._in_flight.discard(key)
             self._release_ack(action.node, key)
+
+    @staticmethod
+    def _recorded(write: Callable[[], object]) -> bool:
+        """Run a bookkeeping write; False when the store takes no writes now (anything else raises)."""
+        try:
+            write()
+        except Exception as exc:
+            if not is_database_error(exc):
+                raise
+            return False
+        return True
+
+    async def _finished(self, pending: PendingAction, kind: str, status: str, detail: str) -> float:
+        """Record the action's outcome, waiting for the store while it takes no writes: an outcome
+        left unrecorded would leave the action PENDING, carried out again only by the next controller."""
+        while True:
+            try:
+                return self._finish(pending, kind, status, detail)
+            except Exception as exc:
+                if not is_database_error(exc):
+                    raise
+                log.warning("action_outcome_waits_for_the_store", incident=pending.incident_id, action=kind)
+                await asyncio.sleep(STORE_RETRY_S)
 
     def _finish(self, pending: PendingAction, kind: str, status: str, detail: str) -> float:
         now = self.clock()
