@@ -83,7 +83,10 @@ class AgentStreams:
             if why := identity_problem(first, identity, token):
                 log.warning("call_refused", peer=context.peer(), why=why)
                 self._uplink.metrics.refused.labels("identity").inc()
-                await context.abort(grpc.StatusCode.PERMISSION_DENIED, why)
+                tokenless = identity is not None and identity.role == "agents"  # as the controller says it
+                await context.abort(
+                    grpc.StatusCode.UNAUTHENTICATED if tokenless else grpc.StatusCode.PERMISSION_DENIED, why
+                )
         if not self._uplink.connected.is_set():  # the controller restarting: its agents wait here, not on backoff
             try:
                 await asyncio.wait_for(self._uplink.connected.wait(), settings.first_message_s)

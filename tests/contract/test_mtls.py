@@ -178,7 +178,8 @@ def test_a_relay_carries_agents_only_for_the_nodes_their_certificates_name(pki: 
             assert await hello(through, mine(pki, "node-node-1", "theirs"), "node-1") is grpc.StatusCode.UNAVAILABLE
             # The shared agents certificate's token goes to the controller, which takes no tokens here.
             assert await hello(through, with_token(pki, tmp_path, "t"), "node-1") is grpc.StatusCode.PERMISSION_DENIED
-            assert await hello(through, mine(pki, "agents"), "node-1") is grpc.StatusCode.PERMISSION_DENIED
+            # The shared certificate without its token: refused as the controller refuses it.
+            assert await hello(through, mine(pki, "agents"), "node-1") is grpc.StatusCode.UNAUTHENTICATED
             # The controller takes the relay's service only from a relay, and no agent from a relay.
             assert await relay_call(target, mine(pki, "relay-127.0.0.1")) is grpc.StatusCode.OK
             assert await relay_call(target, mine(pki, "node-node-1")) is grpc.StatusCode.PERMISSION_DENIED
