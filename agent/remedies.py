@@ -148,7 +148,9 @@ class Remedies:
         parts = []
         for bus in targets:
             try:
-                done = self._smi(["-q", "-i", full_bus_id(bus)], min(30.0, deadline - self._clock()))
+                # At most 30 s of the remedy's time (a deadline, not a duration: a duration here gave
+                # every `nvidia-smi -q` 1 s, and a sick GPU's evidence was lost).
+                done = self._smi(["-q", "-i", full_bus_id(bus)], min(deadline, self._clock() + 30.0))
                 parts.append(f"$ nvidia-smi -q -i {full_bus_id(bus)}\n{(done.stdout or done.stderr)[:4000]}")
             except (OSError, subprocess.TimeoutExpired) as exc:
                 parts.append(f"$ nvidia-smi -q -i {full_bus_id(bus)}\n(could not run: {exc})")

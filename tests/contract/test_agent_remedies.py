@@ -147,3 +147,11 @@ def test_a_result_too_long_for_a_termination_message_cuts_the_evidence_first() -
     text = result_json(long)
     assert len(text.encode()) <= 4096 and json.loads(text)["reason"] == "done"
     assert json.loads(text)["evidence"].endswith("[cut]")
+
+
+def test_the_evidence_query_has_the_remedys_time_not_one_second(node: Node) -> None:
+    """``nvidia-smi -q`` on a sick GPU takes a while: its evidence is kept (it was given 1 s, a
+    duration passed where a deadline was meant, and lost on a loaded machine)."""
+    node.behave(query_s=1.5)
+    result = node.remedy("gpu_reset", [2])
+    assert "NVSMI LOG" in result.evidence, result.evidence[:300]

@@ -102,6 +102,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"GPU {_smi_bus(buses[target])} was successfully reset.")
         return 0
     if "-q" in args:
+        time.sleep(float(state.get("query_s", 0)))  # a sick GPU's query that takes a while
         print(f"==============NVSMI LOG==============\nAttached GPUs : {opts.gpus}\nGPU {_smi_bus(buses[target or 0])}")
         print("    Product Name : NVIDIA H100 80GB HBM3 (simulated)\n    Persistence Mode : (see state)")
         return 0
