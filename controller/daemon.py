@@ -30,7 +30,7 @@ from vigil_core.cert_reload import CertificateSource, server_credentials
 from vigil_core.http_status import serve_http
 from vigil_core.names import is_loopback
 from vigil_core.supervise import supervise
-from vigil_core.tls import KEEPALIVE_SERVER
+from vigil_core.tls import KEEPALIVE_SERVER, bind
 
 if TYPE_CHECKING:
     from controller.act.kube.tokens import TokenReviewer
@@ -99,15 +99,7 @@ class Controller:
         admin_pb2_grpc.add_AdminServicer_to_server(self.rooms.admin, self.server)
         trainer_pb2_grpc.add_TrainerGatewayServicer_to_server(self.rooms.trainer_gateway, self.server)
         address = f"{self.config.listen_address}:{self.config.port}"
-        try:
-            if self.tls is not None:
-                self.port = self.server.add_secure_port(address, server_credentials(self.tls))
-            else:
-                self.port = self.server.add_insecure_port(address)
-        except RuntimeError as exc:  # grpcio reports a failed bind this way
-            raise OSError(f"cannot listen on {address} (in use by another process?): {exc}") from None
-        if self.port == 0:
-            raise OSError(f"cannot listen on {address} (in use by another process?)")
+        self.port = bind(self.server, address, server_credentials(self.tls) if self.tls is not None else None)
         self._room_for_agents()
         self.engine.resume_pending()
         await self.server.start()

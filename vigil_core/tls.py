@@ -184,3 +184,18 @@ def aio_channel(target: str, tls: TlsFiles | None, max_message_bytes: int = 0) -
     if tls is None:
         return grpc.aio.insecure_channel(target, options=options)
     return grpc.aio.secure_channel(target, tls.channel_credentials(), options=options)
+
+
+def bind(server: grpc.aio.Server, address: str, credentials: grpc.ServerCredentials | None) -> int:
+    """Listen on ``address`` (mutual TLS with ``credentials``; None: plaintext); the port bound. An
+    OSError naming the address when it cannot (grpcio says so with a RuntimeError, or port 0)."""
+    try:
+        if credentials is not None:
+            port = int(server.add_secure_port(address, credentials))
+        else:
+            port = int(server.add_insecure_port(address))
+    except RuntimeError as exc:
+        raise OSError(f"cannot listen on {address} (in use by another process?): {exc}") from None
+    if port == 0:
+        raise OSError(f"cannot listen on {address} (in use by another process?)")
+    return port

@@ -23,7 +23,7 @@ from controller.relay.uplink import ITEM_OVERHEAD, Uplink
 from protos.vigil.v1 import agent_pb2
 from vigil_core.http_status import serve_http
 from vigil_core.rpc_errors import RETRY_AFTER_KEY, status_code
-from vigil_core.tls import KEEPALIVE_SERVER, Identity, TlsFiles, peer_identity
+from vigil_core.tls import KEEPALIVE_SERVER, Identity, TlsFiles, bind, peer_identity
 
 log = structlog.get_logger(__name__)
 
@@ -132,15 +132,7 @@ async def serve(
         ]
     )
     server.add_generic_rpc_handlers((AgentStreams(uplink, settings).handler(),))
-    try:
-        if settings.tls is not None:
-            port = int(server.add_secure_port(settings.listen, settings.tls.server_credentials()))
-        else:
-            port = int(server.add_insecure_port(settings.listen))
-    except RuntimeError as exc:
-        raise OSError(f"cannot listen on {settings.listen} (in use by another process?): {exc}") from None
-    if port == 0:
-        raise OSError(f"cannot listen on {settings.listen} (in use by another process?)")
+    port = bind(server, settings.listen, settings.tls.server_credentials() if settings.tls is not None else None)
     await server.start()
     http = None
     if settings.metrics_port is not None:
