@@ -134,6 +134,9 @@ class Uplink:
                 why = "the controller ended the stream"
             except grpc.aio.AioRpcError as exc:
                 why = f"{exc.code().name}: {exc.details()}"
+            except Exception as exc:  # never let the uplink die: a relay without it carries nobody, silently
+                log.exception("relay_uplink_error", controller=self.target)
+                why = f"{exc!r:.200}"
             finally:
                 self.connected.clear()
                 await channel.close(grace=None)
