@@ -124,7 +124,7 @@ def node_route(
     fleet = Fleet(store.nodes.load(), store.incidents.latest_open(), clock())
     app_faults.restore_hardware(entry.state for entry in fleet.nodes.values())
     bucket = TokenBucket(guardrails.quarantines_per_s, guardrails.quarantine_burst)
-    after = AfterAction(fleet, store.nodes, recovery, drain, clock, paged=store.actions.paged)
+    after = AfterAction(fleet, recovery, drain, clock, paged=lambda incident_id: runner.paged(incident_id))
     runner = ActionRunner(
         store.actions,
         actuator,

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from controller.store.action_log import ActionLog, PendingAction
+from controller.store.coalesce import Later
 from controller.store.database import Database, SqliteDatabase, Tx
 from controller.store.group_commit import GroupCommit
 from controller.store.health import StoreHealth, WatchedDatabase
@@ -38,6 +39,7 @@ __all__ = [
     "GroupCommit",
     "IncidentLog",
     "IncidentView",
+    "Later",
     "NodeRow",
     "NodeTable",
     "Opened",

@@ -6,7 +6,7 @@ drops it (SKIPPED); HELD while the circuit breaker holds it back. PENDING action
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from controller.store.database import Cursor, Database, Tx
@@ -84,14 +84,25 @@ class ActionLog:
                 [(status, detail, i, k) for i, k in keys],
             )
 
-    def finish(self, incident_id: str, kind: str, status: str, detail: str, now: float) -> None:
-        """Lazily durable (``group_commit``): lost with the machine, the action is PENDING and runs again."""
+    def finish(
+        self,
+        incident_id: str,
+        kind: str,
+        status: str,
+        detail: str,
+        now: float,
+        also: Callable[[Tx], None] | None = None,
+    ) -> None:
+        """Lazily durable (``group_commit``): lost with the machine, the action is PENDING and runs again.
+        ``also`` writes what the outcome changed beside it, in the same transaction."""
         with self._db.tx(durable=False) as db:
             db.execute(
                 "UPDATE actions SET status = ?, detail = ?, done_at = ?, attempts = attempts + 1 "
                 "WHERE incident_id = ? AND kind = ?",
                 (status, detail, now, incident_id, kind),
             )
+            if also is not None:
+                also(db)
 
     def count_attempt(self, incident_id: str, kind: str, detail: str) -> None:
         with self._db.tx() as db:

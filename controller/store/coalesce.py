@@ -8,6 +8,13 @@ between its statements), so statements on different tables may be written in any
 table's statements keep their own order, and a run of the same SQL on one table becomes one
 ``executemany`` (one prepared statement, its rows sent together).
 
+An upsert that replaces its whole row (``INSERT INTO t (k, a, b) ... ON CONFLICT (k) DO UPDATE SET
+a = excluded.a, b = excluded.b``) leaves the row as its last write for that key says, whatever came
+before it: of a run of them, only each key's last row is written (a burst of decisions each storing
+the guard's windows, ``controller.nodes.guards``, costs one write of each window, not one per
+decision). A value recorded as ``Later`` is made only when its statement is written, so one that is
+replaced is never made at all.
+
 Only a plain ``INSERT INTO t`` / ``UPDATE t`` / ``DELETE FROM t`` moves: a statement that reads
 another table (a ``SELECT`` in it) or that names none is a barrier, written where it stood, after
 everything recorded before it. The store declares no foreign keys or triggers, which is what makes
@@ -18,13 +25,34 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 Statement = tuple[str, Any, bool]  # the SQL, its arguments (rows, for executemany), whether many
 
 _TABLE = re.compile(r"^\s*(?:INSERT\s+INTO|UPDATE|DELETE\s+FROM)\s+(\w+)\b", re.IGNORECASE)
 _READS = re.compile(r"\bSELECT\b", re.IGNORECASE)
+_UPSERT = re.compile(
+    r"^\s*INSERT\s+INTO\s+\w+\s*\((?P<columns>[\w\s,]+)\)\s*VALUES\s*\([?,\s]+\)\s*"
+    r"ON\s+CONFLICT\s*\(\s*(?P<key>\w+)\s*\)\s*DO\s+UPDATE\s+SET\s+(?P<sets>.+?)\s*$",
+    re.IGNORECASE | re.DOTALL,
+)
+_SET_FROM_EXCLUDED = re.compile(r"^(\w+)\s*=\s*excluded\.(\w+)$", re.IGNORECASE)
+
+
+@dataclass(frozen=True, slots=True)
+class Later:
+    """A value made when its statement is written (by the writer, ``controller.store.write_behind``),
+    not when it is recorded: ``make`` must give what it would have given then (it closes over
+    immutable state)."""
+
+    make: Callable[[], Any]
+
+
+def made(row: Sequence[Any]) -> tuple[Any, ...]:
+    """The row with each ``Later`` value made."""
+    return tuple(v.make() if isinstance(v, Later) else v for v in row)
 
 
 @functools.lru_cache(maxsize=256)  # the store's statements are a few dozen strings
@@ -34,6 +62,23 @@ def table_of(sql: str) -> str | None:
     if match is None or _READS.search(sql):
         return None
     return match.group(1).lower()
+
+
+@functools.lru_cache(maxsize=256)
+def upsert_key(sql: str) -> int | None:
+    """For an upsert that replaces every column it names but its conflict key from what it inserts,
+    the key's position in its row (a later row for the same key then makes an earlier one moot);
+    None for any other statement."""
+    match = _UPSERT.match(sql)
+    if match is None or _READS.search(sql):
+        return None
+    columns = [c.strip().lower() for c in match["columns"].split(",")]
+    key = match["key"].lower()
+    sets = [_SET_FROM_EXCLUDED.match(part.strip()) for part in match["sets"].split(",")]
+    replaced = {m.group(1).lower() for m in sets if m is not None and m.group(1).lower() == m.group(2).lower()}
+    if key not in columns or None in sets or replaced != set(columns) - {key}:
+        return None
+    return columns.index(key)
 
 
 def coalesced(units: Iterable[Sequence[Statement]]) -> list[Statement]:
@@ -71,4 +116,11 @@ def _merged(statements: Sequence[Statement]) -> list[Statement]:
             last[1].extend(rows)
         else:
             merged.append((sql, rows, True))
-    return merged
+    return [(sql, _last_per_key(sql, rows) if many else rows, many) for sql, rows, many in merged]
+
+
+def _last_per_key(sql: str, rows: list[Any]) -> list[Any]:
+    key = upsert_key(sql)
+    if key is None:
+        return rows
+    return list({row[key]: row for row in rows}.values())  # keys are independent rows: any order will do

@@ -51,10 +51,15 @@ class NodeTable:
 
     def save(self, states: Sequence[NodeState], durable: bool = True) -> None:
         with self._db.tx(durable) as db:
-            db.executemany(
-                "UPDATE nodes SET health = ?, state = ? WHERE node = ?",
-                [(s.health.value, state_to_json(s), s.node) for s in states],
-            )
+            NodeTable.put_states(db, states)
+
+    @staticmethod
+    def put_states(db: Tx, states: Sequence[NodeState]) -> None:
+        """Within a transaction of the caller's (an action's outcome, so the two are stored together)."""
+        db.executemany(
+            "UPDATE nodes SET health = ?, state = ? WHERE node = ?",
+            [(s.health.value, state_to_json(s), s.node) for s in states],
+        )
 
     @staticmethod
     def received(db: Tx, state: NodeState, last_seq: int, now: float) -> None:

@@ -4,7 +4,9 @@ ids), what people asked of it, and the checks and sweeps it ran."""
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 
+from controller.store.coalesce import Later
 from controller.store.database import Database, Tx
 
 SCHEMA = """
@@ -37,10 +39,12 @@ class Records:
             Records.put_metas(db, values)
 
     @staticmethod
-    def put_metas(db: Tx, values: dict[str, str]) -> None:
-        """Within a transaction of the caller's (a decision's, so the two are stored together)."""
+    def put_metas(db: Tx, values: Mapping[str, str | Later]) -> None:
+        """Within a transaction of the caller's (a decision's, so the two are stored together). A
+        ``Later`` value only in a write-behind transaction (``tx(durable=False)``): the writer makes
+        it, and of a group's writes of one key makes only the last (``controller.store.coalesce``)."""
         db.executemany(
-            "INSERT INTO meta VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+            "INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
             list(values.items()),
         )
 

@@ -9,6 +9,9 @@ were made, many transactions' worth in one of the server's. Everything else firs
 catch up with what was recorded before it: a durable transaction, a read, and ``sync`` (the group
 commit, so an agent's ack), so whoever reads sees every write made before.
 
+A value may be recorded as ``Later`` (``controller.store.coalesce``): made by the writer as it writes
+the statement, and not at all where a later write replaces it in the same group.
+
 A failure keeps the order and loses nothing. The writer keeps what it could not write and tries it
 again, backing off, until the database takes it; meanwhile the store's health says so
 (``StoreHealth``), and a new hot transaction fails at once, as it would without the writer: its
@@ -30,7 +33,7 @@ from typing import Any
 
 import structlog
 
-from controller.store.coalesce import Statement, coalesced
+from controller.store.coalesce import Statement, coalesced, made
 from controller.store.database import Cursor, Database, Tx
 from controller.store.health import is_database_error
 
@@ -73,9 +76,9 @@ class _Recording:
 def _replay(tx: Tx, unit: Sequence[Statement]) -> None:
     for sql, args, many in unit:
         if many:
-            tx.executemany(sql, args)
+            tx.executemany(sql, [made(row) for row in args])
         else:
-            tx.execute(sql, args)
+            tx.execute(sql, made(args))
 
 
 class WriteBehind:

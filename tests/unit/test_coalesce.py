@@ -8,7 +8,7 @@ import sqlite3
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from controller.store.coalesce import Statement, coalesced, table_of
+from controller.store.coalesce import Later, Statement, coalesced, made, table_of, upsert_key
 
 SCHEMA = """
 CREATE TABLE a (k INTEGER PRIMARY KEY, v INTEGER NOT NULL);
@@ -18,6 +18,8 @@ CREATE TABLE b (k INTEGER PRIMARY KEY, v INTEGER NOT NULL);
 # deletes, and one that reads another table (a barrier: it may not move).
 SHAPES: list[tuple[str, int]] = [
     ("INSERT INTO {t} VALUES (?, ?) ON CONFLICT (k) DO UPDATE SET v = excluded.v", 2),
+    ("INSERT INTO {t} (k, v) VALUES (?, ?) ON CONFLICT (k) DO UPDATE SET v = excluded.v", 2),  # replaces its row
+    ("INSERT INTO {t} (k, v) VALUES (?, ?) ON CONFLICT (k) DO UPDATE SET v = excluded.v + {t}.v", 2),  # does not
     ("INSERT INTO {t} VALUES (?, ?) ON CONFLICT DO NOTHING", 2),
     ("UPDATE {t} SET v = v * 2 + ? WHERE k = ?", 2),
     ("DELETE FROM {t} WHERE k = ?", 1),
@@ -31,6 +33,8 @@ def statements(draw: st.DrawFn) -> Statement:
     shape, arity = draw(st.sampled_from(SHAPES))
     sql = shape.format(t=table, other="b" if table == "a" else "a")
     row = tuple(draw(st.integers(0, 4)) for _ in range(arity))
+    if draw(st.booleans()):  # a value made when written, as the guard's windows are
+        row = (*row[:-1], _later(row[-1]))
     if draw(st.booleans()):
         return (sql, row, False)
     return (
@@ -40,12 +44,16 @@ def statements(draw: st.DrawFn) -> Statement:
     )
 
 
+def _later(value: int) -> Later:
+    return Later(lambda: value)
+
+
 def _apply(units: list[list[Statement]]) -> list[tuple[object, ...]]:
     db = sqlite3.connect(":memory:")
     db.executescript(SCHEMA)
     with db:
         for sql, args, many in (s for unit in units for s in unit):
-            db.executemany(sql, args) if many else db.execute(sql, args)
+            db.executemany(sql, [made(r) for r in args]) if many else db.execute(sql, made(args))
     return db.execute("SELECT 'a', * FROM a UNION ALL SELECT 'b', * FROM b ORDER BY 1, 2").fetchall()
 
 
@@ -88,3 +96,35 @@ def test_a_statement_that_reads_another_table_stays_where_it_was() -> None:
 def test_a_statement_without_parameters_is_not_merged() -> None:
     plain = ("DELETE FROM a", (), False)
     assert coalesced([[plain], [plain]]) == [plain, plain]
+
+
+def test_an_upsert_that_replaces_its_row_is_known_by_its_key() -> None:
+    assert (
+        upsert_key("INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value")
+        == 0
+    )
+    assert (
+        upsert_key(
+            "INSERT INTO t (a, k, b) VALUES (?, ?, ?) ON CONFLICT (k) DO UPDATE SET a = excluded.a, b = excluded.b"
+        )
+        == 1
+    )
+    # Not the whole row, reads its own row, names no columns, or keeps what it finds: a later row does not make it moot.
+    assert upsert_key("INSERT INTO t (k, a, b) VALUES (?, ?, ?) ON CONFLICT (k) DO UPDATE SET a = excluded.a") is None
+    assert upsert_key("INSERT INTO t (k, a) VALUES (?, ?) ON CONFLICT (k) DO UPDATE SET a = excluded.a + t.a") is None
+    assert upsert_key("INSERT INTO t (k, a) VALUES (?, ?) ON CONFLICT (k) DO UPDATE SET a = excluded.b") is None
+    assert upsert_key("INSERT INTO t VALUES (?, ?) ON CONFLICT (k) DO UPDATE SET a = excluded.a") is None
+    assert upsert_key("INSERT INTO t (k, a) VALUES (?, ?) ON CONFLICT DO NOTHING") is None
+
+
+def test_of_a_groups_writes_of_one_key_only_the_last_value_is_made() -> None:
+    made_values: list[str] = []
+
+    def window(text: str) -> Later:
+        return Later(lambda: made_values.append(text) or text)
+
+    upsert = "INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value"
+    units = [[(upsert, [("breaker", window(f"b{i}")), ("shared", window(f"s{i}"))], True)] for i in range(1000)]
+    [(sql, rows, many)] = coalesced(units)
+    assert [made(r) for r in rows] == [("breaker", "b999"), ("shared", "s999")]
+    assert made_values == ["b999", "s999"]

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from functools import partial
 
 import structlog
@@ -21,7 +22,7 @@ from controller.act.actuators import Actuator, NotReadyYet, Pager, PermanentActi
 from controller.metrics import ControllerMetrics
 from controller.nodes.actions.apply import execute
 from controller.nodes.guards.rules import TokenBucket
-from controller.store import ActionLog, PendingAction
+from controller.store import ActionLog, PendingAction, Tx
 from controller.store.health import is_database_error
 from controller.vocab.actions import ExternalAction, Page, Quarantine, action_kind
 from vigil_core.supervise import Tasks
@@ -32,6 +33,7 @@ MAX_ACTION_ATTEMPTS = 8
 # Actions block on HTTP: a burst needs more of them under way than the default executor's few threads
 # (the rate limit, not the thread count, is what paces the writes).
 ACTION_THREADS = 32
+PAGES_KEPT = 10_000  # incidents whose page is known without a read (older ones are read)
 MAX_WAIT_FOR_OTHER_S = 600.0  # a thread reply waits this long for its message (Slack may rate-limit it)
 
 ActionKey = tuple[str, str]  # (incident id, action kind)
@@ -49,6 +51,25 @@ def retry_delay(attempt: int) -> float:
     return min(30.0, 0.5 * 2.0**attempt)
 
 
+@dataclass(frozen=True, slots=True)
+class Followed:
+    """What follows an action carried out: the actions to ask for next, and what else to store. Both
+    are written in the outcome's transaction: a controller stopped between two writes would keep the
+    action DONE and lose what it changed (the node's QUARANTINED) or what it asked for (the thread's
+    "done"); and as they exist exactly when the outcome is DONE, none is asked for twice."""
+
+    actions: tuple[ExternalAction, ...] = ()
+    write: Callable[[Tx], None] | None = None
+
+
+def _stored(followed: Followed, now: float, db: Tx) -> None:
+    """In the outcome's transaction: what the action changed, and the actions that follow it."""
+    if followed.write is not None:
+        followed.write(db)
+    for action in followed.actions:
+        ActionLog.add_in(db, action, now)
+
+
 class ActionRunner:
     def __init__(
         self,
@@ -58,7 +79,7 @@ class ActionRunner:
         metrics: ControllerMetrics,
         bucket: TokenBucket,
         clock: Callable[[], float] = time.time,
-        on_done: Callable[[PendingAction, str], Sequence[ExternalAction]] = lambda pending, detail: (),
+        on_done: Callable[[PendingAction, str], Followed] = lambda pending, detail: Followed(),
         on_ack: Callable[[str], None] = lambda node: None,
         tasks: Tasks | None = None,
     ) -> None:
@@ -74,6 +95,7 @@ class ActionRunner:
         self._in_flight: set[ActionKey] = set()
         self._unfinished: dict[str, dict[ActionKey, int]] = {}  # node -> action -> the signal's seq
         self._tasks: set[asyncio.Task[None]] = set()
+        self._pages_asked: dict[str, None] = {}  # incidents whose page this controller asked for, newest last
         self._executor = ThreadPoolExecutor(ACTION_THREADS, thread_name_prefix="action")
         self.settle: Settle = _go  # the guard's settling window (set by the composition root)
 
@@ -90,10 +112,20 @@ class ActionRunner:
         self.schedule(PendingAction(action.incident_id, action, 0))
         return True
 
+    def paged(self, incident_id: str) -> bool:
+        """Whether the incident has a page: known here for the pages this controller asked for (no
+        read, which would wait for the store's writer on the event loop: in a burst, one per
+        quarantine); else from the action log (a page held, or asked for by an earlier controller)."""
+        return incident_id in self._pages_asked or self.actions.paged(incident_id)
+
     def schedule(self, pending: PendingAction) -> None:
         key = (pending.incident_id, action_kind(pending.action))
         if key in self._in_flight:
             return
+        if isinstance(pending.action, Page):
+            self._pages_asked[pending.incident_id] = None
+            if len(self._pages_asked) > PAGES_KEPT:
+                del self._pages_asked[next(iter(self._pages_asked))]
         self._in_flight.add(key)
         if pending.seq > 0:
             self._unfinished.setdefault(pending.action.node, {})[key] = pending.seq
@@ -140,10 +172,11 @@ class ActionRunner:
                     await asyncio.sleep(retry_delay(attempt))
                     attempt += 1
                     continue
-                latency = await self._finished(pending, kind, "DONE", detail)
+                followed = self.on_done(pending, detail)
+                latency = await self._finished(pending, kind, "DONE", detail, partial(_stored, followed, self.clock()))
                 bound.info("action_done", detail=detail, latency_s=round(latency, 4))
-                for follow in self.on_done(pending, detail):
-                    self.request(follow)
+                for follow in followed.actions:  # recorded with the outcome: asked for once, never twice
+                    self.schedule(PendingAction(follow.incident_id, follow, 0))
                 return
             await self._finished(pending, kind, "FAILED", "gave up after retries")
             bound.error("action_gave_up", attempts=MAX_ACTION_ATTEMPTS)
@@ -162,21 +195,26 @@ class ActionRunner:
             return False
         return True
 
-    async def _finished(self, pending: PendingAction, kind: str, status: str, detail: str) -> float:
-        """Record the action's outcome, waiting for the store while it takes no writes: an outcome
-        left unrecorded would leave the action PENDING, carried out again only by the next controller."""
+    async def _finished(
+        self, pending: PendingAction, kind: str, status: str, detail: str, also: Callable[[Tx], None] | None = None
+    ) -> float:
+        """Record the action's outcome (with ``also``'s writes, in its transaction), waiting for the
+        store while it takes no writes: an outcome left unrecorded would leave the action PENDING,
+        carried out again only by the next controller."""
         while True:
             try:
-                return self._finish(pending, kind, status, detail)
+                return self._finish(pending, kind, status, detail, also)
             except Exception as exc:
                 if not is_database_error(exc):
                     raise
                 log.warning("action_outcome_waits_for_the_store", incident=pending.incident_id, action=kind)
                 await asyncio.sleep(STORE_RETRY_S)
 
-    def _finish(self, pending: PendingAction, kind: str, status: str, detail: str) -> float:
+    def _finish(
+        self, pending: PendingAction, kind: str, status: str, detail: str, also: Callable[[Tx], None] | None
+    ) -> float:
         now = self.clock()
-        self.actions.finish(pending.incident_id, kind, status, detail, now)
+        self.actions.finish(pending.incident_id, kind, status, detail, now, also)
         family = kind.split(":")[0]
         self.metrics.actions.labels(family, status).inc()
         observed_at = pending.action.observed_at

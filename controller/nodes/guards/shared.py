@@ -83,9 +83,10 @@ def admit_shared(
             incident = replace(incident, nodes=(*incident.nodes, node))
         return replace(state, recent=recent, open=_put(state.open, incident)), SharedAdmission.JOIN
     seen = [(n, t) for r, n, t in recent if r == rule]
-    nodes = list(dict.fromkeys([*(n for n, _ in seen), node]))
+    earlier = dict.fromkeys(n for n, _ in seen)  # the nodes with this fault in the window, in order
+    nodes = [*earlier, *(() if node in earlier else (node,))]
     if not config.enabled or len(nodes) < shared_threshold(fleet_size, config):
-        mine = () if (rule, node) in {(r, n) for r, n, _ in recent} else ((rule, node, now),)
+        mine = () if node in earlier else ((rule, node, now),)
         return replace(state, recent=(*recent, *mine)), SharedAdmission.GO
     first = min((t for _, t in seen), default=now)
     incident = FleetIncident(rule=rule, opened_at=now, first_at=first, nodes=tuple(nodes))
