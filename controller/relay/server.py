@@ -11,6 +11,7 @@ import asyncio
 import signal
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import grpc
@@ -19,8 +20,9 @@ from google.protobuf.message import DecodeError
 
 from controller.edge.authz import bearer
 from controller.edge.open_files import raise_open_files
-from controller.relay.uplink import ITEM_OVERHEAD, Uplink
-from protos.vigil.v1 import agent_pb2
+from controller.nodes.agent_outboxes import Outbox
+from controller.relay.uplink import ITEM_OVERHEAD, Back, Uplink
+from protos.vigil.v1 import agent_pb2, relay_pb2
 from vigil_core.http_status import serve_http
 from vigil_core.rpc_errors import RETRY_AFTER_KEY, status_code
 from vigil_core.tls import KEEPALIVE_SERVER, Identity, TlsFiles, bind, peer_identity
@@ -97,6 +99,7 @@ class AgentStreams:
         stream, back = self._uplink.open()
         self._uplink.send(stream, first, peer=context.peer(), token=token)
         reader = asyncio.create_task(self._read(stream, requests))
+        reader.add_done_callback(partial(_reader_ended, back, stream))
         try:
             while isinstance(item := await back.get(), bytes):
                 yield item
@@ -112,6 +115,18 @@ class AgentStreams:
             self._uplink.send(stream, raw)
             await self._uplink.room()
         self._uplink.finish(stream)  # the agent closed its side: the controller ends the stream after it
+
+
+def _reader_ended(back: Outbox[Back], stream: int, reader: asyncio.Task[None]) -> None:
+    """An agent stream's reader that failed (a bug, or the agent's call breaking under it) ends the
+    agent's stream, said, rather than leave it open with nothing more read: the agent reconnects and
+    sends again what was not acknowledged. A reader that ended because its call did (cancelled) or
+    because the agent closed its side needs nothing."""
+    if reader.cancelled() or (exc := reader.exception()) is None:
+        return
+    log.warning("relay_agent_stream_unreadable", stream=stream, error=repr(exc)[:300])
+    internal = grpc.StatusCode.INTERNAL.value[0]
+    back.put_nowait(relay_pb2.StreamEnd(code=internal, details="the relay could not read this stream: reconnect"))
 
 
 async def serve(

@@ -268,6 +268,32 @@ def test_the_watch_lists_again_when_its_version_is_gone(
         cache.stop()
 
 
+def test_the_node_cache_lists_every_node_once_page_by_page(kube: KubeApiServer, tmp_path: Path) -> None:
+    """Pages of the LIST (the API server's continue tokens) cover the fleet exactly: each node once, a
+    node deleted meanwhile skipped, one made after the first page still listed, other kinds never."""
+    from controller.act.kube.node_cache import PAGE, NodeCache
+
+    names = [f"gpu-{i:05d}" for i in range(PAGE * 2 + 7)]
+    kube.add_nodes(names)
+    kube.add_pod("default", "worker-0", names[0])
+    core = client.CoreV1Api(api_client(kube.kubeconfig(tmp_path / "kubeconfig")))
+    first = core.list_node(limit=PAGE)
+    core.delete_node(names[PAGE + 1])  # on the second page, not yet read
+    core.create_node({"metadata": {"name": "gpu-late"}})
+    second = core.list_node(limit=PAGE, _continue=first.metadata._continue)
+    third = core.list_node(limit=PAGE, _continue=second.metadata._continue)
+    listed = [n.metadata.name for page in (first, second, third) for n in page.items]
+    assert listed == [n for n in names if n != names[PAGE + 1]] + ["gpu-late"]
+    assert third.metadata._continue is None
+    cache = NodeCache(core)
+    cache.start()
+    try:
+        poll_until(lambda: cache.synced, 10)
+        assert sorted(cache.labels()) == sorted(listed) and cache.lists == 1
+    finally:
+        cache.stop()
+
+
 def test_a_lost_watch_is_said_and_its_readers_fall_back_to_the_api_server(tmp_path: Path) -> None:
     from controller.act.kube.node_cache import NodeCache
 

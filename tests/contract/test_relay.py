@@ -343,3 +343,44 @@ def test_a_relay_given_every_replica_finds_the_one_that_serves_and_follows_a_fai
         await stop_controller(controller)
 
     asyncio.run(scenario())
+
+
+def test_a_stream_the_relay_cannot_read_on_is_ended_for_its_agent_not_left_open(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A failure while passing on one agent's message (a bug, here injected) ends that agent's call
+    (INTERNAL: it reconnects and sends again what was not acknowledged); before, the call stayed
+    open with nothing more read from it, the agent never told."""
+    send = Uplink.send
+
+    def failing_on_poison(self: Uplink, stream: int, message: bytes, peer: str = "", token: str = "") -> None:
+        if b"poison" in message:
+            raise RuntimeError("a bug in passing this message on")
+        send(self, stream, message, peer, token)
+
+    monkeypatch.setattr(Uplink, "send", failing_on_poison)
+
+    async def test(controller: Controller, tmp_path: Path) -> None:
+        async with Relay(controller.port) as relay, grpc.aio.insecure_channel(f"127.0.0.1:{relay.port}") as channel:
+            stub = agent_pb2_grpc.AgentGatewayStub(channel)
+            calls = {n: stub.Connect() for n in ("node-1", "node-2")}
+            for node, call in calls.items():
+                await call.write(agent_pb2.AgentMessage(hello=agent_pb2.Hello(node=node, spool_id="s")))
+                assert (await asyncio.wait_for(call.read(), 10)).HasField("ack")
+            await calls["node-1"].write(
+                agent_pb2.AgentMessage(heartbeat=agent_pb2.Heartbeat(unparsed_lines=["poison"]))
+            )
+            with pytest.raises(grpc.aio.AioRpcError) as ended:
+                await asyncio.wait_for(calls["node-1"].read(), 10)
+            assert ended.value.code() is grpc.StatusCode.INTERNAL
+            await wait_until(
+                lambda: not connected(controller, "node-1"), what="node-1's stream ended at the controller"
+            )
+            fleet = controller.nodes.fleet
+            before = fleet.entry("node-2").last_heartbeat
+            await asyncio.sleep(0.01)
+            await calls["node-2"].write(agent_pb2.AgentMessage(heartbeat=agent_pb2.Heartbeat()))
+            await wait_until(lambda: fleet.entry("node-2").last_heartbeat > before, what="node-2 still carried")
+            calls["node-2"].cancel()
+
+    run(test, tmp_path)
