@@ -294,6 +294,31 @@ def test_the_node_cache_lists_every_node_once_page_by_page(kube: KubeApiServer, 
         cache.stop()
 
 
+def test_node_labels_are_listed_page_by_page_and_then_kept_by_the_cache(kube: KubeApiServer, tmp_path: Path) -> None:
+    """Never one LIST of every Node (100,000 real ones are gigabytes): before the node cache has listed,
+    the labels are read a page at a time; after, from the cache, also while it lists again after a lost
+    watch (stale labels, not a LIST every refresh)."""
+    from controller.act.kube.node_cache import PAGE, NodeCache
+
+    names = [f"gpu-{i:05d}" for i in range(PAGE * 2 + 7)]
+    kube.add_nodes(names, labels={"rack": "r1"})
+    act = actuator(kube, tmp_path)
+    labels = act.node_labels()
+    assert len(labels) == len(names) and labels[names[-1]] == {"rack": "r1"}
+    assert len(kube.requests("GET", r"^/api/v1/nodes$")) == 3  # three pages
+    assert len(act.adopt()) == 0 and len(kube.requests("GET", r"^/api/v1/nodes$")) == 6  # adoption pages too
+    act.cache = NodeCache(client.CoreV1Api(api_client(kube.kubeconfig(tmp_path / "kc"))))
+    act.cache.start()
+    try:
+        poll_until(lambda: act.cache is not None and act.cache.synced, 10)
+        act.cache.synced = False  # as after a lost watch, while it lists again
+        listed = len(kube.requests("GET", r"^/api/v1/nodes$"))
+        assert act.node_labels()[names[0]] == {"rack": "r1"}
+        assert len(kube.requests("GET", r"^/api/v1/nodes$")) == listed
+    finally:
+        act.cache.stop()
+
+
 def test_a_lost_watch_is_said_and_its_readers_fall_back_to_the_api_server(tmp_path: Path) -> None:
     from controller.act.kube.node_cache import NodeCache
 
@@ -305,7 +330,9 @@ def test_a_lost_watch_is_said_and_its_readers_fall_back_to_the_api_server(tmp_pa
         poll_until(lambda: cache.synced, 10)
     try:  # the API server is gone: the watch ends and cannot be opened again
         poll_until(lambda: cache.losses >= 1, 15, what="the lost watch counted")
-        assert not cache.synced  # stale: the actuator reads by GET and lists labels, until it lists again
+        assert (
+            not cache.synced
+        )  # stale: the actuator reads by GET (its labels: the cache's, stale) until it lists again
     finally:
         cache.stop()
 

@@ -25,7 +25,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from controller.act.actuators import FoundQuarantine, PermanentActionError, Release, SelectionError
-from controller.act.kube.node_cache import NodeCache
+from controller.act.kube.node_cache import NodeCache, node_pages
 from controller.act.kube.plans import FIELD_MANAGER, Json, found_quarantine, plan_quarantine, plan_release
 from controller.vocab.actions import Drain, Quarantine
 
@@ -203,15 +203,19 @@ class KubeActuator:
             self.cache.stop()
 
     def node_labels(self) -> dict[str, dict[str, str]]:
-        if self.cache is not None and self.cache.synced:
+        """From the node cache once it has listed (stale while it lists again after a lost watch,
+        which ``vigil_controller_node_watch_up`` says); before that, listed here, page by page."""
+        if self.cache is not None and self.cache.lists:
             return self.cache.labels()
-        resp = self._core.list_node(_preload_content=False, _request_timeout=self._timeout)
-        return {n["metadata"]["name"]: dict(n["metadata"].get("labels") or {}) for n in json_body(resp)["items"]}
+        return {
+            n["metadata"]["name"]: dict(n["metadata"].get("labels") or {})
+            for items, _ in node_pages(self._core, self._timeout)
+            for n in items
+        }
 
     def adopt(self) -> list[FoundQuarantine]:
-        resp = self._core.list_node(_preload_content=False, _request_timeout=self._timeout)
         found = []
-        for node in json_body(resp)["items"]:
+        for node in (n for items, _ in node_pages(self._core, self._timeout) for n in items):
             q = found_quarantine(node)
             if q is not None:
                 found.append(FoundQuarantine(node["metadata"]["name"], *q))

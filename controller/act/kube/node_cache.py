@@ -105,19 +105,12 @@ class NodeCache:
 
     def _list(self) -> str:
         nodes: dict[str, Json] = {}
-        token, version = "", ""
-        while True:
-            resp = self._core.list_node(
-                limit=PAGE, _continue=token or None, _preload_content=False, _request_timeout=self._timeout
-            )
-            page = json.loads(cast(Any, resp).data)
-            for item in page.get("items") or []:
+        version = ""
+        for items, page_version in node_pages(self._core, self._timeout):
+            for item in items:
                 kept = trimmed(item)
                 nodes[kept["metadata"]["name"]] = kept
-            meta = page.get("metadata") or {}
-            version, token = meta.get("resourceVersion", ""), meta.get("continue") or ""
-            if not token:
-                break
+            version = page_version  # the last page's: where the watch starts
         with self._lock:
             self._nodes = nodes
         self.synced, self.lists = True, self.lists + 1
@@ -158,6 +151,20 @@ class NodeCache:
             self._resp = None
             resp.release_conn()
         return version
+
+
+def node_pages(core: client.CoreV1Api, timeout_s: float) -> Iterator[tuple[list[Json], str]]:
+    """Every Node, a page of ``PAGE`` at a time (never one response with all of them: 100,000 real
+    Nodes are gigabytes): each page's Nodes as parsed JSON, with the list's resourceVersion."""
+    token = ""
+    while True:
+        resp = core.list_node(limit=PAGE, _continue=token or None, _preload_content=False, _request_timeout=timeout_s)
+        page = json.loads(cast(Any, resp).data)
+        meta = page.get("metadata") or {}
+        yield page.get("items") or [], str(meta.get("resourceVersion", ""))
+        token = meta.get("continue") or ""
+        if not token:
+            return
 
 
 def _events(resp: Any) -> Iterator[Json]:
