@@ -30,7 +30,7 @@ from vigil_core.cert_reload import CertificateSource, server_credentials
 from vigil_core.http_status import serve_http
 from vigil_core.names import is_loopback
 from vigil_core.supervise import supervise
-from vigil_core.tls import KEEPALIVE_SERVER, bind
+from vigil_core.tls import bind, server_options
 
 if TYPE_CHECKING:
     from controller.act.kube.tokens import TokenReviewer
@@ -85,14 +85,7 @@ class Controller:
         self.server = grpc.aio.server(
             # Undecodable bytes are refused first (INVALID_ARGUMENT); then, under TLS, the caller's role.
             interceptors=[DecodeInterceptor(), *roles],
-            options=[
-                ("grpc.max_receive_message_length", size),
-                ("grpc.max_send_message_length", size),
-                # A port already in use is an error, not shared: with SO_REUSEPORT (gRPC's default) a
-                # second controller, or an old one still stopping, would silently take half the agents.
-                ("grpc.so_reuseport", 0),
-                *KEEPALIVE_SERVER,
-            ],
+            options=server_options(size, size),
         )
         agent_pb2_grpc.add_AgentGatewayServicer_to_server(self.rooms.agent_gateway, self.server)
         relay_pb2_grpc.add_AgentRelayServicer_to_server(self.rooms.relay_gateway, self.server)

@@ -171,6 +171,19 @@ KEEPALIVE_SERVER = [
 ]
 
 
+def server_options(receive_bytes: int, send_bytes: int) -> list[tuple[str, int]]:
+    """A Vigil gRPC server's options (the controller's, a relay's): the largest message each way, a
+    port of its own, and keepalive."""
+    return [
+        ("grpc.max_receive_message_length", receive_bytes),
+        ("grpc.max_send_message_length", send_bytes),
+        # A port already in use is an error, not shared: with SO_REUSEPORT (gRPC's default) a second
+        # controller, or an old one still stopping, would silently take half the agents.
+        ("grpc.so_reuseport", 0),
+        *KEEPALIVE_SERVER,
+    ]
+
+
 def channel(target: str, tls: TlsFiles | None) -> grpc.Channel:
     """A blocking channel to the controller: mutual TLS when this party has certificates."""
     return grpc.secure_channel(target, tls.channel_credentials()) if tls else grpc.insecure_channel(target)

@@ -25,7 +25,7 @@ from controller.relay.uplink import ITEM_OVERHEAD, Back, Uplink
 from protos.vigil.v1 import agent_pb2, relay_pb2
 from vigil_core.http_status import serve_http
 from vigil_core.rpc_errors import RETRY_AFTER_KEY, status_code
-from vigil_core.tls import KEEPALIVE_SERVER, Identity, TlsFiles, bind, peer_identity
+from vigil_core.tls import Identity, TlsFiles, bind, peer_identity, server_options
 
 log = structlog.get_logger(__name__)
 
@@ -138,13 +138,7 @@ async def serve(
     uplink = Uplink(settings.controller, settings.tls, settings.max_message_bytes)
     size = settings.max_message_bytes
     server = grpc.aio.server(
-        options=[
-            # An agent's message must fit in one RelayUp under the controller's own limit.
-            ("grpc.max_receive_message_length", size - ITEM_OVERHEAD),
-            ("grpc.max_send_message_length", size),
-            ("grpc.so_reuseport", 0),
-            *KEEPALIVE_SERVER,
-        ]
+        options=server_options(size - ITEM_OVERHEAD, size),  # an agent's message must fit in one RelayUp
     )
     server.add_generic_rpc_handlers((AgentStreams(uplink, settings).handler(),))
     port = bind(server, settings.listen, settings.tls.server_credentials() if settings.tls is not None else None)
