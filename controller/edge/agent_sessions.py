@@ -16,6 +16,7 @@ from urllib.parse import unquote
 
 import grpc
 import structlog
+from google.protobuf.message import DecodeError
 
 from controller.edge.hello_pacing import HelloPacing
 from controller.edge.limits import LimitsConfig
@@ -154,6 +155,21 @@ class AgentSessions:
                 self._engine.disconnected(node)
         log.info("agent_connected", node=node, peer=peer, acked_seq=acked, gpus=len(hello.gpus))
         return acked
+
+    def urgent(self, raw: bytes) -> bool:
+        """Whether an agent's message, as it came, carries a signal the policy may act on (not only
+        record): a relay's streams with one are handled before those in turn. A message that does not
+        decode, or a signal that does not, counts as urgent: its refusal comes as soon."""
+        try:
+            msg = agent_pb2.AgentMessage.FromString(raw)
+        except DecodeError:
+            return True
+        if msg.WhichOneof("body") != "signals":
+            return False
+        try:
+            return any(self._engine.policy.may_act(signal_from_proto(s)) for s in msg.signals.signals)
+        except BadSignal:
+            return True
 
     async def handle(self, node: str, msg: agent_pb2.AgentMessage, outbox: Outbox[Message]) -> None:
         """One message after the Hello, in the stream's order; an ack goes to ``outbox``."""

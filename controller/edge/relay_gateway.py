@@ -3,9 +3,13 @@ one ``AgentRelay.Relay`` stream. Each agent stream the relay carries is a sessio
 (``controller.edge.agent_sessions``), admitted, recorded and acknowledged as if it were connected
 here; what the controller costs for it is the session's bookkeeping, not a connection and a stream.
 
-The relay numbers its agents' streams. A stream's messages are handled in their order by a task that
-lives only while the stream has messages waiting (an idle agent costs no task); its replies go back
-on the relay's stream, batched with every other reply ready at the same turn of the event loop. The
+The relay numbers its agents' streams. A stream's messages are handled in their order, by one of a
+few workers per relay taking the streams with messages waiting in turn (an idle agent costs no task,
+and a backlog waits here, not as thousands of tasks in the event loop's queue); a stream whose new
+message carries a signal the policy may act on gets a task of its own at once, so an XID 79 is not
+decided behind every record-only signal that came before it when the controller is behind. Its
+replies go back on the relay's stream, batched with every other reply ready at the same turn of the
+event loop. The
 relay says when an agent's stream ended; the controller ends one by refusing it (a ``StreamEnd`` with
 the status, which the relay gives the agent) and forgets it when the relay says it ended. When the
 relay's own stream ends, every agent it carried is disconnected.
@@ -20,7 +24,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -40,6 +45,7 @@ if TYPE_CHECKING:  # the kubernetes client is imported only where agents may bri
 log = structlog.get_logger(__name__)
 
 REPLIES_PER_MESSAGE = 1000  # DownItems in one RelayDown
+WORKERS = 32  # per relay: the streams with messages waiting are handled this many at a time
 MAX_WAITING_BYTES = 64 << 20  # a relay's messages not handled yet: past this its stream is not read until half of it is
 OK, INTERNAL = grpc.StatusCode.OK.value[0], grpc.StatusCode.INTERNAL.value[0]
 
@@ -72,7 +78,8 @@ class _Stream:
     who: Identity | None = None  # the node its token proved
     reviewed_at: float = 0.0  # when its token was last reviewed
     node: str = ""  # once its Hello was written
-    busy: bool = False  # a task handles its messages now
+    busy: bool = False  # its messages are being handled, or it waits its turn for a worker
+    running: bool = False  # a task handles its messages now
     finishing: bool = False  # the agent sent all it will: the stream ends once they are handled
     over: bool = False  # ended: what still comes from the relay is dropped
 
@@ -88,6 +95,8 @@ class _Relay:
         self.replies: list[relay_pb2.DownItem] = []
         self.ready = asyncio.Event()
         self.tasks: set[asyncio.Task[None]] = set()
+        self.turns: deque[_Stream] = deque()  # streams with messages waiting for a worker, in order
+        self.workers = 0
         self.waiting_bytes = 0  # of every stream's messages not handled yet
         self.drained = asyncio.Event()
         self.drained.set()
@@ -120,11 +129,32 @@ class _Relay:
             return
         stream.waiting.append(item.message)
         self._waiting(len(item.message))
-        if not stream.busy:
+        if stream.running:
+            return  # handled in order by the task handling it now
+        if self.sessions.urgent(item.message):
             stream.busy = True
-            task = asyncio.create_task(self._handle(stream))
-            self.tasks.add(task)
-            task.add_done_callback(self.tasks.discard)
+            self._spawn(self._handle(stream))  # its own task now, not in turn behind the backlog
+        elif not stream.busy:
+            stream.busy = True
+            self.turns.append(stream)
+            if self.workers < WORKERS:
+                self.workers += 1
+                self._spawn(self._work())
+
+    def _spawn(self, work: Coroutine[None, None, None]) -> None:
+        task = asyncio.create_task(work)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def _work(self) -> None:
+        """A worker: the streams with messages waiting, in turn, until none wait."""
+        try:
+            while self.turns:
+                stream = self.turns.popleft()
+                if stream.busy and not stream.running:  # else an urgent task took it meanwhile
+                    await self._handle(stream)
+        finally:
+            self.workers -= 1
 
     def _forwarder(self, stream_id: int) -> Callable[[Message], None]:
         def forward(message: Message) -> None:
@@ -134,6 +164,7 @@ class _Relay:
         return forward
 
     async def _handle(self, stream: _Stream) -> None:
+        stream.running = True
         try:
             while stream.waiting and not stream.over:
                 raw = stream.waiting.pop(0)
@@ -160,7 +191,7 @@ class _Relay:
             log.exception("relayed_stream_failed", node=stream.node, relay=self.peer)
             self._finish(stream, relay_pb2.StreamEnd(code=INTERNAL, details=f"the controller failed: {exc!r:.200}"))
         finally:
-            stream.busy = False
+            stream.busy = stream.running = False
             if stream.finishing:
                 self._finish(stream)
             elif stream.over:
@@ -218,9 +249,10 @@ class _Relay:
             task.cancel()
         for stream in self.streams.values():
             stream.over = True
-            if not stream.busy:
+            if not stream.running:  # a running one's task closes it as it is cancelled
                 self._close(stream)
         self.streams.clear()
+        self.turns.clear()
 
 
 class RelayGateway(relay_pb2_grpc.AgentRelayServicer):

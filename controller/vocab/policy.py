@@ -232,6 +232,11 @@ class Policy(ConfigModel):
             return self.xid.get(signal.code, self.unknown_xid)
         return self.kinds.get(signal.kind, self.unknown_xid)
 
+    def may_act(self, signal: Signal) -> bool:
+        """Whether the signal's rule can do more than record it (at its threshold or escalation)."""
+        rule = self.rule_for(signal)
+        return rule.action is not Severity.RECORD or rule.escalate_after is not None
+
     @property
     def longest_window_s(self) -> float:
         rules = [*self.xid.values(), *self.kinds.values(), *self.recovery.values(), self.unknown_xid]
