@@ -31,6 +31,7 @@ from protos.vigil.v1 import trainer_pb2, trainer_pb2_grpc
 from tests.fakes.ib_sysfs import IbSysfs
 from vigil.admin_client import AdminClient
 from vigil.demo import Cluster, DemoFailed, wait_for, xid_line
+from vigil_core.ports import free_port
 
 if TYPE_CHECKING:
     from tests.e2e.netns import Nodes
@@ -137,6 +138,9 @@ def _run(
             else {"conf": str(slurm.conf)}
         )
         settings |= {"actuator": "slurm", "slurm": reach | dict(settings.get("slurm", {}))}
+    # Each run's pairwise checks on ports of its own: every scenario's agents share this machine, and
+    # runs side by side (CI, --jobs) met on the default 29400 (EADDRINUSE, a healthy node named).
+    settings["sweep"] = {"pair_port_base": free_port(), **settings.get("sweep", {})}
     config = _controller_config(workdir, settings)
     try:
         cluster.start_controller(START_TIMEOUT_S, config)
