@@ -132,8 +132,10 @@ class _Relay:
         if stream.running:
             return  # handled in order by the task handling it now
         if self.sessions.urgent(item.message):
-            stream.busy = True
-            self._spawn(self._handle(stream))  # its own task now, not in turn behind the backlog
+            # Its own task now, not in turn behind the backlog; running from here on, so that a second
+            # urgent message taken before that task starts is left to it, never given a second task.
+            stream.busy = stream.running = True
+            self._spawn(self._handle(stream))
         elif not stream.busy:
             stream.busy = True
             self.turns.append(stream)

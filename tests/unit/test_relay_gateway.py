@@ -92,3 +92,37 @@ def test_a_signal_that_acts_is_decided_before_the_record_only_backlog(tmp_path: 
 
     order = asyncio.run(scenario())
     assert len(order) == 300 and order.index("node-299") <= WORKERS + 1
+
+
+def test_two_urgent_messages_of_one_stream_are_handled_by_one_task_in_order(tmp_path: Path) -> None:
+    """Two messages that act, taken in one RelayUp for one stream, are handled one after the other in
+    their order, never by two tasks at once (which would interleave the stream's messages)."""
+
+    async def scenario() -> tuple[int, list[int]]:
+        store = Store(tmp_path / "ctl.db")
+        route = node_route(store, Policy(), LocalActuator(store.db), RecordingPager())
+        busy, most, seqs = [0], [0], []
+
+        class Counting(AgentSessions):
+            async def handle(self, node: str, msg: agent_pb2.AgentMessage, outbox: Outbox[Message]) -> None:
+                busy[0] += 1
+                most[0] = max(most[0], busy[0])
+                seqs.extend(s.seq for s in msg.signals.signals)
+                try:
+                    await super().handle(node, msg, outbox)
+                finally:
+                    busy[0] -= 1
+
+        relay = _Relay(Counting(route.engine, route.fleet, route.checks, route.outboxes), "ipv4:127.0.0.1:1", None)
+        relay.take(hello(1, "node-a"))
+        while relay.tasks:
+            await asyncio.gather(*relay.tasks)
+        relay.take(signal(1, "node-a", 79, seq=1))
+        relay.take(signal(1, "node-a", 48, seq=2))
+        while relay.tasks:
+            await asyncio.gather(*relay.tasks)
+        await route.engine.shutdown()
+        return most[0], seqs
+
+    most, seqs = asyncio.run(scenario())
+    assert seqs == [1, 2] and most == 1
