@@ -22,6 +22,7 @@ import grpc
 import structlog
 
 from agent.spool import Spool
+from checks.result import NotRun
 from protos.vigil.v1 import agent_pb2, agent_pb2_grpc, common_pb2
 from vigil_core.rpc_errors import retry_after_s
 from vigil_core.waiting import backoff_delay, wait_event
@@ -75,6 +76,8 @@ class ControllerLink:
         self._channel_factory = channel_factory
         self._wake = asyncio.Event()
         self._outbox: asyncio.Queue[agent_pb2.AgentMessage] = asyncio.Queue()
+        self._checks: dict[str, asyncio.Future[common_pb2.CheckResult]] = {}  # request id -> the check running
+        self._stopped_why: dict[str, str] = {}  # request id -> why the controller stopped it
         self.connected = False
         self.connections = 0
         self.attempt = 0
@@ -176,12 +179,34 @@ class ControllerLink:
             if msg.HasField("ack"):
                 self._apply_ack(msg.ack.acked_seq)
             elif msg.HasField("run_check"):
-                asyncio.create_task(self._answer_check(self._run_check(msg.run_check)))
+                run = msg.run_check
+                check = self._checks[run.request_id] = asyncio.ensure_future(self._run_check(run))
+                asyncio.create_task(self._answer_check(check, run.request_id, run.check))
             elif msg.HasField("run_remedy"):
-                asyncio.create_task(self._answer_check(self._run_remedy(msg.run_remedy)))
+                remedy = asyncio.ensure_future(self._run_remedy(msg.run_remedy))
+                asyncio.create_task(self._answer_check(remedy, msg.run_remedy.request_id, msg.run_remedy.remedy))
+            elif (
+                msg.HasField("stop_check")
+                and (running := self._checks.get(msg.stop_check.request_id))
+                and not running.done()
+            ):
+                log.info("check_stopped", request_id=msg.stop_check.request_id, why=msg.stop_check.why)
+                self._stopped_why[msg.stop_check.request_id] = msg.stop_check.why or "no reason given"
+                running.cancel()
         raise ConnectionError("controller closed the stream")
 
-    async def _answer_check(self, answer: Awaitable[common_pb2.CheckResult]) -> None:
-        result = await answer
+    async def _answer_check(self, running: asyncio.Future[common_pb2.CheckResult], request_id: str, check: str) -> None:
+        """Send the check's answer when it ends: UNKNOWN, not run, when the controller stopped it."""
+        try:
+            result = await running
+        except asyncio.CancelledError:
+            if not running.cancelled():  # this task itself was cancelled, not the check
+                raise
+            why = f"stopped by the controller: {self._stopped_why.pop(request_id, 'no reason given')}"
+            result = common_pb2.CheckResult(request_id=request_id, check=check, reason=why, not_run=NotRun.STOPPED)
+            result.verdict = common_pb2.UNKNOWN
+        finally:
+            if self._checks.get(request_id) is running:
+                del self._checks[request_id]
         self._outbox.put_nowait(agent_pb2.AgentMessage(check_result=result))
         self._wake.set()

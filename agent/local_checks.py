@@ -2,7 +2,8 @@
 
 The GPU health snapshot it answers itself, from the backend it already holds. The diagnostic
 workloads (burn, bandwidth, all-reduce) live in ``checks/`` and run as subprocesses under the
-request's deadline (``checks.runner``), so torch never enters the agent's process; where torch is
+request's deadline (``checks.runner``), so torch never enters the agent's process (a check the
+controller stops, ``StopCheck``, ends with its processes: ``ControllerLink``); where torch is
 not installed (the agent's own image) they answer UNKNOWN with that reason. An unknown check is
 UNKNOWN, never OK.
 """
@@ -13,7 +14,7 @@ import asyncio
 import time
 
 from checks.codec import result_to_proto
-from checks.runner import run_check
+from checks.runner import run_check_async
 from gpus.backend import GpuBackend
 from gpus.health import health_problems
 from protos.vigil.v1 import agent_pb2, common_pb2
@@ -31,11 +32,12 @@ class LocalChecks:
         )
         if request.check != "gpu_health":
             args = [a for key, value in sorted(request.params.items()) for a in (f"--{key}", value)]
-            answer = await asyncio.to_thread(run_check, request.check, args, request.deadline_s or 120.0)
+            answer = await run_check_async(request.check, args, request.deadline_s or 120.0)
             # The agent's own request and times frame the answer, whatever the program reported.
             answered = result_to_proto(self._node, answer, request.request_id)
             result.verdict, result.reason = answered.verdict, answered.reason
             result.figures.update(answered.figures)
+            result.not_run = answered.not_run
         else:
             try:
                 readings = await asyncio.wait_for(

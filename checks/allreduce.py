@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from checks.devices import Device, refuse_if_busy
 from checks.program import check_main
-from checks.result import CheckResult, Verdict
+from checks.result import CheckResult, NotRun, Verdict, unknown
 from vigil_core.ports import free_port
 
 if TYPE_CHECKING:
@@ -201,15 +201,21 @@ def run(args: argparse.Namespace) -> CheckResult:
     if use_gpus:  # invasive, like matmul and membw: never on GPUs a workload is using
         gpus = gpus_used(args, torch.cuda.device_count())
         if (refusal := refuse_if_busy("allreduce", [Device(g, "", f"cuda:{g}") for g in gpus])) is not None:
-            return CheckResult("allreduce", Verdict.UNKNOWN, refusal, {}, started, time.time())
+            return unknown("allreduce", refusal, started, NotRun.BUSY)
     if args.master:  # one member (a machine) of a group another program started
         local = args.local_ranks
         world_size = args.world_size * local
-        if local == 1:
-            gpu = args.gpu if use_gpus else None
-            timings = member(args.rank, world_size, args.master, sizes, args.iters, gpu)
-        else:
-            timings = spawn_members(args.rank * local, local, world_size, args.master, sizes, args.iters, use_gpus)
+        try:
+            if local == 1:
+                gpu = args.gpu if use_gpus else None
+                timings = member(args.rank, world_size, args.master, sizes, args.iters, gpu)
+            else:
+                timings = spawn_members(args.rank * local, local, world_size, args.master, sizes, args.iters, use_gpus)
+        except Exception as exc:  # a member spawned for a GPU raises its error as text
+            if args.rank != 0 or not port_taken(str(exc)):
+                raise
+            why = f"rank 0 could not listen on {args.master}: another program holds the port ({exc})"
+            return unknown("allreduce", why, started, NotRun.PORT_TAKEN)
     else:
         world_size = args.nproc or (torch.cuda.device_count() if use_gpus else 2)
         if world_size < 2:  # its bus bandwidth would be 0 GB/s, and say nothing about anything
@@ -222,6 +228,12 @@ def run(args: argparse.Namespace) -> CheckResult:
     return CheckResult(
         "allreduce", verdict, f"{'nccl' if use_gpus else 'gloo'}, {reason}", figures, started, time.time()
     )
+
+
+def port_taken(error: str) -> bool:
+    """Whether an error is rank 0's store failing to listen because its port is taken (torch's
+    DistNetworkError: "... name: EADDRINUSE, message: address already in use"). Pure."""
+    return "EADDRINUSE" in error or "address already in use" in error.lower()
 
 
 def gpus_used(args: argparse.Namespace, device_count: int) -> list[int]:

@@ -20,6 +20,7 @@ def result_to_proto(node: str, result: CheckResult, request_id: str = "") -> com
         figures=result.figures,
         started_at=result.started_at,
         finished_at=result.finished_at,
+        not_run=result.not_run,
     )
 
 
@@ -33,4 +34,5 @@ def result_from_proto(msg: common_pb2.CheckResult) -> CheckResult:
         figures=dict(msg.figures),
         started_at=msg.started_at,
         finished_at=msg.finished_at,
+        not_run=msg.not_run if known else "",
     )

@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 from checks.devices import Device, devices, peaks_for, refuse_if_busy
 from checks.judge import judge_devices
-from checks.result import CheckResult, unknown
+from checks.result import CheckResult, NotRun, unknown
 
 
 def per_device_check(
@@ -24,7 +24,7 @@ def per_device_check(
     started = time.time()
     targets = devices()
     if (refusal := refuse_if_busy(check, targets)) is not None:
-        return unknown(check, refusal, started)
+        return unknown(check, refusal, started, NotRun.BUSY)
     on_cpu = targets[0].index < 0
     values = {d.label.replace(" ", ""): measure(d) for d in targets}
     peaks = peaks_for(targets[0].name)

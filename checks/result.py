@@ -19,6 +19,16 @@ class Verdict(StrEnum):
         return {Verdict.OK: 0, Verdict.FAIL: 1, Verdict.UNKNOWN: 2}[self]
 
 
+class NotRun(StrEnum):
+    """Why a check measured nothing, for a reason that says nothing of the node's health. Its
+    verdict is UNKNOWN, and a sweep neither blames nor clears a node on it (``controller.sweeps``)."""
+
+    BUSY = "busy"  # a workload is using the GPU: an invasive check is not run
+    PORT_TAKEN = "port_taken"  # the all-reduce's rank 0 could not listen: another program holds the port
+    STOPPED = "stopped"  # the controller stopped it: its pair's partner could not run
+    NO_AGENT = "no_agent"  # the node's agent is not connected, went away, or did not answer
+
+
 @dataclass(frozen=True, slots=True)
 class CheckResult:
     check: str
@@ -27,6 +37,9 @@ class CheckResult:
     figures: dict[str, float] = field(default_factory=dict)
     started_at: float = 0.0
     finished_at: float = 0.0
+    # A NotRun value, or "" when the check ran. A string: an agent newer than this controller may
+    # name a cause it does not know, and that still means "measured nothing".
+    not_run: str = ""
 
     def to_json(self) -> str:
         return json.dumps({**asdict(self), "verdict": self.verdict.value})
@@ -41,9 +54,10 @@ class CheckResult:
             figures={str(k): float(v) for k, v in d.get("figures", {}).items()},
             started_at=float(d.get("started_at", 0.0)),
             finished_at=float(d.get("finished_at", 0.0)),
+            not_run=str(d.get("not_run") or ""),
         )
 
 
-def unknown(check: str, reason: str, started_at: float | None = None) -> CheckResult:
+def unknown(check: str, reason: str, started_at: float | None = None, not_run: str = "") -> CheckResult:
     now = time.time()
-    return CheckResult(check, Verdict.UNKNOWN, reason, {}, started_at or now, now)
+    return CheckResult(check, Verdict.UNKNOWN, reason, {}, started_at or now, now, not_run)

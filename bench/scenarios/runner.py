@@ -10,6 +10,7 @@ import contextlib
 import json
 import os
 import shutil
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -139,7 +140,7 @@ def _run(
         )
         settings |= {"actuator": "slurm", "slurm": reach | dict(settings.get("slurm", {}))}
     # Each run's pairwise checks on ports of its own: every scenario's agents share this machine, and
-    # runs side by side (CI, --jobs) met on the default 29400 (EADDRINUSE, a healthy node named).
+    # runs side by side (CI, --jobs) would meet on the default (EADDRINUSE: those pairs run again elsewhere).
     settings["sweep"] = {"pair_port_base": free_port(), **settings.get("sweep", {})}
     config = _controller_config(workdir, settings)
     try:
@@ -251,7 +252,8 @@ def _play(
             _person(kube, person_api, event.node, event.person)
             continue
         if event.sweep is not None:
-            sweeps.append(_sweep(cluster.target, event.sweep))
+            base = yaml.safe_load(config.read_text())["sweep"]["pair_port_base"]
+            sweeps.append(_sweep(cluster.target, event.sweep, base))
             continue
         if event.stop_controller is not None:
             cluster.stop_controller(kill=event.stop_controller.kill)
@@ -292,14 +294,17 @@ def _throttle(fabric: Nodes, nodes: list[str], throttle: Throttle) -> None:
         fabric.throttle(nodes.index(throttle.node), throttle.rate)
 
 
-def _sweep(target: str, sweep: Sweep) -> SweepSeen:
-    """``vigil sweep --json``, the command a person runs."""
+def _sweep(target: str, sweep: Sweep, pair_port_base: int) -> SweepSeen:
+    """``vigil sweep --json``, the command a person runs; ``sweep.held_ports`` held meanwhile."""
     command = [sys.executable, "-m", "vigil", "sweep", "--controller", target, "--json"]
     command += ["--checks", ",".join(sweep.checks), "--min-busbw-gbps", str(sweep.min_busbw_gbps)]
     command += [a for p in sweep.params for a in ("-p", p)]
     command += [*(["--quarantine"] if sweep.quarantine else []), *sweep.nodes]
     try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=SWEEP_TIMEOUT_S)
+        with contextlib.ExitStack() as held:
+            for offset in sweep.held_ports:  # another program listening there, on every address
+                held.enter_context(socket.create_server(("", pair_port_base + offset)))
+            done = subprocess.run(command, capture_output=True, text=True, timeout=SWEEP_TIMEOUT_S)
     except subprocess.TimeoutExpired:
         return SweepSeen(exit_code=-1, error=f"vigil sweep did not finish in {SWEEP_TIMEOUT_S:.0f} s")
     try:

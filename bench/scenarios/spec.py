@@ -215,6 +215,9 @@ class Sweep(_Strict):
     verdict: Verdict | None = Field(default=None, description="the sweep's own verdict")
     rows: dict[str, dict[str, Verdict]] = Field(default_factory=dict, description="node -> check -> verdict")
     findings: tuple[str, ...] | None = Field(default=None, description="exactly these culprits ('a|b': a link)")
+    held_ports: tuple[int, ...] = Field(
+        default=(), description="ports another program holds while it runs, counted from sweep.pair_port_base"
+    )
 
 
 class IbPort(_Strict):

@@ -17,6 +17,7 @@ from collections.abc import Callable
 
 import structlog
 
+from checks.result import NotRun
 from controller.store import Records
 from protos.vigil.v1 import agent_pb2, common_pb2
 
@@ -88,6 +89,14 @@ class CheckRequests:
             return None
         return future
 
+    def stop(self, node: str, request_id: str, why: str) -> None:
+        """Ask the node's agent to stop a check it runs; it answers the check (UNKNOWN, not run),
+        and whoever waits for it learns so. An agent that is gone, or runs no such check, says nothing."""
+        if request_id in self._waiting:
+            self._send(
+                node, agent_pb2.ControllerMessage(stop_check=agent_pb2.StopCheck(request_id=request_id, why=why))
+            )
+
     def forget(self, request_id: str) -> None:
         """Stop waiting for a check (it overran its deadline)."""
         self._waiting.pop(request_id, None)
@@ -128,6 +137,8 @@ class CheckRequests:
             del self._waiting[request_id]
             if not future.done():
                 reason = "the node's agent disconnected while the check ran"
-                lost = common_pb2.CheckResult(request_id=request_id, node=node, check=check, reason=reason)
+                lost = common_pb2.CheckResult(
+                    request_id=request_id, node=node, check=check, reason=reason, not_run=NotRun.NO_AGENT
+                )
                 lost.verdict = common_pb2.UNKNOWN
                 future.set_result(lost)

@@ -36,7 +36,7 @@ import statistics
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from controller.sweeps.judge import PairRun
+from controller.sweeps.judge import PairRun, measured
 from controller.sweeps.pairing import Finding, IsolationPlan, Pair, confirmed, culprits, plan_isolation
 from controller.sweeps.topology import Place, Topology, leaves, size_label
 
@@ -129,7 +129,7 @@ def references(runs: Mapping[Pair, PairRun], topology: Topology) -> tuple[Refere
     """What healthy pairs do at each size and class: the upper quartile, not the median (a bad leaf
     or spine can slow half the pairs of a small fleet). A class of fewer than three pairs is pooled
     with the other (the bool: whether the classes were pooled)."""
-    ran = {p: r for p, r in runs.items() if not r.error}
+    ran = {p: r for p, r in runs.items() if not r.error and not r.not_run}
     classes = {cls: [r for p, r in ran.items() if pair_class(p, topology) == cls] for cls in (WITHIN, ACROSS)}
     pooled = min(len(c) for c in classes.values()) < 3
     if pooled:
@@ -152,10 +152,11 @@ def judge_pairs(
 ) -> dict[Pair, str]:
     """The slow pairs, each with its evidence: at each size, more than ``max_below`` under what healthy
     pairs of its class do (``references``, from the first stage: re-tests are judged against the same);
-    the fixed threshold applies at the largest size. A pair that did not run is slow, with its reason."""
+    the fixed threshold applies at the largest size. A pair that failed as it ran is slow, with its
+    reason; one not run at all (``PairRun.not_run``) is neither slow nor fast."""
     table, pooled = refs
     out: dict[Pair, list[str]] = {}
-    for pair, run in runs.items():
+    for pair, run in measured(runs).items():
         if run.error:
             out[pair] = [run.error]
             continue
@@ -441,6 +442,7 @@ def better_of(first: Mapping[Pair, PairRun], again: Mapping[Pair, PairRun]) -> d
 
 
 def judge_first_stage(nodes: Sequence[str], first: Mapping[Pair, PairRun], judge: FabricJudge) -> Judged:
+    first = measured(first)  # a pair not run makes nobody a known-good partner, nor counts for a leaf
     refs = references(first, judge.topology)
     slow = judge_pairs(first, refs, judge.topology, judge.min_busbw_gbps, judge.max_below)
     where = localise(nodes, judge.topology, list(first), slow, judge.leaf_label, judge.spine_label)
@@ -464,13 +466,16 @@ def findings(
     again: Mapping[Pair, PairRun] | None = None,
 ) -> list[Finding]:
     """The components, then the nodes, node uplinks and links the re-tests blame; ``again``: the
-    pairs those blames rest on, run once more (``to_confirm``), each blame kept only if slow again."""
+    pairs those blames rest on, run once more (``to_confirm``), each blame kept only if slow again.
+    A pair not run (``PairRun.not_run``) is no evidence: a re-test not run blames and clears nobody."""
+    first, retest = measured(first), measured(retest)
     retest_slow = judge_pairs(retest, judged.refs, judge.topology, judge.min_busbw_gbps, judge.max_below)
     errors = {p: run.error for p, run in retest.items() if run.error}
     busbw = {p: run.busbw_gbps for p, run in first.items()}
     rerun = {p: run.busbw_gbps for p, run in retest.items()}
     found = culprits(judged.rest, rerun, busbw, 0.0, judge.max_below, errors, retest_slow)
     if again is not None:
+        again = measured(again)
         slow_again = judge_pairs(again, judged.refs, judge.topology, judge.min_busbw_gbps, judge.max_below)
         found = confirmed(found, again, slow_again)
     return judged.where.components + node_uplinks(found, judge.topology, list(first), judged.slow)

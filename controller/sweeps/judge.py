@@ -13,7 +13,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from checks.judge import fleet_outliers
-from checks.result import CheckResult, Verdict
+from checks.result import CheckResult, NotRun, Verdict
 from controller.sweeps.pairing import Finding, Pair
 from controller.sweeps.spec import PAIRS
 
@@ -102,18 +102,24 @@ def busbw_by_size(figures: Mapping[str, float]) -> dict[int, float]:
 @dataclass(frozen=True, slots=True)
 class PairRun:
     """One pair's all-reduce: its bus bandwidth at the largest size and at each size (GB/s), or 0
-    with the reason it could not run."""
+    with the reason it failed. ``not_run``: it measured nothing, for a reason that says nothing of
+    either node or the link between them (``checks.result.NotRun``: a GPU busy with a workload,
+    rank 0's port taken, an agent away): such a pair is neither slow nor fast (``measured``)."""
 
     busbw_gbps: float
     error: str = ""
     by_size: Mapping[int, float] = field(default_factory=dict)
+    not_run: str = ""
 
 
 def pair_run(pair: Pair, first: CheckResult, second: CheckResult) -> PairRun:
-    """One pair's measurement from its two members' answers; 0 GB/s with the reason when it failed."""
-    for node, r in zip(pair, (first, second), strict=True):
-        if r.verdict is Verdict.UNKNOWN:
-            return PairRun(0.0, f"{node}: {r.reason}")
+    """One pair's measurement from its two members' answers; 0 GB/s with the reason when it failed.
+    A member that could not run explains its partner's failure (stopped for it, or timed out
+    waiting for it); a member that failed running explains a partner stopped for it."""
+    failed = [(node, r) for node, r in zip(pair, (first, second), strict=True) if r.verdict is Verdict.UNKNOWN]
+    could_not = [(n, r) for n, r in failed if r.not_run and r.not_run != NotRun.STOPPED]
+    for node, r in could_not or [(n, r) for n, r in failed if not r.not_run] or failed:
+        return PairRun(0.0, f"{node}: {r.reason}", not_run=r.not_run)
     values = [v for r in (first, second) if (v := largest_busbw(r.figures)) is not None]
     if not values:
         return PairRun(0.0, "the all-reduce reported no bus bandwidth")
@@ -122,10 +128,15 @@ def pair_run(pair: Pair, first: CheckResult, second: CheckResult) -> PairRun:
     return PairRun(min(values), by_size=by_size)
 
 
+def measured(runs: Mapping[Pair, PairRun]) -> dict[Pair, PairRun]:
+    """The pairs that ran (fast, slow, or failing as they ran): those not run say nothing to judge."""
+    return {p: r for p, r in runs.items() if not r.not_run}
+
+
 def pair_result(run: PairRun, rank0: CheckResult) -> CheckResult:
     """What the progress stream shows for a pair, before the fleet judges it."""
     if run.error:
-        return CheckResult(PAIRS, Verdict.UNKNOWN, run.error, {}, rank0.started_at, rank0.finished_at)
+        return CheckResult(PAIRS, Verdict.UNKNOWN, run.error, {}, rank0.started_at, rank0.finished_at, run.not_run)
     figures = {"busbw_gbps": run.busbw_gbps}
     reason = f"{run.busbw_gbps:.3g} GB/s bus bandwidth"
     return CheckResult(PAIRS, Verdict.OK, reason, figures, rank0.started_at, rank0.finished_at)
@@ -157,20 +168,24 @@ def pair_rows(
     with such nodes (``explained``: the slow pairs the components account for). ``again``: the
     pairs run once more (a node's re-test, a link's pair: ``pairing.to_confirm``); one no longer
     slow was not reproduced."""
-    again = again or {}
+    again = measured(again or {})  # a pair not run once more confirms and clears nothing
     blamed = {f.node: f.reason for f in findings if not f.is_component}
     behind = {n: f for f in findings if f.is_component for n in f.nodes}
     links = {n for f in findings if f.kind == "link" for n in f.node.split("|")}
     rows = []
     for node in nodes:
-        mine = [(p, run) for p, run in first.items() if node in p]
+        everything = [(p, run) for p, run in first.items() if node in p]
+        if not everything:
+            continue
+        figure = "; ".join(_pair_figure(node, p, r) for p, r in everything)
+        mine = [(p, run) for p, run in everything if not run.not_run]
         if not mine:
+            rows.append(Row(node, PAIRS, Verdict.UNKNOWN, figure, f"not measured: {everything[0][1].error}"))
             continue
         slow_mine = [(p, run) for p, run in mine if p in slow and p not in explained]
         through = [p[1] if p[0] == node else p[0] for p, _ in mine if p in explained]
         pair, run = (slow_mine or mine)[0]
         partner = pair[1] if pair[0] == node else pair[0]
-        figure = "; ".join(f"{r.busbw_gbps:.3g} GB/s with {p[1] if p[0] == node else p[0]}" for p, r in mine)
         if node in blamed:
             rows.append(Row(node, PAIRS, Verdict.FAIL, figure, blamed[node]))
         elif node in behind and behind[node].kind == "leaf":
@@ -186,7 +201,7 @@ def pair_rows(
         elif node in untestable:
             why = run.error or "slow"
             rows.append(Row(node, PAIRS, Verdict.UNKNOWN, figure, f"{why}; no known-good node to re-pair with"))
-        elif rerun_of := [(p, r) for p, r in retest.items() if p[0] == node]:
+        elif rerun_of := [(p, r) for p, r in measured(retest).items() if p[0] == node]:
             (_suspect, good), rerun = rerun_of[0]
             if (node, good) in again:  # slow with the known-good node once, not when run once more
                 once_more = again[(node, good)].busbw_gbps
@@ -205,14 +220,23 @@ def pair_rows(
             else:
                 cleared += f"; {partner} is not blamed either"
             rows.append(Row(node, PAIRS, Verdict.OK, figure, cleared))
+        elif unrun := [(p, r) for p, r in retest.items() if p[0] == node]:
+            (_suspect, good), rerun = unrun[0]
+            why = f"slow with {partner}; the re-test with {good} could not run: {rerun.error}"
+            rows.append(Row(node, PAIRS, Verdict.UNKNOWN, figure, why))
         else:
             rows.append(Row(node, PAIRS, Verdict.UNKNOWN, figure, "slow pair, not re-tested"))
     return rows
 
 
+def _pair_figure(node: str, pair: Pair, run: PairRun) -> str:
+    partner = pair[1] if pair[0] == node else pair[0]
+    return f"not run with {partner}" if run.not_run else f"{run.busbw_gbps:.3g} GB/s with {partner}"
+
+
 def pair_basis(first: Mapping[Pair, PairRun], min_busbw_gbps: float, max_below_median: float) -> str:
     """What the first round's pairs were judged against, in words."""
-    values = [r.busbw_gbps for r in first.values()]
+    values = [r.busbw_gbps for r in measured(first).values()]
     against = []
     if min_busbw_gbps:
         against.append(f"above the {min_busbw_gbps:g} GB/s threshold")

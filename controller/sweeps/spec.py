@@ -28,6 +28,9 @@ _ARG_RE = re.compile(r"^[a-z][a-z0-9-]{0,40}$")
 _VALUE_RE = re.compile(r"^[A-Za-z0-9.,:_/+-]{0,200}$")
 
 
+# Rank 0 of a pair whose port another program holds answers "port taken" (checks.result.NotRun):
+# the pair runs again on another port, this many tries in all.
+PAIR_PORT_TRIES = 3
 DEFAULT_DEADLINES_S = {"gpu_health": 30.0, "matmul": 180.0, "membw": 180.0, "allreduce": 300.0, PAIRS: 180.0}
 
 
@@ -42,7 +45,12 @@ class SweepConfig(ConfigModel):
         default_factory=dict, description="arguments per check, e.g. {matmul: {seconds: '10'}}"
     )
     answer_grace_s: float = Field(default=15.0, gt=0, description="past a check's deadline: the agent is gone")
-    pair_port_base: int = Field(default=29400, ge=1024, le=65000, description="a round's k-th pair uses base+k")
+    pair_port_base: int = Field(
+        default=26000, ge=1024, le=65000, description="the pairs' rank 0 listen on ports from here up"
+    )
+    pair_port_span: int = Field(
+        default=3000, ge=PAIR_PORT_TRIES, description="how many ports from pair_port_base the pairs may use"
+    )
     min_busbw_gbps: float = Field(default=0.0, ge=0, description="pairs below this bus bandwidth are slow")
     pair_max_below_median: float = Field(default=0.5, gt=0, lt=1, description="pairs this far below the median")
     fleet_max_below_median: float = Field(default=0.25, gt=0, lt=1, description="GPUs this far below the fleet's")
@@ -144,6 +152,23 @@ def sweep_spec(
 def pair_params(spec: SweepSpec, master: str, rank: int) -> dict[str, str]:
     """The all-reduce program's arguments for one member of a pair."""
     return {**spec.params.get(PAIRS, {}), "master": master, "rank": str(rank), "world-size": "2"}
+
+
+def pair_ports(config: SweepConfig) -> tuple[int, int]:
+    """The ports pairs may use, [first, first + count), within the port range. Pure."""
+    return config.pair_port_base, min(config.pair_port_span, 65536 - config.pair_port_base)
+
+
+def pairs_at_once(config: SweepConfig) -> int:
+    """How many pairs one round runs at most: each of its pairs' tries has a port of its own."""
+    return pair_ports(config)[1] // PAIR_PORT_TRIES
+
+
+def pair_port(config: SweepConfig, k: int, pairs: int, attempt: int) -> int:
+    """Rank 0's port for a round's k-th pair of ``pairs`` (at most ``pairs_at_once``) on its
+    attempt-th try (from 0): no two pairs of a round, nor two tries, share one. Pure."""
+    first, count = pair_ports(config)
+    return first + (attempt * pairs + k) % count
 
 
 def master_address(host: str, port: int) -> str:

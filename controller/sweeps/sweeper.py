@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 import structlog
 
 from checks.codec import result_from_proto
-from checks.result import CheckResult, Verdict, unknown
+from checks.result import CheckResult, NotRun, Verdict, unknown
 from controller.act.actuators import NodeSelector
 from controller.nodes.check_requests import CheckRequests
 from controller.nodes.fleet import FleetView
@@ -39,6 +39,7 @@ from controller.sweeps.judge import (
     Row,
     failure_reasons,
     judge_fleet,
+    measured,
     outcome,
     pair_basis,
     pair_result,
@@ -59,7 +60,18 @@ from controller.sweeps.pairing import (
     to_confirm,
 )
 from controller.sweeps.result import Emit, SweepDone, SweepProgress, SweepResult
-from controller.sweeps.spec import PAIR_PROGRAM, PAIRS, SweepConfig, SweepError, SweepSpec, master_address, pair_params
+from controller.sweeps.spec import (
+    PAIR_PORT_TRIES,
+    PAIR_PROGRAM,
+    PAIRS,
+    SweepConfig,
+    SweepError,
+    SweepSpec,
+    master_address,
+    pair_params,
+    pair_port,
+    pairs_at_once,
+)
 from controller.sweeps.topology import Place, TopologyError, from_labels, is_topology_aware, merged, parse_topology_file
 from protos.vigil.v1 import agent_pb2
 
@@ -242,13 +254,13 @@ class Sweeper:
         run = agent_pb2.RunCheck(request_id=request_id, check=check, params=params, deadline_s=deadline_s)
         future = self._checks.ask(node, run)
         if future is None:
-            return unknown(check, "the node's agent is not connected")
+            return unknown(check, "the node's agent is not connected", not_run=NotRun.NO_AGENT)
         wait_s = deadline_s + self.config.answer_grace_s
         try:
             answer = await asyncio.wait_for(future, wait_s)
         except TimeoutError:
             self._checks.forget(request_id)
-            return unknown(check, f"no answer from the node's agent within {wait_s:g} s")
+            return unknown(check, f"no answer from the node's agent within {wait_s:g} s", not_run=NotRun.NO_AGENT)
         return replace(result_from_proto(answer), check=check)  # filed under what was asked, whatever it says
 
     # Pairwise all-reduce --------------------------------------------------------------------
@@ -270,19 +282,20 @@ class Sweeper:
         first_pairs = pair_up(reachable)
         progress.total += len(first_pairs)
         first = await self._round(sweep_id, "pairs", spec, first_pairs, progress, stage)
-        busbw = {p: run.busbw_gbps for p, run in first.items()}
+        ran = measured(first)  # a pair not run is no evidence, and makes nobody a known-good partner
+        busbw = {p: run.busbw_gbps for p, run in ran.items()}
         cfg = self.config
-        failed = [p for p, run in first.items() if run.error]
+        failed = [p for p, run in ran.items() if run.error]
         slow = list(dict.fromkeys(failed + slow_pairs(busbw, spec.min_busbw_gbps, cfg.pair_max_below_median)))
-        plan = plan_isolation(slow, first_pairs)
+        plan = plan_isolation(slow, list(ran))
         retest: dict[Pair, PairRun] = {}
         if plan.pairs:
             progress.total += len(plan.pairs)
             retest = await self._round(sweep_id, "isolation", spec, plan.pairs, progress, stage)
-        errors = {p: run.error for p, run in retest.items() if run.error}
-        rerun = {p: run.busbw_gbps for p, run in retest.items()}
+        errors = {p: run.error for p, run in measured(retest).items() if run.error}
+        rerun = {p: run.busbw_gbps for p, run in measured(retest).items()}
         found = culprits(slow, rerun, busbw, spec.min_busbw_gbps, cfg.pair_max_below_median, errors)
-        if again := await self._again(sweep_id, spec, found, progress, stage):
+        if again := measured(await self._again(sweep_id, spec, found, progress, stage)):
             values = {p: run.busbw_gbps for p, run in again.items()}
             slow_again = slow_beside_first(values, busbw, slow, spec.min_busbw_gbps, cfg.pair_max_below_median)
             evidence = {p: again[p].error or f"{v:.3g} GB/s" for p, v in slow_again.items()}
@@ -372,26 +385,55 @@ class Sweeper:
         progress: _Progress,
         stage: _PairStage,
     ) -> dict[Pair, PairRun]:
-        """Run the pairs, each batch at once (no node twice in a batch); one batch is one round."""
+        """Run the pairs, each batch at once (no node twice in a batch, no more pairs than have
+        ports: ``pairs_at_once``); one batch is one round."""
         out: dict[Pair, PairRun] = {}
-        for batch in batches(pairs):
-            stage.rounds += 1
-            prefix = f"{sweep_id}/r{stage.rounds}"
-            runs = await asyncio.gather(*(self._pair(prefix, spec, k, p) for k, p in enumerate(batch)))
-            for pair, (run, rank0, request_id) in zip(batch, runs, strict=True):
-                out[pair] = run
-                stage.pairs += 1
-                progress.report(phase, f"{pair[0]}|{pair[1]}", pair_result(run, rank0), request_id)
+        at_once = pairs_at_once(self.config)
+        for whole in batches(pairs):
+            for batch in (whole[i : i + at_once] for i in range(0, len(whole), at_once)):
+                stage.rounds += 1
+                prefix = f"{sweep_id}/r{stage.rounds}"
+                runs = await asyncio.gather(*(self._pair(prefix, spec, k, len(batch), p) for k, p in enumerate(batch)))
+                for pair, (run, rank0, request_id) in zip(batch, runs, strict=True):
+                    out[pair] = run
+                    stage.pairs += 1
+                    progress.report(phase, f"{pair[0]}|{pair[1]}", pair_result(run, rank0), request_id)
         return out
 
-    async def _pair(self, prefix: str, spec: SweepSpec, k: int, pair: Pair) -> tuple[PairRun, CheckResult, str]:
-        """The k-th pair of a round: rank 0 listens on the k-th port, so pairs never collide."""
+    async def _pair(
+        self, prefix: str, spec: SweepSpec, k: int, pairs: int, pair: Pair
+    ) -> tuple[PairRun, CheckResult, str]:
+        """The k-th pair of a round of ``pairs``: rank 0 listens on a port of its own (``pair_port``).
+        Where another program holds it, the pair runs again on the next port it may use."""
         a, b = pair
-        master = master_address(self._fleet.address(a), self.config.pair_port_base + k)
+        for attempt in range(PAIR_PORT_TRIES):
+            port = pair_port(self.config, k, pairs, attempt)
+            master = master_address(self._fleet.address(a), port)
+            ids = [f"{prefix}/{a}|{b}/{rank}" + (f"/try{attempt + 1}" if attempt else "") for rank in (0, 1)]
+            ra, rb = await self._both(pair, [pair_params(spec, master, rank) for rank in (0, 1)], ids, spec)
+            run = pair_run(pair, ra, rb)
+            if run.not_run != NotRun.PORT_TAKEN:
+                break
+            log.info("sweep_pair_port_taken", pair=f"{a}|{b}", port=port, tries=attempt + 1, of=PAIR_PORT_TRIES)
+        return run, ra, ids[0]
+
+    async def _both(
+        self, pair: Pair, params: list[dict[str, str]], ids: list[str], spec: SweepSpec
+    ) -> tuple[CheckResult, CheckResult]:
+        """Both members' answers. The first to end UNKNOWN leaves its partner nothing to do but wait
+        for it (until the store's or the collective's timeout, on a port another program may hold):
+        the partner's check is stopped, and answers so (``NotRun.STOPPED``)."""
         deadline = spec.deadline_s[PAIRS]
-        ids = [f"{prefix}/{a}|{b}/{rank}" for rank in (0, 1)]
-        ra, rb = await asyncio.gather(
-            self._ask(a, PAIR_PROGRAM, pair_params(spec, master, 0), deadline, ids[0]),
-            self._ask(b, PAIR_PROGRAM, pair_params(spec, master, 1), deadline, ids[1]),
-        )
-        return pair_run(pair, ra, rb), ra, ids[0]
+        asks = [
+            asyncio.ensure_future(self._ask(node, PAIR_PROGRAM, p, deadline, i))
+            for node, p, i in zip(pair, params, ids, strict=True)
+        ]
+        done, _ = await asyncio.wait(asks, return_when=asyncio.FIRST_COMPLETED)
+        for i, ask in enumerate(asks):
+            other = 1 - i
+            if ask in done and ask.result().verdict is Verdict.UNKNOWN and not asks[other].done():
+                why = f"its pair's partner {pair[i]} ended first: {ask.result().reason}"
+                self._checks.stop(pair[other], ids[other], why[:500])
+                break
+        first, second = await asyncio.gather(*asks)
+        return first, second

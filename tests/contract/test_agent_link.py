@@ -601,3 +601,51 @@ def test_a_turn_the_controller_says_is_read_only_from_a_refusal_and_only_when_sa
     assert "refused the call, over its limit: paced" in explain(
         refusal(grpc.StatusCode.RESOURCE_EXHAUSTED, None), "c:1"
     )
+
+
+def test_a_check_the_controller_stops_ends_with_its_processes_and_answers_not_run(tmp_path: Path) -> None:
+    """A pair's rank 1 waiting on a port where no rank 0 will ever listen (its partner could not run):
+    the controller stops it, the agent ends the check program and answers UNKNOWN, not run."""
+    import psutil
+
+    from agent.local_checks import LocalChecks
+    from gpus.simulated import SimulatedBackend
+
+    master = f"127.0.0.1:{free_port()}"  # nobody listens: the member waits for its store (60 s)
+
+    def members() -> list[psutil.Process]:
+        return [p for p in psutil.process_iter(["cmdline"]) if master in " ".join(p.info["cmdline"] or [])]
+
+    async def scenario() -> None:
+        controller = await start_controller(tmp_path / "c.db")
+        spool = Spool(tmp_path / "spool.db")
+        link = ControllerLink(
+            f"127.0.0.1:{controller.port}",
+            spool,
+            lambda: agent_pb2.Hello(node=NODE, spool_id=spool.spool_id, last_acked_seq=spool.acked_seq),
+            LocalChecks(NODE, SimulatedBackend(NODE, 1)).run,
+            heartbeat_s=0.2,
+        )
+        stop = asyncio.Event()
+        task = asyncio.create_task(link.run(stop))
+        try:
+            await wait_until(lambda: controller.nodes.fleet.is_connected(NODE), timeout=10)
+            params = {"master": master, "rank": "1", "world-size": "2", "sizes": "1024"}
+            run = agent_pb2.RunCheck(request_id="s/1", check="allreduce", params=params, deadline_s=120)
+            answer = controller.nodes.checks.ask(NODE, run)
+            assert answer is not None
+            await wait_until(lambda: bool(members()), timeout=30)
+            asked_to_stop = asyncio.get_running_loop().time()
+            controller.nodes.checks.stop(NODE, "s/1", "its pair's partner node-b ended first: port taken")
+            result = await asyncio.wait_for(answer, 10)
+            assert asyncio.get_running_loop().time() - asked_to_stop < 10
+            assert result.verdict == common_pb2.UNKNOWN and result.not_run == "stopped"
+            assert result.reason == "stopped by the controller: its pair's partner node-b ended first: port taken"
+            await wait_until(lambda: not members(), timeout=5)  # the program and all it started are gone
+        finally:
+            stop.set()
+            await task
+            spool.close()
+            await stop_controller(controller)
+
+    asyncio.run(scenario())

@@ -102,7 +102,7 @@ def test_the_slow_node_is_named_not_its_partner_and_everything_is_filed(tmp_path
         assert {u.phase for u in updates} == {"checks", "pairs", "isolation", "once more"}
         # Rank 0 of a round's k-th pair listens on base + k, at the address its agent gave.
         masters = sorted({r.params["master"] for _, r in c.checks.requests if "master" in r.params})
-        assert "node-0.sim:29400" in masters and "node-2.sim:29401" in masters
+        assert "node-0.sim:26000" in masters and "node-2.sim:26001" in masters
         # Filed: the summary and every check's result, under the sweep's id.
         stored = json.loads(c.controller.store.records.sweep_summary(summary.sweep_id) or "{}")
         assert stored["findings"][0]["node"] == "node-5" and stored["rounds"] == 3
@@ -287,12 +287,12 @@ def test_vigil_sweep_prints_the_table_and_exits_by_the_verdict(
 
 def fat_tree(bad: str) -> tuple[dict[str, dict[str, str]], SimulatedChecks]:
     """Twelve nodes under three leaves; ``bad`` is "leaf-b" (the switch: every pair through it
-    slow) or "uplink-c" (leaf-c's uplink: its pairs across leaves slow, within fine)."""
+    slow), "uplink-c" (leaf-c's uplink: its pairs across leaves slow, within fine) or "none"."""
     leaf = {f"node-{i}": "abc"[i // 4] for i in range(12)}
 
     def path_gbps(a: str, b: str) -> float:
         ends = {leaf[a], leaf[b]}
-        slow = "b" in ends if bad == "leaf-b" else ("c" in ends and len(ends) == 2)
+        slow = "b" in ends if bad == "leaf-b" else ("c" in ends and len(ends) == 2 and bad == "uplink-c")
         return 2.0 if slow else 40.0
 
     labels = {n: {"vigil.dev/leaf-switch": f"leaf-{x}"} for n, x in leaf.items()}
@@ -359,3 +359,78 @@ def test_a_topology_file_places_the_nodes_and_a_bad_one_is_refused_before_the_sw
         assert f"{topology}: node node-0 is under two leaves" in (err.value.details() or "")
 
     run(tmp_path, 12, sim, test, sweep=SweepConfig(topology={"file": topology}))
+
+
+# A pair that measured nothing, for a reason outside both nodes and their link, blames nobody: the
+# family of a healthy node named slow because its pair could not run (its GPU busy with a job, rank
+# 0's port held by another program, its agent not answering).
+
+
+def test_a_pair_whose_rank_0_port_is_held_runs_again_on_another_port(tmp_path: Path) -> None:
+    # node-0 is rank 0 of the first round's first pair: its port, the first the sweep uses, is held
+    # there (as torchrun's rendezvous held 29400, the old default).
+    sim = SimulatedChecks(held_ports={"node-0": {26000}})
+
+    async def test(c: Cluster) -> None:
+        _, summary = await c.sweep(checks=["pairs"], quarantine=True, requested_by="sre")
+        assert set(verdicts(summary, "pairs").values()) == {"OK"}, summary
+        assert list(summary.findings) == [] and common_pb2.Verdict.Name(summary.verdict) == "OK"
+        masters = [(n, r.params["master"], r.params["rank"]) for n, r in c.checks.requests if "master" in r.params]
+        # 4 nodes, 2 pairs a round: the pair's second try listens on the port after both first tries
+        assert ("node-0", "node-0.sim:26000", "0") in masters and ("node-0", "node-0.sim:26002", "0") in masters
+        assert [n for n, _ in c.checks.stopped] == ["node-1"]  # its partner stopped, not left to time out
+        assert LocalQuarantines(c.controller.store.db).nodes() == {}
+
+    run(tmp_path, 4, sim, test)
+
+
+def test_a_pair_whose_port_is_held_on_every_try_is_unknown_not_slow(tmp_path: Path) -> None:
+    sim = SimulatedChecks(held_ports={"node-0": set(range(26000, 29000))})
+
+    async def test(c: Cluster) -> None:
+        _, summary = await c.sweep(checks=["pairs"], quarantine=True, requested_by="sre")
+        pairs = rows(summary, "pairs")
+        assert {n: common_pb2.Verdict.Name(r.verdict) for n, r in pairs.items()} == {
+            "node-0": "UNKNOWN", "node-1": "UNKNOWN", "node-2": "OK", "node-3": "OK"
+        }  # fmt: skip
+        assert pairs["node-0"].reason.startswith("not measured: node-0: rank 0 could not listen")
+        assert pairs["node-1"].figure == "not run with node-0"
+        assert list(summary.findings) == [] and common_pb2.Verdict.Name(summary.verdict) == "UNKNOWN"
+        tries = [r.params["master"] for n, r in c.checks.requests if n == "node-0" and "master" in r.params]
+        assert len(tries) == 3 and len(set(tries)) == 3  # PAIR_PORT_TRIES, each on a port of its own
+        assert LocalQuarantines(c.controller.store.db).nodes() == {}
+
+    run(tmp_path, 4, sim, test)
+
+
+@pytest.mark.parametrize("topology", [False, True], ids=["plain", "by-leaf"])
+def test_a_node_whose_gpu_is_busy_is_not_measured_and_nobody_is_blamed(tmp_path: Path, topology: bool) -> None:
+    labels, sim = fat_tree("none") if topology else ({}, SimulatedChecks())
+    sim.script[("node-5", "pairs")] = "busy"
+
+    async def test(c: Cluster) -> None:
+        _, summary = await c.sweep(checks=["pairs"], quarantine=True, requested_by="sre")
+        pairs = rows(summary, "pairs")
+        assert common_pb2.Verdict.Name(pairs["node-5"].verdict) == "UNKNOWN", summary
+        assert "a workload is using the GPU" in pairs["node-5"].reason
+        assert list(summary.findings) == [] and summary.failed_nodes == 0, summary.findings
+        assert "FAIL" not in verdicts(summary, "pairs").values()
+        assert LocalQuarantines(c.controller.store.db).nodes() == {}
+
+    run(tmp_path, 12, sim, test, node_labels=labels)
+
+
+def test_a_node_whose_agent_never_answers_its_pair_is_unknown_and_its_partner_stopped(tmp_path: Path) -> None:
+    sim = SimulatedChecks()
+    sim.script[("node-5", "pairs")] = "hang"
+    quick = SweepConfig(deadline_s={"pairs": 1.0}, answer_grace_s=0.5)
+
+    async def test(c: Cluster) -> None:
+        _, summary = await c.sweep(checks=["pairs"], quarantine=True, requested_by="sre")
+        pairs = rows(summary, "pairs")
+        assert common_pb2.Verdict.Name(pairs["node-5"].verdict) == "UNKNOWN", summary
+        assert "no answer from the node's agent" in pairs["node-5"].reason
+        assert list(summary.findings) == [] and summary.failed_nodes == 0
+        assert LocalQuarantines(c.controller.store.db).nodes() == {}
+
+    run(tmp_path, 8, sim, test, sweep=quick)

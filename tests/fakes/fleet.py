@@ -18,6 +18,7 @@ import time
 import grpc
 
 from agent.link import HELLO_TURN_SPREAD_S
+from checks.result import NotRun
 from protos.vigil.v1 import agent_pb2, agent_pb2_grpc, common_pb2
 from tests.fakes.sim_checks import SimulatedChecks
 from vigil_core.rpc_errors import retry_after_s
@@ -32,6 +33,7 @@ class FleetNode:
         self._stub = stub
         self._checks = checks
         self._answering: set[asyncio.Task[None]] = set()
+        self._running: dict[str, asyncio.Task[None]] = {}  # request id -> its check's task
         self._queue: asyncio.Queue[agent_pb2.AgentMessage] = asyncio.Queue()  # the current stream's
         self._generation = 0  # which stream is the current one
         self._unacked: dict[int, agent_pb2.AgentMessage] = {}  # signals sent, not yet acknowledged
@@ -73,6 +75,9 @@ class FleetNode:
                         task = asyncio.create_task(self._answer(msg.run_check))
                         self._answering.add(task)
                         task.add_done_callback(self._answering.discard)
+                        self._running[msg.run_check.request_id] = task
+                    elif msg.HasField("stop_check") and (stopping := self._running.get(msg.stop_check.request_id)):
+                        stopping.cancel(msg.stop_check.why)  # as the agent ends a stopped check's processes
             except grpc.aio.AioRpcError as exc:
                 self.reconnects += 1
                 self.last_error = f"{exc.code().name}: {exc.details()}"
@@ -95,7 +100,17 @@ class FleetNode:
 
     async def _answer(self, run: agent_pb2.RunCheck) -> None:
         assert self._checks is not None
-        result = await self._checks.answer(self.name, run)
+        try:
+            result = await self._checks.answer(self.name, run)
+        except asyncio.CancelledError as exc:
+            if not exc.args:  # cancel_checks(): the agent went away with its checks
+                raise
+            why = f"stopped by the controller: {exc.args[0]}"  # a StopCheck: answered as the agent does
+            result = common_pb2.CheckResult(request_id=run.request_id, node=self.name, check=run.check, reason=why)
+            result.verdict, result.not_run = common_pb2.UNKNOWN, NotRun.STOPPED
+            self._checks.stopped.append((self.name, run.request_id))
+        finally:
+            self._running.pop(run.request_id, None)
         if result is not None:  # None: the check hangs, and its agent never answers
             self._queue.put_nowait(agent_pb2.AgentMessage(check_result=result))
 

@@ -3,7 +3,9 @@
 Local checks answer after ``duration_s`` with plausible figures (an H100 node's, by default), or as
 scripted per node and check: "fail", "crash" (UNKNOWN, as the agent reports a crashed check), "hang"
 (no answer at all), "slow" (every GPU at 70%: passes its own node's comparison, not the fleet's) or
-"misnamed" (answers OK for another check than the one asked).
+"misnamed" (answers OK for another check than the one asked). A node's "pairs" may be scripted
+"busy" (refuses: a workload uses its GPU) or "hang" (never answers); ``held_ports`` are ports another
+program holds on a node.
 A pair's all-reduce meets at its master address, as the real members meet at rank 0's store, and
 runs at the link speed of its slower member (a throttled NIC caps the pair), or at what ``path_gbps``
 says for the two (a fabric with switches on the path). It reports each size it was asked for
@@ -17,6 +19,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from checks.result import NotRun
 from protos.vigil.v1 import agent_pb2, common_pb2
 
 PAIR_BYTES = 1 << 30
@@ -42,6 +45,10 @@ class SimulatedChecks:
     path_gbps: Callable[[str, str], float] | None = None  # the pair's speed through the fabric
     script: dict[tuple[str, str], str] = field(default_factory=dict)  # (node, check) -> behaviour
     requests: list[tuple[str, agent_pb2.RunCheck]] = field(default_factory=list)
+    # Per node, ports another program holds there: a pair whose rank 0 is asked to listen on one
+    # answers at once that it could not (NotRun.PORT_TAKEN), as the real check does.
+    held_ports: dict[str, set[int]] = field(default_factory=dict)
+    stopped: list[tuple[str, str]] = field(default_factory=list)  # (node, request id) the controller stopped
     _meeting: dict[str, tuple[str, asyncio.Future[float]]] = field(default_factory=dict)
 
     async def answer(self, node: str, run: agent_pb2.RunCheck) -> common_pb2.CheckResult | None:
@@ -49,6 +56,12 @@ class SimulatedChecks:
         started = time.time()
         result = common_pb2.CheckResult(request_id=run.request_id, node=node, check=run.check, started_at=started)
         if "master" in run.params:
+            if (refusal := self._pair_refusal(node, run)) is not None:
+                result.verdict, (result.reason, result.not_run) = common_pb2.UNKNOWN, refusal
+                result.finished_at = time.time()
+                return result
+            if self.script.get((node, "pairs")) == "hang":
+                return None
             busbw = await self._pair(node, run)
             if busbw is None:
                 result.verdict, result.reason = common_pb2.UNKNOWN, "the check crashed: the peer never joined"
@@ -73,6 +86,17 @@ class SimulatedChecks:
                 result.check = "something_else"
         result.finished_at = time.time()
         return result
+
+    def _pair_refusal(self, node: str, run: agent_pb2.RunCheck) -> tuple[str, str] | None:
+        """Why this member of a pair cannot run at all, as the real check answers: its GPU is busy
+        (scripted "busy" for the node's "pairs"), or it is rank 0 and its port is held."""
+        if self.script.get((node, "pairs")) == "busy":
+            return "not running allreduce: a workload is using the GPU (GPU 0 by pid 4242)", NotRun.BUSY
+        port = int(run.params["master"].rpartition(":")[2])
+        if run.params.get("rank") == "0" and port in self.held_ports.get(node, set()):
+            why = f"rank 0 could not listen on {run.params['master']}: another program holds the port (EADDRINUSE)"
+            return why, NotRun.PORT_TAKEN
+        return None
 
     async def _pair(self, node: str, run: agent_pb2.RunCheck) -> float | None:
         master = run.params["master"]

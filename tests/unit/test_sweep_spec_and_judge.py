@@ -5,7 +5,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from checks.result import CheckResult, Verdict
+from checks.result import CheckResult, NotRun, Verdict
 from controller.edge.agent_sessions import peer_host
 from controller.sweeps.judge import (
     NodeCheck,
@@ -19,7 +19,17 @@ from controller.sweeps.judge import (
     pair_run,
 )
 from controller.sweeps.pairing import Finding
-from controller.sweeps.spec import ALL_CHECKS, SweepConfig, SweepError, master_address, pair_params, sweep_spec
+from controller.sweeps.spec import (
+    ALL_CHECKS,
+    PAIR_PORT_TRIES,
+    SweepConfig,
+    SweepError,
+    master_address,
+    pair_params,
+    pair_port,
+    pairs_at_once,
+    sweep_spec,
+)
 
 
 def matmul(node: str, per_gpu: list[float], peak: float = 989.0) -> NodeCheck:
@@ -131,6 +141,57 @@ def test_a_pair_that_could_not_run_counts_as_zero_with_its_reason() -> None:
     silent = CheckResult("allreduce", Verdict.OK, "", {})
     assert pair_run(("a", "b"), silent, ok) == PairRun(9.0, by_size={1024: 9.0})  # both time the same all-reduce
     assert pair_run(("a", "b"), silent, silent).error == "the all-reduce reported no bus bandwidth"
+
+
+def not_run(reason: str, cause: str) -> CheckResult:
+    return CheckResult("allreduce", Verdict.UNKNOWN, reason, not_run=cause)
+
+
+def test_a_pair_not_run_says_the_cause_that_is_neither_node_or_link() -> None:
+    taken, stopped = not_run("port taken", NotRun.PORT_TAKEN), not_run("stopped", NotRun.STOPPED)
+    crashed = CheckResult("allreduce", Verdict.UNKNOWN, "NCCL error: unhandled system error")
+    ok = CheckResult("allreduce", Verdict.OK, "", {"busbw_gbps_1024": 9.0})
+    # The member that could not run explains its partner, stopped for it or timed out waiting for it.
+    assert pair_run(("a", "b"), taken, stopped) == PairRun(0.0, "a: port taken", not_run=NotRun.PORT_TAKEN)
+    assert pair_run(("a", "b"), crashed, not_run("busy", NotRun.BUSY)).not_run == NotRun.BUSY
+    assert pair_run(("a", "b"), ok, not_run("gone", NotRun.NO_AGENT)).not_run == NotRun.NO_AGENT
+    # A member that failed as it ran explains a partner stopped for it: that failure is evidence.
+    assert pair_run(("a", "b"), stopped, crashed) == PairRun(0.0, "b: NCCL error: unhandled system error")
+    assert pair_run(("a", "b"), stopped, stopped).not_run == NotRun.STOPPED
+
+
+def test_a_node_whose_pairs_were_not_run_is_unknown_never_judged() -> None:
+    first = {
+        ("a", "b"): PairRun(0.0, "a: a workload is using the GPU", not_run=NotRun.BUSY),
+        ("c", "d"): PairRun(10.0),
+        ("e", "f"): PairRun(10.2),
+        ("g", "h"): PairRun(9.9),
+    }
+    basis = pair_basis(first, 0.0, 0.5)
+    assert basis == "within 50% of the median pair (10 GB/s)"  # the pair not run is not a 0 in the median
+    rows = {r.node: r for r in pair_rows(list("abcdefgh"), first, {}, [], [], [], basis)}
+    assert rows["a"].verdict is rows["b"].verdict is Verdict.UNKNOWN
+    assert rows["b"].reason == "not measured: a: a workload is using the GPU"
+    assert rows["b"].figure == "not run with a" and rows["c"].verdict is Verdict.OK
+    # A suspect whose re-test could not run is UNKNOWN, with why; not "fast with" its partner at 0 GB/s.
+    first[("a", "b")] = PairRun(1.0)
+    retest = {("a", "c"): PairRun(0.0, "c: no answer", not_run=NotRun.NO_AGENT), ("b", "d"): PairRun(10.0)}
+    rows = {r.node: r for r in pair_rows(list("abcd"), first, retest, [("a", "b")], [], [], basis)}
+    assert rows["a"].verdict is Verdict.UNKNOWN and "the re-test with c could not run: c: no answer" in rows["a"].reason
+
+
+@given(base=st.integers(1024, 65000), span=st.integers(PAIR_PORT_TRIES, 70000), pairs=st.integers(1, 5000))
+def test_no_two_pairs_of_a_round_nor_two_tries_share_a_port(base: int, span: int, pairs: int) -> None:
+    config = SweepConfig(pair_port_base=base, pair_port_span=span)
+    pairs = min(pairs, pairs_at_once(config))
+    ports = [pair_port(config, k, pairs, attempt) for k in range(pairs) for attempt in range(PAIR_PORT_TRIES)]
+    assert len(set(ports)) == len(ports) and base <= min(ports) and max(ports) <= 65535
+
+
+def test_the_default_ports_keep_clear_of_torchrun_and_kubernetes_node_ports() -> None:
+    config = SweepConfig()
+    ports = {pair_port(config, k, pairs_at_once(config), a) for k in range(1000) for a in range(PAIR_PORT_TRIES)}
+    assert not ports & {29400, 29500} and max(ports) < 29400  # torchrun's rendezvous and master ports; 30000+
 
 
 def test_pair_rows_blame_the_culprit_and_clear_its_partner() -> None:

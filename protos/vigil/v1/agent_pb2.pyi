@@ -116,12 +116,22 @@ class RunRemedy(_message.Message):
     deadline_s: float
     def __init__(self, request_id: _Optional[str] = ..., remedy: _Optional[str] = ..., pci_bus_ids: _Optional[_Iterable[str]] = ..., deadline_s: _Optional[float] = ...) -> None: ...
 
+class StopCheck(_message.Message):
+    __slots__ = ("request_id", "why")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    WHY_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    why: str
+    def __init__(self, request_id: _Optional[str] = ..., why: _Optional[str] = ...) -> None: ...
+
 class ControllerMessage(_message.Message):
-    __slots__ = ("ack", "run_check", "run_remedy")
+    __slots__ = ("ack", "run_check", "run_remedy", "stop_check")
     ACK_FIELD_NUMBER: _ClassVar[int]
     RUN_CHECK_FIELD_NUMBER: _ClassVar[int]
     RUN_REMEDY_FIELD_NUMBER: _ClassVar[int]
+    STOP_CHECK_FIELD_NUMBER: _ClassVar[int]
     ack: Ack
     run_check: RunCheck
     run_remedy: RunRemedy
-    def __init__(self, ack: _Optional[_Union[Ack, _Mapping]] = ..., run_check: _Optional[_Union[RunCheck, _Mapping]] = ..., run_remedy: _Optional[_Union[RunRemedy, _Mapping]] = ...) -> None: ...
+    stop_check: StopCheck
+    def __init__(self, ack: _Optional[_Union[Ack, _Mapping]] = ..., run_check: _Optional[_Union[RunCheck, _Mapping]] = ..., run_remedy: _Optional[_Union[RunRemedy, _Mapping]] = ..., stop_check: _Optional[_Union[StopCheck, _Mapping]] = ...) -> None: ...

@@ -108,7 +108,7 @@ class Signal(_message.Message):
     def __init__(self, node: _Optional[str] = ..., gpu: _Optional[_Union[GpuRef, _Mapping]] = ..., kind: _Optional[_Union[SignalKind, str]] = ..., code: _Optional[int] = ..., value: _Optional[float] = ..., message: _Optional[str] = ..., source: _Optional[str] = ..., observed_at: _Optional[float] = ..., seq: _Optional[int] = ..., count: _Optional[int] = ..., first_observed_at: _Optional[float] = ...) -> None: ...
 
 class CheckResult(_message.Message):
-    __slots__ = ("request_id", "node", "check", "verdict", "reason", "figures", "started_at", "finished_at", "evidence")
+    __slots__ = ("request_id", "node", "check", "verdict", "reason", "figures", "started_at", "finished_at", "evidence", "not_run")
     class FiguresEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -125,6 +125,7 @@ class CheckResult(_message.Message):
     STARTED_AT_FIELD_NUMBER: _ClassVar[int]
     FINISHED_AT_FIELD_NUMBER: _ClassVar[int]
     EVIDENCE_FIELD_NUMBER: _ClassVar[int]
+    NOT_RUN_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     node: str
     check: str
@@ -134,4 +135,5 @@ class CheckResult(_message.Message):
     started_at: float
     finished_at: float
     evidence: str
-    def __init__(self, request_id: _Optional[str] = ..., node: _Optional[str] = ..., check: _Optional[str] = ..., verdict: _Optional[_Union[Verdict, str]] = ..., reason: _Optional[str] = ..., figures: _Optional[_Mapping[str, float]] = ..., started_at: _Optional[float] = ..., finished_at: _Optional[float] = ..., evidence: _Optional[str] = ...) -> None: ...
+    not_run: str
+    def __init__(self, request_id: _Optional[str] = ..., node: _Optional[str] = ..., check: _Optional[str] = ..., verdict: _Optional[_Union[Verdict, str]] = ..., reason: _Optional[str] = ..., figures: _Optional[_Mapping[str, float]] = ..., started_at: _Optional[float] = ..., finished_at: _Optional[float] = ..., evidence: _Optional[str] = ..., not_run: _Optional[str] = ...) -> None: ...
