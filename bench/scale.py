@@ -40,6 +40,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import json
 import multiprocessing
 import random
@@ -51,6 +52,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from collections import Counter
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -126,6 +128,9 @@ async def _worker(
     fleet = Fleet(target, names, beats[0], idle_heartbeat_s=beats[1], streams_per_connection=per_connection)
     started = time.time()
     await fleet.start(timeout_s=1800)
+    # The streams' objects, made once, are never garbage: left to the collector, each full pass over
+    # them stopped this process for seconds (the simulator's own lag), and its agents with it.
+    gc.freeze()
     conn.send(("connected", time.time() - started))
     background = asyncio.create_task(_background(fleet, names, background_per_s))
     try:
@@ -138,7 +143,9 @@ async def _worker(
                     reconnects = sum(n.reconnects for n in fleet.nodes.values())
                     paced = sum(n.paced for n in fleet.nodes.values())
                     why = Counter(n.last_error[:80] for n in fleet.nodes.values() if n.last_error)
+                    unsent = sum(n.unsent for n in fleet.nodes.values())
                     stats = {"lag": lag.take(), "reconnects": reconnects, "paced": paced, "why": dict(why)}
+                    stats["unsent"] = unsent
                     conn.send(("stats", stats))
                 case ("connected_since", since):
                     back = [n.connected_at for n in fleet.nodes.values() if n.connected_at >= since]
@@ -228,6 +235,7 @@ class Workers:
         return {
             "lag_p99_ms": max(a["lag"]["p99_ms"] for a in answers),
             "lag_max_ms": max(a["lag"]["max_ms"] for a in answers),
+            "unsent_messages": sum(a["unsent"] for a in answers),  # held back by the streams' flow control
             "stream_reconnects": sum(a["reconnects"] for a in answers),
             "hellos_paced": sum(a["paced"] for a in answers),
             "streams_broke_because": dict(sum((Counter(a["why"]) for a in answers), Counter())),
@@ -256,11 +264,13 @@ class Relays:
     def __init__(self, controller: str, count: int, workdir: Path) -> None:
         self.processes: list[subprocess.Popen[bytes]] = []
         self.targets: list[str] = []
+        self.metrics_ports: list[int] = []
         for i in range(count):
             port, port_file = free_port(), workdir / f"relay-{i}.port"
+            self.metrics_ports.append(free_port())
             command = [sys.executable, "-m", "vigil", "relay", "--controller", controller, "--plaintext",
                        "--listen", f"127.0.0.1:{port}", "--port-file", str(port_file),
-                       "--log-format", "json"]  # fmt: skip
+                       "--metrics-port", str(self.metrics_ports[-1]), "--log-format", "json"]  # fmt: skip
             out = open(workdir / f"relay-{i}.out", "wb")  # noqa: SIM115 (the process's until it ends)
             self.processes.append(subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT))
             deadline = time.monotonic() + 60
@@ -277,6 +287,22 @@ class Relays:
     def rss(self) -> list[int]:
         return [s.process.memory_info().rss for s in self.samplers]
 
+    def queued(self) -> dict[str, list[float]]:
+        """Each relay's messages not yet sent to the controller (bytes) and carried up so far, from its /metrics."""
+        out: dict[str, list[float]] = {"queued_bytes": [], "carried_up": [], "sent_first": []}
+        for port in self.metrics_ports:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+                    text = response.read().decode()
+            except OSError:
+                for values in out.values():
+                    values.append(-1.0)
+                continue
+            out["sent_first"].append(_metric(text, "vigil_relay_sent_first_total "))
+            out["queued_bytes"].append(_metric(text, "vigil_relay_queued_bytes "))
+            out["carried_up"].append(_metric(text, 'vigil_relay_messages_total{direction="up"} '))
+        return out
+
     def stop(self) -> None:
         for sampler, process in zip(self.samplers, self.processes, strict=True):
             sampler.stop()
@@ -286,6 +312,24 @@ class Relays:
                 process.wait(30)
             except subprocess.TimeoutExpired:
                 process.kill()
+
+
+def longest_gc_pause(metrics_port: int) -> float:
+    """A process's longest garbage collection so far (any generation), from its /metrics; -1: unread."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10) as response:
+            text = response.read().decode()
+    except OSError:
+        return -1.0
+    pauses = [
+        float(line.split()[-1]) for line in text.splitlines() if line.startswith("vigil_gc_pause_longest_seconds{")
+    ]
+    return round(max(pauses, default=-1.0), 3)
+
+
+def _metric(text: str, prefix: str) -> float:
+    line = next((line for line in text.splitlines() if line.startswith(prefix)), "")
+    return float(line[len(prefix) :]) if line else -1.0
 
 
 class Sampler:
@@ -351,6 +395,7 @@ def settings(
         pacing["hello_burst"] = nodes
     return {
         "port": free_port(),  # the same after a restart: the agents come back to where they were
+        "metrics_port": free_port(),  # its garbage collector's pauses, read after each phase
         "database": database,
         "actuator": "kubernetes",
         "kubernetes": {"kubeconfig": str(kube.kubeconfig(workdir / "kubeconfig"))},
@@ -407,11 +452,20 @@ def measure(args: argparse.Namespace, workdir: Path, database: str) -> dict[str,
             cordons = Cordons(kube)
 
             cpu0, t0 = sampler.cpu_s(), time.monotonic()
-            probes, sent = [next(fresh) for _ in range(args.probes)], {}
-            for node in probes:
+            probes, sent, queued = [next(fresh) for _ in range(args.probes)], {}, []
+            for i, node in enumerate(probes):
                 due = time.monotonic() + args.probe_every_s
                 sent |= workers.fault([node])
-                cordons.wait([node], 30)
+                try:
+                    cordons.wait([node], 30)
+                except TimeoutError:  # where it waits, said, then the bench stops as before
+                    probes = probes[: i + 1]
+                    missed = {"probe": node, "simulator": workers.stats(), "relays": relays.queued()}
+                    print(f"probe missed: {json.dumps(missed)}", file=sys.stderr)
+                    figures["steady_missed"] = missed
+                    raise
+                if args.relays:  # what waits at the relays, after each probe
+                    queued.append(max(relays.queued()["queued_bytes"]))
                 time.sleep(max(0.0, due - time.monotonic()))
             with AdminClient(target, timeout_s=60) as admin:
                 received = {
@@ -423,7 +477,17 @@ def measure(args: argparse.Namespace, workdir: Path, database: str) -> dict[str,
                 "controller_to_cordon": summary([cordons.at[n] - received[n] for n in probes]),
                 "controller_cores": round((sampler.cpu_s() - cpu0) / (time.monotonic() - t0), 2),
                 "simulator": workers.stats(),
+                "longest_gc_pause_s": {
+                    "controller": longest_gc_pause(config["metrics_port"]),
+                    "relays": [longest_gc_pause(port) for port in relays.metrics_ports],
+                },
             }
+            if args.relays:
+                figures["steady"]["relay_queued_bytes"] = {
+                    "p50": percentile(queued, 0.5),
+                    "max": max(queued),
+                    "first_lane": relays.queued()["sent_first"],
+                }
             print(f"steady: {json.dumps(figures['steady'])}", file=sys.stderr)
 
             figures["bursts"] = []

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from vigil_core.gc_pauses import GcPauses
+
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
 
@@ -11,6 +13,7 @@ class ControllerMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
         r = self.registry
+        r.register(GcPauses())  # the collector's pauses: the event loop's too
         self.signals = Counter("vigil_controller_signals_total", "Signals accepted", ["kind"], registry=r)
         self.duplicates = Counter(
             "vigil_controller_duplicate_signals_total", "Signals received again and ignored", registry=r

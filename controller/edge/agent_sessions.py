@@ -26,6 +26,7 @@ from controller.nodes.engine import Engine
 from controller.nodes.fleet import Fleet
 from controller.nodes.guards.rules import RateLimiter
 from controller.store.health import is_database_error
+from controller.vocab.policy import RecordOnly
 from protos.codec import BadSignal, signal_from_proto
 from protos.vigil.v1 import agent_pb2
 from vigil_core.names import is_address, is_node_name
@@ -155,6 +156,10 @@ class AgentSessions:
                 self._engine.disconnected(node)
         log.info("agent_connected", node=node, peer=peer, acked_seq=acked, gpus=len(hello.gpus))
         return acked
+
+    def record_only(self) -> RecordOnly:
+        """What the policy only records: a relay's lanes (``controller.vocab.lanes``)."""
+        return self._engine.policy.record_only()
 
     def urgent(self, raw: bytes) -> bool:
         """Whether an agent's message, as it came, carries a signal the policy may act on (not only

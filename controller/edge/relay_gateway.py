@@ -7,7 +7,9 @@ The relay numbers its agents' streams. A stream's messages are handled in their 
 few workers per relay taking the streams with messages waiting in turn (an idle agent costs no task,
 and a backlog waits here, not as thousands of tasks in the event loop's queue); a stream whose new
 message carries a signal the policy may act on gets a task of its own at once, so an XID 79 is not
-decided behind every record-only signal that came before it when the controller is behind. Its
+decided behind every record-only signal that came before it when the controller is behind. The
+relay is told first what the policy only records (``RelayDown.lanes``), and sends such a message
+ahead of its own backlog (``controller.vocab.lanes``). Its
 replies go back on the relay's stream, batched with every other reply ready at the same turn of the
 event loop. The
 relay says when an agent's stream ended; the controller ends one by refusing it (a ``StreamEnd`` with
@@ -36,6 +38,7 @@ from google.protobuf.message import DecodeError
 from controller.edge.agent_sessions import AgentSessions, Refused, first_hello
 from controller.edge.authz import TokenRefused, caller, token_node, token_still_proves
 from controller.nodes.agent_outboxes import Message, Outbox
+from controller.vocab.lanes import lanes_message
 from protos.vigil.v1 import agent_pb2, relay_pb2, relay_pb2_grpc
 from vigil_core.tls import Identity
 
@@ -272,6 +275,7 @@ class RelayGateway(relay_pb2_grpc.AgentRelayServicer):
         reader = asyncio.create_task(self._read(relay, request_iterator))
         reader.add_done_callback(lambda _: relay.ready.set())
         try:
+            yield relay_pb2.RelayDown(lanes=lanes_message(self._sessions.record_only()))  # the relay's lanes
             while True:
                 await relay.ready.wait()
                 relay.ready.clear()

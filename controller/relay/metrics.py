@@ -8,11 +8,14 @@ from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from vigil_core.gc_pauses import GcPauses
+
 
 class RelayMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
         r = self.registry
+        r.register(GcPauses())  # the collector's pauses: the event loop's too
         self.agents = Gauge("vigil_relay_agents", "Agent streams this relay carries now", registry=r)
         self.uplink_up = Gauge(
             "vigil_relay_uplink_up", "1 while the relay's stream to the controller is open", registry=r
@@ -27,6 +30,11 @@ class RelayMetrics:
             "vigil_relay_messages_total",
             "Messages carried, by direction (up: to the controller)",
             ["direction"],
+            registry=r,
+        )
+        self.first = Counter(
+            "vigil_relay_sent_first_total",
+            "Agents' messages carrying a signal that may act, sent before the backlog (the relay's first lane)",
             registry=r,
         )
         self.refused = Counter(

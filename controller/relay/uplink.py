@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+from collections import deque
 from collections.abc import AsyncIterator
 
 import grpc
@@ -18,6 +19,7 @@ import structlog
 
 from controller.nodes.agent_outboxes import Outbox
 from controller.relay.metrics import RelayMetrics
+from controller.vocab.lanes import Lanes
 from protos.vigil.v1 import relay_pb2, relay_pb2_grpc
 from vigil_core.tls import TlsFiles, aio_channel
 from vigil_core.waiting import backoff_delay, wait_event
@@ -33,18 +35,19 @@ UP_BATCH_BYTES = 1 << 20  # a RelayUp carries what is ready up to this much, or 
 MAX_QUEUED_BYTES = 64 << 20  # not sent yet past this much: the agents' streams are not read until it drains
 
 
-def batches(items: list[relay_pb2.UpItem], limit: int) -> list[list[relay_pb2.UpItem]]:
-    """Items in order, cut into RelayUps of at most ``limit`` bytes each (an item bigger than that goes
-    alone: the relay takes no agent message that would not fit in one with room to spare). Pure."""
-    out: list[list[relay_pb2.UpItem]] = []
+def take(lanes: tuple[deque[relay_pb2.UpItem], ...], limit: int) -> list[relay_pb2.UpItem]:
+    """The next RelayUp's items: the first lane's before the next's, in order, up to ``limit`` bytes
+    (an item bigger than that goes alone: the relay takes no agent message that would not fit in
+    one with room to spare); taken off the lanes."""
+    out: list[relay_pb2.UpItem] = []
     size = 0
-    for item in items:
-        n = item.ByteSize() + 8  # its tag and length in the RelayUp
-        if not out or size + n > limit:
-            out.append([])
-            size = 0
-        out[-1].append(item)
-        size += n
+    for lane in lanes:
+        while lane:
+            n = lane[0].ByteSize() + 8  # its tag and length in the RelayUp
+            if out and size + n > limit:
+                return out
+            out.append(lane.popleft())
+            size += n
     return out
 
 
@@ -63,7 +66,13 @@ class Uplink:
         self._max_message_bytes = max_message_bytes
         self._ids = itertools.count(1)
         self._streams: dict[int, Outbox[Back]] = {}  # each agent stream's way back: its messages, then its end
-        self._up: list[relay_pb2.UpItem] = []
+        # What waits to be sent, in two lanes (``controller.vocab.lanes``): a stream whose message may
+        # act goes first with its messages waiting, in their order (``_first``, its stream ``_hot``
+        # until the lane is empty), everything else in the order it came (``_up``).
+        self._lanes: Lanes | None = None  # what the controller said its policy only records
+        self._first: deque[relay_pb2.UpItem] = deque()
+        self._hot: set[int] = set()
+        self._up: deque[relay_pb2.UpItem] = deque()
         self._queued_bytes = 0
         self._generation = 0  # of the stream to the controller: one more at each connection
         self._ready = asyncio.Event()
@@ -84,7 +93,8 @@ class Uplink:
 
     def send(self, stream: int, message: bytes, peer: str = "", token: str = "") -> None:
         if stream in self._streams:  # else its uplink broke: its agent is being told
-            self._queue(relay_pb2.UpItem(stream=stream, message=message, peer=peer, token=token))
+            first = self._lanes is not None and stream not in self._hot and self._lanes.urgent(message)
+            self._queue(relay_pb2.UpItem(stream=stream, message=message, peer=peer, token=token), first)
 
     def finish(self, stream: int) -> None:
         """The agent sent all it will (it closed its side): the controller answers what it sent, then
@@ -98,8 +108,18 @@ class Uplink:
         if self._streams.pop(stream, None) is not None:
             self._queue(relay_pb2.UpItem(stream=stream, end=relay_pb2.StreamEnd(code=CANCELLED)))
 
-    def _queue(self, item: relay_pb2.UpItem) -> None:
-        self._up.append(item)
+    def _queue(self, item: relay_pb2.UpItem, first: bool = False) -> None:
+        if item.stream in self._hot:  # after its messages in the first lane, never before them
+            self._first.append(item)
+        elif first:  # with its messages waiting in the other lane, in their order
+            if any(waiting.stream == item.stream for waiting in self._up):
+                self._first.extend(waiting for waiting in self._up if waiting.stream == item.stream)
+                self._up = deque(waiting for waiting in self._up if waiting.stream != item.stream)
+            self._first.append(item)
+            self._hot.add(item.stream)
+            self.metrics.first.inc()
+        else:
+            self._up.append(item)
         self._queued_bytes += len(item.message)
         if self._queued_bytes >= MAX_QUEUED_BYTES:
             self._drained.clear()
@@ -154,6 +174,9 @@ class Uplink:
                 attempt += 1
 
     def _deliver(self, down: relay_pb2.RelayDown) -> None:
+        if down.HasField("lanes"):
+            self._lanes = Lanes.from_message(down.lanes)
+            log.info("relay_lanes", record_only_xids=len(self._lanes.xids), acting_xids=len(self._lanes.acting_xids))
         self.metrics.messages.labels("down").inc(len(down.items))
         for item in down.items:
             box = self._streams.get(item.stream)
@@ -164,6 +187,9 @@ class Uplink:
     def _break(self, why: str) -> None:
         """Every agent stream carried is ended: the controller has ended their sessions."""
         self._up.clear()
+        self._first.clear()
+        self._hot.clear()
+        self._lanes = None  # the next controller says its own
         self._queued_bytes = 0
         self._drained.set()
         streams, self._streams = self._streams, {}
@@ -180,8 +206,11 @@ class Uplink:
             if generation != self._generation:
                 return
             self._ready.clear()
-            ready, self._up = self._up, []
-            for batch in batches(ready, UP_BATCH_BYTES):
+            # A batch at a time, taken when gRPC takes it: what came meanwhile, the first lane's
+            # before the rest, goes in the next (a backlog is not fixed in its order ahead of time).
+            while generation == self._generation and (batch := take((self._first, self._up), UP_BATCH_BYTES)):
+                if not self._first:
+                    self._hot.clear()  # none of their messages wait in the first lane any more
                 yield relay_pb2.RelayUp(items=batch)
                 self._sent(batch)
                 self.metrics.messages.labels("up").inc(len(batch))

@@ -8,6 +8,7 @@ immediate action picks the rule, and Vigil's own words and thresholds for the co
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
@@ -234,13 +235,48 @@ class Policy(ConfigModel):
 
     def may_act(self, signal: Signal) -> bool:
         """Whether the signal's rule can do more than record it (at its threshold or escalation)."""
-        rule = self.rule_for(signal)
-        return rule.action is not Severity.RECORD or rule.escalate_after is not None
+        return _acts(self.rule_for(signal))
+
+    def record_only(self) -> RecordOnly:
+        """``may_act`` as sets, by XID code and by kind, for a relay (``controller.vocab.lanes``):
+        the recovery XID's rule depends on its message, so it counts as one that may act."""
+        xids = {code: _acts(rule) for code, rule in self.xid.items()} | {RECOVERY_XID: True}
+        kinds = {kind: _acts(rule) for kind, rule in self.kinds.items() if kind is not SignalKind.XID}
+        return RecordOnly(
+            xids=frozenset(c for c, acts in xids.items() if not acts),
+            acting_xids=frozenset(c for c, acts in xids.items() if acts),
+            kinds=frozenset(k for k, acts in kinds.items() if not acts),
+            acting_kinds=frozenset(k for k, acts in kinds.items() if acts),
+            unlisted=not _acts(self.unknown_xid),
+        )
 
     @property
     def longest_window_s(self) -> float:
         rules = [*self.xid.values(), *self.kinds.values(), *self.recovery.values(), self.unknown_xid]
         return max(r.window_s for r in rules)
+
+
+def _acts(rule: Rule) -> bool:
+    return rule.action is not Severity.RECORD or rule.escalate_after is not None
+
+
+@dataclass(frozen=True, slots=True)
+class RecordOnly:
+    """What a policy only records (``Policy.record_only``): XID codes and kinds a rule names and
+    records only, those a rule names that may act, and for anything no rule names, the unknown-XID
+    rule's word (``unlisted``: it records only)."""
+
+    xids: frozenset[int]
+    acting_xids: frozenset[int]
+    kinds: frozenset[SignalKind]
+    acting_kinds: frozenset[SignalKind]
+    unlisted: bool
+
+    def may_act(self, kind: SignalKind, code: int) -> bool:
+        """``Policy.may_act`` for a signal of this kind and code. Pure."""
+        if kind is SignalKind.XID:
+            return code in self.acting_xids or (code not in self.xids and not self.unlisted)
+        return kind in self.acting_kinds or (kind not in self.kinds and not self.unlisted)
 
 
 def load_policy(path: Path | None) -> Policy:

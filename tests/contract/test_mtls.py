@@ -144,11 +144,12 @@ async def relay_call(target: str, creds: Creds) -> grpc.StatusCode:
         call = relay_pb2_grpc.AgentRelayStub(channel).Relay()
         try:
             await call.write(relay_pb2.RelayUp(items=[relay_pb2.UpItem(stream=1, message=hello)]))
+            lanes = await asyncio.wait_for(call.read(), 10)  # the controller's first word: the relay's lanes
             reply = await asyncio.wait_for(call.read(), 10)
         except grpc.aio.AioRpcError as exc:
             return exc.code()
         call.cancel()
-        assert reply.items[0].stream == 1
+        assert lanes.HasField("lanes") and reply.items[0].stream == 1
         return grpc.StatusCode.OK
 
 

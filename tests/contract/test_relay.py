@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import urllib.error
 import urllib.request
+from collections import deque
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,9 @@ from agent.spool import Spool
 from controller.config import LimitsConfig
 from controller.daemon import Controller
 from controller.relay.server import RelaySettings, identity_problem, serve
-from controller.relay.uplink import ITEM_OVERHEAD, Uplink, batches
+from controller.relay.uplink import ITEM_OVERHEAD, Uplink, take
+from controller.vocab.lanes import lanes_message
+from controller.vocab.policy import Policy
 from protos.vigil.v1 import agent_pb2, agent_pb2_grpc, common_pb2, relay_pb2
 from tests.contract.test_agent_link import duplicates, signals_received, xid
 from tests.helpers import free_port, start_controller, stop_controller, wait_until
@@ -239,11 +242,69 @@ def test_what_the_relay_sends_is_cut_under_the_controllers_limit_in_order() -> N
     def item(stream: int, size: int) -> relay_pb2.UpItem:
         return relay_pb2.UpItem(stream=stream, message=b"x" * size)
 
-    items = [item(1, 300), item(2, 300), item(3, 900), item(4, 100), item(5, 2000), item(6, 10)]
-    cut = batches(items, 1000)
-    assert [[i.stream for i in batch] for batch in cut] == [[1, 2], [3], [4], [5], [6]]
+    first = deque([item(9, 100)])
+    rest = deque([item(1, 300), item(2, 300), item(3, 900), item(4, 100), item(5, 2000), item(6, 10)])
+    cut = []
+    while batch := take((first, rest), 1000):
+        cut.append(batch)
+    assert [[i.stream for i in batch] for batch in cut] == [[9, 1, 2], [3], [4], [5], [6]]
     assert all(sum(i.ByteSize() + 8 for i in batch) <= 1000 for batch in cut if len(batch) > 1)
-    assert batches([], 1000) == []
+    assert take((deque(), deque()), 1000) == [] and not first and not rest
+
+
+def signals_message(*codes: int, seq: int = 1) -> bytes:
+    batch = agent_pb2.SignalBatch()
+    for i, code in enumerate(codes):
+        batch.signals.add(node="n", kind=common_pb2.XID, code=code, observed_at=1.0, seq=seq + i)
+    return agent_pb2.AgentMessage(signals=batch).SerializeToString()
+
+
+def test_a_relay_sends_a_signal_that_may_act_before_its_backlog_with_its_streams_earlier_messages() -> None:
+    """300 streams' record-only XID 63s and heartbeats wait to be sent (the controller reads slowly);
+    then stream 7, which has a heartbeat and an XID 63 waiting, sends an XID 79: the next RelayUp
+    starts with stream 7's messages in their order, its XID 79 among them, and stream 7's next
+    message follows them there; nothing else is reordered and nothing is lost."""
+
+    async def scenario() -> None:
+        uplink = Uplink("127.0.0.1:1", None)
+        uplink._generation = 1
+        uplink._deliver(relay_pb2.RelayDown(lanes=lanes_message(Policy().record_only())))
+        streams = [uplink.open()[0] for _ in range(300)]
+        beat = agent_pb2.AgentMessage(heartbeat=agent_pb2.Heartbeat(sent_at=1.0)).SerializeToString()
+        for stream in streams:
+            uplink.send(stream, beat)
+            uplink.send(stream, signals_message(63))
+        seven = streams[6]
+        uplink.send(seven, signals_message(79, seq=2))
+        uplink.send(seven, beat)  # after its XID 79: stays behind it, in the first lane
+        sender = uplink._sending(1)
+        first = await asyncio.wait_for(anext(sender), 1)
+        assert [i.message for i in first.items[:4]] == [beat, signals_message(63), signals_message(79, seq=2), beat]
+        assert {i.stream for i in first.items[:4]} == {seven}
+        sent = list(first.items)
+        while uplink._first or uplink._up:
+            sent += (await asyncio.wait_for(anext(sender), 1)).items
+        assert len(sent) == 2 * 300 + 2  # nothing lost
+        for stream in streams:  # each stream's messages in the order it sent them
+            got = [i.message for i in sent if i.stream == stream]
+            assert got == ([beat, signals_message(63), signals_message(79, seq=2), beat] if stream == seven
+                           else [beat, signals_message(63)])  # fmt: skip
+        assert uplink.metrics.first._value.get() == 1
+
+    asyncio.run(scenario())
+
+
+def test_without_the_controllers_word_a_relay_sends_in_the_order_things_came() -> None:
+    async def scenario() -> None:
+        uplink = Uplink("127.0.0.1:1", None)
+        uplink._generation = 1
+        a, b = uplink.open()[0], uplink.open()[0]
+        uplink.send(a, signals_message(63))
+        uplink.send(b, signals_message(79))
+        sent = await asyncio.wait_for(anext(uplink._sending(1)), 1)
+        assert [i.stream for i in sent.items] == [a, b]
+
+    asyncio.run(scenario())
 
 
 def scrape(port: int, path: str) -> tuple[int, str]:
@@ -276,6 +337,16 @@ def test_a_relay_says_what_it_carries_and_is_not_ready_without_the_controller(tm
             assert sample(text, "vigil_relay_uplink_up") == 1
             assert sample(text, 'vigil_relay_messages_total{direction="up"}') >= 1
             assert await asyncio.to_thread(scrape, metrics_port, "/readyz") == (200, "ok\n")
+            # The controller told the relay its lanes: a signal that may act goes first, one that records only does not.
+            assert sample(text, "vigil_relay_sent_first_total") == 0
+            spool.append([xid(63)])
+            link.notify()
+            await wait_until(lambda: spool.acked_seq == 1, what="the XID 63 acknowledged")
+            spool.append([xid(79)])
+            link.notify()
+            await wait_until(lambda: spool.acked_seq == 2, what="the XID 79 acknowledged")
+            text = (await asyncio.to_thread(scrape, metrics_port, "/metrics"))[1]
+            assert sample(text, "vigil_relay_sent_first_total") == 1
             await stop_controller(controller)
             await wait_until(lambda: not link.connected, what="the agent's stream ended")
             status, why = await asyncio.to_thread(scrape, metrics_port, "/readyz")

@@ -88,6 +88,11 @@ class FleetNode:
                 attempt += 1
                 await asyncio.sleep(backoff_delay(attempt, base=0.5))  # as the agent's link does
 
+    @property
+    def unsent(self) -> int:
+        """Messages waiting for the stream to take them (gRPC's flow control holds them back)."""
+        return self._queue.qsize()
+
     def beat(self) -> None:
         """A heartbeat now (what the node says of itself, its jobs among it)."""
         self._queue.put_nowait(

@@ -22,25 +22,28 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from protos.vigil.v1 import common_pb2 as protos_dot_vigil_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bprotos/vigil/v1/relay.proto\x12\x08vigil.v1\"t\n\x06UpItem\x12\x0e\n\x06stream\x18\x01 \x01(\x04\x12\x11\n\x07message\x18\x02 \x01(\x0cH\x00\x12\"\n\x03\x65nd\x18\x03 \x01(\x0b\x32\x13.vigil.v1.StreamEndH\x00\x12\x0c\n\x04peer\x18\x04 \x01(\t\x12\r\n\x05token\x18\x05 \x01(\tB\x06\n\x04\x62ody\"Y\n\x08\x44ownItem\x12\x0e\n\x06stream\x18\x01 \x01(\x04\x12\x11\n\x07message\x18\x02 \x01(\x0cH\x00\x12\"\n\x03\x65nd\x18\x03 \x01(\x0b\x32\x13.vigil.v1.StreamEndH\x00\x42\x06\n\x04\x62ody\"B\n\tStreamEnd\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0f\n\x07\x64\x65tails\x18\x02 \x01(\t\x12\x16\n\x0eretry_after_ms\x18\x03 \x01(\x03\"*\n\x07RelayUp\x12\x1f\n\x05items\x18\x01 \x03(\x0b\x32\x10.vigil.v1.UpItem\".\n\tRelayDown\x12!\n\x05items\x18\x01 \x03(\x0b\x32\x12.vigil.v1.DownItem2A\n\nAgentRelay\x12\x33\n\x05Relay\x12\x11.vigil.v1.RelayUp\x1a\x13.vigil.v1.RelayDown(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bprotos/vigil/v1/relay.proto\x12\x08vigil.v1\x1a\x1cprotos/vigil/v1/common.proto\"t\n\x06UpItem\x12\x0e\n\x06stream\x18\x01 \x01(\x04\x12\x11\n\x07message\x18\x02 \x01(\x0cH\x00\x12\"\n\x03\x65nd\x18\x03 \x01(\x0b\x32\x13.vigil.v1.StreamEndH\x00\x12\x0c\n\x04peer\x18\x04 \x01(\t\x12\r\n\x05token\x18\x05 \x01(\tB\x06\n\x04\x62ody\"Y\n\x08\x44ownItem\x12\x0e\n\x06stream\x18\x01 \x01(\x04\x12\x11\n\x07message\x18\x02 \x01(\x0cH\x00\x12\"\n\x03\x65nd\x18\x03 \x01(\x0b\x32\x13.vigil.v1.StreamEndH\x00\x42\x06\n\x04\x62ody\"B\n\tStreamEnd\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0f\n\x07\x64\x65tails\x18\x02 \x01(\t\x12\x16\n\x0eretry_after_ms\x18\x03 \x01(\x03\"*\n\x07RelayUp\x12\x1f\n\x05items\x18\x01 \x03(\x0b\x32\x10.vigil.v1.UpItem\"N\n\tRelayDown\x12!\n\x05items\x18\x01 \x03(\x0b\x32\x12.vigil.v1.DownItem\x12\x1e\n\x05lanes\x18\x02 \x01(\x0b\x32\x0f.vigil.v1.Lanes\"\xb1\x01\n\x05Lanes\x12\x18\n\x10record_only_xids\x18\x01 \x03(\x03\x12\x13\n\x0b\x61\x63ting_xids\x18\x02 \x03(\x03\x12/\n\x11record_only_kinds\x18\x03 \x03(\x0e\x32\x14.vigil.v1.SignalKind\x12*\n\x0c\x61\x63ting_kinds\x18\x04 \x03(\x0e\x32\x14.vigil.v1.SignalKind\x12\x1c\n\x14unlisted_record_only\x18\x05 \x01(\x08\x32\x41\n\nAgentRelay\x12\x33\n\x05Relay\x12\x11.vigil.v1.RelayUp\x1a\x13.vigil.v1.RelayDown(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'protos.vigil.v1.relay_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_UPITEM']._serialized_start=41
-  _globals['_UPITEM']._serialized_end=157
-  _globals['_DOWNITEM']._serialized_start=159
-  _globals['_DOWNITEM']._serialized_end=248
-  _globals['_STREAMEND']._serialized_start=250
-  _globals['_STREAMEND']._serialized_end=316
-  _globals['_RELAYUP']._serialized_start=318
-  _globals['_RELAYUP']._serialized_end=360
-  _globals['_RELAYDOWN']._serialized_start=362
-  _globals['_RELAYDOWN']._serialized_end=408
-  _globals['_AGENTRELAY']._serialized_start=410
-  _globals['_AGENTRELAY']._serialized_end=475
+  _globals['_UPITEM']._serialized_start=71
+  _globals['_UPITEM']._serialized_end=187
+  _globals['_DOWNITEM']._serialized_start=189
+  _globals['_DOWNITEM']._serialized_end=278
+  _globals['_STREAMEND']._serialized_start=280
+  _globals['_STREAMEND']._serialized_end=346
+  _globals['_RELAYUP']._serialized_start=348
+  _globals['_RELAYUP']._serialized_end=390
+  _globals['_RELAYDOWN']._serialized_start=392
+  _globals['_RELAYDOWN']._serialized_end=470
+  _globals['_LANES']._serialized_start=473
+  _globals['_LANES']._serialized_end=650
+  _globals['_AGENTRELAY']._serialized_start=652
+  _globals['_AGENTRELAY']._serialized_end=717
 # @@protoc_insertion_point(module_scope)

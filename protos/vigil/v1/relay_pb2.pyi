@@ -1,3 +1,4 @@
+from protos.vigil.v1 import common_pb2 as _common_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
@@ -47,7 +48,23 @@ class RelayUp(_message.Message):
     def __init__(self, items: _Optional[_Iterable[_Union[UpItem, _Mapping]]] = ...) -> None: ...
 
 class RelayDown(_message.Message):
-    __slots__ = ("items",)
+    __slots__ = ("items", "lanes")
     ITEMS_FIELD_NUMBER: _ClassVar[int]
+    LANES_FIELD_NUMBER: _ClassVar[int]
     items: _containers.RepeatedCompositeFieldContainer[DownItem]
-    def __init__(self, items: _Optional[_Iterable[_Union[DownItem, _Mapping]]] = ...) -> None: ...
+    lanes: Lanes
+    def __init__(self, items: _Optional[_Iterable[_Union[DownItem, _Mapping]]] = ..., lanes: _Optional[_Union[Lanes, _Mapping]] = ...) -> None: ...
+
+class Lanes(_message.Message):
+    __slots__ = ("record_only_xids", "acting_xids", "record_only_kinds", "acting_kinds", "unlisted_record_only")
+    RECORD_ONLY_XIDS_FIELD_NUMBER: _ClassVar[int]
+    ACTING_XIDS_FIELD_NUMBER: _ClassVar[int]
+    RECORD_ONLY_KINDS_FIELD_NUMBER: _ClassVar[int]
+    ACTING_KINDS_FIELD_NUMBER: _ClassVar[int]
+    UNLISTED_RECORD_ONLY_FIELD_NUMBER: _ClassVar[int]
+    record_only_xids: _containers.RepeatedScalarFieldContainer[int]
+    acting_xids: _containers.RepeatedScalarFieldContainer[int]
+    record_only_kinds: _containers.RepeatedScalarFieldContainer[_common_pb2.SignalKind]
+    acting_kinds: _containers.RepeatedScalarFieldContainer[_common_pb2.SignalKind]
+    unlisted_record_only: bool
+    def __init__(self, record_only_xids: _Optional[_Iterable[int]] = ..., acting_xids: _Optional[_Iterable[int]] = ..., record_only_kinds: _Optional[_Iterable[_Union[_common_pb2.SignalKind, str]]] = ..., acting_kinds: _Optional[_Iterable[_Union[_common_pb2.SignalKind, str]]] = ..., unlisted_record_only: _Optional[bool] = ...) -> None: ...
