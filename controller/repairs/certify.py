@@ -10,7 +10,7 @@ from dataclasses import replace
 
 from controller.nodes.fleet import Fleet
 from controller.repairs.config import RemediationConfig
-from controller.repairs.repair import Phase, Repair, certified
+from controller.repairs.repair import Phase, Repair, certified, not_certified
 from controller.sweeps.result import SweepDone, SweepEvent
 from controller.sweeps.spec import DEFAULT_DEADLINES_S, PAIRS, SweepSpec
 from controller.sweeps.sweeper import SweepBusy, Sweeper
@@ -53,9 +53,12 @@ class Certification:
         if result is None:
             return certified(repair, False, "the certification sweep broke", self._clock())
         rows = [r for r in result.rows if r.node == node]
-        bad = [f"{r.check} {r.verdict.value}: {r.reason}"[:200] for r in rows if r.verdict.value != "OK"]
+        failed = [r for r in rows if r.verdict.value != "OK"]
+        bad = [f"{r.check} {r.verdict.value}: {r.reason}"[:200] for r in failed]
         with_peer = f" with {peer}" if peer else " (no known-good peer free: no all-reduce)"
         detail = "; ".join(bad) if bad else f"{', '.join(checks)} OK{with_peer} ({result.sweep_id})"
+        if failed and all(r.not_run for r in failed):  # nothing judged the node: not a failure of its own
+            return not_certified(repair, detail, self._clock())
         return certified(repair, not bad and bool(rows), detail, self._clock())
 
     def _peer(self, node: str) -> str:

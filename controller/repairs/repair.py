@@ -181,6 +181,27 @@ def certified(repair: Repair, passed: bool, detail: str, now: float) -> Repair:
     return climb(repair, f"certification failed: {detail}", now)
 
 
+UNJUDGED_TRIES = 3  # certifications in a row that could not judge the node before it counts as failed
+_UNJUDGED = "certification could not judge the node"
+
+
+def not_certified(repair: Repair, detail: str, now: float) -> Repair:
+    """Certification measured nothing that judges the node, for a reason that is not the node's (a
+    peer's port taken, a GPU busy, an agent away: ``checks.result.NotRun``): it runs again after
+    the settling time, up to ``UNJUDGED_TRIES`` in a row; then it counts as failed, said. Never a
+    pass, and never the next rung on the first such try (a reboot for a peer's port)."""
+    if repair.phase is not Phase.CERTIFYING:
+        return repair
+    tries = 1 + next(
+        (i for i, t in enumerate(reversed(repair.tried)) if not t.startswith(_UNJUDGED)), len(repair.tried)
+    )
+    if tries >= UNJUDGED_TRIES:
+        return climb(repair, f"{_UNJUDGED} {tries} times: {detail}", now)
+    said = f"{_UNJUDGED}: {detail}"
+    return replace(repair, phase=Phase.SETTLING, since=now, waiting_for=f"certification again: {detail}"[:300],
+                   tried=(*repair.tried, said))  # fmt: skip
+
+
 def held_down(repair: Repair, last_fault_at: float, config: RemediationConfig, now: float) -> Repair:
     """A certified node goes back once quiet for ``hold_down_s``; a fault of its own observed since
     its step was done (``last_fault_at``, when its latest was) climbs the ladder instead: the step did

@@ -149,6 +149,7 @@ class Row:
     verdict: Verdict
     figure: str
     reason: str
+    not_run: str = ""  # UNKNOWN for a reason that is not the node's (checks.result.NotRun): nothing judged it
 
 
 def pair_rows(
@@ -180,7 +181,9 @@ def pair_rows(
         figure = "; ".join(_pair_figure(node, p, r) for p, r in everything)
         mine = [(p, run) for p, run in everything if not run.not_run]
         if not mine:
-            rows.append(Row(node, PAIRS, Verdict.UNKNOWN, figure, f"not measured: {everything[0][1].error}"))
+            first_unrun = everything[0][1]
+            why = f"not measured: {first_unrun.error}"
+            rows.append(Row(node, PAIRS, Verdict.UNKNOWN, figure, why, first_unrun.not_run))
             continue
         slow_mine = [(p, run) for p, run in mine if p in slow and p not in explained]
         through = [p[1] if p[0] == node else p[0] for p, _ in mine if p in explained]
@@ -223,7 +226,7 @@ def pair_rows(
         elif unrun := [(p, r) for p, r in retest.items() if p[0] == node]:
             (_suspect, good), rerun = unrun[0]
             why = f"slow with {partner}; the re-test with {good} could not run: {rerun.error}"
-            rows.append(Row(node, PAIRS, Verdict.UNKNOWN, figure, why))
+            rows.append(Row(node, PAIRS, Verdict.UNKNOWN, figure, why, rerun.not_run))
         else:
             rows.append(Row(node, PAIRS, Verdict.UNKNOWN, figure, "slow pair, not re-tested"))
     return rows
@@ -248,7 +251,7 @@ def pair_basis(first: Mapping[Pair, PairRun], min_busbw_gbps: float, max_below_m
 
 
 def row_for(node: str, result: CheckResult) -> Row:
-    return Row(node, result.check, result.verdict, headline(result), result.reason)
+    return Row(node, result.check, result.verdict, headline(result), result.reason, result.not_run)
 
 
 @dataclass(frozen=True, slots=True)

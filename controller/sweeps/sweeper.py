@@ -268,7 +268,7 @@ class Sweeper:
     async def _pairwise(self, sweep_id: str, spec: SweepSpec, nodes: list[str], progress: _Progress) -> _PairStage:
         reachable = [n for n in nodes if self._fleet.is_connected(n) and self._fleet.address(n)]
         left_out = [
-            Row(n, PAIRS, Verdict.UNKNOWN, "", "not paired: the node's agent is not connected")
+            Row(n, PAIRS, Verdict.UNKNOWN, "", "not paired: the node's agent is not connected", NotRun.NO_AGENT)
             for n in nodes
             if n not in reachable
         ]

@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from pydantic import ValidationError
 
 from controller.repairs.config import RemediationConfig
 from controller.repairs.ladder import ORDER, Fault, Step, first_step, plan_ladder, rule_ladder
 from controller.repairs.repair import (
+    UNJUDGED_TRIES,
     Phase,
     Stops,
     certified,
     certifying,
     hands_summary,
     held_down,
+    not_certified,
     open_repair,
     refusal,
     resumed,
@@ -175,6 +179,29 @@ def test_a_node_that_fails_certification_is_never_released_and_ends_with_hands()
     r = certified(certifying(r, 8.0), passed=False, detail="7 of 8 GPUs", now=9.0)
     assert r.phase is Phase.HANDS and r.step is Step.REPLACE
     assert "certification failed: 7 of 8 GPUs" in hands_summary(r)
+
+
+def test_a_certification_that_could_not_judge_the_node_runs_again_and_counts_as_failed_only_in_a_row() -> None:
+    r = open_repair("node-1", "inc-1", [Fault(XID, 79)], CONFIG, 0.0)
+    r = step_done(start(r, Stops(), CONFIG, 1.0), ok=True, busy=False, detail="rebooted", now=2.0)
+    why = "pairs UNKNOWN: not measured: node-7: rank 0 could not listen on node-7:26000 (port taken)"
+    once = not_certified(certifying(r, 8.0), why, now=9.0)
+    assert once.phase is Phase.SETTLING and once.step is Step.REBOOT and once.since == 9.0  # not the next rung
+    assert once.waiting_for.startswith("certification again: pairs UNKNOWN")
+    assert not settled(once, CONFIG, 13.0) and settled(once, CONFIG, 14.0)  # after the settling time again
+    passed = certified(certifying(once, 14.0), passed=True, detail="all checks OK", now=15.0)
+    assert passed.phase is Phase.HOLDING  # judged this time: the tries before it are no failure
+    again = once
+    for i in range(UNJUDGED_TRIES - 1):
+        again = not_certified(certifying(again, 20.0 + i), why, now=21.0 + i)
+    assert again.phase is Phase.HANDS and again.step is Step.REPLACE  # the reboot's rung is done with
+    assert f"certification could not judge the node {UNJUDGED_TRIES} times: pairs UNKNOWN" in hands_summary(again)
+    # Only the tries in a row count: one said before another step's word is not among them.
+    later = replace(once, tried=(*once.tried, "reboot: done"))
+    for i in range(UNJUDGED_TRIES - 1):
+        later = not_certified(certifying(later, 60.0 + i), why, now=61.0 + i)
+    assert later.phase is Phase.SETTLING
+    assert not_certified(once, why, now=50.0) is once  # only a repair being certified
 
 
 def test_a_repeat_offender_goes_straight_to_hands() -> None:

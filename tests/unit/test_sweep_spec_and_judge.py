@@ -173,11 +173,13 @@ def test_a_node_whose_pairs_were_not_run_is_unknown_never_judged() -> None:
     assert rows["a"].verdict is rows["b"].verdict is Verdict.UNKNOWN
     assert rows["b"].reason == "not measured: a: a workload is using the GPU"
     assert rows["b"].figure == "not run with a" and rows["c"].verdict is Verdict.OK
+    assert rows["a"].not_run == rows["b"].not_run == NotRun.BUSY and rows["c"].not_run == ""  # certification reads it
     # A suspect whose re-test could not run is UNKNOWN, with why; not "fast with" its partner at 0 GB/s.
     first[("a", "b")] = PairRun(1.0)
     retest = {("a", "c"): PairRun(0.0, "c: no answer", not_run=NotRun.NO_AGENT), ("b", "d"): PairRun(10.0)}
     rows = {r.node: r for r in pair_rows(list("abcd"), first, retest, [("a", "b")], [], [], basis)}
     assert rows["a"].verdict is Verdict.UNKNOWN and "the re-test with c could not run: c: no answer" in rows["a"].reason
+    assert rows["a"].not_run == NotRun.NO_AGENT
 
 
 @given(base=st.integers(1024, 65000), span=st.integers(PAIR_PORT_TRIES, 70000), pairs=st.integers(1, 5000))
