@@ -110,6 +110,7 @@ class PairRun:
     error: str = ""
     by_size: Mapping[int, float] = field(default_factory=dict)
     not_run: str = ""
+    by: str = ""  # the member the error is about
 
 
 def pair_run(pair: Pair, first: CheckResult, second: CheckResult) -> PairRun:
@@ -119,13 +120,32 @@ def pair_run(pair: Pair, first: CheckResult, second: CheckResult) -> PairRun:
     failed = [(node, r) for node, r in zip(pair, (first, second), strict=True) if r.verdict is Verdict.UNKNOWN]
     could_not = [(n, r) for n, r in failed if r.not_run and r.not_run != NotRun.STOPPED]
     for node, r in could_not or [(n, r) for n, r in failed if not r.not_run] or failed:
-        return PairRun(0.0, f"{node}: {r.reason}", not_run=r.not_run)
+        return PairRun(0.0, f"{node}: {r.reason}", not_run=r.not_run, by=node)
     values = [v for r in (first, second) if (v := largest_busbw(r.figures)) is not None]
     if not values:
         return PairRun(0.0, "the all-reduce reported no bus bandwidth")
     sized = [busbw_by_size(r.figures) for r in (first, second)]
     by_size = {s: min(m[s] for m in sized if s in m) for s in set().union(*sized)}
     return PairRun(min(values), by_size=by_size)
+
+
+def make_up_pairs(runs: Mapping[Pair, PairRun]) -> list[Pair]:
+    """For each node left with no pair measured through no fault of its own (its partner's GPU busy,
+    its partner's agent away), a node that was measured to pair with, spread over them. A node whose
+    own port was taken can still be measured where it does not listen: its make-up pair makes it
+    rank 1 (the second). Nodes left over with nobody measured pair up among themselves. Pure."""
+    ran = list(dict.fromkeys(n for pair, run in runs.items() if not run.not_run for n in pair))
+    left = [
+        n
+        for pair, run in runs.items()
+        if run.not_run
+        for n in pair
+        if n not in ran and (n != run.by or run.not_run == NotRun.PORT_TAKEN)
+    ]
+    left = list(dict.fromkeys(left))
+    if ran:
+        return [(ran[i % len(ran)], node) for i, node in enumerate(left)]
+    return [(left[i], left[i + 1]) for i in range(0, len(left) - 1, 2)]
 
 
 def measured(runs: Mapping[Pair, PairRun]) -> dict[Pair, PairRun]:

@@ -39,6 +39,7 @@ from controller.sweeps.judge import (
     Row,
     failure_reasons,
     judge_fleet,
+    make_up_pairs,
     measured,
     outcome,
     pair_basis,
@@ -282,6 +283,7 @@ class Sweeper:
         first_pairs = pair_up(reachable)
         progress.total += len(first_pairs)
         first = await self._round(sweep_id, "pairs", spec, first_pairs, progress, stage)
+        first = await self._made_up(sweep_id, spec, first, progress, stage)
         ran = measured(first)  # a pair not run is no evidence, and makes nobody a known-good partner
         busbw = {p: run.busbw_gbps for p, run in ran.items()}
         cfg = self.config
@@ -346,6 +348,7 @@ class Sweeper:
         # One stage: batches pack the pairs of both (a leaf's odd one out meets its neighbour while
         # the others run across), so an uneven fleet costs a round or two less.
         first = await self._round(sweep_id, "neighbours and across leaves", spec, across + within, progress, stage)
+        first = await self._made_up(sweep_id, spec, first, progress, stage)
         if slow := slow_in_first_stage(first, judge):  # each at its better run (``fabric.better_of``)
             progress.total += len(slow)
             first = better_of(first, await self._round(sweep_id, "slow pairs once more", spec, slow, progress, stage))
@@ -365,6 +368,17 @@ class Sweeper:
             nodes, first, retest, judged.slow, judged.plan.untestable, stage.findings, basis, explained, again
         )
         return stage
+
+    async def _made_up(
+        self, sweep_id: str, spec: SweepSpec, first: dict[Pair, PairRun], progress: _Progress, stage: _PairStage
+    ) -> dict[Pair, PairRun]:
+        """The first round, with a make-up round for the nodes it left unmeasured through no fault of
+        their own (``judge.make_up_pairs``)."""
+        extra = [p for p in make_up_pairs(first) if p not in first]
+        if not extra:
+            return first
+        progress.total += len(extra)
+        return first | await self._round(sweep_id, "make-up pairs", spec, extra, progress, stage)
 
     async def _again(
         self, sweep_id: str, spec: SweepSpec, found: list[Finding], progress: _Progress, stage: _PairStage

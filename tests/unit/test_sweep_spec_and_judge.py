@@ -13,6 +13,7 @@ from controller.sweeps.judge import (
     Row,
     headline,
     judge_fleet,
+    make_up_pairs,
     outcome,
     pair_basis,
     pair_rows,
@@ -137,7 +138,7 @@ def test_a_pair_that_could_not_run_counts_as_zero_with_its_reason() -> None:
     slower = CheckResult("allreduce", Verdict.OK, "", {"busbw_gbps_1024": 8.5})
     crashed = CheckResult("allreduce", Verdict.UNKNOWN, "did not finish within its 60 s deadline")
     assert pair_run(("a", "b"), ok, slower) == PairRun(8.5, by_size={1024: 8.5})
-    assert pair_run(("a", "b"), ok, crashed) == PairRun(0.0, "b: did not finish within its 60 s deadline")
+    assert pair_run(("a", "b"), ok, crashed) == PairRun(0.0, "b: did not finish within its 60 s deadline", by="b")
     silent = CheckResult("allreduce", Verdict.OK, "", {})
     assert pair_run(("a", "b"), silent, ok) == PairRun(9.0, by_size={1024: 9.0})  # both time the same all-reduce
     assert pair_run(("a", "b"), silent, silent).error == "the all-reduce reported no bus bandwidth"
@@ -152,11 +153,11 @@ def test_a_pair_not_run_says_the_cause_that_is_neither_node_or_link() -> None:
     crashed = CheckResult("allreduce", Verdict.UNKNOWN, "NCCL error: unhandled system error")
     ok = CheckResult("allreduce", Verdict.OK, "", {"busbw_gbps_1024": 9.0})
     # The member that could not run explains its partner, stopped for it or timed out waiting for it.
-    assert pair_run(("a", "b"), taken, stopped) == PairRun(0.0, "a: port taken", not_run=NotRun.PORT_TAKEN)
+    assert pair_run(("a", "b"), taken, stopped) == PairRun(0.0, "a: port taken", not_run=NotRun.PORT_TAKEN, by="a")
     assert pair_run(("a", "b"), crashed, not_run("busy", NotRun.BUSY)).not_run == NotRun.BUSY
     assert pair_run(("a", "b"), ok, not_run("gone", NotRun.NO_AGENT)).not_run == NotRun.NO_AGENT
     # A member that failed as it ran explains a partner stopped for it: that failure is evidence.
-    assert pair_run(("a", "b"), stopped, crashed) == PairRun(0.0, "b: NCCL error: unhandled system error")
+    assert pair_run(("a", "b"), stopped, crashed) == PairRun(0.0, "b: NCCL error: unhandled system error", by="b")
     assert pair_run(("a", "b"), stopped, stopped).not_run == NotRun.STOPPED
 
 
@@ -180,6 +181,18 @@ def test_a_node_whose_pairs_were_not_run_is_unknown_never_judged() -> None:
     rows = {r.node: r for r in pair_rows(list("abcd"), first, retest, [("a", "b")], [], [], basis)}
     assert rows["a"].verdict is Verdict.UNKNOWN and "the re-test with c could not run: c: no answer" in rows["a"].reason
     assert rows["a"].not_run == NotRun.NO_AGENT
+
+
+def test_a_node_left_unmeasured_by_its_partner_gets_a_make_up_pair_and_the_cause_only_where_it_can_run() -> None:
+    busy = PairRun(0.0, "b: a workload is using the GPU", not_run=NotRun.BUSY, by="b")
+    taken = PairRun(0.0, "c: rank 0 could not listen", not_run=NotRun.PORT_TAKEN, by="c")
+    runs = {("a", "b"): busy, ("c", "d"): taken, ("e", "f"): PairRun(10.0), ("g", "h"): PairRun(9.0)}
+    # a (its partner busy), c (its own port: it can be rank 1) and d: each with a measured node, as rank 1
+    assert make_up_pairs(runs) == [("e", "a"), ("f", "c"), ("g", "d")]
+    gone = PairRun(0.0, "x: no answer", not_run=NotRun.NO_AGENT, by="x")
+    busy_z = PairRun(0.0, "z: a workload is using the GPU", not_run=NotRun.BUSY, by="z")
+    assert make_up_pairs({("x", "y"): gone, ("z", "w"): busy_z}) == [("y", "w")]  # nobody measured: each other
+    assert make_up_pairs({("e", "f"): PairRun(10.0)}) == []
 
 
 @given(base=st.integers(1024, 65000), span=st.integers(PAIR_PORT_TRIES, 70000), pairs=st.integers(1, 5000))
