@@ -26,6 +26,7 @@ from controller.nodes.engine import Engine
 from controller.nodes.fleet import Fleet
 from controller.nodes.guards.rules import RateLimiter
 from controller.store.health import is_database_error
+from controller.vocab.lanes import SIGNALS_TAG
 from controller.vocab.policy import RecordOnly
 from protos.codec import BadSignal, signal_from_proto
 from protos.vigil.v1 import agent_pb2
@@ -163,8 +164,11 @@ class AgentSessions:
 
     def urgent(self, raw: bytes) -> bool:
         """Whether an agent's message, as it came, carries a signal the policy may act on (not only
-        record): a relay's streams with one are handled before those in turn. A message that does not
-        decode, or a signal that does not, counts as urgent: its refusal comes as soon."""
+        record): a relay's streams with one are handled before those in turn. Only a signal batch can
+        (told by its first byte: a heartbeat, most of what comes, is not decoded twice); one that does
+        not decode, or whose signal does not, counts as urgent: its refusal comes as soon."""
+        if raw[:1] != SIGNALS_TAG:
+            return False
         try:
             msg = agent_pb2.AgentMessage.FromString(raw)
         except DecodeError:

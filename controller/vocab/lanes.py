@@ -15,7 +15,7 @@ from controller.vocab.policy import RecordOnly
 from protos.vigil.v1 import agent_pb2, common_pb2, relay_pb2
 from vigil_core.signals import SignalKind
 
-SIGNALS_TAG = 0x1A  # AgentMessage field 3 (signals), length-delimited: a signal batch's first byte
+SIGNALS_TAG = b"\x1a"  # AgentMessage field 3 (signals), length-delimited: a signal batch's first byte
 _KNOWN_KINDS = frozenset(common_pb2.SignalKind.values()) - {common_pb2.SIGNAL_KIND_UNSPECIFIED}
 
 
@@ -68,7 +68,7 @@ class Lanes:
         """Whether an agent's message (as it came) carries a signal that may act. Only a signal
         batch can (told by its first byte, without decoding anything else); one that does not
         decode counts as urgent, as at the controller (its refusal comes as soon)."""
-        if not raw or raw[0] != SIGNALS_TAG:
+        if raw[:1] != SIGNALS_TAG:
             return False
         try:
             batch = agent_pb2.AgentMessage.FromString(raw).signals

@@ -7,7 +7,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from controller.vocab.lanes import Lanes, kind_number, lanes_message
+from controller.vocab.lanes import SIGNALS_TAG, Lanes, kind_number, lanes_message
 from controller.vocab.policy import Policy, Rule, Severity
 from controller.vocab.xid_catalog import RECOVERY_XID
 from protos.vigil.v1 import agent_pb2, common_pb2
@@ -54,3 +54,27 @@ def test_a_batch_is_urgent_when_one_signal_may_act_and_what_does_not_decode_is_u
     beat = agent_pb2.AgentMessage(heartbeat=agent_pb2.Heartbeat(sent_at=1.0)).SerializeToString()
     hello = agent_pb2.AgentMessage(hello=agent_pb2.Hello(node="n")).SerializeToString()
     assert not lanes.urgent(beat) and not lanes.urgent(hello) and not lanes.urgent(b"")
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    body=st.sampled_from(["hello", "heartbeat", "signals", "check_result"]),
+    seq=st.integers(0, 2**40),
+    text=st.text(max_size=30),
+    signals=st.integers(0, 3),
+)
+def test_a_messages_first_byte_says_whether_it_is_a_signal_batch(body: str, seq: int, text: str, signals: int) -> None:
+    """What the relay and the controller read without decoding (``SIGNALS_TAG``) is what decoding says."""
+    msg = agent_pb2.AgentMessage()
+    if body == "hello":
+        msg.hello.node, msg.hello.last_acked_seq = text, seq
+    elif body == "heartbeat":
+        msg.heartbeat.sent_at, msg.heartbeat.spooled = float(seq), seq
+    elif body == "check_result":
+        msg.check_result.reason = text
+    else:
+        msg.signals.SetInParent()
+        for i in range(signals):
+            msg.signals.signals.add(node=text, kind=common_pb2.XID, code=seq % 200, seq=i + 1)
+    raw = msg.SerializeToString()
+    assert (raw[:1] == SIGNALS_TAG) == (agent_pb2.AgentMessage.FromString(raw).WhichOneof("body") == "signals")
