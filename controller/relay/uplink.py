@@ -73,6 +73,7 @@ class Uplink:
         self._first: deque[relay_pb2.UpItem] = deque()
         self._hot: set[int] = set()
         self._up: deque[relay_pb2.UpItem] = deque()
+        self._in_up: dict[int, int] = {}  # stream -> its items in ``_up`` (an idle stream's fault: no scan)
         self._queued_bytes = 0
         self._generation = 0  # of the stream to the controller: one more at each connection
         self._ready = asyncio.Event()
@@ -112,7 +113,7 @@ class Uplink:
         if item.stream in self._hot:  # after its messages in the first lane, never before them
             self._first.append(item)
         elif first:  # with its messages waiting in the other lane, in their order
-            if any(waiting.stream == item.stream for waiting in self._up):
+            if self._in_up.pop(item.stream, 0):
                 self._first.extend(waiting for waiting in self._up if waiting.stream == item.stream)
                 self._up = deque(waiting for waiting in self._up if waiting.stream != item.stream)
             self._first.append(item)
@@ -120,6 +121,7 @@ class Uplink:
             self.metrics.first.inc()
         else:
             self._up.append(item)
+            self._in_up[item.stream] = self._in_up.get(item.stream, 0) + 1
         self._queued_bytes += len(item.message)
         if self._queued_bytes >= MAX_QUEUED_BYTES:
             self._drained.clear()
@@ -189,6 +191,7 @@ class Uplink:
         self._up.clear()
         self._first.clear()
         self._hot.clear()
+        self._in_up.clear()
         self._lanes = None  # the next controller says its own
         self._queued_bytes = 0
         self._drained.set()
@@ -209,6 +212,12 @@ class Uplink:
             # A batch at a time, taken when gRPC takes it: what came meanwhile, the first lane's
             # before the rest, goes in the next (a backlog is not fixed in its order ahead of time).
             while generation == self._generation and (batch := take((self._first, self._up), UP_BATCH_BYTES)):
+                for item in batch:  # a hot stream has nothing in ``_up``: the others' items came from there
+                    if item.stream not in self._hot and (left := self._in_up.get(item.stream, 0) - 1) >= 0:
+                        if left:
+                            self._in_up[item.stream] = left
+                        else:
+                            del self._in_up[item.stream]
                 if not self._first:
                     self._hot.clear()  # none of their messages wait in the first lane any more
                 yield relay_pb2.RelayUp(items=batch)

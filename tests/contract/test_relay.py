@@ -261,8 +261,9 @@ def signals_message(*codes: int, seq: int = 1) -> bytes:
 
 def test_a_relay_sends_a_signal_that_may_act_before_its_backlog_with_its_streams_earlier_messages() -> None:
     """300 streams' record-only XID 63s and heartbeats wait to be sent (the controller reads slowly);
-    then stream 7, which has a heartbeat and an XID 63 waiting, sends an XID 79: the next RelayUp
-    starts with stream 7's messages in their order, its XID 79 among them, and stream 7's next
+    then an idle stream's XID 79 (nothing of its waits: it goes first alone), then stream 7, which
+    has a heartbeat and an XID 63 waiting, sends an XID 79: the next RelayUp starts with the idle
+    stream's, then stream 7's messages in their order, its XID 79 among them, and stream 7's next
     message follows them there; nothing else is reordered and nothing is lost."""
 
     async def scenario() -> None:
@@ -275,21 +276,27 @@ def test_a_relay_sends_a_signal_that_may_act_before_its_backlog_with_its_streams
             uplink.send(stream, beat)
             uplink.send(stream, signals_message(63))
         seven = streams[6]
+        assert uplink._in_up[seven] == 2
+        idle = uplink.open()[0]
+        uplink.send(idle, signals_message(79))  # an idle stream's fault: first, nothing of its to move
+        assert idle in uplink._hot and idle not in uplink._in_up
         uplink.send(seven, signals_message(79, seq=2))
         uplink.send(seven, beat)  # after its XID 79: stays behind it, in the first lane
         sender = uplink._sending(1)
         first = await asyncio.wait_for(anext(sender), 1)
-        assert [i.message for i in first.items[:4]] == [beat, signals_message(63), signals_message(79, seq=2), beat]
-        assert {i.stream for i in first.items[:4]} == {seven}
+        assert (first.items[0].stream, first.items[0].message) == (idle, signals_message(79))
+        assert [i.message for i in first.items[1:5]] == [beat, signals_message(63), signals_message(79, seq=2), beat]
+        assert {i.stream for i in first.items[1:5]} == {seven}
         sent = list(first.items)
         while uplink._first or uplink._up:
             sent += (await asyncio.wait_for(anext(sender), 1)).items
-        assert len(sent) == 2 * 300 + 2  # nothing lost
+        assert len(sent) == 2 * 300 + 2 + 1  # nothing lost
+        assert uplink._in_up == {} and not uplink._hot  # its count of what waits agrees: nothing
         for stream in streams:  # each stream's messages in the order it sent them
             got = [i.message for i in sent if i.stream == stream]
             assert got == ([beat, signals_message(63), signals_message(79, seq=2), beat] if stream == seven
                            else [beat, signals_message(63)])  # fmt: skip
-        assert uplink.metrics.first._value.get() == 1
+        assert uplink.metrics.first._value.get() == 2
 
     asyncio.run(scenario())
 
