@@ -59,6 +59,8 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
 
 from bench.controller_process import controller_target, start_controller
 from bench.record import append_result, header, percentile, revision
@@ -291,16 +293,10 @@ class Relays:
         """Each relay's messages not yet sent to the controller (bytes) and carried up so far, from its /metrics."""
         out: dict[str, list[float]] = {"queued_bytes": [], "carried_up": [], "sent_first": []}
         for port in self.metrics_ports:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
-                    text = response.read().decode()
-            except OSError:
-                for values in out.values():
-                    values.append(-1.0)
-                continue
-            out["sent_first"].append(_metric(text, "vigil_relay_sent_first_total "))
-            out["queued_bytes"].append(_metric(text, "vigil_relay_queued_bytes "))
-            out["carried_up"].append(_metric(text, 'vigil_relay_messages_total{direction="up"} '))
+            samples = scrape(port)
+            out["sent_first"].append(_value(samples, "vigil_relay_sent_first_total"))
+            out["queued_bytes"].append(_value(samples, "vigil_relay_queued_bytes"))
+            out["carried_up"].append(_value(samples, "vigil_relay_messages_total", direction="up"))
         return out
 
     def stop(self) -> None:
@@ -316,20 +312,23 @@ class Relays:
 
 def longest_gc_pause(metrics_port: int) -> float:
     """A process's longest garbage collection so far (any generation), from its /metrics; -1: unread."""
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10) as response:
-            text = response.read().decode()
-    except OSError:
-        return -1.0
-    pauses = [
-        float(line.split()[-1]) for line in text.splitlines() if line.startswith("vigil_gc_pause_longest_seconds{")
-    ]
+    pauses = [s.value for s in scrape(metrics_port) if s.name == "vigil_gc_pause_longest_seconds"]
     return round(max(pauses, default=-1.0), 3)
 
 
-def _metric(text: str, prefix: str) -> float:
-    line = next((line for line in text.splitlines() if line.startswith(prefix)), "")
-    return float(line[len(prefix) :]) if line else -1.0
+def scrape(port: int) -> list[Sample]:
+    """A process's /metrics on this machine, parsed; none where it does not answer."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+            text = response.read().decode()
+    except OSError:
+        return []
+    return [sample for family in text_string_to_metric_families(text) for sample in family.samples]
+
+
+def _value(samples: list[Sample], name: str, **labels: str) -> float:
+    """The first sample of that name with those labels; -1 where there is none (or nothing was read)."""
+    return next((s.value for s in samples if s.name == name and labels.items() <= s.labels.items()), -1.0)
 
 
 class Sampler:
