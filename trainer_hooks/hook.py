@@ -24,6 +24,7 @@ What it does:
   ``sync_s`` > 0 the exchange happens only every few steps (about that many seconds apart), for
   jobs whose steps are so short that a collective each would cost them: the ranks then wait for a
   slow one inside the job's own collectives, which hides the skew, and a stop waits that long.
+  ``end`` (on every rank) destroys that group, so that its threads end before the process does.
 - Every ``window_steps`` steps, and at least ``window_min_s`` apart (the reporter's pace: a job
   stepping in milliseconds neither floods the controller nor loses windows), rank 0 turns the
   window into Progress (tokens/s and MFU at the pace of the slowest rank, each rank's mean step
@@ -60,6 +61,7 @@ the node's name).
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import math
 import os
@@ -382,6 +384,7 @@ class VigilHook:
         ``checkpoint_s``: the time that last save blocked training.
         Rank 0 delivers its last word; True if it reached the controller (or none was due)."""
         self._close_progress()
+        self._release_group()
         if self._reporter is None:
             return True
         command, acks = self._command, []
@@ -396,6 +399,17 @@ class VigilHook:
         delivered = self._reporter.close(last, timeout_s=5.0)
         self._reporter = None
         return delivered
+
+    def _release_group(self) -> None:
+        """Destroy the hook's gloo group and drop it, so that its threads end here, while Python is whole:
+        ``destroy_process_group`` alone leaves a group's threads running while anything holds the group,
+        and gloo threads still running as the interpreter exits can abort a rank that finished cleanly
+        (SIGABRT, "terminate called without an active exception"), which its launcher counts a failure."""
+        group, self._group = self._group, None
+        if group is None or not dist.is_initialized():
+            return
+        with contextlib.suppress(ValueError):  # the job destroyed every group already
+            dist.destroy_process_group(group)
 
     # Rank 0 --------------------------------------------------------------------------------
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import ast
 import importlib
+import resource
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -64,6 +66,25 @@ LIBRARY = {
 NODES = {"trainer_hooks.hook": "node-a"}  # the plain hook's snippet makes no process group: one rank
 
 
+def allow_cores() -> None:
+    """In the launcher (and so its ranks): a rank that aborts leaves a core for ``backtraces``."""
+    _, hard = resource.getrlimit(resource.RLIMIT_CORE)
+    resource.setrlimit(resource.RLIMIT_CORE, (hard, hard))
+
+
+def backtraces(where: Path) -> str:
+    """The threads, and the stack of the one that died, in each core a rank left in ``where`` (where the
+    kernel writes cores there and gdb is installed): a rank that aborted at its exit says what did it."""
+    gdb = shutil.which("gdb")
+    found = [] if gdb is None else sorted(where.glob("core*"))
+    stacks = [
+        subprocess.run([gdb, "-batch", "-ex", "info threads", "-ex", "bt 40", sys.executable, str(core)],
+                       capture_output=True, text=True, timeout=120).stdout[-6000:]
+        for core in found[:2]
+    ]  # fmt: skip
+    return "".join(f"\n--- {core.name} ---\n{stack}" for core, stack in zip(found, stacks, strict=False))
+
+
 def first_snippet(docstring: str) -> str:
     """The docstring's first indented block (blank lines inside it kept), dedented."""
     lines = docstring.splitlines()
@@ -89,7 +110,7 @@ def test_the_adapters_snippet_runs_as_written_on_two_ranks(tmp_path: Path, modul
         "--controller", "none", "--max-failures", "0", "--log-dir", str(tmp_path / "ranks"), "--",
         sys.executable, str(script),
     ]  # fmt: skip
-    done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=280)
+    done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=280, preexec_fn=allow_cores)
     logs = "\n".join(p.read_text()[-2000:] for p in sorted((tmp_path / "ranks").glob("*.log")))
-    assert done.returncode == 0, done.stderr[-2000:] + logs
+    assert done.returncode == 0, done.stderr[-2000:] + logs + backtraces(tmp_path)
     assert "Traceback" not in logs, logs
