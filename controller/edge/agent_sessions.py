@@ -16,7 +16,6 @@ from urllib.parse import unquote
 
 import grpc
 import structlog
-from google.protobuf.message import DecodeError
 
 from controller.edge.hello_pacing import HelloPacing
 from controller.edge.limits import LimitsConfig
@@ -26,7 +25,7 @@ from controller.nodes.engine import Engine
 from controller.nodes.fleet import Fleet
 from controller.nodes.guards.rules import RateLimiter
 from controller.store.health import is_database_error
-from controller.vocab.lanes import SIGNALS_TAG
+from controller.vocab.lanes import Lanes, lanes_message
 from controller.vocab.policy import RecordOnly
 from protos.codec import BadSignal, signal_from_proto
 from protos.vigil.v1 import agent_pb2
@@ -110,6 +109,7 @@ class AgentSessions:
         self.limits = limits or LimitsConfig()
         self._rate = RateLimiter(self.limits.agent_messages_per_s, self.limits.agent_burst)  # per node
         self._pacing = HelloPacing(self.limits.hellos_per_s, self.limits.hello_burst)  # the whole fleet's
+        self._lanes: tuple[object, Lanes] | None = None  # ``urgent``'s reading, and the policy it is of
 
     def admit(self, hello: agent_pb2.Hello, who: Identity | None, peer: str) -> None:
         """Whether this Hello may open a session now: its content, its caller (None: nobody to check,
@@ -164,21 +164,14 @@ class AgentSessions:
 
     def urgent(self, raw: bytes) -> bool:
         """Whether an agent's message, as it came, carries a signal the policy may act on (not only
-        record): a relay's streams with one are handled before those in turn. Only a signal batch can
-        (told by its first byte: a heartbeat, most of what comes, is not decoded twice); one that does
-        not decode, or whose signal does not, counts as urgent: its refusal comes as soon."""
-        if raw[:1] != SIGNALS_TAG:
-            return False
-        try:
-            msg = agent_pb2.AgentMessage.FromString(raw)
-        except DecodeError:
-            return True
-        if msg.WhichOneof("body") != "signals":
-            return False
-        try:
-            return any(self._engine.policy.may_act(signal_from_proto(s)) for s in msg.signals.signals)
-        except BadSignal:
-            return True
+        record): a relay's streams with one are handled before those in turn. The relay's own reading
+        (``Lanes.urgent``) of what ``record_only`` tells it, so the two never differ: only a signal
+        batch can (told by its first byte: a heartbeat, most of what comes, is not decoded twice); one
+        that does not decode counts as urgent, its refusal comes as soon."""
+        policy = self._engine.policy
+        if self._lanes is None or self._lanes[0] is not policy:
+            self._lanes = (policy, Lanes.from_message(lanes_message(policy.record_only())))
+        return self._lanes[1].urgent(raw)
 
     async def handle(self, node: str, msg: agent_pb2.AgentMessage, outbox: Outbox[Message]) -> None:
         """One message after the Hello, in the stream's order; an ack goes to ``outbox``."""
