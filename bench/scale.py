@@ -263,7 +263,7 @@ class Workers:
 class Relays:
     """``vigil relay`` processes in front of the controller (none: agents connect to it directly)."""
 
-    def __init__(self, controller: str, count: int, workdir: Path) -> None:
+    def __init__(self, controller: str, count: int, workdir: Path, gc_freeze: bool = True) -> None:
         self.processes: list[subprocess.Popen[bytes]] = []
         self.targets: list[str] = []
         self.metrics_ports: list[int] = []
@@ -272,7 +272,8 @@ class Relays:
             self.metrics_ports.append(free_port())
             command = [sys.executable, "-m", "vigil", "relay", "--controller", controller, "--plaintext",
                        "--listen", f"127.0.0.1:{port}", "--port-file", str(port_file),
-                       "--metrics-port", str(self.metrics_ports[-1]), "--log-format", "json"]  # fmt: skip
+                       "--metrics-port", str(self.metrics_ports[-1]), "--log-format", "json",
+                       "--gc-freeze" if gc_freeze else "--no-gc-freeze"]  # fmt: skip
             out = open(workdir / f"relay-{i}.out", "wb")  # noqa: SIM115 (the process's until it ends)
             self.processes.append(subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT))
             deadline = time.monotonic() + 60
@@ -314,6 +315,19 @@ def longest_gc_pause(metrics_port: int) -> float:
     """A process's longest garbage collection so far (any generation), from its /metrics; -1: unread."""
     pauses = [s.value for s in scrape(metrics_port) if s.name == "vigil_gc_pause_longest_seconds"]
     return round(max(pauses, default=-1.0), 3)
+
+
+def gc_figures(metrics_port: int) -> dict[str, float]:
+    """A process's garbage collection so far, from its /metrics: the longest pause, the pauses' total,
+    the full collections' total and the objects its collector leaves frozen (``vigil_core.gc_keeper``)."""
+    samples = scrape(metrics_port)
+    total = [s for s in samples if s.name == "vigil_gc_pause_seconds_total"]
+    return {
+        "longest_s": longest_gc_pause(metrics_port),
+        "total_s": round(sum(s.value for s in total), 2),
+        "full_s": round(sum(s.value for s in total if s.labels.get("generation") == "2"), 2),
+        "frozen_objects": _value(samples, "vigil_gc_frozen_objects"),
+    }
 
 
 def scrape(port: int) -> list[Sample]:
@@ -427,18 +441,23 @@ def measure(args: argparse.Namespace, workdir: Path, database: str) -> dict[str,
     with KubeApiServer() as kube:
         kube.add_nodes(names)
         config = settings(kube, workdir, args.nodes, database, args.settle_s, args.hellos_per_s)
+        config["limits"]["gc_freeze"] = args.gc_freeze
         controller = start_controller(workdir, config)
         target = asyncio.run(controller_target(workdir, controller))
         sampler = Sampler(controller.pid)
         beats = (args.heartbeat_s, args.idle_heartbeat_s)
         per_connection = args.streams_per_connection or None
-        relays = Relays(target, args.relays, workdir)
+        relays = Relays(target, args.relays, workdir, args.gc_freeze)
         workers = Workers(relays.targets or [target], names, args.workers, beats, args.background_per_s, per_connection)
         try:
             started, cpu0, relays_cpu0 = time.time(), sampler.cpu_s(), relays.cpu_s()
             figures["connect_s"] = round(workers.connected(args.connect_timeout_s), 1)
             figures["connect_controller_cpu_s"] = round(sampler.cpu_s() - cpu0, 1)
             figures["rss_after_connect_mb"] = round(sampler.process.memory_info().rss / 2**20)
+            figures["gc_after_connect"] = {
+                "controller": gc_figures(config["metrics_port"]),
+                "relays": [gc_figures(port) for port in relays.metrics_ports],
+            }
             if args.relays:
                 figures["relays"] = {
                     "count": args.relays,
@@ -530,6 +549,8 @@ def measure(args: argparse.Namespace, workdir: Path, database: str) -> dict[str,
                     "agents_back": back,
                     "all_back_s": round(last - since, 1) if back == args.nodes else None,
                     "simulator": workers.stats(),
+                    "controller_gc": gc_figures(config["metrics_port"]),
+                    "rss_mb": round(sampler.process.memory_info().rss / 2**20),
                 }
                 print(f"restart: {json.dumps(figures['restart'])}", file=sys.stderr)
             figures["controller_peak_rss_mb"] = round(sampler.peak_rss / 2**20)
@@ -584,6 +605,12 @@ def main() -> int:
     parser.add_argument("--connect-timeout-s", type=float, default=1200)
     parser.add_argument("--burst-timeout-s", type=float, default=300)
     parser.add_argument("--keep", action="store_true", help="keep the working directory (the controller's log)")
+    parser.add_argument(
+        "--gc-freeze",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="the controller's and the relays' garbage collector keeper (vigil_core.gc_keeper; default: on)",
+    )
     args = parser.parse_args()
     try:
         args.bursts = [int(b) for b in args.bursts.split(",") if b.strip()]
@@ -632,6 +659,7 @@ def main() -> int:
         "workers": args.workers,
         "streams_per_connection": args.streams_per_connection or "all of a worker's on one",
         "relays": args.relays,
+        "gc_freeze": args.gc_freeze,
         **figures,
     }
     print(json.dumps(record, indent=2))

@@ -26,6 +26,7 @@ from controller.metrics import ControllerMetrics
 from controller.nodes.engine import Engine
 from controller.store import Opened, Store
 from protos.vigil.v1 import admin_pb2_grpc, agent_pb2_grpc, relay_pb2_grpc, trainer_pb2_grpc
+from vigil_core import gc_keeper
 from vigil_core.cert_reload import CertificateSource, server_credentials
 from vigil_core.http_status import serve_http
 from vigil_core.names import is_loopback
@@ -228,6 +229,12 @@ def run_controller(config: ControllerConfig) -> None:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        await Controller(config).run(stop)
+        controller = Controller(config)
+        keeper = None
+        if config.limits.gc_freeze:  # process-wide: here, never where a test runs a controller in its process
+            keeper = asyncio.create_task(gc_keeper.keep(lambda: controller.nodes.outboxes.sessions(), stop))
+        await controller.run(stop)
+        if keeper is not None:
+            await keeper
 
     asyncio.run(main())

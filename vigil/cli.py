@@ -187,6 +187,13 @@ def relay(
     metrics_port: Annotated[
         Optional[int], typer.Option(min=0, max=65535, help="serve /metrics and /readyz here (0: any free port)")
     ] = None,
+    gc_freeze: Annotated[
+        bool,
+        typer.Option(
+            help="freeze what survives each full garbage collection, thawing it once a quarter of the agents' "
+            "streams ended: a large fleet's streams are not walked by every full collection"
+        ),
+    ] = True,
     tls_dir: TlsDirOpt = None,
     plaintext: PlaintextOpt = False,
     log_format: LogFormatOpt = "auto",
@@ -206,7 +213,7 @@ def relay(
         tls = TlsFiles.load(tls_dir) if tls_dir is not None else None
     except TlsError as exc:
         _fail(f"--tls-dir: {exc}")
-    settings = RelaySettings(controller, listen, tls, first_message_s, max_message_bytes, metrics_port)
+    settings = RelaySettings(controller, listen, tls, first_message_s, max_message_bytes, metrics_port, gc_freeze)
     try:
         run_relay(settings, port_file)
     except OSError as exc:

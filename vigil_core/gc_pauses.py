@@ -46,7 +46,8 @@ def seen() -> dict[int, tuple[int, float, float]]:
 
 
 class GcPauses(Collector):
-    """``vigil_gc_pause_seconds_total`` and ``vigil_gc_pause_longest_seconds``, by generation."""
+    """``vigil_gc_pause_seconds_total`` and ``vigil_gc_pause_longest_seconds``, by generation, and
+    ``vigil_gc_frozen_objects``."""
 
     def __init__(self) -> None:
         install()
@@ -67,3 +68,8 @@ class GcPauses(Collector):
             longest.add_metric([str(gen)], most)
         yield total
         yield longest
+        yield GaugeMetricFamily(
+            "vigil_gc_frozen_objects",
+            "Objects the collector leaves out, frozen after a full collection (vigil_core.gc_keeper)",
+            value=gc.get_freeze_count(),
+        )

@@ -37,6 +37,11 @@ class LimitsConfig(ConfigModel):
         description="an agent's stream with no Hello within this long is closed (DEADLINE_EXCEEDED): a peer that "
         "opens streams and says nothing holds no resources past it",
     )
+    gc_freeze: bool = Field(
+        default=True,
+        description="freeze what survives each full garbage collection, thawing it once a quarter of the sessions "
+        "ended (vigil_core.gc_keeper): a large fleet's sessions are not walked by every full collection",
+    )
     max_seq_gap: int = Field(
         default=10_000_000,
         ge=1000,

@@ -74,6 +74,7 @@ class AgentOutboxes:
 
     def __init__(self) -> None:
         self._queues: dict[str, list[Outbox[Message]]] = {}
+        self.closed = 0  # streams closed so far
 
     def open(self, node: str, outbox: Outbox[Message] | None = None) -> Outbox[Message]:
         """A new stream from ``node``'s agent (its outgoing messages ``outbox``, a new one when not
@@ -87,6 +88,7 @@ class AgentOutboxes:
         it had not sent goes to the newest stream still open, in the order it was sent."""
         open_now = self._queues.get(node, [])
         if outbox in open_now:
+            self.closed += 1
             opened_before_newest = open_now.index(outbox) < len(open_now) - 1
             open_now.remove(outbox)
             if open_now:  # what it did not send goes through the stream still open: nothing is lost
@@ -95,6 +97,10 @@ class AgentOutboxes:
             return False
         self._queues.pop(node, None)
         return True
+
+    def sessions(self) -> tuple[int, int]:
+        """Nodes with a stream open now, and streams closed so far."""
+        return len(self._queues), self.closed
 
     def is_open(self, node: str) -> bool:
         """Whether a stream from ``node``'s agent is open now."""

@@ -23,6 +23,7 @@ from controller.edge.open_files import raise_open_files
 from controller.nodes.agent_outboxes import Outbox
 from controller.relay.uplink import ITEM_OVERHEAD, Back, Uplink
 from protos.vigil.v1 import agent_pb2, relay_pb2
+from vigil_core import gc_keeper
 from vigil_core.http_status import serve_http
 from vigil_core.rpc_errors import RETRY_AFTER_KEY, status_code
 from vigil_core.tls import Identity, TlsFiles, bind, peer_identity, server_options
@@ -38,6 +39,9 @@ class RelaySettings:
     first_message_s: float = 30.0
     max_message_bytes: int = 4 << 20
     metrics_port: int | None = None  # /metrics and /readyz (0: any free port); None: not served
+    # Freeze what survives full collections (vigil_core.gc_keeper): process-wide, so the CLI's choice
+    # (on by default), never a test's that serves a relay inside its own process.
+    gc_freeze: bool = False
 
 
 def identity_problem(raw: bytes, identity: Identity | None, token: str) -> str:
@@ -147,6 +151,7 @@ async def serve(
     if settings.metrics_port is not None:
         http = serve_http("0.0.0.0", settings.metrics_port, uplink.metrics.registry, lambda: not_ready(uplink))
     running = asyncio.create_task(uplink.run(stop))
+    keeper = asyncio.create_task(gc_keeper.keep(uplink.sessions, stop)) if settings.gc_freeze else None
     await uplink.connected.wait()
     if port_file is not None:
         port_file.with_suffix(".tmp").write_text(str(port))
@@ -164,6 +169,8 @@ async def serve(
     await stop.wait()
     await server.stop(grace=2.0)
     running.cancel()
+    if keeper is not None:
+        await keeper
     if http is not None:
         http.shutdown()
     return port

@@ -66,6 +66,7 @@ class Uplink:
         self._max_message_bytes = max_message_bytes
         self._ids = itertools.count(1)
         self._streams: dict[int, Outbox[Back]] = {}  # each agent stream's way back: its messages, then its end
+        self.ended = 0  # agent streams ended so far
         # What waits to be sent, in two lanes (``controller.vocab.lanes``): a stream whose message may
         # act goes first with its messages waiting, in their order (``_first``, its stream ``_hot``
         # until the lane is empty), everything else in the order it came (``_up``).
@@ -85,6 +86,10 @@ class Uplink:
     @property
     def carried(self) -> int:
         return len(self._streams)
+
+    def sessions(self) -> tuple[int, int]:
+        """Agent streams carried now, and ended so far."""
+        return len(self._streams), self.ended
 
     def open(self) -> tuple[int, Outbox[Back]]:
         """A new agent stream; its messages back will arrive in the outbox returned."""
@@ -107,6 +112,7 @@ class Uplink:
         """The agent's call is over (however it ended): the controller forgets the stream; said once
         for every stream opened, also one the controller ended."""
         if self._streams.pop(stream, None) is not None:
+            self.ended += 1
             self._queue(relay_pb2.UpItem(stream=stream, end=relay_pb2.StreamEnd(code=CANCELLED)))
 
     def _queue(self, item: relay_pb2.UpItem, first: bool = False) -> None:
@@ -196,6 +202,7 @@ class Uplink:
         self._queued_bytes = 0
         self._drained.set()
         streams, self._streams = self._streams, {}
+        self.ended += len(streams)
         end = relay_pb2.StreamEnd(code=UNAVAILABLE, details=f"the relay lost the controller ({why:.200}): retry")
         for box in streams.values():
             box.put_nowait(end)
