@@ -327,6 +327,7 @@ def gc_figures(metrics_port: int) -> dict[str, float]:
         "total_s": round(sum(s.value for s in total), 2),
         "full_s": round(sum(s.value for s in total if s.labels.get("generation") == "2"), 2),
         "frozen_objects": _value(samples, "vigil_gc_frozen_objects"),
+        "garbage_in_cycles": _value(samples, "vigil_gc_collected_objects_total"),
     }
 
 
@@ -608,8 +609,9 @@ def main() -> int:
     parser.add_argument(
         "--gc-freeze",
         action=argparse.BooleanOptionalAction,
-        default=True,
-        help="the controller's and the relays' garbage collector keeper (vigil_core.gc_keeper; default: on)",
+        default=False,
+        help="the controller's and the relays' garbage collector keeper (vigil_core.gc_keeper; default: off, "
+        "as theirs)",
     )
     args = parser.parse_args()
     try:

@@ -190,10 +190,10 @@ def relay(
     gc_freeze: Annotated[
         bool,
         typer.Option(
-            help="freeze what survives each full garbage collection, thawing it once a quarter of the agents' "
-            "streams ended: a large fleet's streams are not walked by every full collection"
+            help="experimental: freeze what survives each full garbage collection while the fleet is calm, "
+            "thawing it once a quarter of the agents' streams ended (vigil_core.gc_keeper; docs/design.md)"
         ),
-    ] = True,
+    ] = False,
     tls_dir: TlsDirOpt = None,
     plaintext: PlaintextOpt = False,
     log_format: LogFormatOpt = "auto",

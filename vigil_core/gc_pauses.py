@@ -20,6 +20,7 @@ from prometheus_client.registry import Collector
 _lock = threading.Lock()
 _began: list[float] = [0.0]
 _seen: dict[int, list[float]] = {}  # generation -> [collections, seconds in all, longest]
+_collected = [0]  # unreachable objects found (garbage in reference cycles), every generation
 
 
 def _on_collection(phase: str, info: dict[str, Any]) -> None:
@@ -31,6 +32,7 @@ def _on_collection(phase: str, info: dict[str, Any]) -> None:
     seen[0] += 1
     seen[1] += took
     seen[2] = max(seen[2], took)
+    _collected[0] += int(info.get("collected", 0))
 
 
 def install() -> None:
@@ -40,14 +42,19 @@ def install() -> None:
             gc.callbacks.append(_on_collection)
 
 
+def collected() -> int:
+    """Objects the collector found unreachable so far (garbage in reference cycles), all generations."""
+    return _collected[0]
+
+
 def seen() -> dict[int, tuple[int, float, float]]:
     """Per generation: collections, seconds in all, the longest one's seconds."""
     return {gen: (int(n), total, longest) for gen, (n, total, longest) in sorted(_seen.items())}
 
 
 class GcPauses(Collector):
-    """``vigil_gc_pause_seconds_total`` and ``vigil_gc_pause_longest_seconds``, by generation, and
-    ``vigil_gc_frozen_objects``."""
+    """``vigil_gc_pause_seconds_total`` and ``vigil_gc_pause_longest_seconds``, by generation,
+    ``vigil_gc_collected_objects_total`` and ``vigil_gc_frozen_objects``."""
 
     def __init__(self) -> None:
         install()
@@ -68,6 +75,11 @@ class GcPauses(Collector):
             longest.add_metric([str(gen)], most)
         yield total
         yield longest
+        yield CounterMetricFamily(
+            "vigil_gc_collected_objects",
+            "Objects the collector found unreachable (garbage in reference cycles), every generation",
+            value=collected(),
+        )
         yield GaugeMetricFamily(
             "vigil_gc_frozen_objects",
             "Objects the collector leaves out, frozen after a full collection (vigil_core.gc_keeper)",

@@ -39,8 +39,8 @@ class RelaySettings:
     first_message_s: float = 30.0
     max_message_bytes: int = 4 << 20
     metrics_port: int | None = None  # /metrics and /readyz (0: any free port); None: not served
-    # Freeze what survives full collections (vigil_core.gc_keeper): process-wide, so the CLI's choice
-    # (on by default), never a test's that serves a relay inside its own process.
+    # Freeze what survives full collections (vigil_core.gc_keeper, experimental): process-wide, so the
+    # CLI's choice (--gc-freeze), never a test's that serves a relay inside its own process.
     gc_freeze: bool = False
 
 
