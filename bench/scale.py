@@ -263,7 +263,7 @@ class Workers:
 class Relays:
     """``vigil relay`` processes in front of the controller (none: agents connect to it directly)."""
 
-    def __init__(self, controller: str, count: int, workdir: Path, gc_freeze: bool = True) -> None:
+    def __init__(self, controller: str, count: int, workdir: Path, gc_freeze: bool = False) -> None:
         self.processes: list[subprocess.Popen[bytes]] = []
         self.targets: list[str] = []
         self.metrics_ports: list[int] = []
@@ -313,7 +313,11 @@ class Relays:
 
 def longest_gc_pause(metrics_port: int) -> float:
     """A process's longest garbage collection so far (any generation), from its /metrics; -1: unread."""
-    pauses = [s.value for s in scrape(metrics_port) if s.name == "vigil_gc_pause_longest_seconds"]
+    return _longest_pause(scrape(metrics_port))
+
+
+def _longest_pause(samples: list[Sample]) -> float:
+    pauses = [s.value for s in samples if s.name == "vigil_gc_pause_longest_seconds"]
     return round(max(pauses, default=-1.0), 3)
 
 
@@ -323,7 +327,7 @@ def gc_figures(metrics_port: int) -> dict[str, float]:
     samples = scrape(metrics_port)
     total = [s for s in samples if s.name == "vigil_gc_pause_seconds_total"]
     return {
-        "longest_s": longest_gc_pause(metrics_port),
+        "longest_s": _longest_pause(samples),
         "total_s": round(sum(s.value for s in total), 2),
         "full_s": round(sum(s.value for s in total if s.labels.get("generation") == "2"), 2),
         "frozen_objects": _value(samples, "vigil_gc_frozen_objects"),

@@ -37,6 +37,12 @@ class RelayMetrics:
             "Agents' messages carrying a signal that may act, sent before the backlog (the relay's first lane)",
             registry=r,
         )
+        self.task_failures = Counter(
+            "vigil_relay_task_failures_total",
+            "Failures of the relay's background work, by task (each logged; the task starts again)",
+            ["task"],
+            registry=r,
+        )
         self.refused = Counter(
             "vigil_relay_agents_refused_total",
             "Agent streams the relay refused itself, by why (identity, no_controller, no_hello)",

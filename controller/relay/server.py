@@ -26,6 +26,7 @@ from protos.vigil.v1 import agent_pb2, relay_pb2
 from vigil_core import gc_keeper
 from vigil_core.http_status import serve_http
 from vigil_core.rpc_errors import RETRY_AFTER_KEY, status_code
+from vigil_core.supervise import Tasks, supervise
 from vigil_core.tls import Identity, TlsFiles, bind, peer_identity, server_options
 
 log = structlog.get_logger(__name__)
@@ -151,7 +152,10 @@ async def serve(
     if settings.metrics_port is not None:
         http = serve_http("0.0.0.0", settings.metrics_port, uplink.metrics.registry, lambda: not_ready(uplink))
     running = asyncio.create_task(uplink.run(stop))
-    keeper = asyncio.create_task(gc_keeper.keep(uplink.sessions, stop)) if settings.gc_freeze else None
+    keeper = None
+    if settings.gc_freeze:
+        tasks = Tasks(lambda task: uplink.metrics.task_failures.labels(task).inc())
+        keeper = asyncio.create_task(supervise("gc-keeper", lambda: gc_keeper.keep(uplink.sessions, stop), stop, tasks))
     await uplink.connected.wait()
     if port_file is not None:
         port_file.with_suffix(".tmp").write_text(str(port))
