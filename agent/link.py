@@ -5,10 +5,13 @@ standby has not opened its port), so the agent moves to the next address wheneve
 
 On every (re)connection the agent says Hello and waits for the controller's first Ack, which
 names the highest sequence number the controller holds for this node and spool. The agent drops
-those from its spool and replays exactly the rest, in order. Signals are sent as soon as they are
-spooled; heartbeats go out every ``heartbeat_s`` when they say something new (the spool's count, the
-node's jobs, its ranks' progress), else every ``idle_heartbeat_s``: at 100,000 nodes the stream and
-HTTP/2 keepalive say a quiet agent is there, not 20,000 messages a second.
+those from its spool and replays exactly the rest, in order. Through a relay (``vigil relay``) the
+stream outlives a session: when the relay loses the controller and reaches it again, it asks the
+agent for Hello again on the same stream (``HelloAgain``), and the same replay follows. Signals are
+sent as soon as they are spooled; heartbeats go out every ``heartbeat_s`` when they say something
+new (the spool's count, the node's jobs, its ranks' progress), else every ``idle_heartbeat_s``: at
+100,000 nodes the stream and HTTP/2 keepalive say a quiet agent is there, not 20,000 messages a
+second.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import asyncio
 import random
 import time
 from collections.abc import Awaitable, Callable
+from typing import cast
 
 import grpc
 import structlog
@@ -41,6 +45,12 @@ RemedyRunner = Callable[[agent_pb2.RunRemedy], Awaitable[common_pb2.CheckResult]
 async def _no_remedies(request: agent_pb2.RunRemedy) -> common_pb2.CheckResult:
     reason = "this agent carries out no remedies"
     return common_pb2.CheckResult(request_id=request.request_id, check=request.remedy, reason=reason)
+
+
+def _turn_s(again: agent_pb2.HelloAgain) -> float:
+    """When to say Hello again: the relay's wait plus a spread (agents given one slot do not come as
+    one)."""
+    return max(0, again.after_ms) / 1000 + random.uniform(0, HELLO_TURN_SPREAD_S)
 
 
 def beat_content(beat: agent_pb2.Heartbeat) -> bytes:
@@ -79,7 +89,9 @@ class ControllerLink:
         self._checks: dict[str, asyncio.Future[common_pb2.CheckResult]] = {}  # request id -> the check running
         self._stopped_why: dict[str, str] = {}  # request id -> why the controller stopped it
         self.connected = False
-        self.connections = 0
+        self.streams = 0  # streams opened
+        self.connections = 0  # sessions the controller acknowledged
+        self.resumed = 0  # sessions that ended with their stream kept (a relay's HelloAgain)
         self.attempt = 0
 
     def notify(self) -> None:
@@ -111,44 +123,96 @@ class ControllerLink:
             await wait_event(stop, delay)
 
     async def _session(self, stop: asyncio.Event) -> None:
+        """One stream to the controller (or a relay): a session per Hello on it. A relay that lost the
+        controller and reached it again, or whose controller gave this Hello a later turn, keeps the
+        stream and asks for another Hello on it (``HelloAgain``): no new connection, no backoff."""
         async with self._channel_factory(self._target) as channel:
             call = agent_pb2_grpc.AgentGatewayStub(channel).Connect()
-            await call.write(agent_pb2.AgentMessage(hello=self._hello()))
-            first = await asyncio.wait_for(call.read(), HELLO_ACK_TIMEOUT_S)
-            if first is grpc.aio.EOF or not first.HasField("ack"):
-                raise ConnectionError("controller did not answer Hello with an Ack")
-            if first.ack.acked_seq > self._spool.last_seq:  # the controller holds more than we numbered
-                self._spool.renumber_after(first.ack.acked_seq)
-            self._apply_ack(first.ack.acked_seq)
-            # The controller took us back: the next disconnection starts its backoff afresh, however
-            # many came before (a controller restarted every few minutes must not cost 10 s each time).
-            self.attempt = 0
-            self.connected, self.connections = True, self.connections + 1
-            log.info("controller_link_up", target=self._target, acked_seq=self._spool.acked_seq)
-            tasks = [
-                asyncio.create_task(self._send_loop(call, stop)),
-                asyncio.create_task(self._receive_loop(call)),
-                asyncio.create_task(stop.wait()),
-            ]
+            self.streams += 1
+            again: agent_pb2.HelloAgain | None = agent_pb2.HelloAgain()
             try:
-                done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-                for task in done:
-                    task.result()  # re-raise a broken stream
+                while again is not None and not stop.is_set():
+                    if again.wait and (again := await self._asked_again(call, stop)) is None:
+                        break
+                    if again.after_ms and await wait_event(stop, _turn_s(again)):
+                        break
+                    again = await self._hello_and_carry(call, stop)
             finally:
-                for task in tasks:
-                    task.cancel()
-                await asyncio.gather(*tasks, return_exceptions=True)
                 call.cancel()
+
+    async def _asked_again(self, call: grpc.aio.StreamStreamCall, stop: asyncio.Event) -> agent_pb2.HelloAgain | None:
+        """While the relay reaches the controller again: its word to say Hello (None when ``stop`` is
+        set; the relay ends the stream if it does not reach it)."""
+        reading = asyncio.ensure_future(call.read())
+        stopping = asyncio.ensure_future(stop.wait())
+        try:
+            await asyncio.wait((reading, stopping), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopping.cancel()
+        if not reading.done():
+            reading.cancel()
+            return None
+        message = reading.result()
+        if message is grpc.aio.EOF or not message.HasField("hello_again") or message.hello_again.wait:
+            raise ConnectionError("the relay did not ask for Hello again")
+        return cast(agent_pb2.HelloAgain, message.hello_again)
+
+    async def _hello_and_carry(
+        self, call: grpc.aio.StreamStreamCall, stop: asyncio.Event
+    ) -> agent_pb2.HelloAgain | None:
+        """Say Hello on ``call`` and carry the session until it ends: None when ``stop`` is set, the
+        relay's HelloAgain when it keeps the stream for another session; a broken stream raises."""
+        hello = self._hello()
+        hello.resumable = True
+        await call.write(agent_pb2.AgentMessage(hello=hello))
+        first = await asyncio.wait_for(call.read(), HELLO_ACK_TIMEOUT_S)
+        if first is not grpc.aio.EOF and first.HasField("hello_again"):  # a later turn, or the controller lost
+            again = cast(agent_pb2.HelloAgain, first.hello_again)
+            log.info("controller_link_hello_again", target=self._target, after_ms=again.after_ms, wait=again.wait)
+            return again
+        if first is grpc.aio.EOF or not first.HasField("ack"):
+            raise ConnectionError("controller did not answer Hello with an Ack")
+        if first.ack.acked_seq > self._spool.last_seq:  # the controller holds more than we numbered
+            self._spool.renumber_after(first.ack.acked_seq)
+        self._apply_ack(first.ack.acked_seq)
+        # The controller took us back: the next disconnection starts its backoff afresh, however
+        # many came before (a controller restarted every few minutes must not cost 10 s each time).
+        self.attempt = 0
+        self.connected, self.connections = True, self.connections + 1
+        log.info("controller_link_up", target=self._target, acked_seq=self._spool.acked_seq)
+        over = asyncio.Event()  # the session ended with the stream kept: the sender stops between writes
+        sending = asyncio.create_task(self._send_loop(call, stop, over))
+        receiving = asyncio.create_task(self._receive_loop(call))
+        stopping = asyncio.create_task(stop.wait())
+        tasks = [sending, receiving, stopping]
+        try:
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                task.result()  # re-raise a broken stream
+            if receiving not in done:
+                return None  # stopped
+            over.set()
+            self._wake.set()
+            await sending  # never cancelled inside a write: the stream goes on
+            self.connected = False
+            self.resumed += 1
+            again = receiving.result()
+            log.info("controller_link_hello_again", target=self._target, after_ms=again.after_ms, wait=again.wait)
+            return again
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
 
     def _apply_ack(self, seq: int) -> None:
         if seq > self._spool.acked_seq:
             self._spool.ack(seq)
 
-    async def _send_loop(self, call: grpc.aio.StreamStreamCall, stop: asyncio.Event) -> None:
+    async def _send_loop(self, call: grpc.aio.StreamStreamCall, stop: asyncio.Event, over: asyncio.Event) -> None:
         sent_upto = self._spool.acked_seq  # unacknowledged signals are sent again, unchanged
         loop = asyncio.get_running_loop()
         next_heartbeat, said, said_at = loop.time(), b"", float("-inf")
-        while not stop.is_set():
+        while not stop.is_set() and not over.is_set():
             while not self._outbox.empty():
                 await call.write(self._outbox.get_nowait())
             # Marked handed before the write yields to the loop: a signal recorded meanwhile that goes
@@ -174,8 +238,12 @@ class ControllerLink:
             self._wake.clear()
             await wait_event(self._wake, next_heartbeat - loop.time())
 
-    async def _receive_loop(self, call: grpc.aio.StreamStreamCall) -> None:
+    async def _receive_loop(self, call: grpc.aio.StreamStreamCall) -> agent_pb2.HelloAgain:
+        """The controller's messages until a relay ends the session keeping the stream (its
+        HelloAgain); the stream's end raises."""
         while (msg := await call.read()) is not grpc.aio.EOF:
+            if msg.HasField("hello_again"):
+                return cast(agent_pb2.HelloAgain, msg.hello_again)
             if msg.HasField("ack"):
                 self._apply_ack(msg.ack.acked_seq)
             elif msg.HasField("run_check"):

@@ -121,13 +121,16 @@ async def _worker(
     beats: tuple[float, float],
     background_per_s: float,
     per_connection: int | None,
+    hello_again: bool,
 ) -> None:
     loop = asyncio.get_running_loop()
     inbox: asyncio.Queue[tuple[Any, ...]] = asyncio.Queue()
     loop.add_reader(conn.fileno(), lambda: inbox.put_nowait(conn.recv()))
     lag = LagMeter()
     lag_task = asyncio.create_task(lag.run())
-    fleet = Fleet(target, names, beats[0], idle_heartbeat_s=beats[1], streams_per_connection=per_connection)
+    fleet = Fleet(
+        target, names, beats[0], idle_heartbeat_s=beats[1], streams_per_connection=per_connection, resumable=hello_again
+    )
     started = time.time()
     await fleet.start(timeout_s=1800)
     # The streams' objects, made once, are never garbage: left to the collector, each full pass over
@@ -147,6 +150,7 @@ async def _worker(
                     why = Counter(n.last_error[:80] for n in fleet.nodes.values() if n.last_error)
                     unsent = sum(n.unsent for n in fleet.nodes.values())
                     stats = {"lag": lag.take(), "reconnects": reconnects, "paced": paced, "why": dict(why)}
+                    stats["hello_again"] = sum(n.resumed for n in fleet.nodes.values())
                     stats["unsent"] = unsent
                     conn.send(("stats", stats))
                 case ("connected_since", since):
@@ -187,6 +191,7 @@ class Workers:
         beats: tuple[float, float],
         background_per_s: float,
         per_connection: int | None,
+        hello_again: bool = True,
     ) -> None:
         context = multiprocessing.get_context("spawn")
         self.shares = [names[i::count] for i in range(count)]
@@ -197,7 +202,15 @@ class Workers:
             ours, theirs = context.Pipe()
             process = context.Process(
                 target=worker,
-                args=(theirs, targets[i % len(targets)], share, beats, background_per_s / count, per_connection),
+                args=(
+                    theirs,
+                    targets[i % len(targets)],
+                    share,
+                    beats,
+                    background_per_s / count,
+                    per_connection,
+                    hello_again,
+                ),
                 daemon=True,
             )
             process.start()
@@ -240,6 +253,7 @@ class Workers:
             "unsent_messages": sum(a["unsent"] for a in answers),  # held back by the streams' flow control
             "stream_reconnects": sum(a["reconnects"] for a in answers),
             "hellos_paced": sum(a["paced"] for a in answers),
+            "hellos_again": sum(a["hello_again"] for a in answers),  # on streams a relay kept (no reconnection)
             "streams_broke_because": dict(sum((Counter(a["why"]) for a in answers), Counter())),
         }
 
@@ -453,7 +467,15 @@ def measure(args: argparse.Namespace, workdir: Path, database: str) -> dict[str,
         beats = (args.heartbeat_s, args.idle_heartbeat_s)
         per_connection = args.streams_per_connection or None
         relays = Relays(target, args.relays, workdir, args.gc_freeze)
-        workers = Workers(relays.targets or [target], names, args.workers, beats, args.background_per_s, per_connection)
+        workers = Workers(
+            relays.targets or [target],
+            names,
+            args.workers,
+            beats,
+            args.background_per_s,
+            per_connection,
+            args.hello_again,
+        )
         try:
             started, cpu0, relays_cpu0 = time.time(), sampler.cpu_s(), relays.cpu_s()
             figures["connect_s"] = round(workers.connected(args.connect_timeout_s), 1)
@@ -617,6 +639,13 @@ def main() -> int:
         help="the controller's and the relays' garbage collector keeper (vigil_core.gc_keeper; default: off, "
         "as theirs)",
     )
+    parser.add_argument(
+        "--hello-again",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="the simulated agents say Hello again on the stream a relay keeps when it loses the controller (as "
+        "the agent does; --no-hello-again: as agents before it, whose streams the relay ends)",
+    )
     args = parser.parse_args()
     try:
         args.bursts = [int(b) for b in args.bursts.split(",") if b.strip()]
@@ -666,6 +695,7 @@ def main() -> int:
         "streams_per_connection": args.streams_per_connection or "all of a worker's on one",
         "relays": args.relays,
         "gc_freeze": args.gc_freeze,
+        "hello_again": args.hello_again,
         **figures,
     }
     print(json.dumps(record, indent=2))

@@ -17,7 +17,7 @@ from urllib.parse import unquote
 import grpc
 import structlog
 
-from controller.edge.hello_pacing import HelloPacing
+from controller.edge.hello_pacing import HelloPacing, turn_ms
 from controller.edge.limits import LimitsConfig
 from controller.nodes.agent_outboxes import AgentOutboxes, Message, Outbox
 from controller.nodes.check_requests import CheckRequests
@@ -129,7 +129,7 @@ class AgentSessions:
         if (wait_s := self._pacing.ask(node, time.monotonic())) > 0:
             self._engine.metrics.hellos_paced.inc()
             why = f"{self.limits.hellos_per_s:g} agents/s are being admitted; {node}'s turn is in {wait_s:.1f} s"
-            raise Refused(grpc.StatusCode.RESOURCE_EXHAUSTED, why, retry_after_ms=int(wait_s * 1000))
+            raise Refused(grpc.StatusCode.RESOURCE_EXHAUSTED, why, retry_after_ms=turn_ms(wait_s))
 
     async def start(self, hello: agent_pb2.Hello, peer: str, outbox: Outbox[Message]) -> int:
         """Write an admitted Hello and open the node's stream (``outbox``); returns what its spool has

@@ -13,10 +13,17 @@ rate seconds, in about two tries each.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 
 EARLY_S = 0.005  # how early a turn may be taken
 SLOT_KEPT_S = 30.0  # a turn not taken within this long after its time is given up
+
+
+def turn_ms(wait_s: float) -> int:
+    """A turn as said on the wire (``vigil-retry-after-ms``): whole milliseconds, rounded up, never 0
+    (which says no turn at all: an agent would back off on its own instead)."""
+    return max(1, math.ceil(wait_s * 1000))
 
 
 class HelloPacing:

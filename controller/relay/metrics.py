@@ -50,6 +50,20 @@ class RelayMetrics:
             registry=r,
         )
 
+        self.hello_again = Counter(
+            "vigil_relay_hello_again_total",
+            "Agent sessions ended with the agent's call kept, asked for Hello again on it, by why"
+            " (controller_lost: the relay reached the controller again; paced: the controller gave a later turn)",
+            ["why"],
+            registry=r,
+        )
+        self.dropped_between_sessions = Counter(
+            "vigil_relay_dropped_between_sessions_total",
+            "Agents' messages sent after their session ended and before their Hello again (not acknowledged:"
+            " the agent sends its signals again)",
+            registry=r,
+        )
+
     def watch(self, carried: Callable[[], int], up: Callable[[], bool], queued: Callable[[], int]) -> None:
         self.agents.set_function(carried)
         self.uplink_up.set_function(lambda: 1 if up() else 0)

@@ -8,6 +8,7 @@ back is written to it; the controller's end of a stream ends the agent's call wi
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -21,7 +22,7 @@ from google.protobuf.message import DecodeError
 from controller.edge.authz import bearer
 from controller.edge.open_files import raise_open_files
 from controller.nodes.agent_outboxes import Outbox
-from controller.relay.uplink import ITEM_OVERHEAD, Back, Uplink
+from controller.relay.uplink import ITEM_OVERHEAD, OK, UNAVAILABLE, Back, Lost, Uplink
 from protos.vigil.v1 import agent_pb2, relay_pb2
 from vigil_core import gc_keeper
 from vigil_core.http_status import serve_http
@@ -62,6 +63,48 @@ def identity_problem(raw: bytes, identity: Identity | None, token: str) -> str:
     return ""
 
 
+RESOURCE_EXHAUSTED = grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]
+WAIT_FOR_CONTROLLER = agent_pb2.ControllerMessage(hello_again=agent_pb2.HelloAgain(wait=True)).SerializeToString()
+
+
+def hello_again_in(ended: relay_pb2.StreamEnd | Lost, resumable: bool) -> int | None:
+    """Whether a session's end keeps its agent's call for a Hello again on it, and when: the
+    milliseconds the agent waits first (the uplink lost: 0, asked once the controller is reached
+    again; a turn the controller gave the Hello: that turn); None: the call ends with the session,
+    as for an agent that cannot say Hello again (``Hello.resumable`` unset). Pure."""
+    if not resumable:
+        return None
+    if isinstance(ended, Lost):
+        return 0
+    if ended.code == RESOURCE_EXHAUSTED and ended.retry_after_ms > 0:
+        return int(ended.retry_after_ms)
+    return None
+
+
+def hello_of(raw: bytes) -> agent_pb2.Hello | None:
+    """The Hello an agent's message is, if it is one. Pure."""
+    try:
+        message = agent_pb2.AgentMessage.FromString(raw)
+    except DecodeError:
+        return None
+    return message.hello if message.HasField("hello") else None
+
+
+class AgentCall:
+    """One agent's call on the relay, and its sessions one after another: the relay stream of the
+    session now (None between two, while the agent is asked for Hello again)."""
+
+    __slots__ = ("node", "resumable", "peer", "token", "stream", "back", "waiting_hello")
+
+    def __init__(self, first: agent_pb2.Hello | None, peer: str, token: str) -> None:
+        self.node = first.node if first is not None else ""
+        self.resumable = first is not None and first.resumable
+        self.peer, self.token = peer, token
+        self.stream: int | None = None
+        self.back = Outbox[Back]()  # what comes back, every session's in turn
+        self.waiting_hello = False  # asked for Hello again, not said yet
+
+
 class AgentStreams:
     def __init__(self, uplink: Uplink, settings: RelaySettings) -> None:
         self._uplink = uplink
@@ -94,42 +137,103 @@ class AgentStreams:
                 await context.abort(
                     grpc.StatusCode.UNAUTHENTICATED if tokenless else grpc.StatusCode.PERMISSION_DENIED, why
                 )
-        if not self._uplink.connected.is_set():  # the controller restarting: its agents wait here, not on backoff
-            try:
-                await asyncio.wait_for(self._uplink.connected.wait(), settings.first_message_s)
-            except TimeoutError:
-                self._uplink.metrics.refused.labels("no_controller").inc()
-                why = f"the relay has not reached the controller for {settings.first_message_s:g} s: retry"
-                await context.abort(grpc.StatusCode.UNAVAILABLE, why)
-        stream, back = self._uplink.open()
-        self._uplink.send(stream, first, peer=context.peer(), token=token)
-        reader = asyncio.create_task(self._read(stream, requests))
-        reader.add_done_callback(partial(_reader_ended, back, stream))
+        if not await self._controller_reached():  # the controller restarting: its agents wait here, not on backoff
+            self._uplink.metrics.refused.labels("no_controller").inc()
+            why = f"the relay has not reached the controller for {settings.first_message_s:g} s: retry"
+            await context.abort(grpc.StatusCode.UNAVAILABLE, why)
+        call = AgentCall(hello_of(first), context.peer(), token)
+        call.stream, _ = self._uplink.open(call.back)
+        self._uplink.send(call.stream, first, peer=call.peer, token=token)
+        reader = asyncio.create_task(self._read(call, requests))
+        reader.add_done_callback(partial(_reader_ended, call.back, call.node))
+        wait_ms: int | None = 0
         try:
-            while isinstance(item := await back.get(), bytes):
-                yield item
+            while True:
+                item = await self._next(call, wait_ms or 0)
+                if isinstance(item, bytes):
+                    yield item
+                    continue
+                if (wait_ms := hello_again_in(item, call.resumable)) is None:
+                    break
+                if call.stream is not None:
+                    self._uplink.end(call.stream)  # the session is over; the call is kept
+                call.stream = None
+                if isinstance(item, Lost):  # the agent is told at once (it is not connected), asked once it can be
+                    yield WAIT_FOR_CONTROLLER
+                    if not await self._controller_reached():
+                        self._uplink.metrics.refused.labels("no_controller").inc()
+                        item = relay_pb2.StreamEnd(code=UNAVAILABLE, details=f"{item.why}, not reached again: retry")
+                        break
+                call.waiting_hello = True
+                self._uplink.metrics.hello_again.labels("controller_lost" if isinstance(item, Lost) else "paced").inc()
+                yield agent_pb2.ControllerMessage(
+                    hello_again=agent_pb2.HelloAgain(after_ms=wait_ms)
+                ).SerializeToString()
+            if isinstance(item, Lost):  # an agent that cannot say Hello again reconnects
+                item = relay_pb2.StreamEnd(code=UNAVAILABLE, details=f"{item.why}: retry")
             if item.code != 0:
                 turn = ((RETRY_AFTER_KEY, str(item.retry_after_ms)),) if item.retry_after_ms else ()
                 await context.abort(status_code(item.code), item.details, trailing_metadata=turn)
         finally:
             reader.cancel()
-            self._uplink.end(stream)
+            if call.stream is not None:
+                self._uplink.end(call.stream)
 
-    async def _read(self, stream: int, requests: AsyncIterator[bytes]) -> None:
+    async def _controller_reached(self) -> bool:
+        """Whether the relay has its stream to the controller, waiting up to ``first_message_s``."""
+        uplink = self._uplink
+        if not uplink.connected.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(uplink.connected.wait(), self._settings.first_message_s)
+        return uplink.connected.is_set()
+
+    async def _next(self, call: AgentCall, wait_ms: int) -> Back:
+        """What comes back to the agent next; between sessions, its Hello again within ``first_message_s``
+        past its turn (else the call ends: the agent reconnects on its own)."""
+        loop = asyncio.get_running_loop()
+        due = loop.time() + wait_ms / 1000 + self._settings.first_message_s
+        while call.waiting_hello:  # once said, its answer is the controller's to give, however long it takes
+            try:
+                return await asyncio.wait_for(call.back.get(), max(0.0, due - loop.time()))
+            except TimeoutError:
+                if call.waiting_hello:
+                    why = f"no Hello again within {self._settings.first_message_s:g} s of its turn"
+                    return relay_pb2.StreamEnd(code=grpc.StatusCode.DEADLINE_EXCEEDED.value[0], details=why)
+        return await call.back.get()
+
+    async def _read(self, call: AgentCall, requests: AsyncIterator[bytes]) -> None:
+        uplink = self._uplink
         async for raw in requests:
-            self._uplink.send(stream, raw)
-            await self._uplink.room()
-        self._uplink.finish(stream)  # the agent closed its side: the controller ends the stream after it
+            if call.stream is not None:
+                uplink.send(call.stream, raw)
+                await uplink.room()
+            elif call.waiting_hello and (hello := hello_of(raw)) is not None:
+                if hello.node != call.node:
+                    why = f"a stream opened for {call.node} cannot say Hello for {hello.node or 'no node'}"
+                    log.warning("call_refused", peer=call.peer, why=why)
+                    call.back.put_nowait(
+                        relay_pb2.StreamEnd(code=grpc.StatusCode.PERMISSION_DENIED.value[0], details=why)
+                    )
+                    return
+                call.waiting_hello = False
+                call.stream, _ = uplink.open(call.back)
+                uplink.send(call.stream, raw, peer=call.peer, token=call.token)
+            else:  # sent after its session ended, before its Hello again: unacknowledged, so sent again
+                uplink.metrics.dropped_between_sessions.inc()
+        if call.stream is not None:
+            uplink.finish(call.stream)  # the agent closed its side: the controller ends the stream after it
+        else:  # closed between sessions: nothing to answer
+            call.back.put_nowait(relay_pb2.StreamEnd(code=OK))
 
 
-def _reader_ended(back: Outbox[Back], stream: int, reader: asyncio.Task[None]) -> None:
+def _reader_ended(back: Outbox[Back], node: str, reader: asyncio.Task[None]) -> None:
     """An agent stream's reader that failed (a bug, or the agent's call breaking under it) ends the
     agent's stream, said, rather than leave it open with nothing more read: the agent reconnects and
     sends again what was not acknowledged. A reader that ended because its call did (cancelled) or
     because the agent closed its side needs nothing."""
-    if reader.cancelled() or (exc := reader.exception()) is None:
-        return
-    log.warning("relay_agent_stream_unreadable", stream=stream, error=repr(exc)[:300])
+    if reader.cancelled() or (exc := reader.exception()) is None or isinstance(exc, grpc.aio.AbortError):
+        return  # an AbortError: the call was ended here already (its end said)
+    log.warning("relay_agent_stream_unreadable", node=node, error=repr(exc)[:300])
     internal = grpc.StatusCode.INTERNAL.value[0]
     back.put_nowait(relay_pb2.StreamEnd(code=internal, details="the relay could not read this stream: reconnect"))
 

@@ -1,8 +1,9 @@
 """The relay's one stream to the controller (``AgentRelay.Relay``): every agent stream it carries,
 numbered, in one direction; the controller's replies and its ends of streams in the other.
 
-When it breaks every agent stream it carried is ended (UNAVAILABLE: their sessions were the
-controller's and ended with the stream), and while it is down a new agent stream waits for it (up
+When it breaks every agent stream it carried is told (``Lost``: their sessions were the
+controller's and ended with the stream; the agent's call is kept for a Hello again, or ended
+UNAVAILABLE, ``controller.relay.server``), and while it is down a new agent stream waits for it (up
 to ``first_message_s``, then UNAVAILABLE: its agent tries again, as with a controller that is down).
 Nothing is kept to send later; an agent resends what it has not had acknowledged.
 """
@@ -13,6 +14,7 @@ import asyncio
 import itertools
 from collections import deque
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 
 import grpc
 import structlog
@@ -26,7 +28,17 @@ from vigil_core.waiting import backoff_delay, wait_event
 
 log = structlog.get_logger(__name__)
 
-Back = bytes | relay_pb2.StreamEnd  # what comes back to an agent stream: a ControllerMessage (encoded), then its end
+
+@dataclass(frozen=True, slots=True)
+class Lost:
+    """The stream to the controller broke: this agent stream's session is over (said to its stream
+    instead of an end, so that its call can be kept for a new session)."""
+
+    why: str
+
+
+# What comes back to an agent stream: ControllerMessages (encoded), then its end or the uplink's loss.
+Back = bytes | relay_pb2.StreamEnd | Lost
 OK, CANCELLED, UNAVAILABLE = (
     code.value[0] for code in (grpc.StatusCode.OK, grpc.StatusCode.CANCELLED, grpc.StatusCode.UNAVAILABLE)
 )
@@ -91,9 +103,10 @@ class Uplink:
         """Agent streams carried now, and ended so far."""
         return len(self._streams), self.ended
 
-    def open(self) -> tuple[int, Outbox[Back]]:
-        """A new agent stream; its messages back will arrive in the outbox returned."""
-        stream, box = next(self._ids), Outbox[Back]()
+    def open(self, box: Outbox[Back] | None = None) -> tuple[int, Outbox[Back]]:
+        """A new agent stream (a new session: an agent's call may hold several, one after another);
+        its messages back will arrive in the outbox returned (``box``, or a new one)."""
+        stream, box = next(self._ids), box if box is not None else Outbox[Back]()
         self._streams[stream] = box
         return stream, box
 
@@ -203,9 +216,9 @@ class Uplink:
         self._drained.set()
         streams, self._streams = self._streams, {}
         self.ended += len(streams)
-        end = relay_pb2.StreamEnd(code=UNAVAILABLE, details=f"the relay lost the controller ({why:.200}): retry")
+        lost = Lost(f"the relay lost the controller ({why:.200})")
         for box in streams.values():
-            box.put_nowait(end)
+            box.put_nowait(lost)
 
     async def _sending(self, generation: int) -> AsyncIterator[relay_pb2.RelayUp]:
         """What waits to be sent, for the stream of this generation only: gRPC may still hold the

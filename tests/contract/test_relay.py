@@ -160,26 +160,131 @@ def test_a_relayed_agent_is_refused_as_a_direct_one_with_the_same_status_and_tur
     run(test, tmp_path, limits=LimitsConfig(hellos_per_s=1, hello_burst=1))
 
 
-def test_a_relay_that_loses_the_controller_ends_its_agents_streams_and_takes_them_again(tmp_path: Path) -> None:
+def test_a_relay_that_loses_the_controller_keeps_its_agents_streams_and_asks_them_for_hello_again(
+    tmp_path: Path,
+) -> None:
     async def scenario() -> None:
         controller = await start_controller(tmp_path / "ctl.db")
-        port = controller.port
+        port, metrics_port = controller.port, free_port()
         spool, stop = Spool(tmp_path / "spool.db"), asyncio.Event()
-        async with Relay(port) as relay:
+        async with Relay(port, metrics_port=metrics_port) as relay:
             link = link_for(spool, relay.port)
             running = asyncio.create_task(link.run(stop))
             await wait_until(lambda: connected(controller), what="connected through the relay")
             await stop_controller(controller)
-            await wait_until(lambda: not link.connected, what="the agent told its stream ended")
+            await wait_until(lambda: not link.connected, what="the agent told its session ended")
             spool.append([xid(45) for _ in range(2)])
+            link.notify()  # sent between sessions: nowhere, and sent again after the Hello
             controller = await start_controller(tmp_path / "ctl.db", port)
             await wait_until(lambda: spool.acked_seq == 2, timeout=30, what="back through the relay, replayed")
-            assert connected(controller) and signals_received(controller) == 2
+            assert connected(controller) and signals_received(controller) == 2 and duplicates(controller) == 0
+            # The same stream: a second session on it, not a new connection.
+            assert (link.streams, link.connections, link.resumed) == (1, 2, 1)
+            text = (await asyncio.to_thread(scrape, metrics_port, "/metrics"))[1]
+            assert sample(text, 'vigil_relay_hello_again_total{why="controller_lost"}') == 1
+            assert sample(text, 'vigil_relay_agents_refused_total{why="no_controller"}', absent=0) == 0
             stop.set()
             await running
         await stop_controller(controller)
 
     asyncio.run(scenario())
+
+
+class RawAgent:
+    """An agent's stream by hand, to say exactly what an agent may."""
+
+    def __init__(self, port: int) -> None:
+        self.channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+        self.call = agent_pb2_grpc.AgentGatewayStub(self.channel).Connect()
+
+    async def hello(self, node: str = NODE, resumable: bool = True) -> None:
+        await self.call.write(
+            agent_pb2.AgentMessage(hello=agent_pb2.Hello(node=node, spool_id="s", resumable=resumable))
+        )
+
+    async def read(self) -> agent_pb2.ControllerMessage:
+        message = await asyncio.wait_for(self.call.read(), 20)
+        assert message is not grpc.aio.EOF
+        return message
+
+    async def close(self) -> None:
+        await self.channel.close()
+
+
+def test_an_agent_that_cannot_say_hello_again_has_its_stream_ended_when_the_relay_loses_the_controller(
+    tmp_path: Path,
+) -> None:
+    async def scenario() -> None:
+        controller = await start_controller(tmp_path / "ctl.db")
+        async with Relay(controller.port) as relay:
+            agent = RawAgent(relay.port)
+            await agent.hello(resumable=False)
+            assert (await agent.read()).HasField("ack")
+            await stop_controller(controller)
+            with pytest.raises(grpc.aio.AioRpcError) as ended:
+                await agent.read()
+            assert ended.value.code() is grpc.StatusCode.UNAVAILABLE
+            assert "the relay lost the controller" in (ended.value.details() or "")
+            await agent.close()
+
+    asyncio.run(scenario())
+
+
+def test_between_sessions_a_relay_takes_only_the_same_nodes_hello_and_drops_the_rest(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        controller = await start_controller(tmp_path / "ctl.db")
+        port, metrics_port = controller.port, free_port()
+        async with Relay(port, metrics_port=metrics_port) as relay:
+            agents = [RawAgent(relay.port), RawAgent(relay.port)]
+            for agent in agents:
+                await agent.hello()
+                assert (await agent.read()).HasField("ack")
+            await stop_controller(controller)
+            for agent in agents:
+                told = await agent.read()
+                assert told.HasField("hello_again") and told.hello_again.wait
+            beat = agent_pb2.AgentMessage(heartbeat=agent_pb2.Heartbeat(sent_at=1.0))
+            await agents[0].call.write(beat)  # between sessions: goes nowhere
+            controller = await start_controller(tmp_path / "ctl.db", port)
+            for agent in agents:
+                asked = await agent.read()
+                assert asked.HasField("hello_again") and not asked.hello_again.wait and asked.hello_again.after_ms == 0
+            await agents[0].call.write(beat)  # asked, not said yet: nowhere either
+            await agents[0].hello()
+            assert (await agents[0].read()).HasField("ack")
+            await wait_until(lambda: connected(controller), what="the node's second session")
+            await agents[1].hello(node="node-b")  # a stream opened for node-a
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await agents[1].read()
+            assert refused.value.code() is grpc.StatusCode.PERMISSION_DENIED
+            assert "opened for node-a cannot say Hello for node-b" in (refused.value.details() or "")
+            assert "node-b" not in controller.nodes.fleet.nodes
+            text = (await asyncio.to_thread(scrape, metrics_port, "/metrics"))[1]
+            assert sample(text, "vigil_relay_dropped_between_sessions_total") == 2
+            for agent in agents:
+                await agent.close()
+        await stop_controller(controller)
+
+    asyncio.run(scenario())
+
+
+def test_a_relayed_agent_given_a_later_turn_says_hello_again_on_its_stream_at_that_turn(tmp_path: Path) -> None:
+    async def test(controller: Controller, tmp_path: Path) -> None:
+        stop = asyncio.Event()
+        async with Relay(controller.port, metrics_port=(metrics_port := free_port())) as relay:
+            nodes = [f"node-{i}" for i in range(3)]
+            links = [link_for(Spool(tmp_path / f"{n}.db"), relay.port, n) for n in nodes]
+            running = [asyncio.create_task(link.run(stop)) for link in links]
+            # Two Hellos a second after one: the others are given turns, which they keep on their streams.
+            await wait_until(lambda: all(connected(controller, n) for n in nodes), timeout=20, what="all three in turn")
+            assert [(link.streams, link.connections) for link in links] == [(1, 1)] * 3
+            text = (await asyncio.to_thread(scrape, metrics_port, "/metrics"))[1]
+            assert sample(text, 'vigil_relay_hello_again_total{why="paced"}') >= 2
+            assert controller.engine.metrics.hellos_paced._value.get() >= 2
+            stop.set()
+            await asyncio.gather(*running)
+
+    run(test, tmp_path, limits=LimitsConfig(hellos_per_s=2, hello_burst=1))
 
 
 def test_under_tls_a_relay_takes_only_an_agent_whose_certificate_names_its_hello() -> None:

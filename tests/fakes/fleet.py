@@ -42,6 +42,8 @@ class FleetNode:
         self.ready = asyncio.Event()
         self.reconnects = 0
         self.paced = 0  # Hellos the controller turned away with a turn to come back at
+        self.resumable = True  # as the agent: says so in its Hello, and says Hello again when a relay asks
+        self.resumed = 0  # Hellos said again on a stream a relay kept
         self.last_error = ""  # why its stream last broke
         self.connected_at = 0.0  # when its stream was last taken (the controller's first ack on it)
         self.idle_heartbeat_s = 0.0  # as the agent's setting: 0, a heartbeat every heartbeat_s
@@ -64,7 +66,13 @@ class FleetNode:
                 call = self._stub.Connect(self._messages(heartbeat_s, stop, self._generation, self._queue))
                 first = True
                 async for msg in call:
-                    if msg.HasField("ack"):
+                    if msg.HasField("hello_again"):  # a relay keeps the stream for a new session
+                        first = True
+                        if not msg.hello_again.wait:
+                            self.resumed += 1
+                            turn = msg.hello_again.after_ms / 1000 + random.uniform(0, HELLO_TURN_SPREAD_S)
+                            asyncio.get_running_loop().call_later(turn, self._hello_again, self._queue)
+                    elif msg.HasField("ack"):
                         self.acked = max(self.acked, msg.ack.acked_seq)
                         for seq in [s for s in self._unacked if s <= self.acked]:
                             del self._unacked[seq]
@@ -119,7 +127,7 @@ class FleetNode:
         if result is not None:  # None: the check hangs, and its agent never answers
             self._queue.put_nowait(agent_pb2.AgentMessage(check_result=result))
 
-    async def _messages(self, heartbeat_s: float, stop: asyncio.Event, generation: int, queue: asyncio.Queue):  # type: ignore[no-untyped-def,type-arg]
+    def _hello(self) -> agent_pb2.AgentMessage:
         gpus = [common_pb2.GpuRef(index=i, uuid=f"GPU-{self.name}-{i}") for i in range(8)]
         hello = agent_pb2.Hello(
             node=self.name,
@@ -127,8 +135,20 @@ class FleetNode:
             gpus=gpus,
             address=f"{self.name}.sim",
             idle_heartbeat_s=self.idle_heartbeat_s,
+            resumable=self.resumable,
         )
-        yield agent_pb2.AgentMessage(hello=hello)
+        return agent_pb2.AgentMessage(hello=hello)
+
+    def _hello_again(self, queue: asyncio.Queue) -> None:  # type: ignore[type-arg]
+        """Hello on the same stream, then what was sent and not acknowledged: whatever waits before it
+        goes nowhere (the relay takes only a Hello between sessions)."""
+        if queue is self._queue:
+            queue.put_nowait(self._hello())
+            for seq in sorted(self._unacked):
+                queue.put_nowait(self._unacked[seq])
+
+    async def _messages(self, heartbeat_s: float, stop: asyncio.Event, generation: int, queue: asyncio.Queue):  # type: ignore[no-untyped-def,type-arg]
+        yield self._hello()
         next_beat = time.monotonic() + random.uniform(0, self._interval(heartbeat_s))
         while not stop.is_set() and generation == self._generation:  # a broken stream's iterator ends
             try:
@@ -159,9 +179,9 @@ class FleetNode:
             observed_at=now,
             seq=self.seq,
         )
-        message = agent_pb2.AgentMessage(signals=agent_pb2.SignalBatch(signals=[signal]))
-        self._unacked[self.seq] = message
-        self._queue.put_nowait(message)
+        batch = agent_pb2.AgentMessage(signals=agent_pb2.SignalBatch(signals=[signal]))
+        self._unacked[self.seq] = batch
+        self._queue.put_nowait(batch)
         return now
 
 
@@ -174,10 +194,12 @@ class Fleet:
         checks: SimulatedChecks | None = None,
         idle_heartbeat_s: float = 0.0,
         streams_per_connection: int | None = None,
+        resumable: bool = True,
     ) -> None:
         """``streams_per_connection``: None, every stream of this process on one HTTP/2 connection
         (gRPC shares a connection between channels to one target: the cheapest for tests); N, a
-        connection of its own for every N nodes (1: as real agents, each on its own machine)."""
+        connection of its own for every N nodes (1: as real agents, each on its own machine).
+        ``resumable``: the nodes say Hello again on a stream a relay keeps (as the agent does)."""
         if streams_per_connection is None:
             count, options = max(1, len(names) // NODES_PER_CHANNEL + 1), []
         else:
@@ -189,6 +211,7 @@ class Fleet:
         }
         for node in self.nodes.values():
             node.idle_heartbeat_s = idle_heartbeat_s
+            node.resumable = resumable
         self._heartbeat_s = heartbeat_s
         self._stop = asyncio.Event()
         self._tasks: dict[str, asyncio.Task[None]] = {}

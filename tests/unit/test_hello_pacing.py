@@ -8,7 +8,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from controller.edge.hello_pacing import SLOT_KEPT_S, HelloPacing
+from controller.edge.hello_pacing import SLOT_KEPT_S, HelloPacing, turn_ms
 
 
 def test_a_stampede_is_admitted_a_burst_at_once_then_one_turn_each_at_the_rate() -> None:
@@ -69,3 +69,10 @@ def test_admissions_never_outrun_the_rate_and_every_turn_is_honoured(
     for i, start in enumerate(admitted):
         for j in range(i, len(admitted)):
             assert j - i + 1 <= burst + per_s * (admitted[j] - start) + 1 + 1e-6
+
+
+@given(wait_s=st.floats(min_value=0, max_value=3600, exclude_min=True))
+@example(wait_s=0.0004)  # under a millisecond: said as 0 once, which is no turn at all
+def test_a_turn_on_the_wire_is_never_zero_nor_earlier_than_given(wait_s: float) -> None:
+    said = turn_ms(wait_s)
+    assert said >= 1 and said / 1000 >= wait_s and said - wait_s * 1000 < 1 + 1e-6

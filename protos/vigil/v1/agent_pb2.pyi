@@ -8,7 +8,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Hello(_message.Message):
-    __slots__ = ("node", "agent_version", "gpus", "gpu_backend", "last_acked_seq", "spool_id", "address", "idle_heartbeat_s", "jobs")
+    __slots__ = ("node", "agent_version", "gpus", "gpu_backend", "last_acked_seq", "spool_id", "address", "idle_heartbeat_s", "jobs", "resumable")
     NODE_FIELD_NUMBER: _ClassVar[int]
     AGENT_VERSION_FIELD_NUMBER: _ClassVar[int]
     GPUS_FIELD_NUMBER: _ClassVar[int]
@@ -18,6 +18,7 @@ class Hello(_message.Message):
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     IDLE_HEARTBEAT_S_FIELD_NUMBER: _ClassVar[int]
     JOBS_FIELD_NUMBER: _ClassVar[int]
+    RESUMABLE_FIELD_NUMBER: _ClassVar[int]
     node: str
     agent_version: str
     gpus: _containers.RepeatedCompositeFieldContainer[_common_pb2.GpuRef]
@@ -27,7 +28,8 @@ class Hello(_message.Message):
     address: str
     idle_heartbeat_s: float
     jobs: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, node: _Optional[str] = ..., agent_version: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[_common_pb2.GpuRef, _Mapping]]] = ..., gpu_backend: _Optional[str] = ..., last_acked_seq: _Optional[int] = ..., spool_id: _Optional[str] = ..., address: _Optional[str] = ..., idle_heartbeat_s: _Optional[float] = ..., jobs: _Optional[_Iterable[str]] = ...) -> None: ...
+    resumable: bool
+    def __init__(self, node: _Optional[str] = ..., agent_version: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[_common_pb2.GpuRef, _Mapping]]] = ..., gpu_backend: _Optional[str] = ..., last_acked_seq: _Optional[int] = ..., spool_id: _Optional[str] = ..., address: _Optional[str] = ..., idle_heartbeat_s: _Optional[float] = ..., jobs: _Optional[_Iterable[str]] = ..., resumable: _Optional[bool] = ...) -> None: ...
 
 class Heartbeat(_message.Message):
     __slots__ = ("sent_at", "spooled", "dropped_faults", "jobs", "unparsed_lines", "unparsed_total", "ranks")
@@ -124,14 +126,24 @@ class StopCheck(_message.Message):
     why: str
     def __init__(self, request_id: _Optional[str] = ..., why: _Optional[str] = ...) -> None: ...
 
+class HelloAgain(_message.Message):
+    __slots__ = ("after_ms", "wait")
+    AFTER_MS_FIELD_NUMBER: _ClassVar[int]
+    WAIT_FIELD_NUMBER: _ClassVar[int]
+    after_ms: int
+    wait: bool
+    def __init__(self, after_ms: _Optional[int] = ..., wait: _Optional[bool] = ...) -> None: ...
+
 class ControllerMessage(_message.Message):
-    __slots__ = ("ack", "run_check", "run_remedy", "stop_check")
+    __slots__ = ("ack", "run_check", "run_remedy", "stop_check", "hello_again")
     ACK_FIELD_NUMBER: _ClassVar[int]
     RUN_CHECK_FIELD_NUMBER: _ClassVar[int]
     RUN_REMEDY_FIELD_NUMBER: _ClassVar[int]
     STOP_CHECK_FIELD_NUMBER: _ClassVar[int]
+    HELLO_AGAIN_FIELD_NUMBER: _ClassVar[int]
     ack: Ack
     run_check: RunCheck
     run_remedy: RunRemedy
     stop_check: StopCheck
-    def __init__(self, ack: _Optional[_Union[Ack, _Mapping]] = ..., run_check: _Optional[_Union[RunCheck, _Mapping]] = ..., run_remedy: _Optional[_Union[RunRemedy, _Mapping]] = ..., stop_check: _Optional[_Union[StopCheck, _Mapping]] = ...) -> None: ...
+    hello_again: HelloAgain
+    def __init__(self, ack: _Optional[_Union[Ack, _Mapping]] = ..., run_check: _Optional[_Union[RunCheck, _Mapping]] = ..., run_remedy: _Optional[_Union[RunRemedy, _Mapping]] = ..., stop_check: _Optional[_Union[StopCheck, _Mapping]] = ..., hello_again: _Optional[_Union[HelloAgain, _Mapping]] = ...) -> None: ...
