@@ -276,7 +276,11 @@ def test_a_relayed_agent_given_a_later_turn_says_hello_again_on_its_stream_at_th
             links = [link_for(Spool(tmp_path / f"{n}.db"), relay.port, n) for n in nodes]
             running = [asyncio.create_task(link.run(stop)) for link in links]
             # Two Hellos a second after one: the others are given turns, which they keep on their streams.
-            await wait_until(lambda: all(connected(controller, n) for n in nodes), timeout=20, what="all three in turn")
+            await wait_until(
+                lambda: all(connected(controller, n) for n in nodes) and all(link.connected for link in links),
+                timeout=20,
+                what="all three in turn, acknowledged",
+            )
             assert [(link.streams, link.connections) for link in links] == [(1, 1)] * 3
             text = (await asyncio.to_thread(scrape, metrics_port, "/metrics"))[1]
             assert sample(text, 'vigil_relay_hello_again_total{why="paced"}') >= 2
