@@ -559,8 +559,10 @@ def measure(args: argparse.Namespace, workdir: Path, database: str) -> dict[str,
                 time.sleep(2)
 
             if args.restart:
+                stopping = time.time()
                 controller.send_signal(signal.SIGTERM)
-                controller.wait(60)
+                controller.wait(120)
+                stopped_s = time.time() - stopping  # its agents' sessions ended, its writes flushed
                 (workdir / "port").unlink()
                 since = time.time()
                 controller = start_controller(workdir, config)
@@ -573,6 +575,7 @@ def measure(args: argparse.Namespace, workdir: Path, database: str) -> dict[str,
                     time.sleep(1)
                     back, last = workers.back_since(since)
                 figures["restart"] = {
+                    "old_controller_stop_s": round(stopped_s, 1),
                     "agents_back": back,
                     "all_back_s": round(last - since, 1) if back == args.nodes else None,
                     "simulator": workers.stats(),

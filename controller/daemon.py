@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import sys
 from typing import TYPE_CHECKING
 
 import grpc
@@ -240,3 +241,10 @@ def run_controller(config: ControllerConfig) -> None:
             await keeper
 
     asyncio.run(main())
+    # Everything is written and closed, the store last. Leave without the interpreter's teardown, which
+    # frees every connected agent's objects one by one: 3.5 s of a 5.3 s stop with 20,000 agents through
+    # relays (py-spy), while they wait for the next controller.
+    log.info("controller_stopped")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

@@ -209,11 +209,14 @@ class AgentSessions:
         else:
             raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"unexpected message {body!r} after Hello")
 
-    def end(self, node: str, outbox: Outbox[Message]) -> None:
-        """The stream that owned ``outbox`` ended: the node is gone when it was its last one."""
+    def end(self, node: str, outbox: Outbox[Message], say: bool = True) -> None:
+        """The stream that owned ``outbox`` ended: the node is gone when it was its last one. ``say``:
+        logged for this node (a relay's loss is logged once for all it carried: a line per agent was
+        most of a controller's time to stop with 20,000 agents through relays)."""
         if self._outboxes.close(node, outbox):
             self._engine.disconnected(node)
-        log.info("agent_disconnected", node=node)
+        if say:
+            log.info("agent_disconnected", node=node)
 
     async def _receive(self, node: str, signals: list[Signal]) -> int:
         """Decide a batch in chunks, letting the event loop run between them: one node's flood never

@@ -241,11 +241,11 @@ class _Relay:
         elif self.waiting_bytes < MAX_WAITING_BYTES // 2:
             self.drained.set()
 
-    def _close(self, stream: _Stream) -> None:
+    def _close(self, stream: _Stream, say: bool = True) -> None:
         self._waiting(-sum(len(raw) for raw in stream.waiting))
         stream.waiting.clear()
         if stream.node:
-            self.sessions.end(stream.node, stream.outbox)
+            self.sessions.end(stream.node, stream.outbox, say)
             stream.node = ""
 
     def close(self) -> None:
@@ -255,7 +255,7 @@ class _Relay:
         for stream in self.streams.values():
             stream.over = True
             if not stream.running:  # a running one's task closes it as it is cancelled
-                self._close(stream)
+                self._close(stream, say=False)  # said once, for all: relay_disconnected
         self.streams.clear()
         self.turns.clear()
 
