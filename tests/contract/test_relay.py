@@ -4,6 +4,7 @@ records, acknowledges and asks them exactly as when they connect to it, many str
 from __future__ import annotations
 
 import asyncio
+import re
 import urllib.error
 import urllib.request
 from collections import deque
@@ -188,6 +189,37 @@ def test_a_relay_that_loses_the_controller_keeps_its_agents_streams_and_asks_the
         await stop_controller(controller)
 
     asyncio.run(scenario())
+
+
+def test_a_relays_loss_is_one_line_for_all_it_carried_and_an_agents_own_end_one_for_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    async def scenario() -> str:
+        controller = await start_controller(tmp_path / "ctl.db")
+        stop, nodes = asyncio.Event(), [f"node-{i}" for i in range(3)]
+        async with Relay(controller.port) as relay:
+            links = [link_for(Spool(tmp_path / f"{n}.db"), relay.port, n) for n in nodes]
+            running = [asyncio.create_task(link.run(stop)) for link in links]
+            await wait_until(lambda: all(connected(controller, n) for n in nodes), what="three agents on one relay")
+            capsys.readouterr()  # the logs from here on (structlog's loggers are bound once: read what they print)
+            running[0].cancel()  # one agent goes away on its own: said for it
+            await wait_until(lambda: not connected(controller, "node-0"), what="node-0 gone")
+            await stop_controller(controller)  # the relay's stream ends with it: once for the two it carried
+            said: list[str] = []
+
+            def logged() -> bool:
+                said.append(capsys.readouterr().out)
+                return "relay_disconnected" in "".join(said)
+
+            await wait_until(logged, what="the relay's loss logged")
+            stop.set()
+            await asyncio.gather(*running, return_exceptions=True)
+        return "".join(said)
+
+    said = asyncio.run(scenario())
+    gone = re.findall(r"agent_disconnected +node=(\S+)", said)
+    lost = re.findall(r"relay_disconnected +agents=(\d+)", said)
+    assert gone == ["node-0"] and lost == ["2"], said
 
 
 class RawAgent:
