@@ -45,7 +45,8 @@ class RelayMetrics:
         )
         self.refused = Counter(
             "vigil_relay_agents_refused_total",
-            "Agent streams the relay refused itself, by why (identity, no_controller, no_hello)",
+            "Agent streams the relay refused or ended itself, by why"
+            " (identity, no_controller, no_hello, hello_again_late)",
             ["why"],
             registry=r,
         )

@@ -199,6 +199,7 @@ class AgentStreams:
                 if call.waiting_hello:
                     why = f"no Hello again within {self._settings.first_message_s:g} s of its turn"
                     log.warning("relay_hello_again_late", node=call.node, turn_ms=wait_ms)
+                    self._uplink.metrics.refused.labels("hello_again_late").inc()
                     return relay_pb2.StreamEnd(code=grpc.StatusCode.DEADLINE_EXCEEDED.value[0], details=why)
         return await call.back.get()
 

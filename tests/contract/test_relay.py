@@ -300,6 +300,31 @@ def test_between_sessions_a_relay_takes_only_the_same_nodes_hello_and_drops_the_
     asyncio.run(scenario())
 
 
+def test_an_agent_that_does_not_say_hello_again_in_time_has_its_stream_ended_and_counted(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        controller = await start_controller(tmp_path / "ctl.db")
+        port, metrics_port = controller.port, free_port()
+        async with Relay(port, metrics_port=metrics_port, first_message_s=1.0) as relay:
+            agent = RawAgent(relay.port)
+            await agent.hello()
+            assert (await agent.read()).HasField("ack")
+            await stop_controller(controller)
+            assert (await agent.read()).hello_again.wait
+            controller = await start_controller(tmp_path / "ctl.db", port)
+            asked = await agent.read()
+            assert asked.HasField("hello_again") and not asked.hello_again.wait
+            with pytest.raises(grpc.aio.AioRpcError) as ended:  # says nothing: ended after first_message_s
+                await agent.read()
+            assert ended.value.code() is grpc.StatusCode.DEADLINE_EXCEEDED
+            assert "no Hello again within 1 s of its turn" in (ended.value.details() or "")
+            text = (await asyncio.to_thread(scrape, metrics_port, "/metrics"))[1]
+            assert sample(text, 'vigil_relay_agents_refused_total{why="hello_again_late"}') == 1
+            await agent.close()
+        await stop_controller(controller)
+
+    asyncio.run(scenario())
+
+
 def test_a_relayed_agent_given_a_later_turn_says_hello_again_on_its_stream_at_that_turn(tmp_path: Path) -> None:
     async def test(controller: Controller, tmp_path: Path) -> None:
         stop = asyncio.Event()
