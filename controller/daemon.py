@@ -87,7 +87,7 @@ class Controller:
         self.server = grpc.aio.server(
             # Undecodable bytes are refused first (INVALID_ARGUMENT); then, under TLS, the caller's role.
             interceptors=[DecodeInterceptor(), *roles],
-            options=server_options(size, size),
+            options=server_options(size, size, open_files.needed(limits.max_nodes)),
         )
         agent_pb2_grpc.add_AgentGatewayServicer_to_server(self.rooms.agent_gateway, self.server)
         relay_pb2_grpc.add_AgentRelayServicer_to_server(self.rooms.relay_gateway, self.server)

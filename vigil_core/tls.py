@@ -163,6 +163,7 @@ def transport_problem(tls_dir: Path | None, plaintext: bool) -> str:
 # closes it when no answer comes within 10 s (a node powered off, a cable pulled), so a stream's end
 # is what says an agent or a controller is gone. The server accepts pings that often.
 KEEPALIVE_CLIENT = [("grpc.keepalive_time_ms", 30_000), ("grpc.keepalive_timeout_ms", 10_000)]
+MAX_CHANNEL_INT = 2**31 - 1  # gRPC's integer options are C ints
 KEEPALIVE_SERVER = [
     *KEEPALIVE_CLIENT,
     ("grpc.keepalive_permit_without_calls", 1),
@@ -171,15 +172,24 @@ KEEPALIVE_SERVER = [
 ]
 
 
-def server_options(receive_bytes: int, send_bytes: int) -> list[tuple[str, int]]:
+def server_options(receive_bytes: int, send_bytes: int, waiting_calls: int) -> list[tuple[str, int]]:
     """A Vigil gRPC server's options (the controller's, a relay's): the largest message each way, a
-    port of its own, and keepalive."""
+    port of its own, keepalive, and room for ``waiting_calls`` calls waiting to be taken (a negative
+    number, as an unlimited resource limit reads: as many as gRPC counts)."""
+    waiting = min(waiting_calls, MAX_CHANNEL_INT) if waiting_calls >= 0 else MAX_CHANNEL_INT
     return [
         ("grpc.max_receive_message_length", receive_bytes),
         ("grpc.max_send_message_length", send_bytes),
         # A port already in use is an error, not shared: with SO_REUSEPORT (gRPC's default) a second
         # controller, or an old one still stopping, would silently take half the agents.
         ("grpc.so_reuseport", 0),
+        # gRPC refuses new calls at random once 1,000 wait for the server's event loop to take them,
+        # and every one past 3,000 (the client reads CANCELLED, or INTERNAL while still sending its
+        # Hello): 20,000 agents connecting at once through 3 relays lost 3,200 streams that way, each
+        # to come back after a backoff. The server bounds what it admits itself (its agents, the
+        # Hellos' turns), so every agent it may hold may wait.
+        ("grpc.server.max_pending_requests", waiting),
+        ("grpc.server.max_pending_requests_hard_limit", waiting),
         *KEEPALIVE_SERVER,
     ]
 

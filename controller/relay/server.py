@@ -249,7 +249,8 @@ async def serve(
     uplink = Uplink(settings.controller, settings.tls, settings.max_message_bytes)
     size = settings.max_message_bytes
     server = grpc.aio.server(
-        options=server_options(size - ITEM_OVERHEAD, size),  # an agent's message must fit in one RelayUp
+        # an agent's message must fit in one RelayUp; as many agents may wait as it has descriptors for
+        options=server_options(size - ITEM_OVERHEAD, size, soft),
     )
     server.add_generic_rpc_handlers((AgentStreams(uplink, settings).handler(),))
     port = bind(server, settings.listen, settings.tls.server_credentials() if settings.tls is not None else None)

@@ -51,9 +51,10 @@ class FleetNode:
         self.ranks: list[agent_pb2.RankProgress] = []  # their ranks' progress records, likewise
 
     async def run(self, heartbeat_s: float, stop: asyncio.Event) -> None:
-        """Like an agent: a broken stream is opened again. Thousands of streams in one process break by
-        the hundred while they start (gRPC's client answers INTERNAL or CANCELLED, whatever the server);
-        the scale benchmark counts them and spreads its fleet over several processes."""
+        """Like an agent: a broken stream is opened again. A stream the server refuses before taking it
+        (gRPC's own bound on calls waiting for a server's event loop: ``vigil_core.tls.server_options``)
+        or ends while its Hello is still being sent breaks INTERNAL or CANCELLED on this side, whatever
+        the server said; the scale benchmark counts the breaks and spreads its fleet over processes."""
         attempt = 0
         while not stop.is_set():
             # Each stream its own queue, holding first what was sent and not acknowledged (an agent's
