@@ -47,10 +47,10 @@ async def _no_remedies(request: agent_pb2.RunRemedy) -> common_pb2.CheckResult:
     return common_pb2.CheckResult(request_id=request.request_id, check=request.remedy, reason=reason)
 
 
-def _turn_s(again: agent_pb2.HelloAgain) -> float:
-    """When to say Hello again: the relay's wait plus a spread (agents given one slot do not come as
-    one)."""
-    return max(0, again.after_ms) / 1000 + random.uniform(0, HELLO_TURN_SPREAD_S)
+def turn_with_spread(turn_s: float) -> float:
+    """When to say Hello at a turn given (by the controller, or a relay's Hello again): the turn plus
+    a spread, so that agents given one slot do not come as one."""
+    return max(0.0, turn_s) + random.uniform(0, HELLO_TURN_SPREAD_S)
 
 
 def beat_content(beat: agent_pb2.Heartbeat) -> bytes:
@@ -106,7 +106,7 @@ class ControllerLink:
             except grpc.aio.AioRpcError as exc:
                 if (turn := retry_after_s(exc)) is not None:  # the controller gave us a turn: come back then
                     log.info("controller_link_paced", target=self._target, turn_in_s=turn)
-                    await wait_event(stop, turn + random.uniform(0, HELLO_TURN_SPREAD_S))
+                    await wait_event(stop, turn_with_spread(turn))
                     continue
                 log.warning("controller_link_down", target=self._target, error=exc.details(), attempt=self.attempt)
             except (TimeoutError, ConnectionError) as exc:
@@ -134,7 +134,7 @@ class ControllerLink:
                 while again is not None and not stop.is_set():
                     if again.wait and (again := await self._asked_again(call, stop)) is None:
                         break
-                    if again.after_ms and await wait_event(stop, _turn_s(again)):
+                    if again.after_ms and await wait_event(stop, turn_with_spread(again.after_ms / 1000)):
                         break
                     again = await self._hello_and_carry(call, stop)
             finally:

@@ -17,7 +17,7 @@ import time
 
 import grpc
 
-from agent.link import HELLO_TURN_SPREAD_S
+from agent.link import turn_with_spread
 from checks.result import NotRun
 from protos.vigil.v1 import agent_pb2, agent_pb2_grpc, common_pb2
 from tests.fakes.sim_checks import SimulatedChecks
@@ -71,7 +71,7 @@ class FleetNode:
                         first = True
                         if not msg.hello_again.wait:
                             self.resumed += 1
-                            turn = msg.hello_again.after_ms / 1000 + random.uniform(0, HELLO_TURN_SPREAD_S)
+                            turn = turn_with_spread(msg.hello_again.after_ms / 1000)
                             asyncio.get_running_loop().call_later(turn, self._hello_again, self._queue)
                     elif msg.HasField("ack"):
                         self.acked = max(self.acked, msg.ack.acked_seq)
@@ -92,7 +92,7 @@ class FleetNode:
                 self.last_error = f"{exc.code().name}: {exc.details()}"
                 if (turn := retry_after_s(exc)) is not None:  # the controller gave it a turn, as the agent takes it
                     self.paced, self.last_error = self.paced + 1, "RESOURCE_EXHAUSTED: given a turn (paced)"
-                    await asyncio.sleep(turn + random.uniform(0, HELLO_TURN_SPREAD_S))
+                    await asyncio.sleep(turn_with_spread(turn))
                     continue
                 attempt += 1
                 await asyncio.sleep(backoff_delay(attempt, base=0.5))  # as the agent's link does
