@@ -180,6 +180,15 @@ def relay(
     first_message_s: Annotated[
         float, typer.Option(min=0.1, max=600, help="an agent's stream with no Hello by then is closed")
     ] = 30.0,
+    controller_wait_s: Annotated[
+        float,
+        typer.Option(
+            min=1,
+            max=3600,
+            help="how long agents' calls wait here for the controller (a restart, a failover) before they "
+            "are ended and the agents reconnect",
+        ),
+    ] = 120.0,
     max_message_bytes: Annotated[
         int,
         typer.Option(min=64 << 10, max=64 << 20, help="one gRPC message (the controller's limits.max_message_bytes)"),
@@ -213,7 +222,16 @@ def relay(
         tls = TlsFiles.load(tls_dir) if tls_dir is not None else None
     except TlsError as exc:
         _fail(f"--tls-dir: {exc}")
-    settings = RelaySettings(controller, listen, tls, first_message_s, max_message_bytes, metrics_port, gc_freeze)
+    settings = RelaySettings(
+        controller,
+        listen,
+        tls,
+        first_message_s=first_message_s,
+        max_message_bytes=max_message_bytes,
+        metrics_port=metrics_port,
+        gc_freeze=gc_freeze,
+        controller_wait_s=controller_wait_s,
+    )
     try:
         run_relay(settings, port_file)
     except OSError as exc:

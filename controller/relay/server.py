@@ -44,6 +44,10 @@ class RelaySettings:
     # Freeze what survives full collections (vigil_core.gc_keeper, experimental): process-wide, so the
     # CLI's choice (--gc-freeze), never a test's that serves a relay inside its own process.
     gc_freeze: bool = False
+    # How long an agent's call waits here for the controller (a restart, a failover) before it is
+    # ended UNAVAILABLE and its agent reconnects on its own: a held call costs nothing new, a fleet
+    # reconnecting at once costs a great deal. Not first_message_s, which is an agent's bound.
+    controller_wait_s: float = 120.0
 
 
 def identity_problem(raw: bytes, identity: Identity | None, token: str) -> str:
@@ -139,7 +143,7 @@ class AgentStreams:
                 )
         if not await self._controller_reached():  # the controller restarting: its agents wait here, not on backoff
             self._uplink.metrics.refused.labels("no_controller").inc()
-            why = f"the relay has not reached the controller for {settings.first_message_s:g} s: retry"
+            why = f"the relay has not reached the controller for {settings.controller_wait_s:g} s: retry"
             await context.abort(grpc.StatusCode.UNAVAILABLE, why)
         call = AgentCall(hello_of(first), context.peer(), token)
         call.stream, _ = self._uplink.open(call.back)
@@ -180,11 +184,11 @@ class AgentStreams:
                 self._uplink.end(call.stream)
 
     async def _controller_reached(self) -> bool:
-        """Whether the relay has its stream to the controller, waiting up to ``first_message_s``."""
+        """Whether the relay has its stream to the controller, waiting up to ``controller_wait_s``."""
         uplink = self._uplink
         if not uplink.connected.is_set():
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(uplink.connected.wait(), self._settings.first_message_s)
+                await asyncio.wait_for(uplink.connected.wait(), self._settings.controller_wait_s)
         return uplink.connected.is_set()
 
     async def _next(self, call: AgentCall, wait_ms: int) -> Back:

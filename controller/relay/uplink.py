@@ -4,7 +4,7 @@ numbered, in one direction; the controller's replies and its ends of streams in 
 When it breaks every agent stream it carried is told (``Lost``: their sessions were the
 controller's and ended with the stream; the agent's call is kept for a Hello again, or ended
 UNAVAILABLE, ``controller.relay.server``), and while it is down a new agent stream waits for it (up
-to ``first_message_s``, then UNAVAILABLE: its agent tries again, as with a controller that is down).
+to ``controller_wait_s``, then UNAVAILABLE: its agent tries again, as with a controller that is down).
 Nothing is kept to send later; an agent resends what it has not had acknowledged.
 """
 

@@ -47,12 +47,19 @@ class Relay:
     """A relay on this event loop, in front of ``controller``."""
 
     def __init__(
-        self, controller_port: int | str, port: int = 0, metrics_port: int | None = None, first_message_s: float = 30.0
+        self,
+        controller_port: int | str,
+        port: int = 0,
+        metrics_port: int | None = None,
+        first_message_s: float = 30.0,
+        controller_wait_s: float = 30.0,
     ) -> None:
         self.port = port or free_port()
         target = f"127.0.0.1:{controller_port}" if isinstance(controller_port, int) else controller_port
         listen = f"127.0.0.1:{self.port}"
-        self.settings = RelaySettings(target, listen, None, first_message_s, metrics_port=metrics_port)
+        self.settings = RelaySettings(
+            target, listen, None, first_message_s, metrics_port=metrics_port, controller_wait_s=controller_wait_s
+        )
         self.stop = asyncio.Event()
         self.ready = asyncio.Event()
         self.task: asyncio.Task[int] | None = None
@@ -183,6 +190,33 @@ def test_a_relay_that_loses_the_controller_keeps_its_agents_streams_and_asks_the
             assert (link.streams, link.connections, link.resumed) == (1, 2, 1)
             text = (await asyncio.to_thread(scrape, metrics_port, "/metrics"))[1]
             assert sample(text, 'vigil_relay_hello_again_total{why="controller_lost"}') == 1
+            assert sample(text, 'vigil_relay_agents_refused_total{why="no_controller"}', absent=0) == 0
+            stop.set()
+            await running
+        await stop_controller(controller)
+
+    asyncio.run(scenario())
+
+
+def test_a_relay_holds_its_agents_for_the_controller_longer_than_an_agent_has_to_say_hello(tmp_path: Path) -> None:
+    """The controller away for longer than ``first_message_s`` (an agent's bound) and within
+    ``controller_wait_s`` (the relay's): the agent's call is kept, and its second session is on it."""
+
+    async def scenario() -> None:
+        controller = await start_controller(tmp_path / "ctl.db")
+        port, metrics_port = controller.port, free_port()
+        spool, stop = Spool(tmp_path / "spool.db"), asyncio.Event()
+        async with Relay(port, metrics_port=metrics_port, first_message_s=0.5, controller_wait_s=20.0) as relay:
+            link = link_for(spool, relay.port)
+            running = asyncio.create_task(link.run(stop))
+            await wait_until(lambda: connected(controller), what="connected through the relay")
+            await stop_controller(controller)
+            await wait_until(lambda: not link.connected, what="the agent told its session ended")
+            await asyncio.sleep(2.0)  # four times first_message_s without a controller
+            controller = await start_controller(tmp_path / "ctl.db", port)
+            await wait_until(lambda: connected(controller), timeout=30, what="back through the relay")
+            assert (link.streams, link.resumed) == (1, 1)  # the same call: no reconnection
+            text = (await asyncio.to_thread(scrape, metrics_port, "/metrics"))[1]
             assert sample(text, 'vigil_relay_agents_refused_total{why="no_controller"}', absent=0) == 0
             stop.set()
             await running
@@ -501,7 +535,7 @@ def test_a_relay_says_what_it_carries_and_is_not_ready_without_the_controller(tm
     async def scenario() -> None:
         controller = await start_controller(tmp_path / "ctl.db")
         metrics_port, spool, stop = free_port(), Spool(tmp_path / "spool.db"), asyncio.Event()
-        async with Relay(controller.port, metrics_port=metrics_port, first_message_s=1.0) as relay:
+        async with Relay(controller.port, metrics_port=metrics_port, controller_wait_s=1.0) as relay:
             link = link_for(spool, relay.port)
             running = asyncio.create_task(link.run(stop))
             await wait_until(lambda: connected(controller), what="connected through the relay")
