@@ -163,13 +163,15 @@ def transport_problem(tls_dir: Path | None, plaintext: bool) -> str:
 # closes it when no answer comes within 10 s (a node powered off, a cable pulled), so a stream's end
 # is what says an agent or a controller is gone. The server accepts pings that often.
 KEEPALIVE_CLIENT = [("grpc.keepalive_time_ms", 30_000), ("grpc.keepalive_timeout_ms", 10_000)]
-MAX_CHANNEL_INT = 2**31 - 1  # gRPC's integer options are C ints
 KEEPALIVE_SERVER = [
     *KEEPALIVE_CLIENT,
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.min_recv_ping_interval_without_data_ms", 10_000),
     ("grpc.http2.max_ping_strikes", 0),
 ]
+
+
+MAX_CHANNEL_INT = 2**31 - 1  # gRPC's integer options are C ints
 
 
 def server_options(receive_bytes: int, send_bytes: int, waiting_calls: int) -> list[tuple[str, int]]:

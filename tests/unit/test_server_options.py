@@ -1,0 +1,33 @@
+"""A Vigil gRPC server's room for calls waiting to be taken (``vigil_core.tls.server_options``)."""
+
+from __future__ import annotations
+
+import asyncio
+import resource
+
+import grpc
+from hypothesis import given
+from hypothesis import strategies as st
+
+from vigil_core.tls import MAX_CHANNEL_INT, server_options
+
+BOUNDS = ("grpc.server.max_pending_requests", "grpc.server.max_pending_requests_hard_limit")
+
+
+@given(st.integers(min_value=-(2**63), max_value=2**63))
+def test_both_of_grpcs_bounds_get_the_count_within_what_grpc_takes(waiting: int) -> None:
+    options = dict(server_options(1 << 20, 1 << 20, waiting))
+    expected = waiting if 0 <= waiting <= MAX_CHANNEL_INT else MAX_CHANNEL_INT
+    assert [options[bound] for bound in BOUNDS] == [expected, expected]
+
+
+def test_a_server_starts_with_an_unlimited_open_file_limit_as_its_count() -> None:
+    """A relay passes its open-file limit, which reads -1 where it is unlimited."""
+
+    async def serve() -> None:
+        server = grpc.aio.server(options=server_options(1 << 20, 1 << 20, resource.RLIM_INFINITY))
+        assert server.add_insecure_port("127.0.0.1:0") > 0
+        await server.start()
+        await server.stop(None)
+
+    asyncio.run(serve())
