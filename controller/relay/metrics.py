@@ -6,8 +6,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from vigil_core import loop_lag
 from vigil_core.gc_pauses import GcPauses
 
 
@@ -56,6 +57,13 @@ class RelayMetrics:
             "Agent sessions ended with the agent's call kept, asked for Hello again on it, by why"
             " (controller_lost: the relay reached the controller again; paced: the controller gave a later turn)",
             ["why"],
+            registry=r,
+        )
+        self.loop_lag = Histogram(
+            "vigil_relay_event_loop_lag_seconds",
+            "How much later than due the relay's event loop ran a tick every 0.1 s (every agent's stream on it"
+            " waited as long: read beside refusals for no_hello and hello_again_late)",
+            buckets=loop_lag.BUCKETS_S,
             registry=r,
         )
         self.dropped_between_sessions = Counter(

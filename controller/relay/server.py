@@ -24,7 +24,7 @@ from controller.edge.open_files import raise_open_files
 from controller.nodes.agent_outboxes import Outbox
 from controller.relay.uplink import ITEM_OVERHEAD, OK, UNAVAILABLE, Back, Lost, Uplink
 from protos.vigil.v1 import agent_pb2, relay_pb2
-from vigil_core import gc_keeper
+from vigil_core import gc_keeper, loop_lag
 from vigil_core.http_status import serve_http
 from vigil_core.rpc_errors import RETRY_AFTER_KEY, status_code
 from vigil_core.supervise import Tasks, supervise
@@ -263,6 +263,7 @@ async def serve(
     if settings.metrics_port is not None:
         http = serve_http("0.0.0.0", settings.metrics_port, uplink.metrics.registry, lambda: not_ready(uplink))
     running = asyncio.create_task(uplink.run(stop))
+    lag = asyncio.create_task(loop_lag.watch(uplink.metrics.loop_lag.observe))
     keeper = None
     if settings.gc_freeze:
         tasks = Tasks(lambda task: uplink.metrics.task_failures.labels(task).inc())
@@ -284,6 +285,7 @@ async def serve(
     await stop.wait()
     await server.stop(grace=2.0)
     running.cancel()
+    lag.cancel()
     if keeper is not None:
         await keeper
     if http is not None:

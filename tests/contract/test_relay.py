@@ -543,6 +543,8 @@ def test_a_relay_says_what_it_carries_and_is_not_ready_without_the_controller(tm
             assert status == 200 and sample(text, "vigil_relay_agents") == 1
             assert sample(text, "vigil_relay_uplink_up") == 1
             assert sample(text, 'vigil_relay_messages_total{direction="up"}') >= 1
+            ticks = "vigil_relay_event_loop_lag_seconds_count"  # its event loop's ticks, observed
+            await wait_until(lambda: sample(scrape(metrics_port, "/metrics")[1], ticks) >= 1, what="a tick observed")
             assert await asyncio.to_thread(scrape, metrics_port, "/readyz") == (200, "ok\n")
             # The controller told the relay its lanes: a signal that may act goes first, one that records only does not.
             assert sample(text, "vigil_relay_sent_first_total") == 0
