@@ -263,10 +263,11 @@ async def serve(
     if settings.metrics_port is not None:
         http = serve_http("0.0.0.0", settings.metrics_port, uplink.metrics.registry, lambda: not_ready(uplink))
     running = asyncio.create_task(uplink.run(stop))
-    lag = asyncio.create_task(loop_lag.watch(uplink.metrics.loop_lag.observe))
+    tasks = Tasks(lambda task: uplink.metrics.task_failures.labels(task).inc())
+    observe_lag = uplink.metrics.loop_lag.observe
+    lag = asyncio.create_task(supervise("loop-lag", lambda: loop_lag.watch(observe_lag), stop, tasks))
     keeper = None
     if settings.gc_freeze:
-        tasks = Tasks(lambda task: uplink.metrics.task_failures.labels(task).inc())
         keeper = asyncio.create_task(supervise("gc-keeper", lambda: gc_keeper.keep(uplink.sessions, stop), stop, tasks))
     await uplink.connected.wait()
     if port_file is not None:
