@@ -347,6 +347,27 @@ def gc_figures(metrics_port: int) -> dict[str, float]:
     }
 
 
+def lateness(metrics_port: int, process: str) -> dict[str, Any]:
+    """How late a process's event loop has run so far (``vigil_{process}_event_loop_lag_seconds``: the
+    ticks' lateness added up, what its bounds on agents leave out; the ticks more than a second late),
+    and, for a relay, the agents it ended so far by why; from its /metrics (-1: unread)."""
+    samples = scrape(metrics_port)
+    name = f"vigil_{process}_event_loop_lag_seconds"
+    ticks = _value(samples, f"{name}_count")
+    out: dict[str, Any] = {
+        "late_s": round(_value(samples, f"{name}_sum"), 1),
+        "ticks_over_1s": ticks - _value(samples, f"{name}_bucket", le="1.0") if ticks >= 0 else -1.0,
+    }
+    if process == "relay":
+        refused = "vigil_relay_agents_refused_total"
+        none_yet = 0.0 if samples else -1.0  # a reason's series appears with its first refusal
+        out["refused"] = {why: max(none_yet, _value(samples, refused, why=why)) for why in REFUSALS}
+    return out
+
+
+REFUSALS = ("no_hello", "hello_again_late", "no_controller", "identity")
+
+
 def scrape(port: int) -> list[Sample]:
     """A process's /metrics on this machine, parsed; none where it does not answer."""
     try:
@@ -483,6 +504,10 @@ def measure(args: argparse.Namespace, workdir: Path, database: str) -> dict[str,
                 "controller": gc_figures(config["metrics_port"]),
                 "relays": [gc_figures(port) for port in relays.metrics_ports],
             }
+            figures["lateness_after_connect"] = {
+                "controller": lateness(config["metrics_port"], "controller"),
+                "relays": [lateness(port, "relay") for port in relays.metrics_ports],
+            }
             if args.relays:
                 figures["relays"] = {
                     "count": args.relays,
@@ -579,6 +604,11 @@ def measure(args: argparse.Namespace, workdir: Path, database: str) -> dict[str,
                     "simulator": workers.stats(),
                     "controller_gc": gc_figures(config["metrics_port"]),
                     "rss_mb": round(sampler.process.memory_info().rss / 2**20),
+                    # the new controller's since it started; the relays' since the bench began
+                    "lateness": {
+                        "controller": lateness(config["metrics_port"], "controller"),
+                        "relays": [lateness(port, "relay") for port in relays.metrics_ports],
+                    },
                 }
                 print(f"restart: {json.dumps(figures['restart'])}", file=sys.stderr)
             figures["controller_peak_rss_mb"] = round(sampler.peak_rss / 2**20)

@@ -49,6 +49,7 @@ from controller.repairs.steps import NodeOwners, ResetJobs
 from controller.store import Store
 from controller.sweeps.sweeper import Sweeper
 from controller.vocab.policy import Policy, load_policy
+from vigil_core.loop_lag import Lateness
 from vigil_core.supervise import Tasks
 
 
@@ -243,6 +244,7 @@ class Rooms:
     relay_gateway: RelayGateway  # agents that come through a `vigil relay`, the same sessions
     admin: Admin
     trainer_gateway: TrainerGateway
+    lateness: Lateness  # the event loop's, watched while serving: agents' first-message bounds leave it out
     scheduler_drains: SchedulerDrains | None = None  # others' drains read from Slurm (actuator: slurm)
 
 
@@ -309,15 +311,17 @@ def rooms(config: ControllerConfig, store: Store, metrics: ControllerMetrics) ->
         repairs=repairs,
     )
     sessions = AgentSessions(nodes.engine, nodes.fleet, nodes.checks, nodes.outboxes, config.limits)
+    lateness = Lateness()
     return Rooms(
         nodes,
         sweeper,
         jobs,
         repairs,
-        AgentGateway(sessions),
+        AgentGateway(sessions, lateness.own_time),
         RelayGateway(sessions),
         admin,
         TrainerGateway(jobs, config.limits),
+        lateness,
         scheduler_drains(config, actuator, report, store, metrics),
     )
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from vigil_core import loop_lag
 from vigil_core.gc_pauses import GcPauses
 
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
@@ -117,6 +118,13 @@ class ControllerMetrics:
             "vigil_controller_task_failures_total",
             "Exceptions in the controller's background work, by task (each is logged, and the task resumes)",
             ["task"],
+            registry=r,
+        )
+        self.loop_lag = Histogram(
+            "vigil_controller_event_loop_lag_seconds",
+            "How much later than due the controller's event loop ran a tick every 0.1 s (every stream, signal"
+            " and action on it waited as long; an agent's first-message bound leaves it out)",
+            buckets=loop_lag.BUCKETS_S,
             registry=r,
         )
         self.tasks_down = Gauge(

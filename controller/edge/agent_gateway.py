@@ -10,7 +10,7 @@ down.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import NoReturn
 
 import grpc
@@ -20,21 +20,23 @@ from controller.edge.agent_sessions import AgentSessions, Refused, first_hello
 from controller.edge.authz import caller
 from controller.nodes.agent_outboxes import Message, Outbox
 from protos.vigil.v1 import agent_pb2, agent_pb2_grpc
+from vigil_core.loop_lag import loop_time, within
 from vigil_core.rpc_errors import RETRY_AFTER_KEY
 
 log = structlog.get_logger(__name__)
 
 
 class AgentGateway(agent_pb2_grpc.AgentGatewayServicer):
-    def __init__(self, sessions: AgentSessions) -> None:
+    def __init__(self, sessions: AgentSessions, own_time: Callable[[], float] = loop_time) -> None:
         self._sessions = sessions
+        self._own_time = own_time  # an agent's Hello is awaited on the loop's own time (vigil_core.loop_lag)
 
     async def Connect(  # noqa: N802 (gRPC method name)
         self, request_iterator: AsyncIterator[agent_pb2.AgentMessage], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[agent_pb2.ControllerMessage]:
         sessions, peer = self._sessions, context.peer()
         try:
-            first = await asyncio.wait_for(anext(aiter(request_iterator), None), sessions.limits.first_message_s)
+            first = await within(anext(aiter(request_iterator), None), sessions.limits.first_message_s, self._own_time)
         except TimeoutError:
             why = f"no Hello within {sessions.limits.first_message_s:g} s of opening the stream"
             log.warning("call_refused", peer=peer, why=why)

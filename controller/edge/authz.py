@@ -25,6 +25,7 @@ import structlog
 
 from controller.act.agent_tokens import ReviewUnavailable
 from controller.edge.interceptors import WrappingInterceptor
+from vigil_core.loop_lag import loop_time, within
 from vigil_core.tls import Identity, peer_identity
 
 if TYPE_CHECKING:  # the kubernetes client is imported only where agents may bring tokens
@@ -124,16 +125,26 @@ async def _require(service: str, context: grpc.aio.ServicerContext, tokens: Toke
 
 
 class RoleInterceptor(WrappingInterceptor):
-    def __init__(self, tokens: TokenReviewer | None = None, first_message_s: float = 30.0) -> None:
+    def __init__(
+        self,
+        tokens: TokenReviewer | None = None,
+        first_message_s: float = 30.0,
+        own_time: Callable[[], float] = loop_time,
+    ) -> None:
         self.tokens = tokens
         self.first_message_s = first_message_s  # a stream's first message, awaited before the caller is judged
+        self.own_time = own_time  # the clock it is awaited on: the controller's loop less its lateness
 
     def wrap(self, handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
-        return _guarded(handler, method.split("/")[1], self.tokens, self.first_message_s)
+        return _guarded(handler, method.split("/")[1], self.tokens, self.first_message_s, self.own_time)
 
 
 def _guarded(
-    handler: grpc.RpcMethodHandler, service: str, tokens: TokenReviewer | None, first_message_s: float
+    handler: grpc.RpcMethodHandler,
+    service: str,
+    tokens: TokenReviewer | None,
+    first_message_s: float,
+    own_time: Callable[[], float],
 ) -> grpc.RpcMethodHandler:
     """The same handler, checking the caller first."""
     codec: dict[str, Any] = {
@@ -149,16 +160,20 @@ def _guarded(
 
         return grpc.unary_unary_rpc_method_handler(unary_unary, **codec)
     if handler.unary_stream:
-        streaming = _streaming(service, handler.unary_stream, tokens, first_message_s)
+        streaming = _streaming(service, handler.unary_stream, tokens, first_message_s, own_time)
         return grpc.unary_stream_rpc_method_handler(streaming, **codec)
     if handler.stream_stream:
-        streaming = _streaming(service, handler.stream_stream, tokens, first_message_s)
+        streaming = _streaming(service, handler.stream_stream, tokens, first_message_s, own_time)
         return grpc.stream_stream_rpc_method_handler(streaming, **codec)
     raise TypeError(f"{service}: a client-streaming method is not guarded")  # Vigil has none
 
 
 def _streaming(
-    service: str, inner: Callable[[Any, Any], AsyncIterator[Any]], tokens: TokenReviewer | None, first_message_s: float
+    service: str,
+    inner: Callable[[Any, Any], AsyncIterator[Any]],
+    tokens: TokenReviewer | None,
+    first_message_s: float,
+    own_time: Callable[[], float],
 ) -> Callable[..., AsyncIterator[Any]]:
     """A server-streaming method (its argument a request or the requests' iterator), checked first."""
 
@@ -168,7 +183,7 @@ def _streaming(
             # caller's first write could fail against the closing stream, and its client would then
             # report that failure (INTERNAL) instead of the refusal and its reason.
             try:
-                argument = await _first_read(argument, first_message_s)
+                argument = await _first_read(argument, first_message_s, own_time)
             except TimeoutError:
                 why = f"no first message within {first_message_s:g} s of opening the stream"
                 await _refuse(context, service, grpc.StatusCode.DEADLINE_EXCEEDED, why)
@@ -182,10 +197,10 @@ def _streaming(
     return guarded
 
 
-async def _first_read(requests: AsyncIterator[Any], wait_s: float) -> AsyncIterator[Any]:
-    """The same messages, the first of them read now (within ``wait_s``, else TimeoutError)."""
+async def _first_read(requests: AsyncIterator[Any], wait_s: float, clock: Callable[[], float]) -> AsyncIterator[Any]:
+    """The same messages, the first of them read now (within ``wait_s`` on ``clock``, else TimeoutError)."""
     iterator = aiter(requests)
-    first = await asyncio.wait_for(anext(iterator, _NOTHING), wait_s)
+    first = await within(anext(iterator, _NOTHING), wait_s, clock)
 
     async def replay() -> AsyncIterator[Any]:
         if first is not _NOTHING:

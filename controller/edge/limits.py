@@ -35,7 +35,8 @@ class LimitsConfig(ConfigModel):
         gt=0,
         le=600,
         description="an agent's stream with no Hello within this long is closed (DEADLINE_EXCEEDED): a peer that "
-        "opens streams and says nothing holds no resources past it",
+        "opens streams and says nothing holds no resources past it; counted on the controller's own time, its "
+        "event loop's lateness left out (vigil_core.loop_lag)",
     )
     gc_freeze: bool = Field(
         default=False,

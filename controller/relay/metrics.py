@@ -62,7 +62,7 @@ class RelayMetrics:
         self.loop_lag = Histogram(
             "vigil_relay_event_loop_lag_seconds",
             "How much later than due the relay's event loop ran a tick every 0.1 s (every agent's stream on it"
-            " waited as long: read beside refusals for no_hello and hello_again_late)",
+            " waited as long; its bounds on agents, no_hello and hello_again_late, leave it out)",
             buckets=loop_lag.BUCKETS_S,
             registry=r,
         )

@@ -110,9 +110,11 @@ class AgentCall:
 
 
 class AgentStreams:
-    def __init__(self, uplink: Uplink, settings: RelaySettings) -> None:
+    def __init__(self, uplink: Uplink, settings: RelaySettings, lateness: loop_lag.Lateness) -> None:
         self._uplink = uplink
         self._settings = settings
+        # An agent's bounds are kept on the relay's own time: its loop's lateness is not the agent's.
+        self._own_time = lateness.own_time
 
     def handler(self) -> grpc.GenericRpcHandler:
         """``vigil.v1.AgentGateway/Connect``, bytes in and out."""
@@ -122,7 +124,7 @@ class AgentStreams:
     async def connect(self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
         settings = self._settings
         try:
-            first = await asyncio.wait_for(anext(aiter(requests), None), settings.first_message_s)
+            first = await loop_lag.within(anext(aiter(requests), None), settings.first_message_s, self._own_time)
         except TimeoutError:
             why = f"no Hello within {settings.first_message_s:g} s of opening the stream"
             self._uplink.metrics.refused.labels("no_hello").inc()
@@ -193,18 +195,16 @@ class AgentStreams:
 
     async def _next(self, call: AgentCall, wait_ms: int) -> Back:
         """What comes back to the agent next; between sessions, its Hello again within ``first_message_s``
-        past its turn (else the call ends: the agent reconnects on its own)."""
-        loop = asyncio.get_running_loop()
-        due = loop.time() + wait_ms / 1000 + self._settings.first_message_s
+        past its turn, on the relay's own time (else the call ends: the agent reconnects on its own)."""
+        due = self._own_time() + wait_ms / 1000 + self._settings.first_message_s
         while call.waiting_hello:  # once said, its answer is the controller's to give, however long it takes
-            try:
-                return await asyncio.wait_for(call.back.get(), max(0.0, due - loop.time()))
-            except TimeoutError:
-                if call.waiting_hello:
-                    why = f"no Hello again within {self._settings.first_message_s:g} s of its turn"
-                    log.warning("relay_hello_again_late", node=call.node, turn_ms=wait_ms)
-                    self._uplink.metrics.refused.labels("hello_again_late").inc()
-                    return relay_pb2.StreamEnd(code=grpc.StatusCode.DEADLINE_EXCEEDED.value[0], details=why)
+            if (left := due - self._own_time()) <= 0:
+                why = f"no Hello again within {self._settings.first_message_s:g} s of its turn"
+                log.warning("relay_hello_again_late", node=call.node, turn_ms=wait_ms)
+                self._uplink.metrics.refused.labels("hello_again_late").inc()
+                return relay_pb2.StreamEnd(code=grpc.StatusCode.DEADLINE_EXCEEDED.value[0], details=why)
+            with contextlib.suppress(TimeoutError):
+                return await asyncio.wait_for(call.back.get(), left)
         return await call.back.get()
 
     async def _read(self, call: AgentCall, requests: AsyncIterator[bytes]) -> None:
@@ -256,7 +256,8 @@ async def serve(
         # an agent's message must fit in one RelayUp; as many agents may wait as it has descriptors for
         options=server_options(size - ITEM_OVERHEAD, size, soft),
     )
-    server.add_generic_rpc_handlers((AgentStreams(uplink, settings).handler(),))
+    lateness = loop_lag.Lateness()
+    server.add_generic_rpc_handlers((AgentStreams(uplink, settings, lateness).handler(),))
     port = bind(server, settings.listen, settings.tls.server_credentials() if settings.tls is not None else None)
     await server.start()
     http = None
@@ -265,7 +266,7 @@ async def serve(
     running = asyncio.create_task(uplink.run(stop))
     tasks = Tasks(lambda task: uplink.metrics.task_failures.labels(task).inc())
     observe_lag = uplink.metrics.loop_lag.observe
-    lag = asyncio.create_task(supervise("loop-lag", lambda: loop_lag.watch(observe_lag), stop, tasks))
+    lag = asyncio.create_task(supervise("loop-lag", lambda: lateness.watch(observe_lag), stop, tasks))
     keeper = None
     if settings.gc_freeze:
         keeper = asyncio.create_task(supervise("gc-keeper", lambda: gc_keeper.keep(uplink.sessions, stop), stop, tasks))

@@ -29,6 +29,7 @@ from protos.vigil.v1 import (
     trainer_pb2,
     trainer_pb2_grpc,
 )
+from tests.contract.test_own_time import BOUND_S, hold_the_loop
 from tests.fakes.kube_api import KubeApiServer
 from tests.helpers import free_port, stop_controller, wait_until
 from vigil_core.tls import TlsFiles
@@ -112,9 +113,11 @@ def serve(pki: Path, tmp_path: Path, test: Callable[[str], Awaitable[None]], **s
                                tls_dir=pki / "ours" / "controller", **settings)  # fmt: skip
         controller = Controller(cfg)
         port = await controller.start()
+        watching = asyncio.create_task(controller.rooms.lateness.watch())  # as Controller.run watches it
         try:
             await test(f"127.0.0.1:{port}")
         finally:
+            watching.cancel()
             await stop_controller(controller)
 
     asyncio.run(scenario())
@@ -232,6 +235,24 @@ def test_a_certified_peer_that_never_says_hello_is_closed(pki: Path, tmp_path: P
         assert await hello(target, mine(pki, "node-node-1"), "node-1") is grpc.StatusCode.OK
 
     serve(pki, tmp_path, test, limits={"first_message_s": 0.5})
+
+
+def test_a_controller_held_past_the_bound_still_takes_a_certified_agents_first_message(
+    pki: Path, tmp_path: Path
+) -> None:
+    """The first message is awaited on the controller's own time: its event loop held past
+    first_message_s (a long garbage collection) is not the agent's lateness."""
+
+    async def test(target: str) -> None:
+        async with _channel(target, mine(pki, "node-node-1")) as channel:
+            call = agent_pb2_grpc.AgentGatewayStub(channel).Connect()
+            await hold_the_loop()
+            await call.write(agent_pb2.AgentMessage(hello=agent_pb2.Hello(node="node-1", spool_id="s1")))
+            reply = await asyncio.wait_for(call.read(), 10)
+            call.cancel()
+        assert reply.HasField("ack")
+
+    serve(pki, tmp_path, test, limits={"first_message_s": BOUND_S})
 
 
 def test_the_admin_and_trainer_services_take_only_their_own_roles(pki: Path, tmp_path: Path) -> None:

@@ -256,6 +256,20 @@ def test_a_relays_loss_is_one_line_for_all_it_carried_and_an_agents_own_end_one_
     assert gone == ["node-0"] and lost == ["2"], said
 
 
+async def asked_for_hello_again(agent: RawAgent, controller: Controller, db: Path) -> Controller:
+    """The agent's first session through its relay; then the controller restarted under it: the agent
+    told to wait, then asked for Hello again on its call. The new controller."""
+    port = controller.port
+    await agent.hello()
+    assert (await agent.read()).HasField("ack")
+    await stop_controller(controller)
+    assert (await agent.read()).hello_again.wait
+    controller = await start_controller(db, port)
+    asked = await agent.read()
+    assert asked.HasField("hello_again") and not asked.hello_again.wait
+    return controller
+
+
 class RawAgent:
     """An agent's stream by hand, to say exactly what an agent may."""
 
@@ -340,13 +354,7 @@ def test_an_agent_that_does_not_say_hello_again_in_time_has_its_stream_ended_and
         port, metrics_port = controller.port, free_port()
         async with Relay(port, metrics_port=metrics_port, first_message_s=1.0) as relay:
             agent = RawAgent(relay.port)
-            await agent.hello()
-            assert (await agent.read()).HasField("ack")
-            await stop_controller(controller)
-            assert (await agent.read()).hello_again.wait
-            controller = await start_controller(tmp_path / "ctl.db", port)
-            asked = await agent.read()
-            assert asked.HasField("hello_again") and not asked.hello_again.wait
+            controller = await asked_for_hello_again(agent, controller, tmp_path / "ctl.db")
             with pytest.raises(grpc.aio.AioRpcError) as ended:  # says nothing: ended after first_message_s
                 await agent.read()
             assert ended.value.code() is grpc.StatusCode.DEADLINE_EXCEEDED

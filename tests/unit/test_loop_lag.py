@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import time
 
-from vigil_core.loop_lag import watch
+import pytest
+
+from vigil_core.loop_lag import Lateness, loop_time, watch, within
 
 
 def test_a_loop_held_busy_is_observed_as_late_by_as_long_and_an_idle_one_is_not() -> None:
@@ -22,3 +24,42 @@ def test_a_loop_held_busy_is_observed_as_late_by_as_long_and_an_idle_one_is_not(
 
     after = asyncio.run(observed())
     assert max(after) >= 0.25, after  # the tick due during the hold ran about 0.28 s late
+
+
+def test_a_bound_kept_on_own_time_leaves_out_a_hold_and_one_on_the_loops_clock_does_not() -> None:
+    async def outcomes() -> tuple[tuple[float, float], list[object]]:
+        lateness, loop = Lateness(), asyncio.get_running_loop()
+        watching = asyncio.create_task(lateness.watch(interval_s=0.02))
+        answers: list[asyncio.Future[str]] = [loop.create_future(), loop.create_future()]
+        waits = [
+            asyncio.create_task(within(answers[0], 0.2, lateness.own_time)),
+            asyncio.create_task(within(answers[1], 0.2, loop_time)),
+        ]
+        await asyncio.sleep(0.05)  # both waiting
+        own, plain = lateness.own_time(), loop.time()
+        time.sleep(0.5)  # the loop held past both bounds
+        held = (lateness.own_time() - own, loop.time() - plain)
+        for answer in answers:  # the peer's answer, a moment after the loop runs again
+            loop.call_later(0.05, answer.set_result, "hello")
+        results = await asyncio.gather(*waits, return_exceptions=True)
+        watching.cancel()
+        return held, results
+
+    (own, plain), results = asyncio.run(outcomes())
+    assert own < 0.1 and plain >= 0.5, (own, plain)  # own time stood still while the loop was held
+    assert results[0] == "hello" and isinstance(results[1], TimeoutError), results
+
+
+def test_a_bound_on_own_time_still_ends_a_wait_for_what_never_comes() -> None:
+    async def waited() -> tuple[float, bool]:
+        lateness, loop = Lateness(), asyncio.get_running_loop()
+        watching = asyncio.create_task(lateness.watch(interval_s=0.02))
+        never: asyncio.Future[str] = loop.create_future()
+        started = loop.time()
+        with pytest.raises(TimeoutError):
+            await within(never, 0.2, lateness.own_time)
+        watching.cancel()
+        return loop.time() - started, never.cancelled()
+
+    took, cancelled = asyncio.run(waited())
+    assert 0.2 <= took < 1.0 and cancelled, (took, cancelled)
