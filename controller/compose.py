@@ -73,6 +73,7 @@ class NodeRoute:
     metrics: ControllerMetrics
     tasks: Tasks
     clock: Callable[[], float]
+    lateness: Lateness  # the event loop's, watched while serving (Controller.run): a bound leaves it out
 
     async def adopt_cluster_state(self) -> int:
         """A new leader: take over the quarantines and pages that an earlier leader made."""
@@ -105,6 +106,7 @@ def node_route(
     remediation: RemediationConfig | None = None,
 ) -> NodeRoute:
     metrics = metrics or ControllerMetrics()
+    lateness = Lateness()  # what the controller's own event loop was late: no node's nor job's doing
     guardrails, recovery = guardrails or GuardrailConfig(), recovery or RecoveryConfig()
     # The background work's health: failures logged, counted, and retried with backoff.
     tasks = Tasks(lambda task: metrics.task_failures.labels(task).inc())
@@ -175,10 +177,11 @@ def node_route(
         tasks,
         retention_s,
         clock,
+        lateness.late_since,
     )
     return NodeRoute(
         engine, upkeep, fleet, runner, guard, by_hand, releases, checks, folds, events, outboxes, app_faults, store,
-        metrics, tasks, clock,
+        metrics, tasks, clock, lateness,
     )  # fmt: skip
 
 
@@ -244,7 +247,6 @@ class Rooms:
     relay_gateway: RelayGateway  # agents that come through a `vigil relay`, the same sessions
     admin: Admin
     trainer_gateway: TrainerGateway
-    lateness: Lateness  # the event loop's, watched while serving: agents' first-message bounds leave it out
     scheduler_drains: SchedulerDrains | None = None  # others' drains read from Slurm (actuator: slurm)
 
 
@@ -275,7 +277,15 @@ def rooms(config: ControllerConfig, store: Store, metrics: ControllerMetrics) ->
     if jobs_config.blame_needs_agents is None:  # callers have identities only under TLS
         jobs_config = jobs_config.model_copy(update={"blame_needs_agents": config.tls_dir is not None})
     jobs = JobMonitor(
-        nodes.fleet, report, nodes.runner.request, metrics, sweeper, jobs_config, nodes.events, membership=membership
+        nodes.fleet,
+        report,
+        nodes.runner.request,
+        metrics,
+        sweeper,
+        jobs_config,
+        nodes.events,
+        membership=membership,
+        held_since=nodes.lateness.late_since,
     )
     owners, reboot, reset_jobs = repair_ports(config, actuator)
     repairs = Repairs(
@@ -311,17 +321,15 @@ def rooms(config: ControllerConfig, store: Store, metrics: ControllerMetrics) ->
         repairs=repairs,
     )
     sessions = AgentSessions(nodes.engine, nodes.fleet, nodes.checks, nodes.outboxes, config.limits)
-    lateness = Lateness()
     return Rooms(
         nodes,
         sweeper,
         jobs,
         repairs,
-        AgentGateway(sessions, lateness.own_time),
+        AgentGateway(sessions, nodes.lateness.own_time),
         RelayGateway(sessions),
         admin,
         TrainerGateway(jobs, config.limits),
-        lateness,
         scheduler_drains(config, actuator, report, store, metrics),
     )
 

@@ -83,7 +83,7 @@ class Controller:
         tokens = self._token_reviewer()
         self.rooms.relay_gateway.tokens = tokens  # a relay's agents' tokens are reviewed here too
         size, limits = self.config.limits.max_message_bytes, self.config.limits
-        roles = [RoleInterceptor(tokens, limits.first_message_s, self.rooms.lateness.own_time)] if self.tls else []
+        roles = [RoleInterceptor(tokens, limits.first_message_s, self.nodes.lateness.own_time)] if self.tls else []
         self.server = grpc.aio.server(
             # Undecodable bytes are refused first (INVALID_ARGUMENT); then, under TLS, the caller's role.
             interceptors=[DecodeInterceptor(), *roles],
@@ -174,7 +174,7 @@ class Controller:
             asyncio.create_task(supervise("jobs", lambda: self.jobs.watch(stop), stop, tasks)),
             asyncio.create_task(supervise("repairs", lambda: self.rooms.repairs.watch(stop), stop, tasks)),
         ]
-        lag, observe_lag = self.rooms.lateness, self.engine.metrics.loop_lag.observe  # never ends: cancelled below
+        lag, observe_lag = self.nodes.lateness, self.engine.metrics.loop_lag.observe  # never ends: cancelled below
         lateness = asyncio.create_task(supervise("loop-lag", lambda: lag.watch(observe_lag), stop, tasks))
         if (drains := self.rooms.scheduler_drains) is not None:
             watchers.append(asyncio.create_task(supervise("scheduler-drains", lambda: drains.watch(stop), stop, tasks)))

@@ -9,16 +9,25 @@ reconnections, which add to it). Kept on ``Lateness.own_time`` (the loop's clock
 observed, and less the lateness of a tick due and not yet run), such a bound counts only the time
 the server was there to read: a peer is late only by time it had. A loop not watched keeps its plain
 clock (``own_time`` is then ``loop.time()``).
+
+Judgments made on a tick from wall-clock times (a node silent since its last heartbeat, a job hung
+since its last step) ask ``late_since(t)``: how long the loop has been held since that time, what
+was waiting to be read meanwhile. The late ticks of the last ``HORIZON_S`` are kept for it, with when
+they ran (a tick later than ``KEPT_LATE_S``; the lateness before the horizon is not excused).
 """
 
 from __future__ import annotations
 
 import asyncio
+import bisect
+import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 INTERVAL_S = 0.1
 BUCKETS_S = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+KEPT_LATE_S = 0.01  # a tick later than this is kept for late_since (an idle loop's are well under it)
+HORIZON_S = 3600.0  # how far back late_since can see (a hung job's pause limit)
 
 T = TypeVar("T")
 
@@ -26,9 +35,13 @@ T = TypeVar("T")
 class Lateness:
     """One loop's lateness so far, once ``watch`` runs on it."""
 
-    def __init__(self) -> None:
+    def __init__(self, wall: Callable[[], float] = time.time) -> None:
         self.total_s = 0.0  # the ticks' lateness, added up
         self._due: float | None = None  # the tick now awaited
+        self._wall = wall
+        # The late ticks of the last HORIZON_S: when each ran (wall clock), and the lateness kept up to it.
+        self._ran: list[float] = []
+        self._kept: list[float] = []
 
     async def watch(self, observe: Callable[[float], None] = lambda _: None, interval_s: float = INTERVAL_S) -> None:
         """Tick until cancelled; each tick's lateness, in seconds, is added and observed."""
@@ -40,9 +53,33 @@ class Lateness:
                 lag = max(0.0, loop.time() - due)
                 self.total_s += lag
                 self._due = None
+                if lag > KEPT_LATE_S:
+                    self._keep(lag)
                 observe(lag)
         finally:
             self._due = None
+
+    def _keep(self, lag: float) -> None:
+        now = self._wall()
+        self._ran.append(now)
+        self._kept.append((self._kept[-1] if self._kept else 0.0) + lag)
+        if self._ran[0] < now - 2 * HORIZON_S:  # now and then, not every tick
+            gone = bisect.bisect_left(self._ran, now - HORIZON_S)
+            del self._ran[:gone], self._kept[:gone]
+
+    def late_since(self, t: float) -> float:
+        """How long the loop has been held since wall-clock time ``t``: the late ticks that ran after
+        it (a tick ``lag`` late at ``ran`` held the loop from ``ran - lag``), and a tick due and not
+        yet run. 0 for a loop not watched."""
+        now, held = self._wall(), 0.0
+        if self._due is not None and (pending := asyncio.get_running_loop().time() - self._due) > 0:
+            held += min(pending, max(0.0, now - t))
+        first = bisect.bisect_right(self._ran, t)
+        if first < len(self._ran):
+            before = self._kept[first - 1] if first else 0.0
+            lag = self._kept[first] - before
+            held += min(lag, self._ran[first] - t) + (self._kept[-1] - self._kept[first])
+        return held
 
     def own_time(self) -> float:
         """The running loop's clock less its lateness: it stands still while the loop runs late."""

@@ -18,7 +18,7 @@ its nodes' own signals (``controller.jobs.hang_evidence``), a node with evidence
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from pydantic import Field, model_validator
@@ -85,17 +85,26 @@ def step_bound(per_step: Sequence[float], config: HangConfig) -> float:
 
 
 def hang_of(
-    stepped_at: float, last_report: float, pause: str, per_step: Sequence[float], config: HangConfig, now: float
+    stepped_at: float,
+    last_report: float,
+    pause: str,
+    per_step: Sequence[float],
+    config: HangConfig,
+    now: float,
+    held_since: Callable[[float], float] = lambda _: 0.0,
 ) -> Hang | None:
     """Whether a running job is hung now: its step last moved at ``stepped_at``, its last word came
-    at ``last_report``, and ``pause`` is what it announced it is doing between steps ('' for none)."""
+    at ``last_report``, and ``pause`` is what it announced it is doing between steps ('' for none).
+    The time the controller itself was held since then (``held_since``: its event loop's lateness)
+    does not count against the job: its reports may be waiting to be read."""
     if not config.enabled:
         return None
     bound = step_bound(per_step, config)
-    silent = now - last_report > bound
+    silent = now - last_report - held_since(last_report) > bound
     stalled = now - stepped_at
-    if pause and not silent and stalled <= max(bound, config.pause_limit_s):  # while the job still says so
+    watched = stalled - held_since(stepped_at)  # what the controller was there to see of it
+    if pause and not silent and watched <= max(bound, config.pause_limit_s):  # while the job still says so
         return None
-    if stalled <= bound:
+    if watched <= bound:
         return None
     return Hang(since=stepped_at, stalled_s=stalled, bound_s=bound, silent=silent)

@@ -71,10 +71,12 @@ class JobMonitor:
         quarantines: NodeEvents,
         clock: Callable[[], float] = time.time,
         membership: JobMembership | None = None,
+        held_since: Callable[[float], float] = lambda _: 0.0,
     ) -> None:
         self._fleet = fleet
         self._metrics = metrics
         self._membership = membership or JobMembership()  # the jobs' nodes, for the engine's application faults
+        self._held_since = held_since  # the controller's own lateness since a time: not the job's stall
         self._request = request
         self.config = config
         self.clock = clock
@@ -250,7 +252,7 @@ class JobMonitor:
     def _check_hung(self, job: Job, now: float) -> None:
         cfg = self.config.hang
         recent = list(job.per_step)[-cfg.learn_windows :]
-        hang = hang_of(job.stepped_at, job.last_report, job.pause, recent, cfg, now)
+        hang = hang_of(job.stepped_at, job.last_report, job.pause, recent, cfg, now, self._held_since)
         if hang is not None and (seen := self._ranks_step(job)) > job.step:
             # Its ranks step on, as their nodes' agents see them: rank 0's reports do not reach here.
             log.warning("job_stepping_per_agents", job=job.job_id, step=seen, reported_step=job.step,

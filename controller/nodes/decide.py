@@ -19,6 +19,7 @@ rule's highest threshold needs, and a node keeps at most ``MAX_KEYS`` keys and i
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from controller.vocab.actions import (
@@ -233,16 +234,24 @@ def silenced(state: NodeState) -> NodeState:
 
 
 def silence_deadline(
-    last_heard: float, connected: bool, disconnected_at: float, idle_heartbeat_s: float, policy: Policy
+    last_heard: float,
+    connected: bool,
+    disconnected_at: float,
+    idle_heartbeat_s: float,
+    policy: Policy,
+    held_since: Callable[[float], float] = lambda _: 0.0,
 ) -> float:
     """When the node counts as silent if nothing more is heard. Its agent's stream closed: the
     policy's ``heartbeat_timeout_s`` after it closed. Its stream open (HTTP/2 keepalive says the
     machine answers): three of its idle heartbeats (what its Hello said; 0 for an agent that beats at
     a steady rate) after it last said anything, never sooner than the timeout: an agent stuck with
-    its connection up."""
+    its connection up. Either way later by as long as the controller itself was held since
+    (``held_since``: its event loop's lateness, ``vigil_core.loop_lag``): what the agent said
+    meanwhile may be waiting to be read."""
     if not connected:
-        return max(last_heard, disconnected_at) + policy.heartbeat_timeout_s
-    return last_heard + max(policy.heartbeat_timeout_s, 3 * idle_heartbeat_s)
+        since = max(last_heard, disconnected_at)
+        return since + policy.heartbeat_timeout_s + held_since(since)
+    return last_heard + max(policy.heartbeat_timeout_s, 3 * idle_heartbeat_s) + held_since(last_heard)
 
 
 def heartbeat_returned(state: NodeState) -> NodeState:

@@ -48,6 +48,7 @@ class Upkeep:
         tasks: Tasks,
         retention_s: float | None = None,
         clock: Callable[[], float] = time.time,
+        held_since: Callable[[float], float] = lambda _: 0.0,
     ) -> None:
         self._engine = engine
         self._store = store
@@ -63,6 +64,7 @@ class Upkeep:
         self.tasks = tasks
         self.retention_s = retention_s  # None: keep everything
         self._clock = clock
+        self._held_since = held_since  # the controller's own lateness since a time is not a node's silence
 
     def check_silence(self) -> list[str]:
         """Mark nodes UNKNOWN whose agents went silent; returns their names. Only the nodes whose
@@ -73,7 +75,12 @@ class Upkeep:
             if entry is None:
                 continue
             deadline = silence_deadline(
-                entry.last_heartbeat, entry.connected, entry.disconnected_at, entry.idle_heartbeat_s, self._policy
+                entry.last_heartbeat,
+                entry.connected,
+                entry.disconnected_at,
+                entry.idle_heartbeat_s,
+                self._policy,
+                self._held_since,
             )
             if deadline > now:
                 self._fleet.watch_silence(name, deadline)

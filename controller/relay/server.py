@@ -186,11 +186,11 @@ class AgentStreams:
                 self._uplink.end(call.stream)
 
     async def _controller_reached(self) -> bool:
-        """Whether the relay has its stream to the controller, waiting up to ``controller_wait_s``."""
+        """Whether the relay has its stream to the controller, waiting up to ``controller_wait_s`` (its own time)."""
         uplink = self._uplink
         if not uplink.connected.is_set():
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(uplink.connected.wait(), self._settings.controller_wait_s)
+                await loop_lag.within(uplink.connected.wait(), self._settings.controller_wait_s, self._own_time)
         return uplink.connected.is_set()
 
     async def _next(self, call: AgentCall, wait_ms: int) -> Back:

@@ -113,7 +113,7 @@ def serve(pki: Path, tmp_path: Path, test: Callable[[str], Awaitable[None]], **s
                                tls_dir=pki / "ours" / "controller", **settings)  # fmt: skip
         controller = Controller(cfg)
         port = await controller.start()
-        watching = asyncio.create_task(controller.rooms.lateness.watch())  # as Controller.run watches it
+        watching = asyncio.create_task(controller.nodes.lateness.watch())  # as Controller.run watches it
         try:
             await test(f"127.0.0.1:{port}")
         finally:

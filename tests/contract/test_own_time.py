@@ -1,7 +1,8 @@
 """A server's bounds on an agent leave out the server's own lateness (``vigil_core.loop_lag``): a
 relay or a controller whose event loop was held (its garbage collector, a starved CPU) past an
-agent's ``first_message_s`` does not end the stream of an agent that said Hello as soon as it could.
-Real gRPC on loopback; the server's loop is held by the test as a long collection holds it."""
+agent's ``first_message_s`` does not end the stream of an agent that said Hello as soon as it could,
+nor does a controller held past the heartbeat timeout find its heartbeating agents silent. Real gRPC
+on loopback; the server's loop is held by the test as a long collection holds it."""
 
 from __future__ import annotations
 
@@ -11,9 +12,21 @@ from pathlib import Path
 
 import grpc
 import pytest
+from structlog.testing import capture_logs
 
-from controller.config import LimitsConfig
-from tests.contract.test_relay import NODE, RawAgent, Relay, asked_for_hello_again, connected, sample, scrape
+from agent.spool import Spool
+from controller.edge.limits import LimitsConfig
+from controller.vocab.node_state import Health
+from tests.contract.test_relay import (
+    NODE,
+    RawAgent,
+    Relay,
+    asked_for_hello_again,
+    connected,
+    link_for,
+    sample,
+    scrape,
+)
 from tests.helpers import free_port, start_controller, stop_controller, wait_until
 
 BOUND_S = 1.0
@@ -69,7 +82,7 @@ def test_a_relay_held_past_an_agents_bound_still_takes_its_hello_again(tmp_path:
 def test_a_controller_held_past_an_agents_bound_still_takes_its_first_hello(tmp_path: Path) -> None:
     async def scenario() -> None:
         controller = await start_controller(tmp_path / "ctl.db", limits=LimitsConfig(first_message_s=BOUND_S))
-        watching = asyncio.create_task(controller.rooms.lateness.watch())  # as Controller.run watches it
+        watching = asyncio.create_task(controller.nodes.lateness.watch())  # as Controller.run watches it
         agent = RawAgent(controller.port)
         await hold_the_loop()
         await agent.hello()
@@ -85,7 +98,7 @@ def test_a_controller_held_past_an_agents_bound_still_takes_its_first_hello(tmp_
 def test_a_silent_agent_is_still_ended_once_its_bound_has_passed_on_the_servers_own_time(tmp_path: Path) -> None:
     async def scenario() -> None:
         controller = await start_controller(tmp_path / "ctl.db", limits=LimitsConfig(first_message_s=BOUND_S))
-        watching = asyncio.create_task(controller.rooms.lateness.watch())
+        watching = asyncio.create_task(controller.nodes.lateness.watch())
         agent = RawAgent(controller.port)
         await hold_the_loop()  # the hold is not the agent's: it has its whole bound after it, and no more
         held_until = time.monotonic()
@@ -97,6 +110,34 @@ def test_a_silent_agent_is_still_ended_once_its_bound_has_passed_on_the_servers_
         assert 0.4 < waited < 5, waited  # what was left of the bound after the hold: not at once, not never
         await agent.close()
         watching.cancel()
+        await stop_controller(controller)
+
+    asyncio.run(scenario())
+
+
+def test_a_controller_held_past_the_heartbeat_timeout_does_not_find_its_agents_silent(tmp_path: Path) -> None:
+    (policy := tmp_path / "policy.yaml").write_text(f"heartbeat_timeout_s: {BOUND_S}\n")
+
+    async def scenario() -> None:
+        controller = await start_controller(tmp_path / "ctl.db", policy=policy)
+        stop = asyncio.Event()
+        watching = [  # as Controller.run has them: its lateness, and its silence looked at every 0.1 s
+            asyncio.create_task(controller.nodes.lateness.watch()),
+            asyncio.create_task(controller.nodes.upkeep.watch(stop, every_s=0.1)),
+        ]
+        link = link_for(Spool(tmp_path / "spool.db"), controller.port)  # a heartbeat every 0.2 s
+        running = asyncio.create_task(link.run(stop))
+        await wait_until(lambda: connected(controller) and link.connected, what="the agent's session")
+        with capture_logs() as logs:
+            await asyncio.sleep(0.3)
+            time.sleep(HELD_S)  # noqa: ASYNC251 (held twice the timeout: no heartbeat read meanwhile)
+            await asyncio.sleep(1.0)  # the silence looked at again and again, the heartbeats read
+        assert [e for e in logs if e["event"] == "node_unknown"] == []
+        assert controller.nodes.fleet.entry(NODE).state.health is Health.HEALTHY
+        stop.set()
+        await running
+        await asyncio.gather(*watching[1:])
+        watching[0].cancel()
         await stop_controller(controller)
 
     asyncio.run(scenario())

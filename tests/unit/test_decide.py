@@ -192,6 +192,10 @@ def test_silence_comes_after_the_stream_closes_or_after_three_quiet_idle_heartbe
     # ...never sooner than the policy's timeout; an agent that beats steadily (0) gets the timeout.
     assert silence_deadline(95.0, True, 0.0, 1.0, POLICY) == 95.0 + timeout
     assert silence_deadline(95.0, True, 0.0, 0.0, POLICY) == 95.0 + timeout
+    # The controller held (its event loop late) 7 s since the agent last spoke: that much later.
+    held = {95.0: 7.0, 100.0: 5.0}
+    assert silence_deadline(95.0, True, 0.0, 0.0, POLICY, held.__getitem__) == 95.0 + timeout + 7.0
+    assert silence_deadline(95.0, False, 100.0, 0.0, POLICY, held.__getitem__) == 100.0 + timeout + 5.0
     assert silenced(NodeState("n1", Health.HEALTHY)).health is Health.UNKNOWN
 
 

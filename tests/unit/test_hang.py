@@ -53,3 +53,16 @@ def test_never_hung_before_the_floor_and_always_past_the_ceiling(per_step: list[
         assert hang is None
     if stalled > CFG.ceiling_s:
         assert hang is not None
+
+
+def test_the_time_the_controller_itself_was_held_is_not_the_jobs_stall() -> None:
+    learnt = [1.0] * 20  # bound 10 s
+    held_4s_at_108 = lambda t: max(0.0, min(4.0, 112.0 - max(t, 108.0)))  # noqa: E731 (its loop held 108-112)
+    # Stepped at 100, last word at 107; at 112 it is 12 s stalled, 4 of them the controller's own: not yet.
+    assert hang_of(100.0, 107.0, "", learnt, CFG, 112.0) is not None
+    assert hang_of(100.0, 107.0, "", learnt, CFG, 112.0, held_4s_at_108) is None
+    # A true stall is still found, a moment later (and its stall says the whole time, held or not).
+    hang = hang_of(100.0, 107.0, "", learnt, CFG, 114.5, lambda t: 4.0 if t <= 108.0 else 0.0)
+    assert hang is not None and hang.stalled_s == pytest.approx(14.5) and not hang.silent
+    # Silence too: nothing heard for 12 s, 4 of them held, is not past the 10 s bound.
+    assert hang_of(100.0, 100.0, "checkpoint", learnt, CFG, 112.0, held_4s_at_108) is None

@@ -27,7 +27,7 @@ def test_a_loop_held_busy_is_observed_as_late_by_as_long_and_an_idle_one_is_not(
 
 
 def test_a_bound_kept_on_own_time_leaves_out_a_hold_and_one_on_the_loops_clock_does_not() -> None:
-    async def outcomes() -> tuple[tuple[float, float], list[object]]:
+    async def outcomes() -> tuple[tuple[float, float], list[str | BaseException]]:
         lateness, loop = Lateness(), asyncio.get_running_loop()
         watching = asyncio.create_task(lateness.watch(interval_s=0.02))
         answers: list[asyncio.Future[str]] = [loop.create_future(), loop.create_future()]
@@ -63,3 +63,25 @@ def test_a_bound_on_own_time_still_ends_a_wait_for_what_never_comes() -> None:
 
     took, cancelled = asyncio.run(waited())
     assert 0.2 <= took < 1.0 and cancelled, (took, cancelled)
+
+
+def test_late_since_says_how_long_the_loop_was_held_after_a_time_and_a_hold_not_yet_ticked() -> None:
+    async def held() -> tuple[float, float, float, float, float]:
+        lateness = Lateness()
+        watching = asyncio.create_task(lateness.watch(interval_s=0.02))
+        await asyncio.sleep(0.1)
+        before = time.time()
+        time.sleep(0.3)  # held: no tick has run yet to say so
+        pending = lateness.late_since(before)
+        halfway = before + 0.15
+        await asyncio.sleep(0.1)  # the late tick ran
+        after = time.time()
+        await asyncio.sleep(0.1)
+        figures = (pending, lateness.late_since(before), lateness.late_since(halfway), lateness.late_since(after))
+        watching.cancel()
+        return (*figures, Lateness().late_since(before))
+
+    pending, since_before, since_halfway, since_after, unwatched = asyncio.run(held())
+    assert 0.25 <= pending <= 0.35 and 0.25 <= since_before <= 0.4, (pending, since_before)
+    assert 0.1 <= since_halfway <= 0.25, since_halfway  # the part of the hold after that time
+    assert since_after < 0.05 and unwatched == 0.0, (since_after, unwatched)
