@@ -103,8 +103,9 @@ class LagMeter:
     def take(self) -> dict[str, float]:
         samples, self.samples = self.samples, []
         if not samples:
-            return {"p99_ms": 0.0, "max_ms": 0.0}
-        return {"p99_ms": round(percentile(samples, 0.99) * 1000, 1), "max_ms": round(max(samples) * 1000, 1)}
+            return {"p99_ms": 0.0, "max_ms": 0.0, "late_s": 0.0}
+        p99, worst = percentile(samples, 0.99), max(samples)
+        return {"p99_ms": round(p99 * 1000, 1), "max_ms": round(worst * 1000, 1), "late_s": round(sum(samples), 1)}
 
 
 def worker(conn: Connection, *args: Any) -> None:
@@ -248,6 +249,7 @@ class Workers:
         return {
             "lag_p99_ms": max(a["lag"]["p99_ms"] for a in answers),
             "lag_max_ms": max(a["lag"]["max_ms"] for a in answers),
+            "late_s": [a["lag"]["late_s"] for a in answers],  # each process's loop, late in all
             "unsent_messages": sum(a["unsent"] for a in answers),  # held back by the streams' flow control
             "stream_reconnects": sum(a["reconnects"] for a in answers),
             "hellos_paced": sum(a["paced"] for a in answers),
@@ -498,6 +500,7 @@ def measure(args: argparse.Namespace, workdir: Path, database: str) -> dict[str,
         try:
             started, cpu0, relays_cpu0 = time.time(), sampler.cpu_s(), relays.cpu_s()
             figures["connect_s"] = round(workers.connected(args.connect_timeout_s), 1)
+            figures["simulator_while_connecting"] = workers.stats()  # beside the relays' lateness and refusals
             figures["connect_controller_cpu_s"] = round(sampler.cpu_s() - cpu0, 1)
             figures["rss_after_connect_mb"] = round(sampler.process.memory_info().rss / 2**20)
             figures["gc_after_connect"] = {
