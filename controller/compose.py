@@ -106,7 +106,7 @@ def node_route(
     remediation: RemediationConfig | None = None,
 ) -> NodeRoute:
     metrics = metrics or ControllerMetrics()
-    lateness = Lateness()  # what the controller's own event loop was late: no node's nor job's doing
+    lateness = Lateness(clock)  # the controller's own event loop's lateness: no node's nor job's doing
     guardrails, recovery = guardrails or GuardrailConfig(), recovery or RecoveryConfig()
     # The background work's health: failures logged, counted, and retried with backoff.
     tasks = Tasks(lambda task: metrics.task_failures.labels(task).inc())
