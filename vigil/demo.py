@@ -155,6 +155,15 @@ class Cluster:
         stuck agent, a frozen node's userspace); ``stop`` wakes it to end it."""
         self.procs[node].send_signal(signal.SIGSTOP)
 
+    def pause(self, name: str, seconds: float) -> None:
+        """SIGSTOP, then SIGCONT after ``seconds``: the process held whole (its event loop, its
+        sockets unread), as a long garbage collection or a paused VM holds it."""
+        self.procs[name].send_signal(signal.SIGSTOP)
+        try:
+            time.sleep(seconds)
+        finally:
+            self.procs[name].send_signal(signal.SIGCONT)
+
     def _stop(self, name: str, kill: bool) -> None:
         proc = self.procs.pop(name)
         proc.send_signal(signal.SIGKILL if kill else signal.SIGTERM)

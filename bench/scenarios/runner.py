@@ -196,6 +196,7 @@ def _run(
                 paged_incidents=frozenset(incident for incident, _, _ in recorded),
                 slack_posts=_slack_posts(slack),
                 sweeps=tuple(sweeps),
+                went_unknown=_went_unknown(workdir),
             )
     except DemoFailed as exc:
         return Observed(frozenset(), frozenset(), {}, error=f"{exc} (logs in {workdir})")
@@ -264,6 +265,9 @@ def _play(
             continue
         if event.start_controller is not None:
             cluster.start_controller(START_TIMEOUT_S, config)
+            continue
+        if event.pause_controller is not None:
+            cluster.pause("controller", event.pause_controller.seconds)
             continue
         if event.stop_relay is not None:
             cluster.stop_relay(event.stop_relay.relay, kill=event.stop_relay.kill)
@@ -495,6 +499,18 @@ def _not_healthy(admin: AdminClient, cluster: Cluster) -> str:
             last = lines[-1][-300:] if lines else "nothing"
             said.append(f"{node} {health.get(node, 'unknown')}, its agent last said: {last}")
     return "; ".join(said)
+
+
+def _went_unknown(workdir: Path) -> frozenset[str]:
+    """The nodes the controller found silent at any time: its ``node_unknown`` log lines (JSON)."""
+    found: set[str] = set()
+    for name in ("controller.out", "controller.log"):
+        path = workdir / name
+        for line in path.read_text(errors="replace").splitlines() if path.exists() else ():
+            if '"node_unknown"' in line:
+                with contextlib.suppress(json.JSONDecodeError):
+                    found.add(json.loads(line).get("node", ""))
+    return frozenset(found - {""})
 
 
 class _Seen:

@@ -42,6 +42,7 @@ class Observed:
     incident_texts: dict[str, tuple[str, ...]] = field(
         default_factory=dict
     )  # node -> its incidents' reason and message
+    went_unknown: frozenset[str] = frozenset()  # nodes found silent at any time (the controller's log)
     undone: dict[str, int] = field(default_factory=dict)  # rule -> quarantines a person undid (vigil rules)
     job_restarted_without: frozenset[str] | None = None  # the nodes a CheckpointAndRestart told the job to leave
     paged_incidents: frozenset[str] = frozenset()  # incidents the controller recorded a sent page for
@@ -131,6 +132,9 @@ def judge(name: str, scenario: Scenario, seen: Observed) -> Outcome:
     for rule, count in sorted(want.undone.items()):
         if seen.undone.get(rule, 0) != count:
             problems.append(f"vigil rules: {rule} undone {seen.undone.get(rule, 0)} time(s), expected {count}")
+    if want.went_unknown is not None and seen.went_unknown != want.went_unknown:
+        found, expected = sorted(seen.went_unknown), sorted(want.went_unknown)
+        problems.append(f"found silent (UNKNOWN) at some time: {found}, expected {expected}")
     if want.remedied is not None and seen.remedied != want.remedied:
         problems.append(f"repairs carried out on {sorted(seen.remedied)}, expected {sorted(want.remedied)}")
     for node, health in sorted(want.health.items()):

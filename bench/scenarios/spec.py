@@ -28,7 +28,8 @@ needs ``job:``), ``sweep`` (a person runs ``vigil sweep``; what it must find is 
 ``fleet.infiniband``), ``smi`` (how a node's nvidia-smi behaves: resets that fail, GPUs gone after
 one; needs ``fleet.remedies``), ``job_process`` (a job's process on a node's GPU starts or goes),
 ``stop_controller`` / ``start_controller`` (the controller goes away, SIGTERM or SIGKILL, and comes
-back on the same database and port), ``stop_relay`` / ``start_relay`` (one of ``fleet.relays``, the
+back on the same database and port), ``pause_controller`` (its process held that many seconds, its
+agents sending on), ``stop_relay`` / ``start_relay`` (one of ``fleet.relays``, the
 ``vigil relay`` its nodes' agents dial, goes away and comes back on the same port). ``at`` is seconds
 after every node reported healthy.
 
@@ -160,6 +161,7 @@ EVENT_KINDS = (
     "sweep",
     "stop_controller",
     "start_controller",
+    "pause_controller",
     "stop_relay",
     "start_relay",
     "throttle",
@@ -279,6 +281,13 @@ class StartController(_Strict):
     pass
 
 
+class PauseController(_Strict):
+    """The controller's process held (SIGSTOP, then SIGCONT): as a long garbage collection or a paused
+    VM holds it; its agents go on sending, into its sockets."""
+
+    seconds: float = Field(gt=0, le=120)
+
+
 class StopRelay(_Strict):
     relay: int = Field(default=0, ge=0, description="which relay (fleet.relays): node-i's is (i - 1) mod relays")
     kill: bool = Field(default=False, description="SIGKILL, not SIGTERM")
@@ -314,6 +323,7 @@ class Event(_Strict):
     sweep: Sweep | None = None
     stop_controller: StopController | None = None
     start_controller: StartController | None = None
+    pause_controller: PauseController | None = None
     stop_relay: StopRelay | None = None
     start_relay: StartRelay | None = None
     throttle: Throttle | None = None
@@ -339,7 +349,8 @@ class Event(_Strict):
     def fleet_wide(self) -> bool:
         """Happens to the fleet or the controller, not to one node."""
         return self.kind in (
-            "job_windows", "sweep", "stop_controller", "start_controller", "stop_relay", "start_relay", "throttle"
+            "job_windows", "sweep", "stop_controller", "start_controller", "pause_controller", "stop_relay",
+            "start_relay", "throttle",
         )  # fmt: skip
 
 
@@ -396,6 +407,11 @@ class Expect(_Strict):
     )
     remedied: frozenset[str] | None = Field(
         default=None, description="exactly these nodes had a repair carried out on them (a reset or a reboot)"
+    )
+    went_unknown: frozenset[str] | None = Field(
+        default=None,
+        description="exactly these nodes were found silent (UNKNOWN) at any time, however briefly (the controller's"
+        " node_unknown log lines)",
     )
 
 
@@ -457,7 +473,7 @@ class Scenario(_Strict):
                 if running != (e.kind == "stop_controller"):
                     raise ValueError(f"{e.kind} at {e.at} s: the controller is already {'up' if running else 'down'}")
                 running = not running
-            elif not running and e.kind in ("uncordon", "resolve", "sweep", "job_windows"):
+            elif not running and e.kind in ("uncordon", "resolve", "sweep", "job_windows", "pause_controller"):
                 raise ValueError(f"{e.kind} at {e.at} s needs the controller, which is down")
         if not running:
             raise ValueError("the controller is down at the end: add a start_controller event")

@@ -197,3 +197,22 @@ def test_remedies_need_the_controllers_remediation() -> None:
         Scenario.model_validate(
             {"description": "t", "family": "f", "events": [{"node": "node-1", "smi": {"reset_fails": [1]}}]}
         )
+
+
+def test_a_node_found_silent_for_a_moment_is_named_though_it_is_healthy_at_the_end() -> None:
+    want = scenario(went_unknown=["node-3"], health={"node-1": "HEALTHY"})
+    healthy = {"node-1": "HEALTHY"}
+    assert judge("s", want, Observed(frozenset(), frozenset(), healthy, went_unknown=frozenset({"node-3"}))).passed
+    wrong = judge("s", want, Observed(frozenset(), frozenset(), healthy, went_unknown=frozenset({"node-1", "node-3"})))
+    assert not wrong.passed
+    assert "found silent (UNKNOWN) at some time: ['node-1', 'node-3'], expected ['node-3']" in wrong.problems
+
+
+def test_a_pause_of_the_controller_names_no_node_and_needs_it_up() -> None:
+    held = {"description": "t", "family": "f", "events": [{"at": 1.0, "pause_controller": {"seconds": 5}}]}
+    assert Scenario.model_validate(held).events[0].kind == "pause_controller"
+    with pytest.raises(ValueError, match="only a node's own events name a node"):
+        Scenario.model_validate({**held, "events": [{"node": "node-1", "pause_controller": {"seconds": 5}}]})
+    down = [{"at": 0.0, "stop_controller": {}}, {"at": 1.0, "pause_controller": {"seconds": 5}}]
+    with pytest.raises(ValueError, match="needs the controller"):
+        Scenario.model_validate({**held, "events": [*down, {"at": 2.0, "start_controller": {}}]})
