@@ -123,7 +123,8 @@ class ControllerMetrics:
         self.loop_lag = Histogram(
             "vigil_controller_event_loop_lag_seconds",
             "How much later than due the controller's event loop ran a tick every 0.1 s (every stream, signal"
-            " and action on it waited as long; an agent's first-message bound leaves it out)",
+            " and action on it waited as long; an agent's first-message bound, a node's silence and a job's hang"
+            " leave it out)",
             buckets=loop_lag.BUCKETS_S,
             registry=r,
         )

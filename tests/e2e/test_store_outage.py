@@ -98,6 +98,8 @@ def outage_and_back(tmp: Path, database: str, break_store: Callable[[], None], m
             poll_until(lambda: not admin.status().problems, timeout=30, what="the controller saying all is well")
             assert readyz(metrics_port)[0] == 200
             assert metric(metrics_port, "vigil_controller_store_up") == 1
+            # its event loop's lateness watched all along (what its bounds on agents, nodes and jobs leave out)
+            assert metric(metrics_port, "vigil_controller_event_loop_lag_seconds_count") > 100
             assert metric(metrics_port, "vigil_controller_store_write_failures_total") >= 1
             assert ("node-a", 79) in {(i.node, i.code) for i in admin.incidents()}
         events = [e["event"] for e in json_lines(tmp / "ctl.log")]
