@@ -62,6 +62,7 @@ import psutil
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
+from agent.link import HELLO_ACK_TIMEOUT_S
 from bench.controller_process import controller_target, start_controller
 from bench.record import append_result, header, percentile, revision
 from controller.edge import open_files
@@ -130,6 +131,9 @@ async def _worker(
     fleet = Fleet(
         target, names, beats[0], idle_heartbeat_s=beats[1], streams_per_connection=per_connection, resumable=hello_again
     )
+    answer_waits: list[float] = []  # each Hello's wait for its first answer, since the last stats
+    for node in fleet.nodes.values():
+        node.answered = lambda waited: answer_waits.append(waited)  # the list is emptied, never swapped
     started = time.time()
     await fleet.start(timeout_s=1800)
     # The streams' objects, made once, are never garbage: left to the collector, each full pass over
@@ -151,6 +155,8 @@ async def _worker(
                     stats = {"lag": lag.take(), "reconnects": reconnects, "paced": paced, "why": dict(why)}
                     stats["hello_again"] = sum(n.resumed for n in fleet.nodes.values())
                     stats["unsent"] = unsent
+                    stats["answer_waits"] = list(answer_waits)
+                    answer_waits.clear()
                     conn.send(("stats", stats))
                 case ("connected_since", since):
                     back = [n.connected_at for n in fleet.nodes.values() if n.connected_at >= since]
@@ -177,6 +183,18 @@ async def _background(fleet: Fleet, names: list[str], per_s: float) -> None:
         while owed >= 1:
             owed -= 1
             fleet.nodes[random.choice(names)].fault(BACKGROUND_CODE, message="row remap event")
+
+
+def _answer_waits(waits: list[float]) -> dict[str, float]:
+    """How long the Hellos waited for their first answer (an Ack or a Hello again), and how many waited
+    longer than an agent does before it gives up and reconnects (``HELLO_ACK_TIMEOUT_S``): the
+    simulated agents wait on; real ones would have added those reconnections."""
+    if not waits:
+        return {"n": 0}
+    over = sum(1 for w in waits if w > HELLO_ACK_TIMEOUT_S)
+    p50, p99 = percentile(waits, 0.5), percentile(waits, 0.99)
+    return {"n": len(waits), "p50_s": round(p50, 2), "p99_s": round(p99, 2), "max_s": round(max(waits), 2),
+            f"over_{HELLO_ACK_TIMEOUT_S:g}s": over}  # fmt: skip
 
 
 class Workers:
@@ -254,6 +272,7 @@ class Workers:
             "stream_reconnects": sum(a["reconnects"] for a in answers),
             "hellos_paced": sum(a["paced"] for a in answers),
             "hellos_again": sum(a["hello_again"] for a in answers),  # on streams a relay kept (no reconnection)
+            "hello_answered": _answer_waits([w for a in answers for w in a["answer_waits"]]),
             "streams_broke_because": dict(sum((Counter(a["why"]) for a in answers), Counter())),
         }
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -171,11 +172,15 @@ def test_an_oversized_message_and_a_flooding_agent_are_refused_and_the_server_ke
             call = agent_pb2_grpc.AgentGatewayStub(channel).Connect()
             await call.write(agent_pb2.AgentMessage(hello=agent_pb2.Hello(node="flooder", spool_id="f")))
             assert (await call.read()).HasField("ack")
-            for _ in range(20):  # heartbeats as fast as it can, one at a time, until refused
-                await call.write(agent_pb2.AgentMessage(heartbeat=agent_pb2.Heartbeat()))
-                await asyncio.sleep(0.02)
-                if call.done():
-                    break
+            # Batches as fast as it can, each answered before the next: written to a stream the controller
+            # had already ended, a message fails on this side (INTERNAL) and hides the controller's reason.
+            for seq in range(1, 21):
+                flood = signal_to_proto(replace(xid(45), node="flooder").numbered(seq))
+                await call.write(agent_pb2.AgentMessage(signals=agent_pb2.SignalBatch(signals=[flood])))
+                try:
+                    assert (await asyncio.wait_for(call.read(), 10)).ack.acked_seq == seq
+                except grpc.aio.AioRpcError:
+                    break  # refused
             code, details = await call.code(), await call.details()
         assert code == grpc.StatusCode.RESOURCE_EXHAUSTED and "flooder sends more than 1 messages/s" in details
         good = await send_raw(controller.port, raw_batch("s2", [1]), replies=2)  # another node is not held back

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
+from collections.abc import Callable
 
 import grpc
 
@@ -48,6 +49,10 @@ class FleetNode:
         self.connected_at = 0.0  # when its stream was last taken (the controller's first ack on it)
         self.idle_heartbeat_s = 0.0  # as the agent's setting: 0, a heartbeat every heartbeat_s
         self.jobs: list[str] = []  # the training jobs this node's processes run, said in every heartbeat
+        # How long each Hello waited for its first answer (an Ack, or a Hello again), as the agent's
+        # link bounds it (agent.link.HELLO_ACK_TIMEOUT_S); told to ``answered``.
+        self.answered: Callable[[float], None] = lambda _: None
+        self._hello_said_at = 0.0
         self.ranks: list[agent_pb2.RankProgress] = []  # their ranks' progress records, likewise
 
     async def run(self, heartbeat_s: float, stop: asyncio.Event) -> None:
@@ -67,6 +72,9 @@ class FleetNode:
                 call = self._stub.Connect(self._messages(heartbeat_s, stop, self._generation, self._queue))
                 first = True
                 async for msg in call:
+                    if self._hello_said_at and (msg.HasField("hello_again") or msg.HasField("ack")):
+                        self.answered(time.monotonic() - self._hello_said_at)
+                        self._hello_said_at = 0.0
                     if msg.HasField("hello_again"):  # a relay keeps the stream for a new session
                         first = True
                         if not msg.hello_again.wait:
@@ -144,11 +152,13 @@ class FleetNode:
         """Hello on the same stream, then what was sent and not acknowledged: whatever waits before it
         goes nowhere (the relay takes only a Hello between sessions)."""
         if queue is self._queue:
+            self._hello_said_at = time.monotonic()
             queue.put_nowait(self._hello())
             for seq in sorted(self._unacked):
                 queue.put_nowait(self._unacked[seq])
 
     async def _messages(self, heartbeat_s: float, stop: asyncio.Event, generation: int, queue: asyncio.Queue):  # type: ignore[no-untyped-def,type-arg]
+        self._hello_said_at = time.monotonic()
         yield self._hello()
         next_beat = time.monotonic() + random.uniform(0, self._interval(heartbeat_s))
         while not stop.is_set() and generation == self._generation:  # a broken stream's iterator ends
