@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -51,6 +52,7 @@ class Cluster:
     prefixes: dict[str, list[str]] = field(default_factory=dict)  # a node's command prefix (ip netns exec ...)
     relays: int = 0  # agents reach the controller through this many `vigil relay`s: node i through i mod relays
     relay_ports: dict[int, int] = field(default_factory=dict)  # each relay's, kept across its restarts
+    _holding: list[tuple[threading.Event, threading.Thread]] = field(default_factory=list)
 
     def kernel_log(self, node: str) -> Path:
         return self.workdir / f"{node}.kmsg"
@@ -164,6 +166,24 @@ class Cluster:
         finally:
             self.procs[name].send_signal(signal.SIGCONT)
 
+    def hold_again_and_again(self, name: str, seconds: float, every_s: float) -> None:
+        """In the background until ``stop``: the process held ``seconds`` (``pause``) at the start
+        of every ``every_s``, as sustained load holds a process's event loop late, tick after tick."""
+        done = threading.Event()
+
+        def hold() -> None:
+            while not done.is_set() and (proc := self.procs.get(name)) is not None and proc.poll() is None:
+                proc.send_signal(signal.SIGSTOP)
+                try:
+                    done.wait(seconds)
+                finally:
+                    proc.send_signal(signal.SIGCONT)
+                done.wait(every_s - seconds)
+
+        thread = threading.Thread(target=hold, name=f"hold-{name}", daemon=True)
+        thread.start()
+        self._holding.append((done, thread))
+
     def _stop(self, name: str, kill: bool) -> None:
         proc = self.procs.pop(name)
         proc.send_signal(signal.SIGKILL if kill else signal.SIGTERM)
@@ -180,6 +200,9 @@ class Cluster:
                 raise DemoFailed(f"{name} exited with code {proc.returncode}:\n{tail}")
 
     def stop(self) -> None:
+        for done, thread in self._holding:  # each one lets its process go on before it ends
+            done.set()
+            thread.join()
         for proc in self.procs.values():
             if proc.poll() is None:
                 proc.send_signal(signal.SIGCONT)  # a frozen agent must run to end

@@ -266,8 +266,11 @@ def _play(
         if event.start_controller is not None:
             cluster.start_controller(START_TIMEOUT_S, config)
             continue
-        if event.pause_controller is not None:
-            cluster.pause("controller", event.pause_controller.seconds)
+        if (pause := event.pause_controller) is not None and pause.every_s is not None:
+            cluster.hold_again_and_again("controller", pause.seconds, pause.every_s)
+            continue
+        if pause is not None:
+            cluster.pause("controller", pause.seconds)
             continue
         if event.stop_relay is not None:
             cluster.stop_relay(event.stop_relay.relay, kill=event.stop_relay.kill)

@@ -29,8 +29,9 @@ needs ``job:``), ``sweep`` (a person runs ``vigil sweep``; what it must find is 
 one; needs ``fleet.remedies``), ``job_process`` (a job's process on a node's GPU starts or goes),
 ``stop_controller`` / ``start_controller`` (the controller goes away, SIGTERM or SIGKILL, and comes
 back on the same database and port), ``pause_controller`` (its process held that many seconds, its
-agents sending on), ``stop_relay`` / ``start_relay`` (one of ``fleet.relays``, the
-``vigil relay`` its nodes' agents dial, goes away and comes back on the same port). ``at`` is seconds
+agents sending on; with ``every_s``, again and again in the background), ``stop_relay`` /
+``start_relay`` (one of ``fleet.relays``, the ``vigil relay`` its nodes' agents dial, goes away and
+comes back on the same port). ``at`` is seconds
 after every node reported healthy.
 
 Every page goes to a Slack Web API on loopback (the real ``slack-sdk``); the judge checks that
@@ -286,6 +287,17 @@ class PauseController(_Strict):
     VM holds it; its agents go on sending, into its sockets."""
 
     seconds: float = Field(gt=0, le=120)
+    every_s: float | None = Field(
+        default=None,
+        description="hold it again at the start of every so many seconds, in the background until the scenario "
+        "ends (sustained load: its event loop late tick after tick); the next event does not wait for it",
+    )
+
+    @model_validator(mode="after")
+    def _lets_it_run(self) -> PauseController:
+        if self.every_s is not None and self.every_s <= self.seconds:
+            raise ValueError(f"every_s ({self.every_s:g}) must be longer than seconds ({self.seconds:g}): it must run")
+        return self
 
 
 class StopRelay(_Strict):

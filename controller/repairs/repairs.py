@@ -37,6 +37,7 @@ from controller.nodes.rule_stats import AUTOMATIC
 from controller.repairs.certify import Certification
 from controller.repairs.config import RemediationConfig
 from controller.repairs.ladder import Fault, OwnLadder, Step
+from controller.repairs.owners import OwnerReadings
 from controller.repairs.pages import digest_id
 from controller.repairs.reboot import Reboot
 from controller.repairs.repair import (
@@ -68,7 +69,6 @@ from vigil_core.waiting import wait_event
 log = structlog.get_logger(__name__)
 
 RECORD_KEY = "repairs"
-OWNER_READ_S = 2.0  # a waiting repair's reading of who holds its node is this fresh when a step starts
 Release = Callable[[str, str, str], Coroutine[Any, Any, tuple[Health, str]]]
 
 
@@ -100,7 +100,6 @@ class Repairs:
         self.config = config
         self._fleet = fleet
         self._incidents = incidents
-        self._owners = owners
         self._request = request
         self._release = release
         self._records = records
@@ -114,8 +113,7 @@ class Repairs:
         self.started: list[float] = []  # when steps started, for the hourly cap
         self._busy: set[str] = set()  # nodes with a step or a certification under way in a task
         self.counts: Counter[str] = Counter()  # repairs ended since the start: released, hands
-        self._owners_seen: dict[str, tuple[float, str]] = {}  # node -> (when read, who else holds it)
-        self._reading_owner: set[str] = set()
+        self._owners_now = OwnerReadings(owners, tasks, clock)
         self._load()
 
     def under_repair(self, node: str) -> bool:
@@ -134,6 +132,7 @@ class Repairs:
         if not self.config.enabled:
             return
         now = self._clock()
+        self._owners_now.tick(now)
         changed = self._open_new(now)
         for node, repair in list(self.repairs.items()):
             if repair.phase.ended or node in self._busy:
@@ -183,7 +182,7 @@ class Repairs:
         if repair.phase is Phase.WAITING:
             stops = self._stops(repair)
             if repair.step is not Step.REPLACE and not refusal(stops, repair.step, self.config):
-                stops = replace(stops, others=self._owner(repair.node))  # the cluster is read only now
+                stops = replace(stops, others=self._owners_now.held_by_others(repair.node))  # read only now
             return start(repair, stops, self.config, now)
         rebooted = entry.connected and entry.connected_at > repair.since  # its agent said hello after the ask
         if repair.phase is Phase.RUNNING and repair.step is Step.REBOOT and rebooted:
@@ -244,28 +243,6 @@ class Repairs:
             started_last_hour=sum(1 for t in self.started if t > now - 3600),
             storm=self._guard.automation if self._guard.holding else "",
         )
-
-    def _owner(self, node: str) -> str:
-        """Whether someone else holds the node, as read from the cluster off the event loop; a reading
-        older than ``OWNER_READ_S`` is read again, and meanwhile the repair waits for it."""
-        seen = self._owners_seen.get(node)
-        stale = seen is None or self._clock() - seen[0] >= OWNER_READ_S
-        if stale and node not in self._reading_owner:
-            self._reading_owner.add(node)
-
-            async def read() -> None:
-                try:
-                    found = await asyncio.to_thread(self._owners.held_by_others, node)
-                except Exception as exc:  # the API server away: wait, and say why
-                    found = f"cannot read the node: {exc!r}"[:200]
-                finally:
-                    self._reading_owner.discard(node)
-                self._owners_seen[node] = (self._clock(), found)
-
-            self._tasks.watch("repair-owner", asyncio.get_running_loop().create_task(read()))
-        if seen is None or stale:
-            return "the node is being read from the cluster"
-        return seen[1]
 
     def _running(self) -> list[Repair]:
         return [r for r in self.repairs.values() if r.phase in (Phase.RUNNING, Phase.SETTLING, Phase.CERTIFYING)]

@@ -15,7 +15,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -73,6 +73,19 @@ class Fleet:
 
     def events(self, name: str) -> list[dict[str, object]]:
         return [e for e in json_lines(self.tmp / "ctl.log") if e["event"] == name]
+
+    def wait_for(self, condition: Callable[[], object], timeout: float, what: str) -> None:
+        """``poll_until``, and when it times out the repairs' way so far, from the controller's log and
+        the nvidia-smi calls each agent made, with when each came: where the time went."""
+        try:
+            poll_until(condition, timeout=timeout, what=what)
+        except AssertionError as exc:
+            lines = [f"{e.get('timestamp', '')} {e['event']} {e.get('node', '')} {e.get('phase', '')} "
+                     f"{e.get('step', '')} {e.get('why', '')}" for e in json_lines(self.tmp / "ctl.log")
+                     if str(e["event"]).startswith(("repair_", "reboot_", "agent_"))]  # fmt: skip
+            calls = {n: self.smi_calls(n) for n in NODES}
+            raise AssertionError(f"{exc}; the controller's repairs so far:\n" + "\n".join(lines) +
+                                 f"\nnvidia-smi calls: {calls}") from None  # fmt: skip
 
 
 class Tickets:
@@ -181,7 +194,7 @@ def test_a_reset_that_fails_climbs_to_a_reboot_and_a_gpu_missing_after_it_pages_
         fleet.xid("node-c", 5, 48, 1)
         # The reboot command creates the file, then writes the line: wait for what it wrote, not for the file.
         reboots = fleet.tmp / "reboots"
-        poll_until(lambda: reboots.exists() and reboots.read_text() != "", timeout=60, what="a reboot asked for node-c")
+        fleet.wait_for(lambda: reboots.exists() and reboots.read_text() != "", 60, "a reboot asked for node-c")
         assert (fleet.tmp / "reboots").read_text() == "node-c\n"
         fleet.agents["node-c"].terminate()  # the node reboots: its agent comes back with 7 GPUs
         fleet.agents["node-c"].wait(timeout=10)
