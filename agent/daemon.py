@@ -51,6 +51,7 @@ from protos.vigil.v1 import agent_pb2
 from vigil_core import __version__
 from vigil_core.cert_reload import CertificateSource
 from vigil_core.http_status import serve_http
+from vigil_core.loop_lag import Lateness
 from vigil_core.rank_progress import RankRecord
 from vigil_core.signals import Signal, SignalKind
 from vigil_core.supervise import Tasks, supervise
@@ -163,6 +164,7 @@ class Agent:
         tls = CertificateSource(config.tls_dir, token_file=config.token_file) if config.tls_dir else None
         if tls is not None:
             self.metrics.certificate_expiry.labels(config.node).set_function(tls.expires_at)
+        self.lateness = Lateness(clock)  # the agent's own event loop's: not the controller's doing
         self.link = ControllerLink(
             config.controller,
             self.spool,
@@ -178,6 +180,7 @@ class Agent:
                 lambda: [g.pci_bus_id for g in self.backend.gpus()],
                 config.kernel_log if config.kernel_log_source in ("auto", "file") else None,
             ).run,
+            clock=self.lateness.own_time,
         )
         # Exported from the start (a scrape before the first collector step sees them too), and the
         # link's state as it is at the scrape.
@@ -372,9 +375,13 @@ class Agent:
         if self.config.progress_dir is not None:
             progress = partial(self._scan_progress, stop)
             tasks.append(asyncio.create_task(supervise("progress", progress, stop, self.tasks)))
+        observe_lag = self.metrics.loop_lag.labels(self.config.node).observe
+        lag = partial(self.lateness.watch, observe_lag)
+        lateness = asyncio.create_task(supervise("loop-lag", lag, stop, self.tasks))  # never ends: cancelled below
         try:
             await asyncio.gather(*tasks)
         finally:
+            lateness.cancel()
             for task in tasks:
                 task.cancel()
             self.record(self.storm.flush_all())  # held repeats go to the spool, sent at the next start

@@ -4,7 +4,8 @@
 standby has not opened its port), so the agent moves to the next address whenever a session fails.
 
 On every (re)connection the agent says Hello and waits for the controller's first Ack, which
-names the highest sequence number the controller holds for this node and spool. The agent drops
+names the highest sequence number the controller holds for this node and spool (``HELLO_ACK_TIMEOUT_S``
+on the agent's own time, twice as long after each Hello left unanswered: ``hello_patience_s``). The agent drops
 those from its spool and replays exactly the rest, in order. Through a relay (``vigil relay``) the
 stream outlives a session: when the relay loses the controller and reaches it again, it asks the
 agent for Hello again on the same stream (``HelloAgain``), and the same replay follows. Signals are
@@ -28,13 +29,15 @@ import structlog
 from agent.spool import Spool
 from checks.result import NotRun
 from protos.vigil.v1 import agent_pb2, agent_pb2_grpc, common_pb2
+from vigil_core.loop_lag import loop_time, within
 from vigil_core.rpc_errors import retry_after_s
 from vigil_core.waiting import backoff_delay, wait_event
 
 log = structlog.get_logger(__name__)
 
 BATCH_LIMIT = 500
-HELLO_ACK_TIMEOUT_S = 10.0
+HELLO_ACK_TIMEOUT_S = 10.0  # the first wait for an answer to a Hello; doubled after each left unanswered
+HELLO_PATIENCE_DOUBLINGS = 4  # up to 16 times as long (160 s), until a Hello is answered again
 HELLO_TURN_SPREAD_S = 0.05  # added to a turn the controller gave: agents of one slot do not come as one
 
 
@@ -45,6 +48,15 @@ RemedyRunner = Callable[[agent_pb2.RunRemedy], Awaitable[common_pb2.CheckResult]
 async def _no_remedies(request: agent_pb2.RunRemedy) -> common_pb2.CheckResult:
     reason = "this agent carries out no remedies"
     return common_pb2.CheckResult(request_id=request.request_id, check=request.remedy, reason=reason)
+
+
+def hello_patience_s(unanswered: int, first_s: float = HELLO_ACK_TIMEOUT_S) -> float:
+    """How long to wait for the answer to a Hello after ``unanswered`` in a row were not answered in
+    the time they were given: twice as long each time, up to ``HELLO_PATIENCE_DOUBLINGS`` doublings.
+    A controller (or relay) too busy to answer within the first wait is answering late, not gone (a
+    gone one ends the stream, or HTTP/2 keepalive does); giving up at once each time would turn its
+    overload into reconnections, which add to it. Pure."""
+    return first_s * float(2 ** min(max(0, unanswered), HELLO_PATIENCE_DOUBLINGS))
 
 
 def turn_with_spread(turn_s: float) -> float:
@@ -73,8 +85,12 @@ class ControllerLink:
         channel_factory: Callable[[str], grpc.aio.Channel] = grpc.aio.insecure_channel,
         fill_heartbeat: Callable[[agent_pb2.Heartbeat], None] = lambda beat: None,
         run_remedy: RemedyRunner = _no_remedies,
+        clock: Callable[[], float] = loop_time,
+        hello_patience_first_s: float = HELLO_ACK_TIMEOUT_S,
     ) -> None:
         self._run_remedy = run_remedy
+        self._clock = clock  # the agent's own time (its loop's, less the loop's lateness): what a Hello is given
+        self._patience_first_s = hello_patience_first_s
         self._fill_heartbeat = fill_heartbeat  # what else the node says with each beat
         self._targets = [t.strip() for t in target.split(",") if t.strip()]
         self._target = self._targets[0]
@@ -92,6 +108,7 @@ class ControllerLink:
         self.streams = 0  # streams opened
         self.connections = 0  # sessions the controller acknowledged
         self.resumed = 0  # sessions that ended with their stream kept (a relay's HelloAgain)
+        self.unanswered = 0  # Hellos in a row not answered in the time they were given
         self.attempt = 0
 
     def notify(self) -> None:
@@ -165,7 +182,15 @@ class ControllerLink:
         hello = self._hello()
         hello.resumable = True
         await call.write(agent_pb2.AgentMessage(hello=hello))
-        first = await asyncio.wait_for(call.read(), HELLO_ACK_TIMEOUT_S)
+        patience = hello_patience_s(self.unanswered, self._patience_first_s)
+        try:
+            first = await within(call.read(), patience, self._clock)
+        except TimeoutError:
+            self.unanswered += 1
+            waits = hello_patience_s(self.unanswered, self._patience_first_s)
+            log.warning("controller_link_hello_unanswered", target=self._target, waited_s=patience, next_waits_s=waits)
+            raise
+        self.unanswered = 0  # answered: an Ack, or a Hello again at a later turn
         if first is not grpc.aio.EOF and first.HasField("hello_again"):  # a later turn, or the controller lost
             again = cast(agent_pb2.HelloAgain, first.hello_again)
             log.info("controller_link_hello_again", target=self._target, after_ms=again.after_ms, wait=again.wait)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -21,6 +21,7 @@ from agent.host import HostReading
 from agent.infiniband import PortReading
 from agent.pcie import SYS_BUS_PCI, nearest_gpus, pcie_path, sysfs_device
 from gpus.backend import GpuReading
+from vigil_core import loop_lag
 from vigil_core.signals import THROTTLE_HARMFUL_MASK, GpuRef, Signal, throttle_reason_names
 
 _GPU = ["node", "gpu", "uuid", "pci_bus_id"]
@@ -242,6 +243,14 @@ class AgentMetrics:
         )
         self.connected = Gauge(
             "vigil_agent_controller_connected", "1 while the controller stream is up", ["node"], registry=r
+        )
+        self.loop_lag = Histogram(
+            "vigil_agent_event_loop_lag_seconds",
+            "How much later than due the agent's event loop ran a tick every 0.1 s (a node's CPUs busy; the"
+            " wait for the controller's answer to a Hello leaves it out)",
+            ["node"],
+            buckets=loop_lag.BUCKETS_S,
+            registry=r,
         )
         self.certificate_expiry = Gauge(
             "vigil_agent_certificate_expiry_timestamp_seconds",

@@ -53,7 +53,11 @@ def test_metrics_endpoint_serves_gpu_and_agent_metrics(tmp_path: Path) -> None:
 
         def polled() -> bool:  # the first poll's readings and signal are in the registry
             counted = agent.metrics.registry.get_sample_value("vigil_agent_signals_total", lost)
-            return agent.metrics_port is not None and agent.metrics.readings.gpus != [] and counted == 1
+            ticks = agent.metrics.registry.get_sample_value(
+                "vigil_agent_event_loop_lag_seconds_count", {"node": "node-m"}
+            )
+            polled = agent.metrics_port is not None and agent.metrics.readings.gpus != [] and counted == 1
+            return polled and (ticks or 0) >= 1  # and the loop's lateness watched
 
         await wait_until(polled, what="the first GPU poll in the metrics")
         body = await scrape(agent)
@@ -68,6 +72,8 @@ def test_metrics_endpoint_serves_gpu_and_agent_metrics(tmp_path: Path) -> None:
     assert lost["7"] == 1 and lost["0"] == 0
     assert any(s.labels["kind"] == "GPU_LOST" for s in families["vigil_agent_signals"].samples)
     assert families["vigil_agent_controller_connected"].samples[0].value == 0  # nothing listens on port 1
+    lag = {s.name: s.value for s in families["vigil_agent_event_loop_lag_seconds"].samples if not s.labels.get("le")}
+    assert lag["vigil_agent_event_loop_lag_seconds_count"] >= 1
 
 
 def test_the_connected_gauge_is_the_links_state_at_the_scrape(tmp_path: Path) -> None:

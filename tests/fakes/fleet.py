@@ -50,7 +50,7 @@ class FleetNode:
         self.idle_heartbeat_s = 0.0  # as the agent's setting: 0, a heartbeat every heartbeat_s
         self.jobs: list[str] = []  # the training jobs this node's processes run, said in every heartbeat
         # How long each Hello waited for its first answer (an Ack, or a Hello again), as the agent's
-        # link bounds it (agent.link.HELLO_ACK_TIMEOUT_S); told to ``answered``.
+        # link bounds it (agent.link.hello_patience_s; these wait on); told to ``answered``.
         self.answered: Callable[[float], None] = lambda _: None
         self._hello_said_at = 0.0
         self.ranks: list[agent_pb2.RankProgress] = []  # their ranks' progress records, likewise
