@@ -108,3 +108,11 @@ def hang_of(
     if watched <= bound:
         return None
     return Hang(since=stepped_at, stalled_s=stalled, bound_s=bound, silent=silent)
+
+
+def gone_silent(
+    last_report: float, now: float, forget_after_s: float, held_since: Callable[[float], float] = lambda _: 0.0
+) -> bool:
+    """Whether a job has said nothing for ``forget_after_s`` (it is forgotten), not counting the time
+    the controller itself was held since its last word (``held_since``), as for a hang."""
+    return now - last_report - held_since(last_report) > forget_after_s

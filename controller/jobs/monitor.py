@@ -30,7 +30,7 @@ import structlog
 
 from controller.jobs.drops import DropJudge
 from controller.jobs.goodput import KINDS, committed, started, trained
-from controller.jobs.hang import Hang, hang_of, seconds_per_step
+from controller.jobs.hang import Hang, gone_silent, hang_of, seconds_per_step
 from controller.jobs.hang_evidence import fault_of, hang_blame
 from controller.jobs.mfu import Track
 from controller.jobs.progress import progress_wavefront
@@ -366,11 +366,14 @@ class JobMonitor:
                 self._unhung(job, f"the job is {job.state} now")
             if job.phase is JobPhase.SWEEP_PENDING:
                 self._restarts.start_recovery_sweep(job)
-            elif now - job.last_report > self.config.forget_after_s and job.phase is not JobPhase.SWEEPING:
+            elif job.phase is not JobPhase.SWEEPING and self._forgotten(job, now):
                 log.info("job_forgotten", job=job_id, silent_s=round(now - job.last_report))
                 self._metrics.job_hung.labels(job_id).set(0)
                 del self.jobs[job_id]
                 self._membership.forget(job_id)
+
+    def _forgotten(self, job: Job, now: float) -> bool:
+        return gone_silent(job.last_report, now, self.config.forget_after_s, self._held_since)
 
     async def watch(self, stop: asyncio.Event, every_s: float = 1.0) -> None:
         while not stop.is_set():

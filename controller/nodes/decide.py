@@ -204,11 +204,15 @@ def quarantine_not_carried_out(state: NodeState) -> NodeState:
     return replace(state, health=Health.SUSPECT)
 
 
-def suspicion_lapsed(state: NodeState, now: float, policy: Policy) -> bool:
-    """A SUSPECT node whose last page-worthy signal is older than the policy's quiet period."""
+def suspicion_lapsed(
+    state: NodeState, now: float, policy: Policy, held_since: Callable[[float], float] = lambda _: 0.0
+) -> bool:
+    """A SUSPECT node whose last page-worthy signal is older than the policy's quiet period, not
+    counting the time the controller itself was held since (``held_since``, as for a node's silence):
+    a new fault may be waiting to be read."""
     if state.health is not Health.SUSPECT or policy.suspect_clear_s is None:
         return False
-    return now - state.last_fault_at > policy.suspect_clear_s
+    return now - state.last_fault_at - held_since(state.last_fault_at) > policy.suspect_clear_s
 
 
 def quarantine_confirmed(state: NodeState, at: float) -> NodeState:

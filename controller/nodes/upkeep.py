@@ -99,7 +99,8 @@ class Upkeep:
         resolved (and said in their threads); returns their names."""
         now = self._clock()
         suspects = self._fleet.in_health(Health.SUSPECT)
-        lapsed = [n for n in suspects if suspicion_lapsed(self._fleet.entry(n).state, now, self._policy)]
+        held = self._held_since
+        lapsed = [n for n in suspects if suspicion_lapsed(self._fleet.entry(n).state, now, self._policy, held)]
         for node in lapsed:
             quiet_s = self._policy.suspect_clear_s
             self._by_hand.resolve_node(node, f"Resolved: {node} quiet for {quiet_s:.0f} s, back to HEALTHY", now)

@@ -339,6 +339,15 @@ def test_suspicion_lapses_after_the_quiet_period_and_only_then() -> None:
     assert not suspicion_lapsed(q.state, 1e9, policy)  # only SUSPECT lapses
 
 
+def test_the_time_the_controller_was_held_is_not_a_suspects_quiet() -> None:
+    # Held 5 s since the last fault (a new one may wait unread): the quiet period ends 5 s later.
+    policy = Policy(suspect_clear_s=60.0)
+    *_, d = run([xid(13, 10.0), xid(13, 11.0), xid(13, 12.0)], policy)
+    held = {12.0: 5.0}.get
+    assert not suspicion_lapsed(d.state, 12.0 + 60.1, policy, lambda t: held(t, 0.0))
+    assert suspicion_lapsed(d.state, 12.0 + 65.1, policy, lambda t: held(t, 0.0))
+
+
 def test_a_fatal_sxid_quarantines_and_non_fatal_ones_make_the_node_suspect_only_when_repeated() -> None:
     switch = GpuRef(pci_bus_id="0000:c6:00")
     (fatal,) = run([Signal("n1", SignalKind.SXID_FATAL, switch, 24007, 0.0, "Fatal", "kmsg", 5.0, 1)])

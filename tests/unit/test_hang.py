@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from controller.jobs.hang import HangConfig, hang_of, seconds_per_step, step_bound
+from controller.jobs.hang import HangConfig, gone_silent, hang_of, seconds_per_step, step_bound
 
 CFG = HangConfig(factor=8, floor_s=10, ceiling_s=600, unlearned_s=300)
 
@@ -66,3 +66,9 @@ def test_the_time_the_controller_itself_was_held_is_not_the_jobs_stall() -> None
     assert hang is not None and hang.stalled_s == pytest.approx(14.5) and not hang.silent
     # Silence too: nothing heard for 12 s, 4 of them held, is not past the 10 s bound.
     assert hang_of(100.0, 100.0, "checkpoint", learnt, CFG, 112.0, held_4s_at_108) is None
+
+
+def test_a_job_is_forgotten_once_silent_for_its_bound_less_the_controllers_own_hold() -> None:
+    assert not gone_silent(100.0, 3700.0, 3600.0) and gone_silent(100.0, 3700.1, 3600.0)
+    held_30s = lambda t: 30.0 if t <= 100.0 else 0.0  # noqa: E731 (held 30 s since its last word)
+    assert not gone_silent(100.0, 3700.1, 3600.0, held_30s) and gone_silent(100.0, 3730.1, 3600.0, held_30s)
