@@ -190,7 +190,8 @@ class ControllerLink:
             waits = hello_patience_s(self.unanswered, self._patience_first_s)
             log.warning("controller_link_hello_unanswered", target=self._target, waited_s=patience, next_waits_s=waits)
             raise
-        self.unanswered = 0  # answered: an Ack, or a Hello again at a later turn
+        if first is not grpc.aio.EOF:  # answered (an Ack, or a Hello again at a later turn): the first wait again
+            self.unanswered = 0
         if first is not grpc.aio.EOF and first.HasField("hello_again"):  # a later turn, or the controller lost
             again = cast(agent_pb2.HelloAgain, first.hello_again)
             log.info("controller_link_hello_again", target=self._target, after_ms=again.after_ms, wait=again.wait)
