@@ -26,6 +26,7 @@ from dataclasses import replace
 from functools import partial
 
 import grpc
+import psutil
 import structlog
 
 from agent.collectors import Collector, DcgmScrape, GpuPoll, HostPoll, IbPoll, KernelLog, NvmlEvents, Poll
@@ -159,6 +160,9 @@ class Agent:
             collector = KernelLog(node, opened[1], lines, config.kernel_log_poll_s, key, self.spool.cursor(key))
             self.collectors.append(collector)
         self.jobs_seen: list[str] = []  # the training jobs this node's processes run (job_processes)
+        # When the node booted, said in every Hello (a reboot is done once the node says it from a new
+        # boot); a simulated node boots with its agent.
+        self.booted_at = clock() if self.backend.name == "simulated" else psutil.boot_time()
         self.ranks_seen: list[RankRecord] = []  # their ranks' progress records (rank_progress)
         # Re-read on every (re)connection: a renewed certificate is taken up without a restart.
         tls = CertificateSource(config.tls_dir, token_file=config.token_file) if config.tls_dir else None
@@ -238,6 +242,7 @@ class Agent:
             address=self.config.advertise_address,
             idle_heartbeat_s=self.config.idle_heartbeat_s,
             jobs=self.jobs_seen,
+            booted_at=self.booted_at,
         )
 
     def record(self, signals: list[Signal], cursors: Mapping[str, str] | None = None) -> None:

@@ -20,10 +20,12 @@ import yaml
 from bench.scenarios.spec import JobProcess, Scenario, Smi
 from gpus.simulated import simulated_gpus
 from tests.fakes.ib_sysfs import IbSysfs
-from vigil.demo import Cluster
+from vigil.demo import Cluster, xid_line
 
 if TYPE_CHECKING:
     from tests.fakes.kube_api import KubeApiServer
+
+BOOT_SEQ = 900_000  # a line logged at a boot is numbered past every line the timeline writes
 
 
 class Machines:
@@ -119,6 +121,10 @@ class Machines:
         with open(self._cluster.fault_file(node), "a") as f:
             f.writelines(json.dumps({"gpu": g, "reset": True}) + "\n" for g in range(self._scenario.fleet.gpus))
         self._cluster.stop_agent(node)
+        if (xid := self._scenario.fleet.xid_at_boot.get(node)) is not None:  # logged as the node boots
+            bus = simulated_gpus(node, gpus)[xid.gpu].pci_bus_id
+            with open(self._cluster.kernel_log(node), "a") as f:
+                f.write(xid_line(bus, xid.xid, xid.message, BOOT_SEQ + self._read))
         self.write_agent_config(node, gpus)
         self._cluster.start_agent(node, gpus, restart=True)
         self._rebooted.add(node)

@@ -90,6 +90,10 @@ class Fleet(_Strict):
         "a reboot the controller asks restarts the node's agent with its GPUs reset (needs controller remediation)",
     )
     after_reboot: dict[str, int] = Field(default_factory=dict, description="node -> the GPUs it has after a reboot")
+    xid_at_boot: dict[str, KernelXid] = Field(
+        default_factory=dict,
+        description="node -> an XID its kernel logs as it boots after a reboot, before its agent says Hello",
+    )
     relays: int = Field(
         default=0,
         ge=0,

@@ -72,6 +72,8 @@ def hello_problem(hello: agent_pb2.Hello) -> str:
         return "Hello.agent_version or gpu_backend is too long"
     if not 0 <= hello.idle_heartbeat_s <= MAX_IDLE_HEARTBEAT_S:  # NaN fails this too
         return f"Hello.idle_heartbeat_s must be from 0 to {MAX_IDLE_HEARTBEAT_S:g} s"
+    if not 0 <= hello.booted_at < 1e11:  # unix seconds (0: not said); NaN and infinity fail this too
+        return "Hello.booted_at must be unix seconds (0 when not known)"
     return ""
 
 
@@ -139,8 +141,9 @@ class AgentSessions:
         opened = False
         try:
             acked = self._engine.hello(
-                node, hello.spool_id, len(hello.gpus), address, hello.idle_heartbeat_s, list(hello.jobs)
-            )
+                node, hello.spool_id, len(hello.gpus), address, hello.idle_heartbeat_s, list(hello.jobs),
+                hello.booted_at,
+            )  # fmt: skip
             await self._engine.durable()
             # Open now, whatever ended meanwhile: an older stream of this node's that closed while this
             # Hello was written counted the node as gone.

@@ -94,10 +94,11 @@ class Engine:
         address: str = "",
         idle_heartbeat_s: float = 0.0,
         jobs: Sequence[str] = (),
+        booted_at: float = 0.0,
     ) -> int:
         """Register a (re)connecting agent; returns the seq it may drop its spool up to (``ack_seq``).
         ``idle_heartbeat_s``: how long it may stay quiet with nothing new (0: it beats steadily);
-        ``jobs``: what its processes run now."""
+        ``jobs``: what its processes run now; ``booted_at``: when the node booted (its clock; 0: not said)."""
         now = self.clock()
         entry = self.fleet.nodes.get(node)
         changed = entry is None  # what the database holds of the node: written only when it changes
@@ -111,7 +112,7 @@ class Engine:
         changed = changed or state is not entry.state or gpus != entry.gpus or gpus > entry.expected_gpus
         entry.state = state
         entry.last_heartbeat, entry.gpus, entry.address = now, gpus, address  # connected once its stream opens
-        entry.connected_at, entry.idle_heartbeat_s = now, max(0.0, idle_heartbeat_s)
+        entry.connected_at, entry.idle_heartbeat_s, entry.booted_at = now, max(0.0, idle_heartbeat_s), booted_at
         self._jobs_seen(node, entry, jobs)
         self.fleet.watch_silence(node, now + self.policy.heartbeat_timeout_s)
         expected, entry.expected_gpus = entry.expected_gpus, max(entry.expected_gpus, gpus)

@@ -1,7 +1,7 @@
 """How a node is rebooted: a pluggable executor (``remediation.reboot.executor``).
 
 Each one only *asks* for the reboot and returns; the repair then waits for the node's agent to
-connect again after the ask (a node that rebooted says hello anew), within the reboot's timeout.
+say Hello after the ask from a new boot (``repair.reboot_done``), within the reboot's timeout.
 
 - ``job`` (default): a privileged Job pinned to the node (``controller.act.kube``) that reboots
   the host through ``/proc/sysrq-trigger``'s orderly path (``systemctl reboot`` in the host's

@@ -146,6 +146,26 @@ def step_done(repair: Repair, ok: bool, busy: bool, detail: str, now: float) -> 
     return climb(repair, f"{repair.step.said}: failed: {detail}", now)
 
 
+REBOOT_CLOCKS_S = 60.0  # how far behind the controller's clock a node's may be when its boot is compared with the ask
+
+
+def reboot_done(repair: Repair, connected: bool, connected_at: float, booted_at: float, now: float) -> Repair:
+    """A reboot under way is done once the node's agent says Hello after the ask (``connected_at``,
+    the controller's clock) from a boot after it (``booted_at``, the node's clock, as its faults'
+    times; 0: not said, and the Hello alone is taken). Done as of that boot: a fault the node observed
+    after it came after the reboot (``held_down`` climbs for it), even one that reached the controller
+    before it saw the agent back. An agent back without a new boot (its connection lost and found
+    again) is not the reboot: it waits on, up to the step's timeout."""
+    if repair.phase is not Phase.RUNNING or repair.step is not Step.REBOOT:
+        return repair
+    if not connected or connected_at <= repair.since:
+        return repair
+    if booted_at and booted_at < repair.since - REBOOT_CLOCKS_S:
+        return repair
+    done = step_done(repair, True, False, "rebooted", now)
+    return replace(done, repaired_at=booted_at) if booted_at else done
+
+
 def step_result(before: Repair, after: Repair) -> str:
     """How a step that was running ended ('' when it had not): done, refused (a process still held
     the GPU: it waits), or failed (failed or timed out: the next rung)."""

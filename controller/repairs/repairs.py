@@ -48,11 +48,11 @@ from controller.repairs.repair import (
     hands_summary,
     held_down,
     open_repair,
+    reboot_done,
     refusal,
     resumed,
     settled,
     start,
-    step_done,
     step_result,
     timed_out,
 )
@@ -184,9 +184,9 @@ class Repairs:
             if repair.step is not Step.REPLACE and not refusal(stops, repair.step, self.config):
                 stops = replace(stops, others=self._owners_now.held_by_others(repair.node))  # read only now
             return start(repair, stops, self.config, now)
-        rebooted = entry.connected and entry.connected_at > repair.since  # its agent said hello after the ask
-        if repair.phase is Phase.RUNNING and repair.step is Step.REBOOT and rebooted:
-            return step_done(repair, True, False, "rebooted", now)
+        back = reboot_done(repair, entry.connected, entry.connected_at, entry.booted_at, now)
+        if back is not repair:
+            return back
         if repair.phase is Phase.RUNNING:
             return timed_out(repair, self.config, now)
         if settled(repair, self.config, now):

@@ -97,7 +97,7 @@ class Steps:
 
     async def run(self, repair: Repair) -> Repair:
         """Carry out the repair's step; returns the repair as it stands after it (running on, for a
-        reboot, until the node's agent says hello again)."""
+        reboot, until the node's agent says Hello from a new boot)."""
         # Once more, right before acting: someone may have taken the node since the last reading.
         if others := await self._held(repair.node):
             return replace(repair, phase=Phase.WAITING, waiting_for=f"owner: {others}")
@@ -109,7 +109,7 @@ class Steps:
             except RebootFailed as exc:
                 return step_done(repair, False, False, str(exc), self._clock())
             log.info("reboot_asked", node=repair.node, detail=detail)
-            return replace(repair, since=asked_at)  # running until its agent says hello again
+            return replace(repair, since=asked_at)  # running until its agent says Hello from a new boot
         return await self._on_agent(repair)
 
     async def _held(self, node: str) -> str:

@@ -253,6 +253,14 @@ def test_an_oversized_message_and_a_flooding_agent_are_refused_and_the_server_ke
             )
             for idle in (-1.0, 86400.0, float("nan"))
         ),
+        *(
+            (
+                [agent_pb2.AgentMessage(hello=agent_pb2.Hello(node=NODE, spool_id="s", booted_at=booted))],
+                grpc.StatusCode.INVALID_ARGUMENT,
+                "Hello.booted_at",
+            )
+            for booted in (-1.0, float("inf"), float("nan"))
+        ),
     ],
 )
 def test_bad_messages_get_a_clear_status_and_the_server_keeps_serving(

@@ -19,6 +19,7 @@ from controller.repairs.repair import (
     held_down,
     not_certified,
     open_repair,
+    reboot_done,
     refusal,
     resumed,
     settled,
@@ -149,6 +150,27 @@ def test_a_fault_while_the_node_settles_or_is_certified_is_not_forgotten() -> No
     r = certified(certifying(r, 7.0), passed=True, detail="all checks OK", now=9.0)  # a fault came at 5.0
     r = held_down(r, last_fault_at=5.0, config=CONFIG, now=70.0)
     assert (r.phase, r.step) == (Phase.WAITING, Step.BUS_RESET)
+
+
+def test_a_reboot_is_done_as_of_the_nodes_new_boot_so_a_fault_at_boot_climbs() -> None:
+    # XID 79: the reboot asked at 100; the node booted at 130 (its clock), logged XID 79 again at 131,
+    # and its agent said Hello at 135; the controller's tick saw it back at 136.
+    asked = start(open_repair("node-1", "inc-1", [Fault(XID, 79)], CONFIG, 0.0), Stops(), CONFIG, 100.0)
+    assert asked.step is Step.REBOOT and asked.phase is Phase.RUNNING
+    assert reboot_done(asked, connected=True, connected_at=99.0, booted_at=130.0, now=136.0) is asked  # before the ask
+    assert reboot_done(asked, connected=False, connected_at=135.0, booted_at=130.0, now=136.0) is asked
+    # Back without a new boot (its connection lost and found, the node up since 10): not the reboot.
+    assert reboot_done(asked, connected=True, connected_at=135.0, booted_at=10.0, now=136.0) is asked
+    done = reboot_done(asked, connected=True, connected_at=135.0, booted_at=130.0, now=136.0)
+    assert done.phase is Phase.SETTLING and done.repaired_at == 130.0 and done.tried[-1] == "node reboot: done"
+    held = certified(certifying(done, 142.0), passed=True, detail="all checks OK", now=143.0)
+    climbed = held_down(held, last_fault_at=131.0, config=CONFIG, now=144.0)  # observed after the boot
+    assert climbed.phase is Phase.HANDS and "a fault again 1 s after the node reboot" in climbed.tried[-1]
+    # Done as of the Hello's tick when the agent does not say when its node booted (an older agent).
+    unsaid = reboot_done(asked, connected=True, connected_at=135.0, booted_at=0.0, now=136.0)
+    assert unsaid.phase is Phase.SETTLING and unsaid.repaired_at == 136.0
+    # A node clock a little behind the controller's still counts as a new boot.
+    assert reboot_done(asked, True, 135.0, 100.0 - 59.0, 136.0).phase is Phase.SETTLING
 
 
 def test_a_reset_refused_by_a_busy_gpu_waits_for_the_job_then_runs() -> None:

@@ -8,7 +8,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Hello(_message.Message):
-    __slots__ = ("node", "agent_version", "gpus", "gpu_backend", "last_acked_seq", "spool_id", "address", "idle_heartbeat_s", "jobs", "resumable")
+    __slots__ = ("node", "agent_version", "gpus", "gpu_backend", "last_acked_seq", "spool_id", "address", "idle_heartbeat_s", "jobs", "resumable", "booted_at")
     NODE_FIELD_NUMBER: _ClassVar[int]
     AGENT_VERSION_FIELD_NUMBER: _ClassVar[int]
     GPUS_FIELD_NUMBER: _ClassVar[int]
@@ -19,6 +19,7 @@ class Hello(_message.Message):
     IDLE_HEARTBEAT_S_FIELD_NUMBER: _ClassVar[int]
     JOBS_FIELD_NUMBER: _ClassVar[int]
     RESUMABLE_FIELD_NUMBER: _ClassVar[int]
+    BOOTED_AT_FIELD_NUMBER: _ClassVar[int]
     node: str
     agent_version: str
     gpus: _containers.RepeatedCompositeFieldContainer[_common_pb2.GpuRef]
@@ -29,7 +30,8 @@ class Hello(_message.Message):
     idle_heartbeat_s: float
     jobs: _containers.RepeatedScalarFieldContainer[str]
     resumable: bool
-    def __init__(self, node: _Optional[str] = ..., agent_version: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[_common_pb2.GpuRef, _Mapping]]] = ..., gpu_backend: _Optional[str] = ..., last_acked_seq: _Optional[int] = ..., spool_id: _Optional[str] = ..., address: _Optional[str] = ..., idle_heartbeat_s: _Optional[float] = ..., jobs: _Optional[_Iterable[str]] = ..., resumable: _Optional[bool] = ...) -> None: ...
+    booted_at: float
+    def __init__(self, node: _Optional[str] = ..., agent_version: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[_common_pb2.GpuRef, _Mapping]]] = ..., gpu_backend: _Optional[str] = ..., last_acked_seq: _Optional[int] = ..., spool_id: _Optional[str] = ..., address: _Optional[str] = ..., idle_heartbeat_s: _Optional[float] = ..., jobs: _Optional[_Iterable[str]] = ..., resumable: _Optional[bool] = ..., booted_at: _Optional[float] = ...) -> None: ...
 
 class Heartbeat(_message.Message):
     __slots__ = ("sent_at", "spooled", "dropped_faults", "jobs", "unparsed_lines", "unparsed_total", "ranks")
