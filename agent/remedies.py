@@ -233,6 +233,7 @@ def result_json(result: common_pb2.CheckResult, limit: int = MAX_RESULT_BYTES) -
         "verdict": common_pb2.Verdict.Name(result.verdict),
         "reason": result.reason[:1500],
         "busy": bool(result.figures.get("busy", 0)),
+        "finished_at": result.finished_at,  # the node's clock: a fault it observed later came after the step
         "evidence": result.evidence,
     }
     text = json.dumps(body)

@@ -146,6 +146,15 @@ def step_done(repair: Repair, ok: bool, busy: bool, detail: str, now: float) -> 
     return climb(repair, f"{repair.step.said}: failed: {detail}", now)
 
 
+def done_as_of(repair: Repair, finished_at: float) -> Repair:
+    """A step the node carried out and said done, as of when it finished there (``finished_at``, the
+    node's clock, as its faults' times; 0: not said): a fault the node observed after that came after
+    the step (``held_down`` climbs for it), even one that reached the controller before the answer."""
+    if repair.phase is not Phase.SETTLING or finished_at <= 0:
+        return repair
+    return replace(repair, repaired_at=finished_at)
+
+
 REBOOT_CLOCKS_S = 60.0  # how far behind the controller's clock a node's may be when its boot is compared with the ask
 
 
@@ -162,8 +171,7 @@ def reboot_done(repair: Repair, connected: bool, connected_at: float, booted_at:
         return repair
     if booted_at and booted_at < repair.since - REBOOT_CLOCKS_S:
         return repair
-    done = step_done(repair, True, False, "rebooted", now)
-    return replace(done, repaired_at=booted_at) if booted_at else done
+    return done_as_of(step_done(repair, True, False, "rebooted", now), booted_at)
 
 
 def step_result(before: Repair, after: Repair) -> str:

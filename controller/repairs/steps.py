@@ -5,6 +5,7 @@ bundle kept before each. Returns what the pure ``step_done`` makes of the execut
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -16,7 +17,7 @@ from controller.nodes.check_requests import CheckRequests
 from controller.repairs.config import RemediationConfig
 from controller.repairs.ladder import Step
 from controller.repairs.reboot import Reboot, RebootFailed
-from controller.repairs.repair import Phase, Repair, step_done
+from controller.repairs.repair import Phase, Repair, done_as_of, step_done
 from controller.store import IncidentLog, Records
 from protos.vigil.v1 import agent_pb2, common_pb2
 
@@ -151,7 +152,7 @@ class Steps:
         if answer.evidence:
             self._keep_evidence(repair, answer.evidence)
         ok, busy = answer.verdict == common_pb2.OK, answer.figures.get("busy", 0) > 0
-        return step_done(repair, ok, busy, answer.reason, self._clock())
+        return done_as_of(step_done(repair, ok, busy, answer.reason, self._clock()), answer.finished_at)
 
     async def _by_job(self, repair: Repair, run: agent_pb2.RunRemedy, jobs: ResetJobs) -> Repair:
         """The reset as a privileged Job on the node; its result read back from its pod."""
@@ -172,7 +173,8 @@ class Steps:
         if evidence := str(result.get("evidence") or ""):
             self._keep_evidence(repair, evidence)
         ok, busy = result.get("verdict") == "OK", bool(result.get("busy"))
-        return step_done(repair, ok, busy, f"{result.get('reason', '')} (Job {namespace}/{name})", self._clock())
+        done = step_done(repair, ok, busy, f"{result.get('reason', '')} (Job {namespace}/{name})", self._clock())
+        return done_as_of(done, _seconds(result.get("finished_at")))
 
     def _pause_operator(self, node: str) -> dict[str, str | None]:
         try:
@@ -203,3 +205,10 @@ class Steps:
             self._owners.set_labels(node, before)
         except Exception as exc:
             log.error("gpu_operator_not_restored", node=node, labels=before, error=repr(exc)[:300])
+
+
+def _seconds(value: object) -> float:
+    """A time read back from a Job's result (its JSON: anything); 0 when it is not a finite number."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return 0.0
+    return float(value) if math.isfinite(value) and value > 0 else 0.0

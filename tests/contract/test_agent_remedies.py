@@ -143,9 +143,12 @@ def test_vigil_remedy_resets_on_this_machine_and_says_its_result_by_exit_code_an
 def test_a_result_too_long_for_a_termination_message_cuts_the_evidence_first() -> None:
     from agent.remedies import result_json
 
-    long = common_pb2.CheckResult(check="gpu_reset", verdict=common_pb2.OK, reason="done", evidence="x" * 20_000)
+    long = common_pb2.CheckResult(
+        check="gpu_reset", verdict=common_pb2.OK, reason="done", evidence="x" * 20_000, finished_at=1.8e9
+    )
     text = result_json(long)
     assert len(text.encode()) <= 4096 and json.loads(text)["reason"] == "done"
+    assert json.loads(text)["finished_at"] == 1.8e9  # when the node finished it: later faults came after
     assert json.loads(text)["evidence"].endswith("[cut]")
 
 

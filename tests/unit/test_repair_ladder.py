@@ -15,6 +15,7 @@ from controller.repairs.repair import (
     Stops,
     certified,
     certifying,
+    done_as_of,
     hands_summary,
     held_down,
     not_certified,
@@ -171,6 +172,21 @@ def test_a_reboot_is_done_as_of_the_nodes_new_boot_so_a_fault_at_boot_climbs() -
     assert unsaid.phase is Phase.SETTLING and unsaid.repaired_at == 136.0
     # A node clock a little behind the controller's still counts as a new boot.
     assert reboot_done(asked, True, 135.0, 100.0 - 59.0, 136.0).phase is Phase.SETTLING
+
+
+def test_a_reset_is_done_as_of_when_the_node_finished_it_so_a_fault_right_after_climbs() -> None:
+    # The reset finished on the node at 8.0 (its clock); XID 48 again at 9.0; the answer read at 10.0.
+    running = start(open_repair("node-1", "inc-1", [Fault(XID, 48, gpu=BUS)], CONFIG, 0.0), Stops(), CONFIG, 1.0)
+    done = done_as_of(step_done(running, ok=True, busy=False, detail="reset", now=10.0), finished_at=8.0)
+    assert done.phase is Phase.SETTLING and done.repaired_at == 8.0
+    held = certified(certifying(done, 16.0), passed=True, detail="all checks OK", now=17.0)
+    climbed = held_down(held, last_fault_at=9.0, config=CONFIG, now=18.0)
+    assert (climbed.phase, climbed.step) == (Phase.WAITING, Step.BUS_RESET)
+    assert "a fault again 1 s after the GPU reset" in climbed.tried[-1]
+    # Not said (0), or a step not done (failed: the next rung already): as it was.
+    assert done_as_of(step_done(running, True, False, "reset", 10.0), 0.0).repaired_at == 10.0
+    failed = step_done(running, ok=False, busy=False, detail="nvidia-smi: reset failed", now=10.0)
+    assert done_as_of(failed, 8.0) is failed
 
 
 def test_a_reset_refused_by_a_busy_gpu_waits_for_the_job_then_runs() -> None:
