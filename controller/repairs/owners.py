@@ -34,18 +34,16 @@ class OwnerReadings:
         self._seen: dict[str, tuple[float, str]] = {}  # node -> (when read, who else holds it)
         self._reading: set[str] = set()
         self._last_tick = float("-inf")  # when the tick before this one began
-        self._this_tick = float("-inf")
 
     def tick(self, now: float) -> None:
         """A tick of the repairs begins at ``now``: readings taken before the last one are stale."""
-        self._last_tick, self._this_tick = self._this_tick, now
         self._seen = {n: s for n, s in self._seen.items() if fresh(s[0], self._last_tick)}
+        self._last_tick = now
 
     def held_by_others(self, node: str) -> str:
         """Who else holds the node ('' when nobody) as read since the last tick; otherwise a reading
         is asked for (one at a time), and meanwhile ``BEING_READ``."""
-        seen = self._seen.get(node)
-        if seen is not None and fresh(seen[0], self._last_tick):
+        if (seen := self._seen.get(node)) is not None:  # the stale ones went at this tick's start
             return seen[1]
         if node not in self._reading:
             self._reading.add(node)
