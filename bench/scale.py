@@ -134,12 +134,12 @@ async def _worker(
     answer_waits: list[float] = []  # each Hello's wait for its first answer, since the last stats
     for node in fleet.nodes.values():
         node.answered = lambda waited: answer_waits.append(waited)  # the list is emptied, never swapped
-    started = time.time()
+    started, cpu0 = time.time(), time.process_time()
     await fleet.start(timeout_s=1800)
     # The streams' objects, made once, are never garbage: left to the collector, each full pass over
     # them stopped this process for seconds (the simulator's own lag), and its agents with it.
     gc.freeze()
-    conn.send(("connected", time.time() - started))
+    conn.send(("connected", time.time() - started, time.process_time() - cpu0))
     background = asyncio.create_task(_background(fleet, names, background_per_s))
     try:
         while True:
@@ -217,6 +217,7 @@ class Workers:
         self.owner = {n: i for i, share in enumerate(self.shares) for n in share}
         self.pipes: list[Connection] = []
         self.processes = []
+        self.connect_cpu_s = 0.0  # the workers' CPU while connecting, once connected
         for i, share in enumerate(self.shares):
             ours, theirs = context.Pipe()
             process = context.Process(
@@ -251,7 +252,11 @@ class Workers:
         return got
 
     def connected(self, timeout_s: float) -> float:
-        return max(float(a[1]) for a in [self._answer(p, "connected", timeout_s) for p in self.pipes])
+        """How long the slowest worker took to connect its agents (its own start left out); their
+        CPU for it, all threads, in ``connect_cpu_s``."""
+        answers = [self._answer(p, "connected", timeout_s) for p in self.pipes]
+        self.connect_cpu_s = sum(float(a[2]) for a in answers)
+        return max(float(a[1]) for a in answers)
 
     def fault(self, nodes: list[str]) -> dict[str, float]:
         by_worker: dict[int, list[str]] = {}
@@ -277,6 +282,15 @@ class Workers:
             "hello_answered": _answer_waits([w for a in answers for w in a["answer_waits"]]),
             "streams_broke_because": dict(sum((Counter(a["why"]) for a in answers), Counter())),
         }
+
+    def cpu_s(self) -> float:
+        """The fleet's processes' CPU over their whole life so far (all threads)."""
+        total = 0.0
+        for process in self.processes:
+            with contextlib.suppress(psutil.Error):
+                times = psutil.Process(process.pid).cpu_times()
+                total += times.user + times.system
+        return total
 
     def back_since(self, since: float) -> tuple[int, float]:
         answers = self._ask_all(("connected_since", since), "connected_since")
@@ -523,6 +537,7 @@ def measure(args: argparse.Namespace, workdir: Path, database: str) -> dict[str,
             figures["connect_s"] = round(workers.connected(args.connect_timeout_s), 1)
             figures["simulator_while_connecting"] = workers.stats()  # beside the relays' lateness and refusals
             figures["connect_controller_cpu_s"] = round(sampler.cpu_s() - cpu0, 1)
+            figures["connect_simulator_cpu_s"] = round(workers.connect_cpu_s, 1)
             figures["rss_after_connect_mb"] = round(sampler.process.memory_info().rss / 2**20)
             figures["gc_after_connect"] = {
                 "controller": gc_figures(config["metrics_port"]),
@@ -543,7 +558,7 @@ def measure(args: argparse.Namespace, workdir: Path, database: str) -> dict[str,
             workers.stats()  # the lag from here on
             cordons = Cordons(kube)
 
-            cpu0, t0 = sampler.cpu_s(), time.monotonic()
+            cpu0, t0, relays_cpu0, fleet_cpu0 = sampler.cpu_s(), time.monotonic(), relays.cpu_s(), workers.cpu_s()
             probes, sent, queued = [next(fresh) for _ in range(args.probes)], {}, []
             for i, node in enumerate(probes):
                 due = time.monotonic() + args.probe_every_s
@@ -568,6 +583,8 @@ def measure(args: argparse.Namespace, workdir: Path, database: str) -> dict[str,
                 "fault_to_cordon": summary([cordons.at[n] - sent[n] for n in probes]),
                 "controller_to_cordon": summary([cordons.at[n] - received[n] for n in probes]),
                 "controller_cores": round((sampler.cpu_s() - cpu0) / (time.monotonic() - t0), 2),
+                "relays_cores": round((relays.cpu_s() - relays_cpu0) / (time.monotonic() - t0), 2),
+                "simulator_cores": round((workers.cpu_s() - fleet_cpu0) / (time.monotonic() - t0), 2),
                 "simulator": workers.stats(),
                 "longest_gc_pause_s": {
                     "controller": longest_gc_pause(config["metrics_port"]),
