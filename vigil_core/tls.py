@@ -173,13 +173,25 @@ KEEPALIVE_SERVER = [
 
 MAX_CHANNEL_INT = 2**31 - 1  # gRPC's integer options are C ints
 
+# How long a call may wait for the server's event loop to take it before gRPC's core cancels it
+# (``grpc.server_max_unrequested_time_in_server``; gRPC's default 30 s). That wait is the server's
+# own lateness, not the caller's: an agent's own patience (up to 160 s for a Hello) and the
+# server's bounds once it takes the call (``first_message_s``, on its own time) judge the agent.
+# With gRPC's 30 s, 100,000 agents connecting through 8 relays on 2 cores lost about 30,000 streams
+# (the client reads CANCELLED, or INTERNAL while still sending its Hello) and reconnected.
+UNREQUESTED_CALL_S = 600
 
-def server_options(receive_bytes: int, send_bytes: int, waiting_calls: int) -> list[tuple[str, int]]:
+
+def server_options(
+    receive_bytes: int, send_bytes: int, waiting_calls: int, unrequested_s: int = UNREQUESTED_CALL_S
+) -> list[tuple[str, int]]:
     """A Vigil gRPC server's options (the controller's, a relay's): the largest message each way, a
     port of its own, keepalive, and room for ``waiting_calls`` calls waiting to be taken (a negative
-    number, as an unlimited resource limit reads: as many as gRPC counts)."""
+    number, as an unlimited resource limit reads: as many as gRPC counts), each for up to
+    ``unrequested_s``."""
     waiting = min(waiting_calls, MAX_CHANNEL_INT) if waiting_calls >= 0 else MAX_CHANNEL_INT
     return [
+        ("grpc.server_max_unrequested_time_in_server", unrequested_s),
         ("grpc.max_receive_message_length", receive_bytes),
         ("grpc.max_send_message_length", send_bytes),
         # A port already in use is an error, not shared: with SO_REUSEPORT (gRPC's default) a second

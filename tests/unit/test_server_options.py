@@ -9,7 +9,7 @@ import grpc
 from hypothesis import given
 from hypothesis import strategies as st
 
-from vigil_core.tls import MAX_CHANNEL_INT, server_options
+from vigil_core.tls import MAX_CHANNEL_INT, UNREQUESTED_CALL_S, server_options
 
 BOUNDS = ("grpc.server.max_pending_requests", "grpc.server.max_pending_requests_hard_limit")
 
@@ -31,3 +31,13 @@ def test_a_server_starts_with_an_unlimited_open_file_limit_as_its_count() -> Non
         await server.stop(None)
 
     asyncio.run(serve())
+
+
+def test_a_call_waits_for_the_server_longer_than_an_agent_waits_for_its_hello() -> None:
+    """gRPC's 30 s for a call not yet taken is the server's own lateness; Vigil's is past an
+    agent's longest wait for the answer to its Hello, so the agent's patience decides."""
+    from agent.link import HELLO_PATIENCE_DOUBLINGS, hello_patience_s
+
+    options = dict(server_options(1 << 20, 1 << 20, 10))
+    assert options["grpc.server_max_unrequested_time_in_server"] == UNREQUESTED_CALL_S
+    assert UNREQUESTED_CALL_S > hello_patience_s(HELLO_PATIENCE_DOUBLINGS) > 30
