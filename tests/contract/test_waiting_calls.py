@@ -3,7 +3,8 @@
 A controller or a relay whose event loop is busy (a fleet connecting at once) leaves the new calls
 waiting in gRPC's core. Past 1,000 waiting gRPC refuses some at random, past 3,000 every one (the
 client reads CANCELLED, or INTERNAL while it is still sending: the simulated fleet's "broken"
-streams); ``vigil_core.tls.server_options`` makes room for as many as the server may hold agents.
+streams); ``vigil_core.tls.server_options`` makes room for as many as the server may hold agents,
+and lets each wait ``UNREQUESTED_CALL_S``, not gRPC's 30 s, before gRPC cancels it.
 Real server and client processes on loopback: the client sends its calls while the server's loop is
 held.
 """

@@ -1,4 +1,6 @@
-"""A Vigil gRPC server's room for calls waiting to be taken (``vigil_core.tls.server_options``)."""
+"""A Vigil gRPC server's room for calls waiting to be taken, and for how long
+(``vigil_core.tls.server_options``).
+"""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import grpc
 from hypothesis import given
 from hypothesis import strategies as st
 
+from agent.link import HELLO_PATIENCE_DOUBLINGS, hello_patience_s
 from vigil_core.tls import MAX_CHANNEL_INT, UNREQUESTED_CALL_S, server_options
 
 BOUNDS = ("grpc.server.max_pending_requests", "grpc.server.max_pending_requests_hard_limit")
@@ -36,8 +39,6 @@ def test_a_server_starts_with_an_unlimited_open_file_limit_as_its_count() -> Non
 def test_a_call_waits_for_the_server_longer_than_an_agent_waits_for_its_hello() -> None:
     """gRPC's 30 s for a call not yet taken is the server's own lateness; Vigil's is past an
     agent's longest wait for the answer to its Hello, so the agent's patience decides."""
-    from agent.link import HELLO_PATIENCE_DOUBLINGS, hello_patience_s
-
     options = dict(server_options(1 << 20, 1 << 20, 10))
     assert options["grpc.server_max_unrequested_time_in_server"] == UNREQUESTED_CALL_S
     assert UNREQUESTED_CALL_S > hello_patience_s(HELLO_PATIENCE_DOUBLINGS) > 30
