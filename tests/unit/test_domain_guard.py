@@ -5,6 +5,9 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+from hypothesis import given
+from hypothesis import strategies as st
+
 from controller.act.actuators import NullPager
 from controller.act.local_actuator import LocalActuator, LocalQuarantines
 from controller.compose import node_route
@@ -28,6 +31,7 @@ from tests.fakes.pagers import RecordingPager
 from vigil_core.signals import GpuRef, Signal, SignalKind
 
 CFG = DomainGuardConfig(labels=("rack", "leaf"), max_nodes=2, window_s=600.0)
+Plain = tuple[tuple[tuple[str, str, float], ...], tuple[tuple[str, str], ...]]  # every (domain, node, when), held
 
 
 def test_a_nodes_domains_come_from_the_configured_labels() -> None:
@@ -122,3 +126,45 @@ def test_a_blamed_leaf_pages_once_and_cordons_none_of_its_nodes(tmp_path: Path) 
         await e.shutdown()
 
     asyncio.run(scenario())
+
+
+def _admit_by_definition(
+    state: Plain, node: str, domains: list[str], config: DomainGuardConfig, now: float
+) -> tuple[Plain, DomainAdmission, str]:
+    """The domain guard as its window defines it, written plainly (every quarantine kept while in
+    the window, each domain's nodes counted anew each time): what the faster code must answer."""
+    recent, held = state
+    recent = tuple(r for r in recent if r[2] > now - config.window_s)
+    suspect = dict.fromkeys(d for d, _ in held)
+    for domain in domains:
+        if domain in suspect:
+            return (recent, held if (domain, node) in held else (*held, (domain, node))), DomainAdmission.HOLD, domain
+        nodes = {n for d, n, _ in recent if d == domain}
+        if node not in nodes and len(nodes) >= config.max_nodes:
+            return (recent, (*held, (domain, node))), DomainAdmission.SUSPECT, domain
+    return ((*recent, *((d, node, now) for d in domains)), held), DomainAdmission.GO, ""
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from("abcdefgh"),
+            st.lists(st.sampled_from(["rack=r1", "rack=r2", "leaf=s1", "leaf=s2"]), max_size=2, unique=True),
+            st.floats(-100, 400),
+        ),
+        max_size=50,
+    ),
+    st.integers(1, 4),
+)
+def test_the_domain_guard_answers_what_its_window_defines_whatever_the_clock_did(
+    steps: list[tuple[str, list[str], float]], max_nodes: int
+) -> None:
+    config = DomainGuardConfig(labels=("rack", "leaf"), max_nodes=max_nodes, window_s=600.0)
+    fast, plain = DomainState(), ((), ())
+    now = 1000.0
+    for node, domains, step in steps:  # a negative step: the clock stepped back
+        now += step
+        fast, said, where = admit_in_domains(fast, node, domains, config, now)
+        plain, meant, there = _admit_by_definition(plain, node, domains, config, now)
+        assert (said, where, fast.held) == (meant, there, plain[1])
+        assert {(d, n) for d, n, _ in fast.recent.entries()} == {(d, n) for d, n, _ in plain[0]}

@@ -13,6 +13,8 @@ from controller.nodes.guards.rules import (
     with_adopted,
 )
 
+Plain = tuple[float | None, tuple[tuple[str, float], ...], tuple[str, ...]]  # tripped at, every (node, when), held
+
 
 def test_limit_is_the_smaller_of_count_and_fraction() -> None:
     cfg = GuardrailConfig(breaker_max_nodes=20, breaker_max_fraction=0.05)
@@ -81,6 +83,40 @@ def test_token_bucket_spreads_a_burst() -> None:
 def test_a_new_leader_counts_the_adopted_quarantines() -> None:
     cfg = GuardrailConfig(breaker_max_nodes=2, breaker_max_fraction=1.0, breaker_window_s=60)
     state = with_adopted(BreakerState(), [("a", 950.0), ("b", 990.0), ("old", 100.0)], cfg, 1000.0)
-    assert {n for n, _ in state.recent} == {"a", "b"}  # the old one is outside the window
+    assert set(state.recent) == {"a", "b"}  # the old one is outside the window
     state, verdict = admit_quarantine(state, "c", 10, cfg, 1000.0)
     assert verdict is Admission.TRIP  # no fresh allowance after a failover
+
+
+def _admit_by_definition(
+    state: Plain, node: str, fleet_size: int, config: GuardrailConfig, now: float
+) -> tuple[Plain, Admission]:
+    """The breaker as its window defines it, written plainly (every quarantine kept while in the
+    window, the nodes counted anew each time): what the faster code must answer."""
+    tripped_at, recent, held = state
+    recent = tuple((n, t) for n, t in recent if t > now - config.breaker_window_s)
+    if tripped_at is not None:
+        return (tripped_at, recent, held if node in held else (*held, node)), Admission.HOLD
+    nodes_in_window = {n for n, _ in recent}
+    if node not in nodes_in_window and len(nodes_in_window) >= breaker_limit(fleet_size, config):
+        return (now, recent, (node,)), Admission.TRIP
+    return (None, (*recent, (node, now)), held), Admission.GO
+
+
+@given(
+    st.lists(st.tuples(st.sampled_from("abcdefghij"), st.floats(-20, 100)), max_size=60),
+    st.integers(1, 6),
+    st.floats(1, 200),
+)
+def test_the_breaker_answers_what_its_window_defines_whatever_the_clock_did(
+    steps: list[tuple[str, float]], limit: int, window: float
+) -> None:
+    cfg = GuardrailConfig(breaker_max_nodes=limit, breaker_max_fraction=1.0, breaker_window_s=window)
+    fast, plain = BreakerState(), (None, (), ())
+    now = 1000.0
+    for node, step in steps:  # a negative step: the clock stepped back
+        now += step
+        fast, said = admit_quarantine(fast, node, 10, cfg, now)
+        plain, meant = _admit_by_definition(plain, node, 10, cfg, now)
+        assert said is meant and (fast.tripped_at, fast.held) == (plain[0], plain[2])
+        assert set(fast.recent) == {n for n, _ in plain[1]}

@@ -184,25 +184,28 @@ def test_an_open_fleet_incident_holds_after_a_restart(tmp_path: Path) -> None:
     asyncio.run(scenario())
 
 
+Plain = tuple[tuple[tuple[str, str, float], ...], tuple[FleetIncident, ...]]  # every (rule, node, when), open
+
+
 def _admit_by_definition(
-    state: SharedState, rule: str, node: str, fleet_size: int, config: SharedCauseConfig, now: float
-) -> tuple[SharedState, SharedAdmission]:
+    state: Plain, rule: str, node: str, fleet_size: int, config: SharedCauseConfig, now: float
+) -> tuple[Plain, SharedAdmission]:
     """The admission as the window defines it, written plainly (every node of the rule in the window,
-    this one last unless already there): what the faster code must answer."""
-    recent = tuple(r for r in state.recent if r[2] > now - config.window_s)
-    if (incident := state.incident(rule)) is not None:
+    this one last unless already there, the window a tuple of (rule, node, when) filtered anew each
+    time): what the faster code must answer."""
+    recent, open_ = state
+    recent = tuple(r for r in recent if r[2] > now - config.window_s)
+    if (incident := next((i for i in open_ if i.rule == rule), None)) is not None:
         joined = incident if node in incident.nodes else replace(incident, nodes=(*incident.nodes, node))
-        return replace(state, recent=recent, open=tuple(joined if i.rule == rule else i for i in state.open)), (
-            SharedAdmission.JOIN
-        )
+        return (recent, tuple(joined if i.rule == rule else i for i in open_)), SharedAdmission.JOIN
     seen = [(n, t) for r, n, t in recent if r == rule]
     nodes = list(dict.fromkeys([*(n for n, _ in seen), node]))
     if not config.enabled or len(nodes) < shared_threshold(fleet_size, config):
         mine = () if (rule, node) in {(r, n) for r, n, _ in recent} else ((rule, node, now),)
-        return replace(state, recent=(*recent, *mine)), SharedAdmission.GO
+        return ((*recent, *mine), open_), SharedAdmission.GO
     first = min((t for _, t in seen), default=now)
     opened = FleetIncident(rule=rule, opened_at=now, first_at=first, nodes=tuple(nodes))
-    return replace(state, recent=recent, open=(*state.open, opened)), SharedAdmission.OPEN
+    return (recent, (*open_, opened)), SharedAdmission.OPEN
 
 
 @settings(max_examples=200, deadline=None)
@@ -215,10 +218,11 @@ def _admit_by_definition(
 )
 def test_admission_is_what_the_window_defines(faults: list[tuple[str, int, float]], min_nodes: int) -> None:
     config = SharedCauseConfig(min_nodes=min_nodes, share=0.1, window_s=30)
-    fast = plain = SharedState()
+    fast, plain = SharedState(), ((), ())
     now = 1000.0
     for rule, n, step in faults:
         now += step
         fast, said = admit_shared(fast, rule, f"n{n}", 40, config, now)
         plain, meant = _admit_by_definition(plain, rule, f"n{n}", 40, config, now)
-        assert (fast, said) == (plain, meant)
+        assert (said, fast.open) == (meant, plain[1])
+        assert fast.recent.entries() == list(plain[0])  # the same window, in the same order

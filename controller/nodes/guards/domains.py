@@ -11,11 +11,12 @@ as a suspected shared component, and a person decides (``vigil resume``, as for 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
 from pydantic import Field
 
+from controller.nodes.guards.window import GroupWindow
 from vigil_core.config_file import ConfigModel
 
 DEFAULT_DOMAIN_LABELS = ("vigil.dev/rack", "vigil.dev/leaf-switch", "topology.kubernetes.io/rack")
@@ -35,7 +36,7 @@ class DomainAdmission(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class DomainState:
-    recent: tuple[tuple[str, str, float], ...] = ()  # (domain, node, when) of quarantines in the window
+    recent: GroupWindow = field(default_factory=GroupWindow)  # (domain, node) quarantined in the window: when, latest
     held: tuple[tuple[str, str], ...] = ()  # (domain, node) held since the domain became suspect
 
     @property
@@ -52,15 +53,17 @@ def admit_in_domains(
     state: DomainState, node: str, domains: Sequence[str], config: DomainGuardConfig, now: float
 ) -> tuple[DomainState, DomainAdmission, str]:
     """Whether a quarantine of ``node`` may go ahead; the domain that stops it ('' when none)."""
-    recent = tuple(r for r in state.recent if r[2] > now - config.window_s)
+    recent = state.recent.after(now - config.window_s)
+    suspect = state.suspect
     for domain in domains:
-        if domain in state.suspect:
+        if domain in suspect:
             held = state.held if (domain, node) in state.held else (*state.held, (domain, node))
             return replace(state, recent=recent, held=held), DomainAdmission.HOLD, domain
-        nodes = {n for d, n, _ in recent if d == domain}
-        if node not in nodes and len(nodes) >= config.max_nodes:
+        if (domain, node) not in recent and recent.count(domain) >= config.max_nodes:
             return replace(state, recent=recent, held=(*state.held, (domain, node))), DomainAdmission.SUSPECT, domain
-    return replace(state, recent=(*recent, *((d, node, now) for d in domains))), DomainAdmission.GO, ""
+    for domain in domains:
+        recent = recent.seen(domain, node, now)
+    return replace(state, recent=recent), DomainAdmission.GO, ""
 
 
 def hold_domain(state: DomainState, domain: str, nodes: Sequence[str]) -> DomainState:
@@ -76,7 +79,7 @@ def held_domains(state: DomainState, node: str) -> list[str]:
 
 
 def domain_summary(state: DomainState, domain: str, config: DomainGuardConfig) -> str:
-    quarantined = sorted({n for d, n, _ in state.recent if d == domain})
+    quarantined = sorted(n for n, _ in state.recent.members(domain))
     held = [n for d, n in state.held if d == domain]
     minutes = config.window_s / 60
     return (

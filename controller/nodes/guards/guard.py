@@ -45,6 +45,7 @@ from controller.nodes.guards.shared import (
     common_factors,
     fleet_summary,
 )
+from controller.nodes.guards.window import GroupWindow, Window
 from controller.store import Later, Records, Tx
 from controller.vocab.actions import Action, Page, Quarantine, action_kind
 from controller.vocab.policy import Severity
@@ -165,7 +166,8 @@ class Guard:
         if admission is SharedAdmission.GO:
             tick = time.monotonic()
             if len(self._settling) > 1000:
-                self._settling = {i: e for i, e in self._settling.items() if e[2] > tick - _SETTLED_AFTER_S}
+                self._forget_settled(tick)
+            self._settling.pop(incident_id, None)  # oldest first: one decided again goes last
             self._settling[incident_id] = (rule, node, tick)
             return False
         if admission is SharedAdmission.OPEN:
@@ -177,6 +179,15 @@ class Guard:
             self._owe(f"fleet:{rule}", opened.id, severity, now)
         log.warning("quarantine_held", node=node, incident=incident_id, fleet_incident=rule)
         return True
+
+    def _forget_settled(self, tick: float) -> None:
+        """The settling entries decided long ago go, oldest first: only those are read (a burst
+        past a thousand no longer passes over every entry on each decision)."""
+        while self._settling:
+            oldest = next(iter(self._settling))
+            if self._settling[oldest][2] > tick - _SETTLED_AFTER_S:
+                return
+            del self._settling[oldest]
 
     async def settle(self, action: Quarantine | Page) -> str | None:
         """Called by the runner before it carries out a quarantine or page: wait out the settling
@@ -372,23 +383,23 @@ def _dry(action: Action, quarantine_means: str) -> Action:
 
 
 def _dump(state: BreakerState) -> str:
-    return json.dumps({"tripped_at": state.tripped_at, "recent": state.recent, "held": state.held})
+    return json.dumps({"tripped_at": state.tripped_at, "recent": state.recent.entries(), "held": state.held})
 
 
 def _dump_domains(state: DomainState) -> str:
-    return json.dumps({"recent": state.recent, "held": state.held})
+    return json.dumps({"recent": state.recent.entries(), "held": state.held})
 
 
 def _dump_shared(state: SharedState) -> str:
     incidents = [[i.rule, i.opened_at, i.first_at, list(i.nodes)] for i in state.open]
-    return json.dumps({"recent": state.recent, "open": incidents})
+    return json.dumps({"recent": state.recent.entries(), "open": incidents})
 
 
 def _load_shared(text: str | None) -> SharedState:
     if not text:
         return SharedState()
     d = json.loads(text)
-    recent = tuple((r, n, t) for r, n, t in d["recent"])
+    recent = GroupWindow.of(((r, n, t) for r, n, t in d["recent"]), first=True)
     return SharedState(recent, tuple(FleetIncident(r, o, f, tuple(ns)) for r, o, f, ns in d["open"]))
 
 
@@ -396,14 +407,14 @@ def _load_domains(text: str | None) -> DomainState:
     if not text:
         return DomainState()
     d = json.loads(text)
-    return DomainState(tuple((a, b, t) for a, b, t in d["recent"]), tuple((a, b) for a, b in d["held"]))
+    return DomainState(GroupWindow.of((a, b, t) for a, b, t in d["recent"]), tuple((a, b) for a, b in d["held"]))
 
 
 def _load(text: str | None) -> BreakerState:
     if not text:
         return BreakerState()
     d = json.loads(text)
-    return BreakerState(d["tripped_at"], tuple((n, t) for n, t in d["recent"]), tuple(d["held"]))
+    return BreakerState(d["tripped_at"], Window.of((n, t) for n, t in d["recent"]), tuple(d["held"]))
 
 
 _KEYS = (_BREAKER_KEY, _DOMAINS_KEY, _SHARED_KEY, _OWED_KEY)  # in the order of ``Guard.state``

@@ -21,6 +21,7 @@ from pydantic import Field
 
 from controller.nodes.guards.domains import DomainGuardConfig
 from controller.nodes.guards.shared import SharedCauseConfig
+from controller.nodes.guards.window import Window
 from vigil_core.config_file import ConfigModel
 
 
@@ -47,7 +48,7 @@ class Admission(StrEnum):
 @dataclass(frozen=True, slots=True)
 class BreakerState:
     tripped_at: float | None = None
-    recent: tuple[tuple[str, float], ...] = ()  # (node, when) of quarantines inside the window
+    recent: Window[str] = field(default_factory=Window)  # each node quarantined inside the window: when, latest
     held: tuple[str, ...] = ()  # nodes held since it tripped, in order
 
     @property
@@ -63,14 +64,13 @@ def breaker_limit(fleet_size: int, config: GuardrailConfig) -> int:
 def admit_quarantine(
     state: BreakerState, node: str, fleet_size: int, config: GuardrailConfig, now: float
 ) -> tuple[BreakerState, Admission]:
-    recent = tuple((n, t) for n, t in state.recent if t > now - config.breaker_window_s)
+    recent = state.recent.after(now - config.breaker_window_s)
     if state.tripped:
         held = state.held if node in state.held else (*state.held, node)
         return replace(state, recent=recent, held=held), Admission.HOLD
-    nodes_in_window = {n for n, _ in recent}
-    if node not in nodes_in_window and len(nodes_in_window) >= breaker_limit(fleet_size, config):
+    if node not in recent and len(recent) >= breaker_limit(fleet_size, config):
         return BreakerState(tripped_at=now, recent=recent, held=(node,)), Admission.TRIP
-    return replace(state, recent=(*recent, (node, now))), Admission.GO
+    return replace(state, recent=recent.seen(node, now)), Admission.GO
 
 
 def with_adopted(
@@ -78,9 +78,8 @@ def with_adopted(
 ) -> BreakerState:
     """A new leader counts the quarantines it found on the cluster (made by the previous leader within
     the window) against the same limit, so a failover does not grant a fresh allowance."""
-    known = {n for n, _ in state.recent}
-    found = tuple((n, t) for n, t in quarantines if t > now - config.breaker_window_s and n not in known)
-    return replace(state, recent=(*state.recent, *found))
+    found = [(n, t) for n, t in quarantines if t > now - config.breaker_window_s and n not in state.recent]
+    return replace(state, recent=Window.of([*state.recent.entries(), *found]))
 
 
 def resumed(state: BreakerState) -> BreakerState:

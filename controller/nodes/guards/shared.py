@@ -18,11 +18,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
 from pydantic import Field
 
+from controller.nodes.guards.window import GroupWindow
 from vigil_core.config_file import ConfigModel
 
 
@@ -56,7 +57,7 @@ class FleetIncident:
 
 @dataclass(frozen=True, slots=True)
 class SharedState:
-    recent: tuple[tuple[str, str, float], ...] = ()  # (rule, node, when) of faults acted on in the window
+    recent: GroupWindow = field(default_factory=GroupWindow)  # (rule, node) acted on in the window: when, first
     open: tuple[FleetIncident, ...] = ()
 
     def incident(self, rule: str) -> FleetIncident | None:
@@ -77,17 +78,16 @@ def admit_shared(
     state: SharedState, rule: str, node: str, fleet_size: int, config: SharedCauseConfig, now: float
 ) -> tuple[SharedState, SharedAdmission]:
     """Whether one node's fault of ``rule`` may be acted on alone, or belongs to a fleet incident."""
-    recent = tuple(r for r in state.recent if r[2] > now - config.window_s)
+    recent = state.recent.after(now - config.window_s)
     if (incident := state.incident(rule)) is not None:
         if node not in incident.nodes:
             incident = replace(incident, nodes=(*incident.nodes, node))
         return replace(state, recent=recent, open=_put(state.open, incident)), SharedAdmission.JOIN
-    seen = [(n, t) for r, n, t in recent if r == rule]
-    earlier = dict.fromkeys(n for n, _ in seen)  # the nodes with this fault in the window, in order
-    nodes = [*earlier, *(() if node in earlier else (node,))]
-    if not config.enabled or len(nodes) < shared_threshold(fleet_size, config):
-        mine = () if node in earlier else ((rule, node, now),)
-        return replace(state, recent=(*recent, *mine)), SharedAdmission.GO
+    known = (rule, node) in recent
+    if not config.enabled or recent.count(rule) + (not known) < shared_threshold(fleet_size, config):
+        return replace(state, recent=recent.seen(rule, node, now, first=True)), SharedAdmission.GO
+    seen = recent.members(rule)  # the nodes with this fault in the window, in order
+    nodes = [*(n for n, _ in seen), *(() if known else (node,))]
     first = min((t for _, t in seen), default=now)
     incident = FleetIncident(rule=rule, opened_at=now, first_at=first, nodes=tuple(nodes))
     return replace(state, recent=recent, open=(*state.open, incident)), SharedAdmission.OPEN
