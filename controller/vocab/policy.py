@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
+from functools import cached_property
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -250,8 +251,9 @@ class Policy(ConfigModel):
             unlisted=not _acts(self.unknown_xid),
         )
 
-    @property
+    @cached_property
     def longest_window_s(self) -> float:
+        """Read on every decision: a pass over some two hundred rules, once per policy (frozen)."""
         rules = [*self.xid.values(), *self.kinds.values(), *self.recovery.values(), self.unknown_xid]
         return max(r.window_s for r in rules)
 
