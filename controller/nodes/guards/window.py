@@ -17,7 +17,7 @@ from collections import Counter
 from collections.abc import Hashable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from itertools import islice
-from typing import Any, Generic, TypeVar
+from typing import Generic, TypeVar
 
 K = TypeVar("K", bound=Hashable)
 
@@ -55,7 +55,11 @@ class Window(Generic[K]):
 
     def after(self, cutoff: float) -> Window[K]:
         """Without the entries seen at or before ``cutoff``: reads only those."""
-        expired = _expired(self.at, cutoff)
+        expired = 0
+        for when in self.at.values():
+            if when > cutoff:
+                break
+            expired += 1
         return self if not expired else Window(dict(islice(self.at.items(), expired, None)))
 
     def seen(self, key: K, when: float, first: bool = False) -> Window[K]:
@@ -102,15 +106,15 @@ class GroupWindow:
         return [(g, m, t) for (g, m), t in self.window.at.items()]
 
     def after(self, cutoff: float) -> GroupWindow:
-        expired = _expired(self.window.at, cutoff)
-        if not expired:
+        window = self.window.after(cutoff)
+        if window is self.window:
             return self
         counts = dict(self.counts)
-        for group, _ in islice(self.window.at, expired):
+        for group, _ in islice(self.window.at, len(self.window) - len(window)):  # the expired, oldest first
             counts[group] -= 1
             if not counts[group]:
                 del counts[group]
-        return GroupWindow(Window(dict(islice(self.window.at.items(), expired, None))), counts)
+        return GroupWindow(window, counts)
 
     def seen(self, group: str, member: str, when: float, first: bool = False) -> GroupWindow:
         window = self.window.seen((group, member), when, first)
@@ -119,13 +123,3 @@ class GroupWindow:
         if (group, member) in self.window:
             return GroupWindow(window, self.counts)
         return GroupWindow(window, {**self.counts, group: self.counts.get(group, 0) + 1})
-
-
-def _expired(at: Mapping[Any, float], cutoff: float) -> int:
-    """How many of the oldest entries were seen at or before ``cutoff``."""
-    expired = 0
-    for when in at.values():
-        if when > cutoff:
-            break
-        expired += 1
-    return expired
