@@ -6,12 +6,14 @@ start (no output directory yet: the case a rank must not crash on)."""
 from __future__ import annotations
 
 import ast
+import contextlib
 import importlib
 import resource
 import shutil
 import subprocess
 import sys
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -66,10 +68,18 @@ LIBRARY = {
 NODES = {"trainer_hooks.hook": "node-a"}  # the plain hook's snippet makes no process group: one rank
 
 
-def allow_cores() -> None:
-    """In the launcher (and so its ranks): a rank that aborts leaves a core for ``backtraces``."""
-    _, hard = resource.getrlimit(resource.RLIMIT_CORE)
+@contextlib.contextmanager
+def cores_allowed() -> Iterator[None]:
+    """While the launcher starts (its ranks inherit it): a rank that aborts leaves a core for
+    ``backtraces``. Raised in this process and put back after, not in a ``preexec_fn``: that makes
+    Python fork this process, gRPC and all (other tests in it use gRPC), and gRPC's threads restarted
+    in the child can abort it before it execs (seen in CI: "epoll_wait error: Bad file descriptor")."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_CORE)
     resource.setrlimit(resource.RLIMIT_CORE, (hard, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_CORE, (soft, hard))
 
 
 def backtraces(where: Path) -> str:
@@ -110,7 +120,8 @@ def test_the_adapters_snippet_runs_as_written_on_two_ranks(tmp_path: Path, modul
         "--controller", "none", "--max-failures", "0", "--log-dir", str(tmp_path / "ranks"), "--",
         sys.executable, str(script),
     ]  # fmt: skip
-    done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=280, preexec_fn=allow_cores)
+    with cores_allowed():
+        done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=280)
     logs = "\n".join(p.read_text()[-2000:] for p in sorted((tmp_path / "ranks").glob("*.log")))
     assert done.returncode == 0, done.stderr[-2000:] + logs + backtraces(tmp_path)
     assert "Traceback" not in logs, logs
