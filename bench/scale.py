@@ -22,7 +22,8 @@ What runs, all on this machine:
 - probes: ``--probes`` single XID 79s, one every ``--probe-every-s`` on a fresh node: fault →
   cordon (the agent's stamp to the cordon PATCH arriving at the API server) and controller → cordon
   (the controller's receipt, read back from its incident, to the PATCH);
-- bursts: each of ``--bursts`` nodes failing at the same moment, until all are cordoned;
+- bursts: each of ``--bursts`` nodes failing at the same moment, until all are cordoned
+  (``all_cordoned_s``) and every quarantine's condition and Event are written (``all_recorded_s``);
 - ``--relays K``: K ``vigil relay`` processes between the fleet and the controller (each worker's
   agents on one of them): the controller then holds K streams, and the agents' connections are the
   relays' (their RSS and CPU are given beside the controller's);
@@ -449,29 +450,37 @@ def own_cpu_s() -> float:
     return float(times.user + times.system)
 
 
-def cordon_times(kube: KubeApiServer, seen: int, into: dict[str, float]) -> int:
-    """Read the API server's log from ``seen`` on: each node's first cordon PATCH; returns the new position."""
+def cordon_times(kube: KubeApiServer, seen: int, into: dict[str, float], events: dict[str, float]) -> int:
+    """Read the API server's log from ``seen`` on: each node's first cordon PATCH (``into``) and first
+    Event (``events``: the last of a quarantine's writes); returns the new position."""
     with kube.rules.lock:
         new = kube.rules.log[seen:]
     for r in new:
         if r.method == "PATCH" and r.path.count("/") == 4 and (r.body or {}).get("spec", {}).get("unschedulable"):
             into.setdefault(r.path.rsplit("/", 1)[1], r.at)
+        elif r.method == "POST" and r.path.endswith("/events"):
+            events.setdefault((r.body or {}).get("involvedObject", {}).get("name", ""), r.at)
     return seen + len(new)
 
 
 class Cordons:
     def __init__(self, kube: KubeApiServer) -> None:
-        self._kube, self._seen, self.at = kube, 0, {}  # type: dict[str, float]
+        self._kube, self._seen = kube, 0
+        self.at: dict[str, float] = {}  # node -> its cordon
+        self.recorded: dict[str, float] = {}  # node -> its Event, written after its condition
 
-    def wait(self, nodes: list[str], timeout_s: float) -> None:
+    def wait(self, nodes: list[str], timeout_s: float, record: bool = False) -> None:
+        """Until every node is cordoned (``record``: and has its Event)."""
         deadline = time.monotonic() + timeout_s
+        seen = self.recorded if record else self.at
         while time.monotonic() < deadline:
-            self._seen = cordon_times(self._kube, self._seen, self.at)
-            if all(n in self.at for n in nodes):
+            self._seen = cordon_times(self._kube, self._seen, self.at, self.recorded)
+            if all(n in seen for n in nodes):
                 return
             time.sleep(0.005)
-        missing = [n for n in nodes if n not in self.at]
-        raise TimeoutError(f"{len(missing)} of {len(nodes)} nodes not cordoned within {timeout_s} s: {missing[:5]}")
+        missing = [n for n in nodes if n not in seen]
+        what = "recorded" if record else "cordoned"
+        raise TimeoutError(f"{len(missing)} of {len(nodes)} nodes not {what} within {timeout_s} s: {missing[:5]}")
 
 
 def settings(
@@ -606,10 +615,12 @@ def measure(args: argparse.Namespace, workdir: Path, database: str) -> dict[str,
                 sent = workers.fault(burst)
                 cordons.wait(burst, args.burst_timeout_s)
                 first, last = min(sent.values()), max(cordons.at[n] for n in burst)
+                cordons.wait(burst, args.burst_timeout_s, record=True)
                 figures["bursts"].append(
                     {
                         "nodes": size,
                         "all_cordoned_s": round(last - first, 2),
+                        "all_recorded_s": round(max(cordons.recorded[n] for n in burst) - first, 2),
                         "nodes_per_s": round(size / (last - first), 1),
                         "fault_to_cordon": summary([cordons.at[n] - sent[n] for n in burst]),
                         "controller_cpu_s": round(sampler.cpu_s() - cpu0, 1),

@@ -9,8 +9,9 @@ one in ``controller.act.kube``, the Slack and webhook pagers in ``controller.act
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol, TextIO
+from typing import Protocol, TextIO, runtime_checkable
 
 from controller.vocab.actions import Drain, Page, PageUpdate, Quarantine
 
@@ -91,6 +92,27 @@ class Actuator(NodeSelector, Protocol):
 
     def close(self) -> None:
         """Let go of what it holds besides calls (a watch's thread); at the controller's shutdown."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class Unfinished:
+    """A quarantine whose urgent part is done (the node takes no new work) and whose record is not
+    (on Kubernetes: the node's condition and the Event). ``finish`` writes the rest, idempotently, and
+    returns the account of the whole; a quarantine carried out again after a failure or a restart
+    finds its urgent part done and writes only the rest."""
+
+    finish: Callable[[], str]
+
+
+@runtime_checkable
+class UrgentFirst(Protocol):
+    """An actuator whose quarantine has an urgent part and a record: the action runner writes every
+    quarantine's urgent part before any record, so a burst of a thousand cordons all of its nodes
+    first (``controller.nodes.actions.runner``)."""
+
+    def quarantine_urgent_first(self, action: Quarantine) -> str | Unfinished:
+        """The urgent part of ``quarantine``: an account when nothing is left to do, else the rest."""
         ...
 
 

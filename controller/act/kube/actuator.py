@@ -3,7 +3,8 @@ release (only what Vigil quarantined), optional drain, and adoption of existing 
 
 Each call is idempotent: it reads the node, plans the writes (``controller.act.kube.plans``, pure) and
 sends them; a 409 (the node changed under us) means read again and plan again. The cordon is
-written first, being what the scheduler acts on; the condition and the Event follow.
+written first, being what the scheduler acts on; the condition and the Event follow, and the action
+runner writes them only once no other quarantine's cordon waits (``quarantine_urgent_first``).
 
 Reads: a quarantine plans from the node as the watch last showed it (``node_cache``), so a burst
 of a thousand costs no LIST and no GET per node; a stale read costs a 409 and a GET for that node
@@ -16,6 +17,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import Any, cast
 from urllib.parse import quote
 
@@ -24,9 +26,16 @@ import urllib3
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from controller.act.actuators import FoundQuarantine, PermanentActionError, Release, SelectionError
+from controller.act.actuators import FoundQuarantine, PermanentActionError, Release, SelectionError, Unfinished
 from controller.act.kube.node_cache import NodeCache, node_pages
-from controller.act.kube.plans import FIELD_MANAGER, Json, found_quarantine, plan_quarantine, plan_release
+from controller.act.kube.plans import (
+    FIELD_MANAGER,
+    Json,
+    QuarantinePlan,
+    found_quarantine,
+    plan_quarantine,
+    plan_release,
+)
 from controller.vocab.actions import Drain, Quarantine
 
 log = structlog.get_logger(__name__)
@@ -74,21 +83,30 @@ class KubeActuator:
     # Quarantine -------------------------------------------------------------------------------
 
     def quarantine(self, action: Quarantine) -> str:
+        done = self.quarantine_urgent_first(action)
+        return done if isinstance(done, str) else done.finish()
+
+    def quarantine_urgent_first(self, action: Quarantine) -> str | Unfinished:
+        """The cordon and taint (what the scheduler acts on); the condition and the Event are the rest."""
         fresh = False
         for _ in range(_CONFLICT_RETRIES):
             node = self._read(action.node, fresh)
             plan = plan_quarantine(node, action.incident_id, action.reason, time.time(), self._namespace)
             if isinstance(plan, str):
                 return f"already quarantined by Vigil (incident {plan}); left as it is"
-            if plan.node_patch is not None and not self._patch_node(action.node, plan.node_patch):
+            if plan.node_patch is None:
+                return self._record(action.node, plan, "already tainted and cordoned; condition and Event ensured")
+            if not self._patch_node(action.node, plan.node_patch):
                 fresh = True
                 continue
-            self._patch_status(action.node, plan.status_patch)
-            self._create_event(plan.event)
-            if plan.node_patch is None:
-                return "already tainted and cordoned; condition and Event ensured"
-            return "tainted, cordoned, condition and Event written"
+            said = "tainted, cordoned, condition and Event written"
+            return Unfinished(partial(self._record, action.node, plan, said))
         raise RuntimeError(f"node {action.node!r} kept changing: {_CONFLICT_RETRIES} conflicts in a row")
+
+    def _record(self, name: str, plan: QuarantinePlan, said: str) -> str:
+        self._patch_status(name, plan.status_patch)
+        self._create_event(plan.event)
+        return said
 
     def _write(self, method: str, path: str, body: Json, content_type: str) -> None:
         """One write through the client's own connection pool, credentials, TLS and retries, without

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import structlog
 
-from controller.act.actuators import Actuator, Pager
+from controller.act.actuators import Actuator, Pager, Unfinished, UrgentFirst
 from controller.metrics import ControllerMetrics
 from controller.nodes.actions.fold_reports import FoldReports
 from controller.nodes.fleet import Fleet
@@ -154,11 +154,14 @@ class Applier:
                     self._quarantines.publish(action)
 
 
-def execute(action: ExternalAction, actuator: Actuator, pager: Pager) -> str:
-    """Carry an external action out (blocking); returns a one-line account of what was done."""
+def execute(action: ExternalAction, actuator: Actuator, pager: Pager) -> str | Unfinished:
+    """Carry an external action out (blocking); returns a one-line account of what was done, or for
+    a quarantine with an urgent part (``UrgentFirst``) what is left once that part is done."""
     match action:
         case Quarantine(dry_run=True):
             return f"dry run: would quarantine ({actuator.quarantine_means}); nothing changed"
+        case Quarantine() if isinstance(actuator, UrgentFirst):
+            return actuator.quarantine_urgent_first(action)
         case Quarantine():
             return actuator.quarantine(action)
         case Drain():

@@ -1,6 +1,7 @@
 """Carries out the actions the engine committed: each once per incident, retried with backoff.
 
-Actions run in threads (actuators make blocking HTTP calls) under the quarantine rate limit. The
+Actions run in threads (actuators make blocking HTTP calls) under the quarantine rate limit; a
+quarantine's record waits for the other quarantines' cordons (``controller.nodes.actions.urgent``). The
 agent's acknowledgement of a signal waits until the actions that signal asked for are done (or
 given up): a controller that dies with an action under way has not acknowledged its signal, so the
 agent replays it to the next controller, which carries the action out (idempotently) instead of
@@ -18,9 +19,10 @@ from functools import partial
 
 import structlog
 
-from controller.act.actuators import Actuator, NotReadyYet, Pager, PermanentActionError
+from controller.act.actuators import Actuator, NotReadyYet, Pager, PermanentActionError, Unfinished
 from controller.metrics import ControllerMetrics
 from controller.nodes.actions.apply import execute
+from controller.nodes.actions.urgent import UrgentLane
 from controller.nodes.guards.rules import TokenBucket
 from controller.store import ActionLog, PendingAction, Tx
 from controller.store.health import is_database_error
@@ -97,6 +99,7 @@ class ActionRunner:
         self._tasks: set[asyncio.Task[None]] = set()
         self._pages_asked: dict[str, None] = {}  # incidents whose page this controller asked for, newest last
         self._executor = ThreadPoolExecutor(ACTION_THREADS, thread_name_prefix="action")
+        self.urgent = UrgentLane()  # a quarantine's record waits for the other quarantines' cordons
         self.settle: Settle = _go  # the guard's settling window (set by the composition root)
 
     def held_back_seq(self, node: str) -> int | None:
@@ -144,11 +147,8 @@ class ActionRunner:
                 return
             attempt, waited_s = pending.attempts, 0.0
             while attempt < MAX_ACTION_ATTEMPTS:
-                if isinstance(action, Quarantine) and not action.dry_run:
-                    await asyncio.sleep(self.bucket.reserve(time.monotonic()))
                 try:
-                    loop = asyncio.get_running_loop()
-                    detail = await loop.run_in_executor(self._executor, execute, action, self.actuator, self.pager)
+                    detail, acted_at = await self._carry_out(action)
                 except PermanentActionError as exc:
                     bound.error("action_failed_permanently", error=str(exc))
                     await self._finished(pending, kind, "FAILED", str(exc)[:500])
@@ -173,7 +173,9 @@ class ActionRunner:
                     attempt += 1
                     continue
                 followed = self.on_done(pending, detail)
-                latency = await self._finished(pending, kind, "DONE", detail, partial(_stored, followed, self.clock()))
+                latency = await self._finished(
+                    pending, kind, "DONE", detail, partial(_stored, followed, self.clock()), acted_at
+                )
                 bound.info("action_done", detail=detail, latency_s=round(latency, 4))
                 for follow in followed.actions:  # recorded with the outcome: asked for once, never twice
                     self.schedule(PendingAction(follow.incident_id, follow, 0))
@@ -183,6 +185,28 @@ class ActionRunner:
         finally:
             self._in_flight.discard(key)
             self._release_ack(action.node, key)
+
+    async def _carry_out(self, action: ExternalAction) -> tuple[str, float]:
+        """Carry the action out in a thread; returns its account and when it took effect (a
+        quarantine: when its urgent part was written). A quarantine waits for the rate limit, and
+        its record (``Unfinished``) for the other quarantines' urgent parts (``UrgentLane``)."""
+        loop = asyncio.get_running_loop()
+        if not isinstance(action, Quarantine) or action.dry_run:
+            done = await loop.run_in_executor(self._executor, execute, action, self.actuator, self.pager)
+            if isinstance(done, Unfinished):  # only quarantines have an urgent part today
+                done = await loop.run_in_executor(self._executor, done.finish)
+            return done, self.clock()
+        ticket = self.urgent.begin()
+        try:
+            await asyncio.sleep(self.bucket.reserve(time.monotonic()))
+            done = await loop.run_in_executor(self._executor, execute, action, self.actuator, self.pager)
+        finally:
+            self.urgent.end()
+        acted_at = self.clock()
+        if isinstance(done, Unfinished):
+            await self.urgent.after_urgent(ticket)
+            done = await loop.run_in_executor(self._executor, done.finish)
+        return done, acted_at
 
     @staticmethod
     def _recorded(write: Callable[[], object]) -> bool:
@@ -196,14 +220,20 @@ class ActionRunner:
         return True
 
     async def _finished(
-        self, pending: PendingAction, kind: str, status: str, detail: str, also: Callable[[Tx], None] | None = None
+        self,
+        pending: PendingAction,
+        kind: str,
+        status: str,
+        detail: str,
+        also: Callable[[Tx], None] | None = None,
+        acted_at: float | None = None,
     ) -> float:
         """Record the action's outcome (with ``also``'s writes, in its transaction), waiting for the
         store while it takes no writes: an outcome left unrecorded would leave the action PENDING,
         carried out again only by the next controller."""
         while True:
             try:
-                return self._finish(pending, kind, status, detail, also)
+                return self._finish(pending, kind, status, detail, also, acted_at)
             except Exception as exc:
                 if not is_database_error(exc):
                     raise
@@ -211,16 +241,23 @@ class ActionRunner:
                 await asyncio.sleep(STORE_RETRY_S)
 
     def _finish(
-        self, pending: PendingAction, kind: str, status: str, detail: str, also: Callable[[Tx], None] | None
+        self,
+        pending: PendingAction,
+        kind: str,
+        status: str,
+        detail: str,
+        also: Callable[[Tx], None] | None,
+        acted_at: float | None,
     ) -> float:
+        """Returns the fault-to-action latency: to when the action took effect (``acted_at``), else now."""
         now = self.clock()
         self.actions.finish(pending.incident_id, kind, status, detail, now, also)
         family = kind.split(":")[0]
         self.metrics.actions.labels(family, status).inc()
-        observed_at = pending.action.observed_at
+        observed_at, took_effect = pending.action.observed_at, now if acted_at is None else acted_at
         if status == "DONE" and observed_at > 0 and isinstance(pending.action, (Quarantine, Page)):
-            self.metrics.fault_to_action.labels(family).observe(now - observed_at)
-        return now - observed_at if observed_at > 0 else 0.0
+            self.metrics.fault_to_action.labels(family).observe(took_effect - observed_at)
+        return took_effect - observed_at if observed_at > 0 else 0.0
 
     def _release_ack(self, node: str, key: ActionKey) -> None:
         waiting = self._unfinished.get(node)
