@@ -385,6 +385,13 @@ def gc_figures(metrics_port: int) -> dict[str, float]:
     }
 
 
+def gc_since(before: dict[str, float], metrics_port: int) -> dict[str, float]:
+    """A process's garbage collection since ``before`` (``gc_figures`` then): the pauses' and the full
+    collections' total."""
+    now = gc_figures(metrics_port)
+    return {key: round(now[key] - before[key], 2) for key in ("total_s", "full_s")}
+
+
 def lateness(metrics_port: int, process: str) -> dict[str, Any]:
     """How late a process's event loop has run so far (``vigil_{process}_event_loop_lag_seconds``: the
     ticks' lateness added up, what its bounds on agents leave out; the ticks more than a second late),
@@ -598,6 +605,13 @@ def measure(args: argparse.Namespace, workdir: Path, database: str) -> dict[str,
                 "longest_gc_pause_s": {
                     "controller": longest_gc_pause(config["metrics_port"]),
                     "relays": [longest_gc_pause(port) for port in relays.metrics_ports],
+                },
+                "gc_in_steady": {  # the collectors' time in this phase: full collections here stop a probe
+                    "controller": gc_since(figures["gc_after_connect"]["controller"], config["metrics_port"]),
+                    "relays": [
+                        gc_since(then, port)
+                        for then, port in zip(figures["gc_after_connect"]["relays"], relays.metrics_ports, strict=True)
+                    ],
                 },
             }
             if args.relays:
