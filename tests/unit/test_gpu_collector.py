@@ -4,20 +4,13 @@ from __future__ import annotations
 
 from agent.gpu_collector import GpuCollector, xid_signals
 from gpus.simulated import SimulatedBackend, simulated_gpus
+from tests.fakes.clock import ManualClock
 from tests.fakes.gpu_faults import GpuFaults
 from vigil_core.signals import THROTTLE_GPU_IDLE, THROTTLE_HW_THERMAL, THROTTLE_SW_POWER_CAP, SignalKind
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def setup() -> tuple[SimulatedBackend, GpuCollector, Clock]:
-    clock = Clock()
+def setup() -> tuple[SimulatedBackend, GpuCollector, ManualClock]:
+    clock = ManualClock(1000.0)
     backend = SimulatedBackend("n1", 8, clock=clock)
     return backend, GpuCollector("n1", backend, clock, throttle_report_s=5.0), clock
 

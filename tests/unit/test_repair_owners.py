@@ -10,6 +10,7 @@ import threading
 import pytest
 
 from controller.repairs.owners import BEING_READ, OwnerReadings, fresh
+from tests.fakes.clock import ManualClock
 from vigil_core.supervise import Tasks
 
 
@@ -37,14 +38,6 @@ class Owners:
         return []
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 async def settle() -> None:
     """Let the reading's thread and task finish."""
     for _ in range(20):
@@ -56,10 +49,10 @@ def test_a_reading_is_fresh_when_taken_since_the_tick_before() -> None:
     assert not fresh(9.9, 10.0) and not fresh(None, 10.0)
 
 
-async def asked_then_told(owners: Owners, late_s: float = 1.0) -> tuple[OwnerReadings, Clock, str]:
+async def asked_then_told(owners: Owners, late_s: float = 1.0) -> tuple[OwnerReadings, ManualClock, str]:
     """One tick asks who holds node-a; the reading comes back; the next tick, ``late_s`` after the
     first, is told: returns what it was told."""
-    clock = Clock()
+    clock = ManualClock(1000.0)
     readings = OwnerReadings(owners, Tasks(), clock)
     readings.tick(clock.now)
     assert readings.held_by_others("node-a") == BEING_READ
@@ -92,7 +85,7 @@ async def test_a_reading_answers_one_round_only_then_the_cluster_is_read_again()
 
 @pytest.mark.asyncio
 async def test_a_slow_reading_serves_the_tick_after_it_came_back_and_is_asked_once() -> None:
-    clock, owners = Clock(), Owners()
+    clock, owners = ManualClock(1000.0), Owners()
     owners.release.clear()
     readings = OwnerReadings(owners, Tasks(), clock)
     readings.tick(clock.now)

@@ -10,16 +10,9 @@ import urllib.request
 from prometheus_client import CollectorRegistry, Counter
 from structlog.testing import capture_logs
 
+from tests.fakes.clock import ManualClock
 from vigil_core.http_status import serve_http
 from vigil_core.supervise import Tasks, backoff_s, supervise
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def test_backoff_doubles_up_to_its_cap() -> None:
@@ -27,7 +20,7 @@ def test_backoff_doubles_up_to_its_cap() -> None:
 
 
 def test_a_failing_step_is_counted_skipped_during_its_backoff_and_up_again_once_it_succeeds() -> None:
-    clock, failures = Clock(), []
+    clock, failures = ManualClock(), []
     tasks = Tasks(failures.append, base_s=1.0, cap_s=8.0, clock=clock)
     broken = {"on": True}
     calls = []

@@ -7,18 +7,11 @@ from __future__ import annotations
 import asyncio
 
 from controller.nodes.actions.urgent import UrgentLane
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.fakes.clock import ManualClock
 
 
 def test_a_lone_urgent_part_may_record_as_soon_as_it_ends() -> None:
-    lane = UrgentLane(quiet_s=1.0, clock=Clock())
+    lane = UrgentLane(quiet_s=1.0, clock=ManualClock(100.0))
     ticket = lane.begin()
     assert not lane.may_record(ticket)
     lane.end()
@@ -26,7 +19,7 @@ def test_a_lone_urgent_part_may_record_as_soon_as_it_ends() -> None:
 
 
 def test_a_burst_records_once_no_urgent_part_runs_and_none_began_for_the_quiet_time() -> None:
-    clock = Clock()
+    clock = ManualClock(100.0)
     lane = UrgentLane(quiet_s=1.0, clock=clock)
     first, second = lane.begin(), lane.begin()
     lane.end()
