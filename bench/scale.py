@@ -402,6 +402,7 @@ def lateness(metrics_port: int, process: str) -> dict[str, Any]:
     out: dict[str, Any] = {
         "late_s": round(_value(samples, f"{name}_sum"), 1),
         "ticks_over_1s": ticks - _value(samples, f"{name}_bucket", le="1.0") if ticks >= 0 else -1.0,
+        "ticks_over_250ms": ticks - _value(samples, f"{name}_bucket", le="0.25") if ticks >= 0 else -1.0,
     }
     if process == "relay":
         refused = "vigil_relay_agents_refused_total"
@@ -411,6 +412,13 @@ def lateness(metrics_port: int, process: str) -> dict[str, Any]:
 
 
 REFUSALS = ("no_hello", "hello_again_late", "no_controller", "identity")
+
+
+def lateness_since(before: dict[str, Any], metrics_port: int, process: str) -> dict[str, float]:
+    """A process's event loop lateness since ``before`` (``lateness`` then): what a probe arriving
+    meanwhile may have waited for before it was read."""
+    now = lateness(metrics_port, process)
+    return {key: round(now[key] - before[key], 1) for key in ("late_s", "ticks_over_250ms", "ticks_over_1s")}
 
 
 def scrape(port: int) -> list[Sample]:
@@ -575,7 +583,9 @@ def measure(args: argparse.Namespace, workdir: Path, database: str) -> dict[str,
             cordons = Cordons(kube)
 
             cpu0, t0, relays_cpu0, fleet_cpu0 = sampler.cpu_s(), time.monotonic(), relays.cpu_s(), workers.cpu_s()
-            probes, sent, queued = [next(fresh) for _ in range(args.probes)], {}, []
+            late0 = lateness(config["metrics_port"], "controller"), [lateness(p, "relay") for p in relays.metrics_ports]
+            probes, queued = [next(fresh) for _ in range(args.probes)], []
+            sent: dict[str, float] = {}
             for i, node in enumerate(probes):
                 due = time.monotonic() + args.probe_every_s
                 sent |= workers.fault([node])
@@ -598,6 +608,16 @@ def measure(args: argparse.Namespace, workdir: Path, database: str) -> dict[str,
                 "background_per_s": args.background_per_s,
                 "fault_to_cordon": summary([cordons.at[n] - sent[n] for n in probes]),
                 "controller_to_cordon": summary([cordons.at[n] - received[n] for n in probes]),
+                # each probe over the issue's 165 ms: (its send, s into the phase; before the controller; in it), ms
+                "late_probes": [
+                    (
+                        round(sent[n] - sent[probes[0]], 1),
+                        round((received[n] - sent[n]) * 1000),
+                        round((cordons.at[n] - received[n]) * 1000),
+                    )
+                    for n in probes
+                    if cordons.at[n] - sent[n] > 0.165
+                ],
                 "controller_cores": round((sampler.cpu_s() - cpu0) / (time.monotonic() - t0), 2),
                 "relays_cores": round((relays.cpu_s() - relays_cpu0) / (time.monotonic() - t0), 2),
                 "simulator_cores": round((workers.cpu_s() - fleet_cpu0) / (time.monotonic() - t0), 2),
@@ -605,6 +625,13 @@ def measure(args: argparse.Namespace, workdir: Path, database: str) -> dict[str,
                 "longest_gc_pause_s": {
                     "controller": longest_gc_pause(config["metrics_port"]),
                     "relays": [longest_gc_pause(port) for port in relays.metrics_ports],
+                },
+                "lateness_in_steady": {  # how late each event loop ran in this phase: a probe waits as long
+                    "controller": lateness_since(late0[0], config["metrics_port"], "controller"),
+                    "relays": [
+                        lateness_since(then, port, "relay")
+                        for then, port in zip(late0[1], relays.metrics_ports, strict=True)
+                    ],
                 },
                 "gc_in_steady": {  # the collectors' time in this phase: full collections here stop a probe
                     "controller": gc_since(figures["gc_after_connect"]["controller"], config["metrics_port"]),
