@@ -380,6 +380,7 @@ def gc_figures(metrics_port: int) -> dict[str, float]:
         "longest_s": _longest_pause(samples),
         "total_s": round(sum(s.value for s in total), 2),
         "full_s": round(sum(s.value for s in total if s.labels.get("generation") == "2"), 2),
+        "full_n": _value(samples, "vigil_gc_collections_total", generation="2"),
         "frozen_objects": _value(samples, "vigil_gc_frozen_objects"),
         "garbage_in_cycles": _value(samples, "vigil_gc_collected_objects_total"),
     }
@@ -387,9 +388,9 @@ def gc_figures(metrics_port: int) -> dict[str, float]:
 
 def gc_since(before: dict[str, float], metrics_port: int) -> dict[str, float]:
     """A process's garbage collection since ``before`` (``gc_figures`` then): the pauses' and the full
-    collections' total."""
+    collections' total, and how many full collections."""
     now = gc_figures(metrics_port)
-    return {key: round(now[key] - before[key], 2) for key in ("total_s", "full_s")}
+    return {key: round(now[key] - before[key], 2) for key in ("total_s", "full_s", "full_n")}
 
 
 def lateness(metrics_port: int, process: str) -> dict[str, Any]:

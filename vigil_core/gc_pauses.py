@@ -53,8 +53,9 @@ def seen() -> dict[int, tuple[int, float, float]]:
 
 
 class GcPauses(Collector):
-    """``vigil_gc_pause_seconds_total`` and ``vigil_gc_pause_longest_seconds``, by generation,
-    ``vigil_gc_collected_objects_total`` and ``vigil_gc_frozen_objects``."""
+    """``vigil_gc_pause_seconds_total``, ``vigil_gc_pause_longest_seconds`` and
+    ``vigil_gc_collections_total``, by generation, ``vigil_gc_collected_objects_total`` and
+    ``vigil_gc_frozen_objects``."""
 
     def __init__(self) -> None:
         install()
@@ -70,11 +71,18 @@ class GcPauses(Collector):
             "The longest garbage collection so far, by generation",
             labels=["generation"],
         )
-        for gen, (_, seconds, most) in seen().items():
+        count = CounterMetricFamily(
+            "vigil_gc_collections",
+            "Garbage collections so far, by generation (a full one, generation 2, walks every object)",
+            labels=["generation"],
+        )
+        for gen, (n, seconds, most) in seen().items():
             total.add_metric([str(gen)], seconds)
             longest.add_metric([str(gen)], most)
+            count.add_metric([str(gen)], n)
         yield total
         yield longest
+        yield count
         yield CounterMetricFamily(
             "vigil_gc_collected_objects",
             "Objects the collector found unreachable (garbage in reference cycles), every generation",

@@ -21,7 +21,7 @@ from controller.nodes.agent_outboxes import AgentOutboxes
 from controller.nodes.app_faults import AppFaults
 from controller.nodes.check_requests import CheckRequests
 from controller.nodes.decide import decide, decide_held, heartbeat_returned, quarantine_not_carried_out
-from controller.nodes.fleet import Fleet, NodeEntry, UnknownNode
+from controller.nodes.fleet import NO_JOBS, Fleet, NodeEntry, UnknownNode
 from controller.nodes.found import Found, Outcome, Result, Source
 from controller.nodes.guards.guard import Guard
 from controller.nodes.rule_stats import rule_id
@@ -157,7 +157,9 @@ class Engine:
         return entry.last_seq if held_back is None else min(entry.last_seq, held_back - 1)
 
     def _jobs_seen(self, node: str, entry: NodeEntry, jobs: Sequence[str]) -> None:
-        entry.jobs = frozenset(j for j in jobs[:MAX_JOBS_PER_NODE] if is_job_id(j))
+        seen = frozenset(j for j in jobs[:MAX_JOBS_PER_NODE] if is_job_id(j))
+        if seen != entry.jobs:  # else the set it has stays: a new one every heartbeat would be long-lived garbage
+            entry.jobs = seen or NO_JOBS
         self.app_faults.membership.agent_sees(node, entry.jobs)
 
     def heartbeat(

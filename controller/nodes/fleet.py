@@ -18,6 +18,9 @@ class UnknownNode(Exception):
     pass
 
 
+NO_JOBS: frozenset[str] = frozenset()  # every node without jobs shares it (each empty frozenset is an object)
+
+
 # A failure found by the controller itself (a sweep's check, a job's blamed node), decided and acted
 # on like an agent's signal: (node, key, reason) -> what became of it. Raises UnknownNode.
 ReportFailure = Callable[[str, str, str], str]
@@ -49,7 +52,7 @@ class NodeEntry:
     spooled: int = 0  # signals waiting in its agent's spool, at its last heartbeat
     address: str = ""  # where the node's peers reach it (pairwise checks); known once its agent connects
     expected_gpus: int = 0  # the most GPUs it has ever reported: fewer is a fault, and blocks its release
-    jobs: frozenset[str] = frozenset()  # the training jobs its agent sees its processes run
+    jobs: frozenset[str] = NO_JOBS  # the training jobs its agent sees its processes run
     ranks: tuple[RankRecord, ...] = ()  # their ranks' progress records, as its agent last sent them
     connected_at: float = 0.0  # when its agent last said hello (a rebooted node's agent says it anew)
     disconnected_at: float = 0.0  # when its agent's stream last closed

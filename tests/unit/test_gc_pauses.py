@@ -27,4 +27,5 @@ def test_a_full_collection_is_timed_and_said_by_the_controller_and_the_relay() -
     for registry in (controller.registry, relay.registry):
         assert sample(registry, 'vigil_gc_pause_seconds_total{generation="2"}') == seconds
         assert sample(registry, 'vigil_gc_pause_longest_seconds{generation="2"}') == longest
+        assert sample(registry, 'vigil_gc_collections_total{generation="2"}') == count
     assert gc.callbacks.count(gc_pauses._on_collection) == 1  # one callback, however many registries
