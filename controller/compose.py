@@ -231,7 +231,8 @@ def repair_ports(config: ControllerConfig, actuator: Actuator) -> tuple[NodeOwne
     from controller.act.kube.client import api_client
     from controller.act.kube.repair_ops import KubeRepairOps
 
-    ops = KubeRepairOps(api_client(config.kubernetes.kubeconfig, config.kubernetes.context))
+    cache = getattr(actuator, "cache", None)  # the Kubernetes actuator's node watch
+    ops = KubeRepairOps(api_client(config.kubernetes.kubeconfig, config.kubernetes.context), cache=cache)
     return ops, build_reboot(remediation.reboot, ops.run_reboot_job), ops
 
 

@@ -18,6 +18,7 @@ from controller.act.kube.repair_ops import HOST_NVIDIA_SMI, KubeRepairOps, remed
 from controller.repairs.steps import OPERATOR_PAUSE
 from controller.vocab.actions import Quarantine
 from tests.fakes.kube_api import KubeApiServer
+from tests.helpers import poll_until
 
 ROOT = Path(__file__).resolve().parents[2]
 NHC = ROOT / "deploy" / "kustomize" / "components" / "remediation" / "node-health-check.yaml"
@@ -75,6 +76,35 @@ def test_a_persons_cordon_after_the_quarantine_makes_the_node_someone_elses(
     person.patch_node("gpu-1", {"spec": {"taints": taints}}, field_manager="kubectl-taint")
     # The double keeps no managedFields: the cordon and taints unlike what the quarantine left say it.
     assert ops.held_by_others("gpu-1") == "someone changed its cordon or taints after Vigil quarantined it"
+
+
+def test_who_holds_a_node_is_read_from_the_watch_not_one_get_a_second(kube: KubeApiServer, tmp_path: Path) -> None:
+    from kubernetes import client as k8s
+
+    from controller.act.kube.actuator import watching
+
+    kube.add_node("gpu-1")
+    api = api_client(kube.kubeconfig(tmp_path / "kubeconfig"), retry=RETRY.new(backoff_factor=0.01))
+    actuator = watching(api)
+    assert actuator.cache is not None
+    cache = actuator.cache
+    try:
+        poll_until(lambda: cache.synced, 10)
+        ops = KubeRepairOps(api, cache=cache)
+        actuator.quarantine(Quarantine("inc-1", "gpu-1", "XID 48", "reset the GPU", 1.0))
+        poll_until(lambda: bool((cache.get("gpu-1") or {}).get("spec", {}).get("unschedulable")), 10)
+        assert [ops.held_by_others("gpu-1") for _ in range(5)] == [""] * 5  # as a repair asks, tick after tick
+        person = k8s.CoreV1Api(api_client(kube.kubeconfig(tmp_path / "person-kubeconfig")))
+        taints = [*kube.node("gpu-1")["spec"]["taints"], {"key": "repair", "value": "rma", "effect": "NoSchedule"}]
+        person.patch_node("gpu-1", {"spec": {"taints": taints}}, field_manager="kubectl-taint")
+        poll_until(lambda: ops.held_by_others("gpu-1") != "", 10)  # the watch brings the person's taint
+        assert ops.held_by_others("gpu-1") == "someone changed its cordon or taints after Vigil quarantined it"
+        assert not kube.requests("GET", r"/api/v1/nodes/gpu-1$")  # every reading from the watch
+        cache.synced = False  # the watch lost: read from the API server until it has listed again
+        assert ops.held_by_others("gpu-1") == "someone changed its cordon or taints after Vigil quarantined it"
+        assert len(kube.requests("GET", r"/api/v1/nodes/gpu-1$")) == 1
+    finally:
+        actuator.close()
 
 
 def _unhealthy(node: dict[str, object], check: dict[str, object]) -> bool:

@@ -1,10 +1,11 @@
 """The cluster's Nodes as the API server has them, kept by a paged LIST and then a WATCH, in a thread.
 
 What Vigil reads of a node every day comes from here, not from a LIST of every Node each time: the
-labels (each node's failure domains, for the guard) and what a quarantine is planned from (its
-cordon, taints and Vigil's own annotations, with the resourceVersion the PATCH is conditional on).
-Only those parts are kept (``trimmed``): a real Node is 5-20 KB, and 100,000 of them whole would
-cost gigabytes. A read that was stale costs the writer a 409 Conflict and one GET, as before.
+labels (each node's failure domains, for the guard), what a quarantine is planned from (its
+cordon, taints and Vigil's own annotations, with the resourceVersion the PATCH is conditional on),
+and who else changed a quarantined node's cordon or taints (a repair asks every second). Only those
+parts are kept (``trimmed``): a real Node is 5-20 KB, and 100,000 of them whole would cost
+gigabytes. A read that was stale costs the writer a 409 Conflict and one GET, as before.
 
 The watch resumes from the last resourceVersion it saw; 410 Gone (the API server no longer holds
 changes that old) or a broken stream lists again, after a backoff. Until the first list is whole,
@@ -33,9 +34,14 @@ PAGE = 500  # Nodes per LIST page
 WATCH_S = 300  # the server ends each watch after this; it is opened again from where it stopped
 
 
+CORDON_FIELDS = ("f:unschedulable", "f:taints")
+
+
 def trimmed(node: Json) -> Json:
     """The parts of a Node that Vigil reads: name, uid, resourceVersion, labels, Vigil's annotations,
-    cordon and taints. Label keys and values are interned (thousands of nodes share them). Pure."""
+    cordon and taints, and who last wrote the cordon or taints and when (its managedFields entries that
+    touch them, cut to those fields: what tells a person's cordon after a quarantine). Label keys and
+    values are interned (thousands of nodes share them). Pure."""
     meta, spec = node.get("metadata") or {}, node.get("spec") or {}
     labels = {sys.intern(k): sys.intern(v) for k, v in (meta.get("labels") or {}).items()}
     annotations = {k: v for k, v in (meta.get("annotations") or {}).items() if k.startswith(DOMAIN)}
@@ -49,6 +55,19 @@ def trimmed(node: Json) -> Json:
         },
         "spec": {k: spec[k] for k in ("unschedulable", "taints") if k in spec},
     }
+    if writers := cordon_writers(meta.get("managedFields") or []):
+        kept["metadata"]["managedFields"] = writers
+    return kept
+
+
+def cordon_writers(entries: list[Json]) -> list[Json]:
+    """The managedFields entries that own a node's cordon or taints, each cut to its manager, time
+    and those fields. Pure."""
+    kept = []
+    for entry in entries:
+        spec = (entry.get("fieldsV1") or {}).get("f:spec") or {}
+        if owned := {f: spec[f] for f in CORDON_FIELDS if f in spec}:
+            kept.append({"manager": entry.get("manager"), "time": entry.get("time"), "fieldsV1": {"f:spec": owned}})
     return kept
 
 
@@ -81,6 +100,11 @@ class NodeCache:
     def get(self, name: str) -> Json | None:
         with self._lock:
             return self._nodes.get(name)
+
+    def read(self, name: str) -> Json | None:
+        """The node as the watch last showed it, while the watch is up (None: not synced, or no such
+        node: read it from the API server)."""
+        return self.get(name) if self.synced else None
 
     def labels(self) -> dict[str, dict[str, str]]:
         with self._lock:

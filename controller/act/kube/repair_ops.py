@@ -15,6 +15,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from controller.act.kube.actuator import MERGE_PATCH, json_body
+from controller.act.kube.node_cache import NodeCache
 from controller.act.kube.plans import FIELD_MANAGER, Json, changed_since_quarantine
 
 # The GPU Operator's component pods that hold the GPUs open (their `app` labels), stopped on a node by
@@ -80,17 +81,21 @@ def remedy_outcome(pods: Sequence[Json]) -> Json | None:
 
 
 class KubeRepairOps:
-    def __init__(self, api: client.ApiClient, timeout_s: float = 10.0) -> None:
+    def __init__(self, api: client.ApiClient, timeout_s: float = 10.0, cache: NodeCache | None = None) -> None:
+        """``cache``: the actuator's node watch, where ``held_by_others`` reads while it is up (a repair
+        asks every second for each node it holds: a GET each would be one per node a second)."""
         self._core = client.CoreV1Api(api)
         self._batch = client.BatchV1Api(api)
         self._timeout = timeout_s
+        self._cache = cache
 
     def _node(self, name: str) -> Json:
         resp = self._core.read_node(name, _preload_content=False, _request_timeout=self._timeout)
         return json_body(resp)
 
     def held_by_others(self, node: str) -> str:
-        return changed_since_quarantine(self._node(node))
+        cached = self._cache.read(node) if self._cache is not None else None
+        return changed_since_quarantine(cached if cached is not None else self._node(node))
 
     def set_labels(self, node: str, labels: dict[str, str | None]) -> dict[str, str | None]:
         """Set (None: remove) the node's labels; returns what they were, to put back."""

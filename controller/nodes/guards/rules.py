@@ -144,4 +144,6 @@ class RateLimiter:
     def allow(self, key: str, now: float) -> bool:
         if self.max_keys is not None and len(self.buckets) > self.max_keys:
             self.buckets.clear()
-        return self.buckets.setdefault(key, TokenBucket(self.rate, self.burst)).take(now)
+        if (bucket := self.buckets.get(key)) is None:  # a bucket made only for a new key, not on every call
+            bucket = self.buckets[key] = TokenBucket(self.rate, self.burst)
+        return bucket.take(now)
