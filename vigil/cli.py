@@ -203,6 +203,15 @@ def relay(
             "thawing it once a quarter of the agents' streams ended (vigil_core.gc_keeper; docs/design.md)"
         ),
     ] = False,
+    gc_young_objects: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            max=10_000_000,
+            help="the garbage collector's young collections every this many new objects (0: CPython's 700; "
+            "vigil_core.gc_young)",
+        ),
+    ] = 50_000,
     tls_dir: TlsDirOpt = None,
     plaintext: PlaintextOpt = False,
     log_format: LogFormatOpt = "auto",
@@ -230,6 +239,7 @@ def relay(
         max_message_bytes=max_message_bytes,
         metrics_port=metrics_port,
         gc_freeze=gc_freeze,
+        gc_young_objects=gc_young_objects,
         controller_wait_s=controller_wait_s,
     )
     try:

@@ -38,6 +38,14 @@ class LimitsConfig(ConfigModel):
         "opens streams and says nothing holds no resources past it; counted on the controller's own time, its "
         "event loop's lateness left out (vigil_core.loop_lag)",
     )
+    gc_young_objects: int = Field(
+        default=50_000,
+        ge=0,
+        le=10_000_000,
+        description="the garbage collector's young collections every this many new objects (0: CPython's 700): "
+        "what an agent's message makes dies young instead of making full collections come every minute or two "
+        "at 100,000 nodes (vigil_core.gc_young)",
+    )
     gc_freeze: bool = Field(
         default=False,
         description="experimental: freeze what survives each full garbage collection while the fleet is calm, "

@@ -24,11 +24,12 @@ from controller.edge.open_files import raise_open_files
 from controller.nodes.agent_outboxes import Outbox
 from controller.relay.uplink import ITEM_OVERHEAD, OK, UNAVAILABLE, Back, Lost, Uplink
 from protos.vigil.v1 import agent_pb2, relay_pb2
-from vigil_core import gc_keeper, loop_lag
+from vigil_core import gc_keeper, gc_young, loop_lag
 from vigil_core.http_status import serve_http
 from vigil_core.rpc_errors import RETRY_AFTER_KEY, status_code
 from vigil_core.supervise import Tasks, supervise
 from vigil_core.tls import Identity, TlsFiles, bind, peer_identity, server_options
+from vigil_core.waiting import wait_either
 
 log = structlog.get_logger(__name__)
 
@@ -44,6 +45,7 @@ class RelaySettings:
     # Freeze what survives full collections (vigil_core.gc_keeper, experimental): process-wide, so the
     # CLI's choice (--gc-freeze), never a test's that serves a relay inside its own process.
     gc_freeze: bool = False
+    gc_young_objects: int = 0  # vigil_core.gc_young, process-wide likewise (0: CPython's own)
     # How long an agent's call waits here for the controller (a restart, a failover) before it is
     # ended UNAVAILABLE and its agent reconnects on its own: a held call costs nothing new, a fleet
     # reconnecting at once costs a great deal. Not first_message_s, which is an agent's bound.
@@ -270,20 +272,21 @@ async def serve(
     keeper = None
     if settings.gc_freeze:
         keeper = asyncio.create_task(supervise("gc-keeper", lambda: gc_keeper.keep(uplink.sessions, stop), stop, tasks))
-    await uplink.connected.wait()
-    if port_file is not None:
-        port_file.with_suffix(".tmp").write_text(str(port))
-        port_file.with_suffix(".tmp").replace(port_file)
-    log.info(
-        "relay_started",
-        port=port,
-        controller=settings.controller,
-        tls=settings.tls is not None,
-        open_files=soft,
-        metrics_port=http.server_port if http is not None else None,
-    )
-    if ready is not None:
-        ready.set()
+    await wait_either(uplink.connected, stop)  # a relay asked to stop before it reached the controller stops
+    if not stop.is_set():
+        if port_file is not None:
+            port_file.with_suffix(".tmp").write_text(str(port))
+            port_file.with_suffix(".tmp").replace(port_file)
+        log.info(
+            "relay_started",
+            port=port,
+            controller=settings.controller,
+            tls=settings.tls is not None,
+            open_files=soft,
+            metrics_port=http.server_port if http is not None else None,
+        )
+        if ready is not None:
+            ready.set()
     await stop.wait()
     await server.stop(grace=2.0)
     running.cancel()
@@ -303,6 +306,7 @@ def not_ready(uplink: Uplink) -> list[str]:
 
 def run_relay(settings: RelaySettings, port_file: Path | None = None) -> None:
     """``vigil relay``: serve until SIGTERM or SIGINT."""
+    gc_young.set_young(settings.gc_young_objects)
 
     async def main() -> None:
         stop = asyncio.Event()
