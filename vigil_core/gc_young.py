@@ -12,8 +12,8 @@ collections came every minute or two at 100,000 nodes under 500 signals a second
 At ``YOUNG_OBJECTS`` it dies young. Measured with ``bench.scale`` at 100,000 through 8 relays (one
 run each, docs/design.md): the controller's collections while connecting 24-40 s → 3.9-4.3 s, none
 of them full, and no full collection in two minutes under 500 signals a second; each relay's
-18-29 s → 3-7 s. A young collection walks more at a time (the longest pause seen 1.0-2.4 s against
-3.3-6.0 s).
+18-29 s → 3-7 s. A young collection walks more at a time (the longest pause seen 0.6-2.6 s against
+3.3-6.2 s).
 
 Process-wide: a process's entry point calls ``set_young``, never a test that runs a controller or
 a relay inside its own process.
