@@ -415,6 +415,15 @@ def lateness(metrics_port: int, process: str) -> dict[str, Any]:
 REFUSALS = ("no_hello", "hello_again_late", "no_controller", "identity")
 
 
+def controller_backlog(metrics_port: int) -> tuple[float, float]:
+    """What the relays carried to the controller and it has not handled yet: bytes, streams waiting."""
+    samples = scrape(metrics_port)
+    return (
+        _value(samples, "vigil_controller_relayed_waiting_bytes"),
+        _value(samples, "vigil_controller_relayed_waiting_streams"),
+    )
+
+
 def lateness_since(before: dict[str, Any], metrics_port: int, process: str) -> dict[str, float]:
     """A process's event loop lateness since ``before`` (``lateness`` then): what a probe arriving
     meanwhile may have waited for before it was read."""
@@ -536,7 +545,9 @@ def database_bytes(database: str, workdir: Path) -> int:
 
 def measure(args: argparse.Namespace, workdir: Path, database: str) -> dict[str, Any]:
     names = [f"gpu-{i:06d}" for i in range(args.nodes)]
-    fresh = iter(names)  # each probe and burst fault takes a node that never failed before
+    # Each probe and burst fault takes a node that never failed before: in the fleet's order (the first
+    # nodes share the first worker's first connection), or spread over every connection (--spread-faults).
+    fresh = iter(random.Random(7).sample(names, len(names)) if args.spread_faults else names)
     figures: dict[str, Any] = {}
     with KubeApiServer() as kube:
         kube.add_nodes(names)
@@ -587,9 +598,11 @@ def measure(args: argparse.Namespace, workdir: Path, database: str) -> dict[str,
             late0 = lateness(config["metrics_port"], "controller"), [lateness(p, "relay") for p in relays.metrics_ports]
             probes, queued = [next(fresh) for _ in range(args.probes)], []
             sent: dict[str, float] = {}
+            backlog: dict[str, tuple[float, float]] = {}  # the controller's relayed messages waiting, at each probe
             for i, node in enumerate(probes):
                 due = time.monotonic() + args.probe_every_s
                 sent |= workers.fault([node])
+                backlog[node] = controller_backlog(config["metrics_port"])
                 try:
                     cordons.wait([node], 30)
                 except TimeoutError:  # where it waits, said, then the bench stops as before
@@ -609,12 +622,14 @@ def measure(args: argparse.Namespace, workdir: Path, database: str) -> dict[str,
                 "background_per_s": args.background_per_s,
                 "fault_to_cordon": summary([cordons.at[n] - sent[n] for n in probes]),
                 "controller_to_cordon": summary([cordons.at[n] - received[n] for n in probes]),
-                # each probe over the issue's 165 ms: (its send, s into the phase; before the controller; in it), ms
+                # each probe over the issue's 165 ms: (its send, s into the phase; before the controller; in it,
+                # ms; the relayed bytes and streams waiting at the controller just after it was sent)
                 "late_probes": [
                     (
                         round(sent[n] - sent[probes[0]], 1),
                         round((received[n] - sent[n]) * 1000),
                         round((cordons.at[n] - received[n]) * 1000),
+                        *backlog[n],
                     )
                     for n in probes
                     if cordons.at[n] - sent[n] > 0.165
@@ -735,6 +750,12 @@ def main() -> int:
     )
     parser.add_argument("--background-per-s", type=float, default=0.0, help="record-only signals a second")
     parser.add_argument("--probes", type=int, default=60)
+    parser.add_argument(
+        "--spread-faults",
+        action="store_true",
+        help="probes and bursts on nodes spread over the simulated fleet's connections, not its first nodes "
+        "(which share one connection of the first simulator process)",
+    )
     parser.add_argument("--probe-every-s", type=float, default=0.5)
     parser.add_argument("--bursts", default="100,400,1000", help="comma-separated burst sizes ('' for none)")
     parser.add_argument("--restart", action="store_true", help="stop and start the controller; time the return")
@@ -820,6 +841,7 @@ def main() -> int:
         "streams_per_connection": args.streams_per_connection or "all of a worker's on one",
         "relays": args.relays,
         "gc_freeze": args.gc_freeze,
+        "spread_faults": args.spread_faults,
         "hello_again": args.hello_again,
         **figures,
     }

@@ -322,13 +322,16 @@ def rooms(config: ControllerConfig, store: Store, metrics: ControllerMetrics) ->
         repairs=repairs,
     )
     sessions = AgentSessions(nodes.engine, nodes.fleet, nodes.checks, nodes.outboxes, config.limits)
+    relay_gateway = RelayGateway(sessions)
+    metrics.relayed_waiting_bytes.set_function(lambda: relay_gateway.waiting()[0])
+    metrics.relayed_waiting_streams.set_function(lambda: relay_gateway.waiting()[1])
     return Rooms(
         nodes,
         sweeper,
         jobs,
         repairs,
         AgentGateway(sessions, nodes.lateness.own_time),
-        RelayGateway(sessions),
+        relay_gateway,
         admin,
         TrainerGateway(jobs, config.limits),
         scheduler_drains(config, actuator, report, store, metrics),

@@ -134,6 +134,16 @@ class ControllerMetrics:
         self.store_up = Gauge(
             "vigil_controller_store_up", "1 while the database takes writes; 0 during an outage", registry=r
         )
+        self.relayed_waiting_bytes = Gauge(
+            "vigil_controller_relayed_waiting_bytes",
+            "Agents' messages the relays carried here and the controller has not handled yet",
+            registry=r,
+        )
+        self.relayed_waiting_streams = Gauge(
+            "vigil_controller_relayed_waiting_streams",
+            "Relayed agent streams with messages waiting their turn for a worker (an urgent one takes none)",
+            registry=r,
+        )
         self.node_watch_up = Gauge(
             "vigil_controller_node_watch_up",
             "1 while the Kubernetes node watch is current (labels, quarantine reads); 0 while it is lost",

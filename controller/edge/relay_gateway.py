@@ -264,6 +264,12 @@ class RelayGateway(relay_pb2_grpc.AgentRelayServicer):
     def __init__(self, sessions: AgentSessions) -> None:
         self._sessions = sessions
         self.tokens: TokenReviewer | None = None  # where agents' tokens are reviewed (set by the daemon)
+        self._relays: set[_Relay] = set()  # the relays' streams open now
+
+    def waiting(self) -> tuple[int, int]:
+        """What the relays carried here and the controller has not handled yet: its bytes, and the
+        agent streams waiting their turn for a worker (``vigil_controller_relayed_waiting_*``)."""
+        return sum(r.waiting_bytes for r in self._relays), sum(len(r.turns) for r in self._relays)
 
     async def Relay(  # noqa: N802 (gRPC method name)
         self, request_iterator: AsyncIterator[relay_pb2.RelayUp], context: grpc.aio.ServicerContext
@@ -271,6 +277,7 @@ class RelayGateway(relay_pb2_grpc.AgentRelayServicer):
         peer = context.peer()  # read now: the call's context is not to be touched once it ended
         name = str(caller() or peer)
         relay = _Relay(self._sessions, peer, self.tokens)
+        self._relays.add(relay)
         log.info("relay_connected", relay=name)
         reader = asyncio.create_task(self._read(relay, request_iterator))
         reader.add_done_callback(lambda _: relay.ready.set())
@@ -289,6 +296,7 @@ class RelayGateway(relay_pb2_grpc.AgentRelayServicer):
             reader.cancel()
             carried = len(relay.streams)
             relay.close()
+            self._relays.discard(relay)
             log.info("relay_disconnected", relay=name, agents=carried)
 
     @staticmethod

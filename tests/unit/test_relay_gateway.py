@@ -10,7 +10,7 @@ from pathlib import Path
 from controller.act.local_actuator import LocalActuator
 from controller.compose import node_route
 from controller.edge.agent_sessions import AgentSessions
-from controller.edge.relay_gateway import INTERNAL, WORKERS, _Relay
+from controller.edge.relay_gateway import INTERNAL, WORKERS, RelayGateway, _Relay
 from controller.nodes.agent_outboxes import Message, Outbox
 from controller.store import Store
 from controller.vocab.policy import Policy
@@ -126,3 +126,33 @@ def test_two_urgent_messages_of_one_stream_are_handled_by_one_task_in_order(tmp_
 
     most, seqs = asyncio.run(scenario())
     assert seqs == [1, 2] and most == 1
+
+
+def test_what_waits_at_the_controller_is_counted_and_drains_to_nothing(tmp_path: Path) -> None:
+    """``RelayGateway.waiting`` (``vigil_controller_relayed_waiting_*``): the bytes and the streams a
+    relay brought that the controller has not handled yet, back to nothing once handled."""
+
+    async def scenario() -> None:
+        store = Store(tmp_path / "ctl.db")
+        route = node_route(store, Policy(), LocalActuator(store.db), RecordingPager())
+        gateway = RelayGateway(AgentSessions(route.engine, route.fleet, route.checks, route.outboxes))
+        relay = _Relay(gateway._sessions, "ipv4:127.0.0.1:1", None)
+        gateway._relays.add(relay)
+        streams = WORKERS * 3
+        for i in range(streams):
+            relay.take(hello(i + 1, f"node-{i}"))
+        while relay.tasks:
+            await asyncio.gather(*relay.tasks)
+        assert gateway.waiting() == (0, 0)
+        items = [signal(i + 1, f"node-{i}", 63, seq=1) for i in range(streams)]
+        for item in items:
+            relay.take(item)
+        waiting_bytes, waiting_streams = gateway.waiting()
+        assert waiting_bytes == sum(len(i.message) for i in items)  # none handled yet: no task ran
+        assert waiting_streams == streams  # each waits its turn: no worker ran yet
+        while relay.tasks:
+            await asyncio.gather(*relay.tasks)
+        assert gateway.waiting() == (0, 0)
+        await route.engine.shutdown()
+
+    asyncio.run(scenario())
