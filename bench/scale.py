@@ -545,8 +545,9 @@ def database_bytes(database: str, workdir: Path) -> int:
 
 def measure(args: argparse.Namespace, workdir: Path, database: str) -> dict[str, Any]:
     names = [f"gpu-{i:06d}" for i in range(args.nodes)]
-    # Each probe and burst fault takes a node that never failed before: in the fleet's order (the first
-    # nodes share the first worker's first connection), or spread over every connection (--spread-faults).
+    # Each probe and burst fault takes a node that never failed before: in the fleet's order (nodes are
+    # dealt round robin to the workers and then to their connections, so the first hundreds all ride the
+    # first few connections each worker opened), or spread over every connection (--spread-faults).
     fresh = iter(random.Random(7).sample(names, len(names)) if args.spread_faults else names)
     figures: dict[str, Any] = {}
     with KubeApiServer() as kube:
@@ -754,7 +755,7 @@ def main() -> int:
         "--spread-faults",
         action="store_true",
         help="probes and bursts on nodes spread over the simulated fleet's connections, not its first nodes "
-        "(which share one connection of the first simulator process)",
+        "(which ride the first few connections each simulator process opened)",
     )
     parser.add_argument("--probe-every-s", type=float, default=0.5)
     parser.add_argument("--bursts", default="100,400,1000", help="comma-separated burst sizes ('' for none)")
