@@ -33,6 +33,7 @@ from vigil_core.http_status import serve_http
 from vigil_core.names import is_loopback
 from vigil_core.supervise import supervise
 from vigil_core.tls import bind, server_options
+from vigil_core.waiting import wait_either
 
 if TYPE_CHECKING:
     from controller.act.kube.tokens import TokenReviewer
@@ -217,11 +218,7 @@ class Controller:
         )
         elector.start()
         self.engine.metrics.leader.set(0)
-        waiter = asyncio.create_task(leading.wait())
-        stopper = asyncio.create_task(stop.wait())
-        await asyncio.wait({waiter, stopper}, return_when=asyncio.FIRST_COMPLETED)
-        waiter.cancel()
-        stopper.cancel()
+        await wait_either(leading, stop)
         if leading.is_set():
             self.engine.metrics.leader.set(1)
         return leading.is_set()
