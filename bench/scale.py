@@ -146,8 +146,10 @@ async def _worker(
         while True:
             command = await inbox.get()
             match command:
-                case ("fault", faulty):
-                    conn.send(("sent", {n: fleet.nodes[n].fault() for n in faulty}))
+                case ("fault", faulty, watch):
+                    conn.send(("sent", {n: fleet.nodes[n].fault(watch=watch) for n in faulty}))
+                case ("watched", nodes):  # the streams' times for each node's last watched signal
+                    conn.send(("watched", {n: fleet.nodes[n].last_watched for n in nodes}))
                 case ("stats",):
                     reconnects = sum(n.reconnects for n in fleet.nodes.values())
                     paced = sum(n.paced for n in fleet.nodes.values())
@@ -259,16 +261,31 @@ class Workers:
         self.connect_cpu_s = sum(float(a[2]) for a in answers)
         return max(float(a[1]) for a in answers)
 
-    def fault(self, nodes: list[str]) -> dict[str, float]:
+    def _by_worker(self, nodes: list[str]) -> dict[int, list[str]]:
         by_worker: dict[int, list[str]] = {}
         for n in nodes:
             by_worker.setdefault(self.owner[n], []).append(n)
+        return by_worker
+
+    def fault(self, nodes: list[str], watch: bool = False) -> dict[str, float]:
+        """A fault on each node now; their send times. ``watch``: their streams' times are kept (``watched``)."""
+        by_worker = self._by_worker(nodes)
         for i, share in by_worker.items():
-            self.pipes[i].send(("fault", share))
+            self.pipes[i].send(("fault", share, watch))
         sent: dict[str, float] = {}
         for i in by_worker:
             sent |= self._answer(self.pipes[i], "sent", 60)[1]
         return sent
+
+    def watched(self, nodes: list[str]) -> dict[str, list[float]]:
+        """Each node's last watched fault: sent, then each time its stream took it and was done with it."""
+        by_worker = self._by_worker(nodes)
+        for i, share in by_worker.items():
+            self.pipes[i].send(("watched", share))
+        times: dict[str, list[float]] = {}
+        for i in by_worker:
+            times |= self._answer(self.pipes[i], "watched", 60)[1]
+        return times
 
     def stats(self) -> dict[str, Any]:
         answers = [a[1] for a in self._ask_all(("stats",), "stats")]
@@ -602,7 +619,7 @@ def measure(args: argparse.Namespace, workdir: Path, database: str) -> dict[str,
             backlog: dict[str, tuple[float, float]] = {}  # the controller's relayed messages waiting, at each probe
             for i, node in enumerate(probes):
                 due = time.monotonic() + args.probe_every_s
-                sent |= workers.fault([node])
+                sent |= workers.fault([node], watch=True)
                 backlog[node] = controller_backlog(config["metrics_port"])
                 try:
                     cordons.wait([node], 30)
@@ -615,6 +632,7 @@ def measure(args: argparse.Namespace, workdir: Path, database: str) -> dict[str,
                 if args.relays:  # what waits at the relays, after each probe
                     queued.append(max(relays.queued()["queued_bytes"]))
                 time.sleep(max(0.0, due - time.monotonic()))
+            streams = workers.watched(probes)
             with AdminClient(target, timeout_s=60) as admin:
                 received = {
                     n: next(i.received_at for i in admin.incidents(node=n, limit=50) if i.code == 79) for n in probes
@@ -624,13 +642,15 @@ def measure(args: argparse.Namespace, workdir: Path, database: str) -> dict[str,
                 "fault_to_cordon": summary([cordons.at[n] - sent[n] for n in probes]),
                 "controller_to_cordon": summary([cordons.at[n] - received[n] for n in probes]),
                 # each probe over the issue's 165 ms: (its send, s into the phase; before the controller; in it,
-                # ms; the relayed bytes and streams waiting at the controller just after it was sent)
+                # ms; the relayed bytes and streams waiting at the controller just after it was sent; ms after
+                # its send that its stream took it and was done with it, each time it was sent)
                 "late_probes": [
                     (
                         round(sent[n] - sent[probes[0]], 1),
                         round((received[n] - sent[n]) * 1000),
                         round((cordons.at[n] - received[n]) * 1000),
                         *backlog[n],
+                        [round((t - sent[n]) * 1000) for t in streams[n][1:]],
                     )
                     for n in probes
                     if cordons.at[n] - sent[n] > 0.165

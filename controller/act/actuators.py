@@ -87,7 +87,8 @@ class Actuator(NodeSelector, Protocol):
         ...
 
     def node_labels(self) -> dict[str, dict[str, str]]:
-        """Every node's labels (the failure domains come from them)."""
+        """Every node's labels (the failure domains come from them): dicts the actuator never changes
+        afterwards (the controller keeps them as they are, and compares the next ones with them)."""
         ...
 
     def close(self) -> None:

@@ -116,14 +116,26 @@ class Upkeep:
         metrics.automation_paused.set(1 if self._guard.breaker.tripped else 0)
 
     async def refresh_labels(self) -> None:
-        """The nodes' labels (their failure domains), read from the cluster off the event loop."""
+        """The nodes' labels (their failure domains), read from the cluster and compared with the last
+        ones off the event loop; only what changed is applied on it (at 100,000 nodes, a copy of every
+        node's labels every 30 s was tens of milliseconds of the loop and 100,000 new long-lived
+        objects for the garbage collector)."""
         try:
-            labels = await asyncio.to_thread(self._actuator.node_labels)
+            changed, gone = await asyncio.to_thread(self._labels_changed)
         except Exception as exc:  # the API server is away: keep the last ones, say so
             log.warning("node_labels_unavailable", error=repr(exc)[:300])
             return
-        self.labels.clear()
-        self.labels.update({node: dict(found) for node, found in labels.items()})
+        for node in gone:
+            self.labels.pop(node, None)
+        self.labels.update(changed)
+
+    def _labels_changed(self) -> tuple[Labels, list[str]]:
+        """In a thread: the actuator's labels now against the ones held (read only here; only
+        ``refresh_labels`` writes them, after this returns)."""
+        held = self.labels
+        now = self._actuator.node_labels()
+        changed = {node: found for node, found in now.items() if (old := held.get(node)) is not found and old != found}
+        return changed, [node for node in held if node not in now]
 
     def apply_retention(self) -> dict[str, int]:
         """Delete what finished longer than ``retention_s`` ago; returns what went."""

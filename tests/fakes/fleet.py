@@ -54,6 +54,10 @@ class FleetNode:
         self.answered: Callable[[float], None] = lambda _: None
         self._hello_said_at = 0.0
         self.ranks: list[agent_pb2.RankProgress] = []  # their ranks' progress records, likewise
+        # For the signals sent with ``watch``, by their batch's id: the batch, and its times (sent;
+        # the stream took it, its write began; gRPC was done with it, flow control let it through).
+        self._watched: dict[int, tuple[agent_pb2.AgentMessage, list[float]]] = {}
+        self.last_watched: list[float] = []  # the times of the last signal sent with ``watch``
 
     async def run(self, heartbeat_s: float, stop: asyncio.Event) -> None:
         """Like an agent: a broken stream is opened again. A stream the server refuses before taking it
@@ -164,6 +168,11 @@ class FleetNode:
         while not stop.is_set() and generation == self._generation:  # a broken stream's iterator ends
             try:
                 msg = await asyncio.wait_for(queue.get(), max(0.0, next_beat - time.monotonic()))
+                if self._watched and (watched := self._watched.get(id(msg))) and watched[0] is msg:
+                    watched[1].append(time.time())
+                    yield msg
+                    watched[1].append(time.time())
+                    continue
                 yield msg
             except TimeoutError:
                 yield agent_pb2.AgentMessage(
@@ -176,8 +185,15 @@ class FleetNode:
         else every ``idle_heartbeat_s`` (0: steadily)."""
         return heartbeat_s if self.jobs or self.ranks or not self.idle_heartbeat_s else self.idle_heartbeat_s
 
-    def fault(self, code: int = 79, kind: int = common_pb2.XID, message: str = "GPU has fallen off the bus.") -> float:
-        """Send a signal now (an XID by default); returns its observed_at."""
+    def fault(
+        self,
+        code: int = 79,
+        kind: int = common_pb2.XID,
+        message: str = "GPU has fallen off the bus.",
+        watch: bool = False,
+    ) -> float:
+        """Send a signal now (an XID by default); returns its observed_at. ``watch``: its stream's
+        times for it are kept (``last_watched``)."""
         self.seq += 1
         now = time.time()
         signal = common_pb2.Signal(
@@ -192,6 +208,9 @@ class FleetNode:
         )
         batch = agent_pb2.AgentMessage(signals=agent_pb2.SignalBatch(signals=[signal]))
         self._unacked[self.seq] = batch
+        if watch:
+            self.last_watched = [now]
+            self._watched[id(batch)] = (batch, self.last_watched)
         self._queue.put_nowait(batch)
         return now
 
