@@ -44,6 +44,7 @@ import contextlib
 import gc
 import json
 import multiprocessing
+import os
 import random
 import resource
 import shutil
@@ -486,6 +487,33 @@ class Sampler:
         self._stop.set()
 
 
+def run_queue_s(pid: int) -> tuple[float, float]:
+    """How long the process's main thread (its event loop) and all its threads together have waited
+    for a CPU while ready to run, in seconds (Linux's schedstat; threads gone since are not counted;
+    (0, 0) where there is none). On a machine busier than its cores, each hop of a fault's path
+    waits its turn: this says how much of that there was."""
+    main = total = 0.0
+    with contextlib.suppress(OSError):
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                waited = int((task / "schedstat").read_text().split()[1]) / 1e9
+                total += waited
+                main += waited if task.name == str(pid) else 0.0
+    return main, total
+
+
+def waiting_for_cpu(then: tuple[tuple[float, float], tuple[float, float]], pid: int, over_s: float) -> dict[str, float]:
+    """``run_queue_s`` since ``then`` (the controller's, this process's), in ms a second of ``over_s``."""
+    (loop0, all0), (_, own0) = then
+    (loop, all_), (_, own) = run_queue_s(pid), run_queue_s(os.getpid())
+    per_s = 1000 / over_s
+    return {
+        "controller_loop": round((loop - loop0) * per_s, 1),
+        "controller_all": round((all_ - all0) * per_s, 1),
+        "api_double": round((own - own0) * per_s, 1),
+    }
+
+
 def own_cpu_s() -> float:
     """This process's CPU: the Kubernetes API double's, mostly (the fleet runs in processes of its own)."""
     times = psutil.Process().cpu_times()
@@ -614,6 +642,7 @@ def measure(args: argparse.Namespace, workdir: Path, database: str) -> dict[str,
 
             cpu0, t0, relays_cpu0, fleet_cpu0 = sampler.cpu_s(), time.monotonic(), relays.cpu_s(), workers.cpu_s()
             late0 = lateness(config["metrics_port"], "controller"), [lateness(p, "relay") for p in relays.metrics_ports]
+            queued0 = run_queue_s(controller.pid), run_queue_s(os.getpid())
             probes, queued = [next(fresh) for _ in range(args.probes)], []
             sent: dict[str, float] = {}
             backlog: dict[str, tuple[float, float]] = {}  # the controller's relayed messages waiting, at each probe
@@ -656,6 +685,9 @@ def measure(args: argparse.Namespace, workdir: Path, database: str) -> dict[str,
                     if cordons.at[n] - sent[n] > 0.165
                 ],
                 "controller_cores": round((sampler.cpu_s() - cpu0) / (time.monotonic() - t0), 2),
+                # ms a second that the controller's event loop, all its threads, and the Kubernetes API
+                # double's threads (this process: where a cordon is timed) waited for a CPU
+                "waiting_for_cpu_ms_per_s": waiting_for_cpu(queued0, controller.pid, time.monotonic() - t0),
                 "relays_cores": round((relays.cpu_s() - relays_cpu0) / (time.monotonic() - t0), 2),
                 "simulator_cores": round((workers.cpu_s() - fleet_cpu0) / (time.monotonic() - t0), 2),
                 "simulator": workers.stats(),

@@ -122,7 +122,10 @@ class Applier:
                 if incident.severity is not Severity.RECORD:
                     self._fleet.open_incident[node] = incident.id
                 self._metrics.incidents.labels(incident.severity.value).inc()
-                log.info(
+                # Record-only incidents (stored, no action; hundreds a second across a large fleet) are
+                # counted and listed (``vigil incidents``), logged only at debug level.
+                said = log.debug if incident.severity is Severity.RECORD else log.info
+                said(
                     "incident_opened",
                     node=node,
                     incident=incident.id,
