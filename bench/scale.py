@@ -502,16 +502,26 @@ def run_queue_s(pid: int) -> tuple[float, float]:
     return main, total
 
 
-def waiting_for_cpu(then: tuple[tuple[float, float], tuple[float, float]], pid: int, over_s: float) -> dict[str, float]:
-    """``run_queue_s`` since ``then`` (the controller's, this process's), in ms a second of ``over_s``."""
-    (loop0, all0), (_, own0) = then
-    (loop, all_), (_, own) = run_queue_s(pid), run_queue_s(os.getpid())
-    per_s = 1000 / over_s
+Waits = dict[str, float]  # each process's run_queue_s: "controller_loop", "controller_all", "api_double", ...
+
+
+def cpu_waits(controller: int, relays: list[int], simulator: list[int]) -> Waits:
+    """Each part's ``run_queue_s`` now, in seconds: the controller's event loop and all its threads;
+    this process (the Kubernetes API double: where a cordon is timed); the relays and the simulated
+    fleet's processes, all threads, summed."""
+    loop, all_ = run_queue_s(controller)
     return {
-        "controller_loop": round((loop - loop0) * per_s, 1),
-        "controller_all": round((all_ - all0) * per_s, 1),
-        "api_double": round((own - own0) * per_s, 1),
+        "controller_loop": loop,
+        "controller_all": all_,
+        "api_double": run_queue_s(os.getpid())[1],
+        "relays": sum(run_queue_s(pid)[1] for pid in relays),
+        "simulator": sum(run_queue_s(pid)[1] for pid in simulator),
     }
+
+
+def waited_per_s(then: Waits, now: Waits, over_s: float) -> dict[str, float]:
+    """Each part's waits for a CPU between two ``cpu_waits``, in ms a second of ``over_s``. Pure."""
+    return {part: round((now[part] - then[part]) * 1000 / over_s, 1) for part in then}
 
 
 def own_cpu_s() -> float:
@@ -642,7 +652,8 @@ def measure(args: argparse.Namespace, workdir: Path, database: str) -> dict[str,
 
             cpu0, t0, relays_cpu0, fleet_cpu0 = sampler.cpu_s(), time.monotonic(), relays.cpu_s(), workers.cpu_s()
             late0 = lateness(config["metrics_port"], "controller"), [lateness(p, "relay") for p in relays.metrics_ports]
-            queued0 = run_queue_s(controller.pid), run_queue_s(os.getpid())
+            pids = controller.pid, [p.pid for p in relays.processes], [p.pid or 0 for p in workers.processes]
+            waits0 = cpu_waits(*pids)
             probes, queued = [next(fresh) for _ in range(args.probes)], []
             sent: dict[str, float] = {}
             backlog: dict[str, tuple[float, float]] = {}  # the controller's relayed messages waiting, at each probe
@@ -685,9 +696,8 @@ def measure(args: argparse.Namespace, workdir: Path, database: str) -> dict[str,
                     if cordons.at[n] - sent[n] > 0.165
                 ],
                 "controller_cores": round((sampler.cpu_s() - cpu0) / (time.monotonic() - t0), 2),
-                # ms a second that the controller's event loop, all its threads, and the Kubernetes API
-                # double's threads (this process: where a cordon is timed) waited for a CPU
-                "waiting_for_cpu_ms_per_s": waiting_for_cpu(queued0, controller.pid, time.monotonic() - t0),
+                # ms a second that each part waited for a CPU while ready to run (cpu_waits)
+                "waiting_for_cpu_ms_per_s": waited_per_s(waits0, cpu_waits(*pids), time.monotonic() - t0),
                 "relays_cores": round((relays.cpu_s() - relays_cpu0) / (time.monotonic() - t0), 2),
                 "simulator_cores": round((workers.cpu_s() - fleet_cpu0) / (time.monotonic() - t0), 2),
                 "simulator": workers.stats(),
