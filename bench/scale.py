@@ -433,6 +433,31 @@ def lateness(metrics_port: int, process: str) -> dict[str, Any]:
 REFUSALS = ("no_hello", "hello_again_late", "no_controller", "identity")
 
 
+def hello_answers(metrics_ports: list[int]) -> dict[str, float]:
+    """How long the agents' Hellos waited at their relays for the controller's answer, all relays
+    together, so far (``vigil_relay_hello_answer_seconds``: the agents' wait without the simulated
+    fleet's own lateness): how many, their total wait, and how many waited past 1 s and past an
+    agent's first patience (``HELLO_ACK_TIMEOUT_S``: a real agent gives up there and reconnects)."""
+    name, first = "vigil_relay_hello_answer_seconds", f"over_{HELLO_ACK_TIMEOUT_S:g}s"
+    out = {"n": 0.0, "sum_s": 0.0, "over_1s": 0.0, first: 0.0}
+    for port in metrics_ports:
+        samples = scrape(port)
+        if (count := _value(samples, f"{name}_count")) < 0:
+            continue
+        out["n"] += count
+        out["sum_s"] += _value(samples, f"{name}_sum")
+        out["over_1s"] += count - _value(samples, f"{name}_bucket", le="1.0")
+        out[first] += count - _value(samples, f"{name}_bucket", le=f"{HELLO_ACK_TIMEOUT_S:.1f}")
+    return out
+
+
+def answered_since(then: dict[str, float], now: dict[str, float]) -> dict[str, float]:
+    """``hello_answers`` between two readings, with the mean wait. Pure."""
+    since = {k: round(now[k] - then.get(k, 0.0), 1) for k in now}
+    since["mean_s"] = round(since["sum_s"] / since["n"], 2) if since["n"] else 0.0
+    return since
+
+
 def controller_backlog(metrics_port: int) -> tuple[float, float]:
     """What the relays carried to the controller and it has not handled yet: bytes, streams waiting."""
     samples = scrape(metrics_port)
@@ -635,6 +660,8 @@ def measure(args: argparse.Namespace, workdir: Path, database: str) -> dict[str,
                 "controller": gc_figures(config["metrics_port"]),
                 "relays": [gc_figures(port) for port in relays.metrics_ports],
             }
+            hellos = hello_answers(relays.metrics_ports)
+            figures["relays_hello_answered"] = answered_since({}, hellos)
             figures["lateness_after_connect"] = {
                 "controller": lateness(config["metrics_port"], "controller"),
                 "relays": [lateness(port, "relay") for port in relays.metrics_ports],
@@ -771,6 +798,7 @@ def measure(args: argparse.Namespace, workdir: Path, database: str) -> dict[str,
                     back, last = workers.back_since(since)
                 figures["restart"] = {
                     "old_controller_stop_s": round(stopped_s, 1),
+                    "relays_hello_answered": answered_since(hellos, hello_answers(relays.metrics_ports)),
                     "agents_back": back,
                     "all_back_s": round(last - since, 1) if back == args.nodes else None,
                     "simulator": workers.stats(),

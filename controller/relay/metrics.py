@@ -11,6 +11,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from vigil_core import loop_lag
 from vigil_core.gc_pauses import GcPauses
 
+HELLO_ANSWER_BUCKETS_S = (0.01, 0.05, 0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0)
+
 
 class RelayMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
@@ -64,6 +66,13 @@ class RelayMetrics:
             "How much later than due the relay's event loop ran a tick every 0.1 s (every agent's stream on it"
             " waited as long; its bounds on agents, no_hello and hello_again_late, leave it out)",
             buckets=loop_lag.BUCKETS_S,
+            registry=r,
+        )
+        self.hello_answer = Histogram(
+            "vigil_relay_hello_answer_seconds",
+            "How long each agent's Hello waited at this relay for the controller's answer (an Ack, a later turn,"
+            " or a refusal): an agent gives up on one after 10 s at first, then twice as long each time",
+            buckets=HELLO_ANSWER_BUCKETS_S,
             registry=r,
         )
         self.dropped_between_sessions = Counter(

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from functools import partial
@@ -100,7 +101,7 @@ class AgentCall:
     """One agent's call on the relay, and its sessions one after another: the relay stream of the
     session now (None between two, while the agent is asked for Hello again)."""
 
-    __slots__ = ("node", "resumable", "peer", "token", "stream", "back", "waiting_hello")
+    __slots__ = ("node", "resumable", "peer", "token", "stream", "back", "waiting_hello", "hello_at")
 
     def __init__(self, first: agent_pb2.Hello | None, peer: str, token: str) -> None:
         self.node = first.node if first is not None else ""
@@ -109,6 +110,7 @@ class AgentCall:
         self.stream: int | None = None
         self.back = Outbox[Back]()  # what comes back, every session's in turn
         self.waiting_hello = False  # asked for Hello again, not said yet
+        self.hello_at = 0.0  # when its Hello went to the controller, on the relay's own clock (0: answered)
 
 
 class AgentStreams:
@@ -152,12 +154,16 @@ class AgentStreams:
         call = AgentCall(hello_of(first), context.peer(), token)
         call.stream, _ = self._uplink.open(call.back)
         self._uplink.send(call.stream, first, peer=call.peer, token=token)
+        call.hello_at = time.monotonic()
         reader = asyncio.create_task(self._read(call, requests))
         reader.add_done_callback(partial(_reader_ended, call.back, call.node))
         wait_ms: int | None = 0
         try:
             while True:
                 item = await self._next(call, wait_ms or 0)
+                if call.hello_at and not isinstance(item, Lost):  # the controller's answer to the Hello
+                    self._uplink.metrics.hello_answer.observe(time.monotonic() - call.hello_at)
+                    call.hello_at = 0.0
                 if isinstance(item, bytes):
                     yield item
                     continue
@@ -226,6 +232,7 @@ class AgentStreams:
                 call.waiting_hello = False
                 call.stream, _ = uplink.open(call.back)
                 uplink.send(call.stream, raw, peer=call.peer, token=call.token)
+                call.hello_at = time.monotonic()
             else:  # sent after its session ended, before its Hello again: unacknowledged, so sent again
                 uplink.metrics.dropped_between_sessions.inc()
         if call.stream is not None:

@@ -191,6 +191,9 @@ def test_a_relay_that_loses_the_controller_keeps_its_agents_streams_and_asks_the
             text = (await asyncio.to_thread(scrape, metrics_port, "/metrics"))[1]
             assert sample(text, 'vigil_relay_hello_again_total{why="controller_lost"}') == 1
             assert sample(text, 'vigil_relay_agents_refused_total{why="no_controller"}', absent=0) == 0
+            # Each of its two Hellos waited for an answer once (the lost controller gave the first one's
+            # session an end, not an answer).
+            assert sample(text, "vigil_relay_hello_answer_seconds_count") == 2
             stop.set()
             await running
         await stop_controller(controller)
@@ -382,8 +385,11 @@ def test_a_relayed_agent_given_a_later_turn_says_hello_again_on_its_stream_at_th
             )
             assert [(link.streams, link.connections) for link in links] == [(1, 1)] * 3
             text = (await asyncio.to_thread(scrape, metrics_port, "/metrics"))[1]
-            assert sample(text, 'vigil_relay_hello_again_total{why="paced"}') >= 2
+            paced = sample(text, 'vigil_relay_hello_again_total{why="paced"}')
+            assert paced >= 2
             assert controller.engine.metrics.hellos_paced._value.get() >= 2
+            # Every Hello answered once: the three first ones (an Ack or a turn), then each said at its turn.
+            assert sample(text, "vigil_relay_hello_answer_seconds_count") == 3 + paced
             stop.set()
             await asyncio.gather(*running)
 
