@@ -124,6 +124,7 @@ async def _worker(
     background_per_s: float,
     per_connection: int | None,
     hello_again: bool,
+    give_up: bool,
 ) -> None:
     loop = asyncio.get_running_loop()
     inbox: asyncio.Queue[tuple[Any, ...]] = asyncio.Queue()
@@ -131,7 +132,13 @@ async def _worker(
     lag = LagMeter()
     lag_task = asyncio.create_task(lag.run())
     fleet = Fleet(
-        target, names, beats[0], idle_heartbeat_s=beats[1], streams_per_connection=per_connection, resumable=hello_again
+        target,
+        names,
+        beats[0],
+        idle_heartbeat_s=beats[1],
+        streams_per_connection=per_connection,
+        resumable=hello_again,
+        hello_patience_first_s=HELLO_ACK_TIMEOUT_S if give_up else None,
     )
     answer_waits: list[float] = []  # each Hello's wait for its first answer, since the last stats
     for node in fleet.nodes.values():
@@ -158,6 +165,7 @@ async def _worker(
                     unsent = sum(n.unsent for n in fleet.nodes.values())
                     stats = {"lag": lag.take(), "reconnects": reconnects, "paced": paced, "why": dict(why)}
                     stats["hello_again"] = sum(n.resumed for n in fleet.nodes.values())
+                    stats["gave_up"] = fleet.gave_up
                     stats["unsent"] = unsent
                     stats["answer_waits"] = list(answer_waits)
                     answer_waits.clear()
@@ -215,6 +223,7 @@ class Workers:
         background_per_s: float,
         per_connection: int | None,
         hello_again: bool = True,
+        give_up: bool = False,
     ) -> None:
         context = multiprocessing.get_context("spawn")
         self.shares = [names[i::count] for i in range(count)]
@@ -234,6 +243,7 @@ class Workers:
                     background_per_s / count,
                     per_connection,
                     hello_again,
+                    give_up,
                 ),
                 daemon=True,
             )
@@ -298,6 +308,7 @@ class Workers:
             "stream_reconnects": sum(a["reconnects"] for a in answers),
             "hellos_paced": sum(a["paced"] for a in answers),
             "hellos_again": sum(a["hello_again"] for a in answers),  # on streams a relay kept (no reconnection)
+            "hellos_given_up": sum(a["gave_up"] for a in answers),  # with --agents-give-up: as real agents would
             "hello_answered": _answer_waits([w for a in answers for w in a["answer_waits"]]),
             "streams_broke_because": dict(sum((Counter(a["why"]) for a in answers), Counter())),
         }
@@ -648,6 +659,7 @@ def measure(args: argparse.Namespace, workdir: Path, database: str) -> dict[str,
             args.background_per_s,
             per_connection,
             args.hello_again,
+            args.agents_give_up,
         )
         try:
             started, cpu0, relays_cpu0 = time.time(), sampler.cpu_s(), relays.cpu_s()
@@ -883,6 +895,14 @@ def main() -> int:
         help="the simulated agents say Hello again on the stream a relay keeps when it loses the controller (as "
         "the agent does; --no-hello-again: as agents before it, whose streams the relay ends)",
     )
+    parser.add_argument(
+        "--agents-give-up",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="the simulated agents give up on a Hello unanswered for 10 s of their process's own time, then "
+        "twice as long each time, and reconnect, as the agent does (default: they wait on, as in the records "
+        "before this option)",
+    )
     args = parser.parse_args()
     try:
         args.bursts = [int(b) for b in args.bursts.split(",") if b.strip()]
@@ -934,6 +954,7 @@ def main() -> int:
         "gc_freeze": args.gc_freeze,
         "spread_faults": args.spread_faults,
         "hello_again": args.hello_again,
+        "agents_give_up": args.agents_give_up,
         **figures,
     }
     print(json.dumps(record, indent=2))

@@ -18,10 +18,11 @@ from collections.abc import Callable
 
 import grpc
 
-from agent.link import turn_with_spread
+from agent.link import hello_patience_s, turn_with_spread
 from checks.result import NotRun
 from protos.vigil.v1 import agent_pb2, agent_pb2_grpc, common_pb2
 from tests.fakes.sim_checks import SimulatedChecks
+from vigil_core import loop_lag
 from vigil_core.rpc_errors import retry_after_s
 from vigil_core.waiting import backoff_delay
 
@@ -53,6 +54,15 @@ class FleetNode:
         # link bounds it (agent.link.hello_patience_s; these wait on); told to ``answered``.
         self.answered: Callable[[float], None] = lambda _: None
         self._hello_said_at = 0.0
+        # As the agent's link, when its Fleet has a patience: a Hello unanswered past
+        # ``hello_patience_s(unanswered, patience_first_s)`` on the process's own time is given up on
+        # (the stream cancelled, the node reconnects after its backoff), and the next waits twice as long.
+        self.clock: Callable[[], float] = time.monotonic  # the process's own time (its Fleet's)
+        self.hello_own_at = 0.0  # when the Hello now unanswered was said, on ``clock`` (0: none)
+        self.unanswered = 0  # Hellos in a row given up on
+        self.gave_up = 0  # Hellos given up on, in all
+        self._call: grpc.aio.StreamStreamCall | None = None
+        self._giving_up = False
         self.ranks: list[agent_pb2.RankProgress] = []  # their ranks' progress records, likewise
         # For the signals sent with ``watch``, by their batch's id: the batch, and its times (sent;
         # the stream took it, its write began; gRPC was done with it, flow control let it through).
@@ -73,18 +83,19 @@ class FleetNode:
             for seq in sorted(self._unacked):
                 self._queue.put_nowait(self._unacked[seq])
             try:
-                call = self._stub.Connect(self._messages(heartbeat_s, stop, self._generation, self._queue))
+                self._call = call = self._stub.Connect(self._messages(heartbeat_s, stop, self._generation, self._queue))
                 first = True
                 async for msg in call:
                     if self._hello_said_at and (msg.HasField("hello_again") or msg.HasField("ack")):
                         self.answered(time.monotonic() - self._hello_said_at)
                         self._hello_said_at = 0.0
+                        self.hello_own_at, self.unanswered = 0.0, 0
                     if msg.HasField("hello_again"):  # a relay keeps the stream for a new session
                         first = True
                         if not msg.hello_again.wait:
                             self.resumed += 1
-                            turn = turn_with_spread(msg.hello_again.after_ms / 1000)
-                            asyncio.get_running_loop().call_later(turn, self._hello_again, self._queue)
+                            later = turn_with_spread(msg.hello_again.after_ms / 1000)
+                            asyncio.get_running_loop().call_later(later, self._hello_again, self._queue)
                     elif msg.HasField("ack"):
                         self.acked = max(self.acked, msg.ack.acked_seq)
                         for seq in [s for s in self._unacked if s <= self.acked]:
@@ -99,8 +110,16 @@ class FleetNode:
                         self._running[msg.run_check.request_id] = task
                     elif msg.HasField("stop_check") and (stopping := self._running.get(msg.stop_check.request_id)):
                         stopping.cancel(msg.stop_check.why)  # as the agent ends a stopped check's processes
-            except grpc.aio.AioRpcError as exc:
+            except (grpc.aio.AioRpcError, asyncio.CancelledError) as exc:
+                if isinstance(exc, asyncio.CancelledError) and not self._giving_up:
+                    raise  # the node's task itself
                 self.reconnects += 1
+                if self._giving_up:  # its Hello given up on (``give_up``): as the agent, after its backoff
+                    self._giving_up, self.last_error = False, "gave up on its Hello (the agent's patience)"
+                    attempt += 1
+                    await asyncio.sleep(backoff_delay(attempt, base=0.5))
+                    continue
+                assert isinstance(exc, grpc.aio.AioRpcError)
                 self.last_error = f"{exc.code().name}: {exc.details()}"
                 if (turn := retry_after_s(exc)) is not None:  # the controller gave it a turn, as the agent takes it
                     self.paced, self.last_error = self.paced + 1, "RESOURCE_EXHAUSTED: given a turn (paced)"
@@ -108,6 +127,13 @@ class FleetNode:
                     continue
                 attempt += 1
                 await asyncio.sleep(backoff_delay(attempt, base=0.5))  # as the agent's link does
+
+    def give_up(self) -> None:
+        """Its Hello waited past its patience: its stream is cancelled, and it reconnects (``run``)."""
+        self.hello_own_at, self.unanswered, self.gave_up = 0.0, self.unanswered + 1, self.gave_up + 1
+        if self._call is not None and not self._call.done():
+            self._giving_up = True
+            self._call.cancel()
 
     @property
     def unsent(self) -> int:
@@ -156,13 +182,13 @@ class FleetNode:
         """Hello on the same stream, then what was sent and not acknowledged: whatever waits before it
         goes nowhere (the relay takes only a Hello between sessions)."""
         if queue is self._queue:
-            self._hello_said_at = time.monotonic()
+            self._hello_said_at, self.hello_own_at = time.monotonic(), self.clock()
             queue.put_nowait(self._hello())
             for seq in sorted(self._unacked):
                 queue.put_nowait(self._unacked[seq])
 
     async def _messages(self, heartbeat_s: float, stop: asyncio.Event, generation: int, queue: asyncio.Queue):  # type: ignore[no-untyped-def,type-arg]
-        self._hello_said_at = time.monotonic()
+        self._hello_said_at, self.hello_own_at = time.monotonic(), self.clock()
         yield self._hello()
         next_beat = time.monotonic() + random.uniform(0, self._interval(heartbeat_s))
         while not stop.is_set() and generation == self._generation:  # a broken stream's iterator ends
@@ -225,11 +251,14 @@ class Fleet:
         idle_heartbeat_s: float = 0.0,
         streams_per_connection: int | None = None,
         resumable: bool = True,
+        hello_patience_first_s: float | None = None,
     ) -> None:
         """``streams_per_connection``: None, every stream of this process on one HTTP/2 connection
         (gRPC shares a connection between channels to one target: the cheapest for tests); N, a
         connection of its own for every N nodes (1: as real agents, each on its own machine).
-        ``resumable``: the nodes say Hello again on a stream a relay keeps (as the agent does)."""
+        ``resumable``: the nodes say Hello again on a stream a relay keeps (as the agent does).
+        ``hello_patience_first_s``: the nodes give up on a Hello unanswered that long on this process's
+        own time, then twice as long each time, as the agent does (None: they wait on)."""
         if streams_per_connection is None:
             count, options = max(1, len(names) // NODES_PER_CHANNEL + 1), []
         else:
@@ -245,12 +274,37 @@ class Fleet:
         self._heartbeat_s = heartbeat_s
         self._stop = asyncio.Event()
         self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._patience_first_s = hello_patience_first_s
+        self._lateness = loop_lag.Lateness()
+        self._minders: list[asyncio.Task[None]] = []
+
+    @property
+    def gave_up(self) -> int:
+        """Hellos the nodes gave up on (their patience), in all."""
+        return sum(n.gave_up for n in self.nodes.values())
 
     async def start(self, timeout_s: float = 120.0) -> None:
+        if self._patience_first_s is not None:
+            self._minders = [
+                asyncio.create_task(self._lateness.watch()),
+                asyncio.create_task(self._mind_patience(self._patience_first_s)),
+            ]
+            for node in self.nodes.values():
+                node.clock = self._lateness.own_time
         self._tasks = {
             name: asyncio.create_task(n.run(self._heartbeat_s, self._stop)) for name, n in self.nodes.items()
         }
         await asyncio.wait_for(asyncio.gather(*(n.ready.wait() for n in self.nodes.values())), timeout_s)
+
+    async def _mind_patience(self, first_s: float, every_s: float = 0.25) -> None:
+        """Every ``every_s``, each node whose Hello has waited past its patience gives up on it (one
+        pass for the process, not a timer per Hello: the simulator's own cost stays small)."""
+        while True:
+            await asyncio.sleep(every_s)
+            now = self._lateness.own_time()
+            for node in self.nodes.values():
+                if node.hello_own_at and now - node.hello_own_at > hello_patience_s(node.unanswered, first_s):
+                    node.give_up()
 
     def disconnect(self, name: str) -> None:
         """The node's agent goes away (its stream closes; it does not come back)."""
@@ -259,6 +313,8 @@ class Fleet:
 
     async def close(self) -> None:
         self._stop.set()
+        for minder in self._minders:
+            minder.cancel()
         for task in self._tasks.values():
             task.cancel()
         for node in self.nodes.values():

@@ -1,0 +1,84 @@
+"""The simulated fleet's agents give up on an unanswered Hello as the agent does, when asked
+(``tests.fakes.fleet.Fleet(hello_patience_first_s=...)``): the scale benchmark's reconnection
+figures count what real agents would do, over real gRPC on loopback."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import grpc
+
+from protos.vigil.v1 import agent_pb2
+from tests.fakes.fleet import Fleet
+
+ACK = agent_pb2.ControllerMessage(ack=agent_pb2.Ack(acked_seq=0)).SerializeToString()
+
+
+class SlowGateway:
+    """Answers no Hello on the first ``silent`` streams, then answers each with an Ack."""
+
+    def __init__(self, silent: int) -> None:
+        self.silent = silent
+        self.streams = 0
+        self.cancelled = 0
+
+    async def connect(self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
+        self.streams += 1
+        await anext(aiter(requests))  # the Hello
+        if self.streams <= self.silent:
+            try:
+                await asyncio.sleep(60)
+            except asyncio.CancelledError:  # the agent gave up: its call cancelled
+                self.cancelled += 1
+                raise
+        yield ACK
+        async for _ in requests:
+            pass
+
+    def handler(self) -> grpc.GenericRpcHandler:
+        connect = grpc.stream_stream_rpc_method_handler(self.connect)
+        return grpc.method_handlers_generic_handler("vigil.v1.AgentGateway", {"Connect": connect})
+
+
+async def served(gateway: SlowGateway) -> tuple[grpc.aio.Server, int]:
+    server = grpc.aio.server()
+    server.add_generic_rpc_handlers((gateway.handler(),))
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    return server, port
+
+
+def test_a_simulated_agent_gives_up_on_an_unanswered_hello_and_waits_twice_as_long_the_next_time() -> None:
+    async def scenario() -> None:
+        gateway = SlowGateway(silent=2)
+        server, port = await served(gateway)
+        fleet = Fleet(f"127.0.0.1:{port}", ["n1"], heartbeat_s=60, hello_patience_first_s=0.3)
+        started = asyncio.get_running_loop().time()
+        await fleet.start(timeout_s=20)
+        took = asyncio.get_running_loop().time() - started
+        node = fleet.nodes["n1"]
+        # Given up after 0.3 s, then after 0.6 s (twice as long), answered on the third stream.
+        assert (gateway.streams, node.gave_up, fleet.gave_up, node.unanswered) == (3, 2, 2, 0)
+        assert took >= 0.9
+        assert "gave up on its Hello" in node.last_error
+        await fleet.close()
+        await server.stop(None)
+        assert gateway.cancelled == 2
+
+    asyncio.run(scenario())
+
+
+def test_without_a_patience_a_simulated_agent_waits_on() -> None:
+    async def scenario() -> None:
+        gateway = SlowGateway(silent=1)
+        server, port = await served(gateway)
+        fleet = Fleet(f"127.0.0.1:{port}", ["n1"], heartbeat_s=60)
+        starting = asyncio.create_task(fleet.start(timeout_s=20))
+        await asyncio.sleep(1.0)
+        assert not starting.done() and gateway.streams == 1 and fleet.gave_up == 0
+        starting.cancel()
+        await fleet.close()
+        await server.stop(None)
+
+    asyncio.run(scenario())
