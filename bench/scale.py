@@ -3,7 +3,7 @@
     python -m bench.scale --nodes 20000 [--workers 3] [--heartbeat-s 5] [--idle-heartbeat-s 60]
                           [--background-per-s 500] [--probes 60] [--probe-every-s 0.5]
                           [--bursts 100,400,1000] [--restart] [--hellos-per-s N]
-                          [--database sqlite|postgresql] [--relays K] [--keep]
+                          [--database sqlite|postgresql] [--relays K] [--agents-give-up] [--keep]
 
 What runs, all on this machine:
 
@@ -28,7 +28,11 @@ What runs, all on this machine:
   agents on one of them): the controller then holds K streams, and the agents' connections are the
   relays' (their RSS and CPU are given beside the controller's);
 - ``--restart``: the controller stopped and started again; the time until every agent is back
-  (``--hellos-per-s``: the controller's Hello pacing, 0 for none: every agent admitted at once).
+  (``--hellos-per-s``: the controller's Hello pacing, 0 for none: every agent admitted at once);
+- ``--agents-give-up``: the simulated agents give up on a Hello unanswered for 10 s of their
+  process's own time (then 20, 40, ... s) and reconnect, as the agent does; without it they wait
+  on, which hides what an overloaded path costs real agents. With relays, how long the Hellos waited
+  at them for the controller's answer is given either way (``relays_hello_answered``).
 
 Figures: connect time (all N agents acknowledged), controller RSS (peak) and CPU (cores, per phase;
 a burst's CPU of this process, the API double's, beside it), database size, each phase's
