@@ -110,7 +110,7 @@ class AgentCall:
         self.stream: int | None = None
         self.back = Outbox[Back]()  # what comes back, every session's in turn
         self.waiting_hello = False  # asked for Hello again, not said yet
-        self.hello_at = 0.0  # when its Hello went to the controller, on the relay's own clock (0: answered)
+        self.hello_at = 0.0  # when its Hello went to the controller (monotonic: what the agent waits; 0: answered)
 
 
 class AgentStreams:
