@@ -276,31 +276,25 @@ class Workers:
         self.connect_cpu_s = sum(float(a[2]) for a in answers)
         return max(float(a[1]) for a in answers)
 
-    def _by_worker(self, nodes: list[str]) -> dict[int, list[str]]:
+    def _ask_owners(self, nodes: list[str], command: str, answer: str, *extra: Any) -> dict[str, Any]:
+        """``(command, their nodes, *extra)`` to the workers owning ``nodes``; their answers, by node."""
         by_worker: dict[int, list[str]] = {}
         for n in nodes:
             by_worker.setdefault(self.owner[n], []).append(n)
-        return by_worker
+        for i, share in by_worker.items():
+            self.pipes[i].send((command, share, *extra))
+        found: dict[str, Any] = {}
+        for i in by_worker:
+            found |= self._answer(self.pipes[i], answer, 60)[1]
+        return found
 
     def fault(self, nodes: list[str], watch: bool = False) -> dict[str, float]:
         """A fault on each node now; their send times. ``watch``: their streams' times are kept (``watched``)."""
-        by_worker = self._by_worker(nodes)
-        for i, share in by_worker.items():
-            self.pipes[i].send(("fault", share, watch))
-        sent: dict[str, float] = {}
-        for i in by_worker:
-            sent |= self._answer(self.pipes[i], "sent", 60)[1]
-        return sent
+        return self._ask_owners(nodes, "fault", "sent", watch)
 
     def watched(self, nodes: list[str]) -> dict[str, list[float]]:
         """Each node's last watched fault: sent, then each time its stream took it and was done with it."""
-        by_worker = self._by_worker(nodes)
-        for i, share in by_worker.items():
-            self.pipes[i].send(("watched", share))
-        times: dict[str, list[float]] = {}
-        for i in by_worker:
-            times |= self._answer(self.pipes[i], "watched", 60)[1]
-        return times
+        return self._ask_owners(nodes, "watched", "watched")
 
     def stats(self) -> dict[str, Any]:
         answers = [a[1] for a in self._ask_all(("stats",), "stats")]

@@ -152,9 +152,7 @@ class AgentStreams:
             why = f"the relay has not reached the controller for {settings.controller_wait_s:g} s: retry"
             await context.abort(grpc.StatusCode.UNAVAILABLE, why)
         call = AgentCall(hello_of(first), context.peer(), token)
-        call.stream, _ = self._uplink.open(call.back)
-        self._uplink.send(call.stream, first, peer=call.peer, token=token)
-        call.hello_at = time.monotonic()
+        self._open_session(call, first)
         reader = asyncio.create_task(self._read(call, requests))
         reader.add_done_callback(partial(_reader_ended, call.back, call.node))
         wait_ms: int | None = 0
@@ -193,6 +191,13 @@ class AgentStreams:
             if call.stream is not None:
                 self._uplink.end(call.stream)
 
+    def _open_session(self, call: AgentCall, hello: bytes) -> None:
+        """A session for the agent's call: a stream to the controller opened with its Hello (timed
+        until the controller answers it)."""
+        call.stream, _ = self._uplink.open(call.back)
+        self._uplink.send(call.stream, hello, peer=call.peer, token=call.token)
+        call.hello_at = time.monotonic()
+
     async def _controller_reached(self) -> bool:
         """Whether the relay has its stream to the controller, waiting up to ``controller_wait_s`` (its own time)."""
         uplink = self._uplink
@@ -230,9 +235,7 @@ class AgentStreams:
                     )
                     return
                 call.waiting_hello = False
-                call.stream, _ = uplink.open(call.back)
-                uplink.send(call.stream, raw, peer=call.peer, token=call.token)
-                call.hello_at = time.monotonic()
+                self._open_session(call, raw)
             else:  # sent after its session ended, before its Hello again: unacknowledged, so sent again
                 uplink.metrics.dropped_between_sessions.inc()
         if call.stream is not None:
