@@ -192,7 +192,7 @@ class ControllerLink:
             raise
         if first is not grpc.aio.EOF:  # answered (an Ack, or a Hello again at a later turn): the first wait again
             self.unanswered = 0
-        if first is not grpc.aio.EOF and first.HasField("hello_again"):  # a later turn, or the controller lost
+        if first is not grpc.aio.EOF and first.HasField("hello_again"):  # a turn given, or the controller lost
             again = cast(agent_pb2.HelloAgain, first.hello_again)
             log.info("controller_link_hello_again", target=self._target, after_ms=again.after_ms, wait=again.wait)
             return again

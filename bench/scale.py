@@ -3,7 +3,8 @@
     python -m bench.scale --nodes 20000 [--workers 3] [--heartbeat-s 5] [--idle-heartbeat-s 60]
                           [--background-per-s 500] [--probes 60] [--probe-every-s 0.5]
                           [--bursts 100,400,1000] [--restart] [--hellos-per-s N]
-                          [--database sqlite|postgresql] [--relays K] [--agents-give-up] [--keep]
+                          [--database sqlite|postgresql] [--relays K] [--relay-hello-wait-s S]
+                          [--agents-give-up] [--keep]
 
 What runs, all on this machine:
 
@@ -26,7 +27,8 @@ What runs, all on this machine:
   (``all_cordoned_s``) and every quarantine's condition and Event are written (``all_recorded_s``);
 - ``--relays K``: K ``vigil relay`` processes between the fleet and the controller (each worker's
   agents on one of them): the controller then holds K streams, and the agents' connections are the
-  relays' (their RSS and CPU are given beside the controller's);
+  relays' (their RSS and CPU are given beside the controller's); ``--relay-hello-wait-s``: how
+  many Hellos each passes on at once, the others given turns (``controller.relay.turns``);
 - ``--restart``: the controller stopped and started again; the time until every agent is back
   (``--hellos-per-s``: the controller's Hello pacing, 0 for none: every agent admitted at once);
 - ``--agents-give-up``: the simulated agents give up on a Hello unanswered for 10 s of their
@@ -340,7 +342,9 @@ class Workers:
 class Relays:
     """``vigil relay`` processes in front of the controller (none: agents connect to it directly)."""
 
-    def __init__(self, controller: str, count: int, workdir: Path, gc_freeze: bool = False) -> None:
+    def __init__(
+        self, controller: str, count: int, workdir: Path, gc_freeze: bool = False, hello_wait_s: float | None = None
+    ) -> None:
         self.processes: list[subprocess.Popen[bytes]] = []
         self.targets: list[str] = []
         self.metrics_ports: list[int] = []
@@ -350,7 +354,8 @@ class Relays:
             command = [sys.executable, "-m", "vigil", "relay", "--controller", controller, "--plaintext",
                        "--listen", f"127.0.0.1:{port}", "--port-file", str(port_file),
                        "--metrics-port", str(self.metrics_ports[-1]), "--log-format", "json",
-                       "--gc-freeze" if gc_freeze else "--no-gc-freeze"]  # fmt: skip
+                       "--gc-freeze" if gc_freeze else "--no-gc-freeze",
+                       *(["--hello-wait-s", str(hello_wait_s)] if hello_wait_s is not None else [])]  # fmt: skip
             out = open(workdir / f"relay-{i}.out", "wb")  # noqa: SIM115 (the process's until it ends)
             self.processes.append(subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT))
             deadline = time.monotonic() + 60
@@ -446,13 +451,16 @@ def hello_answers(metrics_ports: list[int]) -> dict[str, float]:
     """How long the agents' Hellos waited at their relays for the controller's answer, all relays
     together, so far (``vigil_relay_hello_answer_seconds``: the agents' wait without the simulated
     fleet's own lateness): how many, their total wait, and how many waited past 1 s and past an
-    agent's first patience (``HELLO_ACK_TIMEOUT_S``: a real agent gives up there and reconnects)."""
+    agent's first patience (``HELLO_ACK_TIMEOUT_S``: a real agent gives up there and reconnects);
+    and the Hellos the relays answered themselves with a turn (no room at the controller for them yet,
+    ``controller.relay.turns``)."""
     name, first = "vigil_relay_hello_answer_seconds", f"over_{HELLO_ACK_TIMEOUT_S:g}s"
-    out = {"n": 0.0, "sum_s": 0.0, "over_1s": 0.0, first: 0.0}
+    out = {"n": 0.0, "sum_s": 0.0, "over_1s": 0.0, first: 0.0, "turns": 0.0}
     for port in metrics_ports:
         samples = scrape(port)
         if (count := _value(samples, f"{name}_count")) < 0:
             continue
+        out["turns"] += max(0.0, _value(samples, "vigil_relay_hello_again_total", why="turn"))
         out["n"] += count
         out["sum_s"] += _value(samples, f"{name}_sum")
         out["over_1s"] += count - _value(samples, f"{name}_bucket", le="1.0")
@@ -648,7 +656,7 @@ def measure(args: argparse.Namespace, workdir: Path, database: str) -> dict[str,
         sampler = Sampler(controller.pid)
         beats = (args.heartbeat_s, args.idle_heartbeat_s)
         per_connection = args.streams_per_connection or None
-        relays = Relays(target, args.relays, workdir, args.gc_freeze)
+        relays = Relays(target, args.relays, workdir, args.gc_freeze, args.relay_hello_wait_s)
         workers = Workers(
             relays.targets or [target],
             names,
@@ -876,6 +884,12 @@ def main() -> int:
         help="the controller's limits.hellos_per_s (default: its own; 0: no pacing, every Hello admitted at once)",
     )
     parser.add_argument("--relays", type=int, default=0, help="vigil relay processes in front of the controller")
+    parser.add_argument(
+        "--relay-hello-wait-s",
+        type=float,
+        default=None,
+        help="the relays' --hello-wait-s (default: theirs; 0: every Hello passed on at once, as before the option)",
+    )
     parser.add_argument("--connect-timeout-s", type=float, default=1200)
     parser.add_argument("--burst-timeout-s", type=float, default=300)
     parser.add_argument("--keep", action="store_true", help="keep the working directory (the controller's log)")

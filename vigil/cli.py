@@ -189,6 +189,15 @@ def relay(
             "are ended and the agents reconnect",
         ),
     ] = 120.0,
+    hello_wait_s: Annotated[
+        float,
+        typer.Option(
+            min=0,
+            max=60,
+            help="what an agent's Hello passed on should wait for the controller's answer: as many are passed "
+            "on as it answers in this time, the other agents are given turns (0: every Hello at once)",
+        ),
+    ] = 2.5,
     max_message_bytes: Annotated[
         int,
         typer.Option(min=64 << 10, max=64 << 20, help="one gRPC message (the controller's limits.max_message_bytes)"),
@@ -241,6 +250,7 @@ def relay(
         gc_freeze=gc_freeze,
         gc_young_objects=gc_young_objects,
         controller_wait_s=controller_wait_s,
+        hello_wait_s=hello_wait_s,
     )
     try:
         run_relay(settings, port_file)

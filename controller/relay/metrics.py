@@ -57,7 +57,8 @@ class RelayMetrics:
         self.hello_again = Counter(
             "vigil_relay_hello_again_total",
             "Agent sessions ended with the agent's call kept, asked for Hello again on it, by why"
-            " (controller_lost: the relay reached the controller again; paced: the controller gave a later turn)",
+            " (controller_lost: the relay reached the controller again; paced: the controller gave a later turn;"
+            " turn: no room at the controller for the Hello yet, the relay gave it a turn)",
             ["why"],
             registry=r,
         )
@@ -75,12 +76,29 @@ class RelayMetrics:
             buckets=HELLO_ANSWER_BUCKETS_S,
             registry=r,
         )
+        self.hellos_waiting = Gauge(
+            "vigil_relay_hellos_waiting",
+            "Agents' Hellos passed on to the controller and not answered yet (the relay passes on as many as"
+            " the controller answers in --hello-wait-s and gives the others turns)",
+            registry=r,
+        )
+        self.hello_rate = Gauge(
+            "vigil_relay_hello_answer_rate",
+            "Hellos a second the controller answered this relay while it kept it busy, as measured (turns are"
+            " given at this rate)",
+            registry=r,
+        )
         self.dropped_between_sessions = Counter(
             "vigil_relay_dropped_between_sessions_total",
             "Agents' messages sent after their session ended and before their Hello again (not acknowledged:"
             " the agent sends its signals again)",
             registry=r,
         )
+
+    def watch_turns(self, waiting: Callable[[], int], rate_per_s: Callable[[], float]) -> None:
+        """The relay's Hellos waiting for the controller, and the rate it answers them (``controller.relay.turns``)."""
+        self.hellos_waiting.set_function(waiting)
+        self.hello_rate.set_function(rate_per_s)
 
     def watch(self, carried: Callable[[], int], up: Callable[[], bool], queued: Callable[[], int]) -> None:
         self.agents.set_function(carried)

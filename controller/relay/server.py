@@ -23,6 +23,7 @@ from google.protobuf.message import DecodeError
 from controller.edge.authz import bearer
 from controller.edge.open_files import raise_open_files
 from controller.nodes.agent_outboxes import Outbox
+from controller.relay.turns import HelloTurns, Turn
 from controller.relay.uplink import ITEM_OVERHEAD, OK, UNAVAILABLE, Back, Lost, Uplink
 from protos.vigil.v1 import agent_pb2, relay_pb2
 from vigil_core import gc_keeper, gc_young, loop_lag
@@ -51,6 +52,11 @@ class RelaySettings:
     # ended UNAVAILABLE and its agent reconnects on its own: a held call costs nothing new, a fleet
     # reconnecting at once costs a great deal. Not first_message_s, which is an agent's bound.
     controller_wait_s: float = 120.0
+    # What a Hello passed on to the controller should wait for its answer: the relay passes on only
+    # as many as the controller answers in this time and gives the other agents turns
+    # (``controller.relay.turns``); 0: every Hello passed on at once.
+    hello_wait_s: float = 2.5
+    hello_min_waiting: int = 50  # never fewer Hellos passed on at once than this
 
 
 def identity_problem(raw: bytes, identity: Identity | None, token: str) -> str:
@@ -117,6 +123,10 @@ class AgentStreams:
     def __init__(self, uplink: Uplink, settings: RelaySettings, lateness: loop_lag.Lateness) -> None:
         self._uplink = uplink
         self._settings = settings
+        self.turns: HelloTurns | None = None  # every Hello passed on at once
+        if settings.hello_wait_s > 0:
+            turns = self.turns = HelloTurns(wait_s=settings.hello_wait_s, min_waiting=settings.hello_min_waiting)
+            uplink.metrics.watch_turns(lambda: turns.waiting, lambda: turns.rate_per_s)
         # An agent's bounds are kept on the relay's own time: its loop's lateness is not the agent's.
         self._own_time = lateness.own_time
 
@@ -152,7 +162,7 @@ class AgentStreams:
             why = f"the relay has not reached the controller for {settings.controller_wait_s:g} s: retry"
             await context.abort(grpc.StatusCode.UNAVAILABLE, why)
         call = AgentCall(hello_of(first), context.peer(), token)
-        self._open_session(call, first)
+        self._say_hello(call, first, returning=False)
         reader = asyncio.create_task(self._read(call, requests))
         reader.add_done_callback(partial(_reader_ended, call.back, call.node))
         wait_ms: int | None = 0
@@ -160,24 +170,32 @@ class AgentStreams:
             while True:
                 item = await self._next(call, wait_ms or 0)
                 if call.hello_at and not isinstance(item, Lost):  # the controller's answer to the Hello
-                    self._uplink.metrics.hello_answer.observe(time.monotonic() - call.hello_at)
-                    call.hello_at = 0.0
+                    self._hello_over(call, answered=True, taken=isinstance(item, bytes))
                 if isinstance(item, bytes):
                     yield item
                     continue
-                if (wait_ms := hello_again_in(item, call.resumable)) is None:
-                    break
-                if call.stream is not None:
-                    self._uplink.end(call.stream)  # the session is over; the call is kept
-                call.stream = None
-                if isinstance(item, Lost):  # the agent is told at once (it is not connected), asked once it can be
-                    yield WAIT_FOR_CONTROLLER
-                    if not await self._controller_reached():
-                        self._uplink.metrics.refused.labels("no_controller").inc()
-                        item = relay_pb2.StreamEnd(code=UNAVAILABLE, details=f"{item.why}, not reached again: retry")
+                if isinstance(item, Turn):  # the relay answered the Hello itself: no room for it yet
+                    wait_ms, why = item.ms, "turn"
+                else:
+                    if isinstance(item, Lost):
+                        self._controller_lost(call)
+                    if (wait_ms := hello_again_in(item, call.resumable)) is None:
                         break
-                call.waiting_hello = True
-                self._uplink.metrics.hello_again.labels("controller_lost" if isinstance(item, Lost) else "paced").inc()
+                    if call.stream is not None:
+                        self._uplink.end(call.stream)  # the session is over; the call is kept
+                    call.stream = None
+                    if isinstance(item, Lost):  # the agent is told at once (it is not connected), asked once it can be
+                        yield WAIT_FOR_CONTROLLER
+                        if not await self._controller_reached():
+                            self._uplink.metrics.refused.labels("no_controller").inc()
+                            why = f"{item.why}, not reached again: retry"
+                            item = relay_pb2.StreamEnd(code=UNAVAILABLE, details=why)
+                            break
+                        if self.turns is not None:  # the whole fleet at once: each at its turn
+                            wait_ms = round(self.turns.turn_s(time.monotonic()) * 1000)
+                    call.waiting_hello = True
+                    why = "controller_lost" if isinstance(item, Lost) else "paced"
+                self._uplink.metrics.hello_again.labels(why).inc()
                 yield agent_pb2.ControllerMessage(
                     hello_again=agent_pb2.HelloAgain(after_ms=wait_ms)
                 ).SerializeToString()
@@ -188,15 +206,46 @@ class AgentStreams:
                 await context.abort(status_code(item.code), item.details, trailing_metadata=turn)
         finally:
             reader.cancel()
+            self._hello_over(call, answered=False)
             if call.stream is not None:
                 self._uplink.end(call.stream)
 
-    def _open_session(self, call: AgentCall, hello: bytes) -> None:
-        """A session for the agent's call: a stream to the controller opened with its Hello (timed
-        until the controller answers it)."""
+    def _say_hello(self, call: AgentCall, hello: bytes, returning: bool) -> None:
+        """The agent's Hello (``returning``: at a turn it was given): passed on to the controller in a
+        session of its own (timed until the controller answers it), or, with no room for it there
+        now, answered here with a turn (an agent that cannot say Hello again is passed on all the same)."""
+        now, turns = time.monotonic(), self.turns
+        if turns is not None and call.resumable and not turns.admit(now, returning):
+            call.waiting_hello = True
+            call.back.put_nowait(Turn(round(turns.turn_s(now) * 1000)))
+            return
+        if turns is not None and not call.resumable:
+            turns.send_anyway()
         call.stream, _ = self._uplink.open(call.back)
         self._uplink.send(call.stream, hello, peer=call.peer, token=call.token)
-        call.hello_at = time.monotonic()
+        call.hello_at = now
+
+    def _controller_lost(self, call: AgentCall) -> None:
+        """The session ended with the relay's stream to the controller: its Hello, if one waited, will
+        not be answered, and the time until the controller is back is not time it answered nothing."""
+        self._hello_over(call, answered=False)
+        if self.turns is not None:
+            self.turns.lost()
+
+    def _hello_over(self, call: AgentCall, answered: bool, taken: bool = False) -> None:
+        """The agent's Hello passed on is over: ``answered`` by the controller (``taken``: with an Ack,
+        not a refusal or a turn of its own, which are no measure of the rate it takes Hellos), or never
+        to be (its session or call ended first). Said once per Hello; nothing when none waits."""
+        if not call.hello_at:
+            return
+        now = time.monotonic()
+        if answered:
+            self._uplink.metrics.hello_answer.observe(now - call.hello_at)
+        if self.turns is not None and taken:
+            self.turns.answered(now)
+        elif self.turns is not None:
+            self.turns.dropped()
+        call.hello_at = 0.0
 
     async def _controller_reached(self) -> bool:
         """Whether the relay has its stream to the controller, waiting up to ``controller_wait_s`` (its own time)."""
@@ -235,7 +284,7 @@ class AgentStreams:
                     )
                     return
                 call.waiting_hello = False
-                self._open_session(call, raw)
+                self._say_hello(call, raw, returning=True)
             else:  # sent after its session ended, before its Hello again: unacknowledged, so sent again
                 uplink.metrics.dropped_between_sessions.inc()
         if call.stream is not None:
