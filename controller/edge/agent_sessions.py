@@ -113,9 +113,11 @@ class AgentSessions:
         self._pacing = HelloPacing(self.limits.hellos_per_s, self.limits.hello_burst)  # the whole fleet's
         self._lanes: tuple[object, Lanes] | None = None  # ``urgent``'s reading, and the policy it is of
 
-    def admit(self, hello: agent_pb2.Hello, who: Identity | None, peer: str) -> None:
+    def admit(self, hello: agent_pb2.Hello, who: Identity | None, peer: str, paced: bool = True) -> None:
         """Whether this Hello may open a session now: its content, its caller (None: nobody to check,
-        plaintext or a relay that checked), the fleet's size limit, and its turn."""
+        plaintext or a relay that checked), the fleet's size limit, and its turn (``paced``; a relay's
+        Hellos are not: it passes on only as many as this controller takes from it in a few seconds,
+        ``controller.relay.turns``, and a turn given on top only sends its agent round again)."""
         node = hello.node
         if problem := hello_problem(hello):
             log.warning("bad_hello", peer=peer, error=problem)
@@ -128,7 +130,7 @@ class AgentSessions:
             why = f"{len(fleet)} nodes are known already (limits.max_nodes); {node!r} is not one of them"
             log.warning("call_refused", peer=peer, why=why)
             raise Refused(grpc.StatusCode.RESOURCE_EXHAUSTED, why)
-        if (wait_s := self._pacing.ask(node, time.monotonic())) > 0:
+        if paced and (wait_s := self._pacing.ask(node, time.monotonic())) > 0:
             self._engine.metrics.hellos_paced.inc()
             why = f"{self.limits.hellos_per_s:g} agents/s are being admitted; {node}'s turn is in {wait_s:.1f} s"
             raise Refused(grpc.StatusCode.RESOURCE_EXHAUSTED, why, retry_after_ms=turn_ms(wait_s))

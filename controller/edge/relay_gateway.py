@@ -180,8 +180,9 @@ class _Relay:
                     raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"not a valid AgentMessage: {exc}") from None
                 if not stream.node:
                     hello = first_hello(message)
-                    # A node certificate the relay checked; a token the controller reviews.
-                    self.sessions.admit(hello, await self._token_node(stream), stream.peer)
+                    # A node certificate the relay checked; a token the controller reviews; the
+                    # relay's own room for Hellos, not the pacing, meters them.
+                    self.sessions.admit(hello, await self._token_node(stream), stream.peer, paced=False)
                     acked = await self.sessions.start(hello, stream.peer, stream.outbox)
                     stream.node = hello.node
                     stream.outbox.put_nowait(agent_pb2.ControllerMessage(ack=agent_pb2.Ack(acked_seq=acked)))

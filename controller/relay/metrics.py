@@ -58,7 +58,7 @@ class RelayMetrics:
             "vigil_relay_hello_again_total",
             "Agent sessions ended with the agent's call kept, asked for Hello again on it, by why"
             " (controller_lost: the relay reached the controller again; paced: the controller gave a later turn;"
-            " turn: no room at the controller for the Hello yet, the relay gave it a turn)",
+            " queued: no room at the controller for the Hello yet, the agent told to wait until called)",
             ["why"],
             registry=r,
         )
@@ -79,13 +79,18 @@ class RelayMetrics:
         self.hellos_waiting = Gauge(
             "vigil_relay_hellos_waiting",
             "Agents' Hellos passed on to the controller and not answered yet (the relay passes on as many as"
-            " the controller answers in --hello-wait-s and gives the others turns)",
+            " the controller answers in --hello-wait-s and queues the other agents)",
+            registry=r,
+        )
+        self.hellos_queued = Gauge(
+            "vigil_relay_hellos_queued",
+            "Agents told to wait for room at the controller for their Hello, each called in turn as a place comes free",
             registry=r,
         )
         self.hello_rate = Gauge(
             "vigil_relay_hello_answer_rate",
-            "Hellos a second the controller answered this relay while it kept it busy, as measured (turns are"
-            " given at this rate)",
+            "Hellos a second the controller took from this relay while agents were queued, as measured (the room"
+            " is this rate times --hello-wait-s)",
             registry=r,
         )
         self.dropped_between_sessions = Counter(
@@ -95,9 +100,13 @@ class RelayMetrics:
             registry=r,
         )
 
-    def watch_turns(self, waiting: Callable[[], int], rate_per_s: Callable[[], float]) -> None:
-        """The relay's Hellos waiting for the controller, and the rate it answers them (``controller.relay.turns``)."""
+    def watch_room(
+        self, waiting: Callable[[], int], queued: Callable[[], int], rate_per_s: Callable[[], float]
+    ) -> None:
+        """The relay's Hellos at the controller, the agents queued for room, and the rate the
+        controller takes Hellos (``controller.relay.turns``)."""
         self.hellos_waiting.set_function(waiting)
+        self.hellos_queued.set_function(queued)
         self.hello_rate.set_function(rate_per_s)
 
     def watch(self, carried: Callable[[], int], up: Callable[[], bool], queued: Callable[[], int]) -> None:

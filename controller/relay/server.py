@@ -2,7 +2,8 @@
 bytes. Each agent stream is passed on to the controller as it comes (its first message checked here
 under TLS: the agent's certificate must name the node its Hello names), and what the controller sends
 back is written to it; the controller's end of a stream ends the agent's call with the same status
-(and a Hello's turn as ``vigil-retry-after-ms``).
+(and a Hello's turn as ``vigil-retry-after-ms``). A Hello is passed on only while the controller has
+room for it (``controller.relay.turns``); else its agent is told to wait and called in turn.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from google.protobuf.message import DecodeError
 from controller.edge.authz import bearer
 from controller.edge.open_files import raise_open_files
 from controller.nodes.agent_outboxes import Outbox
-from controller.relay.turns import HelloTurns, Turn
+from controller.relay.turns import HelloRoom, Place
 from controller.relay.uplink import ITEM_OVERHEAD, OK, UNAVAILABLE, Back, Lost, Uplink
 from protos.vigil.v1 import agent_pb2, relay_pb2
 from vigil_core import gc_keeper, gc_young, loop_lag
@@ -53,10 +54,10 @@ class RelaySettings:
     # reconnecting at once costs a great deal. Not first_message_s, which is an agent's bound.
     controller_wait_s: float = 120.0
     # What a Hello passed on to the controller should wait for its answer: the relay passes on only
-    # as many as the controller answers in this time and gives the other agents turns
-    # (``controller.relay.turns``); 0: every Hello passed on at once.
+    # as many as the controller answers in this time and queues the other agents, calling each as a
+    # place comes free (``controller.relay.turns``); 0: every Hello passed on at once.
     hello_wait_s: float = 2.5
-    hello_min_waiting: int = 50  # never fewer Hellos passed on at once than this
+    hello_min_waiting: int = 50  # never room for fewer Hellos at once than this
 
 
 def identity_problem(raw: bytes, identity: Identity | None, token: str) -> str:
@@ -78,6 +79,8 @@ def identity_problem(raw: bytes, identity: Identity | None, token: str) -> str:
 
 RESOURCE_EXHAUSTED = grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]
 WAIT_FOR_CONTROLLER = agent_pb2.ControllerMessage(hello_again=agent_pb2.HelloAgain(wait=True)).SerializeToString()
+HELLO_NOW = agent_pb2.ControllerMessage(hello_again=agent_pb2.HelloAgain()).SerializeToString()
+QUEUED, CALLED = Place(called=False), Place(called=True)
 
 
 def hello_again_in(ended: relay_pb2.StreamEnd | Lost, resumable: bool) -> int | None:
@@ -123,10 +126,10 @@ class AgentStreams:
     def __init__(self, uplink: Uplink, settings: RelaySettings, lateness: loop_lag.Lateness) -> None:
         self._uplink = uplink
         self._settings = settings
-        self.turns: HelloTurns | None = None  # every Hello passed on at once
+        self.room: HelloRoom[AgentCall] | None = None  # None: every Hello passed on at once
         if settings.hello_wait_s > 0:
-            turns = self.turns = HelloTurns(wait_s=settings.hello_wait_s, min_waiting=settings.hello_min_waiting)
-            uplink.metrics.watch_turns(lambda: turns.waiting, lambda: turns.rate_per_s)
+            room = self.room = HelloRoom(wait_s=settings.hello_wait_s, min_waiting=settings.hello_min_waiting)
+            uplink.metrics.watch_room(lambda: room.waiting, lambda: room.queued, lambda: room.rate_per_s)
         # An agent's bounds are kept on the relay's own time: its loop's lateness is not the agent's.
         self._own_time = lateness.own_time
 
@@ -162,7 +165,7 @@ class AgentStreams:
             why = f"the relay has not reached the controller for {settings.controller_wait_s:g} s: retry"
             await context.abort(grpc.StatusCode.UNAVAILABLE, why)
         call = AgentCall(hello_of(first), context.peer(), token)
-        self._say_hello(call, first, returning=False)
+        self._say_hello(call, first)
         reader = asyncio.create_task(self._read(call, requests))
         reader.add_done_callback(partial(_reader_ended, call.back, call.node))
         wait_ms: int | None = 0
@@ -174,28 +177,34 @@ class AgentStreams:
                 if isinstance(item, bytes):
                     yield item
                     continue
-                if isinstance(item, Turn):  # the relay answered the Hello itself: no room for it yet
-                    wait_ms, why = item.ms, "turn"
-                else:
-                    if isinstance(item, Lost):
-                        self._controller_lost(call)
-                    if (wait_ms := hello_again_in(item, call.resumable)) is None:
+                if isinstance(item, Place):  # the relay's own word on the Hello: no room yet, or room now
+                    call.waiting_hello, wait_ms = item.called, 0  # a Hello is due from an agent called
+                    if not item.called:
+                        self._uplink.metrics.hello_again.labels("queued").inc()
+                    yield HELLO_NOW if item.called else WAIT_FOR_CONTROLLER
+                    continue
+                if isinstance(item, Lost):
+                    self._controller_lost(call)
+                if (wait_ms := hello_again_in(item, call.resumable)) is None:
+                    break
+                if call.stream is not None:
+                    self._uplink.end(call.stream)  # the session is over; the call is kept
+                call.stream = None
+                if isinstance(item, Lost):  # the agent is told at once (it is not connected), asked once it can be
+                    yield WAIT_FOR_CONTROLLER
+                    if not await self._controller_reached():
+                        self._uplink.metrics.refused.labels("no_controller").inc()
+                        item = relay_pb2.StreamEnd(code=UNAVAILABLE, details=f"{item.why}, not reached again: retry")
                         break
-                    if call.stream is not None:
-                        self._uplink.end(call.stream)  # the session is over; the call is kept
-                    call.stream = None
-                    if isinstance(item, Lost):  # the agent is told at once (it is not connected), asked once it can be
-                        yield WAIT_FOR_CONTROLLER
-                        if not await self._controller_reached():
-                            self._uplink.metrics.refused.labels("no_controller").inc()
-                            why = f"{item.why}, not reached again: retry"
-                            item = relay_pb2.StreamEnd(code=UNAVAILABLE, details=why)
-                            break
-                        if self.turns is not None:  # the whole fleet at once: each at its turn
-                            wait_ms = round(self.turns.turn_s(time.monotonic()) * 1000)
+                    self._uplink.metrics.hello_again.labels("controller_lost").inc()
+                    if self.room is not None:  # the whole fleet at once: each called as a place comes free
+                        self._call(self.room.queue(call))
+                        continue
                     call.waiting_hello = True
-                    why = "controller_lost" if isinstance(item, Lost) else "paced"
-                self._uplink.metrics.hello_again.labels(why).inc()
+                    yield HELLO_NOW
+                    continue
+                call.waiting_hello = True
+                self._uplink.metrics.hello_again.labels("paced").inc()
                 yield agent_pb2.ControllerMessage(
                     hello_again=agent_pb2.HelloAgain(after_ms=wait_ms)
                 ).SerializeToString()
@@ -207,30 +216,37 @@ class AgentStreams:
         finally:
             reader.cancel()
             self._hello_over(call, answered=False)
+            if self.room is not None:
+                self._call(self.room.left(call))
             if call.stream is not None:
                 self._uplink.end(call.stream)
 
-    def _say_hello(self, call: AgentCall, hello: bytes, returning: bool) -> None:
-        """The agent's Hello (``returning``: at a turn it was given): passed on to the controller in a
-        session of its own (timed until the controller answers it), or, with no room for it there
-        now, answered here with a turn (an agent that cannot say Hello again is passed on all the same)."""
-        now, turns = time.monotonic(), self.turns
-        if turns is not None and call.resumable and not turns.admit(now, returning):
-            call.waiting_hello = True
-            call.back.put_nowait(Turn(round(turns.turn_s(now) * 1000)))
+    def _say_hello(self, call: AgentCall, hello: bytes) -> None:
+        """The agent's Hello: passed on to the controller in a session of its own (timed until the
+        controller answers it), or, with no room for it there now, queued here (the agent told to
+        wait, then called: ``controller.relay.turns``). An agent that cannot say Hello again is
+        passed on all the same."""
+        room = self.room
+        if room is not None and call.resumable and not room.say(call):
+            call.back.put_nowait(QUEUED)
             return
-        if turns is not None and not call.resumable:
-            turns.send_anyway()
+        if room is not None and not call.resumable:
+            room.send_anyway()
         call.stream, _ = self._uplink.open(call.back)
         self._uplink.send(call.stream, hello, peer=call.peer, token=call.token)
-        call.hello_at = now
+        call.hello_at = time.monotonic()
+
+    def _call(self, calls: list[AgentCall]) -> None:
+        """Places came free for these queued agents: each is asked for its Hello now."""
+        for called in calls:
+            called.back.put_nowait(CALLED)
 
     def _controller_lost(self, call: AgentCall) -> None:
         """The session ended with the relay's stream to the controller: its Hello, if one waited, will
         not be answered, and the time until the controller is back is not time it answered nothing."""
         self._hello_over(call, answered=False)
-        if self.turns is not None:
-            self.turns.lost()
+        if self.room is not None:
+            self.room.lost()
 
     def _hello_over(self, call: AgentCall, answered: bool, taken: bool = False) -> None:
         """The agent's Hello passed on is over: ``answered`` by the controller (``taken``: with an Ack,
@@ -241,11 +257,9 @@ class AgentStreams:
         now = time.monotonic()
         if answered:
             self._uplink.metrics.hello_answer.observe(now - call.hello_at)
-        if self.turns is not None and taken:
-            self.turns.answered(now)
-        elif self.turns is not None:
-            self.turns.dropped()
         call.hello_at = 0.0
+        if self.room is not None:
+            self._call(self.room.answered(now, taken) if answered else self.room.dropped())
 
     async def _controller_reached(self) -> bool:
         """Whether the relay has its stream to the controller, waiting up to ``controller_wait_s`` (its own time)."""
@@ -284,7 +298,7 @@ class AgentStreams:
                     )
                     return
                 call.waiting_hello = False
-                self._say_hello(call, raw, returning=True)
+                self._say_hello(call, raw)
             else:  # sent after its session ended, before its Hello again: unacknowledged, so sent again
                 uplink.metrics.dropped_between_sessions.inc()
         if call.stream is not None:

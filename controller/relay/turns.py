@@ -1,104 +1,146 @@
-"""A relay's Hellos to the controller, and the turns it gives the rest (pure: the caller says the time).
+"""A relay's room for Hellos at the controller, and the agents waiting their turn for it (pure:
+the caller says the time).
 
 An agent waits for the answer to its Hello 10 s at first (``agent.link.hello_patience_s``), then
-gives up, cancels its stream and reconnects, which costs the controller more. When a whole fleet
-says Hello at once (a rollout, a controller restart) the controller answers a few thousand a
-second, and a relay that passed every Hello on at once would leave most of them waiting past that
-patience: measured at 100,000 nodes, 10-13 s on average, and agents that give up took three to
-seven times as long to connect as agents that wait on.
+gives up, cancels its stream and reconnects, which costs the controller and the relay more. When a
+whole fleet says Hello at once (a rollout, a controller restart) the controller answers a few
+thousand a second, and a relay that passed every Hello on at once left most of them waiting past
+that patience (measured at 100,000 nodes: 10-13 s on average at the relays).
 
-So a relay keeps only as many Hellos waiting for the controller as it answers in ``wait_s`` (at
-the rate it has been answering them here, never fewer than ``min_waiting``), and answers every
-other Hello of an agent that can say Hello again on its stream (``Hello.resumable``) itself, with a
-``HelloAgain`` at a turn: the turns are handed out one after another at that rate, in the order the
-Hellos came, so that an agent comes back about when there is room for it. An agent that is given a
-turn has had its Hello answered (its patience starts again with the next one). A Hello that comes
-back at its turn and still finds no room is given the next free turn, like any other.
+So a relay keeps only as many Hellos at the controller as it answers in ``wait_s`` (at the rate it
+has been answering them here, never fewer than ``min_waiting``): its room. An agent that can say
+Hello again on its stream (``Hello.resumable``) whose Hello finds no room is told to wait
+(``HelloAgain{wait}``: an answer, so its patience is not running) and queued; each time a Hello at
+the controller is answered, or given up, the next agent in the queue is called
+(``HelloAgain{}``), its place kept for it until its Hello comes. No rate decides when an agent
+comes back: a place coming free does, so the controller is kept as busy as the room allows and no
+agent waits on a turn worked out from a rate gone stale.
 
-The rate is measured only over seconds in which Hellos had to be turned away (the controller was
-kept busy: what it answered is what it can answer); a quieter second can only raise it.
+The rate is measured over the spans of a second or more in which agents were queued (the
+controller was kept busy: what it took is what it can take); a quieter span can only raise it.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections import deque
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
 
-FIRST_RATE_PER_S = 400.0  # the rate assumed until one is measured (a fifth of a busy controller's at 100,000 nodes)
+FIRST_RATE_PER_S = 400.0  # assumed until measured: a quarter of a busy controller's at 100,000 nodes
 MIN_RATE_PER_S = 20.0
 RATE_SPAN_S = 1.0  # the rate is measured over spans at least this long
-MAX_TURN_S = 120.0  # no turn further off than this: the agent's next Hello is on the relay's own loop
+
+Key = TypeVar("Key", bound=Hashable)
 
 
 @dataclass
-class HelloTurns:
-    wait_s: float = 2.5  # what a Hello sent on should wait for its answer (the agent's patience: 10 s)
+class HelloRoom(Generic[Key]):
+    wait_s: float = 2.5  # what a Hello passed on should wait for its answer (the agent's patience: 10 s)
     min_waiting: int = 50
-    rate_per_s: float = FIRST_RATE_PER_S  # the controller's answers a second here, as measured
-    waiting: int = 0  # Hellos sent on, not yet answered
-    next_turn_at: float = 0.0  # the next free turn
+    rate_per_s: float = FIRST_RATE_PER_S  # Hellos a second the controller took from this relay, as measured
+    waiting: int = 0  # Hellos passed on, not answered yet
+    _called: set[Key] = field(default_factory=set)  # agents called: a place kept for each until its Hello
+    _queue: deque[Key] = field(default_factory=deque)  # agents told to wait, in the order they came
+    _queued: set[Key] = field(default_factory=set)  # the same, for finding one (one that left is skipped)
     _span_start: float | None = None
-    _span_answers: int = 0
-    _span_full: bool = False  # a Hello was turned away during the span
+    _span_taken: int = 0
+    _span_busy: bool = False  # an agent was queued during the span
 
     @property
-    def room(self) -> int:
-        """How many Hellos may wait for the controller at once now."""
+    def size(self) -> int:
+        """How many Hellos may be at the controller at once now (places kept for those called among them)."""
         return max(self.min_waiting, int(self.rate_per_s * self.wait_s))
 
-    def admit(self, now: float, returning: bool = False) -> bool:
-        """Whether a Hello goes on to the controller now (then counted as waiting). A Hello that is
-        not ``returning`` at a turn given also waits while turns given before it are still to come
-        (it comes after them, not before)."""
-        queued = not returning and self.next_turn_at > now
-        if self.waiting < self.room and not queued:
-            self.waiting += 1
-            return True
-        self._span_full = True
-        return False
+    @property
+    def queued(self) -> int:
+        return len(self._queued)
+
+    def _free(self) -> int:
+        return self.size - self.waiting - len(self._called)
+
+    def say(self, key: Key) -> bool:
+        """An agent's Hello: True when it goes on to the controller now (its place kept if it was
+        called, else a free one, with no agent queued before it); False when it is queued (told to wait)."""
+        if key in self._called:
+            self._called.discard(key)
+        elif not self._queue and self._free() > 0:
+            pass
+        else:
+            if key not in self._queued:
+                self._queue.append(key)
+                self._queued.add(key)
+            self._span_busy = True
+            return False
+        self.waiting += 1
+        return True
+
+    def queue(self, key: Key) -> list[Key]:
+        """An agent that must say Hello again (its controller lost and reached again) takes its place
+        in the queue; the agents to call now (it among them when there is room)."""
+        if key not in self._queued and key not in self._called:
+            self._queue.append(key)
+            self._queued.add(key)
+        return self._call()
 
     def send_anyway(self) -> None:
-        """A Hello that goes on whatever the room (an agent that cannot be given a turn)."""
+        """A Hello that goes on whatever the room (an agent that cannot be told to wait)."""
         self.waiting += 1
 
-    def turn_s(self, now: float) -> float:
-        """The next free turn, in seconds from ``now``: each turn given takes the next one."""
-        at = max(self.next_turn_at, now)
-        self.next_turn_at = at + 1.0 / self.rate_per_s
-        return min(at - now, MAX_TURN_S)
-
-    def answered(self, now: float) -> None:
-        """The controller took a waiting Hello (an Ack; a refusal is ``dropped``)."""
+    def answered(self, now: float, taken: bool) -> list[Key]:
+        """A Hello at the controller was answered (``taken``: with an Ack; a refusal says nothing of
+        the rate). The agents to call now."""
         self.waiting = max(0, self.waiting - 1)
-        self._span_answers += 1
-        self._measure(now)
+        if taken:
+            self._span_taken += 1
+            self._measure(now)
+        return self._call()
 
-    def dropped(self) -> None:
-        """A waiting Hello was refused, or will not be answered (its stream ended first, or the
-        controller was lost): its room is free, and it says nothing of the rate."""
+    def dropped(self) -> list[Key]:
+        """A Hello at the controller will not be answered (its stream ended first): its place is
+        free. The agents to call now."""
         self.waiting = max(0, self.waiting - 1)
+        return self._call()
+
+    def left(self, key: Key) -> list[Key]:
+        """An agent's call ended (queued, called or neither): its place, if kept, is free. The
+        agents to call now."""
+        self._queued.discard(key)
+        self._called.discard(key)
+        return self._call()
 
     def lost(self) -> None:
-        """The controller was lost (said by each session it ended): the seconds without it are not
-        counted as seconds it answered nothing."""
-        self._span_start, self._span_answers, self._span_full = None, 0, False
+        """The controller was lost: the time without it is not time it answered nothing."""
+        self._span_start, self._span_taken, self._span_busy = None, 0, False
+
+    def _call(self) -> list[Key]:
+        calling: list[Key] = []
+        while self._queue and self._free() > 0:
+            key = self._queue.popleft()
+            if key in self._queued:  # else it left while queued
+                self._queued.discard(key)
+                self._called.add(key)
+                calling.append(key)
+        return calling
 
     def _measure(self, now: float) -> None:
         if self._span_start is None:
-            self._span_start = now
+            self._span_start, self._span_taken = now, 0
             return
         span = now - self._span_start
         if span < RATE_SPAN_S:
             return
-        seen = self._span_answers / span
-        if self._span_full:  # the controller was kept busy: this is what it answers
+        seen = self._span_taken / span
+        if self._span_busy or self._queue:  # the controller was kept busy: this is what it takes
             self.rate_per_s = max(MIN_RATE_PER_S, 0.5 * self.rate_per_s + 0.5 * seen)
-        else:  # fewer Hellos than it could answer: a lower bound
+        else:  # fewer Hellos than it could take: a lower bound
             self.rate_per_s = max(self.rate_per_s, seen)
-        self._span_start, self._span_answers, self._span_full = now, 0, False
+        self._span_start, self._span_taken, self._span_busy = now, 0, False
 
 
 @dataclass(frozen=True, slots=True)
-class Turn:
-    """A Hello the relay answered itself: the agent says it again in ``ms`` milliseconds."""
+class Place:
+    """What the relay says to an agent's call about its Hello's place: queued (told to wait) or
+    called (to say Hello now, its place kept)."""
 
-    ms: int
+    called: bool
