@@ -38,6 +38,9 @@ log = structlog.get_logger(__name__)
 BATCH_LIMIT = 500
 HELLO_ACK_TIMEOUT_S = 10.0  # the first wait for an answer to a Hello; doubled after each left unanswered
 HELLO_PATIENCE_DOUBLINGS = 4  # up to 16 times as long (160 s), until a Hello is answered again
+# A Hello a relay keeps for room at the controller (``HelloAgain.kept``) is answered once those queued
+# before it are: at 100,000 agents reconnecting at once, a minute or so. Past this, as unanswered.
+KEPT_HELLO_PATIENCE_S = 600.0
 HELLO_TURN_SPREAD_S = 0.05  # added to a turn the controller gave: agents of one slot do not come as one
 
 
@@ -63,6 +66,21 @@ def turn_with_spread(turn_s: float) -> float:
     """When to say Hello at a turn given (by the controller, or a relay's Hello again): the turn plus
     a spread, so that agents given one slot do not come as one."""
     return max(0.0, turn_s) + random.uniform(0, HELLO_TURN_SPREAD_S)
+
+
+async def read_unless(call: grpc.aio.StreamStreamCall, stop: asyncio.Event) -> agent_pb2.ControllerMessage | None:
+    """The stream's next message (or ``grpc.aio.EOF``, typed as a message as ``call.read`` is), or
+    None once ``stop`` is set first."""
+    reading = asyncio.ensure_future(call.read())
+    stopping = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait((reading, stopping), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopping.cancel()
+    if not reading.done():
+        reading.cancel()
+        return None
+    return cast(agent_pb2.ControllerMessage, reading.result())
 
 
 def beat_content(beat: agent_pb2.Heartbeat) -> bytes:
@@ -160,19 +178,11 @@ class ControllerLink:
     async def _asked_again(self, call: grpc.aio.StreamStreamCall, stop: asyncio.Event) -> agent_pb2.HelloAgain | None:
         """While the relay reaches the controller again: its word to say Hello (None when ``stop`` is
         set; the relay ends the stream if it does not reach it)."""
-        reading = asyncio.ensure_future(call.read())
-        stopping = asyncio.ensure_future(stop.wait())
-        try:
-            await asyncio.wait((reading, stopping), return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            stopping.cancel()
-        if not reading.done():
-            reading.cancel()
+        if (message := await read_unless(call, stop)) is None:
             return None
-        message = reading.result()
         if message is grpc.aio.EOF or not message.HasField("hello_again") or message.hello_again.wait:
             raise ConnectionError("the relay did not ask for Hello again")
-        return cast(agent_pb2.HelloAgain, message.hello_again)
+        return message.hello_again
 
     async def _hello_and_carry(
         self, call: grpc.aio.StreamStreamCall, stop: asyncio.Event
@@ -180,7 +190,7 @@ class ControllerLink:
         """Say Hello on ``call`` and carry the session until it ends: None when ``stop`` is set, the
         relay's HelloAgain when it keeps the stream for another session; a broken stream raises."""
         hello = self._hello()
-        hello.resumable = True
+        hello.resumable = hello.waits_for_kept_hello = True
         await call.write(agent_pb2.AgentMessage(hello=hello))
         patience = hello_patience_s(self.unanswered, self._patience_first_s)
         try:
@@ -192,6 +202,19 @@ class ControllerLink:
             raise
         if first is not grpc.aio.EOF:  # answered (an Ack, or a Hello again at a later turn): the first wait again
             self.unanswered = 0
+        while first is not grpc.aio.EOF and first.HasField("hello_again") and first.hello_again.kept:
+            # A relay keeps this Hello until the controller has room for it: its answer comes here,
+            # after the agents queued before it (the relay ends the stream if it cannot pass it on),
+            # within a bound of its own all the same.
+            try:
+                first = await within(read_unless(call, stop), KEPT_HELLO_PATIENCE_S, self._clock)
+            except TimeoutError:
+                log.warning(
+                    "controller_link_kept_hello_unanswered", target=self._target, waited_s=KEPT_HELLO_PATIENCE_S
+                )
+                raise
+            if first is None:
+                return None
         if first is not grpc.aio.EOF and first.HasField("hello_again"):  # a turn given, or the controller lost
             again = cast(agent_pb2.HelloAgain, first.hello_again)
             log.info("controller_link_hello_again", target=self._target, after_ms=again.after_ms, wait=again.wait)

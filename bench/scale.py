@@ -468,6 +468,11 @@ def hello_answers(metrics_ports: list[int]) -> dict[str, float]:
     return out
 
 
+def hello_rooms(metrics_ports: list[int]) -> list[float]:
+    """Each relay's room for Hellos at the controller now (``vigil_relay_hello_room``; -1: none read)."""
+    return [_value(scrape(port), "vigil_relay_hello_room") for port in metrics_ports]
+
+
 def answered_since(then: dict[str, float], now: dict[str, float]) -> dict[str, float]:
     """``hello_answers`` between two readings, with the mean wait. Pure."""
     since = {k: round(now[k] - then.get(k, 0.0), 1) for k in now}
@@ -680,6 +685,7 @@ def measure(args: argparse.Namespace, workdir: Path, database: str) -> dict[str,
             }
             hellos = hello_answers(relays.metrics_ports)
             figures["relays_hello_answered"] = answered_since({}, hellos)
+            figures["relays_hello_room"] = hello_rooms(relays.metrics_ports)
             figures["lateness_after_connect"] = {
                 "controller": lateness(config["metrics_port"], "controller"),
                 "relays": [lateness(port, "relay") for port in relays.metrics_ports],
@@ -817,6 +823,7 @@ def measure(args: argparse.Namespace, workdir: Path, database: str) -> dict[str,
                 figures["restart"] = {
                     "old_controller_stop_s": round(stopped_s, 1),
                     "relays_hello_answered": answered_since(hellos, hello_answers(relays.metrics_ports)),
+                    "relays_hello_room": hello_rooms(relays.metrics_ports),
                     "agents_back": back,
                     "all_back_s": round(last - since, 1) if back == args.nodes else None,
                     "simulator": workers.stats(),

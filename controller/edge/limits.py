@@ -26,8 +26,9 @@ class LimitsConfig(ConfigModel):
     hellos_per_s: float = Field(
         default=2000.0,
         gt=0,
-        description="agents admitted per second once more than hello_burst come at once (a restart, a failover); "
-        "each one turned away is given its turn (RESOURCE_EXHAUSTED with vigil-retry-after-ms)",
+        description="agents connected directly admitted per second once more than hello_burst come at once (a restart, "
+        "a failover); each one turned away is given its turn (RESOURCE_EXHAUSTED with vigil-retry-after-ms). A relay's "
+        "agents are not paced here: the relay meters their Hellos itself (vigil relay --hello-wait-s)",
     )
     hello_burst: int = Field(default=5000, ge=1, description="Hellos admitted at once before the pacing begins")
     first_message_s: float = Field(

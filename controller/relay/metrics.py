@@ -78,8 +78,8 @@ class RelayMetrics:
         )
         self.hellos_waiting = Gauge(
             "vigil_relay_hellos_waiting",
-            "Agents' Hellos passed on to the controller and not answered yet (the relay passes on as many as"
-            " the controller answers in --hello-wait-s and queues the other agents)",
+            "Agents' Hellos passed on to the controller and not answered yet (at most the relay's room; the"
+            " other agents are queued)",
             registry=r,
         )
         self.hellos_queued = Gauge(
@@ -87,10 +87,10 @@ class RelayMetrics:
             "Agents told to wait for room at the controller for their Hello, each called in turn as a place comes free",
             registry=r,
         )
-        self.hello_rate = Gauge(
-            "vigil_relay_hello_answer_rate",
-            "Hellos a second the controller took from this relay while agents were queued, as measured (the room"
-            " is this rate times --hello-wait-s)",
+        self.hello_room = Gauge(
+            "vigil_relay_hello_room",
+            "Hellos this relay passes on to the controller at once, at most: smaller while they wait there past"
+            " --hello-wait-s, larger while agents are queued and they wait less",
             registry=r,
         )
         self.dropped_between_sessions = Counter(
@@ -100,14 +100,11 @@ class RelayMetrics:
             registry=r,
         )
 
-    def watch_room(
-        self, waiting: Callable[[], int], queued: Callable[[], int], rate_per_s: Callable[[], float]
-    ) -> None:
-        """The relay's Hellos at the controller, the agents queued for room, and the rate the
-        controller takes Hellos (``controller.relay.turns``)."""
+    def watch_room(self, waiting: Callable[[], int], queued: Callable[[], int], room: Callable[[], int]) -> None:
+        """The relay's Hellos at the controller, the agents queued, and the room (``controller.relay.turns``)."""
         self.hellos_waiting.set_function(waiting)
         self.hellos_queued.set_function(queued)
-        self.hello_rate.set_function(rate_per_s)
+        self.hello_room.set_function(room)
 
     def watch(self, carried: Callable[[], int], up: Callable[[], bool], queued: Callable[[], int]) -> None:
         self.agents.set_function(carried)

@@ -53,11 +53,12 @@ class RelaySettings:
     # ended UNAVAILABLE and its agent reconnects on its own: a held call costs nothing new, a fleet
     # reconnecting at once costs a great deal. Not first_message_s, which is an agent's bound.
     controller_wait_s: float = 120.0
-    # What a Hello passed on to the controller should wait for its answer: the relay passes on only
-    # as many as the controller answers in this time and queues the other agents, calling each as a
-    # place comes free (``controller.relay.turns``); 0: every Hello passed on at once.
+    # What a Hello passed on to the controller should wait for its answer: the relay sizes its room
+    # for Hellos at the controller by it and queues the other agents, calling each as a place comes
+    # free (``controller.relay.turns``); 0: every Hello passed on at once.
     hello_wait_s: float = 2.5
     hello_min_waiting: int = 50  # never room for fewer Hellos at once than this
+    hello_first_room: int = 1000  # the room until the waits at the controller size it
 
 
 def identity_problem(raw: bytes, identity: Identity | None, token: str) -> str:
@@ -80,6 +81,7 @@ def identity_problem(raw: bytes, identity: Identity | None, token: str) -> str:
 RESOURCE_EXHAUSTED = grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]
 WAIT_FOR_CONTROLLER = agent_pb2.ControllerMessage(hello_again=agent_pb2.HelloAgain(wait=True)).SerializeToString()
 HELLO_NOW = agent_pb2.ControllerMessage(hello_again=agent_pb2.HelloAgain()).SerializeToString()
+WAIT_KEPT = agent_pb2.ControllerMessage(hello_again=agent_pb2.HelloAgain(wait=True, kept=True)).SerializeToString()
 QUEUED, CALLED = Place(called=False), Place(called=True)
 
 
@@ -110,16 +112,18 @@ class AgentCall:
     """One agent's call on the relay, and its sessions one after another: the relay stream of the
     session now (None between two, while the agent is asked for Hello again)."""
 
-    __slots__ = ("node", "resumable", "peer", "token", "stream", "back", "waiting_hello", "hello_at")
+    __slots__ = ("node", "resumable", "keeps", "peer", "token", "stream", "back", "waiting_hello", "hello_at", "kept")
 
     def __init__(self, first: agent_pb2.Hello | None, peer: str, token: str) -> None:
         self.node = first.node if first is not None else ""
         self.resumable = first is not None and first.resumable
+        self.keeps = self.resumable and first is not None and first.waits_for_kept_hello
         self.peer, self.token = peer, token
         self.stream: int | None = None
         self.back = Outbox[Back]()  # what comes back, every session's in turn
         self.waiting_hello = False  # asked for Hello again, not said yet
         self.hello_at = 0.0  # when its Hello went to the controller (monotonic: what the agent waits; 0: answered)
+        self.kept: bytes | None = None  # its Hello, queued here for room at the controller (``keeps``)
 
 
 class AgentStreams:
@@ -128,8 +132,10 @@ class AgentStreams:
         self._settings = settings
         self.room: HelloRoom[AgentCall] | None = None  # None: every Hello passed on at once
         if settings.hello_wait_s > 0:
-            room = self.room = HelloRoom(wait_s=settings.hello_wait_s, min_waiting=settings.hello_min_waiting)
-            uplink.metrics.watch_room(lambda: room.waiting, lambda: room.queued, lambda: room.rate_per_s)
+            room = self.room = HelloRoom(
+                wait_s=settings.hello_wait_s, min_waiting=settings.hello_min_waiting, room=settings.hello_first_room
+            )
+            uplink.metrics.watch_room(lambda: room.waiting, lambda: room.queued, lambda: room.size)
         # An agent's bounds are kept on the relay's own time: its loop's lateness is not the agent's.
         self._own_time = lateness.own_time
 
@@ -173,15 +179,20 @@ class AgentStreams:
             while True:
                 item = await self._next(call, wait_ms or 0)
                 if call.hello_at and not isinstance(item, Lost):  # the controller's answer to the Hello
-                    self._hello_over(call, answered=True, taken=isinstance(item, bytes))
+                    self._hello_over(call, answered=True)
                 if isinstance(item, bytes):
                     yield item
                     continue
                 if isinstance(item, Place):  # the relay's own word on the Hello: no room yet, or room now
-                    call.waiting_hello, wait_ms = item.called, 0  # a Hello is due from an agent called
                     if not item.called:
                         self._uplink.metrics.hello_again.labels("queued").inc()
-                    yield HELLO_NOW if item.called else WAIT_FOR_CONTROLLER
+                        yield WAIT_KEPT if call.kept is not None else WAIT_FOR_CONTROLLER
+                    elif call.kept is not None:  # its Hello, kept here, goes on in the place kept for it
+                        kept, call.kept = call.kept, None
+                        self._say_hello(call, kept)
+                    else:
+                        call.waiting_hello, wait_ms = True, 0  # a Hello is due from the agent called
+                        yield HELLO_NOW
                     continue
                 if isinstance(item, Lost):
                     self._controller_lost(call)
@@ -223,11 +234,13 @@ class AgentStreams:
 
     def _say_hello(self, call: AgentCall, hello: bytes) -> None:
         """The agent's Hello: passed on to the controller in a session of its own (timed until the
-        controller answers it), or, with no room for it there now, queued here (the agent told to
-        wait, then called: ``controller.relay.turns``). An agent that cannot say Hello again is
-        passed on all the same."""
+        controller answers it), or, with no room for it there now, queued here (``controller.relay.turns``):
+        the agent told to wait, then its Hello kept here passed on when called (an agent that
+        ``waits_for_kept_hello``), or it is asked to say Hello again then. An agent that cannot say
+        Hello again is passed on all the same."""
         room = self.room
         if room is not None and call.resumable and not room.say(call):
+            call.kept = hello if call.keeps else None  # else it says Hello again when called
             call.back.put_nowait(QUEUED)
             return
         if room is not None and not call.resumable:
@@ -248,18 +261,17 @@ class AgentStreams:
         if self.room is not None:
             self.room.lost()
 
-    def _hello_over(self, call: AgentCall, answered: bool, taken: bool = False) -> None:
-        """The agent's Hello passed on is over: ``answered`` by the controller (``taken``: with an Ack,
-        not a refusal or a turn of its own, which are no measure of the rate it takes Hellos), or never
-        to be (its session or call ended first). Said once per Hello; nothing when none waits."""
+    def _hello_over(self, call: AgentCall, answered: bool) -> None:
+        """The agent's Hello passed on is over: ``answered`` by the controller (an Ack, a refusal),
+        or never to be (its session or call ended first). Said once per Hello; nothing when none waits."""
         if not call.hello_at:
             return
         now = time.monotonic()
+        waited_s, call.hello_at = now - call.hello_at, 0.0
         if answered:
-            self._uplink.metrics.hello_answer.observe(now - call.hello_at)
-        call.hello_at = 0.0
+            self._uplink.metrics.hello_answer.observe(waited_s)
         if self.room is not None:
-            self._call(self.room.answered(now, taken) if answered else self.room.dropped())
+            self._call(self.room.answered(now, waited_s) if answered else self.room.dropped())
 
     async def _controller_reached(self) -> bool:
         """Whether the relay has its stream to the controller, waiting up to ``controller_wait_s`` (its own time)."""

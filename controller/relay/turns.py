@@ -7,17 +7,21 @@ whole fleet says Hello at once (a rollout, a controller restart) the controller 
 thousand a second, and a relay that passed every Hello on at once left most of them waiting past
 that patience (measured at 100,000 nodes: 10-13 s on average at the relays).
 
-So a relay keeps only as many Hellos at the controller as it answers in ``wait_s`` (at the rate it
-has been answering them here, never fewer than ``min_waiting``): its room. An agent that can say
+So a relay keeps only so many Hellos at the controller at once, its room, and sizes the room by
+how long the Hellos there wait for their answer: over each span of a second or more, a mean wait
+past ``wait_s`` shrinks the room in proportion, and a span in which agents were queued with the
+answers coming sooner grows it by a quarter (never under ``min_waiting``). An agent that can say
 Hello again on its stream (``Hello.resumable``) whose Hello finds no room is told to wait
 (``HelloAgain{wait}``: an answer, so its patience is not running) and queued; each time a Hello at
-the controller is answered, or given up, the next agent in the queue is called
-(``HelloAgain{}``), its place kept for it until its Hello comes. No rate decides when an agent
-comes back: a place coming free does, so the controller is kept as busy as the room allows and no
-agent waits on a turn worked out from a rate gone stale.
+the controller is answered, or given up, the next agent in the queue is called (``HelloAgain{}``),
+its place kept for it until its Hello comes. No rate decides when an agent comes back: a place
+coming free does, so the controller is kept as busy as the room allows.
 
-The rate is measured over the spans of a second or more in which agents were queued (the
-controller was kept busy: what it took is what it can take); a quieter span can only raise it.
+A first version sized the room by the rate the controller took Hellos while agents were queued;
+but the time a called agent takes to say its Hello is part of that rate, so on a loaded machine the
+measured rate fell, the room with it, and the rate again (100,000 agents that wait on connected in
+87.5 s through it, 57.0-57.4 s with every Hello passed on at once). The wait at the controller is
+what the agent's patience is spent on, and what the room now answers to.
 """
 
 from __future__ import annotations
@@ -27,9 +31,10 @@ from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
-FIRST_RATE_PER_S = 400.0  # assumed until measured: a quarter of a busy controller's at 100,000 nodes
-MIN_RATE_PER_S = 20.0
-RATE_SPAN_S = 1.0  # the rate is measured over spans at least this long
+FIRST_ROOM = 1000.0  # until sized by the waits (at 100,000 nodes a busy controller takes about 1,750 a second)
+MAX_ROOM = 100_000.0
+SPAN_S = 1.0  # the room is sized over spans at least this long
+GROWTH = 1.25  # per span in which agents were queued and the Hellos waited less than wait_s
 
 Key = TypeVar("Key", bound=Hashable)
 
@@ -38,19 +43,20 @@ Key = TypeVar("Key", bound=Hashable)
 class HelloRoom(Generic[Key]):
     wait_s: float = 2.5  # what a Hello passed on should wait for its answer (the agent's patience: 10 s)
     min_waiting: int = 50
-    rate_per_s: float = FIRST_RATE_PER_S  # Hellos a second the controller took from this relay, as measured
+    room: float = FIRST_ROOM  # Hellos at the controller at once, at most
     waiting: int = 0  # Hellos passed on, not answered yet
     _called: set[Key] = field(default_factory=set)  # agents called: a place kept for each until its Hello
     _queue: deque[Key] = field(default_factory=deque)  # agents told to wait, in the order they came
     _queued: set[Key] = field(default_factory=set)  # the same, for finding one (one that left is skipped)
     _span_start: float | None = None
-    _span_taken: int = 0
+    _span_answers: int = 0
+    _span_waited_s: float = 0.0
     _span_busy: bool = False  # an agent was queued during the span
 
     @property
     def size(self) -> int:
         """How many Hellos may be at the controller at once now (places kept for those called among them)."""
-        return max(self.min_waiting, int(self.rate_per_s * self.wait_s))
+        return max(self.min_waiting, int(self.room))
 
     @property
     def queued(self) -> int:
@@ -87,13 +93,12 @@ class HelloRoom(Generic[Key]):
         """A Hello that goes on whatever the room (an agent that cannot be told to wait)."""
         self.waiting += 1
 
-    def answered(self, now: float, taken: bool) -> list[Key]:
-        """A Hello at the controller was answered (``taken``: with an Ack; a refusal says nothing of
-        the rate). The agents to call now."""
+    def answered(self, now: float, waited_s: float) -> list[Key]:
+        """A Hello at the controller was answered after ``waited_s``. The agents to call now."""
         self.waiting = max(0, self.waiting - 1)
-        if taken:
-            self._span_taken += 1
-            self._measure(now)
+        self._span_answers += 1
+        self._span_waited_s += waited_s
+        self._measure(now)
         return self._call()
 
     def dropped(self) -> list[Key]:
@@ -111,7 +116,7 @@ class HelloRoom(Generic[Key]):
 
     def lost(self) -> None:
         """The controller was lost: the time without it is not time it answered nothing."""
-        self._span_start, self._span_taken, self._span_busy = None, 0, False
+        self._span_start, self._span_answers, self._span_waited_s, self._span_busy = None, 0, 0.0, False
 
     def _call(self) -> list[Key]:
         calling: list[Key] = []
@@ -125,17 +130,17 @@ class HelloRoom(Generic[Key]):
 
     def _measure(self, now: float) -> None:
         if self._span_start is None:
-            self._span_start, self._span_taken = now, 0
+            self._span_start, self._span_answers, self._span_waited_s = now, 0, 0.0
             return
-        span = now - self._span_start
-        if span < RATE_SPAN_S:
+        if now - self._span_start < SPAN_S:
             return
-        seen = self._span_taken / span
-        if self._span_busy or self._queue:  # the controller was kept busy: this is what it takes
-            self.rate_per_s = max(MIN_RATE_PER_S, 0.5 * self.rate_per_s + 0.5 * seen)
-        else:  # fewer Hellos than it could take: a lower bound
-            self.rate_per_s = max(self.rate_per_s, seen)
-        self._span_start, self._span_taken, self._span_busy = now, 0, False
+        mean_s = self._span_waited_s / self._span_answers
+        busy = self._span_busy or bool(self._queue)
+        if mean_s > self.wait_s:  # past what it should wait: a room as much smaller (not under half at once)
+            self.room = max(float(self.min_waiting), self.room * max(0.5, self.wait_s / mean_s))
+        elif busy:  # agents waited for room the controller could have taken
+            self.room = min(MAX_ROOM, self.room * GROWTH)
+        self._span_start, self._span_answers, self._span_waited_s, self._span_busy = now, 0, 0.0, False
 
 
 @dataclass(frozen=True, slots=True)

@@ -208,7 +208,10 @@ class Uplink:
             box.put_nowait(item.end if item.HasField("end") else item.message)
 
     def _break(self, why: str) -> None:
-        """Every agent stream carried is ended: the controller has ended their sessions."""
+        """Every agent stream carried is ended: the controller has ended their sessions. The broken
+        stream's sender, if gRPC still holds it waiting, is of a generation past from here: what is
+        queued before the next stream opens is that stream's, not lost into this one."""
+        self._generation += 1
         self._up.clear()
         self._first.clear()
         self._hot.clear()

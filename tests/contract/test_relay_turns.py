@@ -6,16 +6,22 @@ loopback: against a controller that answers nothing (to see the room and the que
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
 
+from agent.link import ControllerLink
 from agent.spool import Spool
-from tests.contract.test_relay import RawAgent, Relay, connected, link_for, sample, scrape
+from protos.vigil.v1 import agent_pb2
+from tests.contract.test_relay import RawAgent, Relay, answer_ok, connected, link_for, sample, scrape
 from tests.helpers import free_port, start_controller, stop_controller, wait_until
 
-ROOM_OF_ONE = {"hello_wait_s": 0.001, "hello_min_waiting": 1}  # one Hello waiting for the controller at a time
+# One Hello at the controller at a time (answers waiting past 60 s would shrink it, and it grows only
+# while agents wait less than that: in a few seconds, by a quarter of one, which rounds down).
+ROOM_OF_ONE = {"hello_wait_s": 60.0, "hello_min_waiting": 1, "hello_first_room": 1}
 
 
 class SilentController:
@@ -41,15 +47,37 @@ def metric(port: int, name: str, absent: float | None = None) -> float:
     return sample(scrape(port, "/metrics")[1], name, absent)
 
 
+@dataclass
+class Held:
+    """A relay with room for one Hello, in front of a controller that answers nothing, node-a's Hello
+    in that room."""
+
+    silent: SilentController
+    relay: Relay
+    metrics_port: int
+    first: RawAgent
+
+
+@contextlib.asynccontextmanager
+async def room_held(waits: bool = False) -> AsyncIterator[Held]:
+    silent = SilentController()
+    await silent.server.start()
+    metrics_port = free_port()
+    try:
+        async with Relay(silent.port, metrics_port=metrics_port, **ROOM_OF_ONE) as relay:
+            first = RawAgent(relay.port)
+            await first.hello("node-a", waits=waits)
+            await wait_until(lambda: metric(metrics_port, "vigil_relay_hellos_waiting") == 1, what="node-a passed on")
+            yield Held(silent, relay, metrics_port, first)
+    finally:
+        await silent.server.stop(0)
+
+
 def test_hellos_past_the_room_are_queued_and_each_called_as_a_place_comes_free(tmp_path: Path) -> None:
     async def scenario() -> None:
-        controller = SilentController()
-        await controller.server.start()
-        metrics_port = free_port()
-        async with Relay(controller.port, metrics_port=metrics_port, **ROOM_OF_ONE) as relay:
-            first, second, third = RawAgent(relay.port), RawAgent(relay.port), RawAgent(relay.port)
-            await first.hello("node-a")
-            await wait_until(lambda: metric(metrics_port, "vigil_relay_hellos_waiting") == 1, what="node-a passed on")
+        async with room_held() as held:
+            metrics_port, first = held.metrics_port, held.first
+            second, third = RawAgent(held.relay.port), RawAgent(held.relay.port)
             for agent, node in ((second, "node-b"), (third, "node-c")):
                 await agent.hello(node)
                 told = await agent.read()  # the relay's own answer: no room at the controller yet, wait
@@ -71,7 +99,69 @@ def test_hellos_past_the_room_are_queued_and_each_called_as_a_place_comes_free(t
             # No Hello was answered by the controller.
             assert metric(metrics_port, "vigil_relay_hello_answer_seconds_count") == 0
             await third.close()
-        await controller.server.stop(0)
+
+    asyncio.run(scenario())
+
+
+def test_an_agent_that_waits_for_its_kept_hello_is_answered_without_saying_it_again(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with room_held(waits=True) as held:
+            metrics_port, first, second = held.metrics_port, held.first, RawAgent(held.relay.port)
+            await second.hello("node-b", waits=True)
+            told = await second.read()
+            assert told.hello_again.wait and told.hello_again.kept  # its Hello kept here: it says nothing
+            await first.close()
+            # Its place came free: the Hello it said goes on, with no word to the agent.
+            await wait_until(lambda: metric(metrics_port, "vigil_relay_hellos_queued") == 0, what="node-b's Hello on")
+            assert metric(metrics_port, "vigil_relay_hellos_waiting") == 1
+            assert metric(metrics_port, "vigil_relay_dropped_between_sessions_total", absent=0) == 0
+            await second.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_kept_hello_outlives_a_controller_that_never_answered_and_is_acknowledged_by_the_next(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with room_held(waits=True) as held:  # node-a's Hello passed on, never answered
+            silent, first, second = held.silent, held.first, RawAgent(held.relay.port)
+            await second.hello("node-b", waits=True)
+            assert (await second.read()).hello_again.kept  # queued, its Hello kept
+            await silent.server.stop(0)  # the relay loses it: node-a's session ends, node-b's Hello waits on
+            assert (await first.read()).hello_again.wait
+            controller = await start_controller(tmp_path / "ctl.db", silent.port)
+            ack = await second.read()  # its kept Hello went to the new controller first: answered here
+            assert ack.HasField("ack")
+            asked = await first.read()  # then node-a, queued after it, asked for its Hello again
+            assert asked.HasField("hello_again") and not asked.hello_again.wait
+            await first.hello("node-a", waits=True)
+            assert (await first.read()).HasField("ack")
+            assert connected(controller, "node-a") and connected(controller, "node-b")
+            for agent in (first, second):
+                await agent.close()
+        await stop_controller(controller)
+
+    asyncio.run(scenario())
+
+
+def test_the_agent_waits_for_its_kept_hello_past_its_patience_and_is_taken_when_a_place_comes_free(
+    tmp_path: Path,
+) -> None:
+    async def scenario() -> None:
+        async with room_held(waits=True) as held:
+            spool, stop = Spool(tmp_path / "spool.db"), asyncio.Event()
+            link = ControllerLink(
+                f"127.0.0.1:{held.relay.port}", spool, lambda: agent_pb2.Hello(node="node-b", spool_id="s"),
+                answer_ok, heartbeat_s=0.2, hello_patience_first_s=0.3,
+            )  # fmt: skip
+            running = asyncio.create_task(link.run(stop))
+            await wait_until(lambda: metric(held.metrics_port, "vigil_relay_hellos_queued") == 1, what="node-b queued")
+            await asyncio.sleep(1.5)  # five times its patience: told its Hello is kept, it does not give up
+            assert (link.streams, link.unanswered) == (1, 0)
+            await held.first.close()  # a place comes free: node-b's kept Hello goes on, with no word from it
+            await wait_until(lambda: metric(held.metrics_port, "vigil_relay_hellos_queued") == 0, what="node-b on")
+            assert metric(held.metrics_port, "vigil_relay_hellos_waiting") == 1 and link.streams == 1
+            stop.set()
+            await running
 
     asyncio.run(scenario())
 

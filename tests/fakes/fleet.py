@@ -175,6 +175,7 @@ class FleetNode:
             address=f"{self.name}.sim",
             idle_heartbeat_s=self.idle_heartbeat_s,
             resumable=self.resumable,
+            waits_for_kept_hello=self.resumable,  # as the agent: a relay keeps its Hello for room, it waits
         )
         return agent_pb2.AgentMessage(hello=hello)
 

@@ -2,109 +2,99 @@
 
 from __future__ import annotations
 
-import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from controller.relay.turns import MIN_RATE_PER_S, HelloRoom
+from controller.relay.turns import GROWTH, MAX_ROOM, HelloRoom
 
 
 def test_hellos_go_on_while_there_is_room_and_the_rest_are_queued_in_order() -> None:
-    room = HelloRoom[str](wait_s=2.0, min_waiting=1, rate_per_s=1.0)  # room for 2
+    room = HelloRoom[str](min_waiting=1, room=2)
     assert room.size == 2
     assert room.say("a") and room.say("b") and room.waiting == 2
     assert not room.say("c") and not room.say("d") and room.queued == 2
     assert not room.say("c") and room.queued == 2  # said again while queued: one place in the queue
-    assert room.answered(0.0, taken=True) == ["c"]  # a place came free: the first queued is called
+    assert room.answered(0.0, 0.1) == ["c"]  # a place came free: the first queued is called
     assert not room.say("e")  # a newcomer does not take the place kept for "c", nor pass "d"
     assert room.say("c") and room.waiting == 2 and room.queued == 2
     assert room.dropped() == ["d"]  # given up at the controller: its place free all the same
-    assert room.answered(0.0, taken=True) == ["e"]
+    assert room.answered(0.0, 0.1) == ["e"]
 
 
 def test_an_agent_that_leaves_queued_is_skipped_and_one_that_leaves_called_frees_its_place() -> None:
-    room = HelloRoom[str](wait_s=1.0, min_waiting=1, rate_per_s=1.0)
+    room = HelloRoom[str](min_waiting=1, room=1)
     assert room.say("a") and not room.say("b") and not room.say("c") and not room.say("d")
     assert room.left("b") == [] and room.queued == 2
-    assert room.answered(0.0, taken=True) == ["c"]  # "b" left: skipped
+    assert room.answered(0.0, 0.1) == ["c"]  # "b" left: skipped
     assert room.left("c") == ["d"]  # called, gone before its Hello: the place goes to the next
 
 
 def test_a_fleet_asked_again_after_the_controller_is_back_is_called_as_far_as_the_room_goes() -> None:
-    room = HelloRoom[int](wait_s=1.0, min_waiting=3, rate_per_s=1.0)
+    room = HelloRoom[int](min_waiting=3, room=1)
     called = [key for agent in range(10) for key in room.queue(agent)]
     assert called == [0, 1, 2] and room.queued == 7
     assert all(room.say(agent) for agent in called) and room.waiting == 3
-    assert room.answered(0.0, taken=True) == [3]
+    assert room.answered(0.0, 0.1) == [3]
 
 
 def test_the_room_never_falls_under_the_least_and_a_hello_that_cannot_be_queued_goes_on_anyway() -> None:
-    room = HelloRoom[str](wait_s=0.01, min_waiting=3, rate_per_s=10.0)
+    room = HelloRoom[str](min_waiting=3, room=0.1)
     assert room.size == 3
     assert [room.say(k) for k in "abcd"] == [True, True, True, False]
     room.send_anyway()
     assert room.waiting == 4
-    assert room.answered(0.0, taken=False) == []  # still over the room: nobody called yet
-    assert room.answered(0.0, taken=False) == ["d"]
+    assert room.answered(0.0, 0.1) == []  # still over the room: nobody called yet
+    assert room.answered(0.0, 0.1) == ["d"]
 
 
-def busy_for(room: HelloRoom[int], start_s: float, seconds: float, per_s: int) -> None:
-    """The controller takes ``per_s`` Hellos a second for ``seconds``, agents queued all along."""
+def answers(room: HelloRoom[int], start_s: float, seconds: float, per_s: int, waited_s: float, queued: bool) -> None:
+    """The controller answers ``per_s`` Hellos a second for ``seconds``, each after ``waited_s``;
+    with an agent queued all along, or none."""
     agents = iter(range(10**9))
-    while room.say(next(agents)):  # the room filled, one queued
-        pass
     for i in range(int(seconds * per_s) + 1):
-        for called in room.answered(start_s + i / per_s, taken=True):
-            assert room.say(called)
-        room.say(next(agents))  # another comes: queued
+        if queued:
+            while room.say(next(agents)):  # the room full, one queued
+                pass
+        for called in room.answered(start_s + i / per_s, waited_s):
+            room.say(called)
 
 
-def test_the_rate_is_what_the_controller_took_while_agents_were_queued() -> None:
-    room = HelloRoom[int](wait_s=0.01, min_waiting=1, rate_per_s=400.0)
-    busy_for(room, 0.0, 4.0, 100)
-    assert 100 <= room.rate_per_s < 130  # halfway each second from 400: 250, 175, 137.5, 118.75
-    busy_for(room, 4.0, 16.0, 100)
-    assert room.rate_per_s == pytest.approx(100, rel=0.01)
+def test_hellos_that_wait_past_the_wait_shrink_the_room_in_proportion_and_not_under_the_least() -> None:
+    room = HelloRoom[int](wait_s=2.0, min_waiting=10, room=1000)
+    answers(room, 0.0, 1.0, 100, waited_s=4.0, queued=True)
+    assert room.size == 500  # waited twice as long as it should: half the room
+    answers(room, 1.01, 1.0, 100, waited_s=3.0, queued=True)
+    assert room.size == 333
+    answers(room, 2.02, 1.0, 100, waited_s=100.0, queued=True)
+    assert room.size == 166  # never less than half at once
+    answers(room, 3.03, 10.0, 100, waited_s=100.0, queued=True)
+    assert room.size == 10
 
 
-def test_a_quiet_span_only_raises_the_rate_and_refusals_do_not_count() -> None:
-    room = HelloRoom[int](rate_per_s=400.0)
-    for i in range(21):  # 10 a second, with room to spare
-        assert room.say(i)
-        room.answered(i / 10, taken=True)
-    assert room.rate_per_s == 400.0
-    busy = HelloRoom[int](rate_per_s=10.0, min_waiting=1000)
-    for i in range(2001):  # 1,000 a second, none queued
-        busy.say(i)
-        busy.answered(i / 1000, taken=True)
-    assert busy.rate_per_s == pytest.approx(1000, rel=0.01)
-    refused = HelloRoom[int](wait_s=0.01, min_waiting=1, rate_per_s=100.0)
-    refused.say(0)
-    for i in range(1, 1001):  # refusals only, agents queued: nothing measured
-        refused.say(i)
-        for called in refused.answered(i / 100, taken=False):
-            refused.say(called)
-    assert refused.rate_per_s == 100.0
+def test_the_room_grows_while_agents_are_queued_and_the_hellos_wait_less_than_the_wait() -> None:
+    room = HelloRoom[int](wait_s=2.0, min_waiting=10, room=100)
+    answers(room, 0.0, 1.0, 100, waited_s=0.5, queued=True)
+    assert room.size == int(100 * GROWTH)
+    answers(room, 1.01, 3.0, 100, waited_s=0.5, queued=True)
+    assert room.size == int(100 * GROWTH**4)
+    quiet = HelloRoom[int](wait_s=2.0, min_waiting=10, room=100)
+    answers(quiet, 0.0, 3.0, 100, waited_s=0.5, queued=False)  # nobody queued: no cause to grow
+    assert quiet.size == 100
+    big = HelloRoom[int](room=MAX_ROOM)
+    answers(big, 0.0, 2.0, 10, waited_s=0.1, queued=True)
+    assert big.size == MAX_ROOM
 
 
-def test_the_time_without_the_controller_is_not_measured_as_a_rate_of_nothing() -> None:
-    room = HelloRoom[int](wait_s=0.01, min_waiting=1, rate_per_s=100.0)
-    busy_for(room, 0.0, 0.5, 100)  # half a span, busy
-    room.lost()  # 30 s without the controller
-    room.dropped()
-    room.answered(30.5, taken=True)  # the first answer after it starts a span: nothing measured over the 30 s
-    assert room.rate_per_s == 100.0
-    unsaid = HelloRoom[int](wait_s=0.01, min_waiting=1, rate_per_s=100.0)
-    busy_for(unsaid, 0.0, 0.5, 100)
-    unsaid.dropped()
-    unsaid.answered(30.5, taken=True)  # without the loss said: 51 taken in 30.5 s, busy
-    assert unsaid.rate_per_s < 55
-
-
-def test_a_controller_that_takes_next_to_nothing_still_leaves_the_least_rate() -> None:
-    room = HelloRoom[int](wait_s=0.01, min_waiting=1, rate_per_s=100.0)
-    busy_for(room, 0.0, 60.0, 1)
-    assert room.rate_per_s == MIN_RATE_PER_S
+def test_the_time_without_the_controller_is_not_a_span_of_answers() -> None:
+    room = HelloRoom[int](wait_s=2.0, min_waiting=1, room=100)
+    answers(room, 0.0, 0.5, 100, waited_s=0.5, queued=True)  # half a span
+    room.lost()  # 30 s without the controller; the Hellos at it dropped
+    room.answered(30.5, 40.0)  # the first answer after: a span starts, nothing measured
+    assert room.size == 100
+    unsaid = HelloRoom[int](wait_s=2.0, min_waiting=1, room=100)
+    answers(unsaid, 0.0, 0.5, 100, waited_s=0.5, queued=True)
+    unsaid.answered(30.5, 40.0)  # without the loss said, one span from 0 to 30.5 s
+    assert unsaid.size != 100
 
 
 steps = st.lists(
@@ -117,11 +107,11 @@ steps = st.lists(
 )
 
 
-@given(steps=steps, rate=st.floats(MIN_RATE_PER_S, 5000), wait=st.floats(0.001, 1), least=st.integers(1, 8))
+@given(steps=steps, size=st.floats(0, 20), wait=st.floats(0.001, 3), least=st.integers(1, 8))
 def test_the_room_the_queue_and_the_calls_stay_sound_whatever_happens(
-    steps: list[tuple[str, int, float]], rate: float, wait: float, least: int
+    steps: list[tuple[str, int, float]], size: float, wait: float, least: int
 ) -> None:
-    room = HelloRoom[int](wait_s=wait, min_waiting=least, rate_per_s=rate)
+    room = HelloRoom[int](wait_s=wait, min_waiting=least, room=size)
     now, called, queued = 0.0, set[int](), list[int]()  # the model: who was called, who waits in what order
     for what, agent, step in steps:
         now += step
@@ -142,7 +132,7 @@ def test_the_room_the_queue_and_the_calls_stay_sound_whatever_happens(
                 queued.append(agent)
             out = room.queue(agent)
         elif what in ("answered", "refused"):
-            out = room.answered(now, taken=what == "answered")
+            out = room.answered(now, waited_s=step * (2 if what == "refused" else 1))
         elif what == "dropped":
             out = room.dropped()
         elif what == "left":
@@ -159,6 +149,6 @@ def test_the_room_the_queue_and_the_calls_stay_sound_whatever_happens(
         del queued[: len(out)]
         called |= set(out)
         assert room.queued == len(queued)
-        assert room.waiting >= 0 and room.rate_per_s >= MIN_RATE_PER_S
+        assert room.waiting >= 0 and least <= room.size <= MAX_ROOM
         if queued:  # nobody waits in the queue while a place is free
             assert room.waiting + len(called) >= room.size

@@ -8,7 +8,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Hello(_message.Message):
-    __slots__ = ("node", "agent_version", "gpus", "gpu_backend", "last_acked_seq", "spool_id", "address", "idle_heartbeat_s", "jobs", "resumable", "booted_at")
+    __slots__ = ("node", "agent_version", "gpus", "gpu_backend", "last_acked_seq", "spool_id", "address", "idle_heartbeat_s", "jobs", "resumable", "booted_at", "waits_for_kept_hello")
     NODE_FIELD_NUMBER: _ClassVar[int]
     AGENT_VERSION_FIELD_NUMBER: _ClassVar[int]
     GPUS_FIELD_NUMBER: _ClassVar[int]
@@ -20,6 +20,7 @@ class Hello(_message.Message):
     JOBS_FIELD_NUMBER: _ClassVar[int]
     RESUMABLE_FIELD_NUMBER: _ClassVar[int]
     BOOTED_AT_FIELD_NUMBER: _ClassVar[int]
+    WAITS_FOR_KEPT_HELLO_FIELD_NUMBER: _ClassVar[int]
     node: str
     agent_version: str
     gpus: _containers.RepeatedCompositeFieldContainer[_common_pb2.GpuRef]
@@ -31,7 +32,8 @@ class Hello(_message.Message):
     jobs: _containers.RepeatedScalarFieldContainer[str]
     resumable: bool
     booted_at: float
-    def __init__(self, node: _Optional[str] = ..., agent_version: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[_common_pb2.GpuRef, _Mapping]]] = ..., gpu_backend: _Optional[str] = ..., last_acked_seq: _Optional[int] = ..., spool_id: _Optional[str] = ..., address: _Optional[str] = ..., idle_heartbeat_s: _Optional[float] = ..., jobs: _Optional[_Iterable[str]] = ..., resumable: _Optional[bool] = ..., booted_at: _Optional[float] = ...) -> None: ...
+    waits_for_kept_hello: bool
+    def __init__(self, node: _Optional[str] = ..., agent_version: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[_common_pb2.GpuRef, _Mapping]]] = ..., gpu_backend: _Optional[str] = ..., last_acked_seq: _Optional[int] = ..., spool_id: _Optional[str] = ..., address: _Optional[str] = ..., idle_heartbeat_s: _Optional[float] = ..., jobs: _Optional[_Iterable[str]] = ..., resumable: _Optional[bool] = ..., booted_at: _Optional[float] = ..., waits_for_kept_hello: _Optional[bool] = ...) -> None: ...
 
 class Heartbeat(_message.Message):
     __slots__ = ("sent_at", "spooled", "dropped_faults", "jobs", "unparsed_lines", "unparsed_total", "ranks")
@@ -129,12 +131,14 @@ class StopCheck(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., why: _Optional[str] = ...) -> None: ...
 
 class HelloAgain(_message.Message):
-    __slots__ = ("after_ms", "wait")
+    __slots__ = ("after_ms", "wait", "kept")
     AFTER_MS_FIELD_NUMBER: _ClassVar[int]
     WAIT_FIELD_NUMBER: _ClassVar[int]
+    KEPT_FIELD_NUMBER: _ClassVar[int]
     after_ms: int
     wait: bool
-    def __init__(self, after_ms: _Optional[int] = ..., wait: _Optional[bool] = ...) -> None: ...
+    kept: bool
+    def __init__(self, after_ms: _Optional[int] = ..., wait: _Optional[bool] = ..., kept: _Optional[bool] = ...) -> None: ...
 
 class ControllerMessage(_message.Message):
     __slots__ = ("ack", "run_check", "run_remedy", "stop_check", "hello_again")
