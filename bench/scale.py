@@ -27,8 +27,8 @@ What runs, all on this machine:
   (``all_cordoned_s``) and every quarantine's condition and Event are written (``all_recorded_s``);
 - ``--relays K``: K ``vigil relay`` processes between the fleet and the controller (each worker's
   agents on one of them): the controller then holds K streams, and the agents' connections are the
-  relays' (their RSS and CPU are given beside the controller's); ``--relay-hello-wait-s``: how
-  many Hellos each passes on at once, the others given turns (``controller.relay.turns``);
+  relays' (their RSS and CPU are given beside the controller's); ``--relay-hello-wait-s``: the
+  wait at the controller each relay sizes its room for Hellos by (``controller.relay.hello_room``);
 - ``--restart``: the controller stopped and started again; the time until every agent is back
   (``--hellos-per-s``: the controller's Hello pacing, 0 for none: every agent admitted at once);
 - ``--agents-give-up``: the simulated agents give up on a Hello unanswered for 10 s of their
@@ -452,15 +452,15 @@ def hello_answers(metrics_ports: list[int]) -> dict[str, float]:
     together, so far (``vigil_relay_hello_answer_seconds``: the agents' wait without the simulated
     fleet's own lateness): how many, their total wait, and how many waited past 1 s and past an
     agent's first patience (``HELLO_ACK_TIMEOUT_S``: a real agent gives up there and reconnects);
-    and the Hellos the relays answered themselves with a turn (no room at the controller for them yet,
-    ``controller.relay.turns``)."""
+    and the agents the relays queued for room at the controller (``controller.relay.hello_room``;
+    records before the queue say ``turns``)."""
     name, first = "vigil_relay_hello_answer_seconds", f"over_{HELLO_ACK_TIMEOUT_S:g}s"
-    out = {"n": 0.0, "sum_s": 0.0, "over_1s": 0.0, first: 0.0, "turns": 0.0}
+    out = {"n": 0.0, "sum_s": 0.0, "over_1s": 0.0, first: 0.0, "queued": 0.0}
     for port in metrics_ports:
         samples = scrape(port)
         if (count := _value(samples, f"{name}_count")) < 0:
             continue
-        out["turns"] += max(0.0, _value(samples, "vigil_relay_hello_again_total", why="turn"))
+        out["queued"] += max(0.0, _value(samples, "vigil_relay_hello_again_total", why="queued"))
         out["n"] += count
         out["sum_s"] += _value(samples, f"{name}_sum")
         out["over_1s"] += count - _value(samples, f"{name}_bucket", le="1.0")

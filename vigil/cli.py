@@ -194,8 +194,8 @@ def relay(
         typer.Option(
             min=0,
             max=60,
-            help="what an agent's Hello passed on should wait for the controller's answer: as many are passed "
-            "on as it answers in this time, the other agents are given turns (0: every Hello at once)",
+            help="what an agent's Hello passed on should wait for the controller's answer: the relay sizes its "
+            "room for Hellos at the controller by it and queues the other agents (0: every Hello at once)",
         ),
     ] = 2.5,
     max_message_bytes: Annotated[

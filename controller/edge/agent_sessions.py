@@ -117,7 +117,7 @@ class AgentSessions:
         """Whether this Hello may open a session now: its content, its caller (None: nobody to check,
         plaintext or a relay that checked), the fleet's size limit, and its turn (``paced``; a relay's
         Hellos are not: it passes on only as many as this controller takes from it in a few seconds,
-        ``controller.relay.turns``, and a turn given on top only sends its agent round again)."""
+        ``controller.relay.hello_room``, and a turn given on top only sends its agent round again)."""
         node = hello.node
         if problem := hello_problem(hello):
             log.warning("bad_hello", peer=peer, error=problem)

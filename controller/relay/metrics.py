@@ -101,7 +101,7 @@ class RelayMetrics:
         )
 
     def watch_room(self, waiting: Callable[[], int], queued: Callable[[], int], room: Callable[[], int]) -> None:
-        """The relay's Hellos at the controller, the agents queued, and the room (``controller.relay.turns``)."""
+        """The relay's Hellos at the controller, the agents queued, and the room (``controller.relay.hello_room``)."""
         self.hellos_waiting.set_function(waiting)
         self.hellos_queued.set_function(queued)
         self.hello_room.set_function(room)

@@ -3,7 +3,7 @@ bytes. Each agent stream is passed on to the controller as it comes (its first m
 under TLS: the agent's certificate must name the node its Hello names), and what the controller sends
 back is written to it; the controller's end of a stream ends the agent's call with the same status
 (and a Hello's turn as ``vigil-retry-after-ms``). A Hello is passed on only while the controller has
-room for it (``controller.relay.turns``); else its agent is told to wait and called in turn.
+room for it (``controller.relay.hello_room``); else its agent is told to wait and called in turn.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from google.protobuf.message import DecodeError
 from controller.edge.authz import bearer
 from controller.edge.open_files import raise_open_files
 from controller.nodes.agent_outboxes import Outbox
-from controller.relay.turns import HelloRoom, Place
+from controller.relay.hello_room import HelloRoom, Place
 from controller.relay.uplink import ITEM_OVERHEAD, OK, UNAVAILABLE, Back, Lost, Uplink
 from protos.vigil.v1 import agent_pb2, relay_pb2
 from vigil_core import gc_keeper, gc_young, loop_lag
@@ -55,7 +55,7 @@ class RelaySettings:
     controller_wait_s: float = 120.0
     # What a Hello passed on to the controller should wait for its answer: the relay sizes its room
     # for Hellos at the controller by it and queues the other agents, calling each as a place comes
-    # free (``controller.relay.turns``); 0: every Hello passed on at once.
+    # free (``controller.relay.hello_room``); 0: every Hello passed on at once.
     hello_wait_s: float = 2.5
     hello_min_waiting: int = 50  # never room for fewer Hellos at once than this
     hello_first_room: int = 1000  # the room until the waits at the controller size it
@@ -234,7 +234,7 @@ class AgentStreams:
 
     def _say_hello(self, call: AgentCall, hello: bytes) -> None:
         """The agent's Hello: passed on to the controller in a session of its own (timed until the
-        controller answers it), or, with no room for it there now, queued here (``controller.relay.turns``):
+        controller answers it), or, with no room for it there now, queued here (``controller.relay.hello_room``):
         the agent told to wait, then its Hello kept here passed on when called (an agent that
         ``waits_for_kept_hello``), or it is asked to say Hello again then. An agent that cannot say
         Hello again is passed on all the same."""

@@ -20,8 +20,8 @@ import grpc
 import structlog
 
 from controller.nodes.agent_outboxes import Outbox
+from controller.relay.hello_room import Place
 from controller.relay.metrics import RelayMetrics
-from controller.relay.turns import Place
 from controller.vocab.lanes import Lanes
 from protos.vigil.v1 import relay_pb2, relay_pb2_grpc
 from vigil_core.tls import TlsFiles, aio_channel
@@ -39,7 +39,7 @@ class Lost:
 
 
 # What comes back to an agent stream: ControllerMessages (encoded), then its end or the uplink's loss;
-# or, for a Hello the relay answers itself, its place (``controller.relay.turns``).
+# or, for a Hello the relay answers itself, its place (``controller.relay.hello_room``).
 Back = bytes | relay_pb2.StreamEnd | Lost | Place
 OK, CANCELLED, UNAVAILABLE = (
     code.value[0] for code in (grpc.StatusCode.OK, grpc.StatusCode.CANCELLED, grpc.StatusCode.UNAVAILABLE)

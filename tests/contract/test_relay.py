@@ -174,7 +174,7 @@ def test_a_relayed_agent_is_refused_as_a_direct_one_with_the_same_status(tmp_pat
 
 def test_the_controller_paces_direct_hellos_and_leaves_a_relays_to_its_room(tmp_path: Path) -> None:
     """One Hello a second after a burst of one: relayed agents are all taken at once (the relay meters
-    its own, ``controller.relay.turns``) and take nothing of the burst; direct ones after them have the
+    its own, ``controller.relay.hello_room``) and take nothing of the burst; direct ones after them have the
     burst, then a turn."""
 
     async def test(controller: Controller, tmp_path: Path) -> None:

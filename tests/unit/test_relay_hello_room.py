@@ -1,11 +1,11 @@
-"""A relay's room for Hellos at the controller and its queue of agents (``controller.relay.turns``), pure."""
+"""A relay's room for Hellos at the controller and its queue of agents (``controller.relay.hello_room``), pure."""
 
 from __future__ import annotations
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from controller.relay.turns import GROWTH, MAX_ROOM, HelloRoom
+from controller.relay.hello_room import GROWTH, MAX_ROOM, HelloRoom
 
 
 def test_hellos_go_on_while_there_is_room_and_the_rest_are_queued_in_order() -> None:

@@ -1,5 +1,5 @@
 """A relay passes on only as many Hellos as the controller answers in ``hello_wait_s``, queues the
-other agents and calls each as a place comes free (``controller.relay.turns``), over real gRPC on
+other agents and calls each as a place comes free (``controller.relay.hello_room``), over real gRPC on
 loopback: against a controller that answers nothing (to see the room and the queue), and a real one
 (every agent in, once, and again after a restart)."""
 
