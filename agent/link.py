@@ -8,7 +8,9 @@ names the highest sequence number the controller holds for this node and spool (
 on the agent's own time, twice as long after each Hello left unanswered: ``hello_patience_s``). The agent drops
 those from its spool and replays exactly the rest, in order. Through a relay (``vigil relay``) the
 stream outlives a session: when the relay loses the controller and reaches it again, it asks the
-agent for Hello again on the same stream (``HelloAgain``), and the same replay follows. Signals are
+agent for Hello again on the same stream (``HelloAgain``), and the same replay follows; a relay with
+no room at the controller for a Hello keeps it and tells the agent to wait (``HelloAgain{wait,
+kept}``: an answer, its patience stops), and the Ack comes later on the same stream. Signals are
 sent as soon as they are spooled; heartbeats go out every ``heartbeat_s`` when they say something
 new (the spool's count, the node's jobs, its ranks' progress), else every ``idle_heartbeat_s``: at
 100,000 nodes the stream and HTTP/2 keepalive say a quiet agent is there, not 20,000 messages a
