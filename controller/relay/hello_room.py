@@ -68,26 +68,25 @@ class HelloRoom(Generic[Key]):
     def say(self, key: Key) -> bool:
         """An agent's Hello: True when it goes on to the controller now (its place kept if it was
         called, else a free one, with no agent queued before it); False when it is queued (told to wait)."""
-        if key in self._called:
-            self._called.discard(key)
-        elif not self._queue and self._free() > 0:
-            pass
-        else:
-            if key not in self._queued:
-                self._queue.append(key)
-                self._queued.add(key)
+        if key not in self._called and (self._queue or self._free() <= 0):
+            self._enqueue(key)
             self._span_busy = True
             return False
+        self._called.discard(key)
         self.waiting += 1
         return True
 
     def queue(self, key: Key) -> list[Key]:
         """An agent that must say Hello again (its controller lost and reached again) takes its place
         in the queue; the agents to call now (it among them when there is room)."""
-        if key not in self._queued and key not in self._called:
+        if key not in self._called:
+            self._enqueue(key)
+        return self._call()
+
+    def _enqueue(self, key: Key) -> None:
+        if key not in self._queued:  # once, however often it says Hello while queued
             self._queue.append(key)
             self._queued.add(key)
-        return self._call()
 
     def send_anyway(self) -> None:
         """A Hello that goes on whatever the room (an agent that cannot be told to wait)."""
