@@ -24,7 +24,10 @@ from vigil.admin_client import AdminClient  # noqa: E402
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 
-ARGS = ("--steps", "400", "--global-batch", "6", "--checkpoint-every", "10")
+# Steps of at least 80 ms: the hook reports a window per 10 steps and 0.5 s, the first (warm-up) not
+# learnt from, so the step-20 window is learnt before the hang at step 25 or 30 (at 30 ms a step on an
+# idle machine, steps 0-25 fit in one window: no bound learnt, and the hang would wait unlearned_s).
+ARGS = ("--steps", "400", "--global-batch", "6", "--checkpoint-every", "10", "--step-floor-s", "0.08")
 ENV = {"VIGIL_WINDOW_STEPS": "10", "OMP_NUM_THREADS": "1"}
 
 
