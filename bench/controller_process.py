@@ -39,3 +39,12 @@ async def controller_target(workdir: Path, controller: subprocess.Popen[bytes]) 
             raise RuntimeError((workdir / "controller.out").read_text()[-2000:])
         await asyncio.sleep(0.05)
     return f"127.0.0.1:{(workdir / 'port').read_text()}"
+
+
+def wide_open(faulting: int, settle_s: float | None) -> dict[str, Any]:
+    """``guardrails.shared`` for a benchmark whose faults must all be acted on: no fleet incident
+    until one more node faults than the benchmark makes fail, yet one could open, so each quarantine
+    and page waits the settling window as with the guard on (``settle_s``; None: the controller's
+    30 ms). With every node failing, none could open and nothing settles
+    (``controller.nodes.guards.shared.settles``)."""
+    return {"min_nodes": max(2, faulting + 1)} | ({} if settle_s is None else {"settle_s": settle_s})

@@ -38,7 +38,7 @@ from typing import Any
 
 import psutil
 
-from bench.controller_process import controller_target, start_controller
+from bench.controller_process import controller_target, start_controller, wide_open
 from bench.record import append_result, header, percentile
 from controller.nodes.guards.shared import SharedCauseConfig
 from tests.fakes.fleet import Fleet
@@ -118,9 +118,9 @@ def baseline_patch_rtt(kube: KubeApiServer, workdir: Path, rounds: int = 200) ->
 
 
 def controller_settings(
-    workdir: Path, kube: KubeApiServer, slack: FakeSlack, nodes: int, settle_s: float | None = None
+    workdir: Path, kube: KubeApiServer, slack: FakeSlack, nodes: int, faulting: int, settle_s: float | None = None
 ) -> dict[str, Any]:
-    shared: dict[str, Any] = {"min_nodes": nodes + 1} | ({} if settle_s is None else {"settle_s": settle_s})
+    shared = wide_open(faulting, settle_s)
     return {
         "actuator": "kubernetes",
         "kubernetes": {"kubeconfig": str(kube.kubeconfig(workdir / "kubeconfig"))},
@@ -136,7 +136,9 @@ async def run(args: argparse.Namespace, workdir: Path, database: str) -> dict[st
         for name in names:
             kube.add_node(name)
         baseline = baseline_patch_rtt(kube, workdir)
-        settings = controller_settings(workdir, kube, slack, args.nodes, args.settle) | {"database": database}
+        settings = controller_settings(workdir, kube, slack, args.nodes, args.single + args.burst, args.settle) | {
+            "database": database
+        }
         controller = start_controller(workdir, settings, {"VIGIL_SLACK_TOKEN": TOKEN})
         try:
             target = await controller_target(workdir, controller)

@@ -71,7 +71,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
 from agent.link import HELLO_ACK_TIMEOUT_S, HELLO_PATIENCE_DOUBLINGS, hello_patience_s
-from bench.controller_process import controller_target, start_controller
+from bench.controller_process import controller_target, start_controller, wide_open
 from bench.record import append_result, header, percentile, revision
 from controller.edge import open_files
 from tests.fakes.fleet import Fleet
@@ -611,7 +611,13 @@ class Cordons:
 
 
 def settings(
-    kube: KubeApiServer, workdir: Path, nodes: int, database: str, settle_s: float | None, hellos_per_s: float | None
+    kube: KubeApiServer,
+    workdir: Path,
+    nodes: int,
+    faulting: int,
+    database: str,
+    settle_s: float | None,
+    hellos_per_s: float | None,
 ) -> dict[str, Any]:
     # A rate: the controller's own burst with it; 0: no pacing at all (every Hello within one burst).
     pacing = {} if hellos_per_s is None else {"hellos_per_s": hellos_per_s or 1e9}
@@ -630,7 +636,7 @@ def settings(
             "breaker_max_fraction": 1.0,
             "quarantines_per_s": 1e6,
             "quarantine_burst": 1_000_000,
-            "shared": {"min_nodes": nodes + 1} | ({} if settle_s is None else {"settle_s": settle_s}),
+            "shared": wide_open(faulting, settle_s),
         },
     }
 
@@ -654,7 +660,8 @@ def measure(args: argparse.Namespace, workdir: Path, database: str) -> dict[str,
     figures: dict[str, Any] = {}
     with KubeApiServer() as kube:
         kube.add_nodes(names)
-        config = settings(kube, workdir, args.nodes, database, args.settle_s, args.hellos_per_s)
+        faulting = args.probes + sum(args.bursts)
+        config = settings(kube, workdir, args.nodes, faulting, database, args.settle_s, args.hellos_per_s)
         config["limits"]["gc_freeze"] = args.gc_freeze
         controller = start_controller(workdir, config)
         target = asyncio.run(controller_target(workdir, controller))

@@ -19,6 +19,7 @@ from controller.nodes.guards.shared import (
     admit_shared,
     common_factors,
     fleet_summary,
+    settles,
     shared_threshold,
 )
 from controller.store import Store
@@ -226,3 +227,37 @@ def test_admission_is_what_the_window_defines(faults: list[tuple[str, int, float
         plain, meant = _admit_by_definition(plain, rule, f"n{n}", 40, config, now)
         assert (said, fast.open) == (meant, plain[1])
         assert fast.recent.entries() == list(plain[0])  # the same window, in the same order
+
+
+def test_nothing_settles_where_no_fleet_incident_could_open(tmp_path: Path) -> None:
+    """The settling window holds a quarantine only so that a fleet incident opening meanwhile may hold
+    it: with the guard off, or fewer nodes than its threshold, a fault is acted on at once (here a
+    5 s window, against 2 s of patience), and the fleet page counts it as acted on all the same."""
+
+    async def acted_within_2s(folder: Path, nodes: int, **shared: object) -> bool:
+        folder.mkdir()
+        e = _route(folder, [], settle_s=5.0, **shared)
+        for i in range(nodes):
+            e.engine.hello(f"n{i}", "s", 8)
+        e.engine.receive("n0", [_xid("n0")])
+        try:
+            await asyncio.wait_for(e.wait_for_actions(), 2.0)
+            return set(LocalQuarantines(e.store.db).nodes()) == {"n0"}
+        except TimeoutError:
+            return False
+        finally:
+            await e.shutdown()
+            e.store.close()
+
+    assert asyncio.run(acted_within_2s(tmp_path / "off", 8, enabled=False))
+    assert asyncio.run(acted_within_2s(tmp_path / "small", 2, min_nodes=3))  # 3 needed, 2 in the fleet
+    assert not asyncio.run(acted_within_2s(tmp_path / "on", 3, min_nodes=3))  # 3 of 3 could: it settles
+
+
+def test_settles_only_where_the_threshold_is_within_the_fleet() -> None:
+    assert settles(8, CFG) and settles(3, CFG) and not settles(2, CFG)
+    assert settles(100_000, CFG)  # 10% of it: 10,000 nodes
+    assert not settles(100_000, CFG.model_copy(update={"min_nodes": 100_001}))
+    assert not settles(8, CFG.model_copy(update={"enabled": False})) and not settles(
+        8, CFG.model_copy(update={"settle_s": 0.0})
+    )

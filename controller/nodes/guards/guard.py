@@ -44,6 +44,7 @@ from controller.nodes.guards.shared import (
     closed,
     common_factors,
     fleet_summary,
+    settles,
 )
 from controller.nodes.guards.window import GroupWindow, Window
 from controller.store import Later, Records, Tx
@@ -160,10 +161,15 @@ class Guard:
         return actions, held_kinds
 
     def _shared(self, acting: list[Quarantine | Page], rule: str, now: float) -> bool:
-        """Whether this fault belongs to a fleet incident (held); if not, its actions settle first."""
+        """Whether this fault belongs to a fleet incident (held); if not, its actions settle first
+        where one could open (``settles``)."""
         node, incident_id = acting[0].node, acting[0].incident_id
-        self.shared, admission = admit_shared(self.shared, rule, node, self._fleet_size(), self.config.shared, now)
-        if admission is SharedAdmission.GO:
+        fleet_size = self._fleet_size()
+        self.shared, admission = admit_shared(self.shared, rule, node, fleet_size, self.config.shared, now)
+        if admission is SharedAdmission.GO and not settles(fleet_size, self.config.shared):
+            self._went.setdefault(rule, set()).add(node)  # carried out at once: no fleet incident could open
+            return False
+        if admission is SharedAdmission.GO:  # carried out once settled, unless a fleet incident opens meanwhile
             tick = time.monotonic()
             if len(self._settling) > 1000:
                 self._forget_settled(tick)

@@ -11,7 +11,8 @@ nodes after all).
 
 A burst is decided as a whole: each quarantine and page waits ``settle_s`` before it is carried out
 (the guard's ``settle``), and a fleet incident that opens meanwhile holds the ones still waiting, so
-which nodes are cordoned does not depend on which line arrived first.
+which nodes are cordoned does not depend on which line arrived first. Nothing waits where no fleet
+incident could open (``settles``: the guard off, or its threshold past the fleet's size).
 """
 
 from __future__ import annotations
@@ -72,6 +73,13 @@ class SharedState:
 def shared_threshold(fleet_size: int, config: SharedCauseConfig) -> int:
     """How many nodes with one fault within the window make it a shared cause."""
     return max(config.min_nodes, math.ceil(config.share * fleet_size))
+
+
+def settles(fleet_size: int, config: SharedCauseConfig) -> bool:
+    """Whether a fault's quarantine and page wait out ``settle_s`` first: only where a fleet incident
+    could open, the guard on and its threshold within the fleet as it is. With the guard off, or more
+    nodes needed than there are, the wait would hold every quarantine for nothing."""
+    return config.enabled and config.settle_s > 0 and shared_threshold(fleet_size, config) <= fleet_size
 
 
 def admit_shared(
