@@ -29,6 +29,7 @@ from controller.vocab.lanes import Lanes, lanes_message
 from controller.vocab.policy import RecordOnly
 from protos.codec import BadSignal, signal_from_proto
 from protos.vigil.v1 import agent_pb2
+from vigil_core.log_tally import TalliedEvent
 from vigil_core.names import is_address, is_node_name
 from vigil_core.rank_progress import RankRecord
 from vigil_core.signals import Signal
@@ -112,6 +113,10 @@ class AgentSessions:
         self._rate = RateLimiter(self.limits.agent_messages_per_s, self.limits.agent_burst)  # per node
         self._pacing = HelloPacing(self.limits.hellos_per_s, self.limits.hello_burst)  # the whole fleet's
         self._lanes: tuple[object, Lanes] | None = None  # ``urgent``'s reading, and the policy it is of
+        # A line per agent, up to 20 a second; a fleet reconnecting at once is counted past that.
+        self._said_connected = TalliedEvent(log.info, "agent_connected")
+        self._said_disconnected = TalliedEvent(log.info, "agent_disconnected")
+        self._said_full = TalliedEvent(log.warning, "call_refused")
 
     def admit(self, hello: agent_pb2.Hello, who: Identity | None, peer: str, paced: bool = True) -> None:
         """Whether this Hello may open a session now: its content, its caller (None: nobody to check,
@@ -128,7 +133,7 @@ class AgentSessions:
         fleet = self._fleet  # a name past the limit is refused before it takes a turn it cannot use
         if node not in fleet.nodes and len(fleet) >= self.limits.max_nodes:  # names are the caller's to make up
             why = f"{len(fleet)} nodes are known already (limits.max_nodes); {node!r} is not one of them"
-            log.warning("call_refused", peer=peer, why=why)
+            self._said_full(node, peer=peer, why=why)  # the fleet's whole remainder, retrying: tallied
             raise Refused(grpc.StatusCode.RESOURCE_EXHAUSTED, why)
         if paced and (wait_s := self._pacing.ask(node, time.monotonic())) > 0:
             self._engine.metrics.hellos_paced.inc()
@@ -160,7 +165,7 @@ class AgentSessions:
             # not connected, else a dead node would stay HEALTHY for three of its idle heartbeats.
             if not opened and not self._outboxes.is_open(node):
                 self._engine.disconnected(node)
-        log.info("agent_connected", node=node, peer=peer, acked_seq=acked, gpus=len(hello.gpus))
+        self._said_connected(node, peer=peer, acked_seq=acked, gpus=len(hello.gpus))
         return acked
 
     def record_only(self) -> RecordOnly:
@@ -221,7 +226,7 @@ class AgentSessions:
         if self._outboxes.close(node, outbox):
             self._engine.disconnected(node)
         if say:
-            log.info("agent_disconnected", node=node)
+            self._said_disconnected(node)
 
     async def _receive(self, node: str, signals: list[Signal]) -> int:
         """Decide a batch in chunks, letting the event loop run between them: one node's flood never

@@ -29,6 +29,7 @@ from controller.relay.uplink import ITEM_OVERHEAD, OK, UNAVAILABLE, Back, Lost, 
 from protos.vigil.v1 import agent_pb2, relay_pb2
 from vigil_core import gc_keeper, gc_young, loop_lag
 from vigil_core.http_status import serve_http
+from vigil_core.log_tally import TalliedEvent
 from vigil_core.rpc_errors import RETRY_AFTER_KEY, status_code
 from vigil_core.supervise import Tasks, supervise
 from vigil_core.tls import Identity, TlsFiles, bind, peer_identity, server_options
@@ -138,6 +139,7 @@ class AgentStreams:
             uplink.metrics.watch_room(lambda: room.waiting, lambda: room.queued, lambda: room.size)
         # An agent's bounds are kept on the relay's own time: its loop's lateness is not the agent's.
         self._own_time = lateness.own_time
+        self._said_late = TalliedEvent(log.warning, "relay_hello_again_late")  # a whole fleet's at once: tallied
 
     def handler(self) -> grpc.GenericRpcHandler:
         """``vigil.v1.AgentGateway/Connect``, bytes in and out."""
@@ -288,7 +290,7 @@ class AgentStreams:
         while call.waiting_hello:  # once said, its answer is the controller's to give, however long it takes
             if (left := due - self._own_time()) <= 0:
                 why = f"no Hello again within {self._settings.first_message_s:g} s of its turn"
-                log.warning("relay_hello_again_late", node=call.node, turn_ms=wait_ms)
+                self._said_late(call.node, turn_ms=wait_ms)
                 self._uplink.metrics.refused.labels("hello_again_late").inc()
                 return relay_pb2.StreamEnd(code=grpc.StatusCode.DEADLINE_EXCEEDED.value[0], details=why)
             with contextlib.suppress(TimeoutError):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -428,6 +429,40 @@ def test_a_hello_that_makes_up_a_node_beyond_max_nodes_is_refused(tmp_path: Path
         await stop_controller(controller)
 
     asyncio.run(scenario())
+
+
+def test_a_fleet_refused_at_max_nodes_is_a_line_each_up_to_20_a_second_and_the_rest_counted(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """60 made-up nodes at once past limits.max_nodes (a fleet larger than the limit, every agent
+    retrying): none of them goes unsaid, but past 20 a second they are counted on one line."""
+
+    async def scenario() -> float:
+        controller = await start_controller(tmp_path / "ctl.db", limits=LimitsConfig(max_nodes=1))
+        await send_raw(controller.port, raw_batch("s1", [1]), until_ack=1)
+        capsys.readouterr()  # the logs from here on
+
+        async def refused(channel: grpc.aio.Channel, i: int) -> grpc.StatusCode:
+            call = agent_pb2_grpc.AgentGatewayStub(channel).Connect()
+            await call.write(agent_pb2.AgentMessage(hello=agent_pb2.Hello(node=f"made-up-{i}", spool_id="x")))
+            return await asyncio.wait_for(call.code(), 10)
+
+        began = asyncio.get_running_loop().time()
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{controller.port}") as channel:
+            codes = await asyncio.gather(*(refused(channel, i) for i in range(60)))
+        took = asyncio.get_running_loop().time() - began
+        assert set(codes) == {grpc.StatusCode.RESOURCE_EXHAUSTED}
+        await asyncio.sleep(1.2)  # the busy second's count is said once it is over
+        await stop_controller(controller)
+        return took
+
+    took = asyncio.run(scenario())
+    out = capsys.readouterr().out
+    alone = re.findall(r"call_refused +node=made-up-", out)
+    counted = [int(n) for n in re.findall(r"call_refused_more +count=(\d+)", out)]
+    assert len(alone) + sum(counted) == 60, out  # each said alone or counted, none lost, none twice
+    if took < 1.0:  # within one second, or two of the tally's: at most 40 alone
+        assert len(alone) <= 40 and sum(counted) >= 20, out
 
 
 def test_a_hello_the_store_cannot_record_leaves_the_node_disconnected(tmp_path: Path) -> None:
