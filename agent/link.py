@@ -33,6 +33,7 @@ from checks.result import NotRun
 from protos.vigil.v1 import agent_pb2, agent_pb2_grpc, common_pb2
 from vigil_core.loop_lag import loop_time, within
 from vigil_core.rpc_errors import retry_after_s
+from vigil_core.tls import aio_channel
 from vigil_core.waiting import backoff_delay, wait_event
 
 log = structlog.get_logger(__name__)
@@ -93,6 +94,11 @@ def beat_content(beat: agent_pb2.Heartbeat) -> bytes:
     return said.SerializeToString(deterministic=True)
 
 
+def plaintext_channel(target: str) -> grpc.aio.Channel:
+    """A plaintext channel with the agent's options (``vigil_core.tls.aio_channel``): tests, local use."""
+    return aio_channel(target, None)
+
+
 class ControllerLink:
     def __init__(
         self,
@@ -102,7 +108,7 @@ class ControllerLink:
         run_check: CheckRunner,
         heartbeat_s: float = 5.0,
         idle_heartbeat_s: float = 0.0,
-        channel_factory: Callable[[str], grpc.aio.Channel] = grpc.aio.insecure_channel,
+        channel_factory: Callable[[str], grpc.aio.Channel] = plaintext_channel,
         fill_heartbeat: Callable[[agent_pb2.Heartbeat], None] = lambda beat: None,
         run_remedy: RemedyRunner = _no_remedies,
         clock: Callable[[], float] = loop_time,

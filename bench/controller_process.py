@@ -13,32 +13,38 @@ import yaml
 
 
 def start_controller(
-    workdir: Path, settings: dict[str, Any], env: dict[str, str] | None = None
+    workdir: Path, settings: dict[str, Any], env: dict[str, str] | None = None, name: str = "controller"
 ) -> subprocess.Popen[bytes]:
+    """``name``: its files in ``workdir`` (``<name>.yaml``, ``<name>.out``; its port file ``port`` for
+    the first, ``<name>.port`` for another beside it, a standby)."""
     config = {
         "listen": "127.0.0.1",
         "port": 0,
-        "port_file": str(workdir / "port"),
+        "port_file": str(port_file(workdir, name)),
         "database": str(workdir / "ctl.db"),
         **settings,
     }
-    (workdir / "controller.yaml").write_text(yaml.safe_dump(config))
-    command = [sys.executable, "-m", "vigil", "controller", "--plaintext", "--config", str(workdir / "controller.yaml")]
+    (workdir / f"{name}.yaml").write_text(yaml.safe_dump(config))
+    command = [sys.executable, "-m", "vigil", "controller", "--plaintext", "--config", str(workdir / f"{name}.yaml")]
     return subprocess.Popen(
         [*command, "--log-format", "json"],
-        stdout=open(workdir / "controller.out", "wb"),
+        stdout=open(workdir / f"{name}.out", "wb"),
         stderr=subprocess.STDOUT,
         env={**os.environ, **(env or {})},
     )
 
 
-async def controller_target(workdir: Path, controller: subprocess.Popen[bytes]) -> str:
+def port_file(workdir: Path, name: str = "controller") -> Path:
+    return workdir / ("port" if name == "controller" else f"{name}.port")
+
+
+async def controller_target(workdir: Path, controller: subprocess.Popen[bytes], name: str = "controller") -> str:
     """HOST:PORT once the controller serves; raises with its last words if it died first."""
-    while not (workdir / "port").exists():
+    while not port_file(workdir, name).exists():
         if controller.poll() is not None:
-            raise RuntimeError((workdir / "controller.out").read_text()[-2000:])
+            raise RuntimeError((workdir / f"{name}.out").read_text()[-2000:])
         await asyncio.sleep(0.05)
-    return f"127.0.0.1:{(workdir / 'port').read_text()}"
+    return f"127.0.0.1:{port_file(workdir, name).read_text()}"
 
 
 def wide_open(faulting: int, settle_s: float | None) -> dict[str, Any]:

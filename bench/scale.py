@@ -31,6 +31,11 @@ What runs, all on this machine:
   wait at the controller each relay sizes its room for Hellos by (``controller.relay.hello_room``);
 - ``--restart``: the controller stopped and started again; the time until every agent is back
   (``--hellos-per-s``: the controller's Hello pacing, 0 for none: every agent admitted at once);
+- ``--failover`` (with ``--relays``): two controllers under a Lease on the API double (leader
+  election, its default timings: a 15 s lease), the relays given both; the leader is killed
+  (SIGKILL) and the times until the standby serves and until every agent is back through the
+  relays are measured. On PostgreSQL the two share the database; on SQLite the standby has a file
+  of its own (it learns the fleet from the agents' Hellos);
 - ``--agents-give-up``: the simulated agents give up on a Hello unanswered for 10 s of their
   process's own time (then 20, 40, ... s) and reconnect, as the agent does; without it they wait
   on, which hides what an overloaded path costs real agents. With relays, how long the Hellos waited
@@ -71,7 +76,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
 from agent.link import HELLO_ACK_TIMEOUT_S, HELLO_PATIENCE_DOUBLINGS, hello_patience_s
-from bench.controller_process import controller_target, start_controller, wide_open
+from bench.controller_process import controller_target, port_file, start_controller, wide_open
 from bench.record import append_result, header, percentile, revision
 from controller.edge import open_files
 from tests.fakes.fleet import Fleet
@@ -610,6 +615,37 @@ class Cordons:
         raise TimeoutError(f"{len(missing)} of {len(nodes)} nodes not {what} within {timeout_s} s: {missing[:5]}")
 
 
+def back_figures(
+    workers: Workers,
+    relays: Relays,
+    hellos: dict[str, float],
+    since: float,
+    nodes: int,
+    timeout_s: float,
+    config: dict[str, Any],
+) -> dict[str, Any]:
+    """After a restart or a failover at ``since``: wait until every agent is back (or ``timeout_s``),
+    then how long it took, the relays' Hellos and rooms meanwhile, the simulator's lag, and each
+    event loop's lateness (the controller's, ``config``'s, since it started; the relays' since the
+    bench began)."""
+    deadline = time.monotonic() + timeout_s
+    back, last = workers.back_since(since)
+    while back < nodes and time.monotonic() < deadline:
+        time.sleep(1)
+        back, last = workers.back_since(since)
+    return {
+        "relays_hello_answered": answered_since(hellos, hello_answers(relays.metrics_ports)),
+        "relays_hello_room": hello_rooms(relays.metrics_ports),
+        "agents_back": back,
+        "all_back_s": round(last - since, 1) if back == nodes else None,
+        "simulator": workers.stats(),
+        "lateness": {
+            "controller": lateness(config["metrics_port"], "controller"),
+            "relays": [lateness(port, "relay") for port in relays.metrics_ports],
+        },
+    }
+
+
 def settings(
     kube: KubeApiServer,
     workdir: Path,
@@ -663,12 +699,27 @@ def measure(args: argparse.Namespace, workdir: Path, database: str) -> dict[str,
         faulting = args.probes + sum(args.bursts)
         config = settings(kube, workdir, args.nodes, faulting, database, args.settle_s, args.hellos_per_s)
         config["limits"]["gc_freeze"] = args.gc_freeze
+        standby_config: dict[str, Any] | None = None
+        if args.failover:
+            config["leader_election"] = {"enabled": True, "identity": "ctl-a"}
+            standby_config = config | {
+                "port": free_port(),
+                "metrics_port": free_port(),
+                "leader_election": {"enabled": True, "identity": "ctl-b"},
+                "database": database if database.startswith("postgresql://") else str(workdir / "standby.db"),
+            }
         controller = start_controller(workdir, config)
         target = asyncio.run(controller_target(workdir, controller))
+        standby = None
+        if standby_config is not None:  # it waits for the Lease, its port closed, until the leader is gone
+            standby = start_controller(workdir, standby_config, name="standby")
+            target_for_relays = f"{target},127.0.0.1:{standby_config['port']}"
+        else:
+            target_for_relays = target
         sampler = Sampler(controller.pid)
         beats = (args.heartbeat_s, args.idle_heartbeat_s)
         per_connection = args.streams_per_connection or None
-        relays = Relays(target, args.relays, workdir, args.gc_freeze, args.relay_hello_wait_s)
+        relays = Relays(target_for_relays, args.relays, workdir, args.gc_freeze, args.relay_hello_wait_s)
         workers = Workers(
             relays.targets or [target],
             names,
@@ -822,27 +873,31 @@ def measure(args: argparse.Namespace, workdir: Path, database: str) -> dict[str,
                 asyncio.run(controller_target(workdir, controller))
                 sampler.stop()
                 sampler = Sampler(controller.pid)
-                deadline = time.monotonic() + args.connect_timeout_s
-                back, last = workers.back_since(since)
-                while back < args.nodes and time.monotonic() < deadline:
-                    time.sleep(1)
-                    back, last = workers.back_since(since)
                 figures["restart"] = {
                     "old_controller_stop_s": round(stopped_s, 1),
-                    "relays_hello_answered": answered_since(hellos, hello_answers(relays.metrics_ports)),
-                    "relays_hello_room": hello_rooms(relays.metrics_ports),
-                    "agents_back": back,
-                    "all_back_s": round(last - since, 1) if back == args.nodes else None,
-                    "simulator": workers.stats(),
+                    **back_figures(workers, relays, hellos, since, args.nodes, args.connect_timeout_s, config),
                     "controller_gc": gc_figures(config["metrics_port"]),
                     "rss_mb": round(sampler.process.memory_info().rss / 2**20),
-                    # the new controller's since it started; the relays' since the bench began
-                    "lateness": {
-                        "controller": lateness(config["metrics_port"], "controller"),
-                        "relays": [lateness(port, "relay") for port in relays.metrics_ports],
-                    },
                 }
                 print(f"restart: {json.dumps(figures['restart'])}", file=sys.stderr)
+            if standby is not None and standby_config is not None:
+                hellos = hello_answers(relays.metrics_ports)
+                killed = time.time()
+                controller.kill()  # the leader dies: no stop, no flush, its Lease left to expire
+                controller.wait(60)
+                asyncio.run(controller_target(workdir, standby, name="standby"))
+                leading_s = port_file(workdir, "standby").stat().st_mtime - killed
+                peak_rss = sampler.peak_rss
+                sampler.stop()
+                controller, config, sampler = standby, standby_config, Sampler(standby.pid)
+                standby = None
+                figures["failover"] = {
+                    "kill_to_new_leader_s": round(leading_s, 1),
+                    **back_figures(workers, relays, hellos, killed, args.nodes, args.connect_timeout_s, config),
+                    "new_leader_rss_mb": round(sampler.process.memory_info().rss / 2**20),
+                    "old_leader_peak_rss_mb": round(peak_rss / 2**20),
+                }
+                print(f"failover: {json.dumps(figures['failover'])}", file=sys.stderr)
             figures["controller_peak_rss_mb"] = round(sampler.peak_rss / 2**20)
             figures["database_mb"] = round(database_bytes(database, workdir) / 2**20, 1)
             figures["elapsed_s"] = round(time.time() - started)
@@ -852,11 +907,12 @@ def measure(args: argparse.Namespace, workdir: Path, database: str) -> dict[str,
             workers.stop()
             relays.stop()
             sampler.stop()
-            controller.terminate()
-            try:
-                controller.wait(60)
-            except subprocess.TimeoutExpired:
-                controller.kill()
+            for process in (controller, *([standby] if standby is not None else [])):
+                process.terminate()
+                try:
+                    process.wait(60)
+                except subprocess.TimeoutExpired:
+                    process.kill()
     return figures
 
 
@@ -882,6 +938,12 @@ def main() -> int:
     parser.add_argument("--probe-every-s", type=float, default=0.5)
     parser.add_argument("--bursts", default="100,400,1000", help="comma-separated burst sizes ('' for none)")
     parser.add_argument("--restart", action="store_true", help="stop and start the controller; time the return")
+    parser.add_argument(
+        "--failover",
+        action="store_true",
+        help="a standby under a Lease beside the controller, the relays given both; kill the leader, time the "
+        "standby's leading and every agent's return (needs --relays)",
+    )
     parser.add_argument("--database", choices=("sqlite", "postgresql"), default="sqlite")
     parser.add_argument("--settle-s", type=float, default=None, help="the guard's settling window (default: 0.03)")
     parser.add_argument(
@@ -940,6 +1002,8 @@ def main() -> int:
         parser.error("--probes plus the bursts must not exceed --nodes (each fault takes a fresh node)")
     if args.database == "postgresql" and (why := postgres_unavailable()):
         parser.error(f"--database postgresql: {why}")
+    if args.failover and not args.relays:
+        parser.error("--failover needs --relays: the simulated agents dial one address, the relays both controllers")
     hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
     connections = -(-args.nodes // args.streams_per_connection) if args.streams_per_connection else args.workers
     connections = -(-connections // args.relays) if args.relays else connections  # each relay's share
