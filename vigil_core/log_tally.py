@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 SECOND = 1.0
+PER_S = 20  # lines of their own a second, by default
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,7 +32,7 @@ class Unsaid:
 
 @dataclass
 class Tally:
-    per_s: int = 20
+    per_s: int = PER_S
     examples: int = 5
     _start: float | None = None  # the second now counted began
     _said: int = 0
@@ -68,7 +69,7 @@ class TalliedEvent:
     ``<event>_more`` with ``count`` and ``nodes`` (a few), once the second is over."""
 
     def __init__(
-        self, say: Callable[..., Any], event: str, per_s: int = 20, clock: Callable[[], float] = time.monotonic
+        self, say: Callable[..., Any], event: str, per_s: int = PER_S, clock: Callable[[], float] = time.monotonic
     ) -> None:
         self._say, self.event = say, event
         self._tally = Tally(per_s)

@@ -121,8 +121,8 @@ class AgentSessions:
     def admit(self, hello: agent_pb2.Hello, who: Identity | None, peer: str, paced: bool = True) -> None:
         """Whether this Hello may open a session now: its content, its caller (None: nobody to check,
         plaintext or a relay that checked), the fleet's size limit, and its turn (``paced``; a relay's
-        Hellos are not: it passes on only as many as this controller takes from it in a few seconds,
-        ``controller.relay.hello_room``, and a turn given on top only sends its agent round again)."""
+        Hellos are not: it passes on only so many at once, sized by how long they wait here for their
+        answer, ``controller.relay.hello_room``, and a turn given on top only sends its agent round again)."""
         node = hello.node
         if problem := hello_problem(hello):
             log.warning("bad_hello", peer=peer, error=problem)

@@ -24,7 +24,7 @@ from google.protobuf.message import DecodeError
 from controller.edge.authz import bearer
 from controller.edge.open_files import raise_open_files
 from controller.nodes.agent_outboxes import Outbox
-from controller.relay.hello_room import HelloRoom, Place
+from controller.relay.hello_room import FIRST_ROOM, HelloRoom, Place
 from controller.relay.uplink import ITEM_OVERHEAD, OK, UNAVAILABLE, Back, Lost, Uplink
 from protos.vigil.v1 import agent_pb2, relay_pb2
 from vigil_core import gc_keeper, gc_young, loop_lag
@@ -59,7 +59,7 @@ class RelaySettings:
     # free (``controller.relay.hello_room``); 0: every Hello passed on at once.
     hello_wait_s: float = 2.5
     hello_min_waiting: int = 50  # never room for fewer Hellos at once than this
-    hello_first_room: int = 1000  # the room until the waits at the controller size it
+    hello_first_room: int = int(FIRST_ROOM)  # the room until the waits at the controller size it
 
 
 def identity_problem(raw: bytes, identity: Identity | None, token: str) -> str:
