@@ -4,7 +4,7 @@
                           [--background-per-s 500] [--probes 60] [--probe-every-s 0.5]
                           [--bursts 100,400,1000] [--restart] [--hellos-per-s N]
                           [--database sqlite|postgresql] [--relays K] [--relay-hello-wait-s S]
-                          [--agents-give-up] [--keep]
+                          [--failover [kill|stop]] [--agents-give-up] [--keep]
 
 What runs, all on this machine:
 
@@ -33,9 +33,11 @@ What runs, all on this machine:
   (``--hellos-per-s``: the controller's Hello pacing, 0 for none: every agent admitted at once);
 - ``--failover`` (with ``--relays``): two controllers under a Lease on the API double (leader
   election, its default timings: a 15 s lease), the relays given both; the leader is killed
-  (SIGKILL) and the times until the standby serves and until every agent is back through the
-  relays are measured. On PostgreSQL the two share the database; on SQLite the standby has a file
-  of its own (it learns the fleet from the agents' Hellos);
+  (SIGKILL; ``--failover stop``: stopped with SIGTERM, as a rolling update does, and it hands the
+  Lease back) and the times until the standby serves and until every agent is back through the
+  relays are measured (``kill_to_new_leader_s`` from the signal either way). On PostgreSQL the
+  two share the database; on SQLite the standby has a file of its own (it learns the fleet from
+  the agents' Hellos);
 - ``--agents-give-up``: the simulated agents give up on a Hello unanswered for 10 s of their
   process's own time (then 20, 40, ... s) and reconnect, as the agent does; without it they wait
   on, which hides what an overloaded path costs real agents. With relays, how long the Hellos waited
@@ -883,8 +885,11 @@ def measure(args: argparse.Namespace, workdir: Path, database: str) -> dict[str,
             if standby is not None and standby_config is not None:
                 hellos = hello_answers(relays.metrics_ports)
                 killed = time.time()
-                controller.kill()  # the leader dies: no stop, no flush, its Lease left to expire
-                controller.wait(60)
+                if args.failover == "stop":  # a rolling update, a drain: it stops, then hands the Lease back
+                    controller.send_signal(signal.SIGTERM)
+                else:
+                    controller.kill()  # the leader dies: no stop, no flush, its Lease left to expire
+                controller.wait(120)
                 asyncio.run(controller_target(workdir, standby, name="standby"))
                 leading_s = port_file(workdir, "standby").stat().st_mtime - killed
                 peak_rss = sampler.peak_rss
@@ -892,6 +897,7 @@ def measure(args: argparse.Namespace, workdir: Path, database: str) -> dict[str,
                 controller, config, sampler = standby, standby_config, Sampler(standby.pid)
                 standby = None
                 figures["failover"] = {
+                    "leader": "stopped (SIGTERM)" if args.failover == "stop" else "killed (SIGKILL)",
                     "kill_to_new_leader_s": round(leading_s, 1),
                     **back_figures(workers, relays, hellos, killed, args.nodes, args.connect_timeout_s, config),
                     "new_leader_rss_mb": round(sampler.process.memory_info().rss / 2**20),
@@ -940,9 +946,12 @@ def main() -> int:
     parser.add_argument("--restart", action="store_true", help="stop and start the controller; time the return")
     parser.add_argument(
         "--failover",
-        action="store_true",
-        help="a standby under a Lease beside the controller, the relays given both; kill the leader, time the "
-        "standby's leading and every agent's return (needs --relays)",
+        nargs="?",
+        const="kill",
+        choices=("kill", "stop"),
+        help="a standby under a Lease beside the controller, the relays given both; kill the leader (SIGKILL, "
+        "its Lease left to expire) or stop it (SIGTERM: it hands the Lease back), time the standby's leading "
+        "and every agent's return (needs --relays)",
     )
     parser.add_argument("--database", choices=("sqlite", "postgresql"), default="sqlite")
     parser.add_argument("--settle-s", type=float, default=None, help="the guard's settling window (default: 0.03)")

@@ -25,7 +25,7 @@ from controller.nodes.actions.after import AfterAction
 from controller.nodes.actions.apply import Applier
 from controller.nodes.actions.fold_reports import FoldReports
 from controller.nodes.actions.runner import ActionRunner
-from controller.nodes.adopt import adopt_cluster_state
+from controller.nodes.adopt import Adopter
 from controller.nodes.agent_outboxes import AgentOutboxes
 from controller.nodes.app_faults import CRASH_PAGE, AppFaults, JobMembership
 from controller.nodes.by_hand import ByHand
@@ -75,10 +75,10 @@ class NodeRoute:
     clock: Callable[[], float]
     lateness: Lateness  # the event loop's, watched while serving (Controller.run): a bound leaves it out
 
-    async def adopt_cluster_state(self) -> int:
-        """A new leader: take over the quarantines and pages that an earlier leader made."""
+    def adopter(self) -> Adopter:
+        """A new leader's: it takes over the quarantines and pages that an earlier leader made."""
         r = self.runner
-        return await adopt_cluster_state(r.actuator, r.pager, self.store, self.fleet, self.guard, r, self.clock)
+        return Adopter(r.actuator, r.pager, self.store, self.fleet, self.guard, r, self.clock)
 
     async def wait_for_actions(self) -> None:
         """Wait for the releases and actions under way to finish (tests and benchmarks)."""
@@ -251,10 +251,13 @@ class Rooms:
     scheduler_drains: SchedulerDrains | None = None  # others' drains read from Slurm (actuator: slurm)
 
 
-def rooms(config: ControllerConfig, store: Store, metrics: ControllerMetrics) -> Rooms:
-    """Every room, from the configuration file and what the store holds now."""
+def rooms(
+    config: ControllerConfig, store: Store, metrics: ControllerMetrics, actuator: Actuator | None = None
+) -> Rooms:
+    """Every room, from the configuration file and what the store holds now; ``actuator``: the one
+    built before, kept (a standby that now leads: its node watch has listed the cluster already)."""
     membership = JobMembership()  # the job monitor's record of the jobs' nodes, read by the engine
-    actuator = build_actuator(config, store)
+    actuator = actuator if actuator is not None else build_actuator(config, store)
     nodes = node_route(
         store,
         load_policy(config.policy),

@@ -4,15 +4,19 @@ With leader election on, a replica starts as a standby: it opens nothing but its
 until it holds the Lease. Once leader, it adopts what an earlier leader left on the cluster
 (quarantined nodes, Slack threads), resumes the actions its own store holds PENDING, then opens
 the gRPC port; agents that tried the other replicas find it. A leader that loses the Lease exits
-at once with status 1 (its actions stop with it; Kubernetes restarts it as a standby).
+at once with status 1 (its actions stop with it; Kubernetes restarts it as a standby). A leader
+told to stop (SIGTERM) stops serving and acting, closes its store, then hands the Lease back, so a
+standby takes over within its retry period instead of the Lease's whole duration.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import os
 import signal
 import sys
+import threading
 from typing import TYPE_CHECKING
 
 import grpc
@@ -33,14 +37,18 @@ from vigil_core.http_status import serve_http
 from vigil_core.names import is_loopback
 from vigil_core.supervise import supervise
 from vigil_core.tls import bind, server_options
-from vigil_core.waiting import wait_either
+from vigil_core.waiting import wait_either, wait_event
 
 if TYPE_CHECKING:
+    from controller.act.actuators import Actuator
+    from controller.act.kube.lease import LeaderElector
     from controller.act.kube.tokens import TokenReviewer
+    from controller.nodes.adopt import Adoption
 
 log = structlog.get_logger(__name__)
 
 LOST_LEADERSHIP_EXIT = 1
+RELEASE_WAIT_S = 5.0  # a stopping leader's wait to hand the Lease back; past it, the standby waits out the Lease
 
 
 class Controller:
@@ -60,12 +68,14 @@ class Controller:
             )
         self.engine.metrics.database_started_empty.set(1 if self.store.opened is Opened.EMPTY else 0)
         self.server: grpc.aio.Server | None = None
+        self.elector: LeaderElector | None = None
+        self.adoption: Adoption | None = None  # a new leader's (leader election on)
         self.port = 0
         self.metrics_port: int | None = None
 
-    def _build(self, metrics: ControllerMetrics) -> None:
+    def _build(self, metrics: ControllerMetrics, actuator: Actuator | None = None) -> None:
         """Every room, from what the store holds now (``controller.compose``)."""
-        self.rooms: Rooms = rooms(self.config, self.store, metrics)
+        self.rooms: Rooms = rooms(self.config, self.store, metrics, actuator)
         self.nodes = self.rooms.nodes
         self.sweeper, self.jobs = self.rooms.sweeper, self.rooms.jobs
 
@@ -77,10 +87,12 @@ class Controller:
         """Serve as the leader (or as the only replica)."""
         if self.config.leader_election.enabled and self.store.shared:
             # The database is shared with the replica that led before: what it wrote while this one
-            # stood by (incidents, counts, the breaker's window, held actions) is read now.
-            self._build(self.engine.metrics)
+            # stood by (incidents, counts, the breaker's window, held actions) is read now. The actuator
+            # is kept: its node watch, started with the standby, has the cluster's Nodes already (a
+            # second would list them all again, and the first would watch on, unused).
+            self._build(self.engine.metrics, self.nodes.runner.actuator)
         if self.config.leader_election.enabled:
-            await self.nodes.adopt_cluster_state()
+            self.adoption = await self.nodes.adopter().at_leadership()
         tokens = self._token_reviewer()
         self.rooms.relay_gateway.tokens = tokens  # a relay's agents' tokens are reviewed here too
         size, limits = self.config.limits.max_message_bytes, self.config.limits
@@ -167,6 +179,7 @@ class Controller:
             self.metrics_port = self.http.server_port
         if self.config.leader_election.enabled and not await self._wait_for_leadership(stop):
             self.store.close()
+            await self._release_lease()
             return
         await self.start()
         tasks = self.nodes.tasks
@@ -177,6 +190,8 @@ class Controller:
         ]
         lag, observe_lag = self.nodes.lateness, self.engine.metrics.loop_lag.observe  # never ends: cancelled below
         lateness = asyncio.create_task(supervise("loop-lag", lambda: lag.watch(observe_lag), stop, tasks))
+        if self.adoption is not None and (watched := self.adoption.watched) is not None:
+            watchers.append(asyncio.create_task(self._check_adoption(watched, stop)))
         if (drains := self.rooms.scheduler_drains) is not None:
             watchers.append(asyncio.create_task(supervise("scheduler-drains", lambda: drains.watch(stop), stop, tasks)))
         await stop.wait()
@@ -188,6 +203,39 @@ class Controller:
         lateness.cancel()
         await self.engine.shutdown()
         self.store.close()
+        await self._release_lease()  # last: nothing of this replica acts any more
+
+    async def _check_adoption(self, watched: set[str], stop: asyncio.Event) -> None:
+        """Read the cluster after an adoption from the node watch, until it has been read once
+        (``controller.nodes.adopt``): an API server away is retried, the failure said and counted."""
+        tasks = self.nodes.tasks
+        while not stop.is_set():
+            try:
+                await self.nodes.adopter().check(watched)
+            except Exception as exc:  # noqa: BLE001 (logged and counted, then tried again)
+                await wait_event(stop, tasks.failed("adoption-check", exc))
+            else:
+                tasks.succeeded("adoption-check")
+                return
+
+    async def _release_lease(self) -> None:
+        """Hand the Lease back, waiting at most ``RELEASE_WAIT_S`` (in a daemon thread: an API server
+        that does not answer never holds the process, whose exit does not wait for the thread)."""
+        if (elector := self.elector) is None:
+            return
+        released: concurrent.futures.Future[bool] = concurrent.futures.Future()
+
+        def release() -> None:
+            try:
+                released.set_result(elector.release())
+            except BaseException as exc:  # noqa: BLE001 (handed to the waiting loop)
+                released.set_exception(exc)
+
+        threading.Thread(target=release, name="lease-release", daemon=True).start()
+        try:
+            await asyncio.wait_for(asyncio.wrap_future(released), RELEASE_WAIT_S)
+        except TimeoutError:
+            log.warning("lease_release_failed", identity=elector.identity, error=f"no answer in {RELEASE_WAIT_S} s")
 
     async def _wait_for_leadership(self, stop: asyncio.Event) -> bool:
         from controller.act.kube.client import api_client
@@ -205,7 +253,7 @@ class Controller:
             log.error("exiting_after_losing_leadership", identity=le.identity)
             os._exit(LOST_LEADERSHIP_EXIT)
 
-        elector = LeaderElector(
+        elector = self.elector = LeaderElector(
             api_client(k.kubeconfig, k.context),
             le.namespace,
             le.lease_name,

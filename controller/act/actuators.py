@@ -117,6 +117,17 @@ class UrgentFirst(Protocol):
         ...
 
 
+@runtime_checkable
+class WatchedAdoption(Protocol):
+    """An actuator that keeps the cluster's nodes by a watch: a new leader adopts from what the watch
+    shows (a standby's watch has listed the cluster already) and serves at once; ``adopt``, which
+    reads the cluster itself, follows in the background for what the watch had not shown yet."""
+
+    def adopt_watched(self) -> list[FoundQuarantine] | None:
+        """``adopt`` from the watch, no request (None until the watch has listed the cluster)."""
+        ...
+
+
 class Pager(Protocol):
     def page(self, action: Page) -> str: ...
 

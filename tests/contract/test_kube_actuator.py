@@ -189,6 +189,30 @@ def watched(kube: KubeApiServer, tmp_path: Path) -> KubeActuator:
     return act
 
 
+def test_a_new_leader_adopts_from_the_watch_without_a_list(kube: KubeApiServer, tmp_path: Path) -> None:
+    for name in ("gpu-1", "gpu-2", "gpu-3"):
+        kube.add_node(name)
+    kube.add_node("gpu-4", unschedulable=True)  # someone else's cordon: not Vigil's to adopt
+    earlier = actuator(kube, tmp_path)  # the replica that led before
+    earlier.quarantine(quarantine("gpu-2", "inc-7"))
+    act = watched(kube, tmp_path)  # a standby's: its watch listed the cluster before it leads
+    try:
+        lists = len(kube.requests("GET", r"^/api/v1/nodes$"))
+        poll_until(lambda: act.adopt_watched() == act.adopt(), 10)  # the watch shows what the cluster holds
+        assert [(q.node, q.incident_id) for q in act.adopt_watched() or []] == [("gpu-2", "inc-7")]
+        assert len(kube.requests("GET", r"^/api/v1/nodes$")) == lists + 1  # adopt's own LIST only
+    finally:
+        act.close()
+
+
+def test_a_watch_that_has_not_listed_adopts_nothing_from_itself(kube: KubeApiServer, tmp_path: Path) -> None:
+    from controller.act.kube.node_cache import NodeCache
+
+    api = api_client(kube.kubeconfig(tmp_path / "kubeconfig"))
+    assert KubeActuator(api, cache=NodeCache(client.CoreV1Api(api))).adopt_watched() is None  # not started
+    assert KubeActuator(api).adopt_watched() is None  # no watch at all
+
+
 def test_a_burst_reads_nodes_from_the_watch_not_one_get_each(kube: KubeApiServer, tmp_path: Path) -> None:
     names = [f"gpu-{i}" for i in range(40)]
     kube.add_nodes(names, labels={"rack": "r1"})

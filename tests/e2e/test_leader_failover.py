@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -118,5 +119,39 @@ def test_leader_killed_mid_action_standby_finishes_without_repeating(tmp_path: P
             assert conditions["VigilQuarantined"] == "True"  # the new leader finished the quarantine
             ids = sorted(m["metadata"]["event_payload"]["incident_id"] for m in slack.state.top_level())
             assert ids == sorted(i.id for i in incidents.values())
+        finally:
+            stop_all(procs)
+
+
+def test_a_leader_told_to_stop_hands_the_lease_over_at_once(tmp_path: Path) -> None:
+    """A rolling update or a drain stops the leader with SIGTERM: it hands the Lease back once it no
+    longer acts, and the standby leads within its retry period, not the Lease's 12 s."""
+    procs: list[subprocess.Popen[bytes]] = []
+    with KubeApiServer() as kube:
+        kube.add_node("node-a")
+        lease = {"lease_duration_s": 12, "renew_deadline_s": 8, "retry_period_s": 1}
+        try:
+            for name in ("ctl-a", "ctl-b"):
+                procs.append(
+                    configured_controller(
+                        tmp_path,
+                        name,
+                        port=free_port(),
+                        actuator="kubernetes",
+                        kubernetes={"kubeconfig": str(kube.kubeconfig(tmp_path / "kubeconfig"))},
+                        leader_election={**fast_lease(name), **lease},
+                    )
+                )
+                poll_until(lambda: (tmp_path / "ctl-a.port").exists(), what="ctl-a leads")
+            time.sleep(3)  # the standby has seen the Lease renewed
+            assert not (tmp_path / "ctl-b.port").exists()
+
+            procs[0].send_signal(signal.SIGTERM)
+            assert procs[0].wait(30) == 0
+            stopped = time.monotonic()
+            poll_until(lambda: (tmp_path / "ctl-b.port").exists(), timeout=30, what="ctl-b takes over")
+            took_s = time.monotonic() - stopped
+            assert took_s < 6, f"ctl-b led {took_s:.1f} s after ctl-a stopped: it waited the Lease out"
+            assert next(o for o in kube.objects_of("leases"))["spec"]["holderIdentity"] == "ctl-b"
         finally:
             stop_all(procs)

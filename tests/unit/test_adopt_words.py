@@ -30,7 +30,7 @@ def test_an_adopted_quarantine_is_paged_in_its_clusters_words(tmp_path: Path) ->
     async def scenario() -> None:
         store, pages = Store(tmp_path / "ctl.db"), RecordingPager()
         route = node_route(store, Policy(), SlurmsWords(store.db), pages, clock=lambda: 200.0)
-        assert await route.adopt_cluster_state() == 1
+        assert (await route.adopter().at_leadership()).new_here == 1
         await route.wait_for_actions()
         assert route.fleet.nodes["gpu-01"].state.health is Health.QUARANTINED
         (page,) = pages.sent

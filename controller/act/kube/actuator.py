@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from functools import partial
 from typing import Any, cast
 from urllib.parse import quote
@@ -232,12 +232,12 @@ class KubeActuator:
         }
 
     def adopt(self) -> list[FoundQuarantine]:
-        found = []
-        for node in (n for items, _ in node_pages(self._core, self._timeout) for n in items):
-            q = found_quarantine(node)
-            if q is not None:
-                found.append(FoundQuarantine(node["metadata"]["name"], *q))
-        return found
+        return found_quarantines(n for items, _ in node_pages(self._core, self._timeout) for n in items)
+
+    def adopt_watched(self) -> list[FoundQuarantine] | None:
+        if self.cache is None or not self.cache.synced:
+            return None
+        return found_quarantines(self.cache.nodes())
 
     # Choosing nodes (sweeps) -------------------------------------------------------------------
 
@@ -280,6 +280,15 @@ class KubeActuator:
         except urllib3.exceptions.HTTPError as exc:  # unreachable after the client's retries
             raise SelectionError(f"{what}: cannot reach the API server: {exc}") from None
         return items
+
+
+def found_quarantines(nodes: Iterable[Json]) -> list[FoundQuarantine]:
+    """Vigil's quarantines among ``nodes``, read back from their annotations. Pure."""
+    found = []
+    for node in nodes:
+        if (q := found_quarantine(node)) is not None:
+            found.append(FoundQuarantine(node["metadata"]["name"], *q))
+    return found
 
 
 def watching(api: client.ApiClient, events_namespace: str = "default") -> KubeActuator:

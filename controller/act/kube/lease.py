@@ -5,6 +5,13 @@ that serves agents and acts. A standby waits for the Lease to expire (``lease_du
 the leader's last renewal), then takes it. A leader that cannot renew within ``renew_deadline_s``
 stops leading: the controller then exits at once (Kubernetes restarts it as a standby), so two
 replicas never act together for longer than the clock skew allows.
+
+A replica that stops on purpose (SIGTERM: a rolling update, its node drained) hands the Lease back
+once it has stopped acting (``release``): the Lease is left without a holder, which a standby (this
+library's, or client-go's) takes at its next try, ``retry_period_s`` later, instead of waiting out
+``lease_duration_s`` as it must for a leader that died. The kubernetes client's elector cannot
+release; the lock here refuses every write after the release, so its renewing thread cannot take
+the Lease back in the moment before the process exits.
 """
 
 from __future__ import annotations
@@ -12,13 +19,54 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+from datetime import UTC, datetime
 
 import structlog
 from kubernetes import client
+from kubernetes.client.exceptions import ApiException
 from kubernetes.leaderelection import electionconfig, leaderelection
+from kubernetes.leaderelection.leaderelectionrecord import LeaderElectionRecord
 from kubernetes.leaderelection.resourcelock.leaselock import LeaseLock
+from urllib3.exceptions import HTTPError as TransportError
 
 log = structlog.get_logger(__name__)
+
+UNREACHABLE = (TransportError, OSError)  # what urllib3 raises where the API server does not answer
+RELEASE_TIMEOUT_S = 3.0  # the release's one request: a stopping replica does not wait longer on the API server
+
+
+class ReleasableLeaseLock(LeaseLock):
+    """The library's Lease lock, with two changes. An API server out of reach is a failed try, as its
+    refusal is: the library's lock lets urllib3's errors out of its thread, which then ends without
+    saying the leadership is lost, a leader acting on while a standby takes the Lease. And its writes
+    stop once ``released`` (under one lock with them)."""
+
+    def __init__(self, name: str, namespace: str, identity: str) -> None:
+        super().__init__(name, namespace, identity)
+        self.guard = threading.Lock()
+        self.released = False
+
+    def get(self, name: str, namespace: str) -> tuple[bool, object]:
+        try:
+            return super().get(name, namespace)  # type: ignore[no-any-return]
+        except UNREACHABLE as exc:
+            return False, ApiException(status=0, reason=f"the API server out of reach: {exc}")
+
+    def create(self, name: str, namespace: str, election_record: LeaderElectionRecord) -> bool:
+        return self._write(lambda: LeaseLock.create(self, name, namespace, election_record))
+
+    def update(self, name: str, namespace: str, updated_record: LeaderElectionRecord) -> bool:
+        return self._write(lambda: LeaseLock.update(self, name, namespace, updated_record))
+
+    def _write(self, write: Callable[[], object]) -> bool:
+        with self.guard:
+            if self.released:
+                return False
+            try:
+                return bool(write())
+            except UNREACHABLE as exc:
+                log.warning("lease_write_failed", error=str(exc))
+                return False
 
 
 class LeaderElector:
@@ -37,7 +85,7 @@ class LeaderElector:
         # The library's lock builds its API object from the default configuration.
         client.Configuration.set_default(api.configuration)
         logging.getLogger("leaderelection").setLevel(logging.WARNING)  # it logs every renewal at INFO
-        lock = LeaseLock(name, namespace, identity)
+        lock = self._lock = ReleasableLeaseLock(name, namespace, identity)
         self._on_started = on_started
         self._on_stopped = on_stopped
         self._config = electionconfig.Config(
@@ -49,6 +97,31 @@ class LeaderElector:
     def start(self) -> None:
         log.info("leader_election_started", identity=self.identity)
         self._thread.start()
+
+    def release(self) -> bool:
+        """Stop taking or renewing the Lease; where this replica holds it, leave it without a holder
+        (the read's resourceVersion guards the write: a Lease another replica took is left alone).
+        True when it was handed back. Call it only once this replica no longer acts."""
+        lock = self._lock
+        with lock.guard:
+            lock.released = True
+            try:
+                lease = lock.api_instance.read_namespaced_lease(
+                    lock.name, lock.namespace, _request_timeout=RELEASE_TIMEOUT_S
+                )
+                if lease.spec is None or lease.spec.holder_identity != self.identity:
+                    return False
+                lease.spec.holder_identity = None
+                lease.spec.lease_duration_seconds = 1
+                lease.spec.renew_time = datetime.now(UTC)
+                lock.api_instance.replace_namespaced_lease(
+                    lock.name, lock.namespace, lease, _request_timeout=RELEASE_TIMEOUT_S
+                )
+            except (ApiException, *UNREACHABLE, ValueError) as exc:  # the standby waits the Lease out
+                log.warning("lease_release_failed", identity=self.identity, error=str(exc))
+                return False
+        log.info("lease_released", identity=self.identity, lease=f"{lock.namespace}/{lock.name}")
+        return True
 
     def _run(self) -> None:
         leaderelection.LeaderElection(self._config).run()

@@ -106,6 +106,11 @@ class NodeCache:
         node: read it from the API server)."""
         return self.get(name) if self.synced else None
 
+    def nodes(self) -> list[Json]:
+        """Every node as the watch last showed it (trimmed; do not change them)."""
+        with self._lock:
+            return list(self._nodes.values())
+
     def labels(self) -> dict[str, dict[str, str]]:
         with self._lock:
             return {name: node["metadata"]["labels"] for name, node in self._nodes.items()}

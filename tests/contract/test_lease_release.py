@@ -1,0 +1,101 @@
+"""A leader that stops on purpose hands its Lease back (``controller.act.kube.lease``): the real
+kubernetes client's elector against the Kubernetes double. A standby takes a released Lease within
+its retry period, not the Lease's duration; the stopping replica's own renewing thread never takes
+it back; a Lease another replica holds is left alone."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from controller.act.kube.client import api_client
+from controller.act.kube.lease import LeaderElector
+from tests.fakes.kube_api import KubeApiServer
+from tests.helpers import poll_until
+
+LEASE_S = 15  # the default: a standby that had to wait it out would fail these tests' bounds
+
+
+def elector(kube: KubeApiServer, tmp: Path, identity: str, won: threading.Event) -> LeaderElector:
+    api = api_client(kube.kubeconfig(tmp / f"{identity}-kubeconfig"))
+    return LeaderElector(
+        api,
+        "vigil",
+        "vigil-controller",
+        identity,
+        on_started=won.set,
+        on_stopped=lambda: None,
+        lease_duration_s=LEASE_S,
+        renew_deadline_s=10,
+        retry_period_s=1,
+    )
+
+
+def leading(kube: KubeApiServer, tmp: Path, identity: str = "ctl-a") -> LeaderElector:
+    """An elector that has taken the Lease."""
+    won = threading.Event()
+    leader = elector(kube, tmp, identity, won)
+    leader.start()
+    assert won.wait(10)
+    return leader
+
+
+def lease(kube: KubeApiServer) -> dict[str, Any]:
+    return next(o for o in kube.objects_of("leases"))
+
+
+def test_a_standby_takes_a_released_lease_within_its_retry_period(tmp_path: Path) -> None:
+    with KubeApiServer() as kube:
+        a, b_won = leading(kube, tmp_path), threading.Event()
+        b = elector(kube, tmp_path, "ctl-b", b_won)
+        b.start()
+        time.sleep(2.5)  # the standby has seen the Lease held (and renewed) twice
+        assert not b_won.is_set()
+
+        released_at = time.monotonic()
+        assert a.release()
+        assert "holderIdentity" not in lease(kube)["spec"]
+        assert b_won.wait(5), "the standby waited for the Lease to expire"
+        assert time.monotonic() - released_at < LEASE_S / 2
+        assert lease(kube)["spec"]["holderIdentity"] == "ctl-b"
+
+
+def test_the_releasing_replicas_own_renewals_never_take_the_lease_back(tmp_path: Path) -> None:
+    with KubeApiServer() as kube:
+        a = leading(kube, tmp_path)
+        assert a.release()
+        renewals = len(kube.requests("PUT", "/leases/"))
+        time.sleep(3.5)  # three of its retry periods: its thread renews (and would take a free Lease)
+        assert "holderIdentity" not in lease(kube)["spec"]
+        assert len(kube.requests("PUT", "/leases/")) == renewals  # nothing written after the release
+
+
+def test_a_lease_another_replica_holds_is_left_alone(tmp_path: Path) -> None:
+    with KubeApiServer() as kube:
+        a, b_won = leading(kube, tmp_path), threading.Event()
+        b = elector(kube, tmp_path, "ctl-b", b_won)
+        assert not b.release()  # a standby stopping: it never held the Lease
+        before = lease(kube)["spec"]
+        poll_until(lambda: lease(kube)["spec"]["renewTime"] != before["renewTime"], what="ctl-a renewing on")
+        assert lease(kube)["spec"]["holderIdentity"] == "ctl-a"
+        b.start()  # released before it started: it never takes the Lease, even once it is free
+        assert a.release()
+        time.sleep(2.5)
+        assert not b_won.is_set()
+        assert "holderIdentity" not in lease(kube)["spec"]
+
+
+def test_a_leader_that_cannot_reach_the_api_server_stops_leading_within_its_renew_deadline(tmp_path: Path) -> None:
+    """The library's lock lets urllib3's errors (a refused connection) out of its thread, which then
+    ends without saying the leadership is lost: a leader acting on while a standby takes the Lease.
+    Vigil's lock reads them as a failed try, as it reads the API server's refusals."""
+    with KubeApiServer() as kube:
+        won, lost = threading.Event(), threading.Event()
+        api = api_client(kube.kubeconfig(tmp_path / "kubeconfig"))
+        a = LeaderElector(api, "vigil", "lease", "ctl-a", won.set, lost.set, 4, renew_deadline_s=3, retry_period_s=1)
+        a.start()
+        assert won.wait(10)
+        kube.__exit__(None, None, None)  # the API server gone: every request refused
+        assert lost.wait(20), "the leader's election thread ended without saying the leadership was lost"
