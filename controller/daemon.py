@@ -202,6 +202,7 @@ class Controller:
         await asyncio.gather(*watchers)
         lateness.cancel()
         await self.engine.shutdown()
+        self.rooms.relay_gateway.sessions.flush_lines()  # the agents' last tallied lines (direct or relayed)
         self.store.close()
         await self._release_lease()  # last: nothing of this replica acts any more
 

@@ -12,6 +12,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from controller.relay.hello_room import WAIT_S as HELLO_WAIT_S  # the relay's default, shown in --help
 from vigil_core.config_file import ConfigError
 from vigil_core.tls import TlsError, TlsFiles, from_env, transport_problem
 
@@ -197,7 +198,7 @@ def relay(
             help="what an agent's Hello passed on should wait for the controller's answer: the relay sizes its "
             "room for Hellos at the controller by it and queues the other agents (0: every Hello at once)",
         ),
-    ] = 2.5,
+    ] = HELLO_WAIT_S,
     max_message_bytes: Annotated[
         int,
         typer.Option(min=64 << 10, max=64 << 20, help="one gRPC message (the controller's limits.max_message_bytes)"),

@@ -118,6 +118,12 @@ class AgentSessions:
         self._said_disconnected = TalliedEvent(log.info, "agent_disconnected")
         self._said_full = TalliedEvent(log.warning, "call_refused")
 
+    def flush_lines(self) -> None:
+        """Say the tallied lines' remainder now (the process stops: a fleet's last second of
+        disconnections is not lost)."""
+        for said in (self._said_connected, self._said_disconnected, self._said_full):
+            said.flush()
+
     def admit(self, hello: agent_pb2.Hello, who: Identity | None, peer: str, paced: bool = True) -> None:
         """Whether this Hello may open a session now: its content, its caller (None: nobody to check,
         plaintext or a relay that checked), the fleet's size limit, and its turn (``paced``; a relay's

@@ -263,7 +263,7 @@ class _Relay:
 
 class RelayGateway(relay_pb2_grpc.AgentRelayServicer):
     def __init__(self, sessions: AgentSessions) -> None:
-        self._sessions = sessions
+        self.sessions = sessions
         self.tokens: TokenReviewer | None = None  # where agents' tokens are reviewed (set by the daemon)
         self._relays: set[_Relay] = set()  # the relays' streams open now
 
@@ -277,13 +277,13 @@ class RelayGateway(relay_pb2_grpc.AgentRelayServicer):
     ) -> AsyncIterator[relay_pb2.RelayDown]:
         peer = context.peer()  # read now: the call's context is not to be touched once it ended
         name = str(caller() or peer)
-        relay = _Relay(self._sessions, peer, self.tokens)
+        relay = _Relay(self.sessions, peer, self.tokens)
         self._relays.add(relay)
         log.info("relay_connected", relay=name)
         reader = asyncio.create_task(self._read(relay, request_iterator))
         reader.add_done_callback(lambda _: relay.ready.set())
         try:
-            yield relay_pb2.RelayDown(lanes=lanes_message(self._sessions.record_only()))  # the relay's lanes
+            yield relay_pb2.RelayDown(lanes=lanes_message(self.sessions.record_only()))  # the relay's lanes
             while True:
                 await relay.ready.wait()
                 relay.ready.clear()

@@ -31,6 +31,8 @@ from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
+WAIT_S = 2.5  # what a Hello passed on should wait for its answer (the agent's patience: 10 s)
+MIN_WAITING = 50  # never room for fewer Hellos at once than this
 FIRST_ROOM = 1000.0  # until sized by the waits (at 100,000 nodes a busy controller takes about 1,750 a second)
 MAX_ROOM = 100_000.0
 SPAN_S = 1.0  # the room is sized over spans at least this long
@@ -41,8 +43,8 @@ Key = TypeVar("Key", bound=Hashable)
 
 @dataclass
 class HelloRoom(Generic[Key]):
-    wait_s: float = 2.5  # what a Hello passed on should wait for its answer (the agent's patience: 10 s)
-    min_waiting: int = 50
+    wait_s: float = WAIT_S
+    min_waiting: int = MIN_WAITING
     room: float = FIRST_ROOM  # Hellos at the controller at once, at most
     waiting: int = 0  # Hellos passed on, not answered yet
     _called: set[Key] = field(default_factory=set)  # agents called: a place kept for each until its Hello

@@ -24,7 +24,7 @@ from google.protobuf.message import DecodeError
 from controller.edge.authz import bearer
 from controller.edge.open_files import raise_open_files
 from controller.nodes.agent_outboxes import Outbox
-from controller.relay.hello_room import FIRST_ROOM, HelloRoom, Place
+from controller.relay.hello_room import FIRST_ROOM, MIN_WAITING, WAIT_S, HelloRoom, Place
 from controller.relay.uplink import ITEM_OVERHEAD, OK, UNAVAILABLE, Back, Lost, Uplink
 from protos.vigil.v1 import agent_pb2, relay_pb2
 from vigil_core import gc_keeper, gc_young, loop_lag
@@ -57,8 +57,8 @@ class RelaySettings:
     # What a Hello passed on to the controller should wait for its answer: the relay sizes its room
     # for Hellos at the controller by it and queues the other agents, calling each as a place comes
     # free (``controller.relay.hello_room``); 0: every Hello passed on at once.
-    hello_wait_s: float = 2.5
-    hello_min_waiting: int = 50  # never room for fewer Hellos at once than this
+    hello_wait_s: float = WAIT_S
+    hello_min_waiting: int = MIN_WAITING
     hello_first_room: int = int(FIRST_ROOM)  # the room until the waits at the controller size it
 
 
@@ -140,6 +140,10 @@ class AgentStreams:
         # An agent's bounds are kept on the relay's own time: its loop's lateness is not the agent's.
         self._own_time = lateness.own_time
         self._said_late = TalliedEvent(log.warning, "relay_hello_again_late")  # a whole fleet's at once: tallied
+
+    def flush_lines(self) -> None:
+        """Say the tallied lines' remainder now (the relay stops)."""
+        self._said_late.flush()
 
     def handler(self) -> grpc.GenericRpcHandler:
         """``vigil.v1.AgentGateway/Connect``, bytes in and out."""
@@ -346,7 +350,8 @@ async def serve(
         options=server_options(size - ITEM_OVERHEAD, size, soft),
     )
     lateness = loop_lag.Lateness()
-    server.add_generic_rpc_handlers((AgentStreams(uplink, settings, lateness).handler(),))
+    streams = AgentStreams(uplink, settings, lateness)
+    server.add_generic_rpc_handlers((streams.handler(),))
     port = bind(server, settings.listen, settings.tls.server_credentials() if settings.tls is not None else None)
     await server.start()
     http = None
@@ -382,6 +387,7 @@ async def serve(
         await keeper
     if http is not None:
         http.shutdown()
+    streams.flush_lines()  # the last second's tallied lines
     return port
 
 

@@ -14,7 +14,7 @@ import pytest
 import agent.link as agent_link
 from agent.link import ControllerLink
 from agent.spool import Spool
-from controller.config import LimitsConfig
+from controller.config import ControllerConfig, LimitsConfig
 from controller.daemon import Controller
 from controller.edge.agent_sessions import seq_problem
 from protos.codec import signal_to_proto
@@ -463,6 +463,37 @@ def test_a_fleet_refused_at_max_nodes_is_a_line_each_up_to_20_a_second_and_the_r
     assert len(alone) + sum(counted) == 60, out  # each said alone or counted, none lost, none twice
     if took < 1.0:  # within one second, or two of the tally's: at most 40 alone
         assert len(alone) <= 40 and sum(counted) >= 20, out
+
+
+def test_a_controller_that_stops_says_every_agent_it_leaves_even_in_its_last_second(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """40 agents connected when the controller stops: their disconnections fall in one second, 20
+    said alone and the rest counted, and that count is said before the process ends, not lost with
+    the second's timer."""
+
+    async def scenario() -> None:
+        cfg = ControllerConfig(listen="127.0.0.1", port=0, database=tmp_path / "ctl.db", pager="none", plaintext=True)
+        controller, stop = Controller(cfg), asyncio.Event()
+        running = asyncio.create_task(controller.run(stop))
+        await wait_until(lambda: controller.port > 0 and controller.server is not None)
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{controller.port}") as channel:
+            calls = []
+            for i in range(40):
+                call = agent_pb2_grpc.AgentGatewayStub(channel).Connect()
+                await call.write(agent_pb2.AgentMessage(hello=agent_pb2.Hello(node=f"node-{i}", spool_id="x")))
+                await asyncio.wait_for(call.read(), 10)  # answered: connected
+                calls.append(call)
+            await asyncio.sleep(1.1)  # the connections' second is over
+            capsys.readouterr()
+            stop.set()
+            await asyncio.wait_for(running, 30)
+
+    asyncio.run(scenario())
+    out = capsys.readouterr().out
+    alone = re.findall(r"agent_disconnected +node=node-", out)
+    counted = [int(n) for n in re.findall(r"agent_disconnected_more +count=(\d+)", out)]
+    assert len(alone) + sum(counted) == 40, out
 
 
 def test_a_hello_the_store_cannot_record_leaves_the_node_disconnected(tmp_path: Path) -> None:

@@ -136,7 +136,7 @@ def test_what_waits_at_the_controller_is_counted_and_drains_to_nothing(tmp_path:
         store = Store(tmp_path / "ctl.db")
         route = node_route(store, Policy(), LocalActuator(store.db), RecordingPager())
         gateway = RelayGateway(AgentSessions(route.engine, route.fleet, route.checks, route.outboxes))
-        relay = _Relay(gateway._sessions, "ipv4:127.0.0.1:1", None)
+        relay = _Relay(gateway.sessions, "ipv4:127.0.0.1:1", None)
         gateway._relays.add(relay)
         streams = WORKERS * 3
         for i in range(streams):
