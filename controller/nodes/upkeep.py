@@ -109,11 +109,22 @@ class Upkeep:
 
     def update_gauges(self) -> None:
         metrics = self._metrics
-        metrics.database_bytes.set(self._store.db.size_bytes())
         for health in Health:
             metrics.nodes.labels(health.value).set(self._fleet.count(health))
         metrics.connected_agents.set(self._fleet.connected_count())
         metrics.automation_paused.set(1 if self._guard.breaker.tripped else 0)
+
+    async def refresh_database_size(self) -> None:
+        """The database's size for its gauge, read off the event loop (on PostgreSQL it is a query:
+        read every second on the loop, it held every message behind a round trip, and a database away
+        stopped every other gauge with it). A database away keeps the last size (its outage is said
+        by the store's health)."""
+        try:
+            size = await asyncio.to_thread(self._store.db.size_bytes)
+        except Exception as exc:
+            log.debug("database_size_unavailable", error=repr(exc)[:300])
+            return
+        self._metrics.database_bytes.set(size)
 
     async def refresh_labels(self) -> None:
         """The nodes' labels (their failure domains), read from the cluster and compared with the last
@@ -147,9 +158,14 @@ class Upkeep:
         return gone
 
     async def watch(
-        self, stop: asyncio.Event, every_s: float = 1.0, labels_every_s: float = 30.0, retention_every_s: float = 600.0
+        self,
+        stop: asyncio.Event,
+        every_s: float = 1.0,
+        labels_every_s: float = 30.0,
+        retention_every_s: float = 600.0,
+        size_every_s: float = 30.0,
     ) -> None:
-        last_labels = last_retention = float("-inf")
+        last_labels = last_retention = last_size = float("-inf")
         steps: list[tuple[str, Callable[[], object]]] = [
             ("silence", self.check_silence),
             ("held_decisions", self._engine.decide_held),
@@ -162,6 +178,9 @@ class Upkeep:
             if time.monotonic() - last_labels >= labels_every_s:
                 await self.refresh_labels()
                 last_labels = time.monotonic()
+            if time.monotonic() - last_size >= size_every_s:
+                await self.refresh_database_size()
+                last_size = time.monotonic()
             if time.monotonic() - last_retention >= retention_every_s and self.tasks.run_step(
                 "retention", self.apply_retention
             ):
