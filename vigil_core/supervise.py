@@ -102,8 +102,7 @@ class Tasks:
 
     def run_step(self, task: str, step: Callable[[], object]) -> bool:
         """One guarded step of a periodic loop; False when it failed or waits out its backoff."""
-        state = self.states.get(task)
-        if state is not None and state.failures and self._clock() < state.retry_at:
+        if self._waits(task):
             return False
         try:
             step()
@@ -112,6 +111,24 @@ class Tasks:
             return False
         self.succeeded(task)
         return True
+
+    async def run_step_in_thread(self, task: str, step: Callable[[], object]) -> bool:
+        """``run_step`` for a step that blocks (a database's bulk work): run in a thread, the event
+        loop free meanwhile."""
+        if self._waits(task):
+            return False
+        try:
+            await asyncio.to_thread(step)
+        except Exception as exc:
+            self.failed(task, exc)
+            return False
+        self.succeeded(task)
+        return True
+
+    def _waits(self, task: str) -> bool:
+        """A failed step waits out its backoff."""
+        state = self.states.get(task)
+        return state is not None and state.failures > 0 and self._clock() < state.retry_at
 
 
 async def supervise(

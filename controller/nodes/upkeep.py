@@ -181,7 +181,9 @@ class Upkeep:
             if time.monotonic() - last_size >= size_every_s:
                 await self.refresh_database_size()
                 last_size = time.monotonic()
-            if time.monotonic() - last_retention >= retention_every_s and self.tasks.run_step(
+            # Retention deletes up to thousands of rows in a durable transaction: in a thread, so that
+            # no message waits on the loop behind it (nor behind the writes it waits for first).
+            if time.monotonic() - last_retention >= retention_every_s and await self.tasks.run_step_in_thread(
                 "retention", self.apply_retention
             ):
                 last_retention = time.monotonic()

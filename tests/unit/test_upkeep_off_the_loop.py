@@ -1,6 +1,6 @@
-"""The upkeep's gauges (``controller.nodes.upkeep``): the database's size is read off the event loop
-and only every ``size_every_s`` (on PostgreSQL it is a query), and a database that cannot say its
-size keeps the last one without stopping the other gauges."""
+"""The upkeep's blocking database work runs off the event loop (``controller.nodes.upkeep``): the
+database's size (on PostgreSQL a query), read every ``size_every_s``, a database that cannot say it
+keeping the last one without stopping the other gauges; and retention's deletes."""
 
 from __future__ import annotations
 
@@ -41,6 +41,33 @@ def test_the_database_size_is_read_off_the_loop_and_a_database_away_stops_no_oth
         e.upkeep.update_gauges()
         assert registry.get_sample_value("vigil_controller_database_bytes") == 12345  # the last one kept
         assert registry.get_sample_value("vigil_controller_connected_agents") == 0  # the others still set
+        await e.shutdown()
+
+    asyncio.run(scenario())
+
+
+def test_retention_runs_in_a_thread_and_its_failures_are_still_counted(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        store = Store(tmp_path / "ctl.db")
+        e = node_route(store, Policy(), LocalActuator(store.db), NullPager())
+        ran: list[int] = []
+
+        def retention() -> dict[str, int]:
+            ran.append(threading.get_ident())
+            if len(ran) == 1:
+                raise OSError(28, "No space left on device")
+            return {}
+
+        e.upkeep.apply_retention = retention  # type: ignore[method-assign]
+        e.tasks.base_s = 0.01  # the failed step's backoff, short for the test
+        stop = asyncio.Event()
+        watcher = asyncio.create_task(e.upkeep.watch(stop, every_s=0.01, retention_every_s=0.0))
+        while len(ran) < 2:
+            await asyncio.sleep(0.01)
+        stop.set()
+        await watcher
+        assert threading.get_ident() not in ran  # never on the event loop's thread
+        assert e.metrics.task_failures.labels("retention")._value.get() == 1
         await e.shutdown()
 
     asyncio.run(scenario())
