@@ -3,8 +3,9 @@ incidents here, the nodes QUARANTINED) and their pages.
 
 Where the actuator watches the cluster's nodes (Kubernetes), a standby's watch has listed them
 before it leads: the new leader adopts from the watch and serves at once, then reads the cluster
-itself in the background (``Adopter.check``: 2.7-8 s for 100,000 Nodes here) and adopts what the
-watch was behind on, saying so. Elsewhere (Slurm) it reads the cluster before it serves."""
+itself in the background (``Adopter.check``: a list of every Node, 1.2 s for 100,000 here after a
+kill, several seconds while a fleet reconnects) and adopts what the watch was behind on, saying so.
+Elsewhere (Slurm) it reads the cluster before it serves."""
 
 from __future__ import annotations
 
