@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from controller.act.kube.client import api_client
 from controller.act.kube.lease import LeaderElector
@@ -18,19 +21,36 @@ from tests.helpers import poll_until
 LEASE_S = 15  # the default: a standby that had to wait it out would fail these tests' bounds
 
 
+MADE: list[LeaderElector] = []  # stopped after each test: no thread polls a port reused later
+
+
+@pytest.fixture(autouse=True)
+def released_after() -> Iterator[None]:
+    yield
+    while MADE:
+        MADE.pop()._lock.released = True  # no more requests (its API double is gone: no release to write)
+
+
 def elector(kube: KubeApiServer, tmp: Path, identity: str, won: threading.Event) -> LeaderElector:
     api = api_client(kube.kubeconfig(tmp / f"{identity}-kubeconfig"))
-    return LeaderElector(
-        api,
-        "vigil",
-        "vigil-controller",
-        identity,
-        on_started=won.set,
-        on_stopped=lambda: None,
-        lease_duration_s=LEASE_S,
-        renew_deadline_s=10,
-        retry_period_s=1,
+    return made(
+        LeaderElector(
+            api,
+            "vigil",
+            "vigil-controller",
+            identity,
+            on_started=won.set,
+            on_stopped=lambda: None,
+            lease_duration_s=LEASE_S,
+            renew_deadline_s=10,
+            retry_period_s=1,
+        )
     )
+
+
+def made(e: LeaderElector) -> LeaderElector:
+    MADE.append(e)
+    return e
 
 
 def leading(kube: KubeApiServer, tmp: Path, identity: str = "ctl-a") -> LeaderElector:
@@ -94,8 +114,29 @@ def test_a_leader_that_cannot_reach_the_api_server_stops_leading_within_its_rene
     with KubeApiServer() as kube:
         won, lost = threading.Event(), threading.Event()
         api = api_client(kube.kubeconfig(tmp_path / "kubeconfig"))
-        a = LeaderElector(api, "vigil", "lease", "ctl-a", won.set, lost.set, 4, renew_deadline_s=3, retry_period_s=1)
+        a = made(
+            LeaderElector(api, "vigil", "lease", "ctl-a", won.set, lost.set, 4, renew_deadline_s=3, retry_period_s=1)
+        )
         a.start()
         assert won.wait(10)
         kube.__exit__(None, None, None)  # the API server gone: every request refused
+        assert lost.wait(20), "the leader's election thread ended without saying the leadership was lost"
+
+
+def test_a_leader_whose_api_server_answers_something_else_stops_leading(tmp_path: Path) -> None:
+    """A proxy's page, or a port another server took, answers the Lease's read: the client's error
+    (not the API server's refusal) ended the library's thread silently too."""
+    with KubeApiServer() as kube:
+        won, lost = threading.Event(), threading.Event()
+        api = api_client(kube.kubeconfig(tmp_path / "kubeconfig"))
+        a = made(
+            LeaderElector(api, "vigil", "lease", "ctl-a", won.set, lost.set, 4, renew_deadline_s=3, retry_period_s=1)
+        )
+        a.start()
+        assert won.wait(10)
+
+        def not_a_lease(*args: object, **kwargs: object) -> object:
+            raise ValueError("Input should be a valid dictionary or instance of V1Lease")
+
+        a._lock.api_instance.read_namespaced_lease = not_a_lease  # type: ignore[method-assign]
         assert lost.wait(20), "the leader's election thread ended without saying the leadership was lost"

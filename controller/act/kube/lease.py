@@ -27,19 +27,18 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.leaderelection import electionconfig, leaderelection
 from kubernetes.leaderelection.leaderelectionrecord import LeaderElectionRecord
 from kubernetes.leaderelection.resourcelock.leaselock import LeaseLock
-from urllib3.exceptions import HTTPError as TransportError
 
 log = structlog.get_logger(__name__)
 
-UNREACHABLE = (TransportError, OSError)  # what urllib3 raises where the API server does not answer
 RELEASE_TIMEOUT_S = 3.0  # the release's one request: a stopping replica does not wait longer on the API server
 
 
 class ReleasableLeaseLock(LeaseLock):
-    """The library's Lease lock, with two changes. An API server out of reach is a failed try, as its
-    refusal is: the library's lock lets urllib3's errors out of its thread, which then ends without
-    saying the leadership is lost, a leader acting on while a standby takes the Lease. And its writes
-    stop once ``released`` (under one lock with them)."""
+    """The library's Lease lock, with two changes. Any error of a read or a write is a failed try, as
+    the API server's refusal is: the library's lock lets every other error (urllib3's where the API
+    server is out of reach, the client's where an answer is no Lease) out of its thread, which then
+    ends without saying the leadership is lost, a leader acting on while a standby takes the Lease.
+    And its requests stop once ``released`` (its writes under one lock with the release)."""
 
     def __init__(self, name: str, namespace: str, identity: str) -> None:
         super().__init__(name, namespace, identity)
@@ -47,10 +46,13 @@ class ReleasableLeaseLock(LeaseLock):
         self.released = False
 
     def get(self, name: str, namespace: str) -> tuple[bool, object]:
+        if self.released:  # no more requests: this replica no longer takes the Lease
+            return False, ApiException(status=0, reason="released")
         try:
             return super().get(name, namespace)  # type: ignore[no-any-return]
-        except UNREACHABLE as exc:
-            return False, ApiException(status=0, reason=f"the API server out of reach: {exc}")
+        except Exception as exc:  # out of reach, or an answer that is no Lease: a failed try, never the thread's end
+            log.warning("lease_read_failed", error=repr(exc)[:300])
+            return False, ApiException(status=0, reason=f"the Lease could not be read: {exc!r}"[:300])
 
     def create(self, name: str, namespace: str, election_record: LeaderElectionRecord) -> bool:
         return self._write(lambda: LeaseLock.create(self, name, namespace, election_record))
@@ -64,8 +66,8 @@ class ReleasableLeaseLock(LeaseLock):
                 return False
             try:
                 return bool(write())
-            except UNREACHABLE as exc:
-                log.warning("lease_write_failed", error=str(exc))
+            except Exception as exc:  # as for a read: a failed try
+                log.warning("lease_write_failed", error=repr(exc)[:300])
                 return False
 
 
@@ -117,7 +119,7 @@ class LeaderElector:
                 lock.api_instance.replace_namespaced_lease(
                     lock.name, lock.namespace, lease, _request_timeout=RELEASE_TIMEOUT_S
                 )
-            except (ApiException, *UNREACHABLE, ValueError) as exc:  # the standby waits the Lease out
+            except Exception as exc:  # the standby waits the Lease out instead
                 log.warning("lease_release_failed", identity=self.identity, error=str(exc))
                 return False
         log.info("lease_released", identity=self.identity, lease=f"{lock.namespace}/{lock.name}")
