@@ -107,18 +107,22 @@ def test_a_lease_another_replica_holds_is_left_alone(tmp_path: Path) -> None:
         assert "holderIdentity" not in lease(kube)["spec"]
 
 
+def short_leader(kube: KubeApiServer, tmp: Path) -> tuple[LeaderElector, threading.Event]:
+    """A leader under a 4 s Lease (3 s to renew), and the event its loss of the Lease sets."""
+    won, lost = threading.Event(), threading.Event()
+    api = api_client(kube.kubeconfig(tmp / "kubeconfig"))
+    a = made(LeaderElector(api, "vigil", "lease", "ctl-a", won.set, lost.set, 4, renew_deadline_s=3, retry_period_s=1))
+    a.start()
+    assert won.wait(10)
+    return a, lost
+
+
 def test_a_leader_that_cannot_reach_the_api_server_stops_leading_within_its_renew_deadline(tmp_path: Path) -> None:
     """The library's lock lets urllib3's errors (a refused connection) out of its thread, which then
     ends without saying the leadership is lost: a leader acting on while a standby takes the Lease.
     Vigil's lock reads them as a failed try, as it reads the API server's refusals."""
     with KubeApiServer() as kube:
-        won, lost = threading.Event(), threading.Event()
-        api = api_client(kube.kubeconfig(tmp_path / "kubeconfig"))
-        a = made(
-            LeaderElector(api, "vigil", "lease", "ctl-a", won.set, lost.set, 4, renew_deadline_s=3, retry_period_s=1)
-        )
-        a.start()
-        assert won.wait(10)
+        a, lost = short_leader(kube, tmp_path)
         kube.__exit__(None, None, None)  # the API server gone: every request refused
         assert lost.wait(20), "the leader's election thread ended without saying the leadership was lost"
 
@@ -127,13 +131,7 @@ def test_a_leader_whose_api_server_answers_something_else_stops_leading(tmp_path
     """A proxy's page, or a port another server took, answers the Lease's read: the client's error
     (not the API server's refusal) ended the library's thread silently too."""
     with KubeApiServer() as kube:
-        won, lost = threading.Event(), threading.Event()
-        api = api_client(kube.kubeconfig(tmp_path / "kubeconfig"))
-        a = made(
-            LeaderElector(api, "vigil", "lease", "ctl-a", won.set, lost.set, 4, renew_deadline_s=3, retry_period_s=1)
-        )
-        a.start()
-        assert won.wait(10)
+        a, lost = short_leader(kube, tmp_path)
 
         def not_a_lease(*args: object, **kwargs: object) -> object:
             raise ValueError("Input should be a valid dictionary or instance of V1Lease")
