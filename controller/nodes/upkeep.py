@@ -114,17 +114,14 @@ class Upkeep:
         metrics.connected_agents.set(self._fleet.connected_count())
         metrics.automation_paused.set(1 if self._guard.breaker.tripped else 0)
 
-    async def refresh_database_size(self) -> None:
+    async def refresh_database_size(self) -> bool:
         """The database's size for its gauge, read off the event loop (on PostgreSQL it is a query:
         read every second on the loop, it held every message behind a round trip, and a database away
-        stopped every other gauge with it). A database away keeps the last size (its outage is said
-        by the store's health)."""
-        try:
-            size = await asyncio.to_thread(self._store.db.size_bytes)
-        except Exception as exc:
-            log.debug("database_size_unavailable", error=repr(exc)[:300])
-            return
-        self._metrics.database_bytes.set(size)
+        stopped every other gauge with it). A failed read keeps the last size and is a failed step
+        (logged, counted, retried after its backoff); False then."""
+        return await self.tasks.run_step_in_thread(
+            "database_size", lambda: self._metrics.database_bytes.set(self._store.db.size_bytes())
+        )
 
     async def refresh_labels(self) -> None:
         """The nodes' labels (their failure domains), read from the cluster and compared with the last
@@ -178,8 +175,7 @@ class Upkeep:
             if time.monotonic() - last_labels >= labels_every_s:
                 await self.refresh_labels()
                 last_labels = time.monotonic()
-            if time.monotonic() - last_size >= size_every_s:
-                await self.refresh_database_size()
+            if time.monotonic() - last_size >= size_every_s and await self.refresh_database_size():
                 last_size = time.monotonic()
             # Retention deletes up to thousands of rows in a durable transaction: in a thread, so that
             # no message waits on the loop behind it (nor behind the writes it waits for first).

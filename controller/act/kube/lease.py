@@ -10,7 +10,7 @@ A replica that stops on purpose (SIGTERM: a rolling update, its node drained) ha
 once it has stopped acting (``release``): the Lease is left without a holder, which a standby (this
 library's, or client-go's) takes at its next try, ``retry_period_s`` later, instead of waiting out
 ``lease_duration_s`` as it must for a leader that died. The kubernetes client's elector cannot
-release; the lock here refuses every write after the release, so its renewing thread cannot take
+release; the lock here makes no request after the release, so its renewing thread cannot take
 the Lease back in the moment before the process exits.
 """
 
