@@ -10,7 +10,11 @@ those from its spool and replays exactly the rest, in order. Through a relay (``
 stream outlives a session: when the relay loses the controller and reaches it again, it asks the
 agent for Hello again on the same stream (``HelloAgain``), and the same replay follows; a relay with
 no room at the controller for a Hello keeps it and tells the agent to wait (``HelloAgain{wait,
-kept}``: an answer, its patience stops), and the Ack comes later on the same stream. Signals are
+kept}``: an answer, its patience stops), and the Ack comes later on the same stream. A Hello says
+how many faults wait in the spool (``urgent_waiting``), and a relay calls those agents first; an
+agent told to wait while the relay reaches the controller again (``HelloAgain{wait,
+takes_urgent_hello}``) says its Hello at once when it has a fault waiting, or comes to have one, and
+the relay keeps it and calls it before the others (``controller.relay.hello_room``). Signals are
 sent as soon as they are spooled; heartbeats go out every ``heartbeat_s`` when they say something
 new (the spool's count, the node's jobs, its ranks' progress), else every ``idle_heartbeat_s``: at
 100,000 nodes the stream and HTTP/2 keepalive say a quiet agent is there, not 20,000 messages a
@@ -23,7 +27,7 @@ import asyncio
 import random
 import time
 from collections.abc import Awaitable, Callable
-from typing import cast
+from typing import Any, cast
 
 import grpc
 import structlog
@@ -45,6 +49,8 @@ HELLO_PATIENCE_DOUBLINGS = 4  # up to 16 times as long (160 s), until a Hello is
 # before it are: at 100,000 agents reconnecting at once, a minute or so. Past this, as unanswered.
 KEPT_HELLO_PATIENCE_S = 600.0
 HELLO_TURN_SPREAD_S = 0.05  # added to a turn the controller gave: agents of one slot do not come as one
+# What ``_asked_again`` answers when the agent says its Hello unasked (a fault waits; the relay takes it).
+SAY_URGENT_HELLO = agent_pb2.HelloAgain()
 
 
 CheckRunner = Callable[[agent_pb2.RunCheck], Awaitable[common_pb2.CheckResult]]
@@ -71,10 +77,12 @@ def turn_with_spread(turn_s: float) -> float:
     return max(0.0, turn_s) + random.uniform(0, HELLO_TURN_SPREAD_S)
 
 
-async def read_unless(call: grpc.aio.StreamStreamCall, stop: asyncio.Event) -> agent_pb2.ControllerMessage | None:
+async def read_unless(
+    call: grpc.aio.StreamStreamCall, stop: asyncio.Event, reading: asyncio.Future[Any] | None = None
+) -> agent_pb2.ControllerMessage | None:
     """The stream's next message (or ``grpc.aio.EOF``, typed as a message as ``call.read`` is), or
-    None once ``stop`` is set first."""
-    reading = asyncio.ensure_future(call.read())
+    None once ``stop`` is set first. ``reading``: that read, already under way."""
+    reading = reading or asyncio.ensure_future(call.read())
     stopping = asyncio.ensure_future(stop.wait())
     try:
         await asyncio.wait((reading, stopping), return_when=asyncio.FIRST_COMPLETED)
@@ -84,6 +92,15 @@ async def read_unless(call: grpc.aio.StreamStreamCall, stop: asyncio.Event) -> a
         reading.cancel()
         return None
     return cast(agent_pb2.ControllerMessage, reading.result())
+
+
+def crossed(message: agent_pb2.ControllerMessage | object) -> bool:
+    """Whether a message read after a Hello said unasked is the relay asking for it (a HelloAgain
+    to say Hello now, sent as the Hello went out), not its answer. Pure."""
+    if not isinstance(message, agent_pb2.ControllerMessage) or not message.HasField("hello_again"):
+        return False
+    again = message.hello_again
+    return not again.wait and not again.after_ms
 
 
 def beat_content(beat: agent_pb2.Heartbeat) -> bytes:
@@ -175,34 +192,70 @@ class ControllerLink:
             again: agent_pb2.HelloAgain | None = agent_pb2.HelloAgain()
             try:
                 while again is not None and not stop.is_set():
-                    if again.wait and (again := await self._asked_again(call, stop)) is None:
-                        break
+                    reading: asyncio.Future[Any] | None = None
+                    if again.wait:
+                        again, reading = await self._asked_again(call, stop, again.takes_urgent_hello)
+                        if again is None:
+                            break
                     if again.after_ms and await wait_event(stop, turn_with_spread(again.after_ms / 1000)):
                         break
-                    again = await self._hello_and_carry(call, stop)
+                    again = await self._hello_and_carry(call, stop, reading)
             finally:
                 call.cancel()
 
-    async def _asked_again(self, call: grpc.aio.StreamStreamCall, stop: asyncio.Event) -> agent_pb2.HelloAgain | None:
+    async def _asked_again(
+        self, call: grpc.aio.StreamStreamCall, stop: asyncio.Event, takes_urgent: bool
+    ) -> tuple[agent_pb2.HelloAgain | None, asyncio.Future[Any] | None]:
         """While the relay reaches the controller again: its word to say Hello (None when ``stop`` is
-        set; the relay ends the stream if it does not reach it)."""
-        if (message := await read_unless(call, stop)) is None:
-            return None
+        set; the relay ends the stream if it does not reach it); or, where the relay ``takes_urgent``
+        Hellos and a fault waits in the spool (now or once one comes), ``SAY_URGENT_HELLO`` with the
+        read still under way (a read cancelled would cancel the call): the Hello's answer comes on it."""
+        reading = asyncio.ensure_future(call.read())
+        stopping = asyncio.ensure_future(stop.wait())
+        try:
+            while not reading.done() and not stop.is_set():
+                if takes_urgent and self._spool.urgent_waiting():
+                    return SAY_URGENT_HELLO, reading
+                self._wake.clear()
+                waking = asyncio.ensure_future(self._wake.wait())
+                try:
+                    await asyncio.wait((reading, stopping, waking), return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    waking.cancel()
+        finally:
+            stopping.cancel()
+        if not reading.done():
+            reading.cancel()
+            return None, None
+        message = reading.result()
         if message is grpc.aio.EOF or not message.HasField("hello_again") or message.hello_again.wait:
             raise ConnectionError("the relay did not ask for Hello again")
-        return message.hello_again
+        return message.hello_again, None
 
     async def _hello_and_carry(
-        self, call: grpc.aio.StreamStreamCall, stop: asyncio.Event
+        self, call: grpc.aio.StreamStreamCall, stop: asyncio.Event, reading: asyncio.Future[Any] | None = None
     ) -> agent_pb2.HelloAgain | None:
         """Say Hello on ``call`` and carry the session until it ends: None when ``stop`` is set, the
-        relay's HelloAgain when it keeps the stream for another session; a broken stream raises."""
+        relay's HelloAgain when it keeps the stream for another session; a broken stream raises.
+        ``reading``: a read already under way, as an urgent Hello said unasked has (``_asked_again``);
+        the relay keeps that Hello (its answer may take long), and a HelloAgain that crossed it is
+        passed over."""
         hello = self._hello()
         hello.resumable = hello.waits_for_kept_hello = True
+        hello.urgent_waiting = self._spool.urgent_waiting()
         await call.write(agent_pb2.AgentMessage(hello=hello))
-        patience = hello_patience_s(self.unanswered, self._patience_first_s)
+        unasked = reading is not None
+        patience = KEPT_HELLO_PATIENCE_S if unasked else hello_patience_s(self.unanswered, self._patience_first_s)
         try:
-            first = await within(call.read(), patience, self._clock)
+            if unasked:
+                said = await within(read_unless(call, stop, reading), patience, self._clock)
+                while said is not None and crossed(said):  # asked for as it was said: its answer comes next
+                    said = await within(read_unless(call, stop), patience, self._clock)
+                if said is None:
+                    return None
+                first = said
+            else:
+                first = await within(call.read(), patience, self._clock)
         except TimeoutError:
             self.unanswered += 1
             waits = hello_patience_s(self.unanswered, self._patience_first_s)
@@ -215,16 +268,17 @@ class ControllerLink:
             # after the agents queued before it (the relay ends the stream if it cannot pass it on),
             # within a bound of its own all the same.
             try:
-                first = await within(read_unless(call, stop), KEPT_HELLO_PATIENCE_S, self._clock)
+                answer = await within(read_unless(call, stop), KEPT_HELLO_PATIENCE_S, self._clock)
             except TimeoutError:
                 log.warning(
                     "controller_link_kept_hello_unanswered", target=self._target, waited_s=KEPT_HELLO_PATIENCE_S
                 )
                 raise
-            if first is None:
+            if answer is None:
                 return None
+            first = answer
         if first is not grpc.aio.EOF and first.HasField("hello_again"):  # a turn given, or the controller lost
-            again = cast(agent_pb2.HelloAgain, first.hello_again)
+            again = first.hello_again
             log.info("controller_link_hello_again", target=self._target, after_ms=again.after_ms, wait=again.wait)
             return again
         if first is grpc.aio.EOF or not first.HasField("ack"):

@@ -353,6 +353,11 @@ class Spool:
     def count(self) -> int:
         return int(self._db.execute("SELECT COUNT(*) FROM signals").fetchone()[0])
 
+    def urgent_waiting(self) -> int:
+        """Signals not acknowledged yet that the bound keeps above all others (``Signal.must_keep``):
+        what the agent's Hello says, so that a relay calls it before agents with none."""
+        return int(self._db.execute("SELECT COUNT(*) FROM signals WHERE keep = 1").fetchone()[0])
+
     def close(self) -> None:
         self._db.close()
 

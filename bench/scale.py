@@ -4,7 +4,7 @@
                           [--background-per-s 500] [--probes 60] [--probe-every-s 0.5]
                           [--bursts 100,400,1000] [--restart] [--hellos-per-s N]
                           [--database sqlite|postgresql] [--relays K] [--relay-hello-wait-s S]
-                          [--failover [kill|stop]] [--agents-give-up] [--keep]
+                          [--failover [kill|stop]] [--faults-across N] [--agents-give-up] [--keep]
 
 What runs, all on this machine:
 
@@ -37,7 +37,10 @@ What runs, all on this machine:
   Lease back) and the times until the standby serves and until every agent is back through the
   relays are measured (``kill_to_new_leader_s`` from the signal either way). On PostgreSQL the
   two share the database; on SQLite the standby has a file of its own (it learns the fleet from
-  the agents' Hellos);
+  the agents' Hellos). With either, ``--faults-across`` XID 79s on fresh nodes, half just before the
+  signal and half a second after it: once every agent is back, each node must be cordoned, and the
+  controller serving then must hold one XID 79 incident for it (``faults_across``: nothing lost,
+  nothing twice);
 - ``--agents-give-up``: the simulated agents give up on a Hello unanswered for 10 s of their
   process's own time (then 20, 40, ... s) and reconnect, as the agent does; without it they wait
   on, which hides what an overloaded path costs real agents. With relays, how long the Hellos waited
@@ -179,6 +182,7 @@ async def _worker(
                     stats = {"lag": lag.take(), "reconnects": reconnects, "paced": paced, "why": dict(why)}
                     stats["hello_again"] = sum(n.resumed for n in fleet.nodes.values())
                     stats["gave_up"] = fleet.gave_up
+                    stats["unasked"] = sum(n.unasked for n in fleet.nodes.values())
                     stats["unsent"] = unsent
                     stats["answer_waits"] = list(answer_waits)
                     answer_waits.clear()
@@ -316,6 +320,7 @@ class Workers:
             "hellos_paced": sum(a["paced"] for a in answers),
             "hellos_again": sum(a["hello_again"] for a in answers),  # on streams a relay kept (no reconnection)
             "hellos_given_up": sum(a["gave_up"] for a in answers),  # with --agents-give-up: as real agents would
+            "urgent_hellos_unasked": sum(a["unasked"] for a in answers),  # faults waiting while a relay waited
             "hello_answered": _answer_waits([w for a in answers for w in a["answer_waits"]]),
             "streams_broke_because": dict(sum((Counter(a["why"]) for a in answers), Counter())),
         }
@@ -648,6 +653,60 @@ def back_figures(
     }
 
 
+ADOPTED = "adopted from"  # an adopted quarantine's incident's first message (``store.incidents.adopt``)
+
+
+class FaultsAcross:
+    """Faults across a restart or a failover, to show nothing is lost: half on fresh nodes just before
+    the controller is signalled (in flight as it stops or dies), half a second after (its agents' relays
+    between sessions: the faults wait in the agents and are sent again after their Hello). Once every
+    agent is back, each must be cordoned, and the controller serving then must hold one incident for
+    each: its XID 79, or, on a database of its own (SQLite, a file each), the quarantine it adopted from
+    the cluster where the earlier leader had finished it (an agent's signal is acknowledged only once its
+    actions are done, so an unfinished one is sent again and recorded here)."""
+
+    def __init__(self, workers: Workers, nodes: list[str]) -> None:
+        self._workers = workers
+        half = len(nodes) // 2
+        self.before, self.after = nodes[:half], nodes[half:]
+        self.sent: dict[str, float] = {}
+
+    def send_before(self) -> None:
+        if self.before:
+            self.sent |= self._workers.fault(self.before)
+
+    def send_after(self, signalled: float) -> None:
+        time.sleep(max(0.0, signalled + 1.0 - time.time()))
+        if self.after:
+            self.sent |= self._workers.fault(self.after)
+
+    def figures(self, cordons: Cordons, target: str, timeout_s: float) -> dict[str, Any]:
+        """Wait up to ``timeout_s`` for every cordon; then what was cordoned, how long after its fault, and
+        how many XID 79 incidents the serving controller holds for each node."""
+        nodes = [*self.before, *self.after]
+        if not nodes:
+            return {}
+        with contextlib.suppress(TimeoutError):
+            cordons.wait(nodes, timeout_s)
+        missing = [n for n in nodes if n not in cordons.at]
+        held: dict[str, int] = {}
+        with AdminClient(target, timeout_s=60) as admin:
+            for n in nodes:
+                found = [
+                    i for i in admin.incidents(node=n, limit=50) if i.code == 79 or i.first_message.startswith(ADOPTED)
+                ]
+                kinds = "+".join(sorted("xid79" if i.code == 79 else "adopted" for i in found)) or "none"
+                held[kinds] = held.get(kinds, 0) + 1
+        return {
+            "sent": len(self.sent),
+            "cordoned": len(nodes) - len(missing),
+            "not_cordoned": missing[:20],
+            "fault_to_cordon_before": summary([cordons.at[n] - self.sent[n] for n in self.before if n in cordons.at]),
+            "fault_to_cordon_after": summary([cordons.at[n] - self.sent[n] for n in self.after if n in cordons.at]),
+            "incidents_held": dict(sorted(held.items())),  # each node's incidents on the serving controller: nodes
+        }
+
+
 def settings(
     kube: KubeApiServer,
     workdir: Path,
@@ -698,7 +757,8 @@ def measure(args: argparse.Namespace, workdir: Path, database: str) -> dict[str,
     figures: dict[str, Any] = {}
     with KubeApiServer() as kube:
         kube.add_nodes(names)
-        faulting = args.probes + sum(args.bursts)
+        across_n = args.faults_across if args.restart or args.failover else 0
+        faulting = args.probes + sum(args.bursts) + across_n
         config = settings(kube, workdir, args.nodes, faulting, database, args.settle_s, args.hellos_per_s)
         config["limits"]["gc_freeze"] = args.gc_freeze
         standby_config: dict[str, Any] | None = None
@@ -864,9 +924,12 @@ def measure(args: argparse.Namespace, workdir: Path, database: str) -> dict[str,
                 print(f"burst: {json.dumps(figures['bursts'][-1])}", file=sys.stderr)
                 time.sleep(2)
 
+            across = FaultsAcross(workers, [next(fresh) for _ in range(across_n)])
             if args.restart:
+                across.send_before()
                 stopping = time.time()
                 controller.send_signal(signal.SIGTERM)
+                across.send_after(stopping)
                 controller.wait(120)
                 stopped_s = time.time() - stopping  # its agents' sessions ended, its writes flushed
                 (workdir / "port").unlink()
@@ -880,17 +943,20 @@ def measure(args: argparse.Namespace, workdir: Path, database: str) -> dict[str,
                     **back_figures(workers, relays, hellos, since, args.nodes, args.connect_timeout_s, config),
                     "controller_gc": gc_figures(config["metrics_port"]),
                     "rss_mb": round(sampler.process.memory_info().rss / 2**20),
+                    "faults_across": across.figures(cordons, target, args.burst_timeout_s),
                 }
                 print(f"restart: {json.dumps(figures['restart'])}", file=sys.stderr)
             if standby is not None and standby_config is not None:
                 hellos = hello_answers(relays.metrics_ports)
+                across.send_before()
                 killed = time.time()
                 if args.failover == "stop":  # a rolling update, a drain: it stops, then hands the Lease back
                     controller.send_signal(signal.SIGTERM)
                 else:
                     controller.kill()  # the leader dies: no stop, no flush, its Lease left to expire
+                across.send_after(killed)
                 controller.wait(120)
-                asyncio.run(controller_target(workdir, standby, name="standby"))
+                leader_target = asyncio.run(controller_target(workdir, standby, name="standby"))
                 leading_s = port_file(workdir, "standby").stat().st_mtime - killed
                 peak_rss = sampler.peak_rss
                 sampler.stop()
@@ -902,6 +968,7 @@ def measure(args: argparse.Namespace, workdir: Path, database: str) -> dict[str,
                     **back_figures(workers, relays, hellos, killed, args.nodes, args.connect_timeout_s, config),
                     "new_leader_rss_mb": round(sampler.process.memory_info().rss / 2**20),
                     "old_leader_peak_rss_mb": round(peak_rss / 2**20),
+                    "faults_across": across.figures(cordons, leader_target, args.burst_timeout_s),
                 }
                 print(f"failover: {json.dumps(figures['failover'])}", file=sys.stderr)
             figures["controller_peak_rss_mb"] = round(sampler.peak_rss / 2**20)
@@ -975,6 +1042,13 @@ def main() -> int:
         default=None,
         help="the relays' --hello-wait-s (default: theirs; 0: every Hello passed on at once, as before the option)",
     )
+    parser.add_argument(
+        "--faults-across",
+        type=int,
+        default=100,
+        help="with --restart or --failover: XID 79s on fresh nodes, half just before the controller is "
+        "signalled and half a second after; each must be cordoned once every agent is back, and held once",
+    )
     parser.add_argument("--connect-timeout-s", type=float, default=1200)
     parser.add_argument("--burst-timeout-s", type=float, default=300)
     parser.add_argument("--keep", action="store_true", help="keep the working directory (the controller's log)")
@@ -1007,8 +1081,11 @@ def main() -> int:
         parser.error(f"--bursts: whole numbers, comma-separated, not {args.bursts!r}")
     if args.nodes < 1 or args.workers < 1 or args.probes < 1 or any(b < 1 for b in args.bursts):
         parser.error("--nodes, --workers, --probes and each burst must be at least 1")
-    if args.probes + sum(args.bursts) > args.nodes:
-        parser.error("--probes plus the bursts must not exceed --nodes (each fault takes a fresh node)")
+    if args.faults_across < 0:
+        parser.error("--faults-across must be at least 0")
+    across = args.faults_across if args.restart or args.failover else 0
+    if args.probes + sum(args.bursts) + across > args.nodes:
+        parser.error("--probes, the bursts and --faults-across must not exceed --nodes (each fault takes a fresh node)")
     if args.database == "postgresql" and (why := postgres_unavailable()):
         parser.error(f"--database postgresql: {why}")
     if args.failover and not args.relays:

@@ -184,6 +184,11 @@ class ControllerMetrics:
             "Agent Hellos turned away with a turn to come back at (limits.hellos_per_s: a fleet reconnecting at once)",
             registry=r,
         )
+        self.hellos_urgent = Counter(
+            "vigil_controller_hellos_urgent_total",
+            "Agent Hellos that said faults wait in their spool (Hello.urgent_waiting): admitted without a turn",
+            registry=r,
+        )
         self.check_results_refused = Counter(
             "vigil_controller_check_results_refused_total",
             "Check results not stored: the node sent more than limits.check_results_per_node_hour",

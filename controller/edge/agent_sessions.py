@@ -128,7 +128,8 @@ class AgentSessions:
         """Whether this Hello may open a session now: its content, its caller (None: nobody to check,
         plaintext or a relay that checked), the fleet's size limit, and its turn (``paced``; a relay's
         Hellos are not: it passes on only so many at once, sized by how long they wait here for their
-        answer, ``controller.relay.hello_room``, and a turn given on top only sends its agent round again)."""
+        answer, ``controller.relay.hello_room``, and a turn given on top only sends its agent round again). A
+        Hello that says faults wait in its agent's spool (``urgent_waiting``) is admitted at once."""
         node = hello.node
         if problem := hello_problem(hello):
             log.warning("bad_hello", peer=peer, error=problem)
@@ -141,6 +142,9 @@ class AgentSessions:
             why = f"{len(fleet)} nodes are known already (limits.max_nodes); {node!r} is not one of them"
             self._said_full(node, peer=peer, why=why)  # the fleet's whole remainder, retrying: tallied
             raise Refused(grpc.StatusCode.RESOURCE_EXHAUSTED, why)
+        if hello.urgent_waiting > 0:  # faults wait in its spool: a fault waits behind no fleet
+            self._engine.metrics.hellos_urgent.inc()
+            return
         if paced and (wait_s := self._pacing.ask(node, time.monotonic())) > 0:
             self._engine.metrics.hellos_paced.inc()
             why = f"{self.limits.hellos_per_s:g} agents/s are being admitted; {node}'s turn is in {wait_s:.1f} s"

@@ -17,6 +17,10 @@ the controller is answered, or given up, the next agent in the queue is called (
 its place kept for it until its Hello comes. No rate decides when an agent comes back: a place
 coming free does, so the controller is kept as busy as the room allows.
 
+A fault waits behind no fleet: an agent whose Hello says it has faults waiting
+(``Hello.urgent_waiting``), or that says so while queued (``hurry``), is called before every agent
+queued without one, in the order they said so.
+
 A first version sized the room by the rate the controller took Hellos while agents were queued;
 but the time a called agent takes to say its Hello is part of that rate, so on a loaded machine the
 measured rate fell, the room with it, and the rate again (100,000 agents that wait on connected in
@@ -49,6 +53,8 @@ class HelloRoom(Generic[Key]):
     waiting: int = 0  # Hellos passed on, not answered yet
     _called: set[Key] = field(default_factory=set)  # agents called: a place kept for each until its Hello
     _queue: deque[Key] = field(default_factory=deque)  # agents told to wait, in the order they came
+    _urgent: deque[Key] = field(default_factory=deque)  # those with faults waiting: called first
+    _hurried: set[Key] = field(default_factory=set)  # the queued ones among them
     _queued: set[Key] = field(default_factory=set)  # the same, for finding one (one that left is skipped)
     _span_start: float | None = None
     _span_answers: int = 0
@@ -64,31 +70,61 @@ class HelloRoom(Generic[Key]):
     def queued(self) -> int:
         return len(self._queued)
 
+    @property
+    def queued_urgent(self) -> int:
+        """Queued agents with faults waiting."""
+        return len(self._hurried)
+
     def _free(self) -> int:
         return self.size - self.waiting - len(self._called)
 
-    def say(self, key: Key) -> bool:
-        """An agent's Hello: True when it goes on to the controller now (its place kept if it was
-        called, else a free one, with no agent queued before it); False when it is queued (told to wait)."""
-        if key not in self._called and (self._queue or self._free() <= 0):
-            self._enqueue(key)
+    def say(self, key: Key, urgent: bool = False) -> bool:
+        """An agent's Hello (``urgent``: with faults waiting): True when it goes on to the controller
+        now (its place kept if it was called, else a free one, with no agent queued before it, urgent
+        ones before an urgent one); False when it is queued (told to wait)."""
+        ahead = self._urgent if urgent else (self._urgent or self._queue)
+        if key not in self._called and (ahead or self._free() <= 0):
+            self._enqueue(key, urgent)
             self._span_busy = True
             return False
         self._called.discard(key)
         self.waiting += 1
         return True
 
-    def queue(self, key: Key) -> list[Key]:
+    def queue(self, key: Key, urgent: bool = False) -> list[Key]:
         """An agent that must say Hello again (its controller lost and reached again) takes its place
-        in the queue; the agents to call now (it among them when there is room)."""
-        if key not in self._called:
-            self._enqueue(key)
+        in the queue (``urgent``: with those that have faults waiting); the agents to call now (it among
+        them when there is room)."""
+        self.line_up(key, urgent)
         return self._call()
 
-    def _enqueue(self, key: Key) -> None:
+    def line_up(self, key: Key, urgent: bool = False) -> None:
+        """As ``queue``, calling nobody yet (``call``): a whole fleet asked again at once lines up first,
+        so that the places free go to those with faults waiting, not to whoever came first."""
+        if key not in self._called:
+            self._enqueue(key, urgent)
+
+    def call(self) -> list[Key]:
+        """The agents to call now, as places are free."""
+        return self._call()
+
+    def hurry(self, key: Key) -> list[Key]:
+        """A queued agent has faults waiting now: it goes on to the urgent agents' end of the queue
+        (nothing for one not queued). The agents to call now."""
+        self._hurry(key)
+        return self._call()
+
+    def _hurry(self, key: Key) -> None:
+        if key in self._queued and key not in self._hurried:
+            self._urgent.append(key)  # its place in the other lane is skipped once it is called
+            self._hurried.add(key)
+
+    def _enqueue(self, key: Key, urgent: bool) -> None:
         if key not in self._queued:  # once, however often it says Hello while queued
-            self._queue.append(key)
             self._queued.add(key)
+            self._queue.append(key)
+        if urgent:
+            self._hurry(key)
 
     def send_anyway(self) -> None:
         """A Hello that goes on whatever the room (an agent that cannot be told to wait)."""
@@ -112,6 +148,7 @@ class HelloRoom(Generic[Key]):
         """An agent's call ended (queued, called or neither): its place, if kept, is free. The
         agents to call now."""
         self._queued.discard(key)
+        self._hurried.discard(key)
         self._called.discard(key)
         return self._call()
 
@@ -121,10 +158,11 @@ class HelloRoom(Generic[Key]):
 
     def _call(self) -> list[Key]:
         calling: list[Key] = []
-        while self._queue and self._free() > 0:
-            key = self._queue.popleft()
-            if key in self._queued:  # else it left while queued
+        while (lane := self._urgent or self._queue) and self._free() > 0:
+            key = lane.popleft()
+            if key in self._queued:  # else it left while queued, or was called from the other lane
                 self._queued.discard(key)
+                self._hurried.discard(key)
                 self._called.add(key)
                 calling.append(key)
         return calling

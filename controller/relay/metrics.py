@@ -99,6 +99,12 @@ class RelayMetrics:
             " the agent sends its signals again)",
             registry=r,
         )
+        self.urgent_hellos = Counter(
+            "vigil_relay_urgent_hellos_total",
+            "Agents' Hellos that said faults wait in their spool (Hello.urgent_waiting), asked for or said unasked:"
+            " their agents are called before those queued without",
+            registry=r,
+        )
 
     def watch_room(self, waiting: Callable[[], int], queued: Callable[[], int], room: Callable[[], int]) -> None:
         """The relay's Hellos at the controller, the agents queued, and the room (``controller.relay.hello_room``)."""

@@ -3,7 +3,10 @@ bytes. Each agent stream is passed on to the controller as it comes (its first m
 under TLS: the agent's certificate must name the node its Hello names), and what the controller sends
 back is written to it; the controller's end of a stream ends the agent's call with the same status
 (and a Hello's turn as ``vigil-retry-after-ms``). A Hello is passed on only while the controller has
-room for it (``controller.relay.hello_room``); else its agent is told to wait and called in turn.
+room for it (``controller.relay.hello_room``); else its agent is told to wait and called in turn,
+those whose Hello says faults are waiting first. An agent told to wait while the relay reaches the
+controller again may say an urgent Hello unasked (``HelloAgain.takes_urgent_hello``): it is kept and
+its agent called before the others.
 """
 
 from __future__ import annotations
@@ -81,9 +84,15 @@ def identity_problem(raw: bytes, identity: Identity | None, token: str) -> str:
 
 RESOURCE_EXHAUSTED = grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]
 WAIT_FOR_CONTROLLER = agent_pb2.ControllerMessage(hello_again=agent_pb2.HelloAgain(wait=True)).SerializeToString()
+WAIT_TAKES_URGENT = agent_pb2.ControllerMessage(
+    hello_again=agent_pb2.HelloAgain(wait=True, takes_urgent_hello=True)
+).SerializeToString()
 HELLO_NOW = agent_pb2.ControllerMessage(hello_again=agent_pb2.HelloAgain()).SerializeToString()
 WAIT_KEPT = agent_pb2.ControllerMessage(hello_again=agent_pb2.HelloAgain(wait=True, kept=True)).SerializeToString()
 QUEUED, CALLED = Place(called=False), Place(called=True)
+# How an agent's message that is a Hello begins (``AgentMessage.hello``, field 1, length-delimited): what
+# an agent sends between two sessions is looked into only when it may be one.
+HELLO_TAG = bytes([1 << 3 | 2])
 
 
 def hello_again_in(ended: relay_pb2.StreamEnd | Lost, resumable: bool) -> int | None:
@@ -113,7 +122,9 @@ class AgentCall:
     """One agent's call on the relay, and its sessions one after another: the relay stream of the
     session now (None between two, while the agent is asked for Hello again)."""
 
-    __slots__ = ("node", "resumable", "keeps", "peer", "token", "stream", "back", "waiting_hello", "hello_at", "kept")
+    __slots__ = (
+        "node", "resumable", "keeps", "peer", "token", "stream", "back", "waiting_hello", "hello_at", "kept", "urgent"
+    )  # fmt: skip
 
     def __init__(self, first: agent_pb2.Hello | None, peer: str, token: str) -> None:
         self.node = first.node if first is not None else ""
@@ -125,6 +136,7 @@ class AgentCall:
         self.waiting_hello = False  # asked for Hello again, not said yet
         self.hello_at = 0.0  # when its Hello went to the controller (monotonic: what the agent waits; 0: answered)
         self.kept: bytes | None = None  # its Hello, queued here for room at the controller (``keeps``)
+        self.urgent = first is not None and first.urgent_waiting > 0  # its last Hello said faults wait
 
 
 class AgentStreams:
@@ -137,6 +149,7 @@ class AgentStreams:
                 wait_s=settings.hello_wait_s, min_waiting=settings.hello_min_waiting, room=settings.hello_first_room
             )
             uplink.metrics.watch_room(lambda: room.waiting, lambda: room.queued, lambda: room.size)
+        self._calling_soon = False  # a call of the agents lined up is due this turn of the loop
         # An agent's bounds are kept on the relay's own time: its loop's lateness is not the agent's.
         self._own_time = lateness.own_time
         self._said_late = TalliedEvent(log.warning, "relay_hello_again_late")  # a whole fleet's at once: tallied
@@ -177,6 +190,8 @@ class AgentStreams:
             why = f"the relay has not reached the controller for {settings.controller_wait_s:g} s: retry"
             await context.abort(grpc.StatusCode.UNAVAILABLE, why)
         call = AgentCall(hello_of(first), context.peer(), token)
+        if call.urgent:
+            self._uplink.metrics.urgent_hellos.inc()
         self._say_hello(call, first)
         reader = asyncio.create_task(self._read(call, requests))
         reader.add_done_callback(partial(_reader_ended, call.back, call.node))
@@ -208,14 +223,20 @@ class AgentStreams:
                     self._uplink.end(call.stream)  # the session is over; the call is kept
                 call.stream = None
                 if isinstance(item, Lost):  # the agent is told at once (it is not connected), asked once it can be
-                    yield WAIT_FOR_CONTROLLER
+                    call.urgent = False  # until it says a Hello with faults waiting (``_read``)
+                    yield WAIT_TAKES_URGENT if call.keeps else WAIT_FOR_CONTROLLER
                     if not await self._controller_reached():
                         self._uplink.metrics.refused.labels("no_controller").inc()
                         item = relay_pb2.StreamEnd(code=UNAVAILABLE, details=f"{item.why}, not reached again: retry")
                         break
                     self._uplink.metrics.hello_again.labels("controller_lost").inc()
                     if self.room is not None:  # the whole fleet at once: each called as a place comes free
-                        self._call(self.room.queue(call))
+                        self.room.line_up(call, call.urgent)
+                        self._call_soon()
+                        continue
+                    if call.kept is not None:  # said unasked meanwhile (a fault waits): it goes on now
+                        kept, call.kept = call.kept, None
+                        self._say_hello(call, kept)
                         continue
                     call.waiting_hello = True
                     yield HELLO_NOW
@@ -245,7 +266,7 @@ class AgentStreams:
         ``waits_for_kept_hello``), or it is asked to say Hello again then. An agent that cannot say
         Hello again is passed on all the same."""
         room = self.room
-        if room is not None and call.resumable and not room.say(call):
+        if room is not None and call.resumable and not room.say(call, call.urgent):
             call.kept = hello if call.keeps else None  # else it says Hello again when called
             call.back.put_nowait(QUEUED)
             return
@@ -259,6 +280,19 @@ class AgentStreams:
         """Places came free for these queued agents: each is asked for its Hello now."""
         for called in calls:
             called.back.put_nowait(CALLED)
+
+    def _call_soon(self) -> None:
+        """Call the agents queued once every call woken with this one has lined up (the controller
+        reached again wakes the relay's whole fleet in one turn of the loop): the places free then go
+        first to the agents with faults waiting."""
+        if not self._calling_soon:
+            self._calling_soon = True
+            asyncio.get_running_loop().call_soon(self._call_lined_up)
+
+    def _call_lined_up(self) -> None:
+        self._calling_soon = False
+        if self.room is not None:
+            self._call(self.room.call())
 
     def _controller_lost(self, call: AgentCall) -> None:
         """The session ended with the relay's stream to the controller: its Hello, if one waited, will
@@ -307,7 +341,11 @@ class AgentStreams:
             if call.stream is not None:
                 uplink.send(call.stream, raw)
                 await uplink.room()
-            elif call.waiting_hello and (hello := hello_of(raw)) is not None:
+            elif (
+                (call.waiting_hello or call.keeps and raw[:1] == HELLO_TAG)  # else no Hello: not decoded
+                and (hello := hello_of(raw)) is not None
+                and (call.waiting_hello or hello.urgent_waiting)
+            ):
                 if hello.node != call.node:
                     why = f"a stream opened for {call.node} cannot say Hello for {hello.node or 'no node'}"
                     log.warning("call_refused", peer=call.peer, why=why)
@@ -315,8 +353,16 @@ class AgentStreams:
                         relay_pb2.StreamEnd(code=grpc.StatusCode.PERMISSION_DENIED.value[0], details=why)
                     )
                     return
-                call.waiting_hello = False
-                self._say_hello(call, raw)
+                call.urgent = hello.urgent_waiting > 0
+                if call.urgent:
+                    uplink.metrics.urgent_hellos.inc()
+                if call.waiting_hello:  # asked for
+                    call.waiting_hello = False
+                    self._say_hello(call, raw)
+                else:  # said unasked, faults waiting: kept, its agent called before those without
+                    call.kept = raw
+                    if self.room is not None:
+                        self._call(self.room.hurry(call))
             else:  # sent after its session ended, before its Hello again: unacknowledged, so sent again
                 uplink.metrics.dropped_between_sessions.inc()
         if call.stream is not None:

@@ -662,6 +662,40 @@ def test_a_fleet_connecting_at_once_is_given_turns_and_every_agent_takes_its_own
     asyncio.run(scenario())
 
 
+def test_an_agent_with_a_fault_waiting_is_admitted_at_once_while_the_fleet_is_given_turns(tmp_path: Path) -> None:
+    """A fleet reconnecting at once is paced; an agent whose spool holds a fault it has not delivered
+    (its Hello's ``urgent_waiting``) is not turned away to wait its turn behind it."""
+
+    async def scenario() -> None:
+        limits = LimitsConfig(hellos_per_s=0.5, hello_burst=1)  # after the first, one Hello every 2 s
+        controller = await start_controller(tmp_path / "ctl.db", limits=limits)
+        stop = asyncio.Event()
+        links, spools = [], []
+        for i in range(4):
+            spool = Spool(tmp_path / f"spool{i}.db")
+
+            def hello(node: str = f"node-{i}", spool: Spool = spool) -> agent_pb2.Hello:
+                return agent_pb2.Hello(node=node, spool_id=spool.spool_id, last_acked_seq=spool.acked_seq)
+
+            spools.append(spool)
+            links.append(ControllerLink(f"127.0.0.1:{controller.port}", spool, hello, no_check, heartbeat_s=0.2))
+        spools[3].append([replace(xid(79), node="node-3")])
+        running = [asyncio.create_task(link.run(stop)) for link in links[:3]]
+        try:
+            await wait_until(lambda: controller.engine.metrics.hellos_paced._value.get() >= 2, what="two given turns")
+            running.append(asyncio.create_task(links[3].run(stop)))
+            await wait_until(lambda: links[3].connected, timeout=1.5, what="the agent with a fault in at once")
+            assert sum(link.connected for link in links[:3]) == 1  # the two others still wait their turns
+            assert controller.engine.metrics.hellos_urgent._value.get() == 1
+            await wait_until(lambda: spools[3].urgent_waiting() == 0, what="its fault delivered")
+        finally:
+            stop.set()
+            await asyncio.gather(*running)
+            await stop_controller(controller)
+
+    asyncio.run(scenario())
+
+
 def test_a_turn_the_controller_says_is_read_only_from_a_refusal_and_only_when_sane() -> None:
     from vigil_core.rpc_errors import RETRY_AFTER_KEY, code_of, explain, retry_after_s
 

@@ -314,9 +314,11 @@ class RawAgent:
         self.channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
         self.call = agent_pb2_grpc.AgentGatewayStub(self.channel).Connect()
 
-    async def hello(self, node: str = NODE, resumable: bool = True, waits: bool = False) -> None:
-        """Its Hello (``waits``: for a Hello the relay keeps, as the agent does)."""
-        hello = agent_pb2.Hello(node=node, spool_id="s", resumable=resumable, waits_for_kept_hello=waits)
+    async def hello(self, node: str = NODE, resumable: bool = True, waits: bool = False, urgent: int = 0) -> None:
+        """Its Hello (``waits``: for a Hello the relay keeps, as the agent does; ``urgent``: faults waiting)."""
+        hello = agent_pb2.Hello(
+            node=node, spool_id="s", resumable=resumable, waits_for_kept_hello=waits, urgent_waiting=urgent
+        )
         await self.call.write(agent_pb2.AgentMessage(hello=hello))
 
     async def read(self) -> agent_pb2.ControllerMessage:

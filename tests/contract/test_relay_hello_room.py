@@ -1,7 +1,7 @@
 """A relay passes on only as many Hellos as the controller answers in ``hello_wait_s``, queues the
 other agents and calls each as a place comes free (``controller.relay.hello_room``), over real gRPC on
 loopback: against a controller that answers nothing (to see the room and the queue), and a real one
-(every agent in, once, and again after a restart)."""
+(every agent in, once, and again after a restart); agents with faults waiting called first."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from agent.spool import Spool
 from protos.vigil.v1 import agent_pb2
 from tests.contract.test_relay import RawAgent, Relay, answer_ok, connected, link_for, sample, scrape
 from tests.helpers import free_port, start_controller, stop_controller, wait_until
+from vigil_core.signals import GpuRef, Signal, SignalKind
 
 # One Hello at the controller at a time (answers waiting past 60 s would shrink it, and it grows only
 # while agents wait less than that: in a few seconds, by a quarter of one, which rounds down).
@@ -185,6 +186,72 @@ def test_agents_queued_all_come_in_once_on_their_first_streams_and_again_after_a
             assert [(link.streams, link.connections, link.resumed) for link in links] == [(1, 2, 1)] * 6
             assert metric(metrics_port, "vigil_relay_hello_answer_seconds_count") == 12
             assert metric(metrics_port, "vigil_relay_hellos_waiting") == 0
+            stop.set()
+            await asyncio.gather(*running)
+        await stop_controller(controller)
+
+    asyncio.run(scenario())
+
+
+def test_a_kept_hello_that_says_faults_wait_goes_on_before_those_queued_earlier(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with room_held(waits=True) as held:  # node-a's Hello passed on, never answered
+            silent, first = held.silent, held.first
+            second, third = RawAgent(held.relay.port), RawAgent(held.relay.port)
+            await second.hello("node-b", waits=True)
+            assert (await second.read()).hello_again.kept
+            await third.hello("node-c", waits=True, urgent=2)  # queued after node-b, two faults waiting
+            assert (await third.read()).hello_again.kept
+            assert metric(held.metrics_port, "vigil_relay_urgent_hellos_total") == 1
+            await silent.server.stop(0)  # node-a's session ends; the next controller takes one Hello at a time
+            assert (await first.read()).hello_again.wait
+            controller = await start_controller(tmp_path / "ctl.db", silent.port)
+            for agent in (second, third):
+                assert (await agent.read()).HasField("ack")
+            asked = await first.read()
+            assert asked.HasField("hello_again") and not asked.hello_again.wait
+            await first.hello("node-a", waits=True)
+            assert (await first.read()).HasField("ack")
+            came = {n: controller.nodes.fleet.entry(n).connected_at for n in ("node-a", "node-b", "node-c")}
+            assert came["node-c"] < came["node-b"] < came["node-a"]  # node-c first: its faults wait behind nobody
+            for agent in (first, second, third):
+                await agent.close()
+        await stop_controller(controller)
+
+    asyncio.run(scenario())
+
+
+def test_an_agent_that_comes_to_have_a_fault_while_the_relay_reaches_the_controller_again_is_called_first(
+    tmp_path: Path,
+) -> None:
+    """The real agent's link: told to wait while its relay reaches the controller again, it gets a fault,
+    says its Hello unasked on the same stream, and the relay calls it before the five others."""
+
+    async def scenario() -> None:
+        controller = await start_controller(tmp_path / "ctl.db")
+        port, metrics_port, stop = controller.port, free_port(), asyncio.Event()
+        nodes = [f"node-{i}" for i in range(6)]
+        async with Relay(port, metrics_port=metrics_port, **ROOM_OF_ONE) as relay:
+            spools = {n: Spool(tmp_path / f"{n}.db") for n in nodes}
+            links = {n: link_for(spools[n], relay.port, n) for n in nodes}
+            running = [asyncio.create_task(link.run(stop)) for link in links.values()]
+            await wait_until(lambda: all(link.connected for link in links.values()), timeout=30, what="all six in")
+            await stop_controller(controller)
+            await wait_until(lambda: not any(link.connected for link in links.values()), what="their sessions ended")
+            late = nodes[-1]
+            fault = Signal(late, SignalKind.XID, GpuRef(0, f"GPU-{late}"), 79, 0.0, "fallen off the bus", "test", 1.0)
+            spools[late].append([fault])
+            links[late].notify()  # as the agent's collector does once a signal is spooled
+            await wait_until(
+                lambda: metric(metrics_port, "vigil_relay_urgent_hellos_total", absent=0) == 1, what="its Hello kept"
+            )
+            controller = await start_controller(tmp_path / "ctl.db", port)
+            await wait_until(lambda: all(link.connected for link in links.values()), timeout=30, what="all six back")
+            came = sorted(nodes, key=lambda n: controller.nodes.fleet.entry(n).connected_at)
+            assert came[0] == late  # called before the five queued without a fault
+            assert [(link.streams, link.resumed) for link in links.values()] == [(1, 1)] * 6  # no stream opened
+            await wait_until(lambda: spools[late].urgent_waiting() == 0, what="its fault acknowledged")
+            assert any(i.code == 79 for i in controller.store.incidents.list(node=late))
             stop.set()
             await asyncio.gather(*running)
         await stop_controller(controller)

@@ -20,6 +20,7 @@ import grpc
 
 from agent.link import hello_patience_s, turn_with_spread
 from checks.result import NotRun
+from protos.codec import signal_from_proto
 from protos.vigil.v1 import agent_pb2, agent_pb2_grpc, common_pb2
 from tests.fakes.sim_checks import SimulatedChecks
 from vigil_core import loop_lag
@@ -39,6 +40,10 @@ class FleetNode:
         self._queue: asyncio.Queue[agent_pb2.AgentMessage] = asyncio.Queue()  # the current stream's
         self._generation = 0  # which stream is the current one
         self._unacked: dict[int, agent_pb2.AgentMessage] = {}  # signals sent, not yet acknowledged
+        self._urgent: set[int] = set()  # the seqs among them the agent keeps above all (``Signal.must_keep``)
+        self._takes_urgent = False  # told to wait by a relay that takes an urgent Hello unasked, not asked yet
+        self._unasked = False  # said an urgent Hello unasked: a Hello again that crossed it is not answered
+        self.unasked = 0  # urgent Hellos said unasked, in all
         self.seq = 0
         self.acked = 0
         self.ready = asyncio.Event()
@@ -78,10 +83,13 @@ class FleetNode:
         while not stop.is_set():
             # Each stream its own queue, holding first what was sent and not acknowledged (an agent's
             # spool): a broken stream's request iterator never takes what the next stream must send.
+            # Each stream its own queue: a broken stream's request iterator never takes what the next
+            # stream must send. What was sent and not acknowledged goes again once a Hello is answered
+            # (as the agent replays its spool after the Ack): a relay that keeps a Hello drops what comes
+            # after it until it passes it on.
             self._generation += 1
             self._queue = asyncio.Queue()
-            for seq in sorted(self._unacked):
-                self._queue.put_nowait(self._unacked[seq])
+            self._takes_urgent = self._unasked = False
             try:
                 self._call = call = self._stub.Connect(self._messages(heartbeat_s, stop, self._generation, self._queue))
                 first = True
@@ -91,17 +99,28 @@ class FleetNode:
                         self._hello_said_at = 0.0
                         self.hello_own_at, self.unanswered = 0.0, 0
                     if msg.HasField("hello_again"):  # a relay keeps the stream for a new session
+                        again = msg.hello_again
                         first = True
-                        if not msg.hello_again.wait:
+                        if self._unasked and not again.wait and not again.after_ms:
+                            self._unasked = False  # asked for the urgent Hello said unasked as it went out
+                        elif not again.wait:
                             self.resumed += 1
-                            later = turn_with_spread(msg.hello_again.after_ms / 1000)
+                            later = turn_with_spread(again.after_ms / 1000)
                             asyncio.get_running_loop().call_later(later, self._hello_again, self._queue)
+                        elif not again.kept:  # the relay reaches the controller again: asked for Hello later
+                            self._takes_urgent = again.takes_urgent_hello
+                            if self._takes_urgent and self._urgent:
+                                self._say_unasked()
                     elif msg.HasField("ack"):
                         self.acked = max(self.acked, msg.ack.acked_seq)
                         for seq in [s for s in self._unacked if s <= self.acked]:
                             del self._unacked[seq]
-                        if first:
+                            self._urgent.discard(seq)
+                        if first:  # the Hello's answer: what it holds is known, the rest goes again, in order
                             self.connected_at, first, attempt = time.time(), False, 0
+                            self._unasked = False
+                            for seq in sorted(self._unacked):
+                                self._queue.put_nowait(self._unacked[seq])
                         self.ready.set()
                     elif msg.HasField("run_check") and self._checks is not None:
                         task = asyncio.create_task(self._answer(msg.run_check))
@@ -176,17 +195,25 @@ class FleetNode:
             idle_heartbeat_s=self.idle_heartbeat_s,
             resumable=self.resumable,
             waits_for_kept_hello=self.resumable,  # as the agent: a relay keeps its Hello for room, it waits
+            urgent_waiting=len(self._urgent),
         )
         return agent_pb2.AgentMessage(hello=hello)
 
     def _hello_again(self, queue: asyncio.Queue) -> None:  # type: ignore[type-arg]
-        """Hello on the same stream, then what was sent and not acknowledged: whatever waits before it
-        goes nowhere (the relay takes only a Hello between sessions)."""
+        """Hello on the same stream (what was sent and not acknowledged goes again once it is answered;
+        whatever waits before it goes nowhere: the relay takes only a Hello between sessions)."""
         if queue is self._queue:
+            self._takes_urgent = False
             self._hello_said_at, self.hello_own_at = time.monotonic(), self.clock()
             queue.put_nowait(self._hello())
-            for seq in sorted(self._unacked):
-                queue.put_nowait(self._unacked[seq])
+
+    def _say_unasked(self) -> None:
+        """As the agent told to wait by a relay that takes an urgent Hello: a fault waits, so its Hello
+        goes now, unasked; the relay keeps it and calls this node before those without one."""
+        self._takes_urgent, self._unasked = False, True
+        self.unasked += 1
+        self._hello_again(self._queue)
+        self.hello_own_at = 0.0  # kept by the relay: its answer may take long, and no patience runs on it
 
     async def _messages(self, heartbeat_s: float, stop: asyncio.Event, generation: int, queue: asyncio.Queue):  # type: ignore[no-untyped-def,type-arg]
         self._hello_said_at, self.hello_own_at = time.monotonic(), self.clock()
@@ -235,6 +262,10 @@ class FleetNode:
         )
         batch = agent_pb2.AgentMessage(signals=agent_pb2.SignalBatch(signals=[signal]))
         self._unacked[self.seq] = batch
+        if signal_from_proto(signal).must_keep:
+            self._urgent.add(self.seq)
+            if self._takes_urgent:  # it waits to be asked for Hello: a fault came, so it says Hello now
+                self._say_unasked()
         if watch:
             self.last_watched = [now]
             self._watched[id(batch)] = (batch, self.last_watched)

@@ -37,6 +37,33 @@ def test_a_fleet_asked_again_after_the_controller_is_back_is_called_as_far_as_th
     assert room.answered(0.0, 0.1) == [3]
 
 
+def test_agents_with_faults_waiting_are_called_before_the_others_in_the_order_they_said_so() -> None:
+    room = HelloRoom[str](min_waiting=1, room=1)
+    assert room.say("a")
+    assert not room.say("b") and not room.say("c") and not room.say("d")
+    assert not room.say("e", urgent=True)  # queued (no place), but ahead of b, c and d
+    assert room.hurry("c") == [] and room.queued_urgent == 2  # c's fault came while it waited
+    assert room.hurry("c") == [] and room.hurry("zz") == [] and room.queued_urgent == 2  # once; not queued: nothing
+    assert room.answered(0.0, 0.1) == ["e"]
+    assert room.say("e")
+    assert not room.say("f", urgent=True)  # behind c, the urgent one before it; never past a kept place
+    assert room.answered(0.0, 0.1) == ["c"] and room.say("c")
+    assert room.answered(0.0, 0.1) == ["f"] and room.say("f")
+    assert room.answered(0.0, 0.1) == ["b"] and room.say("b")
+    assert room.answered(0.0, 0.1) == ["d"]  # c's first place in the queue was skipped
+    assert room.queued == 0 and room.queued_urgent == 0
+
+
+def test_a_fleet_asked_again_calls_its_agents_with_faults_first() -> None:
+    room = HelloRoom[int](min_waiting=2, room=1)
+    called = [key for agent in range(6) for key in room.queue(agent, urgent=agent in (3, 5))]
+    assert called == [0, 1] and room.queued_urgent == 2
+    assert all(room.say(agent) for agent in called)
+    assert room.answered(0.0, 0.1) == [3] and room.dropped() == [5]
+    assert room.say(3) and room.say(5) and room.left(4) == []  # 4 gone while queued: skipped when its turn comes
+    assert room.answered(0.0, 0.1) == [2] and room.answered(0.0, 0.1) == []
+
+
 def test_the_room_never_falls_under_the_least_and_a_hello_that_cannot_be_queued_goes_on_anyway() -> None:
     room = HelloRoom[str](min_waiting=3, room=0.1)
     assert room.size == 3
@@ -99,7 +126,10 @@ def test_the_time_without_the_controller_is_not_a_span_of_answers() -> None:
 
 steps = st.lists(
     st.tuples(
-        st.sampled_from(["say", "queue", "answered", "refused", "dropped", "left", "lost", "anyway"]),
+        st.sampled_from(
+            ["say", "say_urgent", "queue", "queue_urgent", "hurry", "answered", "refused", "dropped", "left", "lost"]
+            + ["anyway"]
+        ),
         st.integers(0, 20),
         st.floats(0, 3),
     ),
@@ -112,43 +142,65 @@ def test_the_room_the_queue_and_the_calls_stay_sound_whatever_happens(
     steps: list[tuple[str, int, float]], size: float, wait: float, least: int
 ) -> None:
     room = HelloRoom[int](wait_s=wait, min_waiting=least, room=size)
-    now, called, queued = 0.0, set[int](), list[int]()  # the model: who was called, who waits in what order
+    # The model: who was called; who waits, in what order: those with faults waiting, then the others.
+    now, called, urgent, others = 0.0, set[int](), list[int](), list[int]()
+
+    def enqueue(agent: int, hurried: bool) -> None:
+        if agent in urgent or agent in called:
+            return
+        if hurried:
+            if agent in others:
+                others.remove(agent)
+            urgent.append(agent)
+        elif agent not in others:
+            others.append(agent)
+
     for what, agent, step in steps:
         now += step
         before_waiting = room.waiting
         out: list[int] = []
-        if what == "say":
-            was_called, was_queued = agent in called, agent in queued
-            went = room.say(agent)
+        queued = urgent + others
+        if what in ("say", "say_urgent"):
+            was_called = agent in called
+            went = room.say(agent, urgent=what == "say_urgent")
             if was_called:
                 assert went  # its place was kept
                 called.discard(agent)
-            elif went:
-                assert not queued and before_waiting + len(called) < room.size
-            elif not was_queued:
-                queued.append(agent)
-        elif what == "queue":
-            if agent not in called and agent not in queued:
-                queued.append(agent)
-            out = room.queue(agent)
+            elif went:  # nobody it would wait behind, and a place free
+                assert not (urgent if what == "say_urgent" else queued)
+                assert before_waiting + len(called) < room.size
+            else:
+                enqueue(agent, what == "say_urgent")
+        elif what in ("queue", "queue_urgent"):
+            enqueue(agent, what == "queue_urgent")
+            out = room.queue(agent, urgent=what == "queue_urgent")
+        elif what == "hurry":
+            if agent in others:
+                enqueue(agent, True)
+            out = room.hurry(agent)
         elif what in ("answered", "refused"):
             out = room.answered(now, waited_s=step * (2 if what == "refused" else 1))
         elif what == "dropped":
             out = room.dropped()
         elif what == "left":
             called.discard(agent)
-            if agent in queued:
-                queued.remove(agent)
+            for lane in (urgent, others):
+                if agent in lane:
+                    lane.remove(agent)
             out = room.left(agent)
         elif what == "lost":
             room.lost()
         else:
             room.send_anyway()
-        # Those called are the first queued, in order, and only while a place is free for them.
+        # Those called are the first queued, those with faults waiting first, in order, and only while a
+        # place is free for them.
+        queued = urgent + others
         assert out == queued[: len(out)]
-        del queued[: len(out)]
+        del urgent[: len(out)]
+        del others[: max(0, len(out) - len(queued) + len(others))]
+        queued = urgent + others
         called |= set(out)
-        assert room.queued == len(queued)
+        assert room.queued == len(queued) and room.queued_urgent == len(urgent)
         assert room.waiting >= 0 and least <= room.size <= MAX_ROOM
         if queued:  # nobody waits in the queue while a place is free
             assert room.waiting + len(called) >= room.size

@@ -202,3 +202,14 @@ def test_another_nodes_spool_is_set_aside_with_what_it_held(tmp_path: Path) -> N
     assert "2 unacknowledged signal(s)" in other.damage
     assert other.spool_id != first_id and other.pending(after_seq=0) == []
     assert len([p for p in tmp_path.iterdir() if ".damaged-" in p.name and p.name.endswith(tuple("0123456789"))]) == 1
+
+
+def test_the_faults_waiting_are_those_kept_above_all_not_yet_acknowledged(tmp_path: Path) -> None:
+    spool = Spool(tmp_path / "s.db")
+    assert spool.urgent_waiting() == 0
+    spool.append([xid_on(0, 79), low(1), xid_on(1, 63), xid_on(2, 48)])  # 79 and 48: what the policy quarantines on
+    assert spool.urgent_waiting() == 2
+    spool.ack(1)  # the XID 79 delivered
+    assert spool.urgent_waiting() == 1
+    spool.ack(4)
+    assert spool.urgent_waiting() == 0

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from protos.vigil.v1 import common_pb2 as protos_dot_vigil_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bprotos/vigil/v1/agent.proto\x12\x08vigil.v1\x1a\x1cprotos/vigil/v1/common.proto\"\x88\x02\n\x05Hello\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\x15\n\ragent_version\x18\x02 \x01(\t\x12\x1e\n\x04gpus\x18\x03 \x03(\x0b\x32\x10.vigil.v1.GpuRef\x12\x13\n\x0bgpu_backend\x18\x04 \x01(\t\x12\x16\n\x0elast_acked_seq\x18\x05 \x01(\x03\x12\x10\n\x08spool_id\x18\x06 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x07 \x01(\t\x12\x18\n\x10idle_heartbeat_s\x18\x08 \x01(\x01\x12\x0c\n\x04jobs\x18\t \x03(\t\x12\x11\n\tresumable\x18\n \x01(\x08\x12\x11\n\tbooted_at\x18\x0b \x01(\x01\x12\x1c\n\x14waits_for_kept_hello\x18\x0c \x01(\x08\"\xaa\x01\n\tHeartbeat\x12\x0f\n\x07sent_at\x18\x01 \x01(\x01\x12\x0f\n\x07spooled\x18\x02 \x01(\x03\x12\x16\n\x0e\x64ropped_faults\x18\x03 \x01(\x03\x12\x0c\n\x04jobs\x18\x04 \x03(\t\x12\x16\n\x0eunparsed_lines\x18\x05 \x03(\t\x12\x16\n\x0eunparsed_total\x18\x06 \x01(\x03\x12%\n\x05ranks\x18\x07 \x03(\x0b\x32\x16.vigil.v1.RankProgress\"U\n\x0cRankProgress\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04rank\x18\x02 \x01(\x05\x12\x0c\n\x04step\x18\x03 \x01(\x03\x12\r\n\x05phase\x18\x04 \x01(\t\x12\n\n\x02\x61t\x18\x05 \x01(\x01\"0\n\x0bSignalBatch\x12!\n\x07signals\x18\x01 \x03(\x0b\x32\x10.vigil.v1.Signal\"\xbb\x01\n\x0c\x41gentMessage\x12 \n\x05hello\x18\x01 \x01(\x0b\x32\x0f.vigil.v1.HelloH\x00\x12(\n\theartbeat\x18\x02 \x01(\x0b\x32\x13.vigil.v1.HeartbeatH\x00\x12(\n\x07signals\x18\x03 \x01(\x0b\x32\x15.vigil.v1.SignalBatchH\x00\x12-\n\x0c\x63heck_result\x18\x04 \x01(\x0b\x32\x15.vigil.v1.CheckResultH\x00\x42\x06\n\x04\x62ody\"\x18\n\x03\x41\x63k\x12\x11\n\tacked_seq\x18\x01 \x01(\x03\"\xa0\x01\n\x08RunCheck\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05\x63heck\x18\x02 \x01(\t\x12.\n\x06params\x18\x03 \x03(\x0b\x32\x1e.vigil.v1.RunCheck.ParamsEntry\x12\x12\n\ndeadline_s\x18\x04 \x01(\x01\x1a-\n\x0bParamsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"X\n\tRunRemedy\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06remedy\x18\x02 \x01(\t\x12\x13\n\x0bpci_bus_ids\x18\x03 \x03(\t\x12\x12\n\ndeadline_s\x18\x04 \x01(\x01\",\n\tStopCheck\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0b\n\x03why\x18\x02 \x01(\t\":\n\nHelloAgain\x12\x10\n\x08\x61\x66ter_ms\x18\x01 \x01(\x03\x12\x0c\n\x04wait\x18\x02 \x01(\x08\x12\x0c\n\x04kept\x18\x03 \x01(\x08\"\xe5\x01\n\x11\x43ontrollerMessage\x12\x1c\n\x03\x61\x63k\x18\x01 \x01(\x0b\x32\r.vigil.v1.AckH\x00\x12\'\n\trun_check\x18\x02 \x01(\x0b\x32\x12.vigil.v1.RunCheckH\x00\x12)\n\nrun_remedy\x18\x03 \x01(\x0b\x32\x13.vigil.v1.RunRemedyH\x00\x12)\n\nstop_check\x18\x04 \x01(\x0b\x32\x13.vigil.v1.StopCheckH\x00\x12+\n\x0bhello_again\x18\x05 \x01(\x0b\x32\x14.vigil.v1.HelloAgainH\x00\x42\x06\n\x04\x62ody2R\n\x0c\x41gentGateway\x12\x42\n\x07\x43onnect\x12\x16.vigil.v1.AgentMessage\x1a\x1b.vigil.v1.ControllerMessage(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bprotos/vigil/v1/agent.proto\x12\x08vigil.v1\x1a\x1cprotos/vigil/v1/common.proto\"\xa0\x02\n\x05Hello\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\x15\n\ragent_version\x18\x02 \x01(\t\x12\x1e\n\x04gpus\x18\x03 \x03(\x0b\x32\x10.vigil.v1.GpuRef\x12\x13\n\x0bgpu_backend\x18\x04 \x01(\t\x12\x16\n\x0elast_acked_seq\x18\x05 \x01(\x03\x12\x10\n\x08spool_id\x18\x06 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x07 \x01(\t\x12\x18\n\x10idle_heartbeat_s\x18\x08 \x01(\x01\x12\x0c\n\x04jobs\x18\t \x03(\t\x12\x11\n\tresumable\x18\n \x01(\x08\x12\x11\n\tbooted_at\x18\x0b \x01(\x01\x12\x1c\n\x14waits_for_kept_hello\x18\x0c \x01(\x08\x12\x16\n\x0eurgent_waiting\x18\r \x01(\x03\"\xaa\x01\n\tHeartbeat\x12\x0f\n\x07sent_at\x18\x01 \x01(\x01\x12\x0f\n\x07spooled\x18\x02 \x01(\x03\x12\x16\n\x0e\x64ropped_faults\x18\x03 \x01(\x03\x12\x0c\n\x04jobs\x18\x04 \x03(\t\x12\x16\n\x0eunparsed_lines\x18\x05 \x03(\t\x12\x16\n\x0eunparsed_total\x18\x06 \x01(\x03\x12%\n\x05ranks\x18\x07 \x03(\x0b\x32\x16.vigil.v1.RankProgress\"U\n\x0cRankProgress\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04rank\x18\x02 \x01(\x05\x12\x0c\n\x04step\x18\x03 \x01(\x03\x12\r\n\x05phase\x18\x04 \x01(\t\x12\n\n\x02\x61t\x18\x05 \x01(\x01\"0\n\x0bSignalBatch\x12!\n\x07signals\x18\x01 \x03(\x0b\x32\x10.vigil.v1.Signal\"\xbb\x01\n\x0c\x41gentMessage\x12 \n\x05hello\x18\x01 \x01(\x0b\x32\x0f.vigil.v1.HelloH\x00\x12(\n\theartbeat\x18\x02 \x01(\x0b\x32\x13.vigil.v1.HeartbeatH\x00\x12(\n\x07signals\x18\x03 \x01(\x0b\x32\x15.vigil.v1.SignalBatchH\x00\x12-\n\x0c\x63heck_result\x18\x04 \x01(\x0b\x32\x15.vigil.v1.CheckResultH\x00\x42\x06\n\x04\x62ody\"\x18\n\x03\x41\x63k\x12\x11\n\tacked_seq\x18\x01 \x01(\x03\"\xa0\x01\n\x08RunCheck\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05\x63heck\x18\x02 \x01(\t\x12.\n\x06params\x18\x03 \x03(\x0b\x32\x1e.vigil.v1.RunCheck.ParamsEntry\x12\x12\n\ndeadline_s\x18\x04 \x01(\x01\x1a-\n\x0bParamsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"X\n\tRunRemedy\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06remedy\x18\x02 \x01(\t\x12\x13\n\x0bpci_bus_ids\x18\x03 \x03(\t\x12\x12\n\ndeadline_s\x18\x04 \x01(\x01\",\n\tStopCheck\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0b\n\x03why\x18\x02 \x01(\t\"V\n\nHelloAgain\x12\x10\n\x08\x61\x66ter_ms\x18\x01 \x01(\x03\x12\x0c\n\x04wait\x18\x02 \x01(\x08\x12\x0c\n\x04kept\x18\x03 \x01(\x08\x12\x1a\n\x12takes_urgent_hello\x18\x04 \x01(\x08\"\xe5\x01\n\x11\x43ontrollerMessage\x12\x1c\n\x03\x61\x63k\x18\x01 \x01(\x0b\x32\r.vigil.v1.AckH\x00\x12\'\n\trun_check\x18\x02 \x01(\x0b\x32\x12.vigil.v1.RunCheckH\x00\x12)\n\nrun_remedy\x18\x03 \x01(\x0b\x32\x13.vigil.v1.RunRemedyH\x00\x12)\n\nstop_check\x18\x04 \x01(\x0b\x32\x13.vigil.v1.StopCheckH\x00\x12+\n\x0bhello_again\x18\x05 \x01(\x0b\x32\x14.vigil.v1.HelloAgainH\x00\x42\x06\n\x04\x62ody2R\n\x0c\x41gentGateway\x12\x42\n\x07\x43onnect\x12\x16.vigil.v1.AgentMessage\x1a\x1b.vigil.v1.ControllerMessage(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,29 +35,29 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_RUNCHECK_PARAMSENTRY']._loaded_options = None
   _globals['_RUNCHECK_PARAMSENTRY']._serialized_options = b'8\001'
   _globals['_HELLO']._serialized_start=72
-  _globals['_HELLO']._serialized_end=336
-  _globals['_HEARTBEAT']._serialized_start=339
-  _globals['_HEARTBEAT']._serialized_end=509
-  _globals['_RANKPROGRESS']._serialized_start=511
-  _globals['_RANKPROGRESS']._serialized_end=596
-  _globals['_SIGNALBATCH']._serialized_start=598
-  _globals['_SIGNALBATCH']._serialized_end=646
-  _globals['_AGENTMESSAGE']._serialized_start=649
-  _globals['_AGENTMESSAGE']._serialized_end=836
-  _globals['_ACK']._serialized_start=838
-  _globals['_ACK']._serialized_end=862
-  _globals['_RUNCHECK']._serialized_start=865
-  _globals['_RUNCHECK']._serialized_end=1025
-  _globals['_RUNCHECK_PARAMSENTRY']._serialized_start=980
-  _globals['_RUNCHECK_PARAMSENTRY']._serialized_end=1025
-  _globals['_RUNREMEDY']._serialized_start=1027
-  _globals['_RUNREMEDY']._serialized_end=1115
-  _globals['_STOPCHECK']._serialized_start=1117
-  _globals['_STOPCHECK']._serialized_end=1161
-  _globals['_HELLOAGAIN']._serialized_start=1163
-  _globals['_HELLOAGAIN']._serialized_end=1221
-  _globals['_CONTROLLERMESSAGE']._serialized_start=1224
-  _globals['_CONTROLLERMESSAGE']._serialized_end=1453
-  _globals['_AGENTGATEWAY']._serialized_start=1455
-  _globals['_AGENTGATEWAY']._serialized_end=1537
+  _globals['_HELLO']._serialized_end=360
+  _globals['_HEARTBEAT']._serialized_start=363
+  _globals['_HEARTBEAT']._serialized_end=533
+  _globals['_RANKPROGRESS']._serialized_start=535
+  _globals['_RANKPROGRESS']._serialized_end=620
+  _globals['_SIGNALBATCH']._serialized_start=622
+  _globals['_SIGNALBATCH']._serialized_end=670
+  _globals['_AGENTMESSAGE']._serialized_start=673
+  _globals['_AGENTMESSAGE']._serialized_end=860
+  _globals['_ACK']._serialized_start=862
+  _globals['_ACK']._serialized_end=886
+  _globals['_RUNCHECK']._serialized_start=889
+  _globals['_RUNCHECK']._serialized_end=1049
+  _globals['_RUNCHECK_PARAMSENTRY']._serialized_start=1004
+  _globals['_RUNCHECK_PARAMSENTRY']._serialized_end=1049
+  _globals['_RUNREMEDY']._serialized_start=1051
+  _globals['_RUNREMEDY']._serialized_end=1139
+  _globals['_STOPCHECK']._serialized_start=1141
+  _globals['_STOPCHECK']._serialized_end=1185
+  _globals['_HELLOAGAIN']._serialized_start=1187
+  _globals['_HELLOAGAIN']._serialized_end=1273
+  _globals['_CONTROLLERMESSAGE']._serialized_start=1276
+  _globals['_CONTROLLERMESSAGE']._serialized_end=1505
+  _globals['_AGENTGATEWAY']._serialized_start=1507
+  _globals['_AGENTGATEWAY']._serialized_end=1589
 # @@protoc_insertion_point(module_scope)

@@ -8,7 +8,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Hello(_message.Message):
-    __slots__ = ("node", "agent_version", "gpus", "gpu_backend", "last_acked_seq", "spool_id", "address", "idle_heartbeat_s", "jobs", "resumable", "booted_at", "waits_for_kept_hello")
+    __slots__ = ("node", "agent_version", "gpus", "gpu_backend", "last_acked_seq", "spool_id", "address", "idle_heartbeat_s", "jobs", "resumable", "booted_at", "waits_for_kept_hello", "urgent_waiting")
     NODE_FIELD_NUMBER: _ClassVar[int]
     AGENT_VERSION_FIELD_NUMBER: _ClassVar[int]
     GPUS_FIELD_NUMBER: _ClassVar[int]
@@ -21,6 +21,7 @@ class Hello(_message.Message):
     RESUMABLE_FIELD_NUMBER: _ClassVar[int]
     BOOTED_AT_FIELD_NUMBER: _ClassVar[int]
     WAITS_FOR_KEPT_HELLO_FIELD_NUMBER: _ClassVar[int]
+    URGENT_WAITING_FIELD_NUMBER: _ClassVar[int]
     node: str
     agent_version: str
     gpus: _containers.RepeatedCompositeFieldContainer[_common_pb2.GpuRef]
@@ -33,7 +34,8 @@ class Hello(_message.Message):
     resumable: bool
     booted_at: float
     waits_for_kept_hello: bool
-    def __init__(self, node: _Optional[str] = ..., agent_version: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[_common_pb2.GpuRef, _Mapping]]] = ..., gpu_backend: _Optional[str] = ..., last_acked_seq: _Optional[int] = ..., spool_id: _Optional[str] = ..., address: _Optional[str] = ..., idle_heartbeat_s: _Optional[float] = ..., jobs: _Optional[_Iterable[str]] = ..., resumable: _Optional[bool] = ..., booted_at: _Optional[float] = ..., waits_for_kept_hello: _Optional[bool] = ...) -> None: ...
+    urgent_waiting: int
+    def __init__(self, node: _Optional[str] = ..., agent_version: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[_common_pb2.GpuRef, _Mapping]]] = ..., gpu_backend: _Optional[str] = ..., last_acked_seq: _Optional[int] = ..., spool_id: _Optional[str] = ..., address: _Optional[str] = ..., idle_heartbeat_s: _Optional[float] = ..., jobs: _Optional[_Iterable[str]] = ..., resumable: _Optional[bool] = ..., booted_at: _Optional[float] = ..., waits_for_kept_hello: _Optional[bool] = ..., urgent_waiting: _Optional[int] = ...) -> None: ...
 
 class Heartbeat(_message.Message):
     __slots__ = ("sent_at", "spooled", "dropped_faults", "jobs", "unparsed_lines", "unparsed_total", "ranks")
@@ -131,14 +133,16 @@ class StopCheck(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., why: _Optional[str] = ...) -> None: ...
 
 class HelloAgain(_message.Message):
-    __slots__ = ("after_ms", "wait", "kept")
+    __slots__ = ("after_ms", "wait", "kept", "takes_urgent_hello")
     AFTER_MS_FIELD_NUMBER: _ClassVar[int]
     WAIT_FIELD_NUMBER: _ClassVar[int]
     KEPT_FIELD_NUMBER: _ClassVar[int]
+    TAKES_URGENT_HELLO_FIELD_NUMBER: _ClassVar[int]
     after_ms: int
     wait: bool
     kept: bool
-    def __init__(self, after_ms: _Optional[int] = ..., wait: _Optional[bool] = ..., kept: _Optional[bool] = ...) -> None: ...
+    takes_urgent_hello: bool
+    def __init__(self, after_ms: _Optional[int] = ..., wait: _Optional[bool] = ..., kept: _Optional[bool] = ..., takes_urgent_hello: _Optional[bool] = ...) -> None: ...
 
 class ControllerMessage(_message.Message):
     __slots__ = ("ack", "run_check", "run_remedy", "stop_check", "hello_again")
