@@ -223,7 +223,8 @@ class AgentStreams:
                     self._uplink.end(call.stream)  # the session is over; the call is kept
                 call.stream = None
                 if isinstance(item, Lost):  # the agent is told at once (it is not connected), asked once it can be
-                    call.urgent = False  # until it says a Hello with faults waiting (``_read``)
+                    if call.kept is None:  # not urgent until it says a Hello with faults waiting (``_read``)
+                        call.urgent = False
                     yield WAIT_TAKES_URGENT if call.keeps else WAIT_FOR_CONTROLLER
                     if not await self._controller_reached():
                         self._uplink.metrics.refused.labels("no_controller").inc()
