@@ -214,7 +214,8 @@ class ControllerLink:
         stopping = asyncio.ensure_future(stop.wait())
         try:
             while not reading.done() and not stop.is_set():
-                if takes_urgent and self._spool.urgent_waiting():
+                if takes_urgent and (faults := self._spool.urgent_waiting()):
+                    log.info("controller_link_urgent_hello", target=self._target, faults_waiting=faults)
                     return SAY_URGENT_HELLO, reading
                 self._wake.clear()
                 waking = asyncio.ensure_future(self._wake.wait())
