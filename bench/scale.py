@@ -182,11 +182,13 @@ async def _worker(
                     stats = {"lag": lag.take(), "reconnects": reconnects, "paced": paced, "why": dict(why)}
                     stats["hello_again"] = sum(n.resumed for n in fleet.nodes.values())
                     stats["gave_up"] = fleet.gave_up
-                    stats["unasked"] = sum(n.unasked for n in fleet.nodes.values())
+                    stats["unasked"] = sum(getattr(n, "unasked", 0) for n in fleet.nodes.values())  # an older fleet: 0
                     stats["unsent"] = unsent
                     stats["answer_waits"] = list(answer_waits)
                     answer_waits.clear()
                     conn.send(("stats", stats))
+                case ("connected_at", nodes):  # when each node's agent was last taken back (its Hello's Ack)
+                    conn.send(("connected_at", {n: fleet.nodes[n].connected_at for n in nodes}))
                 case ("connected_since", since):
                     back = [n.connected_at for n in fleet.nodes.values() if n.connected_at >= since]
                     conn.send(("connected_since", len(back), max(back, default=0.0)))
@@ -333,6 +335,10 @@ class Workers:
                 times = psutil.Process(process.pid).cpu_times()
                 total += times.user + times.system
         return total
+
+    def connected_at(self, nodes: list[str]) -> dict[str, float]:
+        """When each node's agent was last taken back (the Ack of its Hello)."""
+        return self._ask_owners(nodes, "connected_at", "connected_at")
 
     def back_since(self, since: float) -> tuple[int, float]:
         answers = self._ask_all(("connected_since", since), "connected_since")
@@ -690,11 +696,16 @@ class FaultsAcross:
             cordons.wait(nodes, timeout_s)
         missing = [n for n in nodes if n not in cordons.at]
         held: dict[str, int] = {}
+        received: dict[str, float] = {}  # the serving controller's receipt of each node's XID 79
+        back = self._workers.connected_at(nodes)
         with AdminClient(target, timeout_s=60) as admin:
             for n in nodes:
                 found = [
                     i for i in admin.incidents(node=n, limit=50) if i.code == 79 or i.first_message.startswith(ADOPTED)
                 ]
+                for incident in found:
+                    if incident.code == 79:
+                        received[n] = incident.received_at
                 kinds = "+".join(sorted("xid79" if i.code == 79 else "adopted" for i in found)) or "none"
                 held[kinds] = held.get(kinds, 0) + 1
         return {
@@ -703,6 +714,16 @@ class FaultsAcross:
             "not_cordoned": missing[:20],
             "fault_to_cordon_before": summary([cordons.at[n] - self.sent[n] for n in self.before if n in cordons.at]),
             "fault_to_cordon_after": summary([cordons.at[n] - self.sent[n] for n in self.after if n in cordons.at]),
+            # the part after the signal, split (the faults the serving controller received): until the
+            # node's agent was taken back (its Hello answered), then until the controller received the
+            # fault, then until the cordon
+            "after_split": {
+                "to_hello_answered": summary([back[n] - self.sent[n] for n in self.after if n in received]),
+                "hello_to_received": summary([received[n] - back[n] for n in self.after if n in received]),
+                "received_to_cordon": summary(
+                    [cordons.at[n] - received[n] for n in self.after if n in received and n in cordons.at]
+                ),
+            },
             "incidents_held": dict(sorted(held.items())),  # each node's incidents on the serving controller: nodes
         }
 
