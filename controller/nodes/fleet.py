@@ -179,12 +179,17 @@ class Fleet:
         """Look at the node's silence again at ``at`` (a disconnection, a new node)."""
         heapq.heappush(self._deadlines, (at, node))
 
-    def due(self, now: float) -> list[str]:
-        """The nodes whose silence is due to be looked at now; each comes again only when re-armed."""
-        found = []
-        while self._deadlines and self._deadlines[0][0] <= now:
+    def due(self, now: float, limit: int | None = None) -> list[str]:
+        """The nodes whose silence is due to be looked at now, ``limit`` at most (the soonest due
+        first); each comes again only when re-armed."""
+        found: list[str] = []
+        while self._deadlines and self._deadlines[0][0] <= now and (limit is None or len(found) < limit):
             found.append(heapq.heappop(self._deadlines)[1])
         return found
+
+    def has_due(self, now: float) -> bool:
+        """Whether a node's silence is due to be looked at now."""
+        return bool(self._deadlines) and self._deadlines[0][0] <= now
 
     # FleetView --------------------------------------------------------------------------------
 

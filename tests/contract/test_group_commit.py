@@ -15,6 +15,7 @@ from controller.act.actuators import NullPager
 from controller.act.local_actuator import LocalActuator
 from controller.compose import NodeRoute, node_route
 from controller.nodes.guards.rules import GuardrailConfig
+from controller.nodes.upkeep import SILENCE_BATCH
 from controller.store import Store
 from controller.vocab.node_state import Health
 from controller.vocab.policy import Policy
@@ -133,3 +134,33 @@ def test_silence_is_looked_at_by_deadline_not_by_scanning_the_fleet(tmp_path: Pa
     assert e.fleet.count(Health.UNKNOWN) == 2 and e.fleet.in_health(Health.HEALTHY) == ["quiet"]
     assert len(e.fleet.due(now[0] + 1e6)) <= 3  # about one deadline per node, whatever happened
     store.close()
+
+
+def test_a_whole_fleet_due_at_once_is_looked_at_a_batch_at_a_time_with_the_loop_free_between(tmp_path: Path) -> None:
+    """A new leader's fleet is due all at once (each node it loaded is looked at): the event loop runs
+    between batches of ``SILENCE_BATCH``, so the returning agents' Hellos wait behind no whole pass."""
+
+    async def scenario() -> None:
+        now = [1000.0]
+        store = Store(tmp_path / "ctl.db")
+        e = route(store, now)
+        nodes = [f"n{i}" for i in range(2 * SILENCE_BATCH + 500)]
+        for node in nodes:
+            e.engine.hello(node, f"spool-{node}", 8)
+            e.engine.disconnected(node)
+        now[0] += Policy().heartbeat_timeout_s + 1  # every node silent at once
+        assert len(e.upkeep.check_silence()) == SILENCE_BATCH and e.fleet.has_due(now[0])
+        seen, stop = [], asyncio.Event()
+
+        async def beside() -> None:  # another task on the loop: what it sees between its turns
+            while not stop.is_set():
+                seen.append(e.fleet.count(Health.UNKNOWN))
+                if seen[-1] == len(nodes):
+                    stop.set()
+                await asyncio.sleep(0)
+
+        await asyncio.wait_for(asyncio.gather(e.upkeep.watch(stop, every_s=60.0), beside()), 30)
+        assert {2 * SILENCE_BATCH, len(nodes)} <= set(seen)  # the last batch came after a turn of the loop
+        store.close()
+
+    asyncio.run(scenario())
