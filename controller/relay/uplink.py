@@ -47,6 +47,10 @@ OK, CANCELLED, UNAVAILABLE = (
 ITEM_OVERHEAD = 1024  # an UpItem's bytes beside its agent's message, with room to spare
 UP_BATCH_BYTES = 1 << 20  # a RelayUp carries what is ready up to this much, or one message alone when bigger
 MAX_QUEUED_BYTES = 64 << 20  # not sent yet past this much: the agents' streams are not read until it drains
+# The longest pause between two rounds of tries for the controller: a relay holds its agents' calls
+# while it has none, so a new leader is reached at most this long after it serves (with 2 s, 0.2-3.2 s
+# after at 100,000 agents); a few relays trying a closed port that often cost nothing.
+RETRY_CAP_S = 0.5
 
 
 def take(lanes: tuple[deque[relay_pb2.UpItem], ...], limit: int) -> list[relay_pb2.UpItem]:
@@ -192,7 +196,7 @@ class Uplink:
             # The next replica at once (the leader may be another); round the list, after a pause: a
             # few relays, not a fleet, so they try again soon, while their agents wait for them.
             self.target = self.targets[(self.targets.index(self.target) + 1) % len(self.targets)]
-            pause = backoff_delay(attempt, base=0.25, cap=2.0) if self.target == self.targets[0] else 0.05
+            pause = backoff_delay(attempt, base=0.25, cap=RETRY_CAP_S) if self.target == self.targets[0] else 0.05
             if not await wait_event(stop, pause) and self.target == self.targets[0]:
                 attempt += 1
 

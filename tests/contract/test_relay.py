@@ -688,3 +688,32 @@ def test_a_stream_the_relay_cannot_read_on_is_ended_for_its_agent_not_left_open(
             calls["node-2"].cancel()
 
     run(test, tmp_path)
+
+
+def test_a_relay_without_its_controller_tries_again_at_least_every_retry_cap(monkeypatch: pytest.MonkeyPatch) -> None:
+    """However long the controllers are away (a failover's Lease running out), a relay's pause between
+    two rounds of tries stays under half a second (``RETRY_CAP_S``): a new leader is reached soon after
+    it serves, and every agent the relay holds with it."""
+    import controller.relay.uplink as uplink_module
+
+    pauses: list[float] = []
+    stop = asyncio.Event()
+
+    async def pause(event: asyncio.Event, timeout_s: float) -> bool:  # the rounds' pauses, taken at once
+        pauses.append(timeout_s)
+        if len(pauses) >= 40:
+            stop.set()
+        await asyncio.sleep(0)
+        return event.is_set()
+
+    monkeypatch.setattr(uplink_module, "wait_event", pause)
+
+    async def scenario() -> None:
+        closed = [free_port(), free_port()]  # two replicas, neither serving
+        uplink = uplink_module.Uplink(",".join(f"127.0.0.1:{p}" for p in closed), None)
+        await asyncio.wait_for(uplink.run(stop), 60)
+
+    asyncio.run(scenario())
+    rounds = pauses[1::2]  # after each round of both addresses (the next replica's try comes at once)
+    assert len(rounds) >= 15 and max(rounds) <= 0.5
+    assert max(pauses[0::2]) <= 0.05
