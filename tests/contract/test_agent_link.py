@@ -667,7 +667,7 @@ def test_an_agent_with_a_fault_waiting_is_admitted_at_once_while_the_fleet_is_gi
     (its Hello's ``urgent_waiting``) is not turned away to wait its turn behind it."""
 
     async def scenario() -> None:
-        limits = LimitsConfig(hellos_per_s=0.5, hello_burst=1)  # after the first, one Hello every 2 s
+        limits = LimitsConfig(hellos_per_s=0.2, hello_burst=1)  # after the first, one Hello every 5 s
         controller = await start_controller(tmp_path / "ctl.db", limits=limits)
         stop = asyncio.Event()
         links, spools = [], []
