@@ -186,8 +186,9 @@ class AgentSessions:
         """Whether an agent's message, as it came, carries a signal the policy may act on (not only
         record): a relay's streams with one are handled before those in turn. The relay's own reading
         (``Lanes.urgent``) of what ``record_only`` tells it, so the two never differ: only a signal
-        batch can (told by its first byte: a heartbeat, most of what comes, is not decoded twice); one
-        that does not decode counts as urgent, its refusal comes as soon."""
+        batch can, or a Hello that says faults wait behind it (told by its first byte: a heartbeat,
+        most of what comes, is not decoded twice); one that does not decode counts as urgent, its
+        refusal comes as soon."""
         policy = self._engine.policy
         if self._lanes is None or self._lanes[0] is not policy:
             self._lanes = (policy, Lanes.from_message(lanes_message(policy.record_only())))

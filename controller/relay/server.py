@@ -29,6 +29,7 @@ from controller.edge.open_files import raise_open_files
 from controller.nodes.agent_outboxes import Outbox
 from controller.relay.hello_room import FIRST_ROOM, MIN_WAITING, WAIT_S, HelloRoom, Place
 from controller.relay.uplink import ITEM_OVERHEAD, OK, UNAVAILABLE, Back, Lost, Uplink
+from controller.vocab.lanes import HELLO_TAG
 from protos.vigil.v1 import agent_pb2, relay_pb2
 from vigil_core import gc_keeper, gc_young, loop_lag
 from vigil_core.http_status import serve_http
@@ -90,9 +91,6 @@ WAIT_TAKES_URGENT = agent_pb2.ControllerMessage(
 HELLO_NOW = agent_pb2.ControllerMessage(hello_again=agent_pb2.HelloAgain()).SerializeToString()
 WAIT_KEPT = agent_pb2.ControllerMessage(hello_again=agent_pb2.HelloAgain(wait=True, kept=True)).SerializeToString()
 QUEUED, CALLED = Place(called=False), Place(called=True)
-# How an agent's message that is a Hello begins (``AgentMessage.hello``, field 1, length-delimited): what
-# an agent sends between two sessions is looked into only when it may be one.
-HELLO_TAG = bytes([1 << 3 | 2])
 
 
 def hello_again_in(ended: relay_pb2.StreamEnd | Lost, resumable: bool) -> int | None:
@@ -343,7 +341,8 @@ class AgentStreams:
                 uplink.send(call.stream, raw)
                 await uplink.room()
             elif (
-                (call.waiting_hello or call.keeps and raw[:1] == HELLO_TAG)  # else no Hello: not decoded
+                # a Hello is told by its first byte: what else an agent sends between sessions is not decoded
+                (call.waiting_hello or call.keeps and raw[:1] == HELLO_TAG)
                 and (hello := hello_of(raw)) is not None
                 and (call.waiting_hello or hello.urgent_waiting)
             ):

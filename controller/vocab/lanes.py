@@ -2,7 +2,9 @@
 the controller before the backlog of everything else (record-only signals, heartbeats). The relay
 cannot ask the policy; the controller tells it, first on its stream, what the policy only records
 (``RelayDown.lanes``: ``Policy.record_only``), and the relay reads each signal batch's kinds and
-codes against that. Pure.
+codes against that. A Hello that says faults wait in its agent's spool (``Hello.urgent_waiting``)
+goes first too: those faults come right after its answer, and a fleet's thousands of Hellos after
+a failover would otherwise stand before it. Pure.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from protos.vigil.v1 import agent_pb2, common_pb2, relay_pb2
 from vigil_core.signals import SignalKind
 
 SIGNALS_TAG = b"\x1a"  # AgentMessage field 3 (signals), length-delimited: a signal batch's first byte
+HELLO_TAG = b"\x0a"  # AgentMessage field 1 (hello), length-delimited: a Hello's first byte
 _KNOWN_KINDS = frozenset(common_pb2.SignalKind.values()) - {common_pb2.SIGNAL_KIND_UNSPECIFIED}
 
 
@@ -65,9 +68,15 @@ class Lanes:
         return kind in self.acting_kinds or (kind not in self.kinds and not self.unlisted)
 
     def urgent(self, raw: bytes) -> bool:
-        """Whether an agent's message (as it came) carries a signal that may act. Only a signal
-        batch can (told by its first byte, without decoding anything else); one that does not
-        decode counts as urgent, as at the controller (its refusal comes as soon)."""
+        """Whether an agent's message (as it came) carries a signal that may act, or is a Hello that
+        says faults wait behind it. Only a signal batch or a Hello can (told by its first byte,
+        without decoding anything else); one that does not decode counts as urgent, as at the
+        controller (its refusal comes as soon)."""
+        if raw[:1] == HELLO_TAG:
+            try:
+                return agent_pb2.AgentMessage.FromString(raw).hello.urgent_waiting > 0
+            except DecodeError:
+                return True
         if raw[:1] != SIGNALS_TAG:
             return False
         try:

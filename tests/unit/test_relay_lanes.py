@@ -7,7 +7,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from controller.vocab.lanes import SIGNALS_TAG, Lanes, kind_number, lanes_message
+from controller.vocab.lanes import HELLO_TAG, SIGNALS_TAG, Lanes, kind_number, lanes_message
 from controller.vocab.policy import Policy, Rule, Severity
 from controller.vocab.xid_catalog import RECOVERY_XID
 from protos.vigil.v1 import agent_pb2, common_pb2
@@ -78,3 +78,12 @@ def test_a_messages_first_byte_says_whether_it_is_a_signal_batch(body: str, seq:
             msg.signals.signals.add(node=text, kind=common_pb2.XID, code=seq % 200, seq=i + 1)
     raw = msg.SerializeToString()
     assert (raw[:1] == SIGNALS_TAG) == (agent_pb2.AgentMessage.FromString(raw).WhichOneof("body") == "signals")
+
+
+def test_a_hello_that_says_faults_wait_goes_first_and_no_other_hello_does() -> None:
+    lanes = Lanes.from_message(lanes_message(Policy().record_only()))
+    urgent = agent_pb2.AgentMessage(hello=agent_pb2.Hello(node="n1", urgent_waiting=2)).SerializeToString()
+    plain = agent_pb2.AgentMessage(hello=agent_pb2.Hello(node="n1", resumable=True)).SerializeToString()
+    assert urgent[:1] == plain[:1] == HELLO_TAG
+    assert lanes.urgent(urgent) and not lanes.urgent(plain)
+    assert lanes.urgent(HELLO_TAG + b"\xff")  # not a message: as urgent as its refusal
