@@ -5,7 +5,9 @@ standby has not opened its port), so the agent moves to the next address wheneve
 
 On every (re)connection the agent says Hello and waits for the controller's first Ack, which
 names the highest sequence number the controller holds for this node and spool (``HELLO_ACK_TIMEOUT_S``
-on the agent's own time, twice as long after each Hello left unanswered: ``hello_patience_s``). The agent drops
+on the agent's own time, twice as long after each Hello left unanswered: ``hello_patience_s``),
+counted once the server has taken the call (``vigil_core.call_taken``: a server takes the calls of a
+fleet connecting at once in turn, and a Hello given up on while it waits for its turn queues again). The agent drops
 those from its spool and replays exactly the rest, in order. Through a relay (``vigil relay``) the
 stream outlives a session: when the relay loses the controller and reaches it again, it asks the
 agent for Hello again on the same stream (``HelloAgain``), and the same replay follows; a relay with
@@ -35,6 +37,7 @@ import structlog
 from agent.spool import Spool
 from checks.result import NotRun
 from protos.vigil.v1 import agent_pb2, agent_pb2_grpc, common_pb2
+from vigil_core.call_taken import TAKEN_PATIENCE_S, taken
 from vigil_core.loop_lag import loop_time, within
 from vigil_core.rpc_errors import retry_after_s
 from vigil_core.tls import aio_channel
@@ -77,19 +80,27 @@ def turn_with_spread(turn_s: float) -> float:
     return max(0.0, turn_s) + random.uniform(0, HELLO_TURN_SPREAD_S)
 
 
+async def done_unless(awaited: asyncio.Future[Any], stop: asyncio.Event) -> bool:
+    """Whether ``awaited`` is done (its result or error to take) before ``stop`` is set; if not, it
+    is cancelled."""
+    stopping = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait((awaited, stopping), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopping.cancel()
+    if not awaited.done():
+        awaited.cancel()
+        return False
+    return True
+
+
 async def read_unless(
     call: grpc.aio.StreamStreamCall, stop: asyncio.Event, reading: asyncio.Future[Any] | None = None
 ) -> agent_pb2.ControllerMessage | None:
     """The stream's next message (or ``grpc.aio.EOF``, typed as a message as ``call.read`` is), or
     None once ``stop`` is set first. ``reading``: that read, already under way."""
     reading = reading or asyncio.ensure_future(call.read())
-    stopping = asyncio.ensure_future(stop.wait())
-    try:
-        await asyncio.wait((reading, stopping), return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        stopping.cancel()
-    if not reading.done():
-        reading.cancel()
+    if not await done_unless(reading, stop):
         return None
     return cast(agent_pb2.ControllerMessage, reading.result())
 
@@ -190,6 +201,7 @@ class ControllerLink:
             call = agent_pb2_grpc.AgentGatewayStub(channel).Connect()
             self.streams += 1
             again: agent_pb2.HelloAgain | None = agent_pb2.HelloAgain()
+            fresh = True  # the call's first Hello: its patience counts once the server has taken the call
             try:
                 while again is not None and not stop.is_set():
                     reading: asyncio.Future[Any] | None = None
@@ -199,9 +211,24 @@ class ControllerLink:
                             break
                     if again.after_ms and await wait_event(stop, turn_with_spread(again.after_ms / 1000)):
                         break
-                    again = await self._hello_and_carry(call, stop, reading)
+                    again = await self._hello_and_carry(call, stop, reading, fresh)
+                    fresh = False
             finally:
                 call.cancel()
+
+    async def _taken(self, call: grpc.aio.StreamStreamCall, stop: asyncio.Event) -> bool:
+        """Once the server has taken ``call`` (True), or ``stop`` is set first (False); TimeoutError
+        past ``TAKEN_PATIENCE_S``. A server with a fleet connecting at once takes calls one at a time:
+        the wait here is for its turn, and a Hello given up on meanwhile would only queue again."""
+        taking = asyncio.ensure_future(taken(call, self._clock))
+        if not await done_unless(taking, stop):
+            return False
+        try:
+            taking.result()
+        except TimeoutError:
+            log.warning("controller_link_call_not_taken", target=self._target, waited_s=TAKEN_PATIENCE_S)
+            raise
+        return True
 
     async def _asked_again(
         self, call: grpc.aio.StreamStreamCall, stop: asyncio.Event, takes_urgent: bool
@@ -234,17 +261,24 @@ class ControllerLink:
         return message.hello_again, None
 
     async def _hello_and_carry(
-        self, call: grpc.aio.StreamStreamCall, stop: asyncio.Event, reading: asyncio.Future[Any] | None = None
+        self,
+        call: grpc.aio.StreamStreamCall,
+        stop: asyncio.Event,
+        reading: asyncio.Future[Any] | None = None,
+        fresh: bool = False,
     ) -> agent_pb2.HelloAgain | None:
         """Say Hello on ``call`` and carry the session until it ends: None when ``stop`` is set, the
         relay's HelloAgain when it keeps the stream for another session; a broken stream raises.
         ``reading``: a read already under way, as an urgent Hello said unasked has (``_asked_again``);
         the relay keeps that Hello (its answer may take long), and a HelloAgain that crossed it is
-        passed over."""
+        passed over. ``fresh``: the call's first Hello, whose patience counts once the server has
+        taken the call (``vigil_core.call_taken``)."""
         hello = self._hello()
         hello.resumable = hello.waits_for_kept_hello = True
         hello.urgent_waiting = self._spool.urgent_waiting()
         await call.write(agent_pb2.AgentMessage(hello=hello))
+        if fresh and not await self._taken(call, stop):
+            return None
         unasked = reading is not None
         patience = KEPT_HELLO_PATIENCE_S if unasked else hello_patience_s(self.unanswered, self._patience_first_s)
         try:

@@ -42,9 +42,11 @@ What runs, all on this machine:
   controller serving then must hold one XID 79 incident for it (``faults_across``: nothing lost,
   nothing twice);
 - ``--agents-give-up``: the simulated agents give up on a Hello unanswered for 10 s of their
-  process's own time (then 20, 40, ... s) and reconnect, as the agent does; without it they wait
-  on, which hides what an overloaded path costs real agents. With relays, how long the Hellos waited
-  at them for the controller's answer is given either way (``relays_hello_answered``).
+  process's own time (then 20, 40, ... s), counted once the server has taken the call
+  (``vigil_core.call_taken``; how long that took: ``call_taken``), and reconnect, as the agent
+  does; without it they wait on, which hides what an overloaded path costs real agents. With
+  relays, how long the Hellos waited at them for the controller's answer is given either way
+  (``relays_hello_answered``).
 
 Figures: connect time (all N agents acknowledged), controller RSS (peak) and CPU (cores, per phase;
 a burst's CPU of this process, the API double's, beside it), database size, each phase's
@@ -157,8 +159,10 @@ async def _worker(
         hello_patience_first_s=HELLO_ACK_TIMEOUT_S if give_up else None,
     )
     answer_waits: list[float] = []  # each Hello's wait for its first answer, since the last stats
+    taken_waits: list[float] = []  # each stream's wait for the server to take it (vigil_core.call_taken)
     for node in fleet.nodes.values():
         node.answered = lambda waited: answer_waits.append(waited)  # the list is emptied, never swapped
+        node.taken_in = lambda waited: taken_waits.append(waited)
     started, cpu0 = time.time(), time.process_time()
     await fleet.start(timeout_s=1800)
     # The streams' objects, made once, are never garbage: left to the collector, each full pass over
@@ -184,8 +188,9 @@ async def _worker(
                     stats["gave_up"] = fleet.gave_up
                     stats["unasked"] = sum(getattr(n, "unasked", 0) for n in fleet.nodes.values())  # an older fleet: 0
                     stats["unsent"] = unsent
-                    stats["answer_waits"] = list(answer_waits)
+                    stats["answer_waits"], stats["taken_waits"] = list(answer_waits), list(taken_waits)
                     answer_waits.clear()
+                    taken_waits.clear()
                     conn.send(("stats", stats))
                 case ("connected_at", nodes):  # when each node's agent was last taken back (its Hello's Ack)
                     conn.send(("connected_at", {n: fleet.nodes[n].connected_at for n in nodes}))
@@ -324,6 +329,8 @@ class Workers:
             "hellos_given_up": sum(a["gave_up"] for a in answers),  # with --agents-give-up: as real agents would
             "urgent_hellos_unasked": sum(a["unasked"] for a in answers),  # faults waiting while a relay waited
             "hello_answered": _answer_waits([w for a in answers for w in a["answer_waits"]]),
+            # from a stream's Hello to the server taking its call, where its patience starts
+            "call_taken": _answer_waits([w for a in answers for w in a["taken_waits"]]),
             "streams_broke_because": dict(sum((Counter(a["why"]) for a in answers), Counter())),
         }
 

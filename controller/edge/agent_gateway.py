@@ -20,6 +20,7 @@ from controller.edge.agent_sessions import AgentSessions, Refused, first_hello
 from controller.edge.authz import caller
 from controller.nodes.agent_outboxes import Message, Outbox
 from protos.vigil.v1 import agent_pb2, agent_pb2_grpc
+from vigil_core.call_taken import say_taken
 from vigil_core.loop_lag import loop_time, within
 from vigil_core.rpc_errors import RETRY_AFTER_KEY
 
@@ -35,6 +36,7 @@ class AgentGateway(agent_pb2_grpc.AgentGatewayServicer):
         self, request_iterator: AsyncIterator[agent_pb2.AgentMessage], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[agent_pb2.ControllerMessage]:
         sessions, peer = self._sessions, context.peer()
+        await say_taken(context)  # the agent's Hello patience counts from here (vigil_core.call_taken)
         try:
             first = await within(anext(aiter(request_iterator), None), sessions.limits.first_message_s, self._own_time)
         except TimeoutError:

@@ -32,6 +32,7 @@ from controller.relay.uplink import ITEM_OVERHEAD, OK, UNAVAILABLE, Back, Lost, 
 from controller.vocab.lanes import HELLO_TAG
 from protos.vigil.v1 import agent_pb2, relay_pb2
 from vigil_core import gc_keeper, gc_young, loop_lag
+from vigil_core.call_taken import say_taken
 from vigil_core.http_status import serve_http
 from vigil_core.log_tally import TalliedEvent
 from vigil_core.rpc_errors import RETRY_AFTER_KEY, status_code
@@ -163,6 +164,7 @@ class AgentStreams:
 
     async def connect(self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
         settings = self._settings
+        await say_taken(context)  # the agent's Hello patience counts from here (vigil_core.call_taken)
         try:
             first = await loop_lag.within(anext(aiter(requests), None), settings.first_message_s, self._own_time)
         except TimeoutError:

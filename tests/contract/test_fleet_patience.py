@@ -10,7 +10,9 @@ from collections.abc import AsyncIterator
 import grpc
 
 from protos.vigil.v1 import agent_pb2
+from tests.contract.test_call_taken import SlowToTake
 from tests.fakes.fleet import Fleet
+from vigil_core.call_taken import say_taken
 
 ACK = agent_pb2.ControllerMessage(ack=agent_pb2.Ack(acked_seq=0)).SerializeToString()
 
@@ -25,6 +27,7 @@ class SlowGateway:
 
     async def connect(self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
         self.streams += 1
+        await say_taken(context)  # as Vigil's servers: the Hello's patience counts from here
         await anext(aiter(requests))  # the Hello
         if self.streams <= self.silent:
             said = asyncio.get_running_loop().time()
@@ -42,8 +45,10 @@ class SlowGateway:
         return grpc.method_handlers_generic_handler("vigil.v1.AgentGateway", {"Connect": connect})
 
 
-async def served(gateway: SlowGateway) -> tuple[grpc.aio.Server, int]:
-    server = grpc.aio.server()
+async def served(
+    gateway: SlowGateway, interceptors: tuple[grpc.aio.ServerInterceptor, ...] = ()
+) -> tuple[grpc.aio.Server, int]:
+    server = grpc.aio.server(interceptors=interceptors)
     server.add_generic_rpc_handlers((gateway.handler(),))
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
@@ -80,6 +85,20 @@ def test_without_a_patience_a_simulated_agent_waits_on() -> None:
         await asyncio.sleep(1.0)
         assert not starting.done() and gateway.streams == 1 and fleet.gave_up == 0
         starting.cancel()
+        await fleet.close()
+        await server.stop(None)
+
+    asyncio.run(scenario())
+
+
+def test_a_simulated_agent_counts_its_patience_once_the_server_has_taken_its_call() -> None:
+    async def scenario() -> None:
+        gateway = SlowGateway(silent=0)
+        server, port = await served(gateway, (SlowToTake(),))  # each call taken 2 s late
+        fleet = Fleet(f"127.0.0.1:{port}", ["n1"], heartbeat_s=60, hello_patience_first_s=0.3)
+        await fleet.start(timeout_s=20)
+        node = fleet.nodes["n1"]
+        assert (gateway.streams, node.gave_up, node.reconnects) == (1, 0, 0)  # as the agent: no Hello given up
         await fleet.close()
         await server.stop(None)
 

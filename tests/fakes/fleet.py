@@ -12,6 +12,7 @@ With ``checks`` (``tests.fakes.sim_checks``) the nodes answer RunCheck too.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import time
 from collections.abc import Callable
@@ -24,6 +25,7 @@ from protos.codec import signal_from_proto
 from protos.vigil.v1 import agent_pb2, agent_pb2_grpc, common_pb2
 from tests.fakes.sim_checks import SimulatedChecks
 from vigil_core import loop_lag
+from vigil_core.call_taken import TAKEN_PATIENCE_S
 from vigil_core.rpc_errors import retry_after_s
 from vigil_core.waiting import backoff_delay
 
@@ -64,6 +66,12 @@ class FleetNode:
         # (the stream cancelled, the node reconnects after its backoff), and the next waits twice as long.
         self.clock: Callable[[], float] = time.monotonic  # the process's own time (its Fleet's)
         self.hello_own_at = 0.0  # when the Hello now unanswered was said, on ``clock`` (0: none)
+        # As the agent, the first Hello of a stream counts its patience once the server has taken the
+        # call (``vigil_core.call_taken``); until then this is when it was said (0: taken, or none).
+        self.untaken_own_at = 0.0
+        self.taken_in: Callable[[float], None] = lambda _: None  # how long each stream waited to be taken
+        self._taken_generation = 0  # the last stream the server took
+        self._taking: asyncio.Task[None] | None = None
         self.unanswered = 0  # Hellos in a row given up on
         self.gave_up = 0  # Hellos given up on, in all
         self._call: grpc.aio.StreamStreamCall | None = None
@@ -90,14 +98,16 @@ class FleetNode:
             self._generation += 1
             self._queue = asyncio.Queue()
             self._takes_urgent = self._unasked = False
+            self._hello_said_at = 0.0  # this stream's Hello is said in ``_messages``
             try:
                 self._call = call = self._stub.Connect(self._messages(heartbeat_s, stop, self._generation, self._queue))
+                self._taking = asyncio.create_task(self._taken(call, self._generation))
                 first = True
                 async for msg in call:
                     if self._hello_said_at and (msg.HasField("hello_again") or msg.HasField("ack")):
                         self.answered(time.monotonic() - self._hello_said_at)
                         self._hello_said_at = 0.0
-                        self.hello_own_at, self.unanswered = 0.0, 0
+                        self.hello_own_at, self.untaken_own_at, self.unanswered = 0.0, 0.0, 0
                     if msg.HasField("hello_again"):  # a relay keeps the stream for a new session
                         again = msg.hello_again
                         first = True
@@ -147,9 +157,22 @@ class FleetNode:
                 attempt += 1
                 await asyncio.sleep(backoff_delay(attempt, base=0.5))  # as the agent's link does
 
+    async def _taken(self, call: grpc.aio.StreamStreamCall, generation: int) -> None:
+        """As the agent: its first Hello's patience counts once the server has taken the call
+        (``vigil_core.call_taken``); the wait until then is told to ``taken_in``."""
+        with contextlib.suppress(grpc.aio.AioRpcError, asyncio.CancelledError):
+            await call.initial_metadata()
+        if generation != self._generation:
+            return
+        self._taken_generation = generation
+        if self._hello_said_at and not self.hello_own_at:  # its Hello said, not answered: patience from now
+            self.hello_own_at, self.untaken_own_at = self.clock(), 0.0
+            self.taken_in(time.monotonic() - self._hello_said_at)
+
     def give_up(self) -> None:
         """Its Hello waited past its patience: its stream is cancelled, and it reconnects (``run``)."""
         self.hello_own_at, self.unanswered, self.gave_up = 0.0, self.unanswered + 1, self.gave_up + 1
+        self.untaken_own_at = 0.0
         if self._call is not None and not self._call.done():
             self._giving_up = True
             self._call.cancel()
@@ -216,7 +239,11 @@ class FleetNode:
         self.hello_own_at = 0.0  # kept by the relay: its answer may take long, and no patience runs on it
 
     async def _messages(self, heartbeat_s: float, stop: asyncio.Event, generation: int, queue: asyncio.Queue):  # type: ignore[no-untyped-def,type-arg]
-        self._hello_said_at, self.hello_own_at = time.monotonic(), self.clock()
+        self._hello_said_at = time.monotonic()
+        if self._taken_generation == generation:  # taken before its Hello went (``_taken``)
+            self.hello_own_at = self.clock()
+        else:  # its patience waits for the call to be taken, within the agent's bound on that
+            self.hello_own_at, self.untaken_own_at = 0.0, self.clock()
         yield self._hello()
         next_beat = time.monotonic() + random.uniform(0, self._interval(heartbeat_s))
         while not stop.is_set() and generation == self._generation:  # a broken stream's iterator ends
@@ -335,7 +362,11 @@ class Fleet:
             await asyncio.sleep(every_s)
             now = self._lateness.own_time()
             for node in self.nodes.values():
-                if node.hello_own_at and now - node.hello_own_at > hello_patience_s(node.unanswered, first_s):
+                if node.hello_own_at:
+                    waited, patience = now - node.hello_own_at, hello_patience_s(node.unanswered, first_s)
+                else:  # its first Hello, its call not taken yet (0: none waits)
+                    waited, patience = now - node.untaken_own_at, TAKEN_PATIENCE_S
+                if (node.hello_own_at or node.untaken_own_at) and waited > patience:
                     node.give_up()
 
     def disconnect(self, name: str) -> None:
