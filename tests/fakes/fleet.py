@@ -13,9 +13,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import heapq
+import itertools
 import random
 import time
 from collections.abc import Callable
+from functools import partial
 
 import grpc
 
@@ -69,6 +72,7 @@ class FleetNode:
         # As the agent, the first Hello of a stream counts its patience once the server has taken the
         # call (``vigil_core.call_taken``); until then this is when it was said (0: taken, or none).
         self.untaken_own_at = 0.0
+        self.mind: Callable[[FleetNode], None] = lambda _: None  # told of each Hello's wait (its Fleet's patience)
         self.taken_in: Callable[[float], None] = lambda _: None  # how long each stream waited to be taken
         self._taken_generation = 0  # the last stream the server took
         self._taking: asyncio.Task[None] | None = None
@@ -167,7 +171,12 @@ class FleetNode:
         self._taken_generation = generation
         if self._hello_said_at and not self.hello_own_at:  # its Hello said, not answered: patience from now
             self.hello_own_at, self.untaken_own_at = self.clock(), 0.0
+            self._mind()
             self.taken_in(time.monotonic() - self._hello_said_at)
+
+    def _mind(self) -> None:
+        """A Hello of its waits (``hello_own_at``, or ``untaken_own_at`` until its call is taken)."""
+        self.mind(self)
 
     def give_up(self) -> None:
         """Its Hello waited past its patience: its stream is cancelled, and it reconnects (``run``)."""
@@ -228,6 +237,7 @@ class FleetNode:
         if queue is self._queue:
             self._takes_urgent = False
             self._hello_said_at, self.hello_own_at = time.monotonic(), self.clock()
+            self._mind()
             queue.put_nowait(self._hello())
 
     def _say_unasked(self) -> None:
@@ -244,6 +254,7 @@ class FleetNode:
             self.hello_own_at = self.clock()
         else:  # its patience waits for the call to be taken, within the agent's bound on that
             self.hello_own_at, self.untaken_own_at = 0.0, self.clock()
+        self._mind()
         yield self._hello()
         next_beat = time.monotonic() + random.uniform(0, self._interval(heartbeat_s))
         while not stop.is_set() and generation == self._generation:  # a broken stream's iterator ends
@@ -336,6 +347,9 @@ class Fleet:
         self._patience_first_s = hello_patience_first_s
         self._lateness = loop_lag.Lateness()
         self._minders: list[asyncio.Task[None]] = []
+        # When each Hello's patience runs out, and the wait it was for (``_watch``): a heap.
+        self._deadlines: list[tuple[float, int, FleetNode, float, float]] = []
+        self._pushed = itertools.count()
 
     @property
     def gave_up(self) -> int:
@@ -346,27 +360,36 @@ class Fleet:
         if self._patience_first_s is not None:
             self._minders = [
                 asyncio.create_task(self._lateness.watch()),
-                asyncio.create_task(self._mind_patience(self._patience_first_s)),
+                asyncio.create_task(self._mind_patience()),
             ]
             for node in self.nodes.values():
                 node.clock = self._lateness.own_time
+                node.mind = partial(self._watch, self._patience_first_s)
         self._tasks = {
             name: asyncio.create_task(n.run(self._heartbeat_s, self._stop)) for name, n in self.nodes.items()
         }
         await asyncio.wait_for(asyncio.gather(*(n.ready.wait() for n in self.nodes.values())), timeout_s)
 
-    async def _mind_patience(self, first_s: float, every_s: float = 0.25) -> None:
-        """Every ``every_s``, each node whose Hello has waited past its patience gives up on it (one
-        pass for the process, not a timer per Hello: the simulator's own cost stays small)."""
+    def _watch(self, first_s: float, node: FleetNode) -> None:
+        """A Hello of ``node``'s waits: when its patience runs out, as the node's wait stands now."""
+        if node.hello_own_at:
+            due = node.hello_own_at + hello_patience_s(node.unanswered, first_s)
+        else:  # its first Hello, its call not taken yet
+            due = node.untaken_own_at + TAKEN_PATIENCE_S
+        heapq.heappush(self._deadlines, (due, next(self._pushed), node, node.hello_own_at, node.untaken_own_at))
+
+    async def _mind_patience(self, every_s: float = 0.25) -> None:
+        """Every ``every_s``, each node whose Hello has waited past its patience gives up on it: the
+        deadlines come due in order, and one the node's wait has moved on from (answered, taken,
+        said again) is passed over. Not a timer per Hello, nor a look at every node: the simulator's
+        own cost stays small while a whole fleet waits."""
+        deadlines = self._deadlines
         while True:
             await asyncio.sleep(every_s)
             now = self._lateness.own_time()
-            for node in self.nodes.values():
-                if node.hello_own_at:
-                    waited, patience = now - node.hello_own_at, hello_patience_s(node.unanswered, first_s)
-                else:  # its first Hello, its call not taken yet (0: none waits)
-                    waited, patience = now - node.untaken_own_at, TAKEN_PATIENCE_S
-                if (node.hello_own_at or node.untaken_own_at) and waited > patience:
+            while deadlines and deadlines[0][0] < now:
+                _, _, node, hello_at, untaken_at = heapq.heappop(deadlines)
+                if (hello_at or untaken_at) and (node.hello_own_at, node.untaken_own_at) == (hello_at, untaken_at):
                     node.give_up()
 
     def disconnect(self, name: str) -> None:
