@@ -52,7 +52,7 @@ from protos.vigil.v1 import agent_pb2
 from vigil_core import __version__
 from vigil_core.cert_reload import CertificateSource
 from vigil_core.http_status import serve_http
-from vigil_core.loop_lag import Lateness
+from vigil_core.loop_lag import Lateness, stuck
 from vigil_core.rank_progress import RankRecord
 from vigil_core.signals import Signal, SignalKind
 from vigil_core.supervise import Tasks, supervise
@@ -357,7 +357,7 @@ class Agent:
     async def run(self, stop: asyncio.Event) -> None:
         if self.config.metrics_port is not None:
             address, port = self.config.metrics_bind, self.config.metrics_port
-            server = serve_http(address, port, self.metrics.registry, self.problems)
+            server = serve_http(address, port, self.metrics.registry, self.problems, lambda: stuck(self.lateness))
             self.metrics_port = server.server_port
         log.info(
             "agent_started",

@@ -34,6 +34,7 @@ from protos.vigil.v1 import admin_pb2_grpc, agent_pb2_grpc, relay_pb2_grpc, trai
 from vigil_core import gc_keeper, gc_young
 from vigil_core.cert_reload import CertificateSource, server_credentials
 from vigil_core.http_status import serve_http
+from vigil_core.loop_lag import stuck
 from vigil_core.names import is_loopback
 from vigil_core.supervise import supervise
 from vigil_core.tls import bind, server_options
@@ -174,7 +175,11 @@ class Controller:
         if self.config.metrics_port is not None:
             # Read through self: a replica that becomes leader builds its engine (and metrics) again.
             self.http = serve_http(
-                self.config.metrics_bind, self.config.metrics_port, self.engine.metrics.registry, self.problems
+                self.config.metrics_bind,
+                self.config.metrics_port,
+                self.engine.metrics.registry,
+                self.problems,
+                lambda: stuck(self.nodes.lateness),
             )
             self.metrics_port = self.http.server_port
         if self.config.leader_election.enabled and not await self._wait_for_leadership(stop):

@@ -35,6 +35,7 @@ from vigil_core import gc_keeper, gc_young, loop_lag
 from vigil_core.call_taken import say_taken
 from vigil_core.http_status import serve_http
 from vigil_core.log_tally import TalliedEvent
+from vigil_core.loop_lag import stuck
 from vigil_core.rpc_errors import RETRY_AFTER_KEY, status_code
 from vigil_core.supervise import Tasks, supervise
 from vigil_core.tls import Identity, TlsFiles, bind, peer_identity, server_options
@@ -404,7 +405,8 @@ async def serve(
     await server.start()
     http = None
     if settings.metrics_port is not None:
-        http = serve_http("0.0.0.0", settings.metrics_port, uplink.metrics.registry, lambda: not_ready(uplink))
+        not_ready_now, alive = partial(not_ready, uplink), partial(stuck, lateness)
+        http = serve_http("0.0.0.0", settings.metrics_port, uplink.metrics.registry, not_ready_now, alive)
     running = asyncio.create_task(uplink.run(stop))
     tasks = Tasks(lambda task: uplink.metrics.task_failures.labels(task).inc())
     observe_lag = uplink.metrics.loop_lag.observe

@@ -4,14 +4,20 @@ down until the task succeeds again; the other steps of the same loop go on."""
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 import urllib.error
 import urllib.request
+from functools import partial
+from typing import cast
 
 from prometheus_client import CollectorRegistry, Counter
 from structlog.testing import capture_logs
 
 from tests.fakes.clock import ManualClock
+from tests.helpers import poll_until
 from vigil_core.http_status import serve_http
+from vigil_core.loop_lag import Lateness, stuck
 from vigil_core.supervise import Tasks, backoff_s, supervise
 
 
@@ -86,7 +92,7 @@ def test_readyz_says_what_is_wrong_and_metrics_are_served_beside_it() -> None:
     registry = CollectorRegistry()
     Counter("vigil_test_total", "a counter", registry=registry).inc()
     problems: list[str] = ["task silence failing: OSError(28)"]
-    server = serve_http("127.0.0.1", 0, registry, lambda: problems)
+    server = serve_http("127.0.0.1", 0, registry, lambda: problems, lambda: [])
     base = f"http://127.0.0.1:{server.server_port}"
     try:
         try:
@@ -152,3 +158,32 @@ def test_the_controllers_periodic_steps_resume_after_failing_and_never_stop_each
 
     calls = asyncio.run(main())
     assert calls["retention_ok"] > 0 and calls["releases_ok"] > 0 and calls["silence"] > 20
+
+
+def test_livez_says_an_event_loop_stuck_in_one_step_and_ok_once_it_runs_again() -> None:
+    lateness = Lateness()
+    loop = asyncio.new_event_loop()
+    running = threading.Thread(target=loop.run_forever, daemon=True)
+    running.start()
+    watching = asyncio.run_coroutine_threadsafe(lateness.watch(interval_s=0.05), loop)
+    server = serve_http("127.0.0.1", 0, CollectorRegistry(), lambda: [], partial(stuck, lateness, bound_s=0.3))
+    livez = f"http://127.0.0.1:{server.server_port}/livez"
+
+    def probe() -> tuple[int, str]:
+        try:
+            with urllib.request.urlopen(livez, timeout=5) as reply:
+                return reply.status, reply.read().decode()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read().decode()
+
+    try:
+        assert probe() == (200, "ok\n")
+        loop.call_soon_threadsafe(time.sleep, 1.5)  # one step holds the loop
+        _, said = cast(tuple[int, str], poll_until(lambda: (found := probe())[0] == 503 and found, 10, "a 503"))
+        assert "the event loop has not run for" in said
+        poll_until(lambda: probe() == (200, "ok\n"), timeout=10, what="ok once the loop runs again")
+    finally:
+        watching.cancel()
+        loop.call_soon_threadsafe(loop.stop)
+        running.join(5)
+        server.shutdown()
