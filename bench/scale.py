@@ -977,6 +977,7 @@ def measure(args: argparse.Namespace, workdir: Path, database: str) -> dict[str,
             if standby is not None and standby_config is not None:
                 hellos = hello_answers(relays.metrics_ports)
                 across.send_before()
+                relays_cpu0, fleet_cpu0 = relays.cpu_s(), workers.cpu_s()
                 killed = time.time()
                 if args.failover == "stop":  # a rolling update, a drain: it stops, then hands the Lease back
                     controller.send_signal(signal.SIGTERM)
@@ -994,6 +995,9 @@ def measure(args: argparse.Namespace, workdir: Path, database: str) -> dict[str,
                     "leader": "stopped (SIGTERM)" if args.failover == "stop" else "killed (SIGKILL)",
                     "kill_to_new_leader_s": round(leading_s, 1),
                     **back_figures(workers, relays, hellos, killed, args.nodes, args.connect_timeout_s, config),
+                    # from the signal until every agent was back (the new leader's own is not sampled)
+                    "relays_cpu_s": round(relays.cpu_s() - relays_cpu0, 1),
+                    "simulator_cpu_s": round(workers.cpu_s() - fleet_cpu0, 1),
                     "new_leader_rss_mb": round(sampler.process.memory_info().rss / 2**20),
                     "old_leader_peak_rss_mb": round(peak_rss / 2**20),
                     "faults_across": across.figures(cordons, leader_target, args.burst_timeout_s),

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import heapq
+import itertools
 import signal
 import time
 from collections.abc import AsyncIterator
@@ -123,7 +125,8 @@ class AgentCall:
     session now (None between two, while the agent is asked for Hello again)."""
 
     __slots__ = (
-        "node", "resumable", "keeps", "peer", "token", "stream", "back", "waiting_hello", "hello_at", "kept", "urgent"
+        "node", "resumable", "keeps", "peer", "token", "stream", "back", "waiting_hello", "hello_due", "hello_at",
+        "kept", "urgent",
     )  # fmt: skip
 
     def __init__(self, first: agent_pb2.Hello | None, peer: str, token: str) -> None:
@@ -134,6 +137,7 @@ class AgentCall:
         self.stream: int | None = None
         self.back = Outbox[Back]()  # what comes back, every session's in turn
         self.waiting_hello = False  # asked for Hello again, not said yet
+        self.hello_due = 0.0  # asked: the Hello again is due by then, on the relay's own time (0: none due)
         self.hello_at = 0.0  # when its Hello went to the controller (monotonic: what the agent waits; 0: answered)
         self.kept: bytes | None = None  # its Hello, queued here for room at the controller (``keeps``)
         self.urgent = first is not None and first.urgent_waiting > 0  # its last Hello said faults wait
@@ -153,6 +157,13 @@ class AgentStreams:
         # An agent's bounds are kept on the relay's own time: its loop's lateness is not the agent's.
         self._own_time = lateness.own_time
         self._said_late = TalliedEvent(log.warning, "relay_hello_again_late")  # a whole fleet's at once: tallied
+        # The Hellos again asked for, by when each is due: (due, order, call), a heap looked at by one
+        # task while any is due (``_mind_hellos_due``), not a timer and a task for each call.
+        self._hellos_due: list[tuple[float, int, AgentCall, int]] = []  # and the turn given (ms)
+        self._asked = itertools.count()
+        self._minding: asyncio.Task[None] | None = None
+        # While the controller is away, the one wait for it that every call shares (``_controller_reached``).
+        self._reaching: asyncio.Task[None] | None = None
 
     def flush_lines(self) -> None:
         """Say the tallied lines' remainder now (the relay stops)."""
@@ -213,7 +224,11 @@ class AgentStreams:
                         kept, call.kept = call.kept, None
                         self._say_hello(call, kept)
                     else:
-                        call.waiting_hello, wait_ms = True, 0  # a Hello is due from the agent called
+                        call.waiting_hello, call.hello_due, wait_ms = (
+                            True,
+                            0.0,
+                            0,
+                        )  # a Hello is due from the agent called
                         yield HELLO_NOW
                     continue
                 if isinstance(item, Lost):
@@ -240,10 +255,10 @@ class AgentStreams:
                         kept, call.kept = call.kept, None
                         self._say_hello(call, kept)
                         continue
-                    call.waiting_hello = True
+                    call.waiting_hello, call.hello_due = True, 0.0
                     yield HELLO_NOW
                     continue
-                call.waiting_hello = True
+                call.waiting_hello, call.hello_due = True, 0.0
                 self._uplink.metrics.hello_again.labels("paced").inc()
                 yield agent_pb2.ControllerMessage(
                     hello_again=agent_pb2.HelloAgain(after_ms=wait_ms)
@@ -316,26 +331,47 @@ class AgentStreams:
             self._call(self.room.answered(now, waited_s) if answered else self.room.dropped())
 
     async def _controller_reached(self) -> bool:
-        """Whether the relay has its stream to the controller, waiting up to ``controller_wait_s`` (its own time)."""
+        """Whether the relay has its stream to the controller, waiting up to ``controller_wait_s`` (its
+        own time) from when its calls began to wait for it: one wait that every call shares (a
+        controller that goes away leaves a relay's whole fleet waiting at once), not a timer each."""
         uplink = self._uplink
         if not uplink.connected.is_set():
-            with contextlib.suppress(TimeoutError):
-                await loop_lag.within(uplink.connected.wait(), self._settings.controller_wait_s, self._own_time)
+            if self._reaching is None or self._reaching.done():
+                self._reaching = asyncio.ensure_future(self._reach())
+            await asyncio.shield(self._reaching)  # a call that ends meanwhile leaves the others' wait be
         return uplink.connected.is_set()
+
+    async def _reach(self) -> None:
+        with contextlib.suppress(TimeoutError):
+            await loop_lag.within(self._uplink.connected.wait(), self._settings.controller_wait_s, self._own_time)
 
     async def _next(self, call: AgentCall, wait_ms: int) -> Back:
         """What comes back to the agent next; between sessions, its Hello again within ``first_message_s``
-        past its turn, on the relay's own time (else the call ends: the agent reconnects on its own)."""
-        due = self._own_time() + wait_ms / 1000 + self._settings.first_message_s
-        while call.waiting_hello:  # once said, its answer is the controller's to give, however long it takes
-            if (left := due - self._own_time()) <= 0:
-                why = f"no Hello again within {self._settings.first_message_s:g} s of its turn"
-                self._said_late(call.node, turn_ms=wait_ms)
-                self._uplink.metrics.refused.labels("hello_again_late").inc()
-                return relay_pb2.StreamEnd(code=grpc.StatusCode.DEADLINE_EXCEEDED.value[0], details=why)
-            with contextlib.suppress(TimeoutError):
-                return await asyncio.wait_for(call.back.get(), left)
+        past its turn, on the relay's own time (else the call ends, ``_mind_hellos_due``: the agent
+        reconnects on its own). Once said, its answer is the controller's to give, however long."""
+        if call.waiting_hello and not call.hello_due:
+            call.hello_due = self._own_time() + wait_ms / 1000 + self._settings.first_message_s
+            heapq.heappush(self._hellos_due, (call.hello_due, next(self._asked), call, wait_ms))
+            if self._minding is None or self._minding.done():
+                self._minding = asyncio.create_task(self._mind_hellos_due())
         return await call.back.get()
+
+    async def _mind_hellos_due(self, every_s: float = 0.25) -> None:
+        """While any Hello again is due: every ``every_s``, each call whose Hello again is past due
+        (still asked for, with the same due) is ended DEADLINE_EXCEEDED, counted and said (tallied)."""
+        due = self._hellos_due
+        while due:
+            await asyncio.sleep(every_s)
+            now = self._own_time()
+            while due and due[0][0] <= now:
+                when, _, call, turn_ms = heapq.heappop(due)
+                if not call.waiting_hello or call.hello_due != when:  # said in time, or asked again since
+                    continue
+                call.hello_due = 0.0
+                why = f"no Hello again within {self._settings.first_message_s:g} s of its turn"
+                self._said_late(call.node, turn_ms=turn_ms)
+                self._uplink.metrics.refused.labels("hello_again_late").inc()
+                call.back.put_nowait(relay_pb2.StreamEnd(code=grpc.StatusCode.DEADLINE_EXCEEDED.value[0], details=why))
 
     async def _read(self, call: AgentCall, requests: AsyncIterator[bytes]) -> None:
         uplink = self._uplink
@@ -360,7 +396,7 @@ class AgentStreams:
                 if call.urgent:
                     uplink.metrics.urgent_hellos.inc()
                 if call.waiting_hello:  # asked for
-                    call.waiting_hello = False
+                    call.waiting_hello, call.hello_due = False, 0.0
                     self._say_hello(call, raw)
                 else:  # said unasked, faults waiting: kept, its agent called before those without
                     call.kept = raw

@@ -406,6 +406,30 @@ def test_an_agent_that_does_not_say_hello_again_in_time_has_its_stream_ended_and
     asyncio.run(scenario())
 
 
+def test_an_agent_that_says_hello_again_in_time_keeps_its_stream_long_past_the_bound(tmp_path: Path) -> None:
+    """The bound on a Hello again is for that Hello only: once said and answered, nothing left of it
+    ends the stream later (``_mind_hellos_due`` passes over a due whose Hello came)."""
+
+    async def scenario() -> None:
+        controller = await start_controller(tmp_path / "ctl.db")
+        port, metrics_port = controller.port, free_port()
+        async with Relay(port, metrics_port=metrics_port, first_message_s=0.5) as relay:
+            agent = RawAgent(relay.port)
+            controller = await asked_for_hello_again(agent, controller, tmp_path / "ctl.db")
+            await agent.hello()
+            assert (await agent.read()).HasField("ack")
+            reading = asyncio.ensure_future(agent.call.read())
+            await asyncio.sleep(2.0)  # four times the bound
+            assert not reading.done() and not agent.call.done()  # nothing came, the stream still open
+            text = (await asyncio.to_thread(scrape, metrics_port, "/metrics"))[1]
+            assert sample(text, 'vigil_relay_agents_refused_total{why="hello_again_late"}', absent=0) == 0
+            reading.cancel()
+            await agent.close()
+        await stop_controller(controller)
+
+    asyncio.run(scenario())
+
+
 def test_under_tls_a_relay_takes_only_an_agent_whose_certificate_names_its_hello() -> None:
     hello = agent_pb2.AgentMessage(hello=agent_pb2.Hello(node="node-1", spool_id="s")).SerializeToString()
     assert identity_problem(hello, Identity("node", "node-1"), "") == ""
