@@ -165,8 +165,11 @@ class AgentStreams:
         # While the controller is away, the one wait for it that every call shares (``_controller_reached``).
         self._reaching: asyncio.Task[None] | None = None
 
-    def flush_lines(self) -> None:
-        """Say the tallied lines' remainder now (the relay stops)."""
+    def close(self) -> None:
+        """The relay stops: its shared waits end, and the tallied lines' remainder is said now."""
+        for task in (self._minding, self._reaching):
+            if task is not None:
+                task.cancel()
         self._said_late.flush()
 
     def handler(self) -> grpc.GenericRpcHandler:
@@ -224,11 +227,8 @@ class AgentStreams:
                         kept, call.kept = call.kept, None
                         self._say_hello(call, kept)
                     else:
-                        call.waiting_hello, call.hello_due, wait_ms = (
-                            True,
-                            0.0,
-                            0,
-                        )  # a Hello is due from the agent called
+                        call.waiting_hello, wait_ms = True, 0  # a Hello is due from the agent called
+                        call.hello_due = 0.0
                         yield HELLO_NOW
                     continue
                 if isinstance(item, Lost):
@@ -473,7 +473,7 @@ async def serve(
         await keeper
     if http is not None:
         http.shutdown()
-    streams.flush_lines()  # the last second's tallied lines
+    streams.close()  # the shared waits, and the last second's tallied lines
     return port
 
 
