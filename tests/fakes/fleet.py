@@ -42,8 +42,9 @@ class FleetNode:
         self._checks = checks
         self._answering: set[asyncio.Task[None]] = set()
         self._running: dict[str, asyncio.Task[None]] = {}  # request id -> its check's task
-        self._queue: asyncio.Queue[agent_pb2.AgentMessage] = asyncio.Queue()  # the current stream's
+        self._queue: asyncio.Queue[agent_pb2.AgentMessage | None] = asyncio.Queue()  # the current stream's
         self._generation = 0  # which stream is the current one
+        self._beats: dict[int, list[asyncio.TimerHandle]] = {}  # each open stream's heartbeat timer (``_beat``)
         self._unacked: dict[int, agent_pb2.AgentMessage] = {}  # signals sent, not yet acknowledged
         self._urgent: set[int] = set()  # the seqs among them the agent keeps above all (``Signal.must_keep``)
         self._takes_urgent = False  # told to wait by a relay that takes an urgent Hello unasked, not asked yet
@@ -256,21 +257,37 @@ class FleetNode:
             self.hello_own_at, self.untaken_own_at = 0.0, self.clock()
         self._mind()
         yield self._hello()
-        next_beat = time.monotonic() + random.uniform(0, self._interval(heartbeat_s))
-        while not stop.is_set() and generation == self._generation:  # a broken stream's iterator ends
-            try:
-                msg = await asyncio.wait_for(queue.get(), max(0.0, next_beat - time.monotonic()))
+        # Its heartbeats: a timer that puts each in the stream's queue (not a wait with a timeout on
+        # every message: a task and a timer each, a tenth of the simulator's time after a failover).
+        loop = asyncio.get_running_loop()
+        first = random.uniform(0, self._interval(heartbeat_s))
+        beating = [loop.call_later(first, self._beat, heartbeat_s, stop, generation, queue)]
+        self._beats[generation] = beating
+        try:
+            while (msg := await queue.get()) is not None:  # None: stopped, or a newer stream (``_beat``)
                 if self._watched and (watched := self._watched.get(id(msg))) and watched[0] is msg:
                     watched[1].append(time.time())
                     yield msg
                     watched[1].append(time.time())
                     continue
                 yield msg
-            except TimeoutError:
-                yield agent_pb2.AgentMessage(
-                    heartbeat=agent_pb2.Heartbeat(sent_at=time.time(), jobs=self.jobs, ranks=self.ranks)
-                )
-                next_beat = time.monotonic() + self._interval(heartbeat_s)
+        finally:
+            self._beats.pop(generation, None)
+            beating[0].cancel()
+
+    def _beat(self, heartbeat_s: float, stop: asyncio.Event, generation: int, queue: asyncio.Queue) -> None:  # type: ignore[type-arg]
+        """A heartbeat due on the stream ``generation``: put in its queue, the next one timed; a
+        stopped node's, or a stream no longer the current one's, iterator is ended instead."""
+        if stop.is_set() or generation != self._generation:
+            queue.put_nowait(None)
+            return
+        queue.put_nowait(
+            agent_pb2.AgentMessage(heartbeat=agent_pb2.Heartbeat(sent_at=time.time(), jobs=self.jobs, ranks=self.ranks))
+        )
+        if (beating := self._beats.get(generation)) is not None:
+            beating[0] = asyncio.get_running_loop().call_later(
+                self._interval(heartbeat_s), self._beat, heartbeat_s, stop, generation, queue
+            )
 
     def _interval(self, heartbeat_s: float) -> float:
         """As the agent beats: every ``heartbeat_s`` while it has something to say (its jobs' ranks move),
