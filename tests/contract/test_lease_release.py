@@ -5,6 +5,7 @@ it back; a Lease another replica holds is left alone."""
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -125,6 +126,21 @@ def test_a_leader_that_cannot_reach_the_api_server_stops_leading_within_its_rene
         a, lost = short_leader(kube, tmp_path)
         kube.__exit__(None, None, None)  # the API server gone: every request refused
         assert lost.wait(20), "the leader's election thread ended without saying the leadership was lost"
+
+
+def test_a_leader_whose_api_server_never_answers_stops_leading_within_its_renew_deadline(tmp_path: Path) -> None:
+    """The library's requests have no timeout: an API server that takes the connection and never
+    answers (a connection half gone, packets dropped) held the renewing thread past its deadline, a
+    leader acting on while a standby takes the Lease. Vigil's lock bounds each request."""
+    with KubeApiServer() as kube:
+        a, lost = short_leader(kube, tmp_path)
+        host, port = kube.url.removeprefix("http://").rsplit(":", 1)
+        kube.__exit__(None, None, None)
+        with socket.socket() as silent:  # the same port: each connection taken, nothing ever answered
+            silent.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            silent.bind((host, int(port)))
+            silent.listen(64)
+            assert lost.wait(20), "the leader's renewals waited on an API server that never answers"
 
 
 def test_a_leader_whose_api_server_answers_something_else_stops_leading(tmp_path: Path) -> None:

@@ -20,6 +20,7 @@ import logging
 import threading
 from collections.abc import Callable
 from datetime import UTC, datetime
+from typing import Any, cast
 
 import structlog
 from kubernetes import client
@@ -33,15 +34,37 @@ log = structlog.get_logger(__name__)
 RELEASE_TIMEOUT_S = 3.0  # the release's one request: a stopping replica does not wait longer on the API server
 
 
+class _Bounded:
+    """An API object whose every request is bounded (``_request_timeout``) unless the call sets its own."""
+
+    def __init__(self, api: object, timeout_s: float) -> None:
+        self._api, self._timeout_s = api, timeout_s
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self._api, name)
+        if not callable(method):
+            return method
+
+        def bounded(*args: Any, **kwargs: Any) -> Any:
+            kwargs.setdefault("_request_timeout", self._timeout_s)
+            return method(*args, **kwargs)
+
+        return bounded
+
+
 class ReleasableLeaseLock(LeaseLock):
-    """The library's Lease lock, with two changes. Any error of a read or a write is a failed try, as
+    """The library's Lease lock, with three changes. Any error of a read or a write is a failed try, as
     the API server's refusal is: the library's lock lets every other error (urllib3's where the API
     server is out of reach, the client's where an answer is no Lease) out of its thread, which then
     ends without saying the leadership is lost, a leader acting on while a standby takes the Lease.
-    And its requests stop once ``released`` (its writes under one lock with the release)."""
+    Every request is bounded (``request_timeout_s``): the library's have no timeout, so one the API
+    server never answers (a connection half gone, packets dropped) held its thread past its renew
+    deadline, a leader acting on for as long. And its requests stop once ``released`` (its writes
+    under one lock with the release)."""
 
-    def __init__(self, name: str, namespace: str, identity: str) -> None:
+    def __init__(self, name: str, namespace: str, identity: str, request_timeout_s: float) -> None:
         super().__init__(name, namespace, identity)
+        self.api_instance = cast(client.CoordinationV1Api, _Bounded(self.api_instance, request_timeout_s))
         self.guard = threading.Lock()
         self.released = False
 
@@ -87,7 +110,9 @@ class LeaderElector:
         # The library's lock builds its API object from the default configuration.
         client.Configuration.set_default(api.configuration)
         logging.getLogger("leaderelection").setLevel(logging.WARNING)  # it logs every renewal at INFO
-        lock = self._lock = ReleasableLeaseLock(name, namespace, identity)
+        # A request past the retry period is a failed try: the last one begun before the renew deadline
+        # ends before the Lease does (15 s: the deadline 10 s, the last try begun within it 2 s at most).
+        lock = self._lock = ReleasableLeaseLock(name, namespace, identity, request_timeout_s=retry_period_s)
         self._on_started = on_started
         self._on_stopped = on_stopped
         self._config = electionconfig.Config(
