@@ -186,8 +186,8 @@ def relay(
         typer.Option(
             min=1,
             max=3600,
-            help="how long agents' calls wait here for the controller (a restart, a failover) before they "
-            "are ended and the agents reconnect",
+            help="how long agents' calls wait here for the controller (a restart, a failover), from when "
+            "they began to wait for it, before they are ended and the agents reconnect",
         ),
     ] = 120.0,
     hello_wait_s: Annotated[

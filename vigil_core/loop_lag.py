@@ -75,7 +75,7 @@ class Lateness:
         it (a tick ``lag`` late at ``ran`` held the loop from ``ran - lag``), and a tick due and not
         yet run. 0 for a loop not watched."""
         now, held = self._wall(), 0.0
-        if self._due is not None and (pending := asyncio.get_running_loop().time() - self._due) > 0:
+        if (pending := self._overdue(asyncio.get_running_loop().time())) > 0:
             held += min(pending, max(0.0, now - t))
         first = bisect.bisect_right(self._ran, t)
         if first < len(self._ran):
@@ -88,14 +88,17 @@ class Lateness:
         """How long the tick now due has been overdue (0: none is, or the loop is not watched); read
         from any thread (the liveness probe's): a loop stuck in one step reads ever longer. The
         loop's clock is ``time.monotonic`` (asyncio's own)."""
-        due = self._due
-        return max(0.0, time.monotonic() - due) if due is not None else 0.0
+        return self._overdue(time.monotonic())
 
     def own_time(self) -> float:
         """The running loop's clock less its lateness: it stands still while the loop runs late."""
         now = asyncio.get_running_loop().time()
-        pending = max(0.0, now - self._due) if self._due is not None else 0.0  # a tick due, not yet run
-        return now - self.total_s - pending
+        return now - self.total_s - self._overdue(now)
+
+    def _overdue(self, now: float) -> float:
+        """How long the tick due has been overdue at ``now`` (the loop's clock): 0 when none is."""
+        due = self._due
+        return max(0.0, now - due) if due is not None else 0.0
 
 
 def stuck(lateness: Lateness, bound_s: float = STUCK_S) -> list[str]:

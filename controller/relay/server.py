@@ -142,6 +142,10 @@ class AgentCall:
         self.kept: bytes | None = None  # its Hello, queued here for room at the controller (``keeps``)
         self.urgent = first is not None and first.urgent_waiting > 0  # its last Hello said faults wait
 
+    def ask(self) -> None:
+        """Its Hello again is asked for: due afresh from its turn (``AgentStreams._next``)."""
+        self.waiting_hello, self.hello_due = True, 0.0
+
 
 class AgentStreams:
     def __init__(self, uplink: Uplink, settings: RelaySettings, lateness: loop_lag.Lateness) -> None:
@@ -227,8 +231,8 @@ class AgentStreams:
                         kept, call.kept = call.kept, None
                         self._say_hello(call, kept)
                     else:
-                        call.waiting_hello, wait_ms = True, 0  # a Hello is due from the agent called
-                        call.hello_due = 0.0
+                        call.ask()  # a Hello is due from the agent called
+                        wait_ms = 0
                         yield HELLO_NOW
                     continue
                 if isinstance(item, Lost):
@@ -255,10 +259,10 @@ class AgentStreams:
                         kept, call.kept = call.kept, None
                         self._say_hello(call, kept)
                         continue
-                    call.waiting_hello, call.hello_due = True, 0.0
+                    call.ask()
                     yield HELLO_NOW
                     continue
-                call.waiting_hello, call.hello_due = True, 0.0
+                call.ask()
                 self._uplink.metrics.hello_again.labels("paced").inc()
                 yield agent_pb2.ControllerMessage(
                     hello_again=agent_pb2.HelloAgain(after_ms=wait_ms)

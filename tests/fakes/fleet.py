@@ -44,7 +44,7 @@ class FleetNode:
         self._running: dict[str, asyncio.Task[None]] = {}  # request id -> its check's task
         self._queue: asyncio.Queue[agent_pb2.AgentMessage | None] = asyncio.Queue()  # the current stream's
         self._generation = 0  # which stream is the current one
-        self._beats: dict[int, list[asyncio.TimerHandle]] = {}  # each open stream's heartbeat timer (``_beat``)
+        self._beats: dict[int, asyncio.TimerHandle] = {}  # each open stream's next heartbeat (``_beat``)
         self._unacked: dict[int, agent_pb2.AgentMessage] = {}  # signals sent, not yet acknowledged
         self._urgent: set[int] = set()  # the seqs among them the agent keeps above all (``Signal.must_keep``)
         self._takes_urgent = False  # told to wait by a relay that takes an urgent Hello unasked, not asked yet
@@ -172,12 +172,8 @@ class FleetNode:
         self._taken_generation = generation
         if self._hello_said_at and not self.hello_own_at:  # its Hello said, not answered: patience from now
             self.hello_own_at, self.untaken_own_at = self.clock(), 0.0
-            self._mind()
+            self.mind(self)
             self.taken_in(time.monotonic() - self._hello_said_at)
-
-    def _mind(self) -> None:
-        """A Hello of its waits (``hello_own_at``, or ``untaken_own_at`` until its call is taken)."""
-        self.mind(self)
 
     def give_up(self) -> None:
         """Its Hello waited past its patience: its stream is cancelled, and it reconnects (``run``)."""
@@ -238,7 +234,7 @@ class FleetNode:
         if queue is self._queue:
             self._takes_urgent = False
             self._hello_said_at, self.hello_own_at = time.monotonic(), self.clock()
-            self._mind()
+            self.mind(self)
             queue.put_nowait(self._hello())
 
     def _say_unasked(self) -> None:
@@ -255,14 +251,13 @@ class FleetNode:
             self.hello_own_at = self.clock()
         else:  # its patience waits for the call to be taken, within the agent's bound on that
             self.hello_own_at, self.untaken_own_at = 0.0, self.clock()
-        self._mind()
+        self.mind(self)
         yield self._hello()
         # Its heartbeats: a timer that puts each in the stream's queue (not a wait with a timeout on
         # every message: a task and a timer each, a tenth of the simulator's time after a failover).
         loop = asyncio.get_running_loop()
         first = random.uniform(0, self._interval(heartbeat_s))
-        beating = [loop.call_later(first, self._beat, heartbeat_s, stop, generation, queue)]
-        self._beats[generation] = beating
+        self._beats[generation] = loop.call_later(first, self._beat, heartbeat_s, stop, generation, queue)
         try:
             while (msg := await queue.get()) is not None:  # None: stopped, or a newer stream (``_beat``)
                 if self._watched and (watched := self._watched.get(id(msg))) and watched[0] is msg:
@@ -272,8 +267,8 @@ class FleetNode:
                     continue
                 yield msg
         finally:
-            self._beats.pop(generation, None)
-            beating[0].cancel()
+            if (beat := self._beats.pop(generation, None)) is not None:
+                beat.cancel()
 
     def _beat(self, heartbeat_s: float, stop: asyncio.Event, generation: int, queue: asyncio.Queue) -> None:  # type: ignore[type-arg]
         """A heartbeat due on the stream ``generation``: put in its queue, the next one timed; a
@@ -284,8 +279,8 @@ class FleetNode:
         queue.put_nowait(
             agent_pb2.AgentMessage(heartbeat=agent_pb2.Heartbeat(sent_at=time.time(), jobs=self.jobs, ranks=self.ranks))
         )
-        if (beating := self._beats.get(generation)) is not None:
-            beating[0] = asyncio.get_running_loop().call_later(
+        if generation in self._beats:  # its stream still open
+            self._beats[generation] = asyncio.get_running_loop().call_later(
                 self._interval(heartbeat_s), self._beat, heartbeat_s, stop, generation, queue
             )
 
