@@ -24,6 +24,8 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
+import structlog
+
 INTERVAL_S = 0.1
 # A tick overdue this long: the loop is stuck in one step, not late (the longest garbage collection
 # seen with 100,000 agents connecting on 2 cores held a loop about 4 s). What ``/livez`` says.
@@ -33,6 +35,8 @@ KEPT_LATE_S = 0.01  # a tick later than this is kept for late_since (an idle loo
 HORIZON_S = 3600.0  # how far back late_since can see (a hung job's pause limit)
 
 T = TypeVar("T")
+
+log = structlog.get_logger(__name__)
 
 
 class Lateness:
@@ -109,6 +113,7 @@ def stuck(lateness: Lateness, bound_s: float = STUCK_S) -> list[str]:
     held = lateness.held_now_s()
     if held <= bound_s:
         return []
+    log.error("event_loop_stuck", held_s=round(held), bound_s=bound_s)  # each probe's 503, until restarted
     return [f"the event loop has not run for {held:.0f} s (one step stuck in it; the bound is {bound_s:g} s)"]
 
 

@@ -342,8 +342,17 @@ class AgentStreams:
         if not uplink.connected.is_set():
             if self._reaching is None or self._reaching.done():
                 self._reaching = asyncio.ensure_future(self._reach())
+                self._reaching.add_done_callback(self._shared_wait_ended)
             await asyncio.shield(self._reaching)  # a call that ends meanwhile leaves the others' wait be
         return uplink.connected.is_set()
+
+    def _shared_wait_ended(self, task: asyncio.Future[None]) -> None:
+        """A wait every call shares that failed (a bug) is said and counted, not left unread: the next
+        call that needs it starts it again."""
+        if task.cancelled() or (exc := task.exception()) is None:
+            return
+        log.error("relay_task_failed", task="shared-wait", error=repr(exc)[:300])
+        self._uplink.metrics.task_failures.labels("shared-wait").inc()
 
     async def _reach(self) -> None:
         with contextlib.suppress(TimeoutError):
@@ -358,6 +367,7 @@ class AgentStreams:
             heapq.heappush(self._hellos_due, (call.hello_due, next(self._asked), call, wait_ms))
             if self._minding is None or self._minding.done():
                 self._minding = asyncio.create_task(self._mind_hellos_due())
+                self._minding.add_done_callback(self._shared_wait_ended)
         return await call.back.get()
 
     async def _mind_hellos_due(self, every_s: float = 0.25) -> None:

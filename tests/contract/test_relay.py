@@ -14,18 +14,21 @@ from typing import Any
 
 import grpc
 import pytest
+from prometheus_client import generate_latest
+from structlog.testing import capture_logs
 
 from agent.link import ControllerLink
 from agent.spool import Spool
 from controller.config import LimitsConfig
 from controller.daemon import Controller
-from controller.relay.server import RelaySettings, identity_problem, serve
+from controller.relay.server import AgentStreams, RelaySettings, identity_problem, serve
 from controller.relay.uplink import ITEM_OVERHEAD, Uplink, take
 from controller.vocab.lanes import lanes_message
 from controller.vocab.policy import Policy
 from protos.vigil.v1 import agent_pb2, agent_pb2_grpc, common_pb2, relay_pb2
 from tests.contract.test_agent_link import duplicates, signals_received, xid
 from tests.helpers import free_port, start_controller, stop_controller, wait_until
+from vigil_core import loop_lag
 from vigil_core.rpc_errors import retry_after_s
 from vigil_core.tls import Identity
 
@@ -741,3 +744,18 @@ def test_a_relay_without_its_controller_tries_again_at_least_every_retry_cap(mon
     rounds = pauses[1::2]  # after each round of both addresses (the next replica's try comes at once)
     assert len(rounds) >= 15 and max(rounds) <= 0.5
     assert max(pauses[0::2]) <= 0.05
+
+
+def test_a_relays_shared_wait_that_fails_is_said_and_counted() -> None:
+    async def scenario() -> None:
+        uplink = Uplink("127.0.0.1:1", None)
+        streams = AgentStreams(uplink, RelaySettings("127.0.0.1:1", "127.0.0.1:0", None), loop_lag.Lateness())
+        failed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        failed.set_exception(RuntimeError("a bug"))
+        with capture_logs() as logs:
+            streams._shared_wait_ended(failed)
+        assert [e["task"] for e in logs if e["event"] == "relay_task_failed"] == ["shared-wait"]
+        text = generate_latest(uplink.metrics.registry).decode()
+        assert sample(text, 'vigil_relay_task_failures_total{task="shared-wait"}') == 1
+
+    asyncio.run(scenario())

@@ -179,8 +179,10 @@ def test_livez_says_an_event_loop_stuck_in_one_step_and_ok_once_it_runs_again() 
     try:
         assert probe() == (200, "ok\n")
         loop.call_soon_threadsafe(time.sleep, 1.5)  # one step holds the loop
-        _, said = cast(tuple[int, str], poll_until(lambda: (found := probe())[0] == 503 and found, 10, "a 503"))
+        with capture_logs() as logs:
+            _, said = cast(tuple[int, str], poll_until(lambda: (found := probe())[0] == 503 and found, 10, "a 503"))
         assert "the event loop has not run for" in said
+        assert any(entry["event"] == "event_loop_stuck" for entry in logs)  # said, not only answered
         poll_until(lambda: probe() == (200, "ok\n"), timeout=10, what="ok once the loop runs again")
     finally:
         watching.cancel()
