@@ -79,7 +79,7 @@ class Lateness:
         it (a tick ``lag`` late at ``ran`` held the loop from ``ran - lag``), and a tick due and not
         yet run. 0 for a loop not watched."""
         now, held = self._wall(), 0.0
-        if (pending := self._overdue(asyncio.get_running_loop().time())) > 0:
+        if self._due is not None and (pending := self._overdue(asyncio.get_running_loop().time())) > 0:
             held += min(pending, max(0.0, now - t))
         first = bisect.bisect_right(self._ran, t)
         if first < len(self._ran):

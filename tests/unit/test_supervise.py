@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 import urllib.error
 import urllib.request
 from functools import partial
@@ -178,9 +177,11 @@ def test_livez_says_an_event_loop_stuck_in_one_step_and_ok_once_it_runs_again() 
 
     try:
         assert probe() == (200, "ok\n")
-        loop.call_soon_threadsafe(time.sleep, 1.5)  # one step holds the loop
+        release = threading.Event()
+        loop.call_soon_threadsafe(release.wait, 20)  # one step holds the loop until the probe has said so
         with capture_logs() as logs:
             _, said = cast(tuple[int, str], poll_until(lambda: (found := probe())[0] == 503 and found, 10, "a 503"))
+        release.set()
         assert "the event loop has not run for" in said
         assert any(entry["event"] == "event_loop_stuck" for entry in logs)  # said, not only answered
         poll_until(lambda: probe() == (200, "ok\n"), timeout=10, what="ok once the loop runs again")
