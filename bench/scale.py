@@ -478,14 +478,22 @@ def hello_answers(metrics_ports: list[int]) -> dict[str, float]:
     fleet's own lateness): how many, their total wait, and how many waited past 1 s and past an
     agent's first patience (``HELLO_ACK_TIMEOUT_S``: a real agent gives up there and reconnects);
     and the agents the relays queued for room at the controller (``controller.relay.hello_room``;
-    records before the queue say ``turns``)."""
+    records before the queue say ``turns``), with how many of them were called, their wait for room
+    in all and how many waited past 1 s and 2.5 s (``vigil_relay_hello_queued_seconds``)."""
     name, first = "vigil_relay_hello_answer_seconds", f"over_{HELLO_ACK_TIMEOUT_S:g}s"
+    queued = "vigil_relay_hello_queued_seconds"
     out = {"n": 0.0, "sum_s": 0.0, "over_1s": 0.0, first: 0.0, "queued": 0.0}
+    out |= {"called": 0.0, "called_wait_sum_s": 0.0, "called_over_1s": 0.0, "called_over_2.5s": 0.0}
     for port in metrics_ports:
         samples = scrape(port)
         if (count := _value(samples, f"{name}_count")) < 0:
             continue
         out["queued"] += max(0.0, _value(samples, "vigil_relay_hello_again_total", why="queued"))
+        if (called := _value(samples, f"{queued}_count")) >= 0:  # relays before the metric say nothing
+            out["called"] += called
+            out["called_wait_sum_s"] += _value(samples, f"{queued}_sum")
+            out["called_over_1s"] += called - _value(samples, f"{queued}_bucket", le="1.0")
+            out["called_over_2.5s"] += called - _value(samples, f"{queued}_bucket", le="2.5")
         out["n"] += count
         out["sum_s"] += _value(samples, f"{name}_sum")
         out["over_1s"] += count - _value(samples, f"{name}_bucket", le="1.0")
@@ -502,6 +510,8 @@ def answered_since(then: dict[str, float], now: dict[str, float]) -> dict[str, f
     """``hello_answers`` between two readings, with the mean wait. Pure."""
     since = {k: round(now[k] - then.get(k, 0.0), 1) for k in now}
     since["mean_s"] = round(since["sum_s"] / since["n"], 2) if since["n"] else 0.0
+    if since.get("called"):
+        since["called_mean_s"] = round(since["called_wait_sum_s"] / since["called"], 2)
     return since
 
 

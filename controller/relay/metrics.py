@@ -76,6 +76,13 @@ class RelayMetrics:
             buckets=HELLO_ANSWER_BUCKETS_S,
             registry=r,
         )
+        self.hello_queued = Histogram(
+            "vigil_relay_hello_queued_seconds",
+            "How long each agent queued for room at the controller (told to wait, or lined up when the relay"
+            " reached the controller again) waited here until called: its Hello then passed on, or asked for",
+            buckets=HELLO_ANSWER_BUCKETS_S,
+            registry=r,
+        )
         self.hellos_waiting = Gauge(
             "vigil_relay_hellos_waiting",
             "Agents' Hellos passed on to the controller and not answered yet (at most the relay's room; the"

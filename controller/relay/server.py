@@ -126,7 +126,7 @@ class AgentCall:
 
     __slots__ = (
         "node", "resumable", "keeps", "peer", "token", "stream", "back", "waiting_hello", "hello_due", "hello_at",
-        "kept", "urgent",
+        "kept", "urgent", "queued_at",
     )  # fmt: skip
 
     def __init__(self, first: agent_pb2.Hello | None, peer: str, token: str) -> None:
@@ -141,6 +141,7 @@ class AgentCall:
         self.hello_at = 0.0  # when its Hello went to the controller (monotonic: what the agent waits; 0: answered)
         self.kept: bytes | None = None  # its Hello, queued here for room at the controller (``keeps``)
         self.urgent = first is not None and first.urgent_waiting > 0  # its last Hello said faults wait
+        self.queued_at = 0.0  # told to wait for room at the controller then (monotonic; 0: not queued)
 
     def ask(self) -> None:
         """Its Hello again is asked for: due afresh from its turn (``AgentStreams._next``)."""
@@ -225,9 +226,14 @@ class AgentStreams:
                     continue
                 if isinstance(item, Place):  # the relay's own word on the Hello: no room yet, or room now
                     if not item.called:
+                        call.queued_at = time.monotonic()
                         self._uplink.metrics.hello_again.labels("queued").inc()
                         yield WAIT_KEPT if call.kept is not None else WAIT_FOR_CONTROLLER
-                    elif call.kept is not None:  # its Hello, kept here, goes on in the place kept for it
+                        continue
+                    if call.queued_at:  # how long it waited for room
+                        self._uplink.metrics.hello_queued.observe(time.monotonic() - call.queued_at)
+                        call.queued_at = 0.0
+                    if call.kept is not None:  # its Hello, kept here, goes on in the place kept for it
                         kept, call.kept = call.kept, None
                         self._say_hello(call, kept)
                     else:
@@ -252,6 +258,7 @@ class AgentStreams:
                         break
                     self._uplink.metrics.hello_again.labels("controller_lost").inc()
                     if self.room is not None:  # the whole fleet at once: each called as a place comes free
+                        call.queued_at = time.monotonic()
                         self.room.line_up(call, call.urgent)
                         self._call_soon()
                         continue

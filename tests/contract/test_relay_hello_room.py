@@ -89,6 +89,7 @@ def test_hellos_past_the_room_are_queued_and_each_called_as_a_place_comes_free(t
             called = await second.read()  # the first queued is called
             assert called.HasField("hello_again") and not called.hello_again.wait and called.hello_again.after_ms == 0
             assert metric(metrics_port, "vigil_relay_hellos_queued") == 1
+            assert metric(metrics_port, "vigil_relay_hello_queued_seconds_count") == 1  # its wait for room said
             await third.hello("node-c")  # not called: its Hello goes nowhere, and it stays queued
             await second.hello("node-b")
             await wait_until(lambda: metric(metrics_port, "vigil_relay_hellos_waiting") == 1, what="node-b passed on")
@@ -97,6 +98,7 @@ def test_hellos_past_the_room_are_queued_and_each_called_as_a_place_comes_free(t
             await second.close()
             called = await third.read()
             assert called.HasField("hello_again") and not called.hello_again.wait
+            assert metric(metrics_port, "vigil_relay_hello_queued_seconds_count") == 2
             # No Hello was answered by the controller.
             assert metric(metrics_port, "vigil_relay_hello_answer_seconds_count") == 0
             await third.close()
@@ -115,6 +117,7 @@ def test_an_agent_that_waits_for_its_kept_hello_is_answered_without_saying_it_ag
             # Its place came free: the Hello it said goes on, with no word to the agent.
             await wait_until(lambda: metric(metrics_port, "vigil_relay_hellos_queued") == 0, what="node-b's Hello on")
             assert metric(metrics_port, "vigil_relay_hellos_waiting") == 1
+            assert metric(metrics_port, "vigil_relay_hello_queued_seconds_count") == 1
             assert metric(metrics_port, "vigil_relay_dropped_between_sessions_total", absent=0) == 0
             await second.close()
 
