@@ -9,8 +9,11 @@ from when it wrote it gave up on calls only waiting their turn (1,632 of those 2
 reconnected behind the same queue: at 100,000 agents, tens of thousands of streams more, each
 costing both ends again.
 
-So a Vigil server says it has taken a call at once (its initial metadata, before it reads the
-Hello: ``say_taken``), and an agent counts its Hello's patience from then (``taken``). Until then the
+So a Vigil server says it has taken a call (its initial metadata: ``say_taken``), and an agent
+counts its Hello's patience from then (``taken``). The controller says it at once, before it reads
+the Hello; a relay once it holds the Hello: on its own when it passes the Hello on, and with its
+word to wait when it queues it for room at the controller (the metadata goes with that first
+answer: one batch, where two cost a fleet connecting at once 15% of the relays' CPU). Until then the
 server bounds the wait itself: gRPC ends a call not taken within ``UNREQUESTED_CALL_S``; the agent
 waits ``TAKEN_PATIENCE_S`` for it, a bound for a server that says nothing at all. An older server
 sends its metadata with its first answer: against it a Hello's patience is that bound.

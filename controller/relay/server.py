@@ -184,7 +184,6 @@ class AgentStreams:
 
     async def connect(self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
         settings = self._settings
-        await say_taken(context)  # the agent's Hello patience counts from here (vigil_core.call_taken)
         try:
             first = await loop_lag.within(anext(aiter(requests), None), settings.first_message_s, self._own_time)
         except TimeoutError:
@@ -213,6 +212,8 @@ class AgentStreams:
         if call.urgent:
             self._uplink.metrics.urgent_hellos.inc()
         self._say_hello(call, first)
+        if call.stream is not None:  # passed on: the agent's patience counts from here (vigil_core.call_taken)
+            await say_taken(context)  # queued, it counts from its word to wait, which says it with it: one batch
         reader = asyncio.create_task(self._read(call, requests))
         reader.add_done_callback(partial(_reader_ended, call.back, call.node))
         wait_ms: int | None = 0

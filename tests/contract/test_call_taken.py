@@ -1,5 +1,5 @@
 """A Hello's patience counts once the server has taken the call (``vigil_core.call_taken``), over
-real gRPC on loopback: the controller and a relay say so before they read a Hello, and the agent's
+real gRPC on loopback: the controller says so before it reads a Hello, a relay once it holds one, and the agent's
 link given a server slow to take its call waits for its turn instead of giving up on its Hello."""
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ import grpc
 from agent.link import ControllerLink
 from agent.spool import Spool
 from protos.vigil.v1 import agent_pb2
-from tests.contract.test_relay import Relay, answer_ok, run
+from tests.contract.test_relay import RawAgent, Relay, answer_ok, run
+from tests.contract.test_relay_hello_room import ROOM_OF_ONE, SilentController
 from tests.contract.test_urgent_hello import ack
 from tests.helpers import wait_until
 from vigil_core.call_taken import say_taken
@@ -91,11 +92,34 @@ async def taken_before_any_hello(port: int) -> bool:
         return still_open
 
 
-def test_the_controller_and_a_relay_say_a_call_is_taken_before_they_read_its_hello(tmp_path: Path) -> None:
+def test_the_controller_says_a_call_is_taken_before_it_reads_its_hello(tmp_path: Path) -> None:
     async def test(controller: object, _: Path) -> None:
-        port = controller.port  # type: ignore[attr-defined]
-        assert await taken_before_any_hello(port)
-        async with Relay(port, first_message_s=30.0) as relay:
-            assert await taken_before_any_hello(relay.port)
+        assert await taken_before_any_hello(controller.port)  # type: ignore[attr-defined]
 
     run(test, tmp_path)
+
+
+def test_a_relay_says_a_call_is_taken_once_it_holds_its_hello(tmp_path: Path) -> None:
+    """Passed on to a controller that never answers, the Hello's call is said taken all the same;
+    queued for room, the agent is told so with its word to wait (the batch a call said taken on its
+    own costs is spared to most of a fleet connecting at once)."""
+
+    async def scenario() -> None:
+        silent = SilentController()
+        await silent.server.start()
+        try:
+            async with Relay(silent.port, **ROOM_OF_ONE) as relay:
+                passed_on, queued = RawAgent(relay.port), RawAgent(relay.port)
+                await passed_on.hello("node-a", waits=True)
+                await asyncio.wait_for(passed_on.call.initial_metadata(), 20)  # no answer will come: taken
+                assert not passed_on.call.done()
+                await queued.hello("node-b", waits=True)
+                await asyncio.wait_for(queued.call.initial_metadata(), 20)
+                told = await queued.read()
+                assert told.hello_again.wait and told.hello_again.kept
+                for agent in (passed_on, queued):
+                    await agent.close()
+        finally:
+            await silent.server.stop(0)
+
+    asyncio.run(scenario())
