@@ -212,12 +212,12 @@ class AgentStreams:
         if call.urgent:
             self._uplink.metrics.urgent_hellos.inc()
         self._say_hello(call, first)
-        if call.stream is not None:  # passed on: the agent's patience counts from here (vigil_core.call_taken)
-            await say_taken(context)  # queued, it counts from its word to wait, which says it with it: one batch
         reader = asyncio.create_task(self._read(call, requests))
         reader.add_done_callback(partial(_reader_ended, call.back, call.node))
         wait_ms: int | None = 0
         try:
+            if call.stream is not None:  # passed on: the agent's patience counts from here (vigil_core.call_taken);
+                await say_taken(context)  # queued, from its word to wait, which says it with it: one batch, not two
             while True:
                 item = await self._next(call, wait_ms or 0)
                 if call.hello_at and not isinstance(item, Lost):  # the controller's answer to the Hello

@@ -9,14 +9,16 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import grpc
+import pytest
 
 from agent.link import ControllerLink
 from agent.spool import Spool
+from controller.relay import server as relay_server
 from protos.vigil.v1 import agent_pb2
 from tests.contract.test_relay import RawAgent, Relay, answer_ok, run
-from tests.contract.test_relay_hello_room import ROOM_OF_ONE, SilentController
+from tests.contract.test_relay_hello_room import ROOM_OF_ONE, SilentController, metric
 from tests.contract.test_urgent_hello import ack
-from tests.helpers import wait_until
+from tests.helpers import free_port, wait_until
 from vigil_core.call_taken import say_taken
 
 PATIENCE_S = 0.5  # the link's first wait for an answer to its Hello
@@ -118,6 +120,43 @@ def test_a_relay_says_a_call_is_taken_once_it_holds_its_hello(tmp_path: Path) ->
                 told = await queued.read()
                 assert told.hello_again.wait and told.hello_again.kept
                 for agent in (passed_on, queued):
+                    await agent.close()
+        finally:
+            await silent.server.stop(0)
+
+    asyncio.run(scenario())
+
+
+def test_a_call_that_ends_while_the_relay_says_it_taken_leaves_no_place_held(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The agent's call ends while the relay says it taken (its Hello passed on already): the room's
+    place and the session at the controller go with it, as for a call that ends at any other point."""
+    said: list[bool] = []
+
+    async def ended_meanwhile(context: grpc.aio.ServicerContext) -> None:
+        said.append(True)
+        if len(said) == 1:
+            raise asyncio.CancelledError  # the call cancelled under the handler
+        await say_taken(context)
+
+    monkeypatch.setattr(relay_server, "say_taken", ended_meanwhile)
+
+    async def scenario() -> None:
+        silent = SilentController()
+        await silent.server.start()
+        metrics_port = free_port()
+        try:
+            async with Relay(silent.port, metrics_port=metrics_port, **ROOM_OF_ONE) as relay:
+                gone, next_one = RawAgent(relay.port), RawAgent(relay.port)
+                await gone.hello("node-a", waits=True)
+                await wait_until(lambda: said == [True], what="node-a's Hello passed on")
+                await wait_until(lambda: metric(metrics_port, "vigil_relay_hellos_waiting") == 0, what="freed")
+                await next_one.hello("node-b", waits=True)  # the room of one is free: passed on, not queued
+                await asyncio.wait_for(next_one.call.initial_metadata(), 20)
+                assert metric(metrics_port, "vigil_relay_hellos_waiting") == 1
+                assert metric(metrics_port, "vigil_relay_hellos_queued") == 0
+                for agent in (gone, next_one):
                     await agent.close()
         finally:
             await silent.server.stop(0)
