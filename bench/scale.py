@@ -486,19 +486,28 @@ def hello_answers(metrics_ports: list[int]) -> dict[str, float]:
     out |= {"called": 0.0, "called_wait_sum_s": 0.0, "called_over_1s": 0.0, "called_over_2.5s": 0.0}
     for port in metrics_ports:
         samples = scrape(port)
-        if (count := _value(samples, f"{name}_count")) < 0:
+        if not _add_histogram(
+            out, samples, name, ("n", "sum_s"), {"over_1s": "1.0", first: f"{HELLO_ACK_TIMEOUT_S:.1f}"}
+        ):
             continue
         out["queued"] += max(0.0, _value(samples, "vigil_relay_hello_again_total", why="queued"))
-        if (called := _value(samples, f"{queued}_count")) >= 0:  # relays before the metric say nothing
-            out["called"] += called
-            out["called_wait_sum_s"] += _value(samples, f"{queued}_sum")
-            out["called_over_1s"] += called - _value(samples, f"{queued}_bucket", le="1.0")
-            out["called_over_2.5s"] += called - _value(samples, f"{queued}_bucket", le="2.5")
-        out["n"] += count
-        out["sum_s"] += _value(samples, f"{name}_sum")
-        out["over_1s"] += count - _value(samples, f"{name}_bucket", le="1.0")
-        out[first] += count - _value(samples, f"{name}_bucket", le=f"{HELLO_ACK_TIMEOUT_S:.1f}")
+        called = {"called_over_1s": "1.0", "called_over_2.5s": "2.5"}  # relays before the metric say nothing
+        _add_histogram(out, samples, queued, ("called", "called_wait_sum_s"), called)
     return out
+
+
+def _add_histogram(
+    out: dict[str, float], samples: list[Sample], name: str, keys: tuple[str, str], over: dict[str, str]
+) -> bool:
+    """Adds histogram ``name``'s count and sum (under ``keys``) to ``out``, and under each key of
+    ``over`` how many were past its bucket bound; False, adding nothing, where it is not served."""
+    if (count := _value(samples, f"{name}_count")) < 0:
+        return False
+    out[keys[0]] += count
+    out[keys[1]] += _value(samples, f"{name}_sum")
+    for key, le in over.items():
+        out[key] += count - _value(samples, f"{name}_bucket", le=le)
+    return True
 
 
 def hello_rooms(metrics_ports: list[int]) -> list[float]:
