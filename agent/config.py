@@ -28,6 +28,12 @@ class AgentConfig(ConfigModel):
     # The default is validated too: a host name with "_" would be refused by the controller forever.
     node: str = Field(default_factory=default_node_name, validate_default=True)
     controller: str = "127.0.0.1:7070"
+    urgent_controller: str | None = Field(
+        None,
+        description="the same controller's (or relay's) urgent port, HOST:PORT per address in controller, in its"
+        " order: a session with faults waiting in the spool dials it, taken beside a fleet connecting at once"
+        " (vigil_core.urgent_port); null: the main port always",
+    )
     # GPUs: "nvml" on a real node; "simulated" for the demo and tests (fault injection).
     gpu_backend: Literal["nvml", "simulated"] = "nvml"
     simulated_gpus: int = Field(8, ge=1, le=64)
@@ -122,15 +128,26 @@ class AgentConfig(ConfigModel):
             )
         return value
 
-    @field_validator("controller")
+    @field_validator("controller", "urgent_controller")
     @classmethod
-    def _host_port(cls, value: str) -> str:
+    def _host_port(cls, value: str | None) -> str | None:
         """HOST:PORT, or several separated by commas (the controller replicas; the agent finds the leader)."""
-        for target in value.split(","):
+        for target in value.split(",") if value is not None else ():
             host, sep, port = target.strip().rpartition(":")
             if not sep or not host or not port.isdigit():
                 raise ValueError(f"expected HOST:PORT[,HOST:PORT...], got {value!r}")
         return value
+
+    @model_validator(mode="after")
+    def _one_urgent_port_each(self) -> AgentConfig:
+        if self.urgent_controller is not None:
+            urgent, main = self.urgent_controller.split(","), self.controller.split(",")
+            if len(urgent) != len(main):
+                raise ValueError(
+                    f"urgent_controller must name one urgent port per address in controller, in its order:"
+                    f" {len(urgent)} for {len(main)} ({self.urgent_controller!r} for {self.controller!r})"
+                )
+        return self
 
     @model_validator(mode="after")
     def _file_source_needs_a_file(self) -> AgentConfig:

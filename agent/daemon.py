@@ -176,6 +176,7 @@ class Agent:
             LocalChecks(config.node, self.backend).run,
             heartbeat_s=config.heartbeat_s,
             idle_heartbeat_s=config.idle_heartbeat_s,
+            urgent_target=config.urgent_controller,
             channel_factory=partial(_channel, tls=tls),
             fill_heartbeat=self._fill_heartbeat,
             run_remedy=Remedies(

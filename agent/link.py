@@ -41,6 +41,7 @@ from vigil_core.call_taken import TAKEN_PATIENCE_S, taken
 from vigil_core.loop_lag import loop_time, within
 from vigil_core.rpc_errors import retry_after_s
 from vigil_core.tls import aio_channel
+from vigil_core.urgent_port import CLOSED_FOR_S
 from vigil_core.waiting import backoff_delay, wait_event
 
 log = structlog.get_logger(__name__)
@@ -141,13 +142,22 @@ class ControllerLink:
         run_remedy: RemedyRunner = _no_remedies,
         clock: Callable[[], float] = loop_time,
         hello_patience_first_s: float = HELLO_ACK_TIMEOUT_S,
+        urgent_target: str | None = None,
     ) -> None:
+        """``urgent_target``: the same servers' urgent ports (``vigil_core.urgent_port``), one per
+        address in ``target``, in its order: a session whose Hello has faults to say dials it."""
         self._run_remedy = run_remedy
         self._clock = clock  # the agent's own time (its loop's, less the loop's lateness): what a Hello is given
         self._patience_first_s = hello_patience_first_s
         self._fill_heartbeat = fill_heartbeat  # what else the node says with each beat
         self._targets = [t.strip() for t in target.split(",") if t.strip()]
         self._target = self._targets[0]
+        self._urgent_targets = [t.strip() for t in (urgent_target or "").split(",") if t.strip()]
+        if self._urgent_targets and len(self._urgent_targets) != len(self._targets):
+            raise ValueError(f"one urgent port per controller address: {urgent_target!r} for {target!r}")
+        self._urgent_closed_at: float | None = None  # when the urgent port was last not reached (its own time)
+        self._on_urgent_port = False  # the stream now is the urgent port's
+        self.urgent_sessions = 0  # sessions acknowledged through the urgent port
         self._spool = spool
         self._hello = hello
         self._run_check = run_check
@@ -172,8 +182,9 @@ class ControllerLink:
     async def run(self, stop: asyncio.Event) -> None:
         self.attempt = 0  # failed sessions since the controller last acknowledged a Hello
         while not stop.is_set():
+            urgent, acked = self._urgent_port(), self.connections
             try:
-                await self._session(stop)
+                await self._session(stop, urgent)
             except grpc.aio.AioRpcError as exc:
                 if (turn := retry_after_s(exc)) is not None:  # the controller gave us a turn: come back then
                     log.info("controller_link_paced", target=self._target, turn_in_s=turn)
@@ -188,16 +199,34 @@ class ControllerLink:
                 self.connected = False
             if stop.is_set():
                 break
+            if urgent is not None and self.connections == acked:  # not reached, or refused: the main port at once
+                self._urgent_closed_at = self._clock()
+                log.info("controller_link_urgent_port_closed", urgent_port=urgent, main_port_for_s=CLOSED_FOR_S)
+                continue
             self._target = self._targets[(self._targets.index(self._target) + 1) % len(self._targets)]
             delay = backoff_delay(self.attempt) if self._target == self._targets[0] else 0.05
             self.attempt = min(self.attempt + 1, 16)
             await wait_event(stop, delay)
 
-    async def _session(self, stop: asyncio.Event) -> None:
+    def _urgent_port(self) -> str | None:
+        """The urgent port to dial for the next session: the current target's, while faults wait in
+        the spool, unless it was not reached within ``CLOSED_FOR_S``; None: the main port."""
+        if not self._urgent_targets or not (faults := self._spool.urgent_waiting()):
+            return None
+        closed_at = self._urgent_closed_at
+        if closed_at is not None and self._clock() - closed_at < CLOSED_FOR_S:
+            return None
+        urgent = self._urgent_targets[self._targets.index(self._target)]
+        log.info("controller_link_urgent_port", urgent_port=urgent, faults_waiting=faults)
+        return urgent
+
+    async def _session(self, stop: asyncio.Event, urgent: str | None = None) -> None:
         """One stream to the controller (or a relay): a session per Hello on it. A relay that lost the
         controller and reached it again, or whose controller gave this Hello a later turn, keeps the
-        stream and asks for another Hello on it (``HelloAgain``): no new connection, no backoff."""
-        async with self._channel_factory(self._target) as channel:
+        stream and asks for another Hello on it (``HelloAgain``): no new connection, no backoff.
+        ``urgent``: dialled at this urgent port instead of the target's main port."""
+        self._on_urgent_port = urgent is not None
+        async with self._channel_factory(urgent or self._target) as channel:
             call = agent_pb2_grpc.AgentGatewayStub(channel).Connect()
             self.streams += 1
             again: agent_pb2.HelloAgain | None = agent_pb2.HelloAgain()
@@ -325,7 +354,10 @@ class ControllerLink:
         # many came before (a controller restarted every few minutes must not cost 10 s each time).
         self.attempt = 0
         self.connected, self.connections = True, self.connections + 1
-        log.info("controller_link_up", target=self._target, acked_seq=self._spool.acked_seq)
+        self.urgent_sessions += self._on_urgent_port
+        log.info(
+            "controller_link_up", target=self._target, acked_seq=self._spool.acked_seq, urgent_port=self._on_urgent_port
+        )
         over = asyncio.Event()  # the session ended with the stream kept: the sender stops between writes
         sending = asyncio.create_task(self._send_loop(call, stop, over))
         receiving = asyncio.create_task(self._receive_loop(call))

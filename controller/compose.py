@@ -245,6 +245,7 @@ class Rooms:
     jobs: JobMonitor
     repairs: Repairs
     agent_gateway: AgentGateway
+    urgent_gateway: AgentGateway  # the urgent port's (``urgent_port``): the same sessions, urgent agents only
     relay_gateway: RelayGateway  # agents that come through a `vigil relay`, the same sessions
     admin: Admin
     trainer_gateway: TrainerGateway
@@ -334,6 +335,7 @@ def rooms(
         jobs,
         repairs,
         AgentGateway(sessions, nodes.lateness.own_time),
+        AgentGateway(sessions, nodes.lateness.own_time, urgent_only=True),
         relay_gateway,
         admin,
         TrainerGateway(jobs, config.limits),

@@ -109,6 +109,13 @@ class ControllerConfig(ConfigModel):
     )
     port: int = Field(default=7070, ge=0, le=65535)
     port_file: Path | None = Field(default=None, description="write the bound port here (for port 0)")
+    urgent_port: int | None = Field(
+        default=None,
+        ge=1,
+        le=65535,
+        description="a second gRPC port, on the same address, for agents with faults waiting only: taken beside the"
+        " main port's calls, not behind them, while a fleet connects (vigil_core.urgent_port); null: none",
+    )
     database: DatabaseTarget = Field(
         default=Path("/var/lib/vigil/controller.db"),
         description="an SQLite file (one controller) or a postgresql:// DSN (HA replicas sharing one database)",
@@ -165,6 +172,8 @@ class ControllerConfig(ConfigModel):
             raise ValueError(problem)
         if self.agent_tokens.enabled and self.tls_dir is None:
             raise ValueError("agent_tokens needs tls_dir: a token is only sent over TLS")
+        if self.urgent_port is not None and self.urgent_port == self.port:
+            raise ValueError(f"urgent_port must differ from port (both {self.port})")
         return self
 
     @property

@@ -69,6 +69,7 @@ class Controller:
             )
         self.engine.metrics.database_started_empty.set(1 if self.store.opened is Opened.EMPTY else 0)
         self.server: grpc.aio.Server | None = None
+        self.urgent_server: grpc.aio.Server | None = None  # urgent_port's, when configured
         self.elector: LeaderElector | None = None
         self.adoption: Adoption | None = None  # a new leader's (leader election on)
         self.port = 0
@@ -109,9 +110,21 @@ class Controller:
         trainer_pb2_grpc.add_TrainerGatewayServicer_to_server(self.rooms.trainer_gateway, self.server)
         address = f"{self.config.listen_address}:{self.config.port}"
         self.port = bind(self.server, address, server_credentials(self.tls) if self.tls is not None else None)
+        if (urgent := self.config.urgent_port) is not None:
+            # Agents with faults waiting only (vigil_core.urgent_port): a server of its own takes its
+            # calls beside the main one's, not behind a fleet connecting at once.
+            self.urgent_server = grpc.aio.server(
+                interceptors=[DecodeInterceptor(), *roles],
+                options=server_options(size, size, open_files.needed(limits.max_nodes)),
+            )
+            agent_pb2_grpc.add_AgentGatewayServicer_to_server(self.rooms.urgent_gateway, self.urgent_server)
+            urgent_address = f"{self.config.listen_address}:{urgent}"
+            bind(self.urgent_server, urgent_address, server_credentials(self.tls) if self.tls is not None else None)
         self._room_for_agents()
         self.engine.resume_pending()
         await self.server.start()
+        if self.urgent_server is not None:
+            await self.urgent_server.start()
         if self.config.port_file is not None:
             tmp = self.config.port_file.with_suffix(".tmp")
             tmp.write_text(str(self.port))
@@ -130,6 +143,7 @@ class Controller:
         log.info(
             "controller_started",
             port=self.port,
+            urgent_port=self.config.urgent_port,
             metrics_port=self.metrics_port,
             nodes=len(self.engine.fleet),
             database=self.store.db.where,
@@ -201,6 +215,8 @@ class Controller:
             watchers.append(asyncio.create_task(supervise("scheduler-drains", lambda: drains.watch(stop), stop, tasks)))
         await stop.wait()
         assert self.server is not None
+        if self.urgent_server is not None:
+            await self.urgent_server.stop(grace=1.0)
         await self.server.stop(grace=1.0)
         await self.jobs.stop()
         await self.sweeper.stop()

@@ -189,6 +189,13 @@ class ControllerMetrics:
             "Agent Hellos that said faults wait in their spool (Hello.urgent_waiting): admitted without a turn",
             registry=r,
         )
+        self.urgent_port_calls = Counter(
+            "vigil_controller_urgent_port_calls_total",
+            "Agents' calls on the urgent port (urgent_port), by outcome: taken (faults wait in the agent's spool),"
+            " or refused (none wait: the agent goes to the main port)",
+            ["outcome"],
+            registry=r,
+        )
         self.check_results_refused = Counter(
             "vigil_controller_check_results_refused_total",
             "Check results not stored: the node sent more than limits.check_results_per_node_hour",

@@ -40,6 +40,8 @@ async def start_controller(db: Path, port: int = 0, **config: Any) -> Controller
 
 async def stop_controller(controller: Controller) -> None:
     assert controller.server is not None
+    if controller.urgent_server is not None:
+        await controller.urgent_server.stop(0)
     await controller.server.stop(0)
     await controller.engine.wait_for_actions()
     await controller.engine.shutdown()  # the actuator lets go too (a Kubernetes node watch's thread)

@@ -60,6 +60,9 @@ def agent(
     config: ConfigOpt = None,
     node: Annotated[Optional[str], typer.Option(help="node name (default: $NODE_NAME or host name)")] = None,
     controller: Annotated[Optional[str], typer.Option(help="controller address HOST:PORT")] = None,
+    urgent_controller: Annotated[
+        Optional[str], typer.Option(help="the controller's urgent port HOST:PORT, dialled while faults wait")
+    ] = None,
     gpu_backend: Annotated[Optional[str], typer.Option(help="nvml (default) or simulated")] = None,
     kernel_log_source: Annotated[Optional[str], typer.Option(help="auto, kmsg, journald, file or none")] = None,
     kernel_log: Annotated[Optional[Path], typer.Option(help="kmsg-format file to tail")] = None,
@@ -88,6 +91,7 @@ def agent(
     overrides = {
         "node": node,
         "controller": controller,
+        "urgent_controller": urgent_controller,
         "gpu_backend": gpu_backend,
         "kernel_log_source": kernel_log_source,
         "kernel_log": kernel_log,
@@ -178,6 +182,13 @@ def relay(
     port_file: Annotated[
         Optional[Path], typer.Option(help="write the bound port here once the controller answers")
     ] = None,
+    urgent_listen: Annotated[
+        Optional[str],
+        typer.Option(
+            help="host:port of an urgent port: agents with faults waiting only, their calls taken beside the main "
+            "port's, not behind a fleet connecting at once (vigil_core.urgent_port)"
+        ),
+    ] = None,
     first_message_s: Annotated[
         float, typer.Option(min=0.1, max=600, help="an agent's stream with no Hello by then is closed")
     ] = 30.0,
@@ -233,7 +244,10 @@ def relay(
     _setup_logs(log_format)
     if problem := transport_problem(tls_dir, plaintext):
         _fail(problem)
-    for name, value in [*(("--controller", c) for c in controller.split(",")), ("--listen", listen)]:
+    addresses = [*(("--controller", c) for c in controller.split(",")), ("--listen", listen)]
+    if urgent_listen is not None:
+        addresses.append(("--urgent-listen", urgent_listen))
+    for name, value in addresses:
         host, _, port = value.strip().rpartition(":")
         if not (host.strip("[]") and is_address(host.strip("[]")) and port.isdigit() and 0 <= int(port) <= 65535):
             _fail(f"{name} must be host:port (the controller's: each replica's, separated by commas), not {value!r}")
@@ -252,7 +266,10 @@ def relay(
         gc_young_objects=gc_young_objects,
         controller_wait_s=controller_wait_s,
         hello_wait_s=hello_wait_s,
+        urgent_listen=urgent_listen,
     )
+    if urgent_listen is not None and urgent_listen.rpartition(":")[2] == listen.rpartition(":")[2] != "0":
+        _fail(f"--urgent-listen must be another port than --listen ({listen})")
     try:
         run_relay(settings, port_file)
     except OSError as exc:

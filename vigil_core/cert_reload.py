@@ -93,16 +93,20 @@ def _configuration(files: TlsFiles) -> grpc.ServerCertificateConfiguration:
 
 def server_credentials(source: CertificateSource) -> grpc.ServerCredentials:
     """The controller's side: its certificate and the CA that clients must show one from, both
-    re-read before each new client's handshake."""
+    re-read before each new client's handshake. Credentials for one server: each server (the main
+    port's, the urgent port's) takes its own, and each takes up new files at its next handshake,
+    whichever server read them first."""
+    served = [source.current]  # what this server's handshakes use now
 
     def fetch() -> grpc.ServerCertificateConfiguration | None:
         try:
-            changed = source.refresh()
+            source.refresh()
         except Exception:  # never fail a handshake for the reload: the current files still serve
             log.exception("tls_reload_error", directory=str(source.directory))
             return None
-        return _configuration(changed) if changed is not None else None
+        if (current := source.current) is served[0]:
+            return None
+        served[0] = current
+        return _configuration(current)
 
-    return grpc.dynamic_ssl_server_credentials(
-        _configuration(source.current), fetch, require_client_authentication=True
-    )
+    return grpc.dynamic_ssl_server_credentials(_configuration(served[0]), fetch, require_client_authentication=True)

@@ -4,7 +4,8 @@ on it. What each message does is the agent's session's (``controller.edge.agent_
 same for an agent that comes through a relay (``controller.edge.relay_gateway``).
 
 Bad input gets a gRPC status that names the problem (and a log line); it never takes the server
-down.
+down. The controller's urgent port (``vigil_core.urgent_port``) serves a gateway of its own over
+the same sessions, which takes only agents whose Hello says faults wait.
 """
 
 from __future__ import annotations
@@ -28,9 +29,12 @@ log = structlog.get_logger(__name__)
 
 
 class AgentGateway(agent_pb2_grpc.AgentGatewayServicer):
-    def __init__(self, sessions: AgentSessions, own_time: Callable[[], float] = loop_time) -> None:
+    def __init__(
+        self, sessions: AgentSessions, own_time: Callable[[], float] = loop_time, urgent_only: bool = False
+    ) -> None:
         self._sessions = sessions
         self._own_time = own_time  # an agent's Hello is awaited on the loop's own time (vigil_core.loop_lag)
+        self.urgent_only = urgent_only  # the urgent port's: agents with faults waiting only
 
     async def Connect(  # noqa: N802 (gRPC method name)
         self, request_iterator: AsyncIterator[agent_pb2.AgentMessage], context: grpc.aio.ServicerContext
@@ -46,7 +50,8 @@ class AgentGateway(agent_pb2_grpc.AgentGatewayServicer):
         outbox = Outbox[Message]()
         try:
             hello = first_hello(first)
-            sessions.admit(hello, caller(), peer)  # caller: None in plaintext; under TLS, whom it proved to be
+            # caller: None in plaintext; under TLS, whom it proved to be
+            sessions.admit(hello, caller(), peer, urgent_port=self.urgent_only)
             acked = await sessions.start(hello, peer, outbox)
         except Refused as refused:
             await _abort(context, refused)

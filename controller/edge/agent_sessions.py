@@ -34,6 +34,7 @@ from vigil_core.names import is_address, is_node_name
 from vigil_core.rank_progress import RankRecord
 from vigil_core.signals import Signal
 from vigil_core.tls import Identity
+from vigil_core.urgent_port import refusal as urgent_port_refusal
 
 log = structlog.get_logger(__name__)
 
@@ -124,16 +125,24 @@ class AgentSessions:
         for said in (self._said_connected, self._said_disconnected, self._said_full):
             said.flush()
 
-    def admit(self, hello: agent_pb2.Hello, who: Identity | None, peer: str, paced: bool = True) -> None:
+    def admit(
+        self, hello: agent_pb2.Hello, who: Identity | None, peer: str, paced: bool = True, urgent_port: bool = False
+    ) -> None:
         """Whether this Hello may open a session now: its content, its caller (None: nobody to check,
         plaintext or a relay that checked), the fleet's size limit, and its turn (``paced``; a relay's
         Hellos are not: it passes on only so many at once, sized by how long they wait here for their
         answer, ``controller.relay.hello_room``, and a turn given on top only sends its agent round again). A
-        Hello that says faults wait in its agent's spool (``urgent_waiting``) is admitted at once."""
+        Hello that says faults wait in its agent's spool (``urgent_waiting``) is admitted at once; on the
+        urgent port (``vigil_core.urgent_port``), only such a Hello is."""
         node = hello.node
         if problem := hello_problem(hello):
             log.warning("bad_hello", peer=peer, error=problem)
             raise Refused(grpc.StatusCode.INVALID_ARGUMENT, problem)
+        if urgent_port:
+            why = urgent_port_refusal(hello.urgent_waiting)
+            self._engine.metrics.urgent_port_calls.labels("refused" if why else "taken").inc()
+            if why:
+                raise Refused(grpc.StatusCode.FAILED_PRECONDITION, why)
         if who is not None and who.name != node:
             log.warning("call_refused", peer=peer, why=f"{who} said Hello as {node}")
             raise Refused(grpc.StatusCode.PERMISSION_DENIED, f"{who} cannot report for {node}")

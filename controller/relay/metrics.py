@@ -49,7 +49,8 @@ class RelayMetrics:
         self.refused = Counter(
             "vigil_relay_agents_refused_total",
             "Agent streams the relay refused or ended itself, by why"
-            " (identity, no_controller, no_hello, hello_again_late)",
+            " (identity, no_controller, no_hello, hello_again_late; not_urgent: a Hello with no fault waiting on the"
+            " urgent port)",
             ["why"],
             registry=r,
         )

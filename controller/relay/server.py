@@ -41,6 +41,7 @@ from vigil_core.loop_lag import stuck
 from vigil_core.rpc_errors import RETRY_AFTER_KEY, status_code
 from vigil_core.supervise import Tasks, supervise
 from vigil_core.tls import Identity, TlsFiles, bind, peer_identity, server_options
+from vigil_core.urgent_port import refusal as urgent_port_refusal
 from vigil_core.waiting import wait_either
 
 log = structlog.get_logger(__name__)
@@ -54,6 +55,9 @@ class RelaySettings:
     first_message_s: float = 30.0
     max_message_bytes: int = 4 << 20
     metrics_port: int | None = None  # /metrics and /readyz (0: any free port); None: not served
+    # host:port of the urgent port (``vigil_core.urgent_port``): agents with faults waiting only, their
+    # calls taken beside the main port's, not behind a fleet connecting at once; None: none.
+    urgent_listen: str | None = None
     # Freeze what survives full collections (vigil_core.gc_keeper, experimental): process-wide, so the
     # CLI's choice (--gc-freeze), never a test's that serves a relay inside its own process.
     gc_freeze: bool = False
@@ -120,6 +124,12 @@ def hello_of(raw: bytes) -> agent_pb2.Hello | None:
     return message.hello if message.HasField("hello") else None
 
 
+def urgent_waiting_of(raw: bytes) -> int:
+    """How many faults the Hello an agent's message is says wait in its spool (0: none, or not a Hello). Pure."""
+    hello = hello_of(raw)
+    return hello.urgent_waiting if hello is not None else 0
+
+
 class AgentCall:
     """One agent's call on the relay, and its sessions one after another: the relay stream of the
     session now (None between two, while the agent is asked for Hello again)."""
@@ -177,12 +187,15 @@ class AgentStreams:
                 task.cancel()
         self._said_late.flush()
 
-    def handler(self) -> grpc.GenericRpcHandler:
-        """``vigil.v1.AgentGateway/Connect``, bytes in and out."""
-        connect = grpc.stream_stream_rpc_method_handler(self.connect)
+    def handler(self, urgent_only: bool = False) -> grpc.GenericRpcHandler:
+        """``vigil.v1.AgentGateway/Connect``, bytes in and out; ``urgent_only``: the urgent port's
+        (``vigil_core.urgent_port``), which takes only agents whose first Hello says faults wait."""
+        connect = grpc.stream_stream_rpc_method_handler(partial(self.connect, urgent_only=urgent_only))
         return grpc.method_handlers_generic_handler("vigil.v1.AgentGateway", {"Connect": connect})
 
-    async def connect(self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
+    async def connect(
+        self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext, urgent_only: bool = False
+    ) -> AsyncIterator[bytes]:
         settings = self._settings
         try:
             first = await loop_lag.within(anext(aiter(requests), None), settings.first_message_s, self._own_time)
@@ -204,6 +217,9 @@ class AgentStreams:
                 await context.abort(
                     grpc.StatusCode.UNAUTHENTICATED if tokenless else grpc.StatusCode.PERMISSION_DENIED, why
                 )
+        if urgent_only and (why := urgent_port_refusal(urgent_waiting_of(first))):
+            self._uplink.metrics.refused.labels("not_urgent").inc()
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, why)
         if not await self._controller_reached():  # the controller restarting: its agents wait here, not on backoff
             self._uplink.metrics.refused.labels("no_controller").inc()
             why = f"the relay has not reached the controller for {settings.controller_wait_s:g} s: retry"
@@ -459,7 +475,14 @@ async def serve(
     lateness = loop_lag.Lateness()
     streams = AgentStreams(uplink, settings, lateness)
     server.add_generic_rpc_handlers((streams.handler(),))
-    port = bind(server, settings.listen, settings.tls.server_credentials() if settings.tls is not None else None)
+    credentials = settings.tls.server_credentials() if settings.tls is not None else None
+    port = bind(server, settings.listen, credentials)
+    urgent_server = None
+    if settings.urgent_listen is not None:  # the same streams; its calls taken beside the main port's
+        urgent_server = grpc.aio.server(options=server_options(size - ITEM_OVERHEAD, size, soft))
+        urgent_server.add_generic_rpc_handlers((streams.handler(urgent_only=True),))
+        bind(urgent_server, settings.urgent_listen, credentials)
+        await urgent_server.start()
     await server.start()
     http = None
     if settings.metrics_port is not None:
@@ -480,6 +503,7 @@ async def serve(
         log.info(
             "relay_started",
             port=port,
+            urgent_listen=settings.urgent_listen,
             controller=settings.controller,
             tls=settings.tls is not None,
             open_files=soft,
@@ -488,6 +512,8 @@ async def serve(
         if ready is not None:
             ready.set()
     await stop.wait()
+    if urgent_server is not None:
+        await urgent_server.stop(grace=2.0)
     await server.stop(grace=2.0)
     running.cancel()
     lag.cancel()

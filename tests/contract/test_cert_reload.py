@@ -19,9 +19,11 @@ from controller.config import ControllerConfig
 from controller.daemon import Controller
 from protos.vigil.v1 import admin_pb2, admin_pb2_grpc
 from tests.contract.test_mtls import certs, hello
-from tests.helpers import stop_controller
+from tests.helpers import free_port, stop_controller
 from vigil_core.cert_reload import not_after
 from vigil_core.tls import CA_FILE, CERT_FILE, KEY_FILE, TlsError, TlsFiles
+
+OK = grpc.StatusCode.OK
 
 
 @pytest.fixture(scope="module")
@@ -85,6 +87,29 @@ def test_the_controller_takes_a_renewed_certificate_and_ca_at_the_next_handshake
             assert len(refusals) == 1 and "is not the key of" in refusals[0]["reason"], logs
             install(clusters / "new" / "controller", live, names=(KEY_FILE,))
             assert await hello(target, creds(clusters, "new", "node-node-1"), "node-1") is grpc.StatusCode.OK
+        finally:
+            await stop_controller(controller)
+
+    asyncio.run(scenario())
+
+
+def test_the_urgent_port_takes_a_renewal_up_too_whichever_port_read_it_first(clusters: Path, tmp_path: Path) -> None:
+    live = tmp_path / "controller"
+    install(clusters / "old" / "controller", live)
+    urgent = free_port()
+
+    async def scenario() -> None:
+        controller = Controller(controller_config(tmp_path, live).model_copy(update={"urgent_port": urgent}))
+        main, door = f"127.0.0.1:{await controller.start()}", f"127.0.0.1:{urgent}"
+        try:
+            for target in (main, door):
+                assert await hello(target, creds(clusters, "old", "node-node-1"), "node-1", urgent=1) is OK
+            install(clusters / "new" / "controller", live)
+            # The main port's handshake reads the renewal first; the urgent port's takes it up all the same.
+            for target in (main, door):
+                assert await hello(target, creds(clusters, "new", "node-node-1"), "node-1", urgent=1) is OK, target
+                got = await hello(target, creds(clusters, "old", "node-node-1"), "node-1", urgent=1)
+                assert got is grpc.StatusCode.UNAVAILABLE, target
         finally:
             await stop_controller(controller)
 

@@ -185,10 +185,21 @@ def test_the_relay_component_points_the_agents_at_relays_that_reach_the_controll
     assert metrics["spec"]["publishNotReadyAddresses"]  # a relay that cannot reach the controller is scraped too
     (controller,) = [o for o in find(objects, "Service") if o["metadata"]["name"] == "vigil-controller"]
     args = agent["spec"]["template"]["spec"]["containers"][0]["args"]
-    assert args[-1] == "--controller=vigil-relay.vigil.svc:7070"
+    served = {p["name"]: p["port"] for p in relays["spec"]["ports"]}
+    assert args[-2:] == [
+        f"--controller=vigil-relay.vigil.svc:{served['grpc']}",
+        f"--urgent-controller=vigil-relay.vigil.svc:{served['grpc-urgent']}",
+    ]
     assert relays["spec"]["selector"] == relay["spec"]["template"]["metadata"]["labels"]
     (container,) = relay["spec"]["template"]["spec"]["containers"]
     relay_args = container["args"]
+    # The urgent port the Service sends on is the one the relay listens on, and its policy lets it in.
+    listening = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert relay_args[relay_args.index("--urgent-listen") + 1] == f"0.0.0.0:{listening['grpc-urgent']}"
+    (target,) = [p["targetPort"] for p in relays["spec"]["ports"] if p["name"] == "grpc-urgent"]
+    assert target == "grpc-urgent"
+    (policy,) = find(objects, "NetworkPolicy", "vigil-relay")
+    assert listening["grpc-urgent"] in {p["port"] for rule in policy["spec"]["ingress"] for p in rule["ports"]}
     assert relay_args[relay_args.index("--controller") + 1] == f"{controller['metadata']['name']}.vigil.svc:7070"
     # The same arguments, with a certificate of the name it serves; a plaintext flag beside them makes
     # the command refuse at once (so it stops once it has read them all).
@@ -334,11 +345,16 @@ def test_the_mounted_configuration_loads(overlays: dict[str, Objects], overlay: 
     (sa,) = find(objects, "ServiceAccount", "vigil-agent")
     assert ctl.agent_tokens.service_account == f"system:serviceaccount:{sa['metadata']['namespace']}:vigil-agent"
     (service,) = [o for o in find(objects, "Service") if o["metadata"]["name"] == "vigil-controller"]
-    assert agent.controller == f"{service['metadata']['name']}.vigil.svc:{service['spec']['ports'][0]['port']}"
+    served = {p["name"]: p["port"] for p in service["spec"]["ports"]}
+    assert agent.controller == f"{service['metadata']['name']}.vigil.svc:{served['grpc']}"
+    # The urgent port: the agent dials the Service's, which the controller listens on and its policy lets in.
+    assert agent.urgent_controller == f"{service['metadata']['name']}.vigil.svc:{served['grpc-urgent']}"
     (deployment,) = find(objects, "Deployment")
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
-    assert (ports["grpc"], ports["metrics"]) == (ctl.port, ctl.metrics_port)
+    assert (ports["grpc"], ports["grpc-urgent"], ports["metrics"]) == (ctl.port, ctl.urgent_port, ctl.metrics_port)
+    (policy,) = find(objects, "NetworkPolicy", "vigil-controller")
+    assert {ctl.port, ctl.urgent_port} <= {p["port"] for rule in policy["spec"]["ingress"] for p in rule["ports"]}
     (daemonset,) = find(objects, "DaemonSet")
     (agent_container,) = daemonset["spec"]["template"]["spec"]["containers"]
     assert agent_container["ports"] == [{"name": "metrics", "containerPort": agent.metrics_port}]

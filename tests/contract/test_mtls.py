@@ -59,12 +59,13 @@ def mine(pki: Path, party: str, ca: str = "ours") -> grpc.ChannelCredentials:
     return TlsFiles.load(pki / ca / party).channel_credentials()
 
 
-async def hello(target: str, creds: Creds, node: str) -> grpc.StatusCode:
-    """An agent's first message; OK once the controller acknowledges it."""
+async def hello(target: str, creds: Creds, node: str, urgent: int = 0) -> grpc.StatusCode:
+    """An agent's first message (``urgent``: faults waiting); OK once the controller acknowledges it."""
     async with _channel(target, creds) as channel:
         call = agent_pb2_grpc.AgentGatewayStub(channel).Connect()
         try:
-            await call.write(agent_pb2.AgentMessage(hello=agent_pb2.Hello(node=node, spool_id="s1")))
+            said = agent_pb2.Hello(node=node, spool_id="s1", urgent_waiting=urgent)
+            await call.write(agent_pb2.AgentMessage(hello=said))
             reply = await asyncio.wait_for(call.read(), 10)
         except grpc.aio.AioRpcError as exc:
             return exc.code()
@@ -157,12 +158,12 @@ async def relay_call(target: str, creds: Creds) -> grpc.StatusCode:
 
 
 @contextlib.asynccontextmanager
-async def relay_process(target: str, pki: Path, tmp_path: Path) -> AsyncIterator[str]:
+async def relay_process(target: str, pki: Path, tmp_path: Path, *more: str) -> AsyncIterator[str]:
     """``vigil relay`` (the command) with its relay certificate in front of the controller at
-    ``target``; yields where agents dial it."""
+    ``target`` (``more``: its other arguments); yields where agents dial it."""
     port_file, port = tmp_path / "relay.port", free_port()
     command = [sys.executable, "-m", "vigil", "relay", "--controller", target, "--listen", f"127.0.0.1:{port}",
-               "--tls-dir", str(pki / "ours" / "relay-127.0.0.1"), "--port-file", str(port_file)]  # fmt: skip
+               "--tls-dir", str(pki / "ours" / "relay-127.0.0.1"), "--port-file", str(port_file), *more]  # fmt: skip
     relay = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         await wait_until(port_file.exists, timeout=30, what="the relay up")
@@ -191,6 +192,26 @@ def test_a_relay_carries_agents_only_for_the_nodes_their_certificates_name(pki: 
             assert await hello(target, mine(pki, "relay-127.0.0.1"), "node-1") is grpc.StatusCode.PERMISSION_DENIED
 
     serve(pki, tmp_path, test)
+
+
+def test_the_urgent_ports_take_only_agents_with_faults_waiting_and_check_who_they_are_as_the_main_ones(
+    pki: Path, tmp_path: Path
+) -> None:
+    """The controller's (``urgent_port``) and ``vigil relay --urgent-listen``'s, under mutual TLS."""
+    urgent, relay_urgent = free_port(), free_port()
+
+    async def test(target: str) -> None:
+        async with relay_process(target, pki, tmp_path, "--urgent-listen", f"127.0.0.1:{relay_urgent}"):
+            for door in (f"127.0.0.1:{urgent}", f"127.0.0.1:{relay_urgent}"):
+                assert await hello(door, mine(pki, "node-node-1"), "node-1", urgent=1) is grpc.StatusCode.OK
+                got = await hello(door, mine(pki, "node-node-1"), "node-1")
+                assert got is grpc.StatusCode.FAILED_PRECONDITION, door
+                got = await hello(door, mine(pki, "node-node-1"), "node-2", urgent=1)
+                assert got is grpc.StatusCode.PERMISSION_DENIED, door
+                got = await hello(door, mine(pki, "node-node-1", "theirs"), "node-1", urgent=1)
+                assert got is grpc.StatusCode.UNAVAILABLE, door  # another cluster's certificate: no handshake
+
+    serve(pki, tmp_path, test, urgent_port=urgent)
 
 
 def test_a_real_agent_connects_through_a_real_relay_with_its_node_certificate(pki: Path, tmp_path: Path) -> None:
