@@ -1,8 +1,16 @@
-"""A free TCP port on loopback, for a server that must be told its port before it starts."""
+"""Free TCP ports on this machine, for servers that must be told their port before they start."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import random
 import socket
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+BLOCKS_DIR = Path(tempfile.gettempdir()) / "vigil-port-blocks"  # a lock file per block taken (``port_block``)
 
 
 def free_port() -> int:
@@ -10,3 +18,49 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def ephemeral_range() -> tuple[int, int]:
+    """The ports the kernel hands out for a bind to port 0 and to outgoing connections (Linux's
+    ``ip_local_port_range``; its default where that cannot be read)."""
+    try:
+        low, high = (int(p) for p in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    except (OSError, ValueError):
+        return 32768, 60999
+    return low, high
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("", port))
+        except OSError:
+            return False
+    return True
+
+
+@contextlib.contextmanager
+def port_block(size: int, first: int = 10_000) -> Iterator[int]:
+    """The first of ``size`` consecutive ports, none listened on now, held for this process until the
+    block is left: below the kernel's ephemeral range (``free_port`` and every outgoing connection on
+    the machine take from that range, so a port picked there may be anyone's a moment later), and
+    one block per process (a lock file each: runs side by side take different blocks). For servers
+    that pick ports of their own from a base, as a sweep's pairs do from ``pair_port_base``."""
+    low, _ = ephemeral_range()
+    starts = list(range(first, low - size + 1, size))
+    random.shuffle(starts)
+    BLOCKS_DIR.mkdir(exist_ok=True)
+    for start in starts:
+        lock = open(BLOCKS_DIR / f"{start}-{size}.lock", "w")  # noqa: SIM115 (held while the block is)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:  # another process holds it
+            lock.close()
+            continue
+        try:
+            if all(_bindable(port) for port in range(start, start + size)):
+                yield start
+                return
+        finally:
+            lock.close()  # the lock with it
+    raise OSError(f"no {size} consecutive free ports between {first} and {low}")

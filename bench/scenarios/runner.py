@@ -32,7 +32,7 @@ from protos.vigil.v1 import trainer_pb2, trainer_pb2_grpc
 from tests.fakes.ib_sysfs import IbSysfs
 from vigil.admin_client import AdminClient
 from vigil.demo import Cluster, DemoFailed, wait_for, xid_line
-from vigil_core.ports import free_port
+from vigil_core.ports import port_block
 
 if TYPE_CHECKING:
     from tests.e2e.netns import Nodes
@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from tests.slurm import SlurmCluster
 
 START_TIMEOUT_S = 30.0
+PAIR_PORTS = 64  # a run's block of ports for its sweeps' pairs: 21 pairs at once, each with its tries
 SWEEP_TIMEOUT_S = 180.0
 
 
@@ -73,7 +74,8 @@ def run_scenario(name: str, scenario: Scenario, keep: bool = False) -> Observed:
 
             version = NEW if scenario.fleet.slurmrestd else OLD
             slurm = stack.enter_context(slurm_cluster(scenario.fleet.names, version=version))
-        return _run(workdir, scenario, slack, kube, fabric, keep, slurm)
+        pair_ports = stack.enter_context(port_block(PAIR_PORTS))
+        return _run(workdir, scenario, slack, kube, fabric, keep, slurm, pair_ports)
 
 
 def unavailable(scenario: Scenario) -> str | None:
@@ -99,6 +101,7 @@ def _run(
     fabric: Nodes | None,
     keep: bool,
     slurm: SlurmCluster | None,
+    pair_ports: int,
 ) -> Observed:
     from tests.fakes.slack_api import CHANNEL, TOKEN
 
@@ -140,8 +143,9 @@ def _run(
         )
         settings |= {"actuator": "slurm", "slurm": reach | dict(settings.get("slurm", {}))}
     # Each run's pairwise checks on ports of its own: every scenario's agents share this machine, and
-    # runs side by side (CI, --jobs) would meet on the default (EADDRINUSE: those pairs run again elsewhere).
-    settings["sweep"] = {"pair_port_base": free_port(), **settings.get("sweep", {})}
+    # runs side by side (CI, --jobs) would meet on the default (EADDRINUSE: those pairs run again
+    # elsewhere); a block held for this run, below the ports anyone's outgoing connection may take.
+    settings["sweep"] = {"pair_port_base": pair_ports, "pair_port_span": PAIR_PORTS, **settings.get("sweep", {})}
     config = _controller_config(workdir, settings)
     try:
         cluster.start_controller(START_TIMEOUT_S, config)
