@@ -48,6 +48,12 @@ What runs, all on this machine:
   relays, how long the Hellos waited at them for the controller's answer is given either way
   (``relays_hello_answered``).
 
+- ``--faults-connecting N``: XID 79s in the spools of N fresh nodes as the whole fleet starts
+  connecting from nothing (a relay's agents moving to the others, the relays rolled); once the fleet
+  is connected each must be cordoned, and ``faults_connecting`` says how long after it was made. The
+  controller and the relays open their urgent ports and the simulated agents with faults waiting
+  dial them (``vigil_core.urgent_port``; ``--no-urgent-port``: neither, every call on the main port).
+
 Figures: connect time (all N agents acknowledged), controller RSS (peak) and CPU (cores, per phase;
 a burst's CPU of this process, the API double's, beside it), database size, each phase's
 latencies, the simulator's own lag. Printed and appended to
@@ -143,6 +149,8 @@ async def _worker(
     per_connection: int | None,
     hello_again: bool,
     give_up: bool,
+    urgent_target: str | None = None,
+    faulted: tuple[str, ...] = (),
 ) -> None:
     loop = asyncio.get_running_loop()
     inbox: asyncio.Queue[tuple[Any, ...]] = asyncio.Queue()
@@ -157,6 +165,7 @@ async def _worker(
         streams_per_connection=per_connection,
         resumable=hello_again,
         hello_patience_first_s=HELLO_ACK_TIMEOUT_S if give_up else None,
+        urgent_target=urgent_target,
     )
     answer_waits: list[float] = []  # each Hello's wait for its first answer, since the last stats
     taken_waits: list[float] = []  # each stream's wait for the server to take it (vigil_core.call_taken)
@@ -164,11 +173,13 @@ async def _worker(
         node.answered = lambda waited: answer_waits.append(waited)  # the list is emptied, never swapped
         node.taken_in = lambda waited: taken_waits.append(waited)
     started, cpu0 = time.time(), time.process_time()
+    spooled = {n: fleet.nodes[n].fault() for n in faulted}  # in their spools as their agents start
     await fleet.start(timeout_s=1800)
     # The streams' objects, made once, are never garbage: left to the collector, each full pass over
     # them stopped this process for seconds (the simulator's own lag), and its agents with it.
     gc.freeze()
-    conn.send(("connected", time.time() - started, time.process_time() - cpu0))
+    urgent_streams = sum(n.urgent_streams for n in fleet.nodes.values())
+    conn.send(("connected", time.time() - started, time.process_time() - cpu0, spooled, urgent_streams))
     background = asyncio.create_task(_background(fleet, names, background_per_s))
     try:
         while True:
@@ -248,13 +259,23 @@ class Workers:
         per_connection: int | None,
         hello_again: bool = True,
         give_up: bool = False,
+        urgent_targets: list[str] | None = None,
+        faulted: frozenset[str] = frozenset(),
     ) -> None:
+        """``urgent_targets``: the urgent port beside each of ``targets``; ``faulted``: nodes with a
+        fault in their spool as they start connecting (``spooled``, once connected), in processes of
+        their own, one per target: each real agent is on a machine of its own, not slowed by the rest
+        of the fleet, where a simulator process's loop runs tens of seconds late while 100,000 connect."""
         context = multiprocessing.get_context("spawn")
-        self.shares = [names[i::count] for i in range(count)]
+        rest, ordered_faulted = [n for n in names if n not in faulted], [n for n in names if n in faulted]
+        self.shares = [rest[i::count] for i in range(count)]
+        self.shares += [share for i in range(len(targets)) if (share := ordered_faulted[i :: len(targets)])]
         self.owner = {n: i for i, share in enumerate(self.shares) for n in share}
         self.pipes: list[Connection] = []
         self.processes = []
         self.connect_cpu_s = 0.0  # the workers' CPU while connecting, once connected
+        self.spooled: dict[str, float] = {}  # the faults in spools at the start: when each was made
+        self.urgent_streams = 0  # streams opened on an urgent port while connecting
         for i, share in enumerate(self.shares):
             ours, theirs = context.Pipe()
             process = context.Process(
@@ -264,10 +285,12 @@ class Workers:
                     targets[i % len(targets)],
                     share,
                     beats,
-                    background_per_s / count,
+                    background_per_s / count if i < count else 0.0,
                     per_connection,
                     hello_again,
                     give_up,
+                    urgent_targets[i % len(urgent_targets)] if urgent_targets else None,
+                    tuple(n for n in share if n in faulted),
                 ),
                 daemon=True,
             )
@@ -294,6 +317,8 @@ class Workers:
         CPU for it, all threads, in ``connect_cpu_s``."""
         answers = [self._answer(p, "connected", timeout_s) for p in self.pipes]
         self.connect_cpu_s = sum(float(a[2]) for a in answers)
+        self.spooled = {n: at for a in answers for n, at in a[3].items()}
+        self.urgent_streams = sum(int(a[4]) for a in answers)
         return max(float(a[1]) for a in answers)
 
     def _ask_owners(self, nodes: list[str], command: str, answer: str, *extra: Any) -> dict[str, Any]:
@@ -368,19 +393,29 @@ class Relays:
     """``vigil relay`` processes in front of the controller (none: agents connect to it directly)."""
 
     def __init__(
-        self, controller: str, count: int, workdir: Path, gc_freeze: bool = False, hello_wait_s: float | None = None
+        self,
+        controller: str,
+        count: int,
+        workdir: Path,
+        gc_freeze: bool = False,
+        hello_wait_s: float | None = None,
+        urgent: bool = False,
     ) -> None:
         self.processes: list[subprocess.Popen[bytes]] = []
         self.targets: list[str] = []
+        self.urgent_targets: list[str] = []  # each one's urgent port (``urgent``)
         self.metrics_ports: list[int] = []
         for i in range(count):
             port, port_file = free_port(), workdir / f"relay-{i}.port"
             self.metrics_ports.append(free_port())
+            if urgent:
+                self.urgent_targets.append(f"127.0.0.1:{free_port()}")
             command = [sys.executable, "-m", "vigil", "relay", "--controller", controller, "--plaintext",
                        "--listen", f"127.0.0.1:{port}", "--port-file", str(port_file),
                        "--metrics-port", str(self.metrics_ports[-1]), "--log-format", "json",
                        "--gc-freeze" if gc_freeze else "--no-gc-freeze",
-                       *(["--hello-wait-s", str(hello_wait_s)] if hello_wait_s is not None else [])]  # fmt: skip
+                       *(["--hello-wait-s", str(hello_wait_s)] if hello_wait_s is not None else []),
+                       *(["--urgent-listen", self.urgent_targets[-1]] if urgent else [])]  # fmt: skip
             out = open(workdir / f"relay-{i}.out", "wb")  # noqa: SIM115 (the process's until it ends)
             self.processes.append(subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT))
             deadline = time.monotonic() + 60
@@ -754,6 +789,36 @@ class FaultsAcross:
         }
 
 
+def faults_connecting(
+    cordons: Cordons, workers: Workers, nodes: list[str], target: str, timeout_s: float, urgent_port: bool
+) -> dict[str, Any]:
+    """The faults in their agents' spools as the fleet started connecting from nothing: once the
+    fleet is connected, each must be cordoned; how long after it was made (the connect's start),
+    split: until its agent's Hello was answered, then until the controller received the fault,
+    then until the cordon."""
+    with contextlib.suppress(TimeoutError):
+        cordons.wait(nodes, timeout_s)
+    made, back, received = workers.spooled, workers.connected_at(nodes), {}
+    with AdminClient(target, timeout_s=60) as admin:
+        for n in nodes:
+            for incident in admin.incidents(node=n, limit=50):
+                if incident.code == 79:
+                    received[n] = incident.received_at
+    seen = [n for n in nodes if n in cordons.at and n in made and n in received]
+    return {
+        "n": len(nodes),
+        "urgent_port": urgent_port,
+        "urgent_streams": workers.urgent_streams,
+        "cordoned": sum(1 for n in nodes if n in cordons.at),
+        "fault_to_cordon": summary([cordons.at[n] - made[n] for n in nodes if n in cordons.at and n in made]),
+        "split": {
+            "to_hello_answered": summary([back[n] - made[n] for n in seen]),
+            "hello_to_received": summary([received[n] - back[n] for n in seen]),
+            "received_to_cordon": summary([cordons.at[n] - received[n] for n in seen]),
+        },
+    }
+
+
 def settings(
     kube: KubeApiServer,
     workdir: Path,
@@ -805,9 +870,13 @@ def measure(args: argparse.Namespace, workdir: Path, database: str) -> dict[str,
     with KubeApiServer() as kube:
         kube.add_nodes(names)
         across_n = args.faults_across if args.restart or args.failover else 0
-        faulting = args.probes + sum(args.bursts) + across_n
+        faulting = args.probes + sum(args.bursts) + across_n + args.faults_connecting
         config = settings(kube, workdir, args.nodes, faulting, database, args.settle_s, args.hellos_per_s)
         config["limits"]["gc_freeze"] = args.gc_freeze
+        if args.urgent_port:
+            config["urgent_port"] = free_port()
+        # Faults in their agents' spools as the fleet starts connecting from nothing: fresh nodes.
+        connecting_faults = [next(fresh) for _ in range(args.faults_connecting)]
         standby_config: dict[str, Any] | None = None
         if args.failover:
             config["leader_election"] = {"enabled": True, "identity": "ctl-a"}
@@ -815,6 +884,7 @@ def measure(args: argparse.Namespace, workdir: Path, database: str) -> dict[str,
                 "port": free_port(),
                 "metrics_port": free_port(),
                 "leader_election": {"enabled": True, "identity": "ctl-b"},
+                **({"urgent_port": free_port()} if args.urgent_port else {}),
                 "database": database if database.startswith("postgresql://") else str(workdir / "standby.db"),
             }
         controller = start_controller(workdir, config)
@@ -828,7 +898,10 @@ def measure(args: argparse.Namespace, workdir: Path, database: str) -> dict[str,
         sampler = Sampler(controller.pid)
         beats = (args.heartbeat_s, args.idle_heartbeat_s)
         per_connection = args.streams_per_connection or None
-        relays = Relays(target_for_relays, args.relays, workdir, args.gc_freeze, args.relay_hello_wait_s)
+        relays = Relays(
+            target_for_relays, args.relays, workdir, args.gc_freeze, args.relay_hello_wait_s, args.urgent_port
+        )
+        direct_urgent = [f"127.0.0.1:{config['urgent_port']}"] if args.urgent_port else []
         workers = Workers(
             relays.targets or [target],
             names,
@@ -838,6 +911,8 @@ def measure(args: argparse.Namespace, workdir: Path, database: str) -> dict[str,
             per_connection,
             args.hello_again,
             args.agents_give_up,
+            (relays.urgent_targets if args.relays else direct_urgent) or None,
+            frozenset(connecting_faults),
         )
         try:
             started, cpu0, relays_cpu0 = time.time(), sampler.cpu_s(), relays.cpu_s()
@@ -864,6 +939,11 @@ def measure(args: argparse.Namespace, workdir: Path, database: str) -> dict[str,
                     "connect_cpu_s": round(relays.cpu_s() - relays_cpu0, 1),
                 }
             print(f"{args.nodes} agents connected in {figures['connect_s']} s", file=sys.stderr)
+            if connecting_faults:
+                figures["faults_connecting"] = faults_connecting(
+                    Cordons(kube), workers, connecting_faults, target, args.burst_timeout_s, args.urgent_port
+                )
+                print(f"faults while connecting: {json.dumps(figures['faults_connecting'])}", file=sys.stderr)
             time.sleep(max(args.heartbeat_s, 5.0))  # a full heartbeat period: the steady load is on
             workers.stats()  # the lag from here on
             cordons = Cordons(kube)
@@ -1100,6 +1180,20 @@ def main() -> int:
         help="with --restart or --failover: XID 79s on fresh nodes, half just before the controller is "
         "signalled and half a second after; each must be cordoned once every agent is back, and held once",
     )
+    parser.add_argument(
+        "--faults-connecting",
+        type=int,
+        default=0,
+        help="XID 79s in the spools of fresh nodes as the fleet starts connecting from nothing: each must be "
+        "cordoned; how long after it was made (faults_connecting)",
+    )
+    parser.add_argument(
+        "--urgent-port",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="the controller's and the relays' urgent ports, which the simulated agents with faults waiting dial "
+        "(vigil_core.urgent_port; default: on, as the deploy manifests)",
+    )
     parser.add_argument("--connect-timeout-s", type=float, default=1200)
     parser.add_argument("--burst-timeout-s", type=float, default=300)
     parser.add_argument("--keep", action="store_true", help="keep the working directory (the controller's log)")
@@ -1132,11 +1226,14 @@ def main() -> int:
         parser.error(f"--bursts: whole numbers, comma-separated, not {args.bursts!r}")
     if args.nodes < 1 or args.workers < 1 or args.probes < 1 or any(b < 1 for b in args.bursts):
         parser.error("--nodes, --workers, --probes and each burst must be at least 1")
-    if args.faults_across < 0:
-        parser.error("--faults-across must be at least 0")
+    if args.faults_across < 0 or args.faults_connecting < 0:
+        parser.error("--faults-across and --faults-connecting must be at least 0")
     across = args.faults_across if args.restart or args.failover else 0
-    if args.probes + sum(args.bursts) + across > args.nodes:
-        parser.error("--probes, the bursts and --faults-across must not exceed --nodes (each fault takes a fresh node)")
+    if args.probes + sum(args.bursts) + across + args.faults_connecting > args.nodes:
+        parser.error(
+            "--probes, the bursts, --faults-across and --faults-connecting must not exceed --nodes (each fault "
+            "takes a fresh node)"
+        )
     if args.database == "postgresql" and (why := postgres_unavailable()):
         parser.error(f"--database postgresql: {why}")
     if args.failover and not args.relays:
@@ -1182,6 +1279,7 @@ def main() -> int:
         "spread_faults": args.spread_faults,
         "hello_again": args.hello_again,
         "agents_give_up": args.agents_give_up,
+        "urgent_port": args.urgent_port,
         **figures,
     }
     print(json.dumps(record, indent=2))

@@ -12,6 +12,7 @@ import grpc
 from protos.vigil.v1 import agent_pb2
 from tests.contract.test_call_taken import SlowToTake
 from tests.fakes.fleet import Fleet
+from tests.helpers import free_port
 from vigil_core.call_taken import say_taken
 
 ACK = agent_pb2.ControllerMessage(ack=agent_pb2.Ack(acked_seq=0)).SerializeToString()
@@ -101,5 +102,35 @@ def test_a_simulated_agent_counts_its_patience_once_the_server_has_taken_its_cal
         assert (gateway.streams, node.gave_up, node.reconnects) == (1, 0, 0)  # as the agent: no Hello given up
         await fleet.close()
         await server.stop(None)
+
+    asyncio.run(scenario())
+
+
+def test_a_simulated_agent_with_a_fault_waiting_opens_its_stream_on_the_urgent_port_and_falls_back_when_closed() -> (
+    None
+):
+    """As the agent (``vigil_core.urgent_port``): the scale benchmark's faults while a fleet connects
+    go by the urgent port, and one not reached sends its agent to the main port."""
+
+    async def scenario() -> None:
+        main, urgent = SlowGateway(silent=0), SlowGateway(silent=0)
+        (main_server, main_port), (urgent_server, urgent_port) = await served(main), await served(urgent)
+        closed = free_port()
+        fleet = Fleet(f"127.0.0.1:{main_port}", ["n1", "n2"], heartbeat_s=60, urgent_target=f"127.0.0.1:{urgent_port}")
+        fleet.nodes["n1"].fault()
+        elsewhere = Fleet(f"127.0.0.1:{main_port}", ["n3"], heartbeat_s=60, urgent_target=f"127.0.0.1:{closed}")
+        elsewhere.nodes["n3"].fault()
+        try:
+            await fleet.start(timeout_s=20)
+            await elsewhere.start(timeout_s=20)
+            # n1 on the urgent port; n2 (nothing waiting) and n3 (its urgent port closed) on the main one.
+            assert [fleet.nodes[n].urgent_streams for n in ("n1", "n2")] == [1, 0]
+            assert (urgent.streams, main.streams) == (1, 2)
+            assert elsewhere.nodes["n3"].urgent_streams == 1 and elsewhere.nodes["n3"].reconnects == 1
+        finally:
+            await fleet.close()
+            await elsewhere.close()
+            await main_server.stop(None)
+            await urgent_server.stop(None)
 
     asyncio.run(scenario())

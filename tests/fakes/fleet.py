@@ -36,9 +36,20 @@ NODES_PER_CHANNEL = 100
 
 
 class FleetNode:
-    def __init__(self, name: str, stub: agent_pb2_grpc.AgentGatewayStub, checks: SimulatedChecks | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        stub: agent_pb2_grpc.AgentGatewayStub,
+        checks: SimulatedChecks | None = None,
+        urgent_stub: agent_pb2_grpc.AgentGatewayStub | None = None,
+    ) -> None:
         self.name = name
         self._stub = stub
+        # As the agent given an urgent port (``vigil_core.urgent_port``): a stream opened with faults
+        # waiting goes there; one that broke there before its Hello was answered, to the main port.
+        self._urgent_stub = urgent_stub
+        self._urgent_closed = False
+        self.urgent_streams = 0  # streams opened on the urgent port
         self._checks = checks
         self._answering: set[asyncio.Task[None]] = set()
         self._running: dict[str, asyncio.Task[None]] = {}  # request id -> its check's task
@@ -104,8 +115,11 @@ class FleetNode:
             self._queue = asyncio.Queue()
             self._takes_urgent = self._unasked = False
             self._hello_said_at = 0.0  # this stream's Hello is said in ``_messages``
+            urgent = self._urgent_stub is not None and bool(self._urgent) and not self._urgent_closed
+            stub = self._urgent_stub if urgent and self._urgent_stub is not None else self._stub
+            self.urgent_streams += urgent
             try:
-                self._call = call = self._stub.Connect(self._messages(heartbeat_s, stop, self._generation, self._queue))
+                self._call = call = stub.Connect(self._messages(heartbeat_s, stop, self._generation, self._queue))
                 self._taking = asyncio.create_task(self._taken(call, self._generation))
                 first = True
                 async for msg in call:
@@ -133,6 +147,7 @@ class FleetNode:
                             self._urgent.discard(seq)
                         if first:  # the Hello's answer: what it holds is known, the rest goes again, in order
                             self.connected_at, first, attempt = time.time(), False, 0
+                            urgent, self._urgent_closed = False, False
                             self._unasked = False
                             for seq in sorted(self._unacked):
                                 self._queue.put_nowait(self._unacked[seq])
@@ -148,6 +163,9 @@ class FleetNode:
                 if isinstance(exc, asyncio.CancelledError) and not self._giving_up:
                     raise  # the node's task itself
                 self.reconnects += 1
+                if urgent:  # the urgent port did not answer its Hello: the main port, at once
+                    self._urgent_closed, self._giving_up, self.last_error = True, False, f"urgent port: {exc!r:.80}"
+                    continue
                 if self._giving_up:  # its Hello given up on (``give_up``): as the agent, after its backoff
                     self._giving_up, self.last_error = False, "gave up on its Hello (the agent's patience)"
                     attempt += 1
@@ -334,20 +352,27 @@ class Fleet:
         streams_per_connection: int | None = None,
         resumable: bool = True,
         hello_patience_first_s: float | None = None,
+        urgent_target: str | None = None,
     ) -> None:
         """``streams_per_connection``: None, every stream of this process on one HTTP/2 connection
         (gRPC shares a connection between channels to one target: the cheapest for tests); N, a
         connection of its own for every N nodes (1: as real agents, each on its own machine).
         ``resumable``: the nodes say Hello again on a stream a relay keeps (as the agent does).
         ``hello_patience_first_s``: the nodes give up on a Hello unanswered that long on this process's
-        own time, then twice as long each time, as the agent does (None: they wait on)."""
+        own time, then twice as long each time, as the agent does (None: they wait on).
+        ``urgent_target``: the same server's urgent port, where a node with faults waiting opens its
+        stream (one connection for them all; None: none)."""
         if streams_per_connection is None:
             count, options = max(1, len(names) // NODES_PER_CHANNEL + 1), []
         else:
             count, options = max(1, -(-len(names) // streams_per_connection)), [("grpc.use_local_subchannel_pool", 1)]
         self._channels = [grpc.aio.insecure_channel(target, options=options) for _ in range(count)]
+        urgent = None
+        if urgent_target is not None:
+            self._channels.append(grpc.aio.insecure_channel(urgent_target, options=options))
+            urgent = agent_pb2_grpc.AgentGatewayStub(self._channels[-1])
         self.nodes = {
-            name: FleetNode(name, agent_pb2_grpc.AgentGatewayStub(self._channels[i % len(self._channels)]), checks)
+            name: FleetNode(name, agent_pb2_grpc.AgentGatewayStub(self._channels[i % count]), checks, urgent)
             for i, name in enumerate(names)
         }
         for node in self.nodes.values():
