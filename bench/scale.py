@@ -514,10 +514,11 @@ def hello_answers(metrics_ports: list[int]) -> dict[str, float]:
     agent's first patience (``HELLO_ACK_TIMEOUT_S``: a real agent gives up there and reconnects);
     and the agents the relays queued for room at the controller (``controller.relay.hello_room``;
     records before the queue say ``turns``), with how many of them were called, their wait for room
-    in all and how many waited past 1 s and 2.5 s (``vigil_relay_hello_queued_seconds``)."""
+    in all and how many waited past 1 s and 2.5 s (``vigil_relay_hello_queued_seconds``), and how
+    many were gone before they were called (``left_queued``)."""
     name, first = "vigil_relay_hello_answer_seconds", f"over_{HELLO_ACK_TIMEOUT_S:g}s"
     queued = "vigil_relay_hello_queued_seconds"
-    out = {"n": 0.0, "sum_s": 0.0, "over_1s": 0.0, first: 0.0, "queued": 0.0}
+    out = {"n": 0.0, "sum_s": 0.0, "over_1s": 0.0, first: 0.0, "queued": 0.0, "left_queued": 0.0}
     out |= {"called": 0.0, "called_wait_sum_s": 0.0, "called_over_1s": 0.0, "called_over_2.5s": 0.0}
     for port in metrics_ports:
         samples = scrape(port)
@@ -526,6 +527,7 @@ def hello_answers(metrics_ports: list[int]) -> dict[str, float]:
         ):
             continue
         out["queued"] += max(0.0, _value(samples, "vigil_relay_hello_again_total", why="queued"))
+        out["left_queued"] += max(0.0, _value(samples, "vigil_relay_hellos_left_queued_total"))
         called = {"called_over_1s": "1.0", "called_over_2.5s": "2.5"}  # relays before the metric say nothing
         _add_histogram(out, samples, queued, ("called", "called_wait_sum_s"), called)
     return out

@@ -84,6 +84,12 @@ class RelayMetrics:
             buckets=HELLO_ANSWER_BUCKETS_S,
             registry=r,
         )
+        self.left_queued = Counter(
+            "vigil_relay_hellos_left_queued_total",
+            "Agents whose call ended while they were queued for room at the controller (gone before called: their"
+            " wait is not in vigil_relay_hello_queued_seconds)",
+            registry=r,
+        )
         self.hellos_waiting = Gauge(
             "vigil_relay_hellos_waiting",
             "Agents' Hellos passed on to the controller and not answered yet (at most the relay's room; the"

@@ -298,6 +298,8 @@ class AgentStreams:
                 await context.abort(status_code(item.code), item.details, trailing_metadata=turn)
         finally:
             reader.cancel()
+            if call.queued_at:  # gone while queued for room: its wait never ended in a call
+                self._uplink.metrics.left_queued.inc()
             self._hello_over(call, answered=False)
             if self.room is not None:
                 self._call(self.room.left(call))

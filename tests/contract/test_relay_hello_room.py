@@ -85,6 +85,13 @@ def test_hellos_past_the_room_are_queued_and_each_called_as_a_place_comes_free(t
                 assert told.HasField("hello_again") and told.hello_again.wait
             assert metric(metrics_port, "vigil_relay_hellos_queued") == 2
             assert metric(metrics_port, 'vigil_relay_hello_again_total{why="queued"}') == 2
+            gone = RawAgent(held.relay.port)  # queued, then gone before it is called: counted, not lost
+            await gone.hello("node-d")
+            assert (await gone.read()).hello_again.wait
+            await gone.close()
+            left = "vigil_relay_hellos_left_queued_total"
+            await wait_until(lambda: metric(metrics_port, left) == 1, what="node-d counted as gone while queued")
+            assert metric(metrics_port, "vigil_relay_hellos_queued") == 2
             await first.close()  # node-a gives up: its Hello will not be answered, its place is free
             called = await second.read()  # the first queued is called
             assert called.HasField("hello_again") and not called.hello_again.wait and called.hello_again.after_ms == 0
