@@ -224,6 +224,7 @@ class Controller:
         lateness.cancel()
         await self.engine.shutdown()
         self.rooms.relay_gateway.sessions.flush_lines()  # the agents' last tallied lines (direct or relayed)
+        self.nodes.upkeep.flush_lines()
         self.store.close()
         await self._release_lease()  # last: nothing of this replica acts any more
 

@@ -509,14 +509,16 @@ def _not_healthy(admin: AdminClient, cluster: Cluster) -> str:
 
 
 def _went_unknown(workdir: Path) -> frozenset[str]:
-    """The nodes the controller found silent at any time: its ``node_unknown`` log lines (JSON)."""
+    """The nodes the controller found silent at any time: its ``node_unknown`` log lines (JSON), up to
+    20 a second with their names, past that a few names a second (``node_unknown_more``)."""
     found: set[str] = set()
     for name in ("controller.out", "controller.log"):
         path = workdir / name
         for line in path.read_text(errors="replace").splitlines() if path.exists() else ():
-            if '"node_unknown"' in line:
-                with contextlib.suppress(json.JSONDecodeError):
-                    found.add(json.loads(line).get("node", ""))
+            if '"node_unknown"' in line or '"node_unknown_more"' in line:
+                with contextlib.suppress(json.JSONDecodeError, TypeError):
+                    said = json.loads(line)
+                    found |= {said.get("node", ""), *said.get("nodes", [])}
     return frozenset(found - {""})
 
 

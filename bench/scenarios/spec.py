@@ -427,7 +427,7 @@ class Expect(_Strict):
     went_unknown: frozenset[str] | None = Field(
         default=None,
         description="exactly these nodes were found silent (UNKNOWN) at any time, however briefly (the controller's"
-        " node_unknown log lines)",
+        " node_unknown log lines: each node's up to 20 a second, past that a few names a second)",
     )
 
 

@@ -23,6 +23,7 @@ from controller.nodes.recovery.release_checks import ReleaseChecks
 from controller.store import Store
 from controller.vocab.node_state import Health
 from controller.vocab.policy import Policy
+from vigil_core.log_tally import TalliedEvent
 from vigil_core.supervise import Tasks
 from vigil_core.waiting import wait_event
 
@@ -69,6 +70,13 @@ class Upkeep:
         self.retention_s = retention_s  # None: keep everything
         self._clock = clock
         self._held_since = held_since  # the controller's own lateness since a time is not a node's silence
+        # A line per node up to 20 a second: a relay's whole fleet silent at once is 25,000 nodes, and
+        # the rest of each busy second one line with their count and a few names (the fleet's state says each).
+        self._said_unknown = TalliedEvent(log.warning, "node_unknown")
+
+    def flush_lines(self) -> None:
+        """Say the tallied lines' remainder now (the process stops)."""
+        self._said_unknown.flush()
 
     def check_silence(self, limit: int | None = SILENCE_BATCH) -> list[str]:
         """Mark nodes UNKNOWN whose agents went silent; returns their names. Only the nodes whose
@@ -95,7 +103,7 @@ class Upkeep:
             if new_state is not entry.state:
                 entry.state = new_state  # shown at once, even while the database cannot record it
                 changed.append(new_state)
-                log.warning("node_unknown", node=name, silent_s=round(now - entry.last_heartbeat, 1))
+                self._said_unknown(name, silent_s=round(now - entry.last_heartbeat, 1))
         if changed:
             self._store.nodes.save(changed)
         return [s.node for s in changed]
