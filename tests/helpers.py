@@ -10,7 +10,7 @@ from typing import Any
 
 from controller.config import ControllerConfig
 from controller.daemon import Controller
-from vigil_core.ports import free_port as free_port  # the tests' one, re-exported
+from vigil_core.ports import reserved_port
 
 
 async def wait_until(condition: Callable[[], bool], timeout: float = 10.0, what: str = "condition") -> None:
@@ -46,3 +46,12 @@ async def stop_controller(controller: Controller) -> None:
     await controller.engine.wait_for_actions()
     await controller.engine.shutdown()  # the actuator lets go too (a Kubernetes node watch's thread)
     controller.store.close()
+
+
+def free_port() -> int:
+    """A port for a test's server to be told before it starts, or one that must stay unanswered:
+    reserved for this process below the kernel's ephemeral range (``vigil_core.ports.reserved_port``).
+    One the kernel picked (``vigil_core.ports.free_port``) could be any process's a moment later,
+    parallel tests' outgoing connections among them: a training run's rendezvous port, a sweep
+    pair's, a port "nothing listens on"."""
+    return reserved_port()

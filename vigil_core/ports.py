@@ -10,7 +10,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-BLOCKS_DIR = Path(tempfile.gettempdir()) / "vigil-port-blocks"  # a lock file per block taken (``port_block``)
+BLOCKS_DIR = Path(tempfile.gettempdir()) / "vigil-port-blocks"  # a lock file per port held (``port_block``)
 
 
 def free_port() -> int:
@@ -44,23 +44,37 @@ def port_block(size: int, first: int = 10_000) -> Iterator[int]:
     """The first of ``size`` consecutive ports, none listened on now, held for this process until the
     block is left: below the kernel's ephemeral range (``free_port`` and every outgoing connection on
     the machine take from that range, so a port picked there may be anyone's a moment later), and
-    one block per process (a lock file each: runs side by side take different blocks). For servers
-    that pick ports of their own from a base, as a sweep's pairs do from ``pair_port_base``."""
+    each port held by one process at a time (a lock file each: runs side by side take different
+    ports). For servers told their ports before they bind them, as a sweep's pairs are from
+    ``pair_port_base``."""
     low, _ = ephemeral_range()
     starts = list(range(first, low - size + 1, size))
     random.shuffle(starts)
     BLOCKS_DIR.mkdir(exist_ok=True)
     for start in starts:
-        lock = open(BLOCKS_DIR / f"{start}-{size}.lock", "w")  # noqa: SIM115 (held while the block is)
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:  # another process holds it
-            lock.close()
-            continue
-        try:
-            if all(_bindable(port) for port in range(start, start + size)):
+        with contextlib.ExitStack() as held:
+            if all(_hold(held, port) and _bindable(port) for port in range(start, start + size)):
                 yield start
                 return
-        finally:
-            lock.close()  # the lock with it
     raise OSError(f"no {size} consecutive free ports between {first} and {low}")
+
+
+def _hold(held: contextlib.ExitStack, port: int) -> bool:
+    """Whether this process now holds ``port``'s lock (kept until ``held`` closes); False: another does."""
+    lock = held.enter_context(open(BLOCKS_DIR / f"{port}.lock", "w"))  # noqa: SIM115 (closed with held)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
+
+
+_reserved = contextlib.ExitStack()  # the ports reserved by this process, held until it exits
+
+
+def reserved_port() -> int:
+    """A port nothing listens on now, below the kernel's ephemeral range, that no caller of
+    ``port_block`` or of this (in any process) is given while this process lives: for a port a server
+    is told before it binds it (``free_port``'s may be anyone's a moment later), or one that must
+    stay unanswered."""
+    return _reserved.enter_context(port_block(1))

@@ -14,7 +14,7 @@ from checks.allreduce import Timing, bus_bandwidth_gbps, figures_for, route_inte
 from checks.result import CheckResult, Verdict
 from checks.runner import interpret, run_check
 from protos.vigil.v1 import common_pb2
-from vigil_core.ports import free_port
+from tests.helpers import free_port
 
 # Not importorskip: importing torch here would hide whether the agent's side loads it.
 pytestmark = pytest.mark.skipif(

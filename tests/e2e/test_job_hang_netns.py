@@ -28,9 +28,8 @@ import yaml
 from tests.e2e.netns import HOST, namespaced_nodes, unavailable
 from tests.e2e.processes import configured_controller, json_lines, port_of, start_agent
 from tests.fakes.ib_sysfs import IbSysfs
-from tests.helpers import poll_until
+from tests.helpers import free_port, poll_until
 from vigil.admin_client import AdminClient
-from vigil_core.ports import free_port
 
 pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("netns"), pytest.mark.timeout(300)]
 

@@ -1,5 +1,5 @@
-"""Blocks of ports held by one process (``vigil_core.ports.port_block``): below the kernel's ephemeral
-range, free when taken, and never the block another process holds."""
+"""Blocks of ports held by one process (``vigil_core.ports.port_block``, ``reserved_port``): below the
+kernel's ephemeral range, free when taken, and never a port another process holds."""
 
 from __future__ import annotations
 
@@ -7,7 +7,9 @@ import socket
 import subprocess
 import sys
 
-from vigil_core.ports import BLOCKS_DIR, ephemeral_range, port_block
+import pytest
+
+from vigil_core.ports import BLOCKS_DIR, ephemeral_range, port_block, reserved_port
 
 
 def test_blocks_held_at_once_are_apart_below_the_ephemeral_range_and_free() -> None:
@@ -30,7 +32,7 @@ def test_a_block_another_process_holds_is_not_taken() -> None:
     holder = (
         "import fcntl, sys, pathlib\n"
         f"d = pathlib.Path({str(BLOCKS_DIR)!r}); d.mkdir(exist_ok=True)\n"
-        f"held = [open(d / f'{{s}}-4.lock', 'w') for s in {starts!r} if s != {free}]\n"
+        f"held = [open(d / f'{{p}}.lock', 'w') for s in {starts!r} if s != {free} for p in range(s, s + 4)]\n"
         "[fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB) for f in held]\n"
         "print('held', flush=True); sys.stdin.read()\n"
     )
@@ -41,3 +43,13 @@ def test_a_block_another_process_holds_is_not_taken() -> None:
             assert start == free
     finally:
         other.communicate("", timeout=30)
+
+
+def test_a_port_of_a_block_held_is_not_given_again_whatever_the_size_asked() -> None:
+    low, _ = ephemeral_range()
+    first = low - 64  # one block of 64 fits there: every single port there is one of its
+    with port_block(64, first=first) as start:
+        assert start == first
+        with pytest.raises(OSError, match="no 1 consecutive free ports"), port_block(1, first=first):
+            pass
+    assert reserved_port() < low
