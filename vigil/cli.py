@@ -251,8 +251,10 @@ def relay(
         host, _, port = value.strip().rpartition(":")
         if not (host.strip("[]") and is_address(host.strip("[]")) and port.isdigit() and 0 <= int(port) <= 65535):
             _fail(f"{name} must be host:port (the controller's: each replica's, separated by commas), not {value!r}")
+    from vigil_core.cert_reload import CertificateSource
+
     try:
-        tls = TlsFiles.load(tls_dir) if tls_dir is not None else None
+        tls = CertificateSource(tls_dir) if tls_dir is not None else None
     except TlsError as exc:
         _fail(f"--tls-dir: {exc}")
     settings = RelaySettings(

@@ -6,9 +6,11 @@ them in place. A controller or agent that read its files once at start would kee
 until the pod happened to restart, and stop being trusted when they expire.
 
 So the files are read again when a new connection needs them, and nowhere else:
-- the controller's server asks on every incoming handshake (grpcio's dynamic server credentials
-  call ``fetch``; an unchanged directory costs three small reads);
-- an agent reads them each time it opens a channel, i.e. on every reconnection.
+- the controller's and a relay's servers ask on every incoming handshake (grpcio's dynamic server
+  credentials call ``fetch``; an unchanged directory costs three small reads), each server (a main
+  port, an urgent port) with credentials of its own;
+- an agent, and a relay's stream to the controller, read them each time they open a channel, i.e.
+  on every reconnection.
 An established connection keeps the certificates it was made with; TLS checks them only in the
 handshake.
 

@@ -20,6 +20,11 @@ class RelayMetrics:
         r = self.registry
         r.register(GcPauses())  # the collector's pauses: the event loop's too
         self.agents = Gauge("vigil_relay_agents", "Agent streams this relay carries now", registry=r)
+        self.certificate_expiry = Gauge(
+            "vigil_relay_certificate_expiry_timestamp_seconds",
+            "When the relay's certificate in use expires (unix time); 0 in plaintext",
+            registry=r,
+        )
         self.uplink_up = Gauge(
             "vigil_relay_uplink_up", "1 while the relay's stream to the controller is open", registry=r
         )

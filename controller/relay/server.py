@@ -35,12 +35,13 @@ from controller.vocab.lanes import HELLO_TAG
 from protos.vigil.v1 import agent_pb2, relay_pb2
 from vigil_core import gc_keeper, gc_young, loop_lag
 from vigil_core.call_taken import say_taken
+from vigil_core.cert_reload import CertificateSource, server_credentials
 from vigil_core.http_status import serve_http
 from vigil_core.log_tally import TalliedEvent
 from vigil_core.loop_lag import stuck
 from vigil_core.rpc_errors import RETRY_AFTER_KEY, status_code
 from vigil_core.supervise import Tasks, supervise
-from vigil_core.tls import Identity, TlsFiles, bind, peer_identity, server_options
+from vigil_core.tls import Identity, bind, peer_identity, server_options
 from vigil_core.urgent_port import refusal as urgent_port_refusal
 from vigil_core.waiting import wait_either
 
@@ -51,7 +52,9 @@ log = structlog.get_logger(__name__)
 class RelaySettings:
     controller: str  # host:port of the controller (its Service)
     listen: str  # host:port agents dial
-    tls: TlsFiles | None  # a relay:NAME certificate, both to agents and to the controller; None: plaintext
+    # A relay:NAME certificate, both to agents and to the controller, its directory read again for
+    # each new connection (a renewal taken up without a restart); None: plaintext.
+    tls: CertificateSource | None
     first_message_s: float = 30.0
     max_message_bytes: int = 4 << 20
     metrics_port: int | None = None  # /metrics and /readyz (0: any free port); None: not served
@@ -477,13 +480,15 @@ async def serve(
     lateness = loop_lag.Lateness()
     streams = AgentStreams(uplink, settings, lateness)
     server.add_generic_rpc_handlers((streams.handler(),))
-    credentials = settings.tls.server_credentials() if settings.tls is not None else None
-    port = bind(server, settings.listen, credentials)
+    tls = settings.tls
+    if tls is not None:  # read again at each scrape: a renewal not taken up shows before it expires
+        uplink.metrics.certificate_expiry.set_function(tls.expires_at)
+    port = bind(server, settings.listen, server_credentials(tls) if tls is not None else None)
     urgent_server = None
     if settings.urgent_listen is not None:  # the same streams; its calls taken beside the main port's
         urgent_server = grpc.aio.server(options=server_options(size - ITEM_OVERHEAD, size, soft))
         urgent_server.add_generic_rpc_handlers((streams.handler(urgent_only=True),))
-        bind(urgent_server, settings.urgent_listen, credentials)
+        bind(urgent_server, settings.urgent_listen, server_credentials(tls) if tls is not None else None)
         await urgent_server.start()
     await server.start()
     http = None

@@ -24,7 +24,8 @@ from controller.relay.hello_room import Place
 from controller.relay.metrics import RelayMetrics
 from controller.vocab.lanes import Lanes
 from protos.vigil.v1 import relay_pb2, relay_pb2_grpc
-from vigil_core.tls import TlsFiles, aio_channel
+from vigil_core.cert_reload import CertificateSource
+from vigil_core.tls import aio_channel
 from vigil_core.waiting import backoff_delay, wait_event
 
 log = structlog.get_logger(__name__)
@@ -73,7 +74,7 @@ class Uplink:
     def __init__(
         self,
         target: str,
-        tls: TlsFiles | None,
+        tls: CertificateSource | None,
         max_message_bytes: int = 4 << 20,
         metrics: RelayMetrics | None = None,
     ) -> None:
@@ -167,7 +168,8 @@ class Uplink:
         """Keep the stream to the controller open, reconnecting with backoff, until ``stop``."""
         attempt = 0
         while not stop.is_set():
-            channel = aio_channel(self.target, self._tls, max_message_bytes=self._max_message_bytes)
+            files = self._tls.latest() if self._tls is not None else None  # renewed files: the next connection's
+            channel = aio_channel(self.target, files, max_message_bytes=self._max_message_bytes)
             was_up = False
             try:
                 self._generation += 1  # a broken stream's sender, still waiting, must not take the next one's

@@ -18,7 +18,8 @@ from structlog.testing import capture_logs
 from controller.config import ControllerConfig
 from controller.daemon import Controller
 from protos.vigil.v1 import admin_pb2, admin_pb2_grpc
-from tests.contract.test_mtls import certs, hello
+from tests.contract.test_mtls import certs, hello, relay_process
+from tests.contract.test_relay_hello_room import metric
 from tests.helpers import free_port, stop_controller
 from vigil_core.cert_reload import not_after
 from vigil_core.tls import CA_FILE, CERT_FILE, KEY_FILE, TlsError, TlsFiles
@@ -31,7 +32,7 @@ def clusters(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Three CAs' worth of certificates for the same parties: before renewal, after, and a stranger's."""
     root = tmp_path_factory.mktemp("renewal")
     for name, days in (("old", "30"), ("new", "90"), ("other", "90")):
-        certs(root / name, "--nodes", "node-1", "--admin", "alice", "--days", days)
+        certs(root / name, "--nodes", "node-1", "--admin", "alice", "--relay", "127.0.0.1", "--days", days)
     return root
 
 
@@ -112,6 +113,49 @@ def test_the_urgent_port_takes_a_renewal_up_too_whichever_port_read_it_first(clu
                 assert got is grpc.StatusCode.UNAVAILABLE, target
         finally:
             await stop_controller(controller)
+
+    asyncio.run(scenario())
+
+
+def test_a_relay_takes_a_renewed_certificate_and_ca_at_the_next_handshake(clusters: Path, tmp_path: Path) -> None:
+    """``vigil relay`` (the command): its agents' handshakes, on its main and urgent ports, take the
+    renewed files; the connection it holds to the controller keeps the ones it was made with, and the
+    next one, to a controller that trusts only the new CA, is made with the new."""
+    live, relay_live = tmp_path / "controller", tmp_path / "relay"
+    install(clusters / "old" / "controller", live)
+    install(clusters / "old" / "relay-127.0.0.1", relay_live)
+    port, urgent, metrics_port = free_port(), free_port(), free_port()
+
+    def expiry() -> float:  # the relay's, as Prometheus would scrape it
+        return metric(metrics_port, "vigil_relay_certificate_expiry_timestamp_seconds")
+
+    def expiry_of(cluster: str) -> float:
+        return not_after((clusters / cluster / "relay-127.0.0.1" / CERT_FILE).read_bytes())
+
+    async def scenario() -> None:
+        controllers = [Controller(controller_config(tmp_path, live, port=port))]
+        target = f"127.0.0.1:{await controllers[0].start()}"
+        try:
+            more = ("--urgent-listen", f"127.0.0.1:{urgent}", "--metrics-port", str(metrics_port))
+            async with relay_process(target, clusters, tmp_path, *more, tls_dir=relay_live) as through:
+                ports = (through, f"127.0.0.1:{urgent}")
+                for dial in ports:
+                    assert await hello(dial, creds(clusters, "old", "node-node-1"), "node-1", urgent=1) is OK
+                assert expiry() == expiry_of("old")
+                install(clusters / "new" / "controller", live)
+                install(clusters / "new" / "relay-127.0.0.1", relay_live)
+                assert expiry() == expiry_of("new") > expiry_of("old") + 50 * 86400
+                for dial in ports:
+                    assert await hello(dial, creds(clusters, "new", "node-node-1"), "node-1", urgent=1) is OK, dial
+                    got = await hello(dial, creds(clusters, "old", "node-node-1"), "node-1", urgent=1)
+                    assert got is grpc.StatusCode.UNAVAILABLE, dial  # the old CA's agent: a stranger now
+                # The controller restarted: the relay reaches it again with its renewed certificate.
+                await stop_controller(controllers[0])
+                controllers[0] = Controller(controller_config(tmp_path, live, port=port, db="c2.db"))
+                await controllers[0].start()
+                assert await hello(through, creds(clusters, "new", "node-node-1"), "node-1") is OK
+        finally:
+            await stop_controller(controllers[0])
 
     asyncio.run(scenario())
 

@@ -158,12 +158,15 @@ async def relay_call(target: str, creds: Creds) -> grpc.StatusCode:
 
 
 @contextlib.asynccontextmanager
-async def relay_process(target: str, pki: Path, tmp_path: Path, *more: str) -> AsyncIterator[str]:
-    """``vigil relay`` (the command) with its relay certificate in front of the controller at
-    ``target`` (``more``: its other arguments); yields where agents dial it."""
+async def relay_process(
+    target: str, pki: Path, tmp_path: Path, *more: str, tls_dir: Path | None = None
+) -> AsyncIterator[str]:
+    """``vigil relay`` (the command) with its relay certificate (``tls_dir``: from there) in front of
+    the controller at ``target`` (``more``: its other arguments); yields where agents dial it."""
     port_file, port = tmp_path / "relay.port", free_port()
+    tls_dir = tls_dir or pki / "ours" / "relay-127.0.0.1"
     command = [sys.executable, "-m", "vigil", "relay", "--controller", target, "--listen", f"127.0.0.1:{port}",
-               "--tls-dir", str(pki / "ours" / "relay-127.0.0.1"), "--port-file", str(port_file), *more]  # fmt: skip
+               "--tls-dir", str(tls_dir), "--port-file", str(port_file), *more]  # fmt: skip
     relay = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         await wait_until(port_file.exists, timeout=30, what="the relay up")
