@@ -92,6 +92,7 @@ from agent.link import HELLO_ACK_TIMEOUT_S, HELLO_PATIENCE_DOUBLINGS, hello_pati
 from bench.controller_process import controller_target, port_file, start_controller, wide_open
 from bench.record import append_result, header, percentile, revision
 from controller.edge import open_files
+from protos.vigil.v1 import admin_pb2
 from tests.fakes.fleet import Fleet
 from tests.fakes.kube_api import KubeApiServer
 from tests.helpers import free_port
@@ -759,34 +760,18 @@ class FaultsAcross:
             cordons.wait(nodes, timeout_s)
         missing = [n for n in nodes if n not in cordons.at]
         held: dict[str, int] = {}
-        received: dict[str, float] = {}  # the serving controller's receipt of each node's XID 79
-        back = self._workers.connected_at(nodes)
-        with AdminClient(target, timeout_s=60) as admin:
-            for n in nodes:
-                found = [
-                    i for i in admin.incidents(node=n, limit=50) if i.code == 79 or i.first_message.startswith(ADOPTED)
-                ]
-                for incident in found:
-                    if incident.code == 79:
-                        received[n] = incident.received_at
-                kinds = "+".join(sorted("xid79" if i.code == 79 else "adopted" for i in found)) or "none"
-                held[kinds] = held.get(kinds, 0) + 1
+        found = xid79_incidents(target, nodes)
+        for incidents in found.values():
+            kinds = "+".join(sorted("xid79" if i.code == 79 else "adopted" for i in incidents)) or "none"
+            held[kinds] = held.get(kinds, 0) + 1
         return {
             "sent": len(self.sent),
             "cordoned": len(nodes) - len(missing),
             "not_cordoned": missing[:20],
             "fault_to_cordon_before": summary([cordons.at[n] - self.sent[n] for n in self.before if n in cordons.at]),
             "fault_to_cordon_after": summary([cordons.at[n] - self.sent[n] for n in self.after if n in cordons.at]),
-            # the part after the signal, split (the faults the serving controller received): until the
-            # node's agent was taken back (its Hello answered), then until the controller received the
-            # fault, then until the cordon
-            "after_split": {
-                "to_hello_answered": summary([back[n] - self.sent[n] for n in self.after if n in received]),
-                "hello_to_received": summary([received[n] - back[n] for n in self.after if n in received]),
-                "received_to_cordon": summary(
-                    [cordons.at[n] - received[n] for n in self.after if n in received and n in cordons.at]
-                ),
-            },
+            # the part after the signal, split
+            "after_split": fault_split(self.after, self.sent, self._workers.connected_at(nodes), found, cordons.at),
             "incidents_held": dict(sorted(held.items())),  # each node's incidents on the serving controller: nodes
         }
 
@@ -800,24 +785,42 @@ def faults_connecting(
     then until the cordon."""
     with contextlib.suppress(TimeoutError):
         cordons.wait(nodes, timeout_s)
-    made, back, received = workers.spooled, workers.connected_at(nodes), {}
-    with AdminClient(target, timeout_s=60) as admin:
-        for n in nodes:
-            for incident in admin.incidents(node=n, limit=50):
-                if incident.code == 79:
-                    received[n] = incident.received_at
-    seen = [n for n in nodes if n in cordons.at and n in made and n in received]
+    made = workers.spooled
     return {
         "n": len(nodes),
         "urgent_port": urgent_port,
         "urgent_streams": workers.urgent_streams,
         "cordoned": sum(1 for n in nodes if n in cordons.at),
         "fault_to_cordon": summary([cordons.at[n] - made[n] for n in nodes if n in cordons.at and n in made]),
-        "split": {
-            "to_hello_answered": summary([back[n] - made[n] for n in seen]),
-            "hello_to_received": summary([received[n] - back[n] for n in seen]),
-            "received_to_cordon": summary([cordons.at[n] - received[n] for n in seen]),
-        },
+        "split": fault_split(nodes, made, workers.connected_at(nodes), xid79_incidents(target, nodes), cordons.at),
+    }
+
+
+def xid79_incidents(target: str, nodes: list[str]) -> dict[str, list[admin_pb2.Incident]]:
+    """Each node's XID 79 incidents on the controller serving at ``target``, and the quarantines it
+    adopted from the cluster (``ADOPTED``)."""
+    with AdminClient(target, timeout_s=60) as admin:
+        return {
+            n: [i for i in admin.incidents(node=n, limit=50) if i.code == 79 or i.first_message.startswith(ADOPTED)]
+            for n in nodes
+        }
+
+
+def fault_split(
+    nodes: list[str],
+    sent: dict[str, float],
+    back: dict[str, float],
+    incidents: dict[str, list[admin_pb2.Incident]],
+    cordoned: dict[str, float],
+) -> dict[str, dict[str, float]]:
+    """Each fault the serving controller received (its XID 79 incident), split: from ``sent`` until
+    its node's agent was taken back (its Hello answered, ``back``), then until the controller
+    received it, then until the cordon."""
+    received = {n: i.received_at for n in nodes for i in incidents.get(n, []) if i.code == 79}
+    return {
+        "to_hello_answered": summary([back[n] - sent[n] for n in nodes if n in received]),
+        "hello_to_received": summary([received[n] - back[n] for n in nodes if n in received]),
+        "received_to_cordon": summary([cordoned[n] - received[n] for n in nodes if n in received and n in cordoned]),
     }
 
 

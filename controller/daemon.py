@@ -99,27 +99,27 @@ class Controller:
         self.rooms.relay_gateway.tokens = tokens  # a relay's agents' tokens are reviewed here too
         size, limits = self.config.limits.max_message_bytes, self.config.limits
         roles = [RoleInterceptor(tokens, limits.first_message_s, self.nodes.lateness.own_time)] if self.tls else []
-        self.server = grpc.aio.server(
-            # Undecodable bytes are refused first (INVALID_ARGUMENT); then, under TLS, the caller's role.
-            interceptors=[DecodeInterceptor(), *roles],
-            options=server_options(size, size, open_files.needed(limits.max_nodes)),
-        )
+
+        def serving(port: int) -> tuple[grpc.aio.Server, int]:
+            """A server listening on ``port``: undecodable bytes refused first (INVALID_ARGUMENT), then,
+            under TLS, the caller's role; credentials of its own (each takes up renewed files itself)."""
+            server = grpc.aio.server(
+                interceptors=[DecodeInterceptor(), *roles],
+                options=server_options(size, size, open_files.needed(limits.max_nodes)),
+            )
+            credentials = server_credentials(self.tls) if self.tls is not None else None
+            return server, bind(server, f"{self.config.listen_address}:{port}", credentials)
+
+        self.server, self.port = serving(self.config.port)
         agent_pb2_grpc.add_AgentGatewayServicer_to_server(self.rooms.agent_gateway, self.server)
         relay_pb2_grpc.add_AgentRelayServicer_to_server(self.rooms.relay_gateway, self.server)
         admin_pb2_grpc.add_AdminServicer_to_server(self.rooms.admin, self.server)
         trainer_pb2_grpc.add_TrainerGatewayServicer_to_server(self.rooms.trainer_gateway, self.server)
-        address = f"{self.config.listen_address}:{self.config.port}"
-        self.port = bind(self.server, address, server_credentials(self.tls) if self.tls is not None else None)
-        if (urgent := self.config.urgent_port) is not None:
+        if self.config.urgent_port is not None:
             # Agents with faults waiting only (vigil_core.urgent_port): a server of its own takes its
             # calls beside the main one's, not behind a fleet connecting at once.
-            self.urgent_server = grpc.aio.server(
-                interceptors=[DecodeInterceptor(), *roles],
-                options=server_options(size, size, open_files.needed(limits.max_nodes)),
-            )
+            self.urgent_server, _ = serving(self.config.urgent_port)
             agent_pb2_grpc.add_AgentGatewayServicer_to_server(self.rooms.urgent_gateway, self.urgent_server)
-            urgent_address = f"{self.config.listen_address}:{urgent}"
-            bind(self.urgent_server, urgent_address, server_credentials(self.tls) if self.tls is not None else None)
         self._room_for_agents()
         self.engine.resume_pending()
         await self.server.start()

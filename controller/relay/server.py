@@ -472,23 +472,24 @@ async def serve(
     written to ``port_file``, once both the port and the uplink are up."""
     soft, _ = raise_open_files(1 << 20)  # a descriptor per agent: as many as the hard limit allows
     uplink = Uplink(settings.controller, settings.tls, settings.max_message_bytes)
-    size = settings.max_message_bytes
-    server = grpc.aio.server(
-        # an agent's message must fit in one RelayUp; as many agents may wait as it has descriptors for
-        options=server_options(size - ITEM_OVERHEAD, size, soft),
-    )
+    size, tls = settings.max_message_bytes, settings.tls
     lateness = loop_lag.Lateness()
     streams = AgentStreams(uplink, settings, lateness)
-    server.add_generic_rpc_handlers((streams.handler(),))
-    tls = settings.tls
+
+    def serving(address: str, urgent_only: bool) -> tuple[grpc.aio.Server, int]:
+        """The agents' streams served on ``address``, with credentials of its own (each server takes up
+        renewed files itself); an agent's message must fit in one RelayUp, and as many agents may wait
+        as it has descriptors for."""
+        server = grpc.aio.server(options=server_options(size - ITEM_OVERHEAD, size, soft))
+        server.add_generic_rpc_handlers((streams.handler(urgent_only),))
+        return server, bind(server, address, server_credentials(tls) if tls is not None else None)
+
     if tls is not None:  # read again at each scrape: a renewal not taken up shows before it expires
         uplink.metrics.certificate_expiry.set_function(tls.expires_at)
-    port = bind(server, settings.listen, server_credentials(tls) if tls is not None else None)
+    server, port = serving(settings.listen, urgent_only=False)
     urgent_server = None
     if settings.urgent_listen is not None:  # the same streams; its calls taken beside the main port's
-        urgent_server = grpc.aio.server(options=server_options(size - ITEM_OVERHEAD, size, soft))
-        urgent_server.add_generic_rpc_handlers((streams.handler(urgent_only=True),))
-        bind(urgent_server, settings.urgent_listen, server_credentials(tls) if tls is not None else None)
+        urgent_server, _ = serving(settings.urgent_listen, urgent_only=True)
         await urgent_server.start()
     await server.start()
     http = None
