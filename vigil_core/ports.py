@@ -40,15 +40,17 @@ def _bindable(port: int) -> bool:
 
 
 @contextlib.contextmanager
-def port_block(size: int, first: int = 10_000) -> Iterator[int]:
+def port_block(size: int, first: int = 10_000, end: int | None = None) -> Iterator[int]:
     """The first of ``size`` consecutive ports, none listened on now, held for this process until the
     block is left: below the kernel's ephemeral range (``free_port`` and every outgoing connection on
     the machine take from that range, so a port picked there may be anyone's a moment later), and
     each port held by one process at a time (a lock file each: runs side by side take different
     ports). For servers told their ports before they bind them, as a sweep's pairs are from
-    ``pair_port_base``."""
+    ``pair_port_base``. Between ``first`` and ``end`` (not included; the ephemeral range's start by
+    default, and never past it)."""
     low, _ = ephemeral_range()
-    starts = list(range(first, low - size + 1, size))
+    end = low if end is None else min(end, low)
+    starts = list(range(first, end - size + 1, size))
     random.shuffle(starts)
     BLOCKS_DIR.mkdir(exist_ok=True)
     for start in starts:
@@ -56,7 +58,7 @@ def port_block(size: int, first: int = 10_000) -> Iterator[int]:
             if all(_hold(held, port) and _bindable(port) for port in range(start, start + size)):
                 yield start
                 return
-    raise OSError(f"no {size} consecutive free ports between {first} and {low}")
+    raise OSError(f"no {size} consecutive free ports between {first} and {end}")
 
 
 def _hold(held: contextlib.ExitStack, port: int) -> bool:
