@@ -41,8 +41,8 @@ import yaml
 from bench.record import append_result, header, percentile
 from gpus.simulated import simulated_gpus
 from tests.e2e.processes import stop_all
+from tests.helpers import free_port  # reserved below the ephemeral range, held while this runs
 from vigil.demo import simulated_agent_args, xid_line
-from vigil_core.ports import free_port
 
 RULES = """
 groups:

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, NamedTuple
 from checks.devices import Device, refuse_if_busy
 from checks.program import check_main
 from checks.result import CheckResult, NotRun, Verdict, unknown
-from vigil_core.ports import free_port
+from vigil_core.ports import port_block
 
 if TYPE_CHECKING:
     import torch
@@ -221,8 +221,8 @@ def run(args: argparse.Namespace) -> CheckResult:
         if world_size < 2:  # its bus bandwidth would be 0 GB/s, and say nothing about anything
             why = "not applicable: one GPU has nobody to all-reduce with (run it across nodes: vigil sweep)"
             return CheckResult("allreduce", Verdict.UNKNOWN, why, {}, started, time.time())
-        master = f"127.0.0.1:{free_port()}"
-        timings = spawn_members(0, world_size, world_size, master, sizes, args.iters, use_gpus)
+        with port_block(1) as port:  # below the ephemeral range: not any outgoing connection's meanwhile
+            timings = spawn_members(0, world_size, world_size, f"127.0.0.1:{port}", sizes, args.iters, use_gpus)
     figures = figures_for(timings, world_size)
     verdict, reason = judge(figures, max(sizes), args.min_busbw_gbps)
     return CheckResult(

@@ -51,7 +51,7 @@ async def stop_controller(controller: Controller) -> None:
 def free_port() -> int:
     """A port for a test's server to be told before it starts, or one that must stay unanswered:
     reserved for this process below the kernel's ephemeral range (``vigil_core.ports.reserved_port``).
-    One the kernel picked (``vigil_core.ports.free_port``) could be any process's a moment later,
+    One the kernel picked (a bind to port 0) could be any process's a moment later,
     parallel tests' outgoing connections among them: a training run's rendezvous port, a sweep
     pair's, a port "nothing listens on"."""
     return reserved_port()

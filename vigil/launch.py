@@ -49,7 +49,7 @@ import structlog
 
 from protos.vigil.v1 import trainer_pb2, trainer_pb2_grpc
 from trainer_hooks.protocol import CHECKPOINTED_EXIT_CODE
-from vigil_core.ports import free_port
+from vigil_core.ports import port_block
 from vigil_core.rpc_errors import explain, is_refused
 from vigil_core.tls import TlsFiles, channel
 
@@ -194,8 +194,11 @@ class Launcher:
             if not nodes:
                 log.error("launch_no_nodes_left", job=cfg.job_id, excluded=sorted(self.excluded))
                 return 1
-            start = self._spawn(number, nodes)
-            how, codes = self._supervise(start)
+            # The rendezvous port, below the kernel's ephemeral range: a port free now inside it may be
+            # any outgoing connection's before rank 0 binds it (a start failed for nothing).
+            with port_block(1) as port:
+                start = self._spawn(number, nodes, str(port))
+                how, codes = self._supervise(start)
             if start.stacks_dir is not None:
                 shutil.rmtree(start.stacks_dir, ignore_errors=True)
             log.info("job_start_ended", job=cfg.job_id, start=number, how=how.value, exit_codes=codes)
@@ -211,11 +214,11 @@ class Launcher:
 
     # One start -----------------------------------------------------------------------------
 
-    def _spawn(self, number: int, nodes: list[str]) -> Start:
+    def _spawn(self, number: int, nodes: list[str], port: str) -> Start:
         if self.config.slurm:
-            return self._srun(number, nodes)
+            return self._srun(number, nodes, port)
         cfg = self.config
-        start, port = Start(number, nodes), str(free_port())
+        start = Start(number, nodes)
         start.stacks_dir = Path(tempfile.mkdtemp(prefix=f"vigil-stacks-{cfg.job_id}-{number}-"))
         world = len(nodes) * cfg.nproc_per_node
         log.info("job_starting", job=cfg.job_id, start=number, nodes=nodes, world_size=world)
@@ -245,7 +248,7 @@ class Launcher:
                         os.close(out)  # the child keeps its own copy
         return start
 
-    def _srun(self, number: int, nodes: list[str]) -> Start:
+    def _srun(self, number: int, nodes: list[str], port: str) -> Start:
         """One srun step over ``nodes``: its ranks' exit codes come back as srun's own (the highest)."""
         from vigil.launch_slurm import address_of, srun_command
 
@@ -253,7 +256,7 @@ class Launcher:
         env = {
             **os.environ,
             "MASTER_ADDR": address_of(nodes[0]),
-            "MASTER_PORT": str(free_port()),
+            "MASTER_PORT": port,  # on nodes[0]: below its ephemeral range too, though not checked free there
             "VIGIL_JOB_ID": cfg.job_id,
             "VIGIL_CONTROLLER": cfg.controller,
             "VIGIL_RESTART_COUNT": str(number),

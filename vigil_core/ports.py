@@ -13,13 +13,6 @@ from pathlib import Path
 BLOCKS_DIR = Path(tempfile.gettempdir()) / "vigil-port-blocks"  # a lock file per port held (``port_block``)
 
 
-def free_port() -> int:
-    """A port nothing listens on now (it may be taken again before it is used: bind soon)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def ephemeral_range() -> tuple[int, int]:
     """The ports the kernel hands out for a bind to port 0 and to outgoing connections (Linux's
     ``ip_local_port_range``; its default where that cannot be read)."""
@@ -42,8 +35,8 @@ def _bindable(port: int) -> bool:
 @contextlib.contextmanager
 def port_block(size: int, first: int = 10_000, end: int | None = None) -> Iterator[int]:
     """The first of ``size`` consecutive ports, none listened on now, held for this process until the
-    block is left: below the kernel's ephemeral range (``free_port`` and every outgoing connection on
-    the machine take from that range, so a port picked there may be anyone's a moment later), and
+    block is left: below the kernel's ephemeral range (a bind to port 0 and every outgoing connection
+    on the machine take from that range, so a port picked there may be anyone's a moment later), and
     each port held by one process at a time (a lock file each: runs side by side take different
     ports). For servers told their ports before they bind them, as a sweep's pairs are from
     ``pair_port_base``. Between ``first`` and ``end`` (not included; the ephemeral range's start by
@@ -77,6 +70,6 @@ _reserved = contextlib.ExitStack()  # the ports reserved by this process, held u
 def reserved_port() -> int:
     """A port nothing listens on now, below the kernel's ephemeral range, that no caller of
     ``port_block`` or of this (in any process) is given while this process lives: for a port a server
-    is told before it binds it (``free_port``'s may be anyone's a moment later), or one that must
+    is told before it binds it (one the kernel picks may be anyone's a moment later), or one that must
     stay unanswered."""
     return _reserved.enter_context(port_block(1))
