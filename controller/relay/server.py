@@ -127,12 +127,6 @@ def hello_of(raw: bytes) -> agent_pb2.Hello | None:
     return message.hello if message.HasField("hello") else None
 
 
-def urgent_waiting_of(raw: bytes) -> int:
-    """How many faults the Hello an agent's message is says wait in its spool (0: none, or not a Hello). Pure."""
-    hello = hello_of(raw)
-    return hello.urgent_waiting if hello is not None else 0
-
-
 class AgentCall:
     """One agent's call on the relay, and its sessions one after another: the relay stream of the
     session now (None between two, while the agent is asked for Hello again)."""
@@ -220,14 +214,15 @@ class AgentStreams:
                 await context.abort(
                     grpc.StatusCode.UNAUTHENTICATED if tokenless else grpc.StatusCode.PERMISSION_DENIED, why
                 )
-        if urgent_only and (why := urgent_port_refusal(urgent_waiting_of(first))):
+        hello = hello_of(first)  # None: not a Hello (the controller says so)
+        if urgent_only and (why := urgent_port_refusal(hello.urgent_waiting if hello is not None else 0)):
             self._uplink.metrics.refused.labels("not_urgent").inc()
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, why)
         if not await self._controller_reached():  # the controller restarting: its agents wait here, not on backoff
             self._uplink.metrics.refused.labels("no_controller").inc()
             why = f"the relay has not reached the controller for {settings.controller_wait_s:g} s: retry"
             await context.abort(grpc.StatusCode.UNAVAILABLE, why)
-        call = AgentCall(hello_of(first), context.peer(), token)
+        call = AgentCall(hello, context.peer(), token)
         if call.urgent:
             self._uplink.metrics.urgent_hellos.inc()
         self._say_hello(call, first)
