@@ -732,6 +732,7 @@ def launch(
     _setup_logs(log_format)
     names = [n.strip() for n in nodes.split(",") if n.strip()]
     from vigil.launch_slurm import SlurmLaunchError, this_allocation
+    from vigil_core.ports import NoFreePorts
 
     if slurm and not names:
         try:
@@ -772,6 +773,8 @@ def launch(
         code = launcher.run()
     except FileNotFoundError as exc:
         _fail(f"cannot start the command: {exc}")
+    except NoFreePorts as exc:
+        _fail(f"no rendezvous port for the ranks: {exc}")
     except SlurmLaunchError as exc:
         _fail(str(exc))
     finally:

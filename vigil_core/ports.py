@@ -4,13 +4,21 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import os
 import random
 import socket
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-BLOCKS_DIR = Path(tempfile.gettempdir()) / "vigil-port-blocks"  # a lock file per port held (``port_block``)
+# A lock file per port held (``port_block``); a directory per user, so another user's (made with
+# their umask) never refuses this one's locks: on a shared machine users' runs are kept apart by
+# the bind check alone, as before the locks.
+BLOCKS_DIR = Path(tempfile.gettempdir()) / f"vigil-port-blocks-{os.getuid()}"
+
+
+class NoFreePorts(OSError):
+    """No block of ports of the size asked is free below the ephemeral range."""
 
 
 def ephemeral_range() -> tuple[int, int]:
@@ -51,7 +59,7 @@ def port_block(size: int, first: int = 10_000, end: int | None = None) -> Iterat
             if all(_hold(held, port) and _bindable(port) for port in range(start, start + size)):
                 yield start
                 return
-    raise OSError(f"no {size} consecutive free ports between {first} and {end}")
+    raise NoFreePorts(f"no {size} consecutive free ports between {first} and {end}")
 
 
 def _hold(held: contextlib.ExitStack, port: int) -> bool:

@@ -152,3 +152,17 @@ def test_sweep_choices_on_slurm_are_checked_before_anything_is_asked() -> None:
     ):
         out = vigil("sweep", *args, "--controller", "127.0.0.1:9")
         assert out.returncode == 2 and said in out.stderr and "Traceback" not in out.stderr, out.stderr
+
+
+def test_launch_without_a_free_rendezvous_port_says_so() -> None:
+    """No port free below the kernel's ephemeral range for the ranks' rendezvous (here: a range that
+    leaves none): named, exit 2, no traceback, and no rank started."""
+    no_room = "import sys, vigil_core.ports as p; p.ephemeral_range = lambda: (10_000, 60_999); sys.argv[0] = 'vigil'"
+    command = f"{no_room}; from vigil.cli import main; main()"
+    out = subprocess.run(
+        [sys.executable, "-c", command, "launch", "--nodes", "node-1", "--controller", "none", "--",
+         sys.executable, "-c", "print('a rank ran')"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+    assert "no rendezvous port for the ranks" in out.stderr and "a rank ran" not in out.stdout
