@@ -4,7 +4,8 @@
                           [--background-per-s 500] [--probes 60] [--probe-every-s 0.5]
                           [--bursts 100,400,1000] [--restart] [--hellos-per-s N]
                           [--database sqlite|postgresql] [--relays K] [--relay-hello-wait-s S]
-                          [--failover [kill|stop]] [--faults-across N] [--agents-give-up] [--keep]
+                          [--relay-linger-ms MS] [--failover [kill|stop]] [--faults-across N]
+                          [--agents-give-up] [--keep]
 
 What runs, all on this machine:
 
@@ -401,6 +402,7 @@ class Relays:
         gc_freeze: bool = False,
         hello_wait_s: float | None = None,
         urgent: bool = False,
+        linger_ms: float | None = None,
     ) -> None:
         self.processes: list[subprocess.Popen[bytes]] = []
         self.targets: list[str] = []
@@ -416,6 +418,7 @@ class Relays:
                        "--metrics-port", str(self.metrics_ports[-1]), "--log-format", "json",
                        "--gc-freeze" if gc_freeze else "--no-gc-freeze",
                        *(["--hello-wait-s", str(hello_wait_s)] if hello_wait_s is not None else []),
+                       *(["--linger-ms", str(linger_ms)] if linger_ms is not None else []),
                        *(["--urgent-listen", self.urgent_targets[-1]] if urgent else [])]  # fmt: skip
             out = open(workdir / f"relay-{i}.out", "wb")  # noqa: SIM115 (the process's until it ends)
             self.processes.append(subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT))
@@ -435,13 +438,21 @@ class Relays:
 
     def queued(self) -> dict[str, list[float]]:
         """Each relay's messages not yet sent to the controller (bytes) and carried up so far, from its /metrics."""
-        out: dict[str, list[float]] = {"queued_bytes": [], "carried_up": [], "sent_first": []}
+        out: dict[str, list[float]] = {"queued_bytes": [], "carried_up": [], "sent_first": [], "uplink_up": []}
         for port in self.metrics_ports:
             samples = scrape(port)
             out["sent_first"].append(_value(samples, "vigil_relay_sent_first_total"))
             out["queued_bytes"].append(_value(samples, "vigil_relay_queued_bytes"))
             out["carried_up"].append(_value(samples, "vigil_relay_messages_total", direction="up"))
+            out["uplink_up"].append(_value(samples, "vigil_relay_uplink_messages_total", direction="up"))
         return out
+
+    def carried_per_message(self, before: dict[str, list[float]]) -> float:
+        """Agents' messages carried up since ``before`` (a ``queued()``) for each message the relays
+        wrote to the controller."""
+        now = self.queued()
+        written = sum(now["uplink_up"]) - sum(before["uplink_up"])
+        return round((sum(now["carried_up"]) - sum(before["carried_up"])) / written, 2) if written > 0 else 0.0
 
     def stop(self) -> None:
         for sampler, process in zip(self.samplers, self.processes, strict=True):
@@ -904,8 +915,9 @@ def measure(args: argparse.Namespace, workdir: Path, database: str) -> dict[str,
         beats = (args.heartbeat_s, args.idle_heartbeat_s)
         per_connection = args.streams_per_connection or None
         relays = Relays(
-            target_for_relays, args.relays, workdir, args.gc_freeze, args.relay_hello_wait_s, args.urgent_port
-        )
+            target_for_relays, args.relays, workdir, args.gc_freeze, args.relay_hello_wait_s, args.urgent_port,
+            args.relay_linger_ms,
+        )  # fmt: skip
         direct_urgent = [f"127.0.0.1:{config['urgent_port']}"] if args.urgent_port else []
         workers = Workers(
             relays.targets or [target],
@@ -957,6 +969,7 @@ def measure(args: argparse.Namespace, workdir: Path, database: str) -> dict[str,
             late0 = lateness(config["metrics_port"], "controller"), [lateness(p, "relay") for p in relays.metrics_ports]
             pids = controller.pid, [p.pid for p in relays.processes], [p.pid or 0 for p in workers.processes]
             waits0 = cpu_waits(*pids)
+            carried0 = relays.queued() if args.relays else None
             probes, queued = [next(fresh) for _ in range(args.probes)], []
             sent: dict[str, float] = {}
             backlog: dict[str, tuple[float, float]] = {}  # the controller's relayed messages waiting, at each probe
@@ -1029,6 +1042,8 @@ def measure(args: argparse.Namespace, workdir: Path, database: str) -> dict[str,
                     "max": max(queued),
                     "first_lane": relays.queued()["sent_first"],
                 }
+                if carried0 is not None:  # each message to the controller carried this many agents'
+                    figures["steady"]["relay_carried_per_message"] = relays.carried_per_message(carried0)
             print(f"steady: {json.dumps(figures['steady'])}", file=sys.stderr)
 
             figures["bursts"] = []
@@ -1177,6 +1192,12 @@ def main() -> int:
         type=float,
         default=None,
         help="the relays' --hello-wait-s (default: theirs; 0: every Hello passed on at once, as before the option)",
+    )
+    parser.add_argument(
+        "--relay-linger-ms",
+        type=float,
+        default=None,
+        help="the relays' --linger-ms (default: theirs; 0: what waits goes to the controller at once)",
     )
     parser.add_argument(
         "--faults-across",

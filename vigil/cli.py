@@ -13,6 +13,7 @@ from typing import Annotated, Optional
 import typer
 
 from controller.relay.hello_room import WAIT_S as HELLO_WAIT_S  # the relay's default, shown in --help
+from controller.relay.uplink import LINGER_MS
 from vigil_core.config_file import ConfigError
 from vigil_core.tls import TlsError, TlsFiles, from_env, transport_problem
 
@@ -210,6 +211,15 @@ def relay(
             "room for Hellos at the controller by it and queues the other agents (0: every Hello at once)",
         ),
     ] = HELLO_WAIT_S,
+    linger_ms: Annotated[
+        float,
+        typer.Option(
+            min=0,
+            max=100,
+            help="how long heartbeats and record-only signals may wait here for more before they go to the "
+            "controller, many agents' in one message (a signal that may act never waits)",
+        ),
+    ] = LINGER_MS,
     max_message_bytes: Annotated[
         int,
         typer.Option(min=64 << 10, max=64 << 20, help="one gRPC message (the controller's limits.max_message_bytes)"),
@@ -268,6 +278,7 @@ def relay(
         gc_young_objects=gc_young_objects,
         controller_wait_s=controller_wait_s,
         hello_wait_s=hello_wait_s,
+        linger_ms=linger_ms,
         urgent_listen=urgent_listen,
     )
     if urgent_listen is not None and urgent_listen.rpartition(":")[2] == listen.rpartition(":")[2] != "0":

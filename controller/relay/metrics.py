@@ -40,6 +40,13 @@ class RelayMetrics:
             ["direction"],
             registry=r,
         )
+        self.uplink_messages = Counter(
+            "vigil_relay_uplink_messages_total",
+            "Messages on the stream to the controller, by direction, each carrying many agents' "
+            "(vigil_relay_messages_total over it: how many each carried)",
+            ["direction"],
+            registry=r,
+        )
         self.first = Counter(
             "vigil_relay_sent_first_total",
             "Agents' messages carrying a signal that may act, sent before the backlog (the relay's first lane)",

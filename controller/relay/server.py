@@ -30,7 +30,7 @@ from controller.edge.authz import bearer
 from controller.edge.open_files import raise_open_files
 from controller.nodes.agent_outboxes import Outbox
 from controller.relay.hello_room import FIRST_ROOM, MIN_WAITING, WAIT_S, HelloRoom, Place
-from controller.relay.uplink import ITEM_OVERHEAD, OK, UNAVAILABLE, Back, Lost, Uplink
+from controller.relay.uplink import ITEM_OVERHEAD, LINGER_MS, OK, UNAVAILABLE, Back, Lost, Uplink
 from controller.vocab.lanes import HELLO_TAG
 from protos.vigil.v1 import agent_pb2, relay_pb2
 from vigil_core import gc_keeper, gc_young, loop_lag
@@ -75,16 +75,25 @@ class RelaySettings:
     hello_wait_s: float = WAIT_S
     hello_min_waiting: int = MIN_WAITING
     hello_first_room: int = int(FIRST_ROOM)  # the room until the waits at the controller size it
+    # How long what only waits to be recorded (heartbeats, record-only signals) may wait for more
+    # before it goes to the controller: one message there for many agents' (``Uplink._linger``).
+    linger_ms: float = LINGER_MS
 
 
-def identity_problem(raw: bytes, identity: Identity | None, token: str) -> str:
-    """Why an agent with this certificate identity may not open a stream with this first message;
-    "" when it may (the shared ``agents`` certificate with a token: the controller reviews the token).
-    Pure."""
+def decoded(raw: bytes) -> agent_pb2.AgentMessage | str:
+    """An agent's message, or why it is not one. Pure."""
     try:
-        first = agent_pb2.AgentMessage.FromString(raw)
+        return agent_pb2.AgentMessage.FromString(raw)
     except DecodeError as exc:
         return f"the first message is not a valid AgentMessage: {exc}"
+
+
+def identity_problem(first: agent_pb2.AgentMessage | str, identity: Identity | None, token: str) -> str:
+    """Why an agent with this certificate identity may not open a stream with this first message
+    (``decoded``); "" when it may (the shared ``agents`` certificate with a token: the controller
+    reviews the token). Pure."""
+    if isinstance(first, str):
+        return first
     node = first.hello.node if first.HasField("hello") else ""
     who = str(identity) if identity is not None else "a client with no Vigil identity"
     if identity is not None and identity.role == "agents":  # its node: what its token proves
@@ -118,13 +127,14 @@ def hello_again_in(ended: relay_pb2.StreamEnd | Lost, resumable: bool) -> int | 
     return None
 
 
+def hello_in(message: agent_pb2.AgentMessage | str) -> agent_pb2.Hello | None:
+    """The Hello a ``decoded`` message is, if it is one. Pure."""
+    return message.hello if not isinstance(message, str) and message.HasField("hello") else None
+
+
 def hello_of(raw: bytes) -> agent_pb2.Hello | None:
     """The Hello an agent's message is, if it is one. Pure."""
-    try:
-        message = agent_pb2.AgentMessage.FromString(raw)
-    except DecodeError:
-        return None
-    return message.hello if message.HasField("hello") else None
+    return hello_in(decoded(raw))
 
 
 class AgentCall:
@@ -203,18 +213,18 @@ class AgentStreams:
         if first is None:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the first message must be Hello")
             return
-        token = ""
+        token, message = "", decoded(first)  # decoded once, for the identity check and the Hello
         if settings.tls is not None:
             identity = peer_identity(context.auth_context())
             token = bearer(context.invocation_metadata()) if identity is not None and identity.role == "agents" else ""
-            if why := identity_problem(first, identity, token):
+            if why := identity_problem(message, identity, token):
                 log.warning("call_refused", peer=context.peer(), why=why)
                 self._uplink.metrics.refused.labels("identity").inc()
                 tokenless = identity is not None and identity.role == "agents"  # as the controller says it
                 await context.abort(
                     grpc.StatusCode.UNAUTHENTICATED if tokenless else grpc.StatusCode.PERMISSION_DENIED, why
                 )
-        hello = hello_of(first)  # None: not a Hello (the controller says so)
+        hello = hello_in(message)  # None: not a Hello (the controller says so)
         if urgent_only and (why := urgent_port_refusal(hello.urgent_waiting if hello is not None else 0)):
             self._uplink.metrics.refused.labels("not_urgent").inc()
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, why)
@@ -466,7 +476,7 @@ async def serve(
     """Run the relay until ``stop``; returns the port it listened on. ``ready`` is set, and the port
     written to ``port_file``, once both the port and the uplink are up."""
     soft, _ = raise_open_files(1 << 20)  # a descriptor per agent: as many as the hard limit allows
-    uplink = Uplink(settings.controller, settings.tls, settings.max_message_bytes)
+    uplink = Uplink(settings.controller, settings.tls, settings.max_message_bytes, linger_ms=settings.linger_ms)
     size, tls = settings.max_message_bytes, settings.tls
     lateness = loop_lag.Lateness()
     streams = AgentStreams(uplink, settings, lateness)

@@ -47,6 +47,7 @@ OK, CANCELLED, UNAVAILABLE = (
 )
 ITEM_OVERHEAD = 1024  # an UpItem's bytes beside its agent's message, with room to spare
 UP_BATCH_BYTES = 1 << 20  # a RelayUp carries what is ready up to this much, or one message alone when bigger
+LINGER_MS = 20.0  # what only waits to be recorded may wait this long for more: one write for many
 MAX_QUEUED_BYTES = 64 << 20  # not sent yet past this much: the agents' streams are not read until it drains
 # The longest pause between two rounds of tries for the controller: a relay holds its agents' calls
 # while it has none, so a new leader is reached at most this long after it serves (with 2 s, 0.2-3.2 s
@@ -77,6 +78,7 @@ class Uplink:
         tls: CertificateSource | None,
         max_message_bytes: int = 4 << 20,
         metrics: RelayMetrics | None = None,
+        linger_ms: float = 0.0,
     ) -> None:
         self.targets = [t.strip() for t in target.split(",") if t.strip()]  # every replica's, as agents list them
         self.target = self.targets[0]  # the one tried now: the leader's once found
@@ -97,6 +99,8 @@ class Uplink:
         self._queued_bytes = 0
         self._generation = 0  # of the stream to the controller: one more at each connection
         self._ready = asyncio.Event()
+        self._linger_s = linger_ms / 1000
+        self._now: asyncio.Future[None] | None = None  # while the sender lingers: done ends the linger
         self._drained = asyncio.Event()  # set while what waits to be sent is below MAX_QUEUED_BYTES
         self._drained.set()
         self.connected = asyncio.Event()
@@ -151,7 +155,29 @@ class Uplink:
         self._queued_bytes += len(item.message)
         if self._queued_bytes >= MAX_QUEUED_BYTES:
             self._drained.clear()
+        if self._first or self._queued_bytes >= UP_BATCH_BYTES:
+            self._stop_lingering()
         self._ready.set()
+
+    def _stop_lingering(self) -> None:
+        if self._now is not None and not self._now.done():
+            self._now.set_result(None)
+
+    async def _linger(self) -> None:
+        """Wait a moment for more before writing what waits in the other lane alone: one message to
+        the controller for many agents' (each message is work for both ends' loops, its size hardly),
+        ended at once by a message that may act or by a batch's worth. Not before the controller has
+        said which messages may act (until then a fault is in the other lane too)."""
+        alone = bool(self._up) and not self._first and self._queued_bytes < UP_BATCH_BYTES
+        if not (alone and self._linger_s and self._lanes is not None):
+            return
+        self._now = asyncio.get_running_loop().create_future()
+        timer = asyncio.get_running_loop().call_later(self._linger_s, self._stop_lingering)
+        try:
+            await self._now
+        finally:
+            timer.cancel()
+            self._now = None
 
     async def room(self) -> None:
         """Wait while too much waits to be sent: an agent's next message is read only then, so a
@@ -207,6 +233,7 @@ class Uplink:
             self._lanes = Lanes.from_message(down.lanes)
             log.info("relay_lanes", record_only_xids=len(self._lanes.xids), acting_xids=len(self._lanes.acting_xids))
         self.metrics.messages.labels("down").inc(len(down.items))
+        self.metrics.uplink_messages.labels("down").inc()
         for item in down.items:
             box = self._streams.get(item.stream)
             if box is None:  # its agent is gone already
@@ -218,6 +245,7 @@ class Uplink:
         stream's sender, if gRPC still holds it waiting, is of a generation past from here: what is
         queued before the next stream opens is that stream's, not lost into this one."""
         self._generation += 1
+        self._stop_lingering()
         self._up.clear()
         self._first.clear()
         self._hot.clear()
@@ -237,6 +265,7 @@ class Uplink:
         took the next stream's first messages, a Hello among them, to a stream that no longer was)."""
         while True:
             await self._ready.wait()
+            await self._linger()
             if generation != self._generation:
                 return
             self._ready.clear()
@@ -254,3 +283,5 @@ class Uplink:
                 yield relay_pb2.RelayUp(items=batch)
                 self._sent(batch)
                 self.metrics.messages.labels("up").inc(len(batch))
+                self.metrics.uplink_messages.labels("up").inc()
+                await self._linger()  # what came meanwhile waits for more too, unless it may act

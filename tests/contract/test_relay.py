@@ -21,8 +21,8 @@ from agent.link import ControllerLink
 from agent.spool import Spool
 from controller.config import LimitsConfig
 from controller.daemon import Controller
-from controller.relay.server import AgentStreams, RelaySettings, identity_problem, serve
-from controller.relay.uplink import ITEM_OVERHEAD, Uplink, take
+from controller.relay.server import AgentStreams, RelaySettings, decoded, identity_problem, serve
+from controller.relay.uplink import ITEM_OVERHEAD, UP_BATCH_BYTES, Uplink, take
 from controller.vocab.lanes import lanes_message
 from controller.vocab.policy import Policy
 from protos.vigil.v1 import agent_pb2, agent_pb2_grpc, common_pb2, relay_pb2
@@ -434,16 +434,16 @@ def test_an_agent_that_says_hello_again_in_time_keeps_its_stream_long_past_the_b
 
 
 def test_under_tls_a_relay_takes_only_an_agent_whose_certificate_names_its_hello() -> None:
-    hello = agent_pb2.AgentMessage(hello=agent_pb2.Hello(node="node-1", spool_id="s")).SerializeToString()
+    hello = decoded(agent_pb2.AgentMessage(hello=agent_pb2.Hello(node="node-1", spool_id="s")).SerializeToString())
     assert identity_problem(hello, Identity("node", "node-1"), "") == ""
     assert "cannot report for node-1" in identity_problem(hello, Identity("node", "node-2"), "")
     assert "cannot report for node-1" in identity_problem(hello, Identity("admin", "alice"), "")
     assert "cannot report for node-1" in identity_problem(hello, None, "")
     assert identity_problem(hello, Identity("agents"), "a-token") == ""  # the controller reviews the token
     assert "service-account token" in identity_problem(hello, Identity("agents"), "")
-    heartbeat = agent_pb2.AgentMessage(heartbeat=agent_pb2.Heartbeat()).SerializeToString()
+    heartbeat = decoded(agent_pb2.AgentMessage(heartbeat=agent_pb2.Heartbeat()).SerializeToString())
     assert "must be Hello" in identity_problem(heartbeat, Identity("node", "node-1"), "")
-    assert "not a valid AgentMessage" in identity_problem(b"\xff\xff", Identity("node", "node-1"), "")
+    assert "not a valid AgentMessage" in identity_problem(decoded(b"\xff\xff"), Identity("node", "node-1"), "")
 
 
 def test_an_agent_message_as_big_as_the_relay_takes_goes_alone_and_a_bigger_one_ends_only_its_stream(
@@ -561,6 +561,52 @@ def test_without_the_controllers_word_a_relay_sends_in_the_order_things_came() -
         uplink.send(b, signals_message(79))
         sent = await asyncio.wait_for(anext(uplink._sending(1)), 1)
         assert [i.stream for i in sent.items] == [a, b]
+
+    asyncio.run(scenario())
+
+
+def test_a_relay_lingers_for_more_of_what_only_waits_to_be_recorded_never_for_what_may_act() -> None:
+    """With the controller's word on what may act: a heartbeat and a record-only XID 63 wait for more
+    (one message to the controller for many agents'); an XID 79 ends the wait at once and goes first,
+    the others with it; past the linger what waits goes alone; so does a batch's worth, at once, and
+    before the controller's word nothing waits. A stream that breaks ends its sender's wait."""
+    beat = agent_pb2.AgentMessage(heartbeat=agent_pb2.Heartbeat(sent_at=1.0)).SerializeToString()
+
+    async def scenario() -> None:
+        uplink = Uplink("127.0.0.1:1", None, linger_ms=60_000)
+        uplink._generation = 1
+        a, b = uplink.open()[0], uplink.open()[0]
+        sender = uplink._sending(1)
+        uplink.send(a, signals_message(79))  # no word yet: a fault is in the backlog's lane, never held
+        assert [i.stream for i in (await asyncio.wait_for(anext(sender), 1)).items] == [a]
+        uplink._deliver(relay_pb2.RelayDown(lanes=lanes_message(Policy().record_only())))
+        uplink.send(a, beat)
+        waiting = asyncio.ensure_future(anext(sender))
+        await asyncio.sleep(0.2)
+        uplink.send(b, signals_message(63))
+        await asyncio.sleep(0.2)
+        assert not waiting.done()  # both wait for more
+        uplink.send(b, signals_message(79, seq=2))
+        sent = await asyncio.wait_for(waiting, 1)
+        assert [(i.stream, i.message) for i in sent.items] == [
+            (b, signals_message(63)), (b, signals_message(79, seq=2)), (a, beat)
+        ]  # fmt: skip
+        uplink.send(a, b"x" * UP_BATCH_BYTES)  # a batch's worth: at once
+        assert len((await asyncio.wait_for(anext(sender), 1)).items) == 1
+        uplink.send(a, beat)
+        waiting = asyncio.ensure_future(anext(sender))
+        await asyncio.sleep(0.2)
+        assert not waiting.done()
+        uplink._break("the controller went away")  # the sender of the broken stream ends, taking nothing
+        with pytest.raises(StopAsyncIteration):
+            await asyncio.wait_for(waiting, 1)
+
+        short = Uplink("127.0.0.1:1", None, linger_ms=50)
+        short._generation = 1
+        short._deliver(relay_pb2.RelayDown(lanes=lanes_message(Policy().record_only())))
+        c = short.open()[0]
+        short.send(c, beat)
+        assert [i.message for i in (await asyncio.wait_for(anext(short._sending(1)), 5)).items] == [beat]
 
     asyncio.run(scenario())
 
