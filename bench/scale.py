@@ -81,6 +81,7 @@ import threading
 import time
 import urllib.request
 from collections import Counter
+from datetime import datetime
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
@@ -114,6 +115,36 @@ def summary(values: list[float]) -> dict[str, float]:
         "p90_ms": round(percentile(values, 0.9) * 1000, 1),
         "p99_ms": round(percentile(values, 0.99) * 1000, 1),
         "max_ms": round(max(values) * 1000, 1),
+    }
+
+
+def controller_split(log: Path, nodes: list[str]) -> dict[str, dict[str, float]]:
+    """Where each probe's time in the controller went, from its JSON log: from its incident opened to
+    its page carried out (the settling window's sleep and nothing else: paging is off here, so how
+    late that sleep ended is how long the event loop was held up) and to its quarantine done (the
+    cordon, the condition and the Event written)."""
+    opened: dict[str, float] = {}
+    settled: dict[str, float] = {}
+    done: dict[str, float] = {}
+    wanted = set(nodes)
+    with log.open() as lines:
+        for line in lines:
+            if '"node"' not in line or not line.startswith("{"):
+                continue
+            entry = json.loads(line)
+            node, event = entry.get("node"), entry.get("event")
+            if node not in wanted:
+                continue
+            at = datetime.fromisoformat(entry["timestamp"].replace("Z", "+00:00")).timestamp()
+            if event == "incident_opened" and entry.get("code") == 79:
+                opened.setdefault(node, at)
+            elif event == "action_done" and str(entry.get("action", "")).startswith("PAGE"):
+                settled.setdefault(node, at)
+            elif event == "action_done" and entry.get("action") == "QUARANTINE":
+                done.setdefault(node, at)
+    return {
+        "to_settled": summary([settled[n] - opened[n] for n in nodes if n in opened and n in settled]),
+        "to_quarantined": summary([done[n] - opened[n] for n in nodes if n in opened and n in done]),
     }
 
 
@@ -997,6 +1028,8 @@ def measure(args: argparse.Namespace, workdir: Path, database: str) -> dict[str,
                 "background_per_s": args.background_per_s,
                 "fault_to_cordon": summary([cordons.at[n] - sent[n] for n in probes]),
                 "controller_to_cordon": summary([cordons.at[n] - received[n] for n in probes]),
+                # from each probe's incident opened: the settling window's sleep over, its quarantine done
+                "controller_split": controller_split(workdir / "controller.out", probes),
                 # each probe over the issue's 165 ms: (its send, s into the phase; before the controller; in it,
                 # ms; the relayed bytes and streams waiting at the controller just after it was sent; ms after
                 # its send that its stream took it and was done with it, each time it was sent)
