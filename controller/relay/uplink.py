@@ -155,9 +155,13 @@ class Uplink:
         self._queued_bytes += len(item.message)
         if self._queued_bytes >= MAX_QUEUED_BYTES:
             self._drained.clear()
-        if self._first or self._queued_bytes >= UP_BATCH_BYTES:
+        if self._worth_a_write():
             self._stop_lingering()
         self._ready.set()
+
+    def _worth_a_write(self) -> bool:
+        """What waits goes now, lingering or not: a message that may act, or a batch's worth."""
+        return bool(self._first) or self._queued_bytes >= UP_BATCH_BYTES
 
     def _stop_lingering(self) -> None:
         if self._now is not None and not self._now.done():
@@ -168,8 +172,7 @@ class Uplink:
         the controller for many agents' (each message is work for both ends' loops, its size hardly),
         ended at once by a message that may act or by a batch's worth. Not before the controller has
         said which messages may act (until then a fault is in the other lane too)."""
-        alone = bool(self._up) and not self._first and self._queued_bytes < UP_BATCH_BYTES
-        if not (alone and self._linger_s and self._lanes is not None):
+        if not (self._up and self._linger_s and self._lanes is not None) or self._worth_a_write():
             return
         self._now = asyncio.get_running_loop().create_future()
         timer = asyncio.get_running_loop().call_later(self._linger_s, self._stop_lingering)

@@ -593,6 +593,8 @@ def test_a_relay_lingers_for_more_of_what_only_waits_to_be_recorded_never_for_wh
         ]  # fmt: skip
         uplink.send(a, b"x" * UP_BATCH_BYTES)  # a batch's worth: at once
         assert len((await asyncio.wait_for(anext(sender), 1)).items) == 1
+        written = uplink.metrics.uplink_messages.labels("up")._value.get()
+        assert (written, uplink.metrics.messages.labels("up")._value.get()) == (2, 4)  # 4 agents' in 2
         uplink.send(a, beat)
         waiting = asyncio.ensure_future(anext(sender))
         await asyncio.sleep(0.2)
