@@ -35,14 +35,13 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import psutil
 
 from bench.controller_process import controller_target, start_controller
-from bench.record import append_result, header, percentile
+from bench.record import append_result, header, logged_at, percentile
 from protos.vigil.v1 import common_pb2
 from tests.fakes.fleet import Fleet
 from vigil.admin_client import AdminClient
@@ -80,10 +79,6 @@ class Run:
         return self.culprits == ((1, self.nodes[1]),) and not self.blamed and not self.quarantined
 
 
-def _at(event: dict[str, Any]) -> float:
-    return datetime.fromisoformat(str(event["timestamp"]).replace("Z", "+00:00")).timestamp()
-
-
 def read_log(path: Path, runs: dict[str, Run]) -> None:
     """Fold the controller's JSON log into the runs (read whole each time: it stays small)."""
     for line in path.read_text(errors="replace").splitlines():
@@ -95,14 +90,14 @@ def read_log(path: Path, runs: dict[str, Run]) -> None:
             continue
         name = event.get("event")
         if name == "job_hung" and not run.hung_at:
-            run.hung_at = _at(event)
+            run.hung_at = logged_at(event)
         elif name == "job_hang_located" and not run.located_at:
-            run.located_at, run.verdict = _at(event), str(event["verdict"])
+            run.located_at, run.verdict = logged_at(event), str(event["verdict"])
             run.culprits = tuple((int(r), str(n)) for r, n in event.get("culprits", []))
         elif name == "job_hang_judged":
             run.judged, run.blamed = True, tuple(event.get("blamed", []))
         elif name == "job_hang_blamed" and run.kind == "fabric" and run.blamed:
-            run.located_at = max(run.located_at, _at(event))
+            run.located_at = max(run.located_at, logged_at(event))
 
 
 def _stop(proc: psutil.Popen | Any) -> None:

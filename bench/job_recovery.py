@@ -26,11 +26,10 @@ import statistics
 import subprocess
 import tempfile
 import time
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from bench.record import append_result, header
+from bench.record import append_result, header, logged_at
 from tests.e2e.processes import JobCluster, job_cluster, json_lines
 from tests.helpers import poll_until
 from tests.training.launch import events
@@ -42,7 +41,7 @@ def _at(entry: dict[str, Any]) -> float:
     """A structlog line's time (ISO, UTC) or a metrics line's (Unix seconds)."""
     if "at" in entry:
         return float(entry["at"])
-    return datetime.fromisoformat(entry["timestamp"].replace("Z", "+00:00")).timestamp()
+    return logged_at(entry)
 
 
 def _first(entries: list[dict[str, Any]], event: str, **match: Any) -> dict[str, Any]:

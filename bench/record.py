@@ -1,4 +1,4 @@
-"""What every benchmark shares: percentiles, and appending a result line with its command."""
+"""What every benchmark shares: percentiles, a log line's time, and appending a result line with its command."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import platform
 import subprocess
 import sys
 import time
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,11 @@ RESULTS_DIR = Path(__file__).parent / "results"
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def logged_at(entry: dict[str, Any]) -> float:
+    """When a Vigil process wrote a JSON log line (structlog's ISO timestamp, UTC), in Unix seconds."""
+    return datetime.fromisoformat(str(entry["timestamp"]).replace("Z", "+00:00")).timestamp()
 
 
 def append_result(bench: str, record: dict[str, Any]) -> Path:

@@ -81,7 +81,6 @@ import threading
 import time
 import urllib.request
 from collections import Counter
-from datetime import datetime
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
@@ -92,7 +91,7 @@ from prometheus_client.samples import Sample
 
 from agent.link import HELLO_ACK_TIMEOUT_S, HELLO_PATIENCE_DOUBLINGS, hello_patience_s
 from bench.controller_process import controller_target, port_file, start_controller, wide_open
-from bench.record import append_result, header, percentile, revision
+from bench.record import append_result, header, logged_at, percentile, revision
 from controller.edge import open_files
 from protos.vigil.v1 import admin_pb2
 from tests.fakes.fleet import Fleet
@@ -135,7 +134,7 @@ def controller_split(log: Path, nodes: list[str]) -> dict[str, dict[str, float]]
             node, event = entry.get("node"), entry.get("event")
             if node not in wanted:
                 continue
-            at = datetime.fromisoformat(entry["timestamp"].replace("Z", "+00:00")).timestamp()
+            at = logged_at(entry)
             if event == "incident_opened" and entry.get("code") == 79:
                 opened.setdefault(node, at)
             elif event == "action_done" and str(entry.get("action", "")).startswith("PAGE"):
