@@ -49,7 +49,7 @@ from agent.xid_fold import XidFolder
 from gpus.backend import GpuBackend
 from protos.codec import gpu_to_proto, signal_problem
 from protos.vigil.v1 import agent_pb2
-from vigil_core import __version__
+from vigil_core import __version__, thread_names
 from vigil_core.cert_reload import CertificateSource
 from vigil_core.http_status import serve_http
 from vigil_core.loop_lag import Lateness, stuck
@@ -398,6 +398,8 @@ class Agent:
 
 
 def run_agent(config: AgentConfig) -> None:
+    thread_names.mirror()  # process-wide: here, never in a test's process
+
     async def main() -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()

@@ -33,7 +33,7 @@ from controller.relay.hello_room import FIRST_ROOM, MIN_WAITING, WAIT_S, HelloRo
 from controller.relay.uplink import ITEM_OVERHEAD, LINGER_MS, OK, UNAVAILABLE, Back, Lost, Uplink
 from controller.vocab.lanes import HELLO_TAG
 from protos.vigil.v1 import agent_pb2, relay_pb2
-from vigil_core import gc_keeper, gc_young, loop_lag
+from vigil_core import gc_keeper, gc_young, loop_lag, thread_names
 from vigil_core.call_taken import say_taken
 from vigil_core.cert_reload import CertificateSource, server_credentials
 from vigil_core.http_status import serve_http
@@ -547,6 +547,7 @@ def not_ready(uplink: Uplink) -> list[str]:
 def run_relay(settings: RelaySettings, port_file: Path | None = None) -> None:
     """``vigil relay``: serve until SIGTERM or SIGINT."""
     gc_young.set_young(settings.gc_young_objects)
+    thread_names.mirror()
 
     async def main() -> None:
         stop = asyncio.Event()
