@@ -128,6 +128,19 @@ class WatchedAdoption(Protocol):
         ...
 
 
+@runtime_checkable
+class WatchedLabels(Protocol):
+    """An actuator that keeps the nodes' labels by a watch, so a refresh takes only what changed
+    instead of comparing every node's (at 100,000 nodes, tens of milliseconds of CPU every refresh,
+    holding the interpreter from the event loop)."""
+
+    def label_changes(self) -> tuple[dict[str, dict[str, str]], list[str]] | None:
+        """The labels that changed since the last call (nodes that joined among them) and the nodes
+        gone; None where the whole must be compared (the first call, and after the watch listed the
+        cluster again). One reader: a call takes what it returns."""
+        ...
+
+
 class Pager(Protocol):
     def page(self, action: Page) -> str: ...
 

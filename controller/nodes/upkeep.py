@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import structlog
 
-from controller.act.actuators import Actuator
+from controller.act.actuators import Actuator, WatchedLabels
 from controller.metrics import ControllerMetrics
 from controller.nodes.actions.fold_reports import FoldReports
 from controller.nodes.by_hand import ByHand
@@ -141,7 +141,9 @@ class Upkeep:
         """The nodes' labels (their failure domains), read from the cluster and compared with the last
         ones off the event loop; only what changed is applied on it (at 100,000 nodes, a copy of every
         node's labels every 30 s was tens of milliseconds of the loop and 100,000 new long-lived
-        objects for the garbage collector)."""
+        objects for the garbage collector; where the actuator watches them, only what its watch saw
+        change is read: comparing all 100,000 in the thread still held the interpreter from the loop
+        for tens of milliseconds)."""
         try:
             changed, gone = await asyncio.to_thread(self._labels_changed)
         except Exception as exc:  # the API server is away: keep the last ones, say so
@@ -152,9 +154,12 @@ class Upkeep:
         self.labels.update(changed)
 
     def _labels_changed(self) -> tuple[Labels, list[str]]:
-        """In a thread: the actuator's labels now against the ones held (read only here; only
-        ``refresh_labels`` writes them, after this returns)."""
+        """In a thread: what the actuator's watch says changed (``WatchedLabels``), or its labels now
+        against the ones held (read only here; only ``refresh_labels`` writes them, after this returns)."""
         held = self.labels
+        if isinstance(self._actuator, WatchedLabels) and (changes := self._actuator.label_changes()) is not None:
+            changed, gone = changes
+            return {node: found for node, found in changed.items() if held.get(node) != found}, gone
         now = self._actuator.node_labels()
         changed = {node: found for node, found in now.items() if (old := held.get(node)) is not found and old != found}
         return changed, [node for node in held if node not in now]

@@ -343,6 +343,45 @@ def test_node_labels_are_listed_page_by_page_and_then_kept_by_the_cache(kube: Ku
         act.cache.stop()
 
 
+def test_the_watch_says_which_labels_changed_so_a_refresh_reads_only_those(kube: KubeApiServer, tmp_path: Path) -> None:
+    """After its list, the cache tells what the watch saw change in the nodes' labels (a node that joined
+    among them) and the nodes gone; a cordon is not a change, and its node keeps its labels' object."""
+    from controller.act.kube.node_cache import NodeCache
+
+    kube.add_nodes(["gpu-0", "gpu-1", "gpu-2"], labels={"rack": "r1"})
+    act = actuator(kube, tmp_path)
+    assert act.label_changes() is None  # no watch: the whole, each time
+    act.cache = NodeCache(client.CoreV1Api(api_client(kube.kubeconfig(tmp_path / "kc"))))
+    act.cache.start()
+    try:
+        poll_until(lambda: act.cache is not None and act.cache.synced, 10)
+        assert act.label_changes() is None  # the first: compare the whole
+        assert act.label_changes() == ({}, [])
+        before = act.cache.labels()["gpu-0"]
+        core = client.CoreV1Api(api_client(kube.kubeconfig(tmp_path / "kc2")))
+        core.patch_node("gpu-0", {"spec": {"unschedulable": True}})
+        core.patch_node("gpu-1", {"metadata": {"labels": {"rack": "r2"}}})
+        core.delete_node("gpu-2")
+        core.create_node({"metadata": {"name": "gpu-3", "labels": {"rack": "r3"}}})
+        taken: list[tuple[dict[str, dict[str, str]], list[str]]] = []
+
+        def seen_all() -> bool:
+            taken.append(act.label_changes() or ({}, []))
+            return {n for c, g in taken for n in [*c, *g]} >= {"gpu-1", "gpu-2", "gpu-3"}
+
+        poll_until(seen_all, 10, what="the label changes seen by the watch")
+        poll_until(lambda: cached_spec(act, "gpu-0").get("unschedulable") is True, 10)
+        changed = {n: labels for c, _ in taken for n, labels in c.items()}
+        assert changed == {"gpu-1": {"rack": "r2"}, "gpu-3": {"rack": "r3"}}  # not the cordoned gpu-0
+        assert [n for _, g in taken for n in g] == ["gpu-2"]
+        assert act.cache.labels()["gpu-0"] is before
+        act.cache.synced = False  # a lost watch: it lists again, and the next refresh compares the whole
+        act.cache._list()
+        assert act.label_changes() is None
+    finally:
+        act.cache.stop()
+
+
 def test_a_lost_watch_is_said_and_its_readers_fall_back_to_the_api_server(tmp_path: Path) -> None:
     from controller.act.kube.node_cache import NodeCache
 

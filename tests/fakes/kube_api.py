@@ -179,6 +179,8 @@ class VigilKubeEmulator(kmock.KubernetesEmulator):
         if request.resource is not None and request.name is not None and method in ("PATCH", "PUT"):
             # kmock merges PATCHes naively and routes no PUT: both are done here, as the API server does.
             return web.json_response(await self._update(request, body or {}))
+        if request.resource is not None and request.resource.plural == "nodes" and request.name and method == "DELETE":
+            return web.json_response(await self._delete_node(request))  # its watchers see it go
         if request.resource is not None and request.action == enums.action.CREATE and isinstance(request.data, dict):
             return web.json_response(await self._create(request, request.data))
         if request.resource is not None and request.action in (enums.action.FETCH, enums.action.LIST):
@@ -226,6 +228,18 @@ class VigilKubeEmulator(kmock.KubernetesEmulator):
                 self._node_event("ADDED", body)
             await self._buses[request.resource].put({"type": "ADDED", "object": body})
             return body
+
+    async def _delete_node(self, request: rendering.Request) -> dict[str, Any]:
+        key = (request.resource, None, request.name)
+        async with self._lock:
+            if key not in self.objects or self.objects[key].deleted:
+                raise kmock.KubernetesObjectNotFoundError()
+            gone = copy.deepcopy(self.objects[key].raw)
+            gone["metadata"]["resourceVersion"] = self._next_version()
+            self.objects[key].delete()
+            self._node_event("DELETED", gone)
+            await self._buses[request.resource].put({"type": "DELETED", "object": gone})
+        return {"kind": "Status", "apiVersion": "v1", "status": "Success", "details": {"name": request.name}}
 
     async def _read(self, request: rendering.Request) -> dict[str, Any]:
         async with self._lock:

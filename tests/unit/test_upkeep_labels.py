@@ -64,3 +64,36 @@ def test_labels_the_cluster_cannot_give_are_kept_as_they_were(tmp_path: Path) ->
         await e.shutdown()
 
     asyncio.run(scenario())
+
+
+class Watched(LocalActuator):
+    """A local actuator whose labels a watch would keep: a refresh takes ``changes`` and never lists."""
+
+    changes: tuple[dict[str, dict[str, str]], list[str]] | None = None
+    listed = 0
+
+    def label_changes(self) -> tuple[dict[str, dict[str, str]], list[str]] | None:
+        changes, self.changes = self.changes, ({}, [])
+        return changes
+
+    def node_labels(self) -> dict[str, dict[str, str]]:
+        self.listed += 1
+        return super().node_labels()
+
+
+def test_where_the_actuator_watches_the_labels_a_refresh_takes_only_what_changed(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        store = Store(tmp_path / "ctl.db")
+        actuator = Watched(store.db, {"n1": {"vigil.dev/rack": "r1"}, "n2": {"vigil.dev/rack": "r1"}})
+        e = node_route(store, Policy(), actuator, NullPager())
+        await e.upkeep.refresh_labels()  # None: the whole, compared
+        assert actuator.listed == 1 and set(e.upkeep.labels) == {"n1", "n2"}
+        kept = e.upkeep.labels["n1"]
+        actuator.changes = ({"n1": {"vigil.dev/rack": "r1"}, "n3": {"vigil.dev/rack": "r3"}}, ["n2"])
+        await e.upkeep.refresh_labels()
+        assert actuator.listed == 1  # no list, no pass over the fleet
+        assert e.upkeep.labels == {"n1": {"vigil.dev/rack": "r1"}, "n3": {"vigil.dev/rack": "r3"}}
+        assert e.upkeep.labels["n1"] is kept  # equal labels are not replaced
+        await e.shutdown()
+
+    asyncio.run(scenario())

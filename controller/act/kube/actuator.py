@@ -231,6 +231,12 @@ class KubeActuator:
             for n in items
         }
 
+    def label_changes(self) -> tuple[dict[str, dict[str, str]], list[str]] | None:
+        """From the node cache's watch once it has listed (``WatchedLabels``); None before."""
+        if self.cache is not None and self.cache.lists:
+            return self.cache.label_changes()
+        return None
+
     def adopt(self) -> list[FoundQuarantine]:
         return found_quarantines(n for items, _ in node_pages(self._core, self._timeout) for n in items)
 

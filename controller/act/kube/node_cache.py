@@ -78,6 +78,10 @@ class NodeCache:
         self._retry_s = retry_s
         self._lock = threading.Lock()
         self._nodes: dict[str, Json] = {}
+        # Each node whose labels changed since label_changes was last asked (None: the node went);
+        # _relisted: a list replaced every node since, so its reader compares them all.
+        self._label_changes: dict[str, dict[str, str] | None] = {}
+        self._relisted = True
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="node-watch", daemon=True)
         self._resp: Any = None  # the watch's open response
@@ -115,6 +119,19 @@ class NodeCache:
         with self._lock:
             return {name: node["metadata"]["labels"] for name, node in self._nodes.items()}
 
+    def label_changes(self) -> tuple[dict[str, dict[str, str]], list[str]] | None:
+        """The labels of each node whose labels changed (or that joined) since the last call, and the
+        nodes gone; None where a list replaced every node since, or on the first call: compare the whole
+        of ``labels()`` then. One reader (the controller's upkeep): a call takes what it returns."""
+        with self._lock:
+            changes, self._label_changes = self._label_changes, {}
+            relisted, self._relisted = self._relisted, False
+        if relisted:
+            return None
+        return {n: labels for n, labels in changes.items() if labels is not None}, [
+            n for n, labels in changes.items() if labels is None
+        ]
+
     # The thread ----------------------------------------------------------------------------------
 
     def _run(self) -> None:
@@ -142,6 +159,7 @@ class NodeCache:
             version = page_version  # the last page's: where the watch starts
         with self._lock:
             self._nodes = nodes
+            self._label_changes, self._relisted = {}, True
         self.synced, self.lists = True, self.lists + 1
         log.info("nodes_listed", nodes=len(nodes), resource_version=version)
         return str(version)
@@ -171,15 +189,28 @@ class NodeCache:
                     continue
                 name = (obj.get("metadata") or {}).get("name", "")
                 self.events += 1
+                node = None if kind == "DELETED" else trimmed(obj)
                 with self._lock:
-                    if kind == "DELETED":
-                        self._nodes.pop(name, None)
-                    else:
-                        self._nodes[name] = trimmed(obj)
+                    self._keep(name, node)
         finally:
             self._resp = None
             resp.release_conn()
         return version
+
+    def _keep(self, name: str, node: Json | None) -> None:
+        """One watch event's node (None: deleted), with the lock held; a node whose labels did not change
+        keeps its labels' object (most events are cordons and taints), one whose labels did is noted."""
+        old = self._nodes.pop(name, None) if node is None else self._nodes.get(name)
+        if node is None:
+            if old is not None:
+                self._label_changes[name] = None
+            return
+        labels = node["metadata"]["labels"]
+        if old is not None and old["metadata"]["labels"] == labels:
+            node["metadata"]["labels"] = old["metadata"]["labels"]
+        else:
+            self._label_changes[name] = labels
+        self._nodes[name] = node
 
 
 def node_pages(core: client.CoreV1Api, timeout_s: float) -> Iterator[tuple[list[Json], str]]:
