@@ -90,9 +90,12 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
 from agent.link import HELLO_ACK_TIMEOUT_S, HELLO_PATIENCE_DOUBLINGS, hello_patience_s
+from bench import thread_clock
 from bench.controller_process import controller_target, port_file, start_controller, wide_open
 from bench.record import append_result, header, logged_at, percentile, revision
+from bench.thread_clock import ThreadClock
 from controller.edge import open_files
+from controller.nodes.guards.shared import SharedCauseConfig
 from protos.vigil.v1 import admin_pb2
 from tests.fakes.fleet import Fleet
 from tests.fakes.kube_api import KubeApiServer
@@ -117,14 +120,12 @@ def summary(values: list[float]) -> dict[str, float]:
     }
 
 
-def controller_split(log: Path, nodes: list[str]) -> dict[str, dict[str, float]]:
-    """Where each probe's time in the controller went, from its JSON log: from its incident opened to
-    its page carried out (the settling window's sleep and nothing else: paging is off here, so how
-    late that sleep ended is how long the event loop was held up) and to its quarantine done (the
-    cordon, the condition and the Event written)."""
-    opened: dict[str, float] = {}
-    settled: dict[str, float] = {}
-    done: dict[str, float] = {}
+def controller_times(log: Path, nodes: list[str]) -> dict[str, dict[str, float]]:
+    """Each probe's moments in the controller, from its JSON log (wall-clock seconds): its incident
+    ``opened``, its page carried out (``settled``: paging is off here, so that is the settling window's
+    sleep over and nothing else) and its quarantine ``done`` (the cordon, the condition and the Event
+    written)."""
+    times: dict[str, dict[str, float]] = {}
     wanted = set(nodes)
     with log.open() as lines:
         for line in lines:
@@ -134,17 +135,38 @@ def controller_split(log: Path, nodes: list[str]) -> dict[str, dict[str, float]]
             node, event = entry.get("node"), entry.get("event")
             if node not in wanted:
                 continue
-            at = logged_at(entry)
             if event == "incident_opened" and entry.get("code") == 79:
-                opened.setdefault(node, at)
+                moment = "opened"
             elif event == "action_done" and str(entry.get("action", "")).startswith("PAGE"):
-                settled.setdefault(node, at)
+                moment = "settled"
             elif event == "action_done" and entry.get("action") == "QUARANTINE":
-                done.setdefault(node, at)
-    return {
-        "to_settled": summary([settled[n] - opened[n] for n in nodes if n in opened and n in settled]),
-        "to_quarantined": summary([done[n] - opened[n] for n in nodes if n in opened and n in done]),
-    }
+                moment = "done"
+            else:
+                continue
+            times.setdefault(node, {}).setdefault(moment, logged_at(entry))
+    return times
+
+
+def controller_split(times: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
+    """Where each probe's time in the controller went (``controller_times``): from its incident opened
+    to its settling window's sleep over (how late that ended is how long the event loop was held up),
+    and to its quarantine done. Pure."""
+
+    def since_opened(moment: str) -> list[float]:
+        return [t[moment] - t["opened"] for t in times.values() if "opened" in t and moment in t]
+
+    return {"to_settled": summary(since_opened("settled")), "to_quarantined": summary(since_opened("done"))}
+
+
+def threads_in_settling(clock: ThreadClock, moments: dict[str, dict[str, float]], settle_ms: float) -> dict[str, Any]:
+    """Where the controller's threads and the other processes were in each probe's settling window
+    (``thread_clock``): the windows that ended 20 ms and more past the sleep, summed, beside all of
+    them, and the clock's own CPU (``clock_cpu_s``); the clock stopped."""
+    try:
+        spent = clock.spent([(t["opened"], t["settled"]) for t in moments.values() if "opened" in t and "settled" in t])
+    finally:
+        clock.stop()
+    return thread_clock.held_up(spent, settle_ms, over_ms=20) | {"clock_cpu_s": clock.own_cpu_s}
 
 
 # The simulated fleet's processes ------------------------------------------------------------------
@@ -390,6 +412,15 @@ class Workers:
             "call_taken": _answer_waits([w for a in answers for w in a["taken_waits"]]),
             "streams_broke_because": dict(sum((Counter(a["why"]) for a in answers), Counter())),
         }
+
+    def renice(self, nice: int) -> None:
+        """Every thread of the fleet's processes at niceness ``nice`` (Linux's is a thread's own; the
+        threads they start later take it from theirs)."""
+        for process in self.processes:
+            with contextlib.suppress(OSError):
+                for task in Path(f"/proc/{process.pid}/task").iterdir():
+                    with contextlib.suppress(OSError):
+                        os.setpriority(os.PRIO_PROCESS, int(task.name), nice)
 
     def cpu_s(self) -> float:
         """The fleet's processes' CPU over their whole life so far (all threads)."""
@@ -991,6 +1022,16 @@ def measure(args: argparse.Namespace, workdir: Path, database: str) -> dict[str,
                     Cordons(kube), workers, connecting_faults, target, args.burst_timeout_s, args.urgent_port
                 )
                 print(f"faults while connecting: {json.dumps(figures['faults_connecting'])}", file=sys.stderr)
+            if args.fleet_nice:
+                workers.renice(args.fleet_nice)
+            # started here, where its own start (a process of its own) is long over before the first probe
+            clock = None
+            if args.thread_clock:
+                others = {
+                    "relays": [p.pid for p in relays.processes],
+                    "simulator": [p.pid or 0 for p in workers.processes],
+                }
+                clock = ThreadClock(controller.pid, others | {"bench": [os.getpid()]}, by_name=("postgres",))
             time.sleep(max(args.heartbeat_s, 5.0))  # a full heartbeat period: the steady load is on
             workers.stats()  # the lag from here on
             cordons = Cordons(kube)
@@ -1019,6 +1060,9 @@ def measure(args: argparse.Namespace, workdir: Path, database: str) -> dict[str,
                     queued.append(max(relays.queued()["queued_bytes"]))
                 time.sleep(max(0.0, due - time.monotonic()))
             streams = workers.watched(probes)
+            moments = controller_times(workdir / "controller.out", probes)
+            settle_ms = (args.settle_s if args.settle_s is not None else SharedCauseConfig().settle_s) * 1000
+            loop_held = threads_in_settling(clock, moments, settle_ms) if clock else None
             with AdminClient(target, timeout_s=60) as admin:
                 received = {
                     n: next(i.received_at for i in admin.incidents(node=n, limit=50) if i.code == 79) for n in probes
@@ -1028,7 +1072,9 @@ def measure(args: argparse.Namespace, workdir: Path, database: str) -> dict[str,
                 "fault_to_cordon": summary([cordons.at[n] - sent[n] for n in probes]),
                 "controller_to_cordon": summary([cordons.at[n] - received[n] for n in probes]),
                 # from each probe's incident opened: the settling window's sleep over, its quarantine done
-                "controller_split": controller_split(workdir / "controller.out", probes),
+                "controller_split": controller_split(moments),
+                # --thread-clock: where the controller's threads were in each probe's settling window
+                **({"loop_in_settling": loop_held} if loop_held else {}),
                 # each probe over the issue's 165 ms: (its send, s into the phase; before the controller; in it,
                 # ms; the relayed bytes and streams waiting at the controller just after it was sent; ms after
                 # its send that its stream took it and was done with it, each time it was sent)
@@ -1254,6 +1300,19 @@ def main() -> int:
     )
     parser.add_argument("--connect-timeout-s", type=float, default=1200)
     parser.add_argument("--burst-timeout-s", type=float, default=300)
+    parser.add_argument(
+        "--fleet-nice",
+        type=int,
+        default=0,
+        help="once connected, run the simulated fleet's processes at this niceness (0-19): its agents stand for "
+        "machines of their own, which here take most of a core at the controller's priority (10: a ninth of its share)",
+    )
+    parser.add_argument(
+        "--thread-clock",
+        action="store_true",
+        help="sample the controller's threads every 4 ms in the steady phase (a few percent of a core): where "
+        "each probe's settling window went (steady.loop_in_settling)",
+    )
     parser.add_argument("--keep", action="store_true", help="keep the working directory (the controller's log)")
     parser.add_argument(
         "--gc-freeze",
@@ -1338,6 +1397,7 @@ def main() -> int:
         "hello_again": args.hello_again,
         "agents_give_up": args.agents_give_up,
         "urgent_port": args.urgent_port,
+        **({"fleet_nice": args.fleet_nice} if args.fleet_nice else {}),
         **figures,
     }
     print(json.dumps(record, indent=2))

@@ -214,6 +214,19 @@ def test_the_relay_component_points_the_agents_at_relays_that_reach_the_controll
     assert policy["spec"]["egress"][-1]["to"][0]["podSelector"]["matchLabels"] == controller["spec"]["selector"]
 
 
+def test_with_relays_the_controller_asks_for_a_whole_core(overlays: dict[str, Objects]) -> None:
+    """A fleet large enough for relays: the controller's CPU request (its weight on a busy node) is a
+    core; the base, for small fleets, asks for a quarter."""
+
+    def cpu(overlay: str) -> str:
+        (controller,) = find(overlays[overlay], "Deployment", "vigil-controller")
+        (container,) = controller["spec"]["template"]["spec"]["containers"]
+        return str(container["resources"]["requests"]["cpu"])
+
+    assert cpu("with-relay") == "1"
+    assert cpu("example") == "250m"
+
+
 def test_the_agent_runs_unprivileged_with_its_own_node_token(overlays: dict[str, Objects]) -> None:
     (agent,) = find(overlays["example"], "DaemonSet")
     pod = agent["spec"]["template"]["spec"]
