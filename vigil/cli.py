@@ -216,8 +216,9 @@ def relay(
         typer.Option(
             min=0,
             max=100,
-            help="how long heartbeats and record-only signals may wait here for more before they go to the "
-            "controller, many agents' in one message (a signal that may act never waits)",
+            help="how long what only waits to be recorded (heartbeats, record-only signals, a Hello with no "
+            "fault behind it, a stream's end) may wait here for more before it goes to the controller, many "
+            "agents' in one message (a signal that may act never waits)",
         ),
     ] = LINGER_MS,
     max_message_bytes: Annotated[

@@ -75,8 +75,9 @@ class RelaySettings:
     hello_wait_s: float = WAIT_S
     hello_min_waiting: int = MIN_WAITING
     hello_first_room: int = int(FIRST_ROOM)  # the room until the waits at the controller size it
-    # How long what only waits to be recorded (heartbeats, record-only signals) may wait for more
-    # before it goes to the controller: one message there for many agents' (``Uplink._linger``).
+    # How long what only waits to be recorded (heartbeats, record-only signals, a Hello with no fault
+    # behind it, a stream's end) may wait for more before it goes to the controller: one message
+    # there for many agents' (``Uplink._linger``).
     linger_ms: float = LINGER_MS
 
 
