@@ -185,7 +185,10 @@ def test_agents_queued_all_come_in_once_on_their_first_streams_and_again_after_a
         async with Relay(port, metrics_port=metrics_port, **ROOM_OF_ONE) as relay:
             links = [link_for(Spool(tmp_path / f"{n}.db"), relay.port, n) for n in nodes]
             running = [asyncio.create_task(link.run(stop)) for link in links]
-            await wait_until(lambda: all(connected(controller, n) for n in nodes), timeout=30, what="all six in")
+            # The agents' side: the relay counts a Hello's answer as it takes it, before it passes it on; the
+            # controller counts an agent in before its answer reaches the relay.
+            await wait_until(lambda: all(link.connected for link in links), timeout=30, what="all six in")
+            assert all(connected(controller, n) for n in nodes)
             assert metric(metrics_port, 'vigil_relay_hello_again_total{why="queued"}') >= 1  # the room was one
             assert metric(metrics_port, "vigil_relay_hello_answer_seconds_count") == 6  # each Hello passed on once
             await stop_controller(controller)
