@@ -417,10 +417,9 @@ class Workers:
         """Every thread of the fleet's processes at niceness ``nice`` (Linux's is a thread's own; the
         threads they start later take it from theirs)."""
         for process in self.processes:
-            with contextlib.suppress(OSError):
-                for task in Path(f"/proc/{process.pid}/task").iterdir():
-                    with contextlib.suppress(OSError):
-                        os.setpriority(os.PRIO_PROCESS, int(task.name), nice)
+            for task in Path(f"/proc/{process.pid}/task").iterdir():
+                with contextlib.suppress(ProcessLookupError):  # a thread gone since: only that is let pass
+                    os.setpriority(os.PRIO_PROCESS, int(task.name), nice)
 
     def cpu_s(self) -> float:
         """The fleet's processes' CPU over their whole life so far (all threads)."""
@@ -1310,8 +1309,8 @@ def main() -> int:
     parser.add_argument(
         "--thread-clock",
         action="store_true",
-        help="sample the controller's threads every 4 ms in the steady phase (a few percent of a core): where "
-        "each probe's settling window went (steady.loop_in_settling)",
+        help="sample the controller's threads and the other processes' CPU every 4 ms in the steady phase (a few "
+        "percent of a core, said): where each probe's settling window went (steady.loop_in_settling)",
     )
     parser.add_argument("--keep", action="store_true", help="keep the working directory (the controller's log)")
     parser.add_argument(

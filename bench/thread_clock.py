@@ -11,8 +11,8 @@ threads' time on a CPU in the same window says which of them ran (each named by
 processes' (``relays*``, ``postgres*``: all their threads, in clock ticks) which of them took the
 machine's CPUs meanwhile.
 
-Reading about fifty files every 4 ms costs part of a core (it says how much): a benchmark takes it only when
-asked (``bench.scale --thread-clock``) and says so with its figures.
+Reading about fifty files every 4 ms costs part of a core (it says how much): a benchmark takes it
+only when asked (``bench.scale --thread-clock``) and says so with its figures.
 """
 
 from __future__ import annotations
@@ -85,22 +85,23 @@ class _Samples:
                             else:
                                 self._not_named.add(entry.name)
         for name, pid in wanted:
-            key = f"p{pid}"
-            if key not in self.threads:
-                with contextlib.suppress(OSError):
-                    fd = os.open(self.proc / str(pid) / "stat", os.O_RDONLY)
-                    self.threads[key] = self._live[key] = _Thread(f"{name}*", len(self.times), fd, whole_process=True)
+            if f"p{pid}" not in self.threads:
+                self._track(f"p{pid}", f"{name}*", self.proc / str(pid) / "stat", whole_process=True)
 
     def _rescan_threads(self) -> None:
         with contextlib.suppress(OSError):
             for task in (self.proc / str(self.pid) / "task").iterdir():
                 tid = int(task.name)
-                if tid in self.threads:
-                    continue
-                with contextlib.suppress(OSError):
-                    name = (task / "comm").read_text().strip()
-                    fd = os.open(task / "schedstat", os.O_RDONLY)
-                    self.threads[tid] = self._live[tid] = _Thread(kind(name, tid, self.pid), len(self.times), fd)
+                if tid not in self.threads:
+                    with contextlib.suppress(OSError):
+                        name = kind((task / "comm").read_text().strip(), tid, self.pid)
+                        self._track(tid, name, task / "schedstat")
+
+    def _track(self, key: int | str, name: str, path: Path, whole_process: bool = False) -> None:
+        """Sample ``path`` from the next sample on (a thread or process gone already: nothing)."""
+        with contextlib.suppress(OSError):
+            fd = os.open(path, os.O_RDONLY)
+            self.threads[key] = self._live[key] = _Thread(name, len(self.times), fd, whole_process)
 
     def sample(self) -> None:
         self.times.append(time.time())
@@ -128,7 +129,8 @@ class _Samples:
             out[thread.name] = out.get(thread.name, 0.0) + ran
             if thread.name == LOOP:
                 out["loop_waited_for_cpu"] = (thread.at(thread.wait, i1) - thread.at(thread.wait, i0)) / 1e6
-        out["loop_slept"] = out["span_ms"] - out.get(LOOP, 0.0) - out.get("loop_waited_for_cpu", 0.0)
+        if LOOP in out:  # never a whole window said slept for a loop that was not sampled
+            out["loop_slept"] = out["span_ms"] - out[LOOP] - out["loop_waited_for_cpu"]
         return {k: round(v, 1) for k, v in out.items()}
 
 

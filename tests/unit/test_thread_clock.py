@@ -94,3 +94,13 @@ def test_held_up_sums_the_windows_that_ended_late_beside_all_of_them() -> None:
     assert list(late)[0] == "span_ms"  # largest first
     all_ = held["all_spent_ms"]
     assert isinstance(all_, dict) and all_["loop"] == 35.0
+
+
+def test_a_loop_not_sampled_is_never_said_to_have_slept(tmp_path: Path) -> None:
+    _thread(tmp_path, 101, "write-behind", 0, 0)  # the main thread's files unreadable: only another thread
+    samples = _Samples(PID, tmp_path, {})
+    samples.rescan()
+    samples.sample()
+    samples.sample()
+    spent = samples.spent(0, 1e12)
+    assert "loop_slept" not in spent and "loop" not in spent and spent["write-behind"] == 0.0
