@@ -194,7 +194,7 @@ def worker(conn: Connection, *args: Any) -> None:
     collects young as the controller's and the relays' do (``vigil_core.gc_young``): with CPython's
     own 700, the simulator spent about 30% of its time while connecting in collections (py-spy,
     12,500 agents a process), time taken from the processes it measures on the same cores."""
-    gc.set_threshold(gc_young.YOUNG_OBJECTS, *gc.get_threshold()[1:])  # not said: its stdout is the bench's
+    gc_young.set_young(gc_young.YOUNG_OBJECTS, say=False)  # its stdout is the bench's: not said
     asyncio.run(_worker(conn, *args))
 
 

@@ -30,11 +30,13 @@ log = structlog.get_logger(__name__)
 YOUNG_OBJECTS = 50_000  # new container objects between young collections (CPython's own: 700)
 
 
-def set_young(objects: int) -> None:
+def set_young(objects: int, say: bool = True) -> None:
     """Collect the youngest generation every ``objects`` new container objects (0: CPython's own);
-    the older generations' thresholds stay as they are."""
+    the older generations' thresholds stay as they are. ``say``: in the process's log (not where its
+    stdout is something else's, as a benchmark's simulator process)."""
     if objects <= 0:
         return
     _, middle, oldest = gc.get_threshold()
     gc.set_threshold(objects, middle, oldest)
-    log.info("gc_young_objects", threshold=gc.get_threshold())
+    if say:
+        log.info("gc_young_objects", threshold=gc.get_threshold())
