@@ -11,11 +11,12 @@ So a relay keeps only so many Hellos at the controller at once, its room, and si
 how long the Hellos there wait for their answer: over each span of a second or more, a mean wait
 past ``wait_s`` shrinks the room in proportion, and a span in which agents were queued with the
 answers coming sooner grows it by a quarter (never under ``min_waiting``). An agent that can say
-Hello again on its stream (``Hello.resumable``) whose Hello finds no room is told to wait
-(``HelloAgain{wait}``: an answer, so its patience is not running) and queued; each time a Hello at
-the controller is answered, or given up, the next agent in the queue is called (``HelloAgain{}``),
-its place kept for it until its Hello comes. No rate decides when an agent comes back: a place
-coming free does, so the controller is kept as busy as the room allows.
+Hello again on its stream (``Hello.resumable``) whose Hello finds no room is queued: told to wait
+(``HelloAgain{wait}``: an answer, so its patience is not running), or, where the relay keeps its
+Hello, told nothing (its call not said taken, its patience has not begun); each time a Hello at
+the controller is answered, or given up, the next agent in the queue is called (``HelloAgain{}``,
+or its kept Hello passed on), its place kept for it until its Hello comes. No rate decides when an
+agent comes back: a place coming free does, so the controller is kept as busy as the room allows.
 
 A fault waits behind no fleet: an agent whose Hello says it has faults waiting
 (``Hello.urgent_waiting``), or that says so while queued (``hurry``), is called before every agent

@@ -128,6 +128,17 @@ def hello_again_in(ended: relay_pb2.StreamEnd | Lost, resumable: bool) -> int | 
     return None
 
 
+def kept_in_silence(said: bool, kept: bool) -> bool:
+    """Whether an agent queued for room at the controller is told nothing until its Hello's answer:
+    one whose Hello the relay keeps (``Hello.waits_for_kept_hello``) on a call said nothing yet. Not
+    told its call is taken (``vigil_core.call_taken``), its patience is not running: it waits up to
+    ``TAKEN_PATIENCE_S``, as long as it would for a kept Hello it was told of
+    (``agent.link.KEPT_HELLO_PATIENCE_S``), and the word to wait costs each end a batch more for
+    most of a fleet connecting at once. A call already said something to (a Hello again after its
+    session ended) is told its Hello is kept: its patience is running. Pure."""
+    return kept and not said
+
+
 def hello_in(message: agent_pb2.AgentMessage | str) -> agent_pb2.Hello | None:
     """The Hello a ``decoded`` message is, if it is one. Pure."""
     return message.hello if not isinstance(message, str) and message.HasField("hello") else None
@@ -241,20 +252,27 @@ class AgentStreams:
         reader.add_done_callback(partial(_reader_ended, call.back, call.node))
         wait_ms: int | None = 0
         try:
-            if call.stream is not None:  # passed on: the agent's patience counts from here (vigil_core.call_taken);
-                await say_taken(context)  # queued, from its word to wait, which says it with it: one batch, not two
+            # Passed on: the agent's patience counts from here (vigil_core.call_taken). Queued for
+            # room, its call is said taken with the first word it is told: for an agent that waits
+            # for a kept Hello, its answer (``kept_in_silence``).
+            said = call.stream is not None
+            if said:
+                await say_taken(context)
             while True:
                 item = await self._next(call, wait_ms or 0)
                 if call.hello_at and not isinstance(item, Lost):  # the controller's answer to the Hello
                     self._hello_over(call, answered=True)
                 if isinstance(item, bytes):
+                    said = True
                     yield item
                     continue
                 if isinstance(item, Place):  # the relay's own word on the Hello: no room yet, or room now
                     if not item.called:
                         call.queued_at = time.monotonic()
                         self._uplink.metrics.hello_again.labels("queued").inc()
-                        yield WAIT_KEPT if call.kept is not None else WAIT_FOR_CONTROLLER
+                        if not kept_in_silence(said, call.kept is not None):
+                            said = True
+                            yield WAIT_KEPT if call.kept is not None else WAIT_FOR_CONTROLLER
                         continue
                     if call.queued_at:  # how long it waited for room
                         self._uplink.metrics.hello_queued.observe(time.monotonic() - call.queued_at)
@@ -264,7 +282,7 @@ class AgentStreams:
                         self._say_hello(call, kept)
                     else:
                         call.ask()  # a Hello is due from the agent called
-                        wait_ms = 0
+                        wait_ms, said = 0, True
                         yield HELLO_NOW
                     continue
                 if isinstance(item, Lost):
@@ -277,6 +295,7 @@ class AgentStreams:
                 if isinstance(item, Lost):  # the agent is told at once (it is not connected), asked once it can be
                     if call.kept is None:  # not urgent until it says a Hello with faults waiting (``_read``)
                         call.urgent = False
+                    said = True
                     yield WAIT_TAKES_URGENT if call.keeps else WAIT_FOR_CONTROLLER
                     if not await self._controller_reached():
                         self._uplink.metrics.refused.labels("no_controller").inc()
@@ -293,10 +312,12 @@ class AgentStreams:
                         self._say_hello(call, kept)
                         continue
                     call.ask()
+                    said = True
                     yield HELLO_NOW
                     continue
                 call.ask()
                 self._uplink.metrics.hello_again.labels("paced").inc()
+                said = True
                 yield agent_pb2.ControllerMessage(
                     hello_again=agent_pb2.HelloAgain(after_ms=wait_ms)
                 ).SerializeToString()

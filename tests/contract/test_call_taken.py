@@ -103,23 +103,33 @@ def test_the_controller_says_a_call_is_taken_before_it_reads_its_hello(tmp_path:
 
 def test_a_relay_says_a_call_is_taken_once_it_holds_its_hello(tmp_path: Path) -> None:
     """Passed on to a controller that never answers, the Hello's call is said taken all the same;
-    queued for room, the agent is told so with its word to wait (the batch a call said taken on its
-    own costs is spared to most of a fleet connecting at once)."""
+    queued for room, a Hello the relay keeps is told nothing, not even that, until its answer (its
+    patience not running: the batch a word to wait costs each end is spared to most of a fleet
+    connecting at once); an agent that says Hello again when called is told to wait, its call taken
+    with that word."""
 
     async def scenario() -> None:
         silent = SilentController()
         await silent.server.start()
+        metrics_port = free_port()
         try:
-            async with Relay(silent.port, **ROOM_OF_ONE) as relay:
+            async with Relay(silent.port, metrics_port=metrics_port, **ROOM_OF_ONE) as relay:
                 passed_on, queued = RawAgent(relay.port), RawAgent(relay.port)
                 await passed_on.hello("node-a", waits=True)
                 await asyncio.wait_for(passed_on.call.initial_metadata(), 20)  # no answer will come: taken
                 assert not passed_on.call.done()
                 await queued.hello("node-b", waits=True)
-                await asyncio.wait_for(queued.call.initial_metadata(), 20)
-                told = await queued.read()
-                assert told.hello_again.wait and told.hello_again.kept
-                for agent in (passed_on, queued):
+                await wait_until(lambda: metric(metrics_port, "vigil_relay_hellos_queued") == 1, what="node-b queued")
+                said = asyncio.ensure_future(queued.call.initial_metadata())
+                done, _ = await asyncio.wait({said}, timeout=0.5)
+                assert not done  # kept: not said taken
+                asked_later = RawAgent(relay.port)
+                await asked_later.hello("node-c")  # says its Hello again when called: told to wait now
+                await asyncio.wait_for(asked_later.call.initial_metadata(), 20)
+                told = await asked_later.read()
+                assert told.hello_again.wait and not told.hello_again.kept
+                assert not said.done()
+                for agent in (passed_on, queued, asked_later):
                     await agent.close()
         finally:
             await silent.server.stop(0)

@@ -10,6 +10,7 @@ import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import grpc
 
@@ -46,6 +47,19 @@ class SilentController:
 
 def metric(port: int, name: str, absent: float | None = None) -> float:
     return sample(scrape(port, "/metrics")[1], name, absent)
+
+
+async def told_nothing(agent: RawAgent, for_s: float = 0.5) -> asyncio.Future[Any]:
+    """Nothing said on ``agent``'s call for ``for_s``, not even that it is taken (its initial
+    metadata), as for a Hello the relay keeps for room; the wait for that metadata, still running."""
+    said: asyncio.Future[Any] = asyncio.ensure_future(agent.call.initial_metadata())
+    done, _ = await asyncio.wait({said}, timeout=for_s)
+    assert not done, "the relay said something to an agent whose first Hello it keeps"
+    return said
+
+
+async def queued(metrics_port: int, count: int) -> None:
+    await wait_until(lambda: metric(metrics_port, "vigil_relay_hellos_queued") == count, what=f"{count} queued")
 
 
 @dataclass
@@ -113,19 +127,23 @@ def test_hellos_past_the_room_are_queued_and_each_called_as_a_place_comes_free(t
     asyncio.run(scenario())
 
 
-def test_an_agent_that_waits_for_its_kept_hello_is_answered_without_saying_it_again(tmp_path: Path) -> None:
+def test_an_agent_that_waits_for_its_kept_hello_is_told_nothing_and_its_hello_goes_on_when_a_place_comes_free(
+    tmp_path: Path,
+) -> None:
     async def scenario() -> None:
         async with room_held(waits=True) as held:
             metrics_port, first, second = held.metrics_port, held.first, RawAgent(held.relay.port)
             await second.hello("node-b", waits=True)
-            told = await second.read()
-            assert told.hello_again.wait and told.hello_again.kept  # its Hello kept here: it says nothing
+            await queued(metrics_port, 1)
+            assert metric(metrics_port, 'vigil_relay_hello_again_total{why="queued"}') == 1
+            said = await told_nothing(second)  # its Hello kept here: not even its call said taken
             await first.close()
             # Its place came free: the Hello it said goes on, with no word to the agent.
-            await wait_until(lambda: metric(metrics_port, "vigil_relay_hellos_queued") == 0, what="node-b's Hello on")
+            await queued(metrics_port, 0)
             assert metric(metrics_port, "vigil_relay_hellos_waiting") == 1
             assert metric(metrics_port, "vigil_relay_hello_queued_seconds_count") == 1
             assert metric(metrics_port, "vigil_relay_dropped_between_sessions_total", absent=0) == 0
+            assert not said.done()  # passed on to a controller that answers nothing: still nothing said
             await second.close()
 
     asyncio.run(scenario())
@@ -136,12 +154,13 @@ def test_a_kept_hello_outlives_a_controller_that_never_answered_and_is_acknowled
         async with room_held(waits=True) as held:  # node-a's Hello passed on, never answered
             silent, first, second = held.silent, held.first, RawAgent(held.relay.port)
             await second.hello("node-b", waits=True)
-            assert (await second.read()).hello_again.kept  # queued, its Hello kept
+            await queued(held.metrics_port, 1)
+            said = await told_nothing(second)  # queued, its Hello kept
             await silent.server.stop(0)  # the relay loses it: node-a's session ends, node-b's Hello waits on
             assert (await first.read()).hello_again.wait
             controller = await start_controller(tmp_path / "ctl.db", silent.port)
             ack = await second.read()  # its kept Hello went to the new controller first: answered here
-            assert ack.HasField("ack")
+            assert ack.HasField("ack") and said.done()  # its call said taken with its answer
             asked = await first.read()  # then node-a, queued after it, asked for its Hello again
             assert asked.HasField("hello_again") and not asked.hello_again.wait
             await first.hello("node-a", waits=True)
@@ -166,7 +185,7 @@ def test_the_agent_waits_for_its_kept_hello_past_its_patience_and_is_taken_when_
             )  # fmt: skip
             running = asyncio.create_task(link.run(stop))
             await wait_until(lambda: metric(held.metrics_port, "vigil_relay_hellos_queued") == 1, what="node-b queued")
-            await asyncio.sleep(1.5)  # five times its patience: told its Hello is kept, it does not give up
+            await asyncio.sleep(1.5)  # five times its patience: its call not said taken, it does not give up
             assert (link.streams, link.unanswered) == (1, 0)
             await held.first.close()  # a place comes free: node-b's kept Hello goes on, with no word from it
             await wait_until(lambda: metric(held.metrics_port, "vigil_relay_hellos_queued") == 0, what="node-b on")
@@ -212,9 +231,9 @@ def test_a_kept_hello_that_says_faults_wait_goes_on_before_those_queued_earlier(
             silent, first = held.silent, held.first
             second, third = RawAgent(held.relay.port), RawAgent(held.relay.port)
             await second.hello("node-b", waits=True)
-            assert (await second.read()).hello_again.kept
+            await queued(held.metrics_port, 1)
             await third.hello("node-c", waits=True, urgent=2)  # queued after node-b, two faults waiting
-            assert (await third.read()).hello_again.kept
+            await queued(held.metrics_port, 2)
             assert metric(held.metrics_port, "vigil_relay_urgent_hellos_total") == 1
             await silent.server.stop(0)  # node-a's session ends; the next controller takes one Hello at a time
             assert (await first.read()).hello_again.wait
