@@ -10,11 +10,11 @@ counted once the server has taken the call (``vigil_core.call_taken``: a server 
 fleet connecting at once in turn, and a Hello given up on while it waits for its turn queues again). The agent drops
 those from its spool and replays exactly the rest, in order. Through a relay (``vigil relay``) the
 stream outlives a session: when the relay loses the controller and reaches it again, it asks the
-agent for Hello again on the same stream (``HelloAgain``), and the same replay follows; a relay with
-no room at the controller for a call's first Hello keeps it and says nothing, not even that the call
-is taken, so its patience does not run (``TAKEN_PATIENCE_S`` bounds the wait), and the Ack comes
-later on the same stream; a later Hello it keeps, it tells the agent so (``HelloAgain{wait, kept}``:
-an answer, its patience stops). A Hello says
+agent for Hello again on the same stream (``HelloAgain``), and the same replay follows. A relay
+says nothing to a call until its first Hello's answer, not even that the call is taken, whether
+that Hello goes on to the controller at once or waits at the relay for room (kept, and passed on
+when a place comes free): its patience does not run (``TAKEN_PATIENCE_S`` bounds the wait); a later
+Hello it keeps, it tells the agent so (``HelloAgain{wait, kept}``: an answer, its patience stops). A Hello says
 how many faults wait in the spool (``urgent_waiting``), and a relay calls those agents first; an
 agent told to wait while the relay reaches the controller again (``HelloAgain{wait,
 takes_urgent_hello}``) says its Hello at once when it has a fault waiting, or comes to have one, and

@@ -13,9 +13,9 @@ So a Vigil server says it has taken a call (its initial metadata: ``say_taken``)
 counts its Hello's patience from then (``taken``). The controller says it at once, before it reads
 the Hello; a relay once it holds the Hello: on its own when it passes the Hello on, and with its
 word to wait when it queues it for room at the controller (the metadata goes with that first
-answer: one batch, where two cost a fleet connecting at once 15% of the relays' CPU), or, for an
-agent whose Hello it keeps, with that Hello's answer: queued, the agent's patience is not running,
-and the word to wait would cost each end a batch more. Until then the
+answer: one batch, where two cost a fleet connecting at once 15% of the relays' CPU), or, to an
+agent that waits for a Hello the relay keeps, with that first Hello's answer
+(``controller.relay.server.taken_said_at_once``). Until then the
 server bounds the wait itself: gRPC ends a call not taken within ``UNREQUESTED_CALL_S``; the agent
 waits ``TAKEN_PATIENCE_S`` for it, a bound for a server that says nothing at all. An older server
 sends its metadata with its first answer: against it a Hello's patience is that bound.

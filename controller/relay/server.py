@@ -128,15 +128,16 @@ def hello_again_in(ended: relay_pb2.StreamEnd | Lost, resumable: bool) -> int | 
     return None
 
 
-def kept_in_silence(said: bool, kept: bool) -> bool:
-    """Whether an agent queued for room at the controller is told nothing until its Hello's answer:
-    one whose Hello the relay keeps (``Hello.waits_for_kept_hello``) on a call said nothing yet. Not
-    told its call is taken (``vigil_core.call_taken``), its patience is not running: it waits up to
-    ``TAKEN_PATIENCE_S``, as long as it would for a kept Hello it was told of
-    (``agent.link.KEPT_HELLO_PATIENCE_S``), and the word to wait costs each end a batch more for
-    most of a fleet connecting at once. A call already said something to (a Hello again after its
-    session ended) is told its Hello is kept: its patience is running. Pure."""
-    return kept and not said
+def taken_said_at_once(passed_on: bool, keeps: bool) -> bool:
+    """Whether a call is said taken (``vigil_core.call_taken``) as its first Hello comes: one whose
+    Hello goes on to the controller at once, from an agent that does not wait for a Hello the relay
+    keeps. An agent that does (``Hello.waits_for_kept_hello``) is told nothing until that Hello's
+    answer, which says it with it, whether the Hello goes on at once or waits here for room: not
+    told its call is taken, its patience is not running, and it waits up to ``TAKEN_PATIENCE_S``, as
+    long as it would for a Hello it was told is kept (``agent.link.KEPT_HELLO_PATIENCE_S``). A word
+    to wait would cost each end a batch more for most of a fleet connecting at once, and a patience
+    running at the controller only gave up on Hellos waiting their turn there. Pure."""
+    return passed_on and not keeps
 
 
 def hello_in(message: agent_pb2.AgentMessage | str) -> agent_pb2.Hello | None:
@@ -252,10 +253,9 @@ class AgentStreams:
         reader.add_done_callback(partial(_reader_ended, call.back, call.node))
         wait_ms: int | None = 0
         try:
-            # Passed on: the agent's patience counts from here (vigil_core.call_taken). Queued for
-            # room, its call is said taken with the first word it is told: for an agent that waits
-            # for a kept Hello, its answer (``kept_in_silence``).
-            said = call.stream is not None
+            # Said taken now, or with the first word it is told (``taken_said_at_once``); an agent
+            # that waits for a kept Hello is told nothing until its answer.
+            said = taken_said_at_once(call.stream is not None, call.keeps)
             if said:
                 await say_taken(context)
             while True:
@@ -270,7 +270,7 @@ class AgentStreams:
                     if not item.called:
                         call.queued_at = time.monotonic()
                         self._uplink.metrics.hello_again.labels("queued").inc()
-                        if not kept_in_silence(said, call.kept is not None):
+                        if said or call.kept is None:  # a Hello again kept: its patience is running
                             said = True
                             yield WAIT_KEPT if call.kept is not None else WAIT_FOR_CONTROLLER
                         continue

@@ -16,7 +16,7 @@ from agent.spool import Spool
 from controller.relay import server as relay_server
 from protos.vigil.v1 import agent_pb2
 from tests.contract.test_relay import RawAgent, Relay, answer_ok, run
-from tests.contract.test_relay_hello_room import ROOM_OF_ONE, SilentController, metric
+from tests.contract.test_relay_hello_room import ROOM_OF_ONE, SilentController, metric, told_nothing
 from tests.contract.test_urgent_hello import ack
 from tests.helpers import free_port, wait_until
 from vigil_core.call_taken import say_taken
@@ -101,12 +101,12 @@ def test_the_controller_says_a_call_is_taken_before_it_reads_its_hello(tmp_path:
     run(test, tmp_path)
 
 
-def test_a_relay_says_a_call_is_taken_once_it_holds_its_hello(tmp_path: Path) -> None:
-    """Passed on to a controller that never answers, the Hello's call is said taken all the same;
-    queued for room, a Hello the relay keeps is told nothing, not even that, until its answer (its
-    patience not running: the batch a word to wait costs each end is spared to most of a fleet
-    connecting at once); an agent that says Hello again when called is told to wait, its call taken
-    with that word."""
+def test_a_relay_tells_an_agent_that_waits_for_a_kept_hello_nothing_until_its_answer(tmp_path: Path) -> None:
+    """An agent that waits for a Hello the relay keeps is told nothing, not even that its call is
+    taken, until its Hello's answer, whether the Hello goes on at once or waits for room (its patience
+    not running: the batch a word costs each end is spared to most of a fleet connecting at once);
+    one that says Hello again when called is told to wait, its call said taken with that word; one
+    whose Hello goes on at once is said taken (``test_a_call_that_ends_while_the_relay_says_it_taken``)."""
 
     async def scenario() -> None:
         silent = SilentController()
@@ -114,22 +114,24 @@ def test_a_relay_says_a_call_is_taken_once_it_holds_its_hello(tmp_path: Path) ->
         metrics_port = free_port()
         try:
             async with Relay(silent.port, metrics_port=metrics_port, **ROOM_OF_ONE) as relay:
-                passed_on, queued = RawAgent(relay.port), RawAgent(relay.port)
+                passed_on, queued, asked_later = RawAgent(relay.port), RawAgent(relay.port), RawAgent(relay.port)
                 await passed_on.hello("node-a", waits=True)
-                await asyncio.wait_for(passed_on.call.initial_metadata(), 20)  # no answer will come: taken
-                assert not passed_on.call.done()
+                await wait_until(lambda: metric(metrics_port, "vigil_relay_hellos_waiting") == 1, what="node-a on")
+                on_at_once = await told_nothing(passed_on)
                 await queued.hello("node-b", waits=True)
                 await wait_until(lambda: metric(metrics_port, "vigil_relay_hellos_queued") == 1, what="node-b queued")
-                said = asyncio.ensure_future(queued.call.initial_metadata())
-                done, _ = await asyncio.wait({said}, timeout=0.5)
-                assert not done  # kept: not said taken
-                asked_later = RawAgent(relay.port)
+                kept = await told_nothing(queued)
                 await asked_later.hello("node-c")  # says its Hello again when called: told to wait now
                 await asyncio.wait_for(asked_later.call.initial_metadata(), 20)
                 told = await asked_later.read()
                 assert told.hello_again.wait and not told.hello_again.kept
-                assert not said.done()
-                for agent in (passed_on, queued, asked_later):
+                await passed_on.close()  # node-a gives up: node-b's kept Hello goes on, still told nothing
+                await wait_until(lambda: metric(metrics_port, "vigil_relay_hellos_queued") == 1, what="node-b on")
+                assert metric(metrics_port, "vigil_relay_hellos_waiting") == 1
+                await asyncio.sleep(0.5)
+                assert not kept.done()
+                on_at_once.cancel()
+                for agent in (queued, asked_later):
                     await agent.close()
         finally:
             await silent.server.stop(0)
@@ -159,10 +161,10 @@ def test_a_call_that_ends_while_the_relay_says_it_taken_leaves_no_place_held(
         try:
             async with Relay(silent.port, metrics_port=metrics_port, **ROOM_OF_ONE) as relay:
                 gone, next_one = RawAgent(relay.port), RawAgent(relay.port)
-                await gone.hello("node-a", waits=True)
+                await gone.hello("node-a")  # an agent that does not wait for a kept Hello: said taken
                 await wait_until(lambda: said == [True], what="node-a's Hello passed on")
                 await wait_until(lambda: metric(metrics_port, "vigil_relay_hellos_waiting") == 0, what="freed")
-                await next_one.hello("node-b", waits=True)  # the room of one is free: passed on, not queued
+                await next_one.hello("node-b")  # the room of one is free: passed on, not queued
                 await asyncio.wait_for(next_one.call.initial_metadata(), 20)
                 assert metric(metrics_port, "vigil_relay_hellos_waiting") == 1
                 assert metric(metrics_port, "vigil_relay_hellos_queued") == 0
