@@ -13,7 +13,8 @@ stream outlives a session: when the relay loses the controller and reaches it ag
 agent for Hello again on the same stream (``HelloAgain``), and the same replay follows. A relay
 says nothing to a call until its first Hello's answer, not even that the call is taken, whether
 that Hello goes on to the controller at once or waits at the relay for room (kept, and passed on
-when a place comes free): its patience does not run (``TAKEN_PATIENCE_S`` bounds the wait); a later
+when a place comes free): its patience does not run (``TAKEN_PATIENCE_S`` bounds the wait), unless
+that Hello says faults wait and goes on at once (said taken then, its patience runs); a later
 Hello it keeps, it tells the agent so (``HelloAgain{wait, kept}``: an answer, its patience stops). A Hello says
 how many faults wait in the spool (``urgent_waiting``), and a relay calls those agents first; an
 agent told to wait while the relay reaches the controller again (``HelloAgain{wait,

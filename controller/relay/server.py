@@ -128,16 +128,18 @@ def hello_again_in(ended: relay_pb2.StreamEnd | Lost, resumable: bool) -> int | 
     return None
 
 
-def taken_said_at_once(passed_on: bool, keeps: bool) -> bool:
+def taken_said_at_once(passed_on: bool, keeps: bool, urgent: bool) -> bool:
     """Whether a call is said taken (``vigil_core.call_taken``) as its first Hello comes: one whose
     Hello goes on to the controller at once, from an agent that does not wait for a Hello the relay
-    keeps. An agent that does (``Hello.waits_for_kept_hello``) is told nothing until that Hello's
-    answer, which says it with it, whether the Hello goes on at once or waits here for room: not
-    told its call is taken, its patience is not running, and it waits up to ``TAKEN_PATIENCE_S``, as
-    long as it would for a Hello it was told is kept (``agent.link.KEPT_HELLO_PATIENCE_S``). A word
-    to wait would cost each end a batch more for most of a fleet connecting at once, and a patience
-    running at the controller only gave up on Hellos waiting their turn there. Pure."""
-    return passed_on and not keeps
+    keeps, or whose Hello says faults wait (its patience runs: it would rather try its relay's
+    other port than wait). Any other agent that does (``Hello.waits_for_kept_hello``) is told
+    nothing until that Hello's answer, which says it with it, whether the Hello goes on at once or
+    waits here for room: not told its call is taken, its patience is not running, and it waits up
+    to ``TAKEN_PATIENCE_S``, as long as it would for a Hello it was told is kept
+    (``agent.link.KEPT_HELLO_PATIENCE_S``). A word to wait would cost each end a batch more for most
+    of a fleet connecting at once, and a patience running at the controller only gave up on Hellos
+    waiting their turn there. Pure."""
+    return passed_on and (not keeps or urgent)
 
 
 def hello_in(message: agent_pb2.AgentMessage | str) -> agent_pb2.Hello | None:
@@ -255,7 +257,7 @@ class AgentStreams:
         try:
             # Said taken now, or with the first word it is told (``taken_said_at_once``); an agent
             # that waits for a kept Hello is told nothing until its answer.
-            said = taken_said_at_once(call.stream is not None, call.keeps)
+            said = taken_said_at_once(call.stream is not None, call.keeps, call.urgent)
             if said:
                 await say_taken(context)
             while True:

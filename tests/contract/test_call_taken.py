@@ -139,6 +139,27 @@ def test_a_relay_tells_an_agent_that_waits_for_a_kept_hello_nothing_until_its_an
     asyncio.run(scenario())
 
 
+def test_a_relay_says_a_call_taken_at_once_to_an_agent_whose_hello_says_faults_wait(tmp_path: Path) -> None:
+    """Its patience runs from the Hello gone on, where one with no fault waiting is told nothing."""
+
+    async def scenario() -> None:
+        silent = SilentController()
+        await silent.server.start()
+        try:
+            async with Relay(silent.port) as relay:
+                urgent, calm = RawAgent(relay.port), RawAgent(relay.port)
+                await calm.hello("node-a", waits=True)
+                await urgent.hello("node-b", waits=True, urgent=1)
+                await asyncio.wait_for(urgent.call.initial_metadata(), 20)  # no answer will come: taken
+                (await told_nothing(calm)).cancel()
+                for agent in (urgent, calm):
+                    await agent.close()
+        finally:
+            await silent.server.stop(0)
+
+    asyncio.run(scenario())
+
+
 def test_a_call_that_ends_while_the_relay_says_it_taken_leaves_no_place_held(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
