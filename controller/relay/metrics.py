@@ -71,7 +71,8 @@ class RelayMetrics:
             "vigil_relay_hello_again_total",
             "Agent sessions ended with the agent's call kept, asked for Hello again on it, by why"
             " (controller_lost: the relay reached the controller again; paced: the controller gave a later turn;"
-            " queued: no room at the controller for the Hello yet, the agent told to wait until called)",
+            " queued: no room at the controller for the Hello yet, the agent told to wait until called, or, its"
+            " first Hello kept here, told nothing until its answer)",
             ["why"],
             registry=r,
         )
