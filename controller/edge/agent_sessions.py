@@ -170,7 +170,10 @@ class AgentSessions:
                 node, hello.spool_id, len(hello.gpus), address, hello.idle_heartbeat_s, list(hello.jobs),
                 hello.booted_at,
             )  # fmt: skip
-            await self._engine.durable()
+            if hello.urgent_waiting > 0:  # a fault waits behind no fleet's writes (``Engine.hello_durable``)
+                await self._engine.hello_durable(node)
+            else:  # the fleet's wait for the flush of all before them paces them (``Engine.hello_durable``)
+                await self._engine.durable()
             # Open now, whatever ended meanwhile: an older stream of this node's that closed while this
             # Hello was written counted the node as gone.
             self._outboxes.open(node, outbox)

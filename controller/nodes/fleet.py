@@ -58,6 +58,7 @@ class NodeEntry:
     disconnected_at: float = 0.0  # when its agent's stream last closed
     idle_heartbeat_s: float = 0.0  # how long its agent may stay quiet with nothing new (its Hello says)
     booted_at: float = 0.0  # when the node booted, on its own clock, as its last Hello said (0: not said)
+    recorded_at: int = 0  # the store's commits made once its last batch was recorded (``GroupCommit.made``)
     _state: NodeState = field(init=False)
     _connected: bool = field(init=False, default=False)
     _index: HealthIndex | None = field(init=False, default=None)

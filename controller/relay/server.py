@@ -390,7 +390,7 @@ class AgentStreams:
         if answered:
             self._uplink.metrics.hello_answer.observe(waited_s)
         if self.room is not None:
-            self._call(self.room.answered(now, waited_s) if answered else self.room.dropped())
+            self._call(self.room.answered(call, now, waited_s) if answered else self.room.dropped(call))
 
     async def _controller_reached(self) -> bool:
         """Whether the relay has its stream to the controller, waiting up to ``controller_wait_s`` (its

@@ -38,9 +38,15 @@ class GroupCommit:
         """Commits made and not yet known to be on disk."""
         return self._db.lazy_commits - self._synced
 
-    async def durable(self) -> None:
-        """Return once every commit made before the call is on disk; raises the database's error."""
-        target = self._db.lazy_commits
+    @property
+    def made(self) -> int:
+        """Commits made so far: what ``durable(upto)`` counts."""
+        return self._db.lazy_commits
+
+    async def durable(self, upto: int | None = None) -> None:
+        """Return once every commit made before the call (``upto``: the first that many, ``made``
+        then) is on disk; raises the database's error. Nothing to wait for: no flush at all."""
+        target = self._db.lazy_commits if upto is None else upto
         while self._synced < target:
             await asyncio.shield(self._start())
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import threading
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -519,6 +520,40 @@ def test_a_hello_the_store_cannot_record_leaves_the_node_disconnected(tmp_path: 
         assert err.value.code() == grpc.StatusCode.UNAVAILABLE and "cannot record" in str(err.value.details())
         entry = controller.engine.fleet.nodes[NODE]
         assert not entry.connected and entry.disconnected_at > 0
+        await stop_controller(controller)
+
+    asyncio.run(scenario())
+
+
+def test_a_hello_that_says_faults_wait_is_answered_without_waiting_for_the_fleet_s_writes(tmp_path: Path) -> None:
+    """The store's flush held (a fleet's registrations on a slow disk): an agent whose Hello says
+    faults wait, with nothing its answer would let it drop, is answered at once; an agent without
+    one waits for the flush, which paces a fleet saying Hello at once (``Engine.hello_durable``)."""
+
+    async def scenario() -> None:
+        controller = await start_controller(tmp_path / "ctl.db")
+        sync, gate = controller.store.db.inner.inner.sync, threading.Event()  # type: ignore[attr-defined]
+
+        def held_sync() -> None:
+            gate.wait(10)
+            sync()
+
+        controller.store.db.inner.inner.sync = held_sync  # type: ignore[attr-defined]
+        try:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{controller.port}") as channel:
+                calm, urgent = (agent_pb2_grpc.AgentGatewayStub(channel).Connect() for _ in range(2))
+                await calm.write(agent_pb2.AgentMessage(hello=agent_pb2.Hello(node="calm", spool_id="s1")))
+                await urgent.write(
+                    agent_pb2.AgentMessage(hello=agent_pb2.Hello(node="faulty", spool_id="s2", urgent_waiting=1))
+                )
+                assert (await asyncio.wait_for(urgent.read(), 5)).HasField("ack")
+                reading = asyncio.ensure_future(calm.read())
+                await asyncio.sleep(0.3)
+                assert not reading.done()
+                gate.set()
+                assert (await asyncio.wait_for(reading, 5)).HasField("ack")
+        finally:
+            gate.set()
         await stop_controller(controller)
 
     asyncio.run(scenario())

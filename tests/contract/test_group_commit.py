@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+import threading
 import time
 from pathlib import Path
 
@@ -88,6 +89,43 @@ def test_a_flush_that_fails_reaches_whoever_waits_for_it(tmp_path: Path) -> None
         with pytest.raises(sqlite3.OperationalError, match="disk I/O"):
             await e.engine.durable()  # the gateway answers UNAVAILABLE: the agent keeps its spool
         assert store.health.problem  # and the store's health says so
+        store.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_hello_s_answer_waits_for_its_own_node_s_batches_on_disk_and_for_no_other_node_s_writes(
+    store_target: Path | str,
+) -> None:
+    async def scenario() -> None:
+        store = Store(store_target)
+        e = route(store, [1000.0])
+        sync, gate = store.db.inner.inner.sync, threading.Event()  # type: ignore[attr-defined]
+
+        def held_sync() -> None:  # the disk slow as a whole fleet's writes make it
+            gate.wait(10)
+            sync()
+
+        store.db.inner.inner.sync = held_sync  # type: ignore[attr-defined]
+        e.engine.hello("faulty", "spool-f", 8)
+        e.engine.receive("faulty", [xid("faulty", 63, 1000.0, 1)])  # recorded, not on disk yet
+        assert e.engine.hello("faulty", "spool-f", 8) == 1  # its agent, back, may drop seq 1 ...
+        waits = asyncio.ensure_future(e.engine.hello_durable("faulty"))  # ... once it is on disk
+        for i in range(50):
+            e.engine.hello(f"n{i}", f"spool-{i}", 8)  # a fleet saying Hello, written behind
+        await asyncio.wait_for(e.engine.hello_durable("n7"), 2)  # a fresh node: nothing of its to wait for
+        await asyncio.sleep(0.1)
+        assert not waits.done()
+        gate.set()
+        await asyncio.wait_for(waits, 5)
+        gate.clear()
+        for i in range(50, 100):
+            e.engine.hello(f"n{i}", f"spool-{i}", 8)
+        assert e.engine.hello("faulty", "spool-f", 8) == 1  # again: its batch is on disk, the fleet's not
+        await asyncio.wait_for(e.engine.hello_durable("faulty"), 2)
+        assert store.group.pending > 0
+        gate.set()
+        await e.engine.durable()
         store.close()
 
     asyncio.run(scenario())

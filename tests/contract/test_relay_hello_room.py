@@ -225,28 +225,50 @@ def test_agents_queued_all_come_in_once_on_their_first_streams_and_again_after_a
     asyncio.run(scenario())
 
 
-def test_a_kept_hello_that_says_faults_wait_goes_on_before_those_queued_earlier(tmp_path: Path) -> None:
+def test_a_fault_s_hello_goes_on_past_a_full_room_in_the_urgent_lane(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with room_held(waits=True) as held:  # node-a's Hello passed on, never answered: the room full
+            calm, urgent = RawAgent(held.relay.port), RawAgent(held.relay.port)
+            await calm.hello("node-b", waits=True)
+            await queued(held.metrics_port, 1)
+            await urgent.hello("node-x", waits=True, urgent=1)  # a fault waits: the urgent lane's place
+            await wait_until(lambda: metric(held.metrics_port, "vigil_relay_hellos_waiting") == 2, what="node-x on")
+            assert metric(held.metrics_port, "vigil_relay_hellos_queued") == 1  # node-b still queued
+            for agent in (held.first, calm, urgent):
+                await agent.close()
+
+    asyncio.run(scenario())
+
+
+def test_kept_hellos_that_say_faults_wait_go_on_before_those_queued_earlier(tmp_path: Path) -> None:
     async def scenario() -> None:
         async with room_held(waits=True) as held:  # node-a's Hello passed on, never answered
             silent, first = held.silent, held.first
-            second, third = RawAgent(held.relay.port), RawAgent(held.relay.port)
+            held_urgent = RawAgent(held.relay.port)
+            await held_urgent.hello("node-x", waits=True, urgent=1)  # the urgent lane's place, never answered
+            await wait_until(lambda: metric(held.metrics_port, "vigil_relay_hellos_waiting") == 2, what="node-x on")
+            second, third, fourth = RawAgent(held.relay.port), RawAgent(held.relay.port), RawAgent(held.relay.port)
             await second.hello("node-b", waits=True)
             await queued(held.metrics_port, 1)
-            await third.hello("node-c", waits=True, urgent=2)  # queued after node-b, two faults waiting
-            await queued(held.metrics_port, 2)
-            assert metric(held.metrics_port, "vigil_relay_urgent_hellos_total") == 1
-            await silent.server.stop(0)  # node-a's session ends; the next controller takes one Hello at a time
-            assert (await first.read()).hello_again.wait
+            await third.hello("node-c", waits=True, urgent=2)  # both lanes full: queued after node-b
+            await fourth.hello("node-d", waits=True, urgent=1)
+            await queued(held.metrics_port, 3)
+            assert metric(held.metrics_port, "vigil_relay_urgent_hellos_total") == 3
+            await silent.server.stop(0)  # the two sessions end; the next controller takes one Hello a lane
+            for agent in (first, held_urgent):
+                assert (await agent.read()).hello_again.wait
             controller = await start_controller(tmp_path / "ctl.db", silent.port)
-            for agent in (second, third):
+            for agent in (second, third, fourth):
                 assert (await agent.read()).HasField("ack")
-            asked = await first.read()
-            assert asked.HasField("hello_again") and not asked.hello_again.wait
-            await first.hello("node-a", waits=True)
-            assert (await first.read()).HasField("ack")
-            came = {n: controller.nodes.fleet.entry(n).connected_at for n in ("node-a", "node-b", "node-c")}
-            assert came["node-c"] < came["node-b"] < came["node-a"]  # node-c first: its faults wait behind nobody
-            for agent in (first, second, third):
+            for agent, node in ((first, "node-a"), (held_urgent, "node-x")):
+                asked = await agent.read()
+                assert asked.HasField("hello_again") and not asked.hello_again.wait
+                await agent.hello(node, waits=True)
+                assert (await agent.read()).HasField("ack")
+            came = {n: controller.nodes.fleet.entry(f"node-{n}").connected_at for n in "abcdx"}
+            # node-c and node-d first, in both lanes' places: their faults wait behind nobody queued
+            assert max(came["c"], came["d"]) < came["b"] < min(came["a"], came["x"])
+            for agent in (first, second, third, fourth, held_urgent):
                 await agent.close()
         await stop_controller(controller)
 
