@@ -51,6 +51,7 @@ REPLIES_PER_MESSAGE = 1000  # DownItems in one RelayDown
 WORKERS = 32  # per relay: the streams with messages waiting are handled this many at a time
 MAX_WAITING_BYTES = 64 << 20  # a relay's messages not handled yet: past this its stream is not read until half of it is
 OK, INTERNAL = grpc.StatusCode.OK.value[0], grpc.StatusCode.INTERNAL.value[0]
+LANE_KEY = "vigil-relay-lane"  # metadata: "urgent" on a relay's stream for agents with faults waiting
 
 
 class RelayedOutbox(Outbox[Message]):
@@ -276,10 +277,11 @@ class RelayGateway(relay_pb2_grpc.AgentRelayServicer):
         self, request_iterator: AsyncIterator[relay_pb2.RelayUp], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[relay_pb2.RelayDown]:
         peer = context.peer()  # read now: the call's context is not to be touched once it ended
+        lane = dict(context.invocation_metadata() or ()).get(LANE_KEY, "main")  # a relay's urgent stream says so
         name = str(caller() or peer)
         relay = _Relay(self.sessions, peer, self.tokens)
         self._relays.add(relay)
-        log.info("relay_connected", relay=name)
+        log.info("relay_connected", relay=name, lane=lane)
         reader = asyncio.create_task(self._read(relay, request_iterator))
         reader.add_done_callback(lambda _: relay.ready.set())
         try:
@@ -298,7 +300,7 @@ class RelayGateway(relay_pb2_grpc.AgentRelayServicer):
             carried = len(relay.streams)
             relay.close()
             self._relays.discard(relay)
-            log.info("relay_disconnected", relay=name, agents=carried)
+            log.info("relay_disconnected", relay=name, lane=lane, agents=carried)
 
     @staticmethod
     async def _read(relay: _Relay, requests: AsyncIterator[relay_pb2.RelayUp]) -> None:

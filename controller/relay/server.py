@@ -351,7 +351,7 @@ class AgentStreams:
             return
         if room is not None and not call.resumable:
             room.send_anyway()
-        call.stream, _ = self._uplink.open(call.back)
+        call.stream, _ = self._uplink.open(call.back, urgent=call.urgent)
         self._uplink.send(call.stream, hello, peer=call.peer, token=call.token)
         call.hello_at = time.monotonic()
 

@@ -1,5 +1,13 @@
-"""The relay's one stream to the controller (``AgentRelay.Relay``): every agent stream it carries,
+"""The relay's streams to the controller (``AgentRelay.Relay``): every agent stream it carries,
 numbered, in one direction; the controller's replies and its ends of streams in the other.
+
+Two of them, each on a connection of its own: one for the agents whose first Hello said faults
+wait (``Hello.urgent_waiting``), every message of such an agent stream on it, and one for all the
+others. A fault waits behind no fleet on the way either: with one stream, an urgent Hello, sent
+first by the relay, still waited 2-3 s behind what gRPC had already taken of the fleet's Hellos on
+the same stream (measured at 100,000 agents connecting at once: the relay's own queue held 0-5
+messages, the controller read the stream that far behind). The controller takes each as a relay's
+stream of its own (its agent streams are numbered by the relay, never on both).
 
 When it breaks every agent stream it carried is told (``Lost``: their sessions were the
 controller's and ended with the stream; the agent's call is kept for a Hello again, or ended
@@ -53,6 +61,7 @@ MAX_QUEUED_BYTES = 64 << 20  # not sent yet past this much: the agents' streams 
 # while it has none, so a new leader is reached at most this long after it serves (with 2 s, 0.2-3.2 s
 # after at 100,000 agents); a few relays trying a closed port that often cost nothing.
 RETRY_CAP_S = 0.5
+URGENT_LANE = (("vigil-relay-lane", "urgent"),)  # the urgent stream's metadata: the controller's logs say it
 
 
 def take(lanes: tuple[deque[relay_pb2.UpItem], ...], limit: int) -> list[relay_pb2.UpItem]:
@@ -87,6 +96,9 @@ class Uplink:
         self._max_message_bytes = max_message_bytes
         self._ids = itertools.count(1)
         self._streams: dict[int, Outbox[Back]] = {}  # each agent stream's way back: its messages, then its end
+        self._urgent_streams: set[int] = set()  # those carried on the urgent stream to the controller
+        self._urgent_up: deque[relay_pb2.UpItem] = deque()  # what waits to be sent on it, in order
+        self._urgent_ready = asyncio.Event()
         self.ended = 0  # agent streams ended so far
         # What waits to be sent, in two lanes (``controller.vocab.lanes``): a stream whose message may
         # act goes first with its messages waiting, in their order (``_first``, its stream ``_hot``
@@ -114,11 +126,14 @@ class Uplink:
         """Agent streams carried now, and ended so far."""
         return len(self._streams), self.ended
 
-    def open(self, box: Outbox[Back] | None = None) -> tuple[int, Outbox[Back]]:
+    def open(self, box: Outbox[Back] | None = None, urgent: bool = False) -> tuple[int, Outbox[Back]]:
         """A new agent stream (a new session: an agent's call may hold several, one after another);
-        its messages back will arrive in the outbox returned (``box``, or a new one)."""
+        its messages back will arrive in the outbox returned (``box``, or a new one). ``urgent``:
+        its Hello says faults wait: it goes on the urgent stream to the controller, all of it."""
         stream, box = next(self._ids), box if box is not None else Outbox[Back]()
         self._streams[stream] = box
+        if urgent:
+            self._urgent_streams.add(stream)
         return stream, box
 
     def send(self, stream: int, message: bytes, peer: str = "", token: str = "") -> None:
@@ -138,8 +153,13 @@ class Uplink:
         if self._streams.pop(stream, None) is not None:
             self.ended += 1
             self._queue(relay_pb2.UpItem(stream=stream, end=relay_pb2.StreamEnd(code=CANCELLED)))
+            self._urgent_streams.discard(stream)
 
     def _queue(self, item: relay_pb2.UpItem, first: bool = False) -> None:
+        if item.stream in self._urgent_streams:  # on the urgent stream, at once: it carries little
+            self._urgent_up.append(item)
+            self._urgent_ready.set()
+            return
         if item.stream in self._hot:  # after its messages in the first lane, never before them
             self._first.append(item)
         elif first:  # with its messages waiting in the other lane, in their order
@@ -198,17 +218,29 @@ class Uplink:
         attempt = 0
         while not stop.is_set():
             files = self._tls.latest() if self._tls is not None else None  # renewed files: the next connection's
-            channel = aio_channel(self.target, files, max_message_bytes=self._max_message_bytes)
+            size = self._max_message_bytes
+            channel = aio_channel(self.target, files, max_message_bytes=size)
+            # A connection of its own (each channel its own: ``tls.RECONNECT_CLIENT``), so that
+            # nothing of the fleet's is ahead of it in any buffer.
+            urgent_channel = aio_channel(self.target, files, max_message_bytes=size)
             was_up = False
+            readers: list[asyncio.Task[None]] = []
             try:
                 self._generation += 1  # a broken stream's sender, still waiting, must not take the next one's
-                call = relay_pb2_grpc.AgentRelayStub(channel).Relay(self._sending(self._generation))
-                await call.wait_for_connection()
+                stub, urgent_stub = (
+                    relay_pb2_grpc.AgentRelayStub(channel),
+                    relay_pb2_grpc.AgentRelayStub(urgent_channel),
+                )
+                call = stub.Relay(self._sending(self._generation))
+                urgent_call = urgent_stub.Relay(self._sending_urgent(self._generation), metadata=URGENT_LANE)
+                await asyncio.gather(call.wait_for_connection(), urgent_call.wait_for_connection())
                 self.connected.set()
                 was_up, attempt = True, 0
                 log.info("relay_uplink_connected", controller=self.target)
-                async for down in call:
-                    self._deliver(down)
+                readers = [asyncio.create_task(self._read(c)) for c in (call, urgent_call)]
+                done, _ = await asyncio.wait(readers, return_when=asyncio.FIRST_COMPLETED)
+                for reader in done:
+                    reader.result()  # the first to end: its error, if it failed
                 why = "the controller ended the stream"
             except grpc.aio.AioRpcError as exc:
                 why = f"{exc.code().name}: {exc.details()}"
@@ -217,7 +249,9 @@ class Uplink:
                 why = f"{exc!r:.200}"
             finally:
                 self.connected.clear()
-                await channel.close(grace=None)
+                for reader in readers:
+                    reader.cancel()
+                await asyncio.gather(channel.close(grace=None), urgent_channel.close(grace=None))
             self._break(why)
             if was_up:
                 self.metrics.uplink_losses.inc()
@@ -230,6 +264,11 @@ class Uplink:
             pause = backoff_delay(attempt, base=0.25, cap=RETRY_CAP_S) if self.target == self.targets[0] else 0.05
             if not await wait_event(stop, pause) and self.target == self.targets[0]:
                 attempt += 1
+
+    async def _read(self, call: AsyncIterator[relay_pb2.RelayDown]) -> None:
+        """What the controller sends on one of the two streams, until it ends."""
+        async for down in call:
+            self._deliver(down)
 
     def _deliver(self, down: relay_pb2.RelayDown) -> None:
         if down.HasField("lanes"):
@@ -252,6 +291,9 @@ class Uplink:
         self._up.clear()
         self._first.clear()
         self._hot.clear()
+        self._urgent_up.clear()
+        self._urgent_streams.clear()
+        self._urgent_ready.set()  # its sender, of a generation past now, ends
         self._in_up.clear()
         self._lanes = None  # the next controller says its own
         self._queued_bytes = 0
@@ -261,6 +303,18 @@ class Uplink:
         lost = Lost(f"the relay lost the controller ({why:.200})")
         for box in streams.values():
             box.put_nowait(lost)
+
+    async def _sending_urgent(self, generation: int) -> AsyncIterator[relay_pb2.RelayUp]:
+        """What waits for the urgent stream, for the stream of this generation only, at once."""
+        while True:
+            await self._urgent_ready.wait()
+            if generation != self._generation:
+                return
+            self._urgent_ready.clear()
+            while generation == self._generation and (batch := take((self._urgent_up,), UP_BATCH_BYTES)):
+                yield relay_pb2.RelayUp(items=batch)
+                self.metrics.messages.labels("up").inc(len(batch))
+                self.metrics.uplink_messages.labels("up").inc()
 
     async def _sending(self, generation: int) -> AsyncIterator[relay_pb2.RelayUp]:
         """What waits to be sent, for the stream of this generation only: gRPC may still hold the

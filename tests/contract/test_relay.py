@@ -283,7 +283,7 @@ def test_a_relays_loss_is_one_line_for_all_it_carried_and_an_agents_own_end_one_
 
             def logged() -> bool:
                 said.append(capsys.readouterr().out)
-                return "relay_disconnected" in "".join(said)
+                return "".join(said).count("relay_disconnected") == 2  # its streams: the fleet's, the urgent one
 
             await wait_until(logged, what="the relay's loss logged")
             stop.set()
@@ -292,8 +292,8 @@ def test_a_relays_loss_is_one_line_for_all_it_carried_and_an_agents_own_end_one_
 
     said = asyncio.run(scenario())
     gone = re.findall(r"agent_disconnected +node=(\S+)", said)
-    lost = re.findall(r"relay_disconnected +agents=(\d+)", said)
-    assert gone == ["node-0"] and lost == ["2"], said
+    lost = dict((lane, n) for n, lane in re.findall(r"relay_disconnected +agents=(\d+) +lane=(\w+)", said))
+    assert gone == ["node-0"] and lost == {"main": "2", "urgent": "0"}, said
 
 
 async def asked_for_hello_again(agent: RawAgent, controller: Controller, db: Path) -> Controller:

@@ -45,7 +45,10 @@ class AgentRelayServicer:
     """Missing associated documentation comment in .proto file."""
 
     def Relay(self, request_iterator, context):
-        """Missing associated documentation comment in .proto file."""
+        """A relay holds two: one for the agent streams whose Hello says faults wait (metadata
+        `vigil-relay-lane: urgent`), each on it wholly, and one for the rest; each is a relay's stream
+        of its own to the controller.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
