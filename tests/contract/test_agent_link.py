@@ -718,6 +718,9 @@ def test_an_agent_with_a_fault_waiting_is_admitted_at_once_while_the_fleet_is_gi
         running = [asyncio.create_task(link.run(stop)) for link in links[:3]]
         try:
             await wait_until(lambda: controller.engine.metrics.hellos_paced._value.get() >= 2, what="two given turns")
+            # The one admitted in: its answer waits for the store's flush, which a fault's does not
+            # (``Engine.hello_durable``), so it is waited for here, not raced.
+            await wait_until(lambda: sum(link.connected for link in links[:3]) == 1, what="the first one in")
             running.append(asyncio.create_task(links[3].run(stop)))
             await wait_until(lambda: links[3].connected, timeout=1.5, what="the agent with a fault in at once")
             assert sum(link.connected for link in links[:3]) == 1  # the two others still wait their turns
