@@ -38,7 +38,7 @@ from google.protobuf.message import DecodeError
 from controller.edge.agent_sessions import AgentSessions, Refused, first_hello
 from controller.edge.authz import TokenRefused, caller, token_node, token_still_proves
 from controller.nodes.agent_outboxes import Message, Outbox
-from controller.vocab.lanes import lanes_message
+from controller.vocab.lanes import LANE_KEY, lanes_message
 from protos.vigil.v1 import agent_pb2, relay_pb2, relay_pb2_grpc
 from vigil_core.tls import Identity
 
@@ -51,7 +51,6 @@ REPLIES_PER_MESSAGE = 1000  # DownItems in one RelayDown
 WORKERS = 32  # per relay: the streams with messages waiting are handled this many at a time
 MAX_WAITING_BYTES = 64 << 20  # a relay's messages not handled yet: past this its stream is not read until half of it is
 OK, INTERNAL = grpc.StatusCode.OK.value[0], grpc.StatusCode.INTERNAL.value[0]
-LANE_KEY = "vigil-relay-lane"  # metadata: "urgent" on a relay's stream for agents with faults waiting
 
 
 class RelayedOutbox(Outbox[Message]):

@@ -30,7 +30,7 @@ import structlog
 from controller.nodes.agent_outboxes import Outbox
 from controller.relay.hello_room import Place
 from controller.relay.metrics import RelayMetrics
-from controller.vocab.lanes import Lanes
+from controller.vocab.lanes import LANE_KEY, URGENT, Lanes
 from protos.vigil.v1 import relay_pb2, relay_pb2_grpc
 from vigil_core.cert_reload import CertificateSource
 from vigil_core.tls import aio_channel
@@ -61,7 +61,6 @@ MAX_QUEUED_BYTES = 64 << 20  # not sent yet past this much: the agents' streams 
 # while it has none, so a new leader is reached at most this long after it serves (with 2 s, 0.2-3.2 s
 # after at 100,000 agents); a few relays trying a closed port that often cost nothing.
 RETRY_CAP_S = 0.5
-URGENT_LANE = (("vigil-relay-lane", "urgent"),)  # the urgent stream's metadata: the controller's logs say it
 
 
 def take(lanes: tuple[deque[relay_pb2.UpItem], ...], limit: int) -> list[relay_pb2.UpItem]:
@@ -232,7 +231,7 @@ class Uplink:
                     relay_pb2_grpc.AgentRelayStub(urgent_channel),
                 )
                 call = stub.Relay(self._sending(self._generation))
-                urgent_call = urgent_stub.Relay(self._sending_urgent(self._generation), metadata=URGENT_LANE)
+                urgent_call = urgent_stub.Relay(self._sending_urgent(self._generation), metadata=((LANE_KEY, URGENT),))
                 await asyncio.gather(call.wait_for_connection(), urgent_call.wait_for_connection())
                 self.connected.set()
                 was_up, attempt = True, 0

@@ -19,6 +19,9 @@ from vigil_core.signals import SignalKind
 
 SIGNALS_TAG = b"\x1a"  # AgentMessage field 3 (signals), length-delimited: a signal batch's first byte
 HELLO_TAG = b"\x0a"  # AgentMessage field 1 (hello), length-delimited: a Hello's first byte
+# A relay's second stream to the controller, for the agent streams whose Hello says faults wait,
+# says so in this metadata key (value ``URGENT``): the controller's logs name the lane.
+LANE_KEY, URGENT = "vigil-relay-lane", "urgent"
 _KNOWN_KINDS = frozenset(common_pb2.SignalKind.values()) - {common_pb2.SIGNAL_KIND_UNSPECIFIED}
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-import threading
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ from controller.daemon import Controller
 from controller.edge.agent_sessions import seq_problem
 from protos.codec import signal_to_proto
 from protos.vigil.v1 import agent_pb2, agent_pb2_grpc, common_pb2, trainer_pb2, trainer_pb2_grpc
+from tests.contract.test_group_commit import hold_flushes
 from tests.helpers import free_port, start_controller, stop_controller, wait_until
 from vigil_core.signals import GpuRef, Signal, SignalKind
 
@@ -532,13 +532,7 @@ def test_a_hello_that_says_faults_wait_is_answered_without_waiting_for_the_fleet
 
     async def scenario() -> None:
         controller = await start_controller(tmp_path / "ctl.db")
-        sync, gate = controller.store.db.inner.inner.sync, threading.Event()  # type: ignore[attr-defined]
-
-        def held_sync() -> None:
-            gate.wait(10)
-            sync()
-
-        controller.store.db.inner.inner.sync = held_sync  # type: ignore[attr-defined]
+        gate = hold_flushes(controller.store)
         try:
             async with grpc.aio.insecure_channel(f"127.0.0.1:{controller.port}") as channel:
                 calm, urgent = (agent_pb2_grpc.AgentGatewayStub(channel).Connect() for _ in range(2))

@@ -94,19 +94,26 @@ def test_a_flush_that_fails_reaches_whoever_waits_for_it(tmp_path: Path) -> None
     asyncio.run(scenario())
 
 
+def hold_flushes(store: Store) -> threading.Event:
+    """From now on the store's flush waits (in its own thread) until the event returned is set: the
+    disk as slow as a whole fleet's writes make it."""
+    sync, gate = store.db.inner.inner.sync, threading.Event()  # type: ignore[attr-defined]
+
+    def held_sync() -> None:
+        gate.wait(10)
+        sync()
+
+    store.db.inner.inner.sync = held_sync  # type: ignore[attr-defined]
+    return gate
+
+
 def test_a_hello_s_answer_waits_for_its_own_node_s_batches_on_disk_and_for_no_other_node_s_writes(
     store_target: Path | str,
 ) -> None:
     async def scenario() -> None:
         store = Store(store_target)
         e = route(store, [1000.0])
-        sync, gate = store.db.inner.inner.sync, threading.Event()  # type: ignore[attr-defined]
-
-        def held_sync() -> None:  # the disk slow as a whole fleet's writes make it
-            gate.wait(10)
-            sync()
-
-        store.db.inner.inner.sync = held_sync  # type: ignore[attr-defined]
+        gate = hold_flushes(store)
         e.engine.hello("faulty", "spool-f", 8)
         e.engine.receive("faulty", [xid("faulty", 63, 1000.0, 1)])  # recorded, not on disk yet
         assert e.engine.hello("faulty", "spool-f", 8) == 1  # its agent, back, may drop seq 1 ...
