@@ -19,7 +19,11 @@ Hello it keeps, it tells the agent so (``HelloAgain{wait, kept}``: an answer, it
 how many faults wait in the spool (``urgent_waiting``), and a relay calls those agents first; an
 agent told to wait while the relay reaches the controller again (``HelloAgain{wait,
 takes_urgent_hello}``) says its Hello at once when it has a fault waiting, or comes to have one, and
-the relay keeps it and calls it before the others (``controller.relay.hello_room``). Signals are
+the relay keeps it and calls it before the others (``controller.relay.hello_room``). A fault that
+comes while the agent waits, after a Hello that said none, does not wait with it: a wait before the
+next Hello (a turn given, a backoff) ends at once, and a call still waiting for its Hello's answer (a
+relay's queue for room, a server that has not taken it, the controller's flush) is given up for the
+same server's urgent port where there is one (``FaultCame``); once per Hello that said none. Signals are
 sent as soon as they are spooled; heartbeats go out every ``heartbeat_s`` when they say something
 new (the spool's count, the node's jobs, its ranks' progress), else every ``idle_heartbeat_s``: at
 100,000 nodes the stream and HTTP/2 keepalive say a quiet agent is there, not 20,000 messages a
@@ -32,7 +36,7 @@ import asyncio
 import random
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import grpc
 import structlog
@@ -48,6 +52,7 @@ from vigil_core.urgent_port import CLOSED_FOR_S
 from vigil_core.waiting import backoff_delay, wait_event
 
 log = structlog.get_logger(__name__)
+T = TypeVar("T")
 
 BATCH_LIMIT = 500
 HELLO_ACK_TIMEOUT_S = 10.0  # the first wait for an answer to a Hello; doubled after each left unanswered
@@ -58,6 +63,15 @@ KEPT_HELLO_PATIENCE_S = 600.0
 HELLO_TURN_SPREAD_S = 0.05  # added to a turn the controller gave: agents of one slot do not come as one
 # What ``_asked_again`` answers when the agent says its Hello unasked (a fault waits; the relay takes it).
 SAY_URGENT_HELLO = agent_pb2.HelloAgain()
+
+
+class FaultCame(ConnectionError):
+    """A fault came into the spool while the call waited for the answer to a Hello that said none,
+    and an urgent port can take it: the call is given up for that port (``ControllerLink._unless_fault``)."""
+
+    def __init__(self, faults: int) -> None:
+        super().__init__(f"{faults} faults came into the spool while the Hello, which said none, waited")
+        self.faults = faults
 
 
 CheckRunner = Callable[[agent_pb2.RunCheck], Awaitable[common_pb2.CheckResult]]
@@ -177,6 +191,8 @@ class ControllerLink:
         self.resumed = 0  # sessions that ended with their stream kept (a relay's HelloAgain)
         self.unanswered = 0  # Hellos in a row not answered in the time they were given
         self.attempt = 0
+        self.said_urgent = 0  # the faults waiting that the last Hello said (``Hello.urgent_waiting``)
+        self.left_for_urgent = 0  # calls given up for the urgent port when a fault came (``FaultCame``)
 
     def notify(self) -> None:
         """New signals are in the spool: send them now rather than at the next heartbeat."""
@@ -191,9 +207,13 @@ class ControllerLink:
             except grpc.aio.AioRpcError as exc:
                 if (turn := retry_after_s(exc)) is not None:  # the controller gave us a turn: come back then
                     log.info("controller_link_paced", target=self._target, turn_in_s=turn)
-                    await wait_event(stop, turn_with_spread(turn))
+                    await self._wait_unless_fault(stop, turn_with_spread(turn))
                     continue
                 log.warning("controller_link_down", target=self._target, error=exc.details(), attempt=self.attempt)
+            except FaultCame as exc:  # the same server's urgent port at once: no backoff, no other address
+                self.left_for_urgent += 1
+                log.info("controller_link_fault_came", target=self._target, faults_waiting=exc.faults)
+                continue
             except (TimeoutError, ConnectionError) as exc:
                 log.warning("controller_link_down", target=self._target, error=repr(exc), attempt=self.attempt)
             except Exception:  # never let the link die: the spool keeps everything until it is back
@@ -209,19 +229,78 @@ class ControllerLink:
             self._target = self._targets[(self._targets.index(self._target) + 1) % len(self._targets)]
             delay = backoff_delay(self.attempt) if self._target == self._targets[0] else 0.05
             self.attempt = min(self.attempt + 1, 16)
-            await wait_event(stop, delay)
+            await self._wait_unless_fault(stop, delay)
 
     def _urgent_port(self) -> str | None:
         """The urgent port to dial for the next session: the current target's, while faults wait in
         the spool, unless it was not reached within ``CLOSED_FOR_S``; None: the main port."""
-        if not self._urgent_targets or not (faults := self._spool.urgent_waiting()):
+        if (urgent := self._urgent_port_open()) is None or not (faults := self._spool.urgent_waiting()):
+            return None
+        log.info("controller_link_urgent_port", urgent_port=urgent, faults_waiting=faults)
+        return urgent
+
+    def _urgent_port_open(self) -> str | None:
+        """The current target's urgent port, unless there is none or it was not reached within
+        ``CLOSED_FOR_S``."""
+        if not self._urgent_targets:
             return None
         closed_at = self._urgent_closed_at
         if closed_at is not None and self._clock() - closed_at < CLOSED_FOR_S:
             return None
-        urgent = self._urgent_targets[self._targets.index(self._target)]
-        log.info("controller_link_urgent_port", urgent_port=urgent, faults_waiting=faults)
-        return urgent
+        return self._urgent_targets[self._targets.index(self._target)]
+
+    def _fault_came(self) -> int:
+        """The faults waiting in the spool, where the last Hello said none (0 otherwise): what ends
+        a wait before the next Hello, or a call's wait for its Hello's answer. Once per Hello that
+        said none, so a controller that stays down while faults come keeps its backoff."""
+        return self._spool.urgent_waiting() if self.said_urgent == 0 else 0
+
+    async def _fault_comes(self) -> int:
+        """Once ``_fault_came`` (a signal spooled wakes the link: ``notify``): the faults waiting."""
+        while True:
+            self._wake.clear()
+            if faults := self._fault_came():
+                return faults
+            await self._wake.wait()
+
+    async def _wait_unless_fault(self, stop: asyncio.Event, delay_s: float) -> bool:
+        """Wait ``delay_s`` before the next Hello (a backoff, a turn the controller or a relay gave),
+        less if a fault comes that the last Hello did not say: a Hello with faults waiting is
+        admitted at once by the controller and called first by a relay. True when ``stop`` is set."""
+        if delay_s <= 0 or self._fault_came():
+            return stop.is_set()
+        coming = asyncio.ensure_future(self._fault_comes())
+        stopping = asyncio.ensure_future(stop.wait())
+        try:
+            await asyncio.wait((coming, stopping), timeout=delay_s, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            coming.cancel()
+            stopping.cancel()
+        if coming.done() and not coming.cancelled():
+            log.info("controller_link_wait_cut_short", target=self._target, faults_waiting=coming.result())
+        return stop.is_set()
+
+    async def _unless_fault(self, awaited: Awaitable[T]) -> T:
+        """``awaited`` (a call's wait for its Hello's answer, or to be taken): its result; or, if
+        first a fault comes that the Hello did not say while the current target has an urgent port
+        (and this call is not on it), ``FaultCame`` with ``awaited`` cancelled: the link dials that
+        port at once (``run``), where the fault is taken beside a fleet connecting at once, not in
+        turn behind it (a relay's queue for room, the controller's calls not yet taken, its flush)."""
+        waiting = asyncio.ensure_future(awaited)
+        if self.said_urgent or self._on_urgent_port or self._urgent_port_open() is None:
+            return await waiting
+        coming = asyncio.ensure_future(self._fault_comes())
+        try:
+            await asyncio.wait((waiting, coming), return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            waiting.cancel()
+            raise
+        finally:
+            coming.cancel()
+        if waiting.done():
+            return waiting.result()
+        waiting.cancel()
+        raise FaultCame(coming.result())
 
     async def _session(self, stop: asyncio.Event, urgent: str | None = None) -> None:
         """One stream to the controller (or a relay): a session per Hello on it. A relay that lost the
@@ -241,7 +320,7 @@ class ControllerLink:
                         again, reading = await self._asked_again(call, stop, again.takes_urgent_hello)
                         if again is None:
                             break
-                    if again.after_ms and await wait_event(stop, turn_with_spread(again.after_ms / 1000)):
+                    if again.after_ms and await self._wait_unless_fault(stop, turn_with_spread(again.after_ms / 1000)):
                         break
                     again = await self._hello_and_carry(call, stop, reading, fresh)
                     fresh = False
@@ -252,7 +331,7 @@ class ControllerLink:
         """Once the server has taken ``call`` (True), or ``stop`` is set first (False); TimeoutError
         past ``TAKEN_PATIENCE_S``. A server with a fleet connecting at once takes calls one at a time:
         the wait here is for its turn, and a Hello given up on meanwhile would only queue again."""
-        taking = asyncio.ensure_future(taken(call, self._clock))
+        taking = asyncio.ensure_future(self._unless_fault(taken(call, self._clock)))
         if not await done_unless(taking, stop):
             return False
         try:
@@ -307,7 +386,7 @@ class ControllerLink:
         taken the call (``vigil_core.call_taken``)."""
         hello = self._hello()
         hello.resumable = hello.waits_for_kept_hello = True
-        hello.urgent_waiting = self._spool.urgent_waiting()
+        hello.urgent_waiting = self.said_urgent = self._spool.urgent_waiting()
         await call.write(agent_pb2.AgentMessage(hello=hello))
         if fresh and not await self._taken(call, stop):
             return None
@@ -322,7 +401,7 @@ class ControllerLink:
                     return None
                 first = said
             else:
-                first = await within(call.read(), patience, self._clock)
+                first = await within(self._unless_fault(call.read()), patience, self._clock)
         except TimeoutError:
             self.unanswered += 1
             waits = hello_patience_s(self.unanswered, self._patience_first_s)
@@ -335,7 +414,7 @@ class ControllerLink:
             # after the agents queued before it (the relay ends the stream if it cannot pass it on),
             # within a bound of its own all the same.
             try:
-                answer = await within(read_unless(call, stop), KEPT_HELLO_PATIENCE_S, self._clock)
+                answer = await within(self._unless_fault(read_unless(call, stop)), KEPT_HELLO_PATIENCE_S, self._clock)
             except TimeoutError:
                 log.warning(
                     "controller_link_kept_hello_unanswered", target=self._target, waited_s=KEPT_HELLO_PATIENCE_S

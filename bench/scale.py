@@ -54,6 +54,12 @@ What runs, all on this machine:
   is connected each must be cordoned, and ``faults_connecting`` says how long after it was made. The
   controller and the relays open their urgent ports and the simulated agents with faults waiting
   dial them (``vigil_core.urgent_port``; ``--no-urgent-port``: neither, every call on the main port).
+  ``--faults-come-s S``: those agents start instead at a moment of their own in the first S seconds
+  of the connect, each fault coming 0.5-5 s after its agent started (seeded: ``FAULT_AFTER_START_S``),
+  while it waits for its Hello's answer or once it is in; ``faults_connecting.waiting_when_made``
+  says how many still waited. ``--agents-wait-their-turn``:
+  the simulated agents as before a fault could end their wait (it waits with their Hello): the
+  side-by-side baseline for ``agent.link.FaultCame``.
 
 Figures: connect time (all N agents acknowledged), controller RSS (peak) and CPU (cores, per phase;
 a burst's CPU of this process, the API double's, beside it), database size, each phase's
@@ -189,6 +195,10 @@ class LagMeter:
         return {"p99_ms": round(p99 * 1000, 1), "max_ms": round(worst * 1000, 1), "late_s": round(sum(samples), 1)}
 
 
+# With ``--faults-come-s``: how long after its agent started connecting each fault comes (seeded).
+FAULT_AFTER_START_S = (0.5, 5.0)
+
+
 def worker(conn: Connection, *args: Any) -> None:
     """A simulator process: ``_worker``'s loop (its arguments, after the pipe). Its garbage collector
     collects young as the controller's and the relays' do (``vigil_core.gc_young``): with CPython's
@@ -209,6 +219,8 @@ async def _worker(
     give_up: bool,
     urgent_target: str | None = None,
     faulted: tuple[str, ...] = (),
+    fault_come_s: float = 0.0,
+    wait_their_turn: bool = False,
 ) -> None:
     loop = asyncio.get_running_loop()
     inbox: asyncio.Queue[tuple[Any, ...]] = asyncio.Queue()
@@ -230,9 +242,27 @@ async def _worker(
     for node in fleet.nodes.values():
         node.answered = lambda waited: answer_waits.append(waited)  # the list is emptied, never swapped
         node.taken_in = lambda waited: taken_waits.append(waited)
+        node.leave_for_urgent = not wait_their_turn
     started, cpu0 = time.time(), time.process_time()
-    spooled = {n: fleet.nodes[n].fault() for n in faulted}  # in their spools as their agents start
-    await fleet.start(timeout_s=1800)
+    spooled: dict[str, float] = {}
+    all_came = loop.create_future()
+
+    def come(node: str) -> None:
+        spooled[node] = fleet.nodes[node].fault()
+        if len(spooled) == len(faulted) and not all_came.done():
+            all_came.set_result(None)
+
+    start_in: dict[str, float] = {}
+    for n in faulted:  # in their spools as their agents start, or coming as each waits (``--faults-come-s``)
+        if fault_come_s > 0:
+            moments = random.Random(n)
+            start_in[n] = moments.uniform(0, fault_come_s)
+            loop.call_later(start_in[n] + moments.uniform(*FAULT_AFTER_START_S), come, n)
+        else:
+            come(n)
+    await fleet.start(timeout_s=1800, start_in=start_in)
+    if faulted:
+        await all_came
     # The streams' objects, made once, are never garbage: left to the collector, each full pass over
     # them stopped this process for seconds (the simulator's own lag), and its agents with it.
     gc.freeze()
@@ -256,6 +286,7 @@ async def _worker(
                     stats["hello_again"] = sum(n.resumed for n in fleet.nodes.values())
                     stats["gave_up"] = fleet.gave_up
                     stats["unasked"] = sum(getattr(n, "unasked", 0) for n in fleet.nodes.values())  # an older fleet: 0
+                    stats["left_for_urgent"] = sum(n.left_for_urgent for n in fleet.nodes.values())
                     stats["unsent"] = unsent
                     stats["answer_waits"], stats["taken_waits"] = list(answer_waits), list(taken_waits)
                     answer_waits.clear()
@@ -319,9 +350,12 @@ class Workers:
         give_up: bool = False,
         urgent_targets: list[str] | None = None,
         faulted: frozenset[str] = frozenset(),
+        fault_come_s: float = 0.0,
+        wait_their_turn: bool = False,
     ) -> None:
         """``urgent_targets``: the urgent port beside each of ``targets``; ``faulted``: nodes with a
-        fault in their spool as they start connecting (``spooled``, once connected), in processes of
+        fault in their spool as they start connecting, or coming within ``fault_come_s`` of it
+        (``spooled``: when each was made, once connected), in processes of
         their own, one per target: each real agent is on a machine of its own, not slowed by the rest
         of the fleet, where a simulator process's loop runs tens of seconds late while 100,000 connect."""
         context = multiprocessing.get_context("spawn")
@@ -349,6 +383,8 @@ class Workers:
                     give_up,
                     urgent_targets[i % len(urgent_targets)] if urgent_targets else None,
                     tuple(n for n in share if n in faulted),
+                    fault_come_s,
+                    wait_their_turn,
                 ),
                 daemon=True,
             )
@@ -411,6 +447,7 @@ class Workers:
             "hellos_again": sum(a["hello_again"] for a in answers),  # on streams a relay kept (no reconnection)
             "hellos_given_up": sum(a["gave_up"] for a in answers),  # with --agents-give-up: as real agents would
             "urgent_hellos_unasked": sum(a["unasked"] for a in answers),  # faults waiting while a relay waited
+            "left_for_urgent": sum(a.get("left_for_urgent", 0) for a in answers),  # a fault came as its Hello waited
             "hello_answered": _answer_waits([w for a in answers for w in a["answer_waits"]]),
             # from a stream's Hello to the server taking its call, where its patience starts
             "call_taken": _answer_waits([w for a in answers for w in a["taken_waits"]]),
@@ -869,14 +906,17 @@ def faults_connecting(
     then until the cordon."""
     with contextlib.suppress(TimeoutError):
         cordons.wait(nodes, timeout_s)
-    made = workers.spooled
+    made, back = workers.spooled, workers.connected_at(nodes)
+    waiting = [n for n in nodes if n in made and back.get(n, 0.0) > made[n]]  # answered only after it
     return {
         "n": len(nodes),
         "urgent_port": urgent_port,
         "urgent_streams": workers.urgent_streams,
         "cordoned": sum(1 for n in nodes if n in cordons.at),
         "fault_to_cordon": summary([cordons.at[n] - made[n] for n in nodes if n in cordons.at and n in made]),
-        "split": fault_split(nodes, made, workers.connected_at(nodes), xid79_incidents(target, nodes), cordons.at),
+        "waiting_when_made": len(waiting),
+        "waiting_fault_to_cordon": summary([cordons.at[n] - made[n] for n in waiting if n in cordons.at]),
+        "split": fault_split(nodes, made, back, xid79_incidents(target, nodes), cordons.at),
     }
 
 
@@ -1003,6 +1043,8 @@ def measure(args: argparse.Namespace, workdir: Path, database: str) -> dict[str,
             args.agents_give_up,
             (relays.urgent_targets if args.relays else direct_urgent) or None,
             frozenset(connecting_faults),
+            args.faults_come_s,
+            args.agents_wait_their_turn,
         )
         try:
             started, cpu0, relays_cpu0 = time.time(), sampler.cpu_s(), relays.cpu_s()
@@ -1032,7 +1074,7 @@ def measure(args: argparse.Namespace, workdir: Path, database: str) -> dict[str,
             if connecting_faults:
                 figures["faults_connecting"] = faults_connecting(
                     Cordons(kube), workers, connecting_faults, target, args.burst_timeout_s, args.urgent_port
-                )
+                ) | {"come_s": args.faults_come_s, "agents_wait_their_turn": args.agents_wait_their_turn}
                 print(f"faults while connecting: {json.dumps(figures['faults_connecting'])}", file=sys.stderr)
             if args.fleet_nice:
                 workers.renice(args.fleet_nice)
@@ -1304,6 +1346,19 @@ def main() -> int:
         "cordoned; how long after it was made (faults_connecting)",
     )
     parser.add_argument(
+        "--faults-come-s",
+        type=float,
+        default=0.0,
+        help="with --faults-connecting: those agents start at a moment of their own in the first this many seconds "
+        "of the connect, each fault coming 0.5-5 s later (seeded), not in its spool at the start (0)",
+    )
+    parser.add_argument(
+        "--agents-wait-their-turn",
+        action="store_true",
+        help="the simulated agents as before a fault could end their wait: a fault that comes while a Hello waits "
+        "waits with it (the side-by-side baseline)",
+    )
+    parser.add_argument(
         "--urgent-port",
         action=argparse.BooleanOptionalAction,
         default=True,
@@ -1357,6 +1412,8 @@ def main() -> int:
         parser.error("--nodes, --workers, --probes and each burst must be at least 1")
     if args.faults_across < 0 or args.faults_connecting < 0:
         parser.error("--faults-across and --faults-connecting must be at least 0")
+    if args.faults_come_s < 0 or (args.faults_come_s > 0 and not args.faults_connecting):
+        parser.error("--faults-come-s: at least 0, and only with --faults-connecting")
     across = args.faults_across if args.restart or args.failover else 0
     if args.probes + sum(args.bursts) + across + args.faults_connecting > args.nodes:
         parser.error(

@@ -659,6 +659,20 @@ def test_an_older_stream_ending_while_a_newer_says_hello_leaves_the_node_connect
     asyncio.run(scenario())
 
 
+def paced_fleet(tmp_path: Path, port: int, count: int) -> tuple[list[ControllerLink], list[Spool]]:
+    """``count`` agents of their own (node-0, node-1, ...) for the controller at ``port``, and their spools."""
+    links, spools = [], []
+    for i in range(count):
+        spool = Spool(tmp_path / f"spool{i}.db")
+
+        def hello(node: str = f"node-{i}", spool: Spool = spool) -> agent_pb2.Hello:
+            return agent_pb2.Hello(node=node, spool_id=spool.spool_id, last_acked_seq=spool.acked_seq)
+
+        spools.append(spool)
+        links.append(ControllerLink(f"127.0.0.1:{port}", spool, hello, no_check, heartbeat_s=0.2))
+    return links, spools
+
+
 def test_a_fleet_connecting_at_once_is_given_turns_and_every_agent_takes_its_own(tmp_path: Path) -> None:
     """Twelve agents at once, the controller admitting 10 a second after a burst of 4: four are in at
     once, each of the others is turned away with its turn (RESOURCE_EXHAUSTED, vigil-retry-after-ms)
@@ -669,14 +683,7 @@ def test_a_fleet_connecting_at_once_is_given_turns_and_every_agent_takes_its_own
         limits = LimitsConfig(hellos_per_s=10, hello_burst=4)
         controller = await start_controller(tmp_path / "ctl.db", limits=limits)
         stop = asyncio.Event()
-        links = []
-        for i in range(12):
-            spool = Spool(tmp_path / f"spool{i}.db")
-
-            def hello(node: str = f"node-{i}", spool: Spool = spool) -> agent_pb2.Hello:
-                return agent_pb2.Hello(node=node, spool_id=spool.spool_id, last_acked_seq=spool.acked_seq)
-
-            links.append(ControllerLink(f"127.0.0.1:{controller.port}", spool, hello, no_check, heartbeat_s=0.2))
+        links, _ = paced_fleet(tmp_path, controller.port, 12)
         running = [asyncio.create_task(link.run(stop)) for link in links]
         try:
             await wait_until(lambda: all(link.connected for link in links), timeout=20, what="every agent in")
@@ -699,15 +706,7 @@ def test_an_agent_with_a_fault_waiting_is_admitted_at_once_while_the_fleet_is_gi
         limits = LimitsConfig(hellos_per_s=0.2, hello_burst=1)  # after the first, one Hello every 5 s
         controller = await start_controller(tmp_path / "ctl.db", limits=limits)
         stop = asyncio.Event()
-        links, spools = [], []
-        for i in range(4):
-            spool = Spool(tmp_path / f"spool{i}.db")
-
-            def hello(node: str = f"node-{i}", spool: Spool = spool) -> agent_pb2.Hello:
-                return agent_pb2.Hello(node=node, spool_id=spool.spool_id, last_acked_seq=spool.acked_seq)
-
-            spools.append(spool)
-            links.append(ControllerLink(f"127.0.0.1:{controller.port}", spool, hello, no_check, heartbeat_s=0.2))
+        links, spools = paced_fleet(tmp_path, controller.port, 4)
         spools[3].append([replace(xid(79), node="node-3")])
         running = [asyncio.create_task(link.run(stop)) for link in links[:3]]
         try:
@@ -724,6 +723,64 @@ def test_an_agent_with_a_fault_waiting_is_admitted_at_once_while_the_fleet_is_gi
             stop.set()
             await asyncio.gather(*running)
             await stop_controller(controller)
+
+    asyncio.run(scenario())
+
+
+def test_an_agent_given_a_later_turn_that_comes_to_have_a_fault_says_its_hello_at_once(tmp_path: Path) -> None:
+    """A fleet reconnecting at once is paced (one Hello every 20 s): an agent turned away with its
+    turn that comes to have a fault while it waits says its Hello then, not at its turn, and is
+    admitted at once (its Hello says the fault waits)."""
+
+    async def scenario() -> None:
+        limits = LimitsConfig(hellos_per_s=0.05, hello_burst=1)
+        controller = await start_controller(tmp_path / "ctl.db", limits=limits)
+        stop = asyncio.Event()
+        links, spools = paced_fleet(tmp_path, controller.port, 3)
+        running = [asyncio.create_task(link.run(stop)) for link in links]
+        try:
+            await wait_until(lambda: controller.engine.metrics.hellos_paced._value.get() >= 2, what="two given turns")
+            await wait_until(lambda: sum(link.connected for link in links) == 1, what="the first one in")
+            waiting = next(i for i, link in enumerate(links) if not link.connected)  # its turn 20 s or more away
+            spools[waiting].append([replace(xid(79), node=f"node-{waiting}")])
+            links[waiting].notify()  # as the agent's collector does once a signal is spooled
+            await wait_until(
+                lambda: links[waiting].connected, timeout=3, what="the agent with a fault in before its turn"
+            )
+            assert sum(link.connected for link in links) == 2  # the other still waits its turn
+            assert controller.engine.metrics.hellos_urgent._value.get() == 1
+            await wait_until(lambda: spools[waiting].urgent_waiting() == 0, what="its fault delivered")
+        finally:
+            stop.set()
+            await asyncio.gather(*running)
+            await stop_controller(controller)
+
+    asyncio.run(scenario())
+
+
+def test_faults_that_keep_coming_while_the_controller_is_down_cut_the_backoff_once(tmp_path: Path) -> None:
+    """A fault cuts short the wait before the next Hello once per Hello that said none: with the
+    controller down and a fault spooled every 50 ms, the link still backs off, not dialling again
+    for each fault."""
+
+    async def scenario() -> None:
+        spool, stop = Spool(tmp_path / "spool.db"), asyncio.Event()
+        link = link_for(spool, free_port())  # nothing listens there
+        running = asyncio.create_task(link.run(stop))
+        try:
+            await wait_until(lambda: link.streams >= 3, what="a few tries")
+            tries = link.streams
+            for _ in range(40):  # 2 s of faults
+                spool.append([xid(79)])
+                link.notify()
+                await asyncio.sleep(0.05)
+            # One try at once for the first fault (its Hello said none), then the backoff's own: at
+            # most a handful in 2 s (0.2 s doubling each try), not one for each of the 40 faults.
+            assert link.streams - tries <= 8, link.streams - tries
+            assert link.said_urgent > 0
+        finally:
+            stop.set()
+            await running
 
     asyncio.run(scenario())
 

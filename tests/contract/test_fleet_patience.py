@@ -134,3 +134,32 @@ def test_a_simulated_agent_with_a_fault_waiting_opens_its_stream_on_the_urgent_p
             await urgent_server.stop(None)
 
     asyncio.run(scenario())
+
+
+def test_a_simulated_agent_whose_fault_comes_while_its_hello_waits_leaves_for_the_urgent_port() -> None:
+    """As the agent (``agent.link.FaultCame``): the scale benchmark's ``--faults-come-s`` faults end
+    a Hello's wait on the main port (here, a server that never answers it) for the urgent port; with
+    ``leave_for_urgent`` off (``--agents-wait-their-turn``) the fault waits with its Hello."""
+
+    async def scenario() -> None:
+        main, urgent = SlowGateway(silent=10), SlowGateway(silent=0)
+        (main_server, main_port), (urgent_server, urgent_port) = await served(main), await served(urgent)
+        fleet = Fleet(f"127.0.0.1:{main_port}", ["n1", "n2"], heartbeat_s=60, urgent_target=f"127.0.0.1:{urgent_port}")
+        fleet.nodes["n2"].leave_for_urgent = False
+        starting = asyncio.ensure_future(fleet.start(timeout_s=20))
+        try:
+            while main.streams < 2:  # both Hellos said on the main port, neither answered
+                await asyncio.sleep(0.02)
+            for node in fleet.nodes.values():
+                node.fault()
+            await asyncio.wait_for(fleet.nodes["n1"].ready.wait(), 5)
+            assert (fleet.nodes["n1"].left_for_urgent, fleet.nodes["n1"].urgent_streams, urgent.streams) == (1, 1, 1)
+            await asyncio.sleep(0.3)
+            assert not fleet.nodes["n2"].ready.is_set() and fleet.nodes["n2"].left_for_urgent == 0
+        finally:
+            starting.cancel()
+            await fleet.close()
+            await main_server.stop(None)
+            await urgent_server.stop(None)
+
+    asyncio.run(scenario())

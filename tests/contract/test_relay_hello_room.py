@@ -17,6 +17,7 @@ import grpc
 from agent.link import ControllerLink
 from agent.spool import Spool
 from protos.vigil.v1 import agent_pb2
+from tests.contract.test_group_commit import hold_flushes
 from tests.contract.test_relay import RawAgent, Relay, answer_ok, connected, link_for, sample, scrape
 from tests.helpers import free_port, start_controller, stop_controller, wait_until
 from vigil_core.signals import GpuRef, Signal, SignalKind
@@ -309,5 +310,60 @@ def test_an_agent_that_comes_to_have_a_fault_while_the_relay_reaches_the_control
             stop.set()
             await asyncio.gather(*running)
         await stop_controller(controller)
+
+    asyncio.run(scenario())
+
+
+def test_an_agent_queued_for_room_that_comes_to_have_a_fault_is_taken_on_the_relay_s_urgent_port(
+    tmp_path: Path,
+) -> None:
+    """The real agent's link, queued at its relay behind a full room (the controller's flush held,
+    so the calm Hello in the room waits), comes to have a fault: it gives its queued call up, dials
+    the relay's urgent port and is answered while the room is still full."""
+
+    async def scenario() -> None:
+        controller = await start_controller(tmp_path / "ctl.db")
+        gate = hold_flushes(controller.store)
+        metrics_port, urgent_port, stop = free_port(), free_port(), asyncio.Event()
+        urgent_listen = f"127.0.0.1:{urgent_port}"
+        try:
+            async with Relay(
+                controller.port, metrics_port=metrics_port, urgent_listen=urgent_listen, **ROOM_OF_ONE
+            ) as relay:
+                spools = {n: Spool(tmp_path / f"{n}.db") for n in ("node-a", "node-b")}
+
+                def link(node: str) -> ControllerLink:
+                    spool = spools[node]
+
+                    def hello() -> agent_pb2.Hello:
+                        return agent_pb2.Hello(node=node, spool_id=spool.spool_id, last_acked_seq=spool.acked_seq)
+
+                    target = f"127.0.0.1:{relay.port}"
+                    return ControllerLink(target, spool, hello, answer_ok, heartbeat_s=0.2, urgent_target=urgent_listen)
+
+                calm, late = link("node-a"), link("node-b")
+                running = [asyncio.create_task(calm.run(stop))]
+                await wait_until(
+                    lambda: metric(metrics_port, "vigil_relay_hellos_waiting") == 1, what="node-a passed on"
+                )
+                running.append(asyncio.create_task(late.run(stop)))
+                await queued(metrics_port, 1)
+                fault = Signal("node-b", SignalKind.XID, GpuRef(0, "GPU-b"), 79, 0.0, "fallen off the bus", "test", 1.0)
+                spools["node-b"].append([fault])
+                late.notify()  # as the agent's collector does once a signal is spooled
+                await wait_until(lambda: late.connected, timeout=5, what="node-b answered on the urgent port")
+                assert not calm.connected  # the room is still full: its Hello waits for the flush
+                assert (late.left_for_urgent, late.urgent_sessions) == (1, 1)
+                await wait_until(
+                    lambda: metric(metrics_port, "vigil_relay_hellos_left_queued_total") == 1, what="counted"
+                )
+                gate.set()
+                await wait_until(lambda: calm.connected, what="node-a answered once the flush is through")
+                await wait_until(lambda: spools["node-b"].urgent_waiting() == 0, what="node-b's fault acknowledged")
+                stop.set()
+                await asyncio.gather(*running)
+        finally:
+            gate.set()
+            await stop_controller(controller)
 
     asyncio.run(scenario())

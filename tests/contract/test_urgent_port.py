@@ -6,7 +6,11 @@ at once; an agent with nothing waiting never dials it."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable, Coroutine
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -33,6 +37,42 @@ def link_to(spool: Spool, port: int, urgent_port: int | None) -> ControllerLink:
 
     urgent = f"127.0.0.1:{urgent_port}" if urgent_port is not None else None
     return ControllerLink(f"127.0.0.1:{port}", spool, hello, answer_ok, heartbeat_s=0.2, urgent_target=urgent)
+
+
+@dataclass
+class Ports:
+    """A main port whose calls wait ``SLOW_TO_TAKE_S`` to be taken (as a fleet connecting at once leaves
+    it) and an urgent port that takes them at once, each a gateway that answers every Hello."""
+
+    main: Gateway
+    urgent: Gateway
+    main_port: int
+    urgent_port: int
+
+
+@contextlib.asynccontextmanager
+async def slow_main_quick_urgent() -> AsyncIterator[Ports]:
+    main, urgent = Gateway(), Gateway()
+    slow = grpc.aio.server(interceptors=(SlowToTake(),))
+    slow.add_generic_rpc_handlers((main.handler(),))
+    main_port = slow.add_insecure_port("127.0.0.1:0")
+    quick = grpc.aio.server()
+    quick.add_generic_rpc_handlers((urgent.handler(),))
+    urgent_port = quick.add_insecure_port("127.0.0.1:0")
+    await slow.start()
+    await quick.start()
+    try:
+        yield Ports(main, urgent, main_port, urgent_port)
+    finally:
+        await slow.stop(None)
+        await quick.stop(None)
+
+
+def run_slow_to_take(scenario: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    """``scenario`` run with ``SlowToTake`` holding each call ``SLOW_TO_TAKE_S``."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr("tests.contract.test_call_taken.TAKES_S", SLOW_TO_TAKE_S)
+        asyncio.run(scenario())
 
 
 def quarantined(controller: Controller) -> bool:
@@ -64,31 +104,47 @@ def test_an_agent_with_a_fault_waiting_is_taken_on_the_urgent_port_while_the_mai
     tmp_path: Path,
 ) -> None:
     async def scenario() -> None:
-        main, urgent = Gateway(), Gateway()
-        slow = grpc.aio.server(interceptors=(SlowToTake(),))
-        slow.add_generic_rpc_handlers((main.handler(),))
-        main_port = slow.add_insecure_port("127.0.0.1:0")
-        quick = grpc.aio.server()
-        quick.add_generic_rpc_handlers((urgent.handler(),))
-        urgent_port = quick.add_insecure_port("127.0.0.1:0")
-        await slow.start()
-        await quick.start()
-        spool, stop = Spool(tmp_path / "spool.db"), asyncio.Event()
-        spool.append([xid(79)])
-        link = link_to(spool, main_port, urgent_port)
-        running = asyncio.create_task(link.run(stop))
-        try:
-            await wait_until(lambda: link.connected, timeout=20, what="the link acknowledged on the urgent port")
-            assert (urgent.streams, main.streams, link.urgent_sessions) == (1, 0, 1)
-        finally:
-            stop.set()
-            await running
-            await slow.stop(None)
-            await quick.stop(None)
+        async with slow_main_quick_urgent() as ports:
+            spool, stop = Spool(tmp_path / "spool.db"), asyncio.Event()
+            spool.append([xid(79)])
+            link = link_to(spool, ports.main_port, ports.urgent_port)
+            running = asyncio.create_task(link.run(stop))
+            try:
+                await wait_until(lambda: link.connected, timeout=20, what="the link acknowledged on the urgent port")
+                assert (ports.urgent.streams, ports.main.streams, link.urgent_sessions) == (1, 0, 1)
+            finally:
+                stop.set()
+                await running
 
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr("tests.contract.test_call_taken.TAKES_S", SLOW_TO_TAKE_S)
-        asyncio.run(scenario())
+    run_slow_to_take(scenario)
+
+
+def test_an_agent_that_comes_to_have_a_fault_while_the_main_port_makes_its_call_wait_leaves_for_the_urgent_port(
+    tmp_path: Path,
+) -> None:
+    """The agent dialled the main port with nothing waiting; its call waits there to be taken (a fleet
+    connecting at once) when a fault comes into its spool: it gives that call up and is taken on the
+    urgent port at once, not after the calls queued before it."""
+
+    async def scenario() -> None:
+        async with slow_main_quick_urgent() as ports:
+            spool, stop = Spool(tmp_path / "spool.db"), asyncio.Event()
+            link = link_to(spool, ports.main_port, ports.urgent_port)
+            running = asyncio.create_task(link.run(stop))
+            try:
+                await wait_until(lambda: link.streams == 1, what="the main port dialled")
+                await asyncio.sleep(0.3)
+                assert not link.connected and ports.urgent.streams == 0
+                spool.append([xid(79)])
+                link.notify()  # as the agent's collector does once a signal is spooled
+                await wait_until(lambda: link.connected, timeout=5, what="the link acknowledged on the urgent port")
+                said = (ports.urgent.streams, ports.main.streams, link.urgent_sessions, link.left_for_urgent)
+                assert said == (1, 0, 1, 1)
+            finally:
+                stop.set()
+                await running
+
+    run_slow_to_take(scenario)
 
 
 def test_the_controller_takes_a_fault_on_its_urgent_port_and_an_agent_with_nothing_waiting_on_its_main_port(

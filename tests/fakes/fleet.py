@@ -50,6 +50,17 @@ class FleetNode:
         self._urgent_stub = urgent_stub
         self._urgent_closed = False
         self.urgent_streams = 0  # streams opened on the urgent port
+        self._on_urgent = False  # the stream now is the urgent port's
+        # As the agent (``agent.link``): a fault that comes while the node waits before its Hello (a
+        # turn, a backoff) ends the wait; one that comes while its Hello, which said none, waits for
+        # its answer gives the call up for the urgent port. False: as the agent before it, the fault
+        # waits with its Hello (the benchmark's side-by-side baseline).
+        self.leave_for_urgent = True
+        self.left_for_urgent = 0  # calls given up for the urgent port when a fault came
+        self._hello_urgent = 0  # the faults waiting its last Hello said
+        self._answered_generation = 0  # the last stream whose Hello was answered (an Ack)
+        self._leaving = False  # its call cancelled for the urgent port
+        self._woken: asyncio.Future[None] | None = None  # a wait before its next Hello, a fault ends it
         self._checks = checks
         self._answering: set[asyncio.Task[None]] = set()
         self._running: dict[str, asyncio.Task[None]] = {}  # request id -> its check's task
@@ -117,6 +128,7 @@ class FleetNode:
             self._hello_said_at = 0.0  # this stream's Hello is said in ``_messages``
             urgent = self._urgent_stub is not None and bool(self._urgent) and not self._urgent_closed
             stub = self._urgent_stub if urgent and self._urgent_stub is not None else self._stub
+            self._on_urgent = urgent
             self.urgent_streams += urgent
             try:
                 self._call = call = stub.Connect(self._messages(heartbeat_s, stop, self._generation, self._queue))
@@ -147,6 +159,7 @@ class FleetNode:
                             self._urgent.discard(seq)
                         if first:  # the Hello's answer: what it holds is known, the rest goes again, in order
                             self.connected_at, first, attempt = time.time(), False, 0
+                            self._answered_generation = self._generation
                             urgent, self._urgent_closed = False, False
                             self._unasked = False
                             for seq in sorted(self._unacked):
@@ -160,25 +173,64 @@ class FleetNode:
                     elif msg.HasField("stop_check") and (stopping := self._running.get(msg.stop_check.request_id)):
                         stopping.cancel(msg.stop_check.why)  # as the agent ends a stopped check's processes
             except (grpc.aio.AioRpcError, asyncio.CancelledError) as exc:
-                if isinstance(exc, asyncio.CancelledError) and not self._giving_up:
+                if isinstance(exc, asyncio.CancelledError) and not self._giving_up and not self._leaving:
                     raise  # the node's task itself
                 self.reconnects += 1
+                if self._leaving:  # a fault came while its Hello waited: the urgent port at once
+                    self._leaving = self._giving_up = False
+                    self.left_for_urgent += 1
+                    self.last_error = "a fault came while its Hello waited: left for the urgent port"
+                    continue
                 if urgent:  # the urgent port did not answer its Hello: the main port, at once
                     self._urgent_closed, self._giving_up, self.last_error = True, False, f"urgent port: {exc!r:.80}"
                     continue
                 if self._giving_up:  # its Hello given up on (``give_up``): as the agent, after its backoff
                     self._giving_up, self.last_error = False, "gave up on its Hello (the agent's patience)"
                     attempt += 1
-                    await asyncio.sleep(backoff_delay(attempt, base=0.5))
+                    await self._wait(backoff_delay(attempt, base=0.5))
                     continue
                 assert isinstance(exc, grpc.aio.AioRpcError)
                 self.last_error = f"{exc.code().name}: {exc.details()}"
                 if (turn := retry_after_s(exc)) is not None:  # the controller gave it a turn, as the agent takes it
                     self.paced, self.last_error = self.paced + 1, "RESOURCE_EXHAUSTED: given a turn (paced)"
-                    await asyncio.sleep(turn_with_spread(turn))
+                    await self._wait(turn_with_spread(turn))
                     continue
                 attempt += 1
-                await asyncio.sleep(backoff_delay(attempt, base=0.5))  # as the agent's link does
+                await self._wait(backoff_delay(attempt, base=0.5))  # as the agent's link does
+
+    async def _wait(self, delay_s: float) -> None:
+        """A wait before the next Hello (a turn, a backoff): ended by a fault that comes meanwhile
+        (``_fault_came``)."""
+        if not self.leave_for_urgent:
+            await asyncio.sleep(delay_s)
+            return
+        if self._urgent and self._hello_urgent == 0:
+            return  # a fault its last Hello did not say: no wait
+        self._woken = asyncio.get_running_loop().create_future()
+        try:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._woken, delay_s)
+        finally:
+            self._woken = None
+
+    def _fault_came(self) -> None:
+        """A fault came that its last Hello did not say (it said none): a wait before the next Hello
+        ends; a call whose Hello waits for its answer on the main port is given up for the urgent
+        port (as the agent, ``agent.link.FaultCame``)."""
+        if self._woken is not None and not self._woken.done():
+            self._woken.set_result(None)
+            return
+        call = self._call
+        if (
+            self._urgent_stub is not None
+            and not self._urgent_closed
+            and not self._on_urgent
+            and self._answered_generation != self._generation
+            and call is not None
+            and not call.done()
+        ):
+            self._leaving = True
+            call.cancel()
 
     async def _taken(self, call: grpc.aio.StreamStreamCall, generation: int) -> None:
         """As the agent: its first Hello's patience counts once the server has taken the call
@@ -244,6 +296,7 @@ class FleetNode:
             waits_for_kept_hello=self.resumable,  # as the agent: a relay keeps its Hello for room, it waits
             urgent_waiting=len(self._urgent),
         )
+        self._hello_urgent = len(self._urgent)
         return agent_pb2.AgentMessage(hello=hello)
 
     def _hello_again(self, queue: asyncio.Queue) -> None:  # type: ignore[type-arg]
@@ -334,6 +387,8 @@ class FleetNode:
             self._urgent.add(self.seq)
             if self._takes_urgent:  # it waits to be asked for Hello: a fault came, so it says Hello now
                 self._say_unasked()
+            elif self.leave_for_urgent and self._hello_urgent == 0:
+                self._fault_came()
         if watch:
             self.last_watched = [now]
             self._watched[id(batch)] = (batch, self.last_watched)
@@ -393,7 +448,9 @@ class Fleet:
         """Hellos the nodes gave up on (their patience), in all."""
         return sum(n.gave_up for n in self.nodes.values())
 
-    async def start(self, timeout_s: float = 120.0) -> None:
+    async def start(self, timeout_s: float = 120.0, start_in: dict[str, float] | None = None) -> None:
+        """Every node's agent started (those in ``start_in`` that many seconds from now), until each
+        has been answered once."""
         if self._patience_first_s is not None:
             self._minders = [
                 asyncio.create_task(self._lateness.watch()),
@@ -402,10 +459,16 @@ class Fleet:
             for node in self.nodes.values():
                 node.clock = self._lateness.own_time
                 node.mind = partial(self._watch, self._patience_first_s)
+        later = start_in or {}
         self._tasks = {
-            name: asyncio.create_task(n.run(self._heartbeat_s, self._stop)) for name, n in self.nodes.items()
+            name: asyncio.create_task(self._run_in(n, later.get(name, 0.0))) for name, n in self.nodes.items()
         }
         await asyncio.wait_for(asyncio.gather(*(n.ready.wait() for n in self.nodes.values())), timeout_s)
+
+    async def _run_in(self, node: FleetNode, delay_s: float) -> None:
+        if delay_s > 0:
+            await asyncio.sleep(delay_s)
+        await node.run(self._heartbeat_s, self._stop)
 
     def _watch(self, first_s: float, node: FleetNode) -> None:
         """A Hello of ``node``'s waits: when its patience runs out, as the node's wait stands now."""
