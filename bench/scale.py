@@ -55,7 +55,8 @@ What runs, all on this machine:
   controller and the relays open their urgent ports and the simulated agents with faults waiting
   dial them (``vigil_core.urgent_port``; ``--no-urgent-port``: neither, every call on the main port).
   ``--faults-come-s S``: those agents start instead at a moment of their own in the first S seconds
-  of the connect, each fault coming 0.5-5 s after its agent started (seeded: ``FAULT_AFTER_START_S``),
+  of the connect, each fault coming 0.5-5 s after its agent started (seeded; ``--fault-after-start-s
+  LO,HI`` for other bounds: 20,40 finds most of them in, the fleet still connecting),
   while it waits for its Hello's answer or once it is in; ``faults_connecting.waiting_when_made``
   says how many still waited. ``--agents-wait-their-turn``:
   the simulated agents as before a fault could end their wait (it waits with their Hello): the
@@ -195,10 +196,6 @@ class LagMeter:
         return {"p99_ms": round(p99 * 1000, 1), "max_ms": round(worst * 1000, 1), "late_s": round(sum(samples), 1)}
 
 
-# With ``--faults-come-s``: how long after its agent started connecting each fault comes (seeded).
-FAULT_AFTER_START_S = (0.5, 5.0)
-
-
 def worker(conn: Connection, *args: Any) -> None:
     """A simulator process: ``_worker``'s loop (its arguments, after the pipe). Its garbage collector
     collects young as the controller's and the relays' do (``vigil_core.gc_young``): with CPython's
@@ -219,7 +216,7 @@ async def _worker(
     give_up: bool,
     urgent_target: str | None = None,
     faulted: tuple[str, ...] = (),
-    fault_come_s: float = 0.0,
+    fault_come: tuple[float, float, float] | None = None,
     wait_their_turn: bool = False,
 ) -> None:
     loop = asyncio.get_running_loop()
@@ -254,10 +251,11 @@ async def _worker(
 
     start_in: dict[str, float] = {}
     for n in faulted:  # in their spools as their agents start, or coming as each waits (``--faults-come-s``)
-        if fault_come_s > 0:
+        if fault_come is not None:  # its agent starts within the first span, its fault comes (lo, hi) after
+            span_s, after_lo_s, after_hi_s = fault_come
             moments = random.Random(n)
-            start_in[n] = moments.uniform(0, fault_come_s)
-            loop.call_later(start_in[n] + moments.uniform(*FAULT_AFTER_START_S), come, n)
+            start_in[n] = moments.uniform(0, span_s)
+            loop.call_later(start_in[n] + moments.uniform(after_lo_s, after_hi_s), come, n)
         else:
             come(n)
     await fleet.start(timeout_s=1800, start_in=start_in)
@@ -350,11 +348,12 @@ class Workers:
         give_up: bool = False,
         urgent_targets: list[str] | None = None,
         faulted: frozenset[str] = frozenset(),
-        fault_come_s: float = 0.0,
+        fault_come: tuple[float, float, float] | None = None,
         wait_their_turn: bool = False,
     ) -> None:
         """``urgent_targets``: the urgent port beside each of ``targets``; ``faulted``: nodes with a
-        fault in their spool as they start connecting, or coming within ``fault_come_s`` of it
+        fault in their spool as they start connecting, or (``fault_come``: span, lo, hi) their agents
+        starting within the span's first seconds and each fault coming lo-hi s after
         (``spooled``: when each was made, once connected), in processes of
         their own, one per target: each real agent is on a machine of its own, not slowed by the rest
         of the fleet, where a simulator process's loop runs tens of seconds late while 100,000 connect."""
@@ -383,7 +382,7 @@ class Workers:
                     give_up,
                     urgent_targets[i % len(urgent_targets)] if urgent_targets else None,
                     tuple(n for n in share if n in faulted),
-                    fault_come_s,
+                    fault_come,
                     wait_their_turn,
                 ),
                 daemon=True,
@@ -907,7 +906,7 @@ def faults_connecting(
     with contextlib.suppress(TimeoutError):
         cordons.wait(nodes, timeout_s)
     made, back = workers.spooled, workers.connected_at(nodes)
-    waiting = [n for n in nodes if n in made and back.get(n, 0.0) > made[n]]  # answered only after it
+    waiting = {n for n in nodes if n in made and back.get(n, 0.0) > made[n]}  # answered only after it
     return {
         "n": len(nodes),
         "urgent_port": urgent_port,
@@ -916,6 +915,10 @@ def faults_connecting(
         "fault_to_cordon": summary([cordons.at[n] - made[n] for n in nodes if n in cordons.at and n in made]),
         "waiting_when_made": len(waiting),
         "waiting_fault_to_cordon": summary([cordons.at[n] - made[n] for n in waiting if n in cordons.at]),
+        # the others: their agents already in, the rest of the fleet still connecting (``--faults-come-s``)
+        "in_fault_to_cordon": summary(
+            [cordons.at[n] - made[n] for n in nodes if n in made and n not in waiting and n in cordons.at]
+        ),
         "split": fault_split(nodes, made, back, xid79_incidents(target, nodes), cordons.at),
     }
 
@@ -1043,7 +1046,7 @@ def measure(args: argparse.Namespace, workdir: Path, database: str) -> dict[str,
             args.agents_give_up,
             (relays.urgent_targets if args.relays else direct_urgent) or None,
             frozenset(connecting_faults),
-            args.faults_come_s,
+            (args.faults_come_s, *args.fault_after_start_s) if args.faults_come_s > 0 else None,
             args.agents_wait_their_turn,
         )
         try:
@@ -1074,7 +1077,11 @@ def measure(args: argparse.Namespace, workdir: Path, database: str) -> dict[str,
             if connecting_faults:
                 figures["faults_connecting"] = faults_connecting(
                     Cordons(kube), workers, connecting_faults, target, args.burst_timeout_s, args.urgent_port
-                ) | {"come_s": args.faults_come_s, "agents_wait_their_turn": args.agents_wait_their_turn}
+                ) | {
+                    "come_s": args.faults_come_s,
+                    "after_start_s": list(args.fault_after_start_s),
+                    "agents_wait_their_turn": args.agents_wait_their_turn,
+                }
                 print(f"faults while connecting: {json.dumps(figures['faults_connecting'])}", file=sys.stderr)
             if args.fleet_nice:
                 workers.renice(args.fleet_nice)
@@ -1272,6 +1279,17 @@ def measure(args: argparse.Namespace, workdir: Path, database: str) -> dict[str,
     return figures
 
 
+def _bounds(text: str) -> tuple[float, float]:
+    """``LO,HI`` seconds, 0 <= LO <= HI (an argparse type: a clear error otherwise)."""
+    try:
+        lo, hi = (float(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"LO,HI seconds, not {text!r}") from None
+    if not 0 <= lo <= hi:
+        raise argparse.ArgumentTypeError(f"LO,HI with 0 <= LO <= HI, not {text!r}")
+    return lo, hi
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--nodes", type=int, default=2000)
@@ -1351,6 +1369,13 @@ def main() -> int:
         default=0.0,
         help="with --faults-connecting: those agents start at a moment of their own in the first this many seconds "
         "of the connect, each fault coming 0.5-5 s later (seeded), not in its spool at the start (0)",
+    )
+    parser.add_argument(
+        "--fault-after-start-s",
+        type=_bounds,
+        default=(0.5, 5.0),
+        help="with --faults-come-s: each fault comes this long after its agent started, LO,HI seconds (seeded; "
+        "default 0.5,5: most of them while their Hello waits)",
     )
     parser.add_argument(
         "--agents-wait-their-turn",
