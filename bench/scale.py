@@ -56,8 +56,8 @@ What runs, all on this machine:
   dial them (``vigil_core.urgent_port``; ``--no-urgent-port``: neither, every call on the main port).
   ``--faults-come-s S``: those agents start instead at a moment of their own in the first S seconds
   of the connect, each fault coming 0.5-5 s after its agent started (seeded; ``--fault-after-start-s
-  LO,HI`` for other bounds: 20,40 finds most of them in, the fleet still connecting),
-  while it waits for its Hello's answer or once it is in; ``faults_connecting.waiting_when_made``
+  LO,HI`` for other bounds: at 100,000 through 4 relays every agent still waited 20-40 s after it
+  started), while it waits for its Hello's answer or once it is in; ``faults_connecting.waiting_when_made``
   says how many still waited. ``--agents-wait-their-turn``:
   the simulated agents as before a fault could end their wait (it waits with their Hello): the
   side-by-side baseline for ``agent.link.FaultCame``.
