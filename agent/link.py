@@ -255,12 +255,13 @@ class ControllerLink:
         said none, so a controller that stays down while faults come keeps its backoff."""
         return self._spool.urgent_waiting() if self.said_urgent == 0 else 0
 
-    async def _fault_comes(self) -> int:
-        """Once ``_fault_came`` (a signal spooled wakes the link: ``notify``): the faults waiting."""
+    async def _until_faults(self, faults: Callable[[], int]) -> int:
+        """Once ``faults()`` (read from the spool) is above 0, that count: read again each time a
+        signal spooled wakes the link (``notify``)."""
         while True:
             self._wake.clear()
-            if faults := self._fault_came():
-                return faults
+            if found := faults():
+                return found
             await self._wake.wait()
 
     async def _wait_unless_fault(self, stop: asyncio.Event, delay_s: float) -> bool:
@@ -269,7 +270,7 @@ class ControllerLink:
         admitted at once by the controller and called first by a relay. True when ``stop`` is set."""
         if delay_s <= 0 or self._fault_came():
             return stop.is_set()
-        coming = asyncio.ensure_future(self._fault_comes())
+        coming = asyncio.ensure_future(self._until_faults(self._fault_came))
         stopping = asyncio.ensure_future(stop.wait())
         try:
             await asyncio.wait((coming, stopping), timeout=delay_s, return_when=asyncio.FIRST_COMPLETED)
@@ -289,7 +290,7 @@ class ControllerLink:
         waiting = asyncio.ensure_future(awaited)
         if self.said_urgent or self._on_urgent_port or self._urgent_port_open() is None:
             return await waiting
-        coming = asyncio.ensure_future(self._fault_comes())
+        coming = asyncio.ensure_future(self._until_faults(self._fault_came))
         try:
             await asyncio.wait((waiting, coming), return_when=asyncio.FIRST_COMPLETED)
         except asyncio.CancelledError:
@@ -350,19 +351,17 @@ class ControllerLink:
         read still under way (a read cancelled would cancel the call): the Hello's answer comes on it."""
         reading = asyncio.ensure_future(call.read())
         stopping = asyncio.ensure_future(stop.wait())
+        waits: list[asyncio.Future[Any]] = [reading, stopping]
+        if takes_urgent:
+            waits.append(asyncio.ensure_future(self._until_faults(self._spool.urgent_waiting)))
         try:
-            while not reading.done() and not stop.is_set():
-                if takes_urgent and (faults := self._spool.urgent_waiting()):
-                    log.info("controller_link_urgent_hello", target=self._target, faults_waiting=faults)
-                    return SAY_URGENT_HELLO, reading
-                self._wake.clear()
-                waking = asyncio.ensure_future(self._wake.wait())
-                try:
-                    await asyncio.wait((reading, stopping, waking), return_when=asyncio.FIRST_COMPLETED)
-                finally:
-                    waking.cancel()
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            stopping.cancel()
+            for waiting in waits[1:]:
+                waiting.cancel()
+        if not reading.done() and not stop.is_set():  # a fault waits: its Hello now, the read kept for its answer
+            log.info("controller_link_urgent_hello", target=self._target, faults_waiting=waits[2].result())
+            return SAY_URGENT_HELLO, reading
         if not reading.done():
             reading.cancel()
             return None, None
