@@ -190,6 +190,7 @@ class Agent:
         # Exported from the start (a scrape before the first collector step sees them too), and the
         # link's state as it is at the scrape.
         self.metrics.connected.labels(config.node).set_function(lambda: 1 if self.link.connected else 0)
+        self.metrics.link_known(self.link)
         self.metrics.spooled.labels(config.node).set(self.spool.count())
         self.metrics_port: int | None = None
         if self.spool.damage:  # said aloud: logged by the spool, counted here, paged by the controller

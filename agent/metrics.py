@@ -11,7 +11,7 @@ NVLink, PCIe replays) are exported as counters, since they only grow until a dri
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -55,6 +55,74 @@ class _Readings(Collector):
                 self._gpu_paths[bus] = pcie_path(device) if device else ()
         paths = {str(r.gpu.index): self._gpu_paths.get(r.gpu.pci_bus_id, ()) for r in self.gpus}
         return {p.hca: ",".join(nearest_gpus(p.pcie_path, paths)) for p, _ in self.ib}
+
+
+class LinkCounts(Protocol):
+    """What the agent's link to the controller counts (``agent.link.ControllerLink``)."""
+
+    streams: int
+    connections: int
+    urgent_sessions: int
+    resumed: int
+    unanswered: int
+    attempt: int
+    left_for_urgent: int
+
+
+class _Link(Collector):
+    """The link's counts as they are at the scrape: why an agent is not in, seen from its node.
+
+    The controller's ``VigilAgentsSilent`` sees only nodes it has heard from; an agent that never got
+    in (a wrong address, a refused certificate, a controller that never answers) is seen here alone.
+    """
+
+    def __init__(self, node: str, link: LinkCounts) -> None:
+        self.node, self.link = node, link
+
+    def collect(self) -> Iterator[Any]:
+        link = self.link
+        sessions = CounterMetricFamily(
+            "vigil_agent_controller_sessions",
+            "Hellos the controller (or a relay for it) answered, by port: urgent for a session the agent began on "
+            "the urgent port because faults waited",
+            labels=["node", "port"],
+        )
+        sessions.add_metric([self.node, "main"], link.connections - link.urgent_sessions)
+        sessions.add_metric([self.node, "urgent"], link.urgent_sessions)
+        yield sessions
+        counts: list[tuple[type[CounterMetricFamily | GaugeMetricFamily], str, str, int]] = [
+            (CounterMetricFamily, "streams", "Streams the agent opened to the controller or a relay", link.streams),
+            (
+                CounterMetricFamily,
+                "sessions_resumed",
+                "Sessions that ended with their stream kept (a relay's HelloAgain while it reached the controller "
+                "again)",
+                link.resumed,
+            ),
+            (
+                CounterMetricFamily,
+                "left_for_urgent",
+                "Calls still waiting for their Hello's answer given up for the urgent port when a fault came",
+                link.left_for_urgent,
+            ),
+            (
+                GaugeMetricFamily,
+                "failed_sessions",
+                "Sessions that ended since the controller last answered a Hello (0 once one is answered; counted "
+                "up to 16)",
+                link.attempt,
+            ),
+            (
+                GaugeMetricFamily,
+                "hellos_unanswered",
+                "Hellos in a row not answered in the time they were given (each next one is given twice as long)",
+                link.unanswered,
+            ),
+        ]
+        for family, name, doc, value in counts:
+            metric = family(f"vigil_agent_controller_{name}", doc, labels=["node"])
+            metric.add_metric([self.node], value)
+            yield metric
 
 
 def _ib_families(node: str, ports: list[tuple[PortReading, float]], gpus: Mapping[str, str]) -> Iterator[Any]:
@@ -292,6 +360,10 @@ class AgentMetrics:
             ["node"],
             registry=r,
         )
+
+    def link_known(self, link: LinkCounts) -> None:
+        """The link's counts, exported as they are at each scrape."""
+        self.registry.register(_Link(self.node, link))
 
     def gpus_known(self, gpus: Sequence[GpuRef]) -> None:
         """Every GPU's last-XID series, from the start (0: no XID yet)."""

@@ -6,11 +6,14 @@ import asyncio
 import time
 import urllib.request
 from pathlib import Path
+from types import SimpleNamespace
 
+from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from agent.config import AgentConfig
 from agent.daemon import Agent
+from agent.metrics import AgentMetrics
 from tests.fakes.gpu_faults import GpuFaults
 from tests.fakes.ib_sysfs import IbSysfs
 from tests.helpers import start_controller, stop_controller, wait_until
@@ -76,6 +79,17 @@ def test_metrics_endpoint_serves_gpu_and_agent_metrics(tmp_path: Path) -> None:
     assert lag["vigil_agent_event_loop_lag_seconds_count"] >= 1
 
 
+def link_samples(body: str) -> dict[tuple[str, str], float]:
+    """The link's series: (name, port label or "") -> value."""
+    return {
+        (s.name, s.labels.get("port", "")): s.value
+        for f in text_string_to_metric_families(body)
+        if f.name.startswith("vigil_agent_controller_")
+        for s in f.samples
+        if not s.name.endswith("_created")
+    }
+
+
 def test_the_connected_gauge_is_the_links_state_at_the_scrape(tmp_path: Path) -> None:
     async def scenario() -> None:
         controller = await start_controller(tmp_path / "c.db")
@@ -84,15 +98,44 @@ def test_the_connected_gauge_is_the_links_state_at_the_scrape(tmp_path: Path) ->
         task = asyncio.create_task(agent.run(stop))
         try:
             await wait_until(lambda: agent.metrics_port is not None and agent.link.connected, what="the link up")
-            assert connected(await scrape(agent)) == 1
+            body = await scrape(agent)
+            assert connected(body) == 1
+            link = link_samples(body)
+            assert link[("vigil_agent_controller_sessions_total", "main")] == 1
+            assert link[("vigil_agent_controller_sessions_total", "urgent")] == 0
+            assert link[("vigil_agent_controller_streams_total", "")] == 1
+            assert link[("vigil_agent_controller_failed_sessions", "")] == 0
             await stop_controller(controller)
-            await wait_until(lambda: not agent.link.connected, what="the link down")
-            assert connected(await scrape(agent)) == 0
+            await wait_until(lambda: agent.link.attempt >= 2, what="two sessions failed with nothing listening")
+            body = await scrape(agent)
+            assert connected(body) == 0
+            link = link_samples(body)
+            assert link[("vigil_agent_controller_failed_sessions", "")] >= 2  # what an alert on the node can see
+            assert link[("vigil_agent_controller_sessions_total", "main")] == 1
         finally:
             stop.set()
             await task
 
     asyncio.run(scenario())
+
+
+def test_the_links_counts_are_exported_as_they_are_at_the_scrape() -> None:
+    """Sessions split by the port they began on, and each count under its own series."""
+    link = SimpleNamespace(
+        streams=9, connections=5, urgent_sessions=2, resumed=3, unanswered=4, attempt=6, left_for_urgent=1
+    )
+    metrics = AgentMetrics("node-m")
+    metrics.link_known(link)
+    link.connections += 1  # read at the scrape, not when registered
+    assert link_samples(generate_latest(metrics.registry).decode()) == {
+        ("vigil_agent_controller_streams_total", ""): 9,
+        ("vigil_agent_controller_sessions_total", "main"): 4,
+        ("vigil_agent_controller_sessions_total", "urgent"): 2,
+        ("vigil_agent_controller_sessions_resumed_total", ""): 3,
+        ("vigil_agent_controller_left_for_urgent_total", ""): 1,
+        ("vigil_agent_controller_failed_sessions", ""): 6,
+        ("vigil_agent_controller_hellos_unanswered", ""): 4,
+    }
 
 
 def test_xids_are_counted_per_gpu_and_code_and_every_gpu_has_a_last_xid_series_from_the_start(
