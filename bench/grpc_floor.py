@@ -41,7 +41,7 @@ from typing import Any
 import grpc
 import psutil
 
-from bench.record import append_result, header, revision
+from bench.record import append_result, header, host_pace_ms, revision
 from bench.scale import Workers
 from controller.edge import open_files
 from protos.vigil.v1 import agent_pb2
@@ -195,6 +195,7 @@ def main() -> int:
     if hard != resource.RLIM_INFINITY and connections + open_files.SPARE > hard:
         parser.error(f"{connections} connections a server need {connections + open_files.SPARE} open files; the hard "
                      f"limit is {hard}: raise it (ulimit -Hn) or raise --streams-per-connection")  # fmt: skip
+    pace_before = host_pace_ms()
     try:
         figures = floor(args)
         print(f"bare gRPC: {args.nodes} agents connected in {figures['connect_s']} s", file=sys.stderr)
@@ -209,7 +210,11 @@ def main() -> int:
             figures["vigil"] = {"failed": f"{exc}"[-2000:]}
             print(f"bench.scale beside it failed: {exc}", file=sys.stderr)
     record = {
-        **header("grpc_floor", memory_gb=round(psutil.virtual_memory().total / 2**30)),
+        **header(
+            "grpc_floor",
+            memory_gb=round(psutil.virtual_memory().total / 2**30),
+            pace_ms=[pace_before, host_pace_ms()],  # before the floor and after it (and Vigil's, with --vigil)
+        ),
         "revision": revision(),
         "nodes": args.nodes,
         "workers": args.workers,

@@ -63,7 +63,8 @@ What runs, all on this machine:
   side-by-side baseline for ``agent.link.FaultCame``.
 
 Figures: connect time (all N agents acknowledged), controller RSS (peak) and CPU (cores, per phase;
-a burst's CPU of this process, the API double's, beside it), database size, each phase's
+a burst's CPU of this process, the API double's, beside it), database size (and on PostgreSQL its
+server's CPU while connecting, ``connect_database_cpu_s``), each phase's
 latencies, the simulator's own lag. Printed and appended to
 bench/results/scale.jsonl with the command that produced them. PostgreSQL runs with fsync on.
 """
@@ -99,7 +100,7 @@ from prometheus_client.samples import Sample
 from agent.link import HELLO_ACK_TIMEOUT_S, HELLO_PATIENCE_DOUBLINGS, hello_patience_s
 from bench import thread_clock
 from bench.controller_process import controller_target, port_file, start_controller, wide_open
-from bench.record import append_result, header, logged_at, percentile, revision
+from bench.record import append_result, header, host_pace_ms, logged_at, percentile, revision
 from bench.thread_clock import ThreadClock
 from controller.edge import open_files
 from controller.nodes.guards.shared import SharedCauseConfig
@@ -779,6 +780,24 @@ def own_cpu_s() -> float:
     return float(times.user + times.system)
 
 
+def database_cpu_s(database: str) -> float | None:
+    """The benchmark's PostgreSQL server's CPU so far: its postmaster (the postgres process started
+    with the DSN's port) and every process it runs now; a backend gone since is left out (the
+    controller holds its own for its life). None for SQLite, whose work is the controller's own."""
+    if not database.startswith("postgresql://"):
+        return None
+    port = database.rsplit(":", 1)[1].split("/", 1)[0]
+    total = 0.0
+    for process in psutil.process_iter(["name", "cmdline"]):
+        cmdline = process.info["cmdline"] or []
+        if process.info["name"] == "postgres" and f"-p {port}" in " ".join(cmdline):
+            with contextlib.suppress(psutil.Error):
+                for p in [process, *process.children(recursive=True)]:
+                    times = p.cpu_times()
+                    total += times.user + times.system
+    return total
+
+
 def cordon_times(kube: KubeApiServer, seen: int, into: dict[str, float], events: dict[str, float]) -> int:
     """Read the API server's log from ``seen`` on: each node's first cordon PATCH (``into``) and first
     Event (``events``: the last of a quarantine's writes); returns the new position."""
@@ -1051,9 +1070,12 @@ def measure(args: argparse.Namespace, workdir: Path, database: str) -> dict[str,
         )
         try:
             started, cpu0, relays_cpu0 = time.time(), sampler.cpu_s(), relays.cpu_s()
+            database_cpu0 = database_cpu_s(database)
             figures["connect_s"] = round(workers.connected(args.connect_timeout_s), 1)
             figures["simulator_while_connecting"] = workers.stats()  # beside the relays' lateness and refusals
             figures["connect_controller_cpu_s"] = round(sampler.cpu_s() - cpu0, 1)
+            if database_cpu0 is not None:
+                figures["connect_database_cpu_s"] = round((database_cpu_s(database) or 0.0) - database_cpu0, 1)
             figures["connect_simulator_cpu_s"] = round(workers.connect_cpu_s, 1)
             figures["rss_after_connect_mb"] = round(sampler.process.memory_info().rss / 2**20)
             figures["gc_after_connect"] = {
@@ -1459,6 +1481,7 @@ def main() -> int:
             f"machine's hard limit is {hard}: raise it (ulimit -Hn) or give each connection more agents "
             f"(--streams-per-connection {-(-args.nodes // (hard - open_files.SPARE))})"
         )
+    pace_before = host_pace_ms()
     with contextlib.ExitStack() as stack:
         workdir = Path(tempfile.mkdtemp(prefix="vigil-scale-"))
         if args.keep:
@@ -1476,7 +1499,11 @@ def main() -> int:
             print((workdir / "controller.out").read_text()[-3000:], file=sys.stderr)
             return 1
     record = {
-        **header("scale", memory_gb=round(psutil.virtual_memory().total / 2**30)),
+        **header(
+            "scale",
+            memory_gb=round(psutil.virtual_memory().total / 2**30),
+            pace_ms=[pace_before, host_pace_ms()],  # before and after the run: the host's own speed
+        ),
         "revision": revision(),
         "nodes": args.nodes,
         "database": args.database,
