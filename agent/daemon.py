@@ -191,7 +191,7 @@ class Agent:
         # link's state as it is at the scrape.
         self.metrics.connected.labels(config.node).set_function(lambda: 1 if self.link.connected else 0)
         self.metrics.link_known(self.link)
-        self.metrics.spooled.labels(config.node).set(self.spool.count())
+        self._show_spool()
         self.metrics_port: int | None = None
         if self.spool.damage:  # said aloud: logged by the spool, counted here, paged by the controller
             self.metrics.spool_damaged.labels(config.node).inc()
@@ -298,6 +298,12 @@ class Agent:
         if numbered:
             self.link.notify()
 
+    def _show_spool(self) -> None:
+        """The spool's gauges: every signal waiting, and the faults among them."""
+        node = self.config.node
+        self.metrics.spooled.labels(node).set(self.spool.count())
+        self.metrics.faults_waiting.labels(node).set(self.spool.urgent_waiting())
+
     def _bound_unsaved(self) -> None:
         """While the spool cannot be written, memory holds at most its bound (faults to keep first)."""
         excess = len(self._unsaved) - self.config.spool_max_signals
@@ -341,7 +347,7 @@ class Agent:
                 collector.show(self.metrics, finished and result is not None)
                 hung = self.watchdog.report(name, not finished, deadline)
                 self.record(hung + (result.signals if result else []), result.cursors if result else None)
-            self.metrics.spooled.labels(node).set(self.spool.count())
+            self._show_spool()
             await wait_event(stop, collector.interval_s)
 
     def poll_now(self, collector: Collector) -> None:

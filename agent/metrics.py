@@ -303,6 +303,13 @@ class AgentMetrics:
             "vigil_agent_xid_folded", "XIDs dropped as a second source's report of the same fault", ["node"], registry=r
         )
         self.spooled = Gauge("vigil_agent_spool_signals", "Signals waiting in the spool", ["node"], registry=r)
+        self.faults_waiting = Gauge(
+            "vigil_agent_spool_faults_waiting",
+            "Faults the default policy quarantines on, in the spool and not acknowledged by the controller yet"
+            " (what the agent's Hello says; never dropped to keep the spool's bound)",
+            ["node"],
+            registry=r,
+        )
         self.spool_dropped = Counter(
             "vigil_agent_spool_dropped_signals",
             "Signals dropped to keep the spool bounded",

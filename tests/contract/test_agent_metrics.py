@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -75,19 +76,31 @@ def test_metrics_endpoint_serves_gpu_and_agent_metrics(tmp_path: Path) -> None:
     assert lost["7"] == 1 and lost["0"] == 0
     assert any(s.labels["kind"] == "GPU_LOST" for s in families["vigil_agent_signals"].samples)
     assert families["vigil_agent_controller_connected"].samples[0].value == 0  # nothing listens on port 1
+    assert families["vigil_agent_spool_faults_waiting"].samples[0].value == 1  # the lost GPU's, unacknowledged
     lag = {s.name: s.value for s in families["vigil_agent_event_loop_lag_seconds"].samples if not s.labels.get("le")}
     assert lag["vigil_agent_event_loop_lag_seconds_count"] >= 1
 
 
 def link_samples(body: str) -> dict[tuple[str, str], float]:
-    """The link's series: (name, port label or "") -> value."""
+    """The link's series, and the faults waiting for it: (name, port label or "") -> value."""
     return {
         (s.name, s.labels.get("port", "")): s.value
         for f in text_string_to_metric_families(body)
-        if f.name.startswith("vigil_agent_controller_")
+        if f.name.startswith(("vigil_agent_controller_", "vigil_agent_spool_faults"))
         for s in f.samples
         if not s.name.endswith("_created")
     }
+
+
+async def scraped_until(
+    agent: Agent, condition: Callable[[dict[tuple[str, str], float]], bool], timeout_s: float = 20.0
+) -> dict[tuple[str, str], float]:
+    """Scrape the agent until its link's series meet ``condition``; those series."""
+    deadline = time.monotonic() + timeout_s
+    while not condition(link := link_samples(await scrape(agent))):
+        assert time.monotonic() < deadline, f"the agent's series never met the condition: {link}"
+        await asyncio.sleep(0.05)
+    return link
 
 
 def test_the_connected_gauge_is_the_links_state_at_the_scrape(tmp_path: Path) -> None:
@@ -105,6 +118,7 @@ def test_the_connected_gauge_is_the_links_state_at_the_scrape(tmp_path: Path) ->
             assert link[("vigil_agent_controller_sessions_total", "urgent")] == 0
             assert link[("vigil_agent_controller_streams_total", "")] == 1
             assert link[("vigil_agent_controller_failed_sessions", "")] == 0
+            assert link[("vigil_agent_spool_faults_waiting", "")] == 0
             await stop_controller(controller)
             await wait_until(lambda: agent.link.attempt >= 2, what="two sessions failed with nothing listening")
             body = await scrape(agent)
@@ -112,6 +126,13 @@ def test_the_connected_gauge_is_the_links_state_at_the_scrape(tmp_path: Path) ->
             link = link_samples(body)
             assert link[("vigil_agent_controller_failed_sessions", "")] >= 2  # what an alert on the node can see
             assert link[("vigil_agent_controller_sessions_total", "main")] == 1
+            GpuFaults(agent.backend).gpu_lost(3)  # a fault while nothing listens: it waits, and says so
+            await scraped_until(agent, lambda link: link[("vigil_agent_spool_faults_waiting", "")] == 1)
+            controller = await start_controller(tmp_path / "c.db", port=controller.port)
+            back = await scraped_until(agent, lambda link: link[("vigil_agent_spool_faults_waiting", "")] == 0)
+            assert back[("vigil_agent_controller_failed_sessions", "")] == 0
+            assert back[("vigil_agent_controller_sessions_total", "main")] == 2
+            await stop_controller(controller)
         finally:
             stop.set()
             await task
