@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from agent.config import load_agent_config
 from controller.config import load_controller_config
 from controller.vocab.policy import load_policy
 from tests.e2e.processes import configured_controller, port_of, start_agent, stop_all
@@ -89,7 +90,11 @@ def test_the_slurm_snippets_load_as_the_controllers_configuration(tmp_path: Path
     path.write_text(block_with("yaml", "conf: /etc/slurm/slurm.conf") + "plaintext: true\n")  # the rest, as left
     config = load_controller_config(path, {})
     assert config.actuator == "slurm" and config.slurm.conf == Path("/etc/slurm/slurm.conf")
-    assert config.slurm.read_drains_s == 30 and config.slurm.rest is None
+    assert config.slurm.read_drains_s == 30 and config.slurm.rest is None and config.urgent_port == 7071
+    path.write_text(block_with("yaml", "urgent_controller:") + "plaintext: true\n")  # every node's agent.yaml
+    agent = load_agent_config(path, {})
+    assert (agent.controller, agent.urgent_controller) == (
+        "vigil-controller.example:7070", "vigil-controller.example:7071")  # fmt: skip
     path.write_text(block_with("yaml", "rest:") + "plaintext: true\n")  # slurmrestd instead of the commands
     rest = load_controller_config(path, {}).slurm.rest
     assert rest is not None and (rest.url, rest.token_file, rest.user) == (
