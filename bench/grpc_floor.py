@@ -63,7 +63,8 @@ async def connect(requests: AsyncIterator[bytes], _context: grpc.aio.ServicerCon
 
 async def serve(pipe: Connection) -> None:
     soft, _ = open_files.raise_open_files(1 << 20)
-    server = grpc.aio.server(options=server_options(MESSAGE_BYTES, MESSAGE_BYTES, soft))
+    options = server_options(MESSAGE_BYTES, MESSAGE_BYTES, soft, agents_only=True)  # as a relay's
+    server = grpc.aio.server(options=options)
     handler = grpc.stream_stream_rpc_method_handler(connect)
     service = grpc.method_handlers_generic_handler("vigil.v1.AgentGateway", {"Connect": handler})
     server.add_generic_rpc_handlers((service,))

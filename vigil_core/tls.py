@@ -169,6 +169,17 @@ KEEPALIVE_SERVER = [
     ("grpc.http2.min_recv_ping_interval_without_data_ms", 10_000),
     ("grpc.http2.max_ping_strikes", 0),
 ]
+# No bandwidth-delay probing on a connection that carries agents' streams only: an agent's channel,
+# a relay's servers. gRPC pings each HTTP/2 connection as data arrives to size its flow-control
+# windows for bulk transfers (its BDP estimator); an agent's stream carries small messages, and at
+# 100,000 of them the pings and their answers cost both ends about a fifth of their CPU: bare
+# servers with the same simulated fleet connected it in 50.8 and 42.2 s with the probe off against
+# 59.4 and 62.0 s with it (servers' CPU 60.4 and 56.7 s against 74.3 and 76.8 s; bench.grpc_floor,
+# interleaved). What carries batches keeps it: a relay's channel to the controller, and the
+# controller's server, whose windows for the relays' streams grow with it (with the probe off there
+# too, the faults' Hellos and the probes behind a late controller waited on those windows: fault ->
+# cordon P99 451.6 ms against 215.8 ms beside it).
+NO_BDP_PROBE = [("grpc.http2.bdp_probe", 0)]
 # Reconnecting as soon as the other side is back. gRPC's channels share one pool of connections per
 # process, and with it the backoff of each address's failed attempts (1 s, growing by 1.6 each time,
 # up to 120 s): a new channel to an address that has been down a while inherits that backoff and
@@ -191,12 +202,16 @@ UNREQUESTED_CALL_S = 600
 
 
 def server_options(
-    receive_bytes: int, send_bytes: int, waiting_calls: int, unrequested_s: int = UNREQUESTED_CALL_S
+    receive_bytes: int,
+    send_bytes: int,
+    waiting_calls: int,
+    unrequested_s: int = UNREQUESTED_CALL_S,
+    agents_only: bool = False,
 ) -> list[tuple[str, int]]:
     """A Vigil gRPC server's options (the controller's, a relay's): the largest message each way, a
     port of its own, keepalive, and room for ``waiting_calls`` calls waiting to be taken (a negative
     number, as an unlimited resource limit reads: as many as gRPC counts), each for up to
-    ``unrequested_s``."""
+    ``unrequested_s``; ``agents_only`` (a relay's): no BDP probe (``NO_BDP_PROBE``)."""
     waiting = min(waiting_calls, MAX_CHANNEL_INT) if waiting_calls >= 0 else MAX_CHANNEL_INT
     return [
         ("grpc.server_max_unrequested_time_in_server", unrequested_s),
@@ -213,6 +228,7 @@ def server_options(
         ("grpc.server.max_pending_requests", waiting),
         ("grpc.server.max_pending_requests_hard_limit", waiting),
         *KEEPALIVE_SERVER,
+        *(NO_BDP_PROBE if agents_only else []),
     ]
 
 
@@ -225,9 +241,10 @@ def channel(target: str, tls: TlsFiles | None) -> grpc.Channel:
 
 def aio_channel(target: str, tls: TlsFiles | None, max_message_bytes: int = 0) -> grpc.aio.Channel:
     """An asyncio channel to the controller: mutual TLS when this party has certificates; messages up
-    to ``max_message_bytes`` each way where given (a relay's batches)."""
+    to ``max_message_bytes`` each way where given (a relay's batches, which keep gRPC's BDP probe; an
+    agent's small messages go without it, ``NO_BDP_PROBE``)."""
     sizes = [(f"grpc.max_{way}_message_length", max_message_bytes) for way in ("send", "receive")]
-    options = KEEPALIVE_CLIENT + RECONNECT_CLIENT + (sizes if max_message_bytes else [])
+    options = KEEPALIVE_CLIENT + RECONNECT_CLIENT + (sizes if max_message_bytes else NO_BDP_PROBE)
     if tls is None:
         return grpc.aio.insecure_channel(target, options=options)
     return grpc.aio.secure_channel(target, tls.channel_credentials(), options=options)

@@ -509,7 +509,7 @@ async def serve(
         """The agents' streams served on ``address``, with credentials of its own (each server takes up
         renewed files itself); an agent's message must fit in one RelayUp, and as many agents may wait
         as it has descriptors for."""
-        server = grpc.aio.server(options=server_options(size - ITEM_OVERHEAD, size, soft))
+        server = grpc.aio.server(options=server_options(size - ITEM_OVERHEAD, size, soft, agents_only=True))
         server.add_generic_rpc_handlers((streams.handler(urgent_only),))
         return server, bind(server, address, server_credentials(tls) if tls is not None else None)
 

@@ -30,6 +30,7 @@ from tests.fakes.sim_checks import SimulatedChecks
 from vigil_core import loop_lag
 from vigil_core.call_taken import TAKEN_PATIENCE_S
 from vigil_core.rpc_errors import retry_after_s
+from vigil_core.tls import NO_BDP_PROBE
 from vigil_core.waiting import backoff_delay
 
 NODES_PER_CHANNEL = 100
@@ -418,9 +419,10 @@ class Fleet:
         ``urgent_target``: the same server's urgent port, where a node with faults waiting opens its
         stream (one connection for them all; None: none)."""
         if streams_per_connection is None:
-            count, options = max(1, len(names) // NODES_PER_CHANNEL + 1), []
+            count, options = max(1, len(names) // NODES_PER_CHANNEL + 1), list(NO_BDP_PROBE)
         else:
-            count, options = max(1, -(-len(names) // streams_per_connection)), [("grpc.use_local_subchannel_pool", 1)]
+            count = max(1, -(-len(names) // streams_per_connection))
+            options = [("grpc.use_local_subchannel_pool", 1), *NO_BDP_PROBE]  # as the agent's channel
         self._channels = [grpc.aio.insecure_channel(target, options=options) for _ in range(count)]
         urgent = None
         if urgent_target is not None:

@@ -42,3 +42,12 @@ def test_a_call_waits_for_the_server_longer_than_an_agent_waits_for_its_hello() 
     options = dict(server_options(1 << 20, 1 << 20, 10))
     assert options["grpc.server_max_unrequested_time_in_server"] == UNREQUESTED_CALL_S
     assert UNREQUESTED_CALL_S > hello_patience_s(HELLO_PATIENCE_DOUBLINGS) > 30
+
+
+def test_only_a_server_of_agents_streams_alone_goes_without_grpcs_bdp_probe() -> None:
+    """A relay's servers carry small messages only; the controller's takes the relays' batches too,
+    whose windows grow with the probe (without it a late controller held the faults behind them)."""
+    relay = dict(server_options(1 << 20, 1 << 20, 10, agents_only=True))
+    controller = dict(server_options(1 << 20, 1 << 20, 10))
+    assert relay["grpc.http2.bdp_probe"] == 0
+    assert "grpc.http2.bdp_probe" not in controller  # gRPC's default: on
