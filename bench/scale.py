@@ -89,6 +89,7 @@ import threading
 import time
 import urllib.request
 from collections import Counter
+from collections.abc import Iterable
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
@@ -464,12 +465,7 @@ class Workers:
 
     def cpu_s(self) -> float:
         """The fleet's processes' CPU over their whole life so far (all threads)."""
-        total = 0.0
-        for process in self.processes:
-            with contextlib.suppress(psutil.Error):
-                times = psutil.Process(process.pid).cpu_times()
-                total += times.user + times.system
-        return total
+        return processes_cpu_s(process.pid for process in self.processes if process.pid is not None)
 
     def connected_at(self, nodes: list[str]) -> dict[str, float]:
         """When each node's agent was last taken back (the Ack of its Hello)."""
@@ -787,14 +783,22 @@ def database_cpu_s(database: str) -> float | None:
     if not database.startswith("postgresql://"):
         return None
     port = database.rsplit(":", 1)[1].split("/", 1)[0]
-    total = 0.0
+    pids: list[int] = []
     for process in psutil.process_iter(["name", "cmdline"]):
         cmdline = process.info["cmdline"] or []
         if process.info["name"] == "postgres" and f"-p {port}" in " ".join(cmdline):
             with contextlib.suppress(psutil.Error):
-                for p in [process, *process.children(recursive=True)]:
-                    times = p.cpu_times()
-                    total += times.user + times.system
+                pids += [process.pid, *(child.pid for child in process.children(recursive=True))]
+    return processes_cpu_s(pids)
+
+
+def processes_cpu_s(pids: Iterable[int]) -> float:
+    """The CPU (user and system, all threads) of each process over its life so far; one gone is left out."""
+    total = 0.0
+    for pid in pids:
+        with contextlib.suppress(psutil.Error):
+            times = psutil.Process(pid).cpu_times()
+            total += times.user + times.system
     return total
 
 
