@@ -42,7 +42,7 @@ import grpc
 import psutil
 
 from bench.record import append_result, header, host_pace_ms, revision
-from bench.scale import Workers
+from bench.scale import Workers, processes_cpu_s
 from controller.edge import open_files
 from protos.vigil.v1 import agent_pb2
 from vigil_core.tls import server_options
@@ -82,15 +82,6 @@ def server_process(pipe: Connection) -> None:
     asyncio.run(serve(pipe))
 
 
-def cpu_s(pids: list[int]) -> float:
-    total = 0.0
-    for pid in pids:
-        with contextlib.suppress(psutil.Error):
-            times = psutil.Process(pid).cpu_times()
-            total += times.user + times.system
-    return total
-
-
 def floor(args: argparse.Namespace) -> dict[str, Any]:
     context = multiprocessing.get_context("spawn")
     pipes, servers, targets = [], [], []
@@ -105,19 +96,19 @@ def floor(args: argparse.Namespace) -> dict[str, Any]:
         servers.append(process)
     names = [f"gpu-{i:06d}" for i in range(args.nodes)]
     server_pids = [p.pid for p in servers if p.pid is not None]
-    server_cpu0 = cpu_s(server_pids)
+    server_cpu0 = processes_cpu_s(server_pids)
     workers = Workers(
         targets, names, args.workers, (5.0, 60.0), args.background_per_s, args.streams_per_connection or None
     )
     try:
         connect_s = workers.connected(args.connect_timeout_s)
         simulator = workers.stats()
-        server_cpu = cpu_s(server_pids) - server_cpu0
+        server_cpu = processes_cpu_s(server_pids) - server_cpu0
         simulator_cpu = workers.connect_cpu_s
         time.sleep(10)  # the fleet settled: its Hellos answered, its heartbeats on
-        before = (cpu_s(server_pids), workers.cpu_s(), time.monotonic())
+        before = (processes_cpu_s(server_pids), workers.cpu_s(), time.monotonic())
         time.sleep(args.steady_s)
-        after = (cpu_s(server_pids), workers.cpu_s(), time.monotonic())
+        after = (processes_cpu_s(server_pids), workers.cpu_s(), time.monotonic())
         elapsed = after[2] - before[2]
         steady = {
             "background_per_s": args.background_per_s,
