@@ -239,12 +239,18 @@ def channel(target: str, tls: TlsFiles | None) -> grpc.Channel:
     return grpc.secure_channel(target, tls.channel_credentials(), options=RECONNECT_CLIENT)
 
 
+def aio_channel_options(max_message_bytes: int = 0) -> list[tuple[str, int]]:
+    """``aio_channel``'s options: a relay's to the controller where ``max_message_bytes`` is given
+    (its batches, with gRPC's BDP probe), else an agent's (``NO_BDP_PROBE``). Pure."""
+    sizes = [(f"grpc.max_{way}_message_length", max_message_bytes) for way in ("send", "receive")]
+    return KEEPALIVE_CLIENT + RECONNECT_CLIENT + (sizes if max_message_bytes else NO_BDP_PROBE)
+
+
 def aio_channel(target: str, tls: TlsFiles | None, max_message_bytes: int = 0) -> grpc.aio.Channel:
     """An asyncio channel to the controller: mutual TLS when this party has certificates; messages up
     to ``max_message_bytes`` each way where given (a relay's batches, which keep gRPC's BDP probe; an
     agent's small messages go without it, ``NO_BDP_PROBE``)."""
-    sizes = [(f"grpc.max_{way}_message_length", max_message_bytes) for way in ("send", "receive")]
-    options = KEEPALIVE_CLIENT + RECONNECT_CLIENT + (sizes if max_message_bytes else NO_BDP_PROBE)
+    options = aio_channel_options(max_message_bytes)
     if tls is None:
         return grpc.aio.insecure_channel(target, options=options)
     return grpc.aio.secure_channel(target, tls.channel_credentials(), options=options)

@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from agent.link import HELLO_PATIENCE_DOUBLINGS, hello_patience_s
-from vigil_core.tls import MAX_CHANNEL_INT, UNREQUESTED_CALL_S, server_options
+from vigil_core.tls import MAX_CHANNEL_INT, UNREQUESTED_CALL_S, aio_channel_options, server_options
 
 BOUNDS = ("grpc.server.max_pending_requests", "grpc.server.max_pending_requests_hard_limit")
 
@@ -51,3 +51,11 @@ def test_only_a_server_of_agents_streams_alone_goes_without_grpcs_bdp_probe() ->
     controller = dict(server_options(1 << 20, 1 << 20, 10))
     assert relay["grpc.http2.bdp_probe"] == 0
     assert "grpc.http2.bdp_probe" not in controller  # gRPC's default: on
+
+
+def test_an_agents_channel_goes_without_the_probe_and_a_relays_uplink_keeps_it() -> None:
+    """The two ends of what the relays carry: the agent's small messages, the relay's batches."""
+    agent, uplink = dict(aio_channel_options()), dict(aio_channel_options(1 << 20))
+    assert agent["grpc.http2.bdp_probe"] == 0
+    assert "grpc.http2.bdp_probe" not in uplink  # gRPC's default: on
+    assert uplink["grpc.max_receive_message_length"] == uplink["grpc.max_send_message_length"] == 1 << 20
