@@ -472,6 +472,9 @@ class ControllerLink:
         loop = asyncio.get_running_loop()
         next_heartbeat, said, said_at = loop.time(), b"", float("-inf")
         while not stop.is_set() and not over.is_set():
+            # Cleared before the outbox and the spool are looked at, never after a write: a signal
+            # spooled while a heartbeat is written wakes the wait below (it waited a whole beat).
+            self._wake.clear()
             while not self._outbox.empty():
                 await call.write(self._outbox.get_nowait())
             # Marked handed before the write yields to the loop: a signal recorded meanwhile that goes
@@ -494,7 +497,6 @@ class ControllerLink:
                     await call.write(agent_pb2.AgentMessage(heartbeat=beat))
                     said, said_at = content, loop.time()
                 next_heartbeat = loop.time() + self._heartbeat_s
-            self._wake.clear()
             await wait_event(self._wake, next_heartbeat - loop.time())
 
     async def _receive_loop(self, call: grpc.aio.StreamStreamCall) -> agent_pb2.HelloAgain:

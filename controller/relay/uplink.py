@@ -63,6 +63,11 @@ MAX_QUEUED_BYTES = 64 << 20  # not sent yet past this much: the agents' streams 
 RETRY_CAP_S = 0.5
 
 
+def _done(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
 def take(lanes: tuple[deque[relay_pb2.UpItem], ...], limit: int) -> list[relay_pb2.UpItem]:
     """The next RelayUp's items: the first lane's before the next's, in order, up to ``limit`` bytes
     (an item bigger than that goes alone: the relay takes no agent message that would not fit in
@@ -183,23 +188,29 @@ class Uplink:
         return bool(self._first) or self._queued_bytes >= UP_BATCH_BYTES
 
     def _stop_lingering(self) -> None:
-        if self._now is not None and not self._now.done():
-            self._now.set_result(None)
+        if self._now is not None:
+            _done(self._now)
 
-    async def _linger(self) -> None:
+    async def _linger(self, generation: int) -> None:
         """Wait a moment for more before writing what waits in the other lane alone: one message to
         the controller for many agents' (each message is work for both ends' loops, its size hardly),
         ended at once by a message that may act or by a batch's worth. Not before the controller has
-        said which messages may act (until then a fault is in the other lane too)."""
+        said which messages may act (until then a fault is in the other lane too), and never for the
+        sender of a stream past (``generation``): the wait is the stream's now, one at a time, and
+        only its own timer, a write's worth or a break ends it."""
+        if generation != self._generation:
+            return
         if not (self._up and self._linger_s and self._lanes is not None) or self._worth_a_write():
             return
-        self._now = asyncio.get_running_loop().create_future()
-        timer = asyncio.get_running_loop().call_later(self._linger_s, self._stop_lingering)
+        loop = asyncio.get_running_loop()
+        now = self._now = loop.create_future()
+        timer = loop.call_later(self._linger_s, _done, now)
         try:
-            await self._now
+            await now
         finally:
             timer.cancel()
-            self._now = None
+            if self._now is now:
+                self._now = None
 
     async def room(self) -> None:
         """Wait while too much waits to be sent: an agent's next message is read only then, so a
@@ -292,7 +303,8 @@ class Uplink:
         self._hot.clear()
         self._urgent_up.clear()
         self._urgent_streams.clear()
-        self._urgent_ready.set()  # its sender, of a generation past now, ends
+        self._urgent_ready.set()  # its senders, of a generation past now, end
+        self._ready.set()
         self._in_up.clear()
         self._lanes = None  # the next controller says its own
         self._queued_bytes = 0
@@ -317,11 +329,12 @@ class Uplink:
 
     async def _sending(self, generation: int) -> AsyncIterator[relay_pb2.RelayUp]:
         """What waits to be sent, for the stream of this generation only: gRPC may still hold the
-        sender of a stream that broke, waiting; woken, it ends without taking anything (else it
-        took the next stream's first messages, a Hello among them, to a stream that no longer was)."""
+        sender of a stream that broke, waiting; woken, it ends without touching anything of the next
+        stream's (it took a Hello to a stream that no longer was; it took over the next stream's
+        linger, whose sender then waited for good; it took its batch off the next stream's count)."""
         while True:
             await self._ready.wait()
-            await self._linger()
+            await self._linger(generation)
             if generation != self._generation:
                 return
             self._ready.clear()
@@ -337,7 +350,9 @@ class Uplink:
                 if not self._first:
                     self._hot.clear()  # none of their messages wait in the first lane any more
                 yield relay_pb2.RelayUp(items=batch)
+                if generation != self._generation:  # broke while gRPC held it: the count began afresh
+                    return
                 self._sent(batch)
                 self.metrics.messages.labels("up").inc(len(batch))
                 self.metrics.uplink_messages.labels("up").inc()
-                await self._linger()  # what came meanwhile waits for more too, unless it may act
+                await self._linger(generation)  # what came meanwhile waits for more too, unless it may act

@@ -321,6 +321,40 @@ def test_a_heartbeat_with_nothing_new_waits_for_the_idle_interval(tmp_path: Path
     asyncio.run(scenario())
 
 
+def test_a_signal_spooled_while_a_heartbeat_is_written_goes_at_once_not_a_beat_later(tmp_path: Path) -> None:
+    """The send loop looks at the spool, then writes a heartbeat: a fault spooled while that write
+    waits (HTTP/2 flow control, a busy relay) is written as soon as it ends, not after the next
+    beat (it waited up to ``heartbeat_s``: the wake-up was cleared after the write)."""
+
+    class SlowBeat:  # a stream whose heartbeat's write takes a while; everything written, in order
+        def __init__(self) -> None:
+            self.written: list[str] = []
+            self.beat_under_way, self.beat_done = asyncio.Event(), asyncio.Event()
+
+        async def write(self, message: agent_pb2.AgentMessage) -> None:
+            if message.HasField("heartbeat"):
+                self.beat_under_way.set()
+                await self.beat_done.wait()
+            self.written.append(str(message.WhichOneof("body")))
+
+    async def scenario() -> None:
+        spool = Spool(tmp_path / "spool.db")
+        link = ControllerLink("127.0.0.1:1", spool, agent_pb2.Hello, no_check, heartbeat_s=60.0)
+        call, stop, over = SlowBeat(), asyncio.Event(), asyncio.Event()
+        sending = asyncio.create_task(link._send_loop(call, stop, over))  # type: ignore[arg-type]
+        await asyncio.wait_for(call.beat_under_way.wait(), 5)
+        spool.append([xid(79)])
+        link.notify()
+        call.beat_done.set()
+        await wait_until(lambda: "signals" in call.written, timeout=5, what="the XID 79 written after the beat")
+        assert call.written == ["heartbeat", "signals"]
+        over.set()
+        link.notify()
+        await asyncio.wait_for(sending, 5)
+
+    asyncio.run(scenario())
+
+
 def test_backoff_starts_afresh_once_the_controller_acknowledges_a_hello(tmp_path: Path) -> None:
     """After many failed tries, a controller that takes the Hello resets the backoff: the next outage
     is retried at once, not after the ~10 s the failures before had grown it to."""

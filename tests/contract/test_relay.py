@@ -697,6 +697,48 @@ def test_a_broken_streams_sender_takes_nothing_the_next_stream_must_send() -> No
     asyncio.run(scenario())
 
 
+def test_a_broken_streams_sender_leaves_the_next_streams_linger_and_count_be() -> None:
+    """The same sender of a stream past, woken by the next stream's first record-only message just
+    after that stream's sender began to linger on it: it waits for more too and, its own wait ended
+    by the other's timer, the next stream's sender waited for good (a relay that carried Hellos and
+    nothing more after a failover, seen in CI). And one that gRPC held at its last batch when the
+    stream broke takes that batch off the next stream's count of what waits."""
+    beat = agent_pb2.AgentMessage(heartbeat=agent_pb2.Heartbeat(sent_at=1.0)).SerializeToString()
+    lanes = relay_pb2.RelayDown(lanes=lanes_message(Policy().record_only()))
+
+    async def scenario() -> None:
+        uplink = Uplink("127.0.0.1:1", None, linger_ms=50)
+        uplink._generation = 1
+        uplink._deliver(lanes)
+        old = uplink._sending(1)
+        old_waiting = asyncio.ensure_future(anext(old))
+        await asyncio.sleep(0)  # it waits for something to send
+        uplink._break("the controller went away")
+        uplink._generation += 1  # the next stream opens, and its controller says its lanes
+        uplink._deliver(lanes)
+        new = uplink._sending(uplink._generation)
+        new_waiting = asyncio.ensure_future(anext(new))  # runs first: it finds the beat and lingers on it
+        stream, _ = uplink.open()
+        uplink.send(stream, beat)
+        sent = await asyncio.wait_for(new_waiting, 2)
+        assert [(i.stream, i.message) for i in sent.items] == [(stream, beat)]
+        with pytest.raises(StopAsyncIteration):
+            await asyncio.wait_for(old_waiting, 1)
+
+        uplink.send(stream, beat)  # the next batch, which gRPC takes and holds as the stream breaks
+        assert len((await asyncio.wait_for(anext(new), 2)).items) == 1
+        uplink._break("the controller went away again")
+        uplink._generation += 1
+        uplink._deliver(lanes)
+        again, _ = uplink.open()
+        uplink.send(again, signals_message(63))
+        with pytest.raises(StopAsyncIteration):
+            await asyncio.wait_for(anext(new), 1)
+        assert uplink._queued_bytes == len(signals_message(63))  # the next stream's, nothing taken off
+
+    asyncio.run(scenario())
+
+
 def test_a_relay_given_every_replica_finds_the_one_that_serves_and_follows_a_failover(tmp_path: Path) -> None:
     """As agents list every replica (only the leader serves), a relay does: it carries its agents to
     whichever answers, and to the other when that one goes and the other starts serving."""
