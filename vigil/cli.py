@@ -734,6 +734,9 @@ def launch(
     ] = "127.0.0.1:7070",
     max_failures: Annotated[int, typer.Option(help="restarts after failed starts before giving up")] = 3,
     log_dir: Annotated[Optional[Path], typer.Option(help="one log file per rank here (default: inherit)")] = None,
+    stop_grace_s: Annotated[
+        float, typer.Option(help="when the launcher is stopped: seconds its ranks have to save before SIGKILL")
+    ] = 25.0,
     log_format: LogFormatOpt = "auto",
 ) -> None:
     """Run a training job's ranks here and start it again without the nodes Vigil took out:
@@ -760,6 +763,8 @@ def launch(
         _fail(f"--job-id {job_id!r}: letters, digits and -_. only")
     if nproc_per_node < 1 or max_failures < 0:
         _fail("--nproc-per-node must be >= 1 and --max-failures >= 0")
+    if not 0 <= stop_grace_s <= 3600:
+        _fail(f"--stop-grace-s {stop_grace_s:g}: between 0 and 3600 seconds")
     if not ctx.args:
         _fail("no command to launch: put it after --, e.g. -- python -m trainer_hooks.moe_job.train")
     if controller.strip().lower() in ("", "none"):
@@ -777,6 +782,7 @@ def launch(
         controller=controller,
         max_failures=max_failures,
         log_dir=log_dir,
+        stop_grace_s=stop_grace_s,
         tls=_client_tls(),
         slurm=slurm,
     )

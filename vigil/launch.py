@@ -27,10 +27,16 @@ launcher asks each rank whose hook listens (VIGIL_STACKS_DIR: its ``rankN.txt`` 
 thread's stack with SIGUSR2, waits up to ``stacks_wait_s`` for them, and sends them with its next
 Plan, each with its main thread's state and kernel wait from /proc (a read in C leaves no Python
 frame; the kernel says it): a rank that does not answer is stopped or frozen. Nothing is killed for it.
+
+A launcher that is stopped (SIGTERM: its pod or its Slurm job ends; SIGINT; SIGHUP) passes the stop
+on, as torchrun does: SIGTERM to every rank (the bundled job saves a checkpoint and exits), SIGKILL
+to those left after ``stop_grace_s``; then it removes what it made for the start and exits 128 plus
+the signal's number. Never ranks left running with nobody to start them again, or abort them.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -38,8 +44,9 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -61,6 +68,10 @@ class Ended(StrEnum):
     CHECKPOINTED = "checkpointed"
     KILLED_AFTER_DEADLINE = "killed after the deadline"
     FAILED = "failed"
+    STOPPED = "stopped with the launcher"
+
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
 @dataclass(frozen=True)
@@ -76,6 +87,9 @@ class LaunchConfig:
     plan_wait_s: float = 900.0
     kill_grace_s: float = 10.0
     term_grace_s: float = 5.0  # between SIGTERM and SIGKILL, when the launcher aborts the ranks
+    # Between SIGTERM and SIGKILL when the launcher itself is stopped: time for the ranks to save (a
+    # Kubernetes pod is given 30 s by default before its processes are killed)
+    stop_grace_s: float = 25.0
     rpc_timeout_s: float = 2.0
     stacks_wait_s: float = 2.0  # for the ranks' stacks, when the controller wants them (a hang)
     tls: TlsFiles | None = None  # the launcher's certificate (trainer: or admin:); None: plaintext
@@ -91,6 +105,7 @@ class Start:
     stacks_dir: Path | None = None
     stacks_sent: bool = False  # once per start: the controller asks again only for a new hang
     termed_at: float = 0.0  # when the launcher sent its ranks SIGTERM (monotonic; 0: not yet)
+    hurried: bool = False  # the launcher was stopped twice: its ranks killed without a grace
 
 
 def torchrun_env(
@@ -169,6 +184,29 @@ def kernel_view(pid: int) -> dict[str, str]:
     return {"state": state[0] if state else "", "kernel_wait": "" if wchan == "0" else wchan}
 
 
+def exit_code_for(signum: int) -> int:
+    """What a launcher stopped by ``signum`` exits with: 128 plus its number, as a shell says it. Pure."""
+    return 128 + signum
+
+
+@contextlib.contextmanager
+def stop_on_signals(stop: Callable[[int], None]) -> Iterator[None]:
+    """While inside: ``STOP_SIGNALS`` call ``stop`` with their number instead of ending the process
+    (whose ranks would run on with nobody to watch them); the handlers before are put back after.
+    Only the main thread can take signals: elsewhere nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = {signum: signal.getsignal(signum) for signum in STOP_SIGNALS}
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, lambda number, _frame: stop(number))
+    try:
+        yield
+    finally:
+        for signum, handler in before.items():
+            signal.signal(signum, handler)
+
+
 def ended(codes: list[int]) -> Ended:
     """How a start ended, from its ranks' exit codes. Pure."""
     if all(c == 0 for c in codes):
@@ -185,11 +223,25 @@ class Launcher:
         self._channel = channel(config.controller, config.tls) if config.controller else None
         self._stub = trainer_pb2_grpc.TrainerGatewayStub(self._channel) if self._channel else None
         self._reachable = True
+        self._stopped_by = 0  # the signal that stopped the launcher (0: none)
+        self._hurried = False  # stopped twice: no grace left
+
+    def stop(self, signum: int) -> None:
+        """Stop the job and the launcher (what a stop signal calls): the ranks are told SIGTERM at the
+        next turn of the supervising loop, and nothing starts again; a second stop kills those left
+        at once (an operator who will not wait for a save)."""
+        if self._stopped_by:
+            self._hurried = True
+        self._stopped_by = self._stopped_by or signum
 
     def run(self) -> int:
+        with stop_on_signals(self.stop):
+            return self._run()
+
+    def _run(self) -> int:
         cfg, failures, number = self.config, 0, 0
         self._plan(list(cfg.nodes), stopped=False)  # never start on a node already out of service
-        while True:
+        while not self._stopped_by:
             nodes = [n for n in cfg.nodes if n not in self.excluded]
             if not nodes:
                 log.error("launch_no_nodes_left", job=cfg.job_id, excluded=sorted(self.excluded))
@@ -198,9 +250,10 @@ class Launcher:
             # any outgoing connection's before rank 0 binds it (a start failed for nothing).
             with port_block(1) as port:
                 start = self._spawn(number, nodes, str(port))
-                how, codes = self._supervise(start)
-            if start.stacks_dir is not None:
-                shutil.rmtree(start.stacks_dir, ignore_errors=True)
+                try:
+                    how, codes = self._supervise(start)
+                finally:  # however it ended (a bug too): no rank left running, nothing left behind
+                    self._end(start)
             log.info("job_start_ended", job=cfg.job_id, start=number, how=how.value, exit_codes=codes)
             if how is Ended.FINISHED:
                 return 0
@@ -209,8 +262,11 @@ class Launcher:
                 if failures > cfg.max_failures:
                     log.error("launch_gave_up", job=cfg.job_id, failures=failures)
                     return next((c for c in codes if c not in (0, CHECKPOINTED_EXIT_CODE)), 1) or 1
-            self._wait_for_plan(nodes)
+            if how is not Ended.STOPPED:
+                self._wait_for_plan(nodes)
             number += 1
+        log.warning("launch_stopped", job=cfg.job_id, signal=signal.Signals(self._stopped_by).name)
+        return exit_code_for(self._stopped_by)
 
     # One start -----------------------------------------------------------------------------
 
@@ -284,7 +340,18 @@ class Launcher:
             codes = [p.poll() for p in start.procs]
             if all(c is not None for c in codes):
                 done = [c for c in codes if c is not None]
+                if self._stopped_by:
+                    return Ended.STOPPED, done
                 return (Ended.KILLED_AFTER_DEADLINE if killed else ended(done)), done
+            if self._stopped_by:  # the launcher is stopped: its ranks with it, given time to save
+                grace_s = 0.0 if self._hurried else cfg.stop_grace_s
+                if not start.termed_at or (self._hurried and not start.hurried):
+                    start.hurried = self._hurried
+                    log.warning("launch_stopping", job=cfg.job_id, start=start.number, kill_in_s=grace_s,
+                                signal=signal.Signals(self._stopped_by).name)  # fmt: skip
+                self._kill(start, grace_s)
+                time.sleep(0.1)
+                continue
             if first_failure_at is None and any(c not in (None, 0, CHECKPOINTED_EXIT_CODE) for c in codes):
                 first_failure_at = time.monotonic()
                 log.warning("rank_failed", job=cfg.job_id, exit_codes=codes, kill_others_in_s=cfg.kill_grace_s)
@@ -337,19 +404,30 @@ class Launcher:
                     silent=[s.rank for s in found if not s.answered])  # fmt: skip
         return found
 
-    def _kill(self, start: Start) -> None:
-        """Abort the ranks: SIGTERM first (a rank may still leave cleanly), SIGKILL after ``term_grace_s``
-        (a hung rank never will). Called again on every turn of the supervising loop until they are gone."""
+    def _kill(self, start: Start, grace_s: float | None = None) -> None:
+        """Abort the ranks: SIGTERM first (a rank may still leave cleanly), SIGKILL after ``grace_s``
+        (``term_grace_s`` unless said: a hung rank never will). Called again on every turn of the
+        supervising loop until they are gone."""
+        grace_s = self.config.term_grace_s if grace_s is None else grace_s
         if not start.termed_at:
             start.termed_at = time.monotonic()
             how = signal.SIGTERM
-        elif time.monotonic() - start.termed_at > self.config.term_grace_s:
+        elif time.monotonic() - start.termed_at > grace_s:
             how = signal.SIGKILL
         else:
             return
         for p in start.procs:
             if p.poll() is None:
                 p.send_signal(how)
+
+    def _end(self, start: Start) -> None:
+        """What is left of a start once its supervision is over: ranks still running (only after an
+        error in the launcher) aborted and waited for, its stacks directory removed."""
+        while any(p.poll() is None for p in start.procs):
+            self._kill(start)
+            time.sleep(0.05)
+        if start.stacks_dir is not None:
+            shutil.rmtree(start.stacks_dir, ignore_errors=True)
 
     # The controller --------------------------------------------------------------------------
 
@@ -377,14 +455,15 @@ class Launcher:
     def _wait_for_plan(self, nodes: list[str]) -> None:
         """After a stop: wait until the controller's recovery (a sweep) is done, or gives no answer."""
         give_up = time.monotonic() + self.config.plan_wait_s
-        while time.monotonic() < give_up:
+        while time.monotonic() < give_up and not self._stopped_by:
             reply = self._plan(nodes, stopped=True)
             if reply is None or reply.ready:
                 if reply is not None and reply.detail:
                     log.info("launch_plan", job=self.config.job_id, detail=reply.detail)
                 return
             time.sleep(self.config.poll_s)
-        log.warning("launch_plan_wait_gave_up", job=self.config.job_id, waited_s=self.config.plan_wait_s)
+        if not self._stopped_by:
+            log.warning("launch_plan_wait_gave_up", job=self.config.job_id, waited_s=self.config.plan_wait_s)
 
     def close(self) -> None:
         if self._channel is not None:
