@@ -19,7 +19,10 @@ Hello it keeps, it tells the agent so (``HelloAgain{wait, kept}``: an answer, it
 how many faults wait in the spool (``urgent_waiting``), and a relay calls those agents first; an
 agent told to wait while the relay reaches the controller again (``HelloAgain{wait,
 takes_urgent_hello}``) says its Hello at once when it has a fault waiting, or comes to have one, and
-the relay keeps it and calls it before the others (``controller.relay.hello_room``). A fault that
+the relay keeps it and calls it before the others (``controller.relay.hello_room``); where the relay
+also ``takes_hello``, it says its Hello at once, faults or none (kept there until the controller has
+room: nothing to ask for and say then, when a whole fleet comes back at once), and again, once, if a
+fault comes while that Hello, which said none, waits for its answer. A fault that
 comes while the agent waits, after a Hello that said none, does not wait with it: a wait before the
 next Hello (a turn given, a backoff) ends at once, and a call still waiting for its Hello's answer (a
 relay's queue for room, a server that has not taken it, the controller's flush) is given up for the
@@ -61,8 +64,9 @@ HELLO_PATIENCE_DOUBLINGS = 4  # up to 16 times as long (160 s), until a Hello is
 # before it are: at 100,000 agents reconnecting at once, a minute or so. Past this, as unanswered.
 KEPT_HELLO_PATIENCE_S = 600.0
 HELLO_TURN_SPREAD_S = 0.05  # added to a turn the controller gave: agents of one slot do not come as one
-# What ``_asked_again`` answers when the agent says its Hello unasked (a fault waits; the relay takes it).
-SAY_URGENT_HELLO = agent_pb2.HelloAgain()
+# What ``_asked_again`` answers when the agent says its Hello unasked (a fault waits, or the relay takes
+# any Hello: ``HelloAgain.takes_hello``).
+SAY_HELLO_UNASKED = agent_pb2.HelloAgain()
 
 
 class FaultCame(ConnectionError):
@@ -318,7 +322,7 @@ class ControllerLink:
                 while again is not None and not stop.is_set():
                     reading: asyncio.Future[Any] | None = None
                     if again.wait:
-                        again, reading = await self._asked_again(call, stop, again.takes_urgent_hello)
+                        again, reading = await self._asked_again(call, stop, again)
                         if again is None:
                             break
                     if again.after_ms and await self._wait_unless_fault(stop, turn_with_spread(again.after_ms / 1000)):
@@ -343,25 +347,22 @@ class ControllerLink:
         return True
 
     async def _asked_again(
-        self, call: grpc.aio.StreamStreamCall, stop: asyncio.Event, takes_urgent: bool
+        self, call: grpc.aio.StreamStreamCall, stop: asyncio.Event, told: agent_pb2.HelloAgain
     ) -> tuple[agent_pb2.HelloAgain | None, asyncio.Future[Any] | None]:
-        """While the relay reaches the controller again: its word to say Hello (None when ``stop`` is
-        set; the relay ends the stream if it does not reach it); or, where the relay ``takes_urgent``
-        Hellos and a fault waits in the spool (now or once one comes), ``SAY_URGENT_HELLO`` with the
-        read still under way (a read cancelled would cancel the call): the Hello's answer comes on it."""
+        """While the relay reaches the controller again (``told`` to wait): its word to say Hello (None
+        when ``stop`` is set; the relay ends the stream if it does not reach it); or
+        ``SAY_HELLO_UNASKED`` with the read still under way (a read cancelled would cancel the call),
+        the Hello's answer to come on it: at once where the relay ``takes_hello`` (it keeps the Hello
+        until the controller has room: nothing left to say then), else where it ``takes_urgent_hello``
+        and a fault waits in the spool, now or once one comes."""
         reading = asyncio.ensure_future(call.read())
-        stopping = asyncio.ensure_future(stop.wait())
-        waits: list[asyncio.Future[Any]] = [reading, stopping]
-        if takes_urgent:
-            waits.append(asyncio.ensure_future(self._until_faults(self._spool.urgent_waiting)))
-        try:
-            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for waiting in waits[1:]:
-                waiting.cancel()
+        if told.takes_hello:
+            return SAY_HELLO_UNASKED, reading
+        faults = self._spool.urgent_waiting if told.takes_urgent_hello else None
+        found = await self._read_unless_fault(reading, stop, faults)
         if not reading.done() and not stop.is_set():  # a fault waits: its Hello now, the read kept for its answer
-            log.info("controller_link_urgent_hello", target=self._target, faults_waiting=waits[2].result())
-            return SAY_URGENT_HELLO, reading
+            log.info("controller_link_urgent_hello", target=self._target, faults_waiting=found)
+            return SAY_HELLO_UNASKED, reading
         if not reading.done():
             reading.cancel()
             return None, None
@@ -369,6 +370,52 @@ class ControllerLink:
         if message is grpc.aio.EOF or not message.HasField("hello_again") or message.hello_again.wait:
             raise ConnectionError("the relay did not ask for Hello again")
         return message.hello_again, None
+
+    async def _read_unless_fault(
+        self, reading: asyncio.Future[Any], stop: asyncio.Event, faults: Callable[[], int] | None
+    ) -> int:
+        """Wait until ``reading`` is done, ``stop`` is set or, ``faults`` given, faults wait in the
+        spool: those faults then (0 otherwise), the read still under way unless it is done."""
+        stopping = asyncio.ensure_future(stop.wait())
+        waits: list[asyncio.Future[Any]] = [reading, stopping]
+        if faults is not None:
+            waits.append(asyncio.ensure_future(self._until_faults(faults)))
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiting in waits[1:]:
+                waiting.cancel()
+        came = waits[2:]
+        return int(came[0].result()) if came and came[0].done() and not came[0].cancelled() else 0
+
+    async def _unasked_answer(
+        self, call: grpc.aio.StreamStreamCall, stop: asyncio.Event, reading: asyncio.Future[Any]
+    ) -> agent_pb2.ControllerMessage | None:
+        """The answer to a Hello said unasked (``reading``: its read, under way), a HelloAgain that
+        crossed it passed over; None once ``stop`` is set. A fault that comes meanwhile, where that
+        Hello said none, is said in a Hello again, once: the relay keeps it instead and calls this
+        agent first (or, the Hello before it gone on already, passes it over: the answer is one)."""
+        while True:
+            await self._read_unless_fault(reading, stop, None if self.said_urgent else self._spool.urgent_waiting)
+            if reading.done():
+                said = reading.result()
+                if not crossed(said):  # a HelloAgain asking now, sent as the Hello went out: not answered
+                    return cast(agent_pb2.ControllerMessage, said)
+                reading = asyncio.ensure_future(call.read())
+                continue
+            if stop.is_set():
+                reading.cancel()
+                return None
+            hello = self._hello_now()  # a fault came: said again, once
+            log.info("controller_link_urgent_hello", target=self._target, faults_waiting=self.said_urgent)
+            await call.write(hello)
+
+    def _hello_now(self) -> agent_pb2.AgentMessage:
+        """The node's Hello as of now, saying how many faults wait in the spool (kept: ``said_urgent``)."""
+        hello = self._hello()
+        hello.resumable = hello.waits_for_kept_hello = True
+        hello.urgent_waiting = self.said_urgent = self._spool.urgent_waiting()
+        return agent_pb2.AgentMessage(hello=hello)
 
     async def _hello_and_carry(
         self,
@@ -383,19 +430,15 @@ class ControllerLink:
         the relay keeps that Hello (its answer may take long), and a HelloAgain that crossed it is
         passed over. ``fresh``: the call's first Hello, whose patience counts once the server has
         taken the call (``vigil_core.call_taken``)."""
-        hello = self._hello()
-        hello.resumable = hello.waits_for_kept_hello = True
-        hello.urgent_waiting = self.said_urgent = self._spool.urgent_waiting()
-        await call.write(agent_pb2.AgentMessage(hello=hello))
+        await call.write(self._hello_now())
         if fresh and not await self._taken(call, stop):
             return None
-        unasked = reading is not None
-        patience = KEPT_HELLO_PATIENCE_S if unasked else hello_patience_s(self.unanswered, self._patience_first_s)
+        patience = hello_patience_s(self.unanswered, self._patience_first_s)
+        if reading is not None:  # a Hello said unasked, which the relay keeps: its answer may take long
+            patience = KEPT_HELLO_PATIENCE_S
         try:
-            if unasked:
-                said = await within(read_unless(call, stop, reading), patience, self._clock)
-                while said is not None and crossed(said):  # asked for as it was said: its answer comes next
-                    said = await within(read_unless(call, stop), patience, self._clock)
+            if reading is not None:  # said unasked
+                said = await within(self._unasked_answer(call, stop, reading), patience, self._clock)
                 if said is None:
                     return None
                 first = said

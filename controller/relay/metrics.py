@@ -132,6 +132,19 @@ class RelayMetrics:
             " their agents are called before those queued without",
             registry=r,
         )
+        self.kept_unasked = Counter(
+            "vigil_relay_hellos_kept_unasked_total",
+            "Agents' Hellos said unasked while the relay reached the controller again, kept here and passed on"
+            " when it had room, by what they said (urgent: faults wait; calm: none)",
+            ["said"],
+            registry=r,
+        )
+        self.hellos_crossed = Counter(
+            "vigil_relay_hellos_crossed_total",
+            "Hellos an agent said again (a fault came) after the one before had gone on to the controller: not"
+            " passed on, the answer to the one before is theirs",
+            registry=r,
+        )
 
     def watch_room(self, waiting: Callable[[], int], queued: Callable[[], int], room: Callable[[], int]) -> None:
         """The relay's Hellos at the controller, the agents queued, and the room (``controller.relay.hello_room``)."""

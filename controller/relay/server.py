@@ -5,8 +5,10 @@ back is written to it; the controller's end of a stream ends the agent's call wi
 (and a Hello's turn as ``vigil-retry-after-ms``). A Hello is passed on only while the controller has
 room for it (``controller.relay.hello_room``); else its agent is told to wait and called in turn,
 those whose Hello says faults are waiting first. An agent told to wait while the relay reaches the
-controller again may say an urgent Hello unasked (``HelloAgain.takes_urgent_hello``): it is kept and
-its agent called before the others.
+controller again says its Hello unasked (``HelloAgain.takes_hello``; an agent that knows only
+``takes_urgent_hello``, once a fault waits): it is kept, the last said, and passed on when the
+controller has room, an urgent one's before the others; a Hello that comes once the one before went on
+is passed over (its answer is that one's).
 """
 
 from __future__ import annotations
@@ -106,8 +108,10 @@ def identity_problem(first: agent_pb2.AgentMessage | str, identity: Identity | N
 
 RESOURCE_EXHAUSTED = grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]
 WAIT_FOR_CONTROLLER = agent_pb2.ControllerMessage(hello_again=agent_pb2.HelloAgain(wait=True)).SerializeToString()
-WAIT_TAKES_URGENT = agent_pb2.ControllerMessage(
-    hello_again=agent_pb2.HelloAgain(wait=True, takes_urgent_hello=True)
+# To an agent that waits for a kept Hello, while the relay reaches the controller again: its Hello is
+# taken now, faults or none (``HelloAgain.takes_hello``), kept, and passed on once there is room.
+WAIT_TAKES_HELLO = agent_pb2.ControllerMessage(
+    hello_again=agent_pb2.HelloAgain(wait=True, takes_urgent_hello=True, takes_hello=True)
 ).SerializeToString()
 HELLO_NOW = agent_pb2.ControllerMessage(hello_again=agent_pb2.HelloAgain()).SerializeToString()
 WAIT_KEPT = agent_pb2.ControllerMessage(hello_again=agent_pb2.HelloAgain(wait=True, kept=True)).SerializeToString()
@@ -158,7 +162,7 @@ class AgentCall:
 
     __slots__ = (
         "node", "resumable", "keeps", "peer", "token", "stream", "back", "waiting_hello", "hello_due", "hello_at",
-        "kept", "urgent", "queued_at",
+        "kept", "urgent", "queued_at", "takes_hello",
     )  # fmt: skip
 
     def __init__(self, first: agent_pb2.Hello | None, peer: str, token: str) -> None:
@@ -174,10 +178,11 @@ class AgentCall:
         self.kept: bytes | None = None  # its Hello, queued here for room at the controller (``keeps``)
         self.urgent = first is not None and first.urgent_waiting > 0  # its last Hello said faults wait
         self.queued_at = 0.0  # told to wait for room at the controller then (monotonic; 0: not queued)
+        self.takes_hello = False  # told the relay takes its Hello unasked, faults or none (``WAIT_TAKES_HELLO``)
 
     def ask(self) -> None:
         """Its Hello again is asked for: due afresh from its turn (``AgentStreams._next``)."""
-        self.waiting_hello, self.hello_due = True, 0.0
+        self.waiting_hello, self.hello_due, self.takes_hello = True, 0.0, False
 
 
 class AgentStreams:
@@ -298,7 +303,8 @@ class AgentStreams:
                     if call.kept is None:  # not urgent until it says a Hello with faults waiting (``_read``)
                         call.urgent = False
                     said = True
-                    yield WAIT_TAKES_URGENT if call.keeps else WAIT_FOR_CONTROLLER
+                    call.takes_hello = call.keeps  # its Hello comes now, kept until the controller has room
+                    yield WAIT_TAKES_HELLO if call.keeps else WAIT_FOR_CONTROLLER
                     if not await self._controller_reached():
                         self._uplink.metrics.refused.labels("no_controller").inc()
                         item = relay_pb2.StreamEnd(code=UNAVAILABLE, details=f"{item.why}, not reached again: retry")
@@ -351,6 +357,7 @@ class AgentStreams:
             return
         if room is not None and not call.resumable:
             room.send_anyway()
+        call.takes_hello = False
         call.stream, _ = self._uplink.open(call.back, urgent=call.urgent)
         self._uplink.send(call.stream, hello, peer=call.peer, token=call.token)
         call.hello_at = time.monotonic()
@@ -449,13 +456,16 @@ class AgentStreams:
         uplink = self._uplink
         async for raw in requests:
             if call.stream is not None:
+                if raw[:1] == HELLO_TAG:  # said again as the one before went on (a fault came): its answer comes
+                    uplink.metrics.hellos_crossed.inc()
+                    continue
                 uplink.send(call.stream, raw)
                 await uplink.room()
             elif (
                 # a Hello is told by its first byte: what else an agent sends between sessions is not decoded
                 (call.waiting_hello or call.keeps and raw[:1] == HELLO_TAG)
                 and (hello := hello_of(raw)) is not None
-                and (call.waiting_hello or hello.urgent_waiting)
+                and (call.waiting_hello or hello.urgent_waiting or call.takes_hello)
             ):
                 if hello.node != call.node:
                     why = f"a stream opened for {call.node} cannot say Hello for {hello.node or 'no node'}"
@@ -470,9 +480,10 @@ class AgentStreams:
                 if call.waiting_hello:  # asked for
                     call.waiting_hello, call.hello_due = False, 0.0
                     self._say_hello(call, raw)
-                else:  # said unasked, faults waiting: kept, its agent called before those without
+                else:  # said unasked: kept (the last said), its agent called before those without if faults wait
                     call.kept = raw
-                    if self.room is not None:
+                    uplink.metrics.kept_unasked.labels("urgent" if call.urgent else "calm").inc()
+                    if call.urgent and self.room is not None:
                         self._call(self.room.hurry(call))
             else:  # sent after its session ended, before its Hello again: unacknowledged, so sent again
                 uplink.metrics.dropped_between_sessions.inc()

@@ -218,6 +218,8 @@ def test_agents_queued_all_come_in_once_on_their_first_streams_and_again_after_a
             assert all(connected(controller, n) for n in nodes)
             assert [(link.streams, link.connections, link.resumed) for link in links] == [(1, 2, 1)] * 6
             assert metric(metrics_port, "vigil_relay_hello_answer_seconds_count") == 12
+            # each said its Hello while the relay reached the controller again, none asked for it after
+            assert metric(metrics_port, 'vigil_relay_hellos_kept_unasked_total{said="calm"}') == 6
             assert metric(metrics_port, "vigil_relay_hellos_waiting") == 0
             stop.set()
             await asyncio.gather(*running)
@@ -280,7 +282,8 @@ def test_an_agent_that_comes_to_have_a_fault_while_the_relay_reaches_the_control
     tmp_path: Path,
 ) -> None:
     """The real agent's link: told to wait while its relay reaches the controller again, it gets a fault,
-    says its Hello unasked on the same stream, and the relay calls it before the five others."""
+    says its Hello again on the same stream (its first, said at once, said none), and the relay calls it
+    first, in the urgent lane's place."""
 
     async def scenario() -> None:
         controller = await start_controller(tmp_path / "ctl.db")
@@ -303,7 +306,9 @@ def test_an_agent_that_comes_to_have_a_fault_while_the_relay_reaches_the_control
             controller = await start_controller(tmp_path / "ctl.db", port)
             await wait_until(lambda: all(link.connected for link in links.values()), timeout=30, what="all six back")
             came = sorted(nodes, key=lambda n: controller.nodes.fleet.entry(n).connected_at)
-            assert came[0] == late  # called before the five queued without a fault
+            # Called first, in the urgent lane's place; beside it one calm agent in the other lane's
+            # (its Hello kept too, both go at once, on the relay's two streams): never behind the rest.
+            assert late in came[:2], came
             assert [(link.streams, link.resumed) for link in links.values()] == [(1, 1)] * 6  # no stream opened
             await wait_until(lambda: spools[late].urgent_waiting() == 0, what="its fault acknowledged")
             assert any(i.code == 79 for i in controller.store.incidents.list(node=late))
@@ -365,5 +370,46 @@ def test_an_agent_queued_for_room_that_comes_to_have_a_fault_is_taken_on_the_rel
         finally:
             gate.set()
             await stop_controller(controller)
+
+    asyncio.run(scenario())
+
+
+def test_a_hello_said_while_the_relay_reaches_the_controller_again_is_kept_and_answered_without_an_ask(
+    tmp_path: Path,
+) -> None:
+    """Told the relay takes its Hello (``HelloAgain.takes_hello``), an agent says it at once; the relay
+    keeps the last said (a fault's, said after a calm one), passes it on once the controller is back
+    and the agent's next word is its answer, not a word to say Hello. A Hello said again after the one
+    before went on is passed over, and the session goes on."""
+
+    async def scenario() -> None:
+        controller = await start_controller(tmp_path / "ctl.db")
+        port, metrics_port = controller.port, free_port()
+        async with Relay(port, metrics_port=metrics_port) as relay:
+            agent = RawAgent(relay.port)
+            await agent.hello("node-a", waits=True)
+            assert (await agent.read()).HasField("ack")
+            await stop_controller(controller)
+            told = (await agent.read()).hello_again
+            assert told.wait and told.takes_hello and told.takes_urgent_hello and not told.kept
+            await agent.hello("node-a", waits=True)  # at once, no fault
+            calm, urgent = (f'vigil_relay_hellos_kept_unasked_total{{said="{s}"}}' for s in ("calm", "urgent"))
+            await wait_until(lambda: metric(metrics_port, calm, absent=0) == 1, what="its calm Hello kept")
+            await agent.hello("node-a", waits=True, urgent=1)  # a fault came: kept instead
+            await wait_until(lambda: metric(metrics_port, urgent, absent=0) == 1, what="its fault's Hello kept")
+            controller = await start_controller(tmp_path / "ctl.db", port)
+            assert (await agent.read()).HasField("ack")  # no HelloAgain asking for what it said already
+            fleet = controller.nodes.fleet
+            assert fleet.entry("node-a").connected
+            assert controller.engine.metrics.hellos_urgent._value.get() == 1  # the fault's Hello went on
+            await agent.hello("node-a", waits=True, urgent=1)  # crossed the one that went on: passed over
+            before = fleet.entry("node-a").last_heartbeat
+            await asyncio.sleep(0.01)
+            await agent.call.write(agent_pb2.AgentMessage(heartbeat=agent_pb2.Heartbeat()))
+            await wait_until(lambda: fleet.entry("node-a").last_heartbeat > before, what="the session goes on")
+            assert metric(metrics_port, "vigil_relay_hellos_crossed_total") == 1
+            assert fleet.entry("node-a").connected
+            await agent.close()
+        await stop_controller(controller)
 
     asyncio.run(scenario())

@@ -71,7 +71,8 @@ class FleetNode:
         self._unacked: dict[int, agent_pb2.AgentMessage] = {}  # signals sent, not yet acknowledged
         self._urgent: set[int] = set()  # the seqs among them the agent keeps above all (``Signal.must_keep``)
         self._takes_urgent = False  # told to wait by a relay that takes an urgent Hello unasked, not asked yet
-        self._unasked = False  # said an urgent Hello unasked: a Hello again that crossed it is not answered
+        self._unasked = False  # said a Hello unasked: a Hello again that crossed it is not answered
+        self._early = False  # said a Hello unasked with no fault: one that comes says it again, once
         self.unasked = 0  # urgent Hellos said unasked, in all
         self.seq = 0
         self.acked = 0
@@ -125,7 +126,7 @@ class FleetNode:
             # after it until it passes it on.
             self._generation += 1
             self._queue = asyncio.Queue()
-            self._takes_urgent = self._unasked = False
+            self._takes_urgent = self._unasked = self._early = False
             self._hello_said_at = 0.0  # this stream's Hello is said in ``_messages``
             urgent = self._urgent_stub is not None and bool(self._urgent) and not self._urgent_closed
             stub = self._urgent_stub if urgent and self._urgent_stub is not None else self._stub
@@ -151,7 +152,8 @@ class FleetNode:
                             asyncio.get_running_loop().call_later(later, self._hello_again, self._queue)
                         elif not again.kept:  # the relay reaches the controller again: asked for Hello later
                             self._takes_urgent = again.takes_urgent_hello
-                            if self._takes_urgent and self._urgent:
+                            if again.takes_hello or self._takes_urgent and self._urgent:  # said now, kept there
+                                self._early = not self._urgent
                                 self._say_unasked()
                     elif msg.HasField("ack"):
                         self.acked = max(self.acked, msg.ack.acked_seq)
@@ -162,7 +164,7 @@ class FleetNode:
                             self.connected_at, first, attempt = time.time(), False, 0
                             self._answered_generation = self._generation
                             urgent, self._urgent_closed = False, False
-                            self._unasked = False
+                            self._unasked = self._early = False
                             for seq in sorted(self._unacked):
                                 self._queue.put_nowait(self._unacked[seq])
                         self.ready.set()
@@ -310,8 +312,9 @@ class FleetNode:
             queue.put_nowait(self._hello())
 
     def _say_unasked(self) -> None:
-        """As the agent told to wait by a relay that takes an urgent Hello: a fault waits, so its Hello
-        goes now, unasked; the relay keeps it and calls this node before those without one."""
+        """As the agent told to wait by a relay that takes a Hello unasked (any, ``takes_hello``; or an
+        urgent one, and a fault waits): its Hello goes now; the relay keeps it until the controller has
+        room, and calls a node with faults waiting before those without."""
         self._takes_urgent, self._unasked = False, True
         self.unasked += 1
         self._hello_again(self._queue)
@@ -387,6 +390,9 @@ class FleetNode:
         if signal_from_proto(signal).must_keep:
             self._urgent.add(self.seq)
             if self._takes_urgent:  # it waits to be asked for Hello: a fault came, so it says Hello now
+                self._say_unasked()
+            elif self._early:  # its Hello said unasked said none: said again, once (the relay keeps the last)
+                self._early = False
                 self._say_unasked()
             elif self.leave_for_urgent and self._hello_urgent == 0:
                 self._fault_came()

@@ -133,16 +133,18 @@ class StopCheck(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., why: _Optional[str] = ...) -> None: ...
 
 class HelloAgain(_message.Message):
-    __slots__ = ("after_ms", "wait", "kept", "takes_urgent_hello")
+    __slots__ = ("after_ms", "wait", "kept", "takes_urgent_hello", "takes_hello")
     AFTER_MS_FIELD_NUMBER: _ClassVar[int]
     WAIT_FIELD_NUMBER: _ClassVar[int]
     KEPT_FIELD_NUMBER: _ClassVar[int]
     TAKES_URGENT_HELLO_FIELD_NUMBER: _ClassVar[int]
+    TAKES_HELLO_FIELD_NUMBER: _ClassVar[int]
     after_ms: int
     wait: bool
     kept: bool
     takes_urgent_hello: bool
-    def __init__(self, after_ms: _Optional[int] = ..., wait: _Optional[bool] = ..., kept: _Optional[bool] = ..., takes_urgent_hello: _Optional[bool] = ...) -> None: ...
+    takes_hello: bool
+    def __init__(self, after_ms: _Optional[int] = ..., wait: _Optional[bool] = ..., kept: _Optional[bool] = ..., takes_urgent_hello: _Optional[bool] = ..., takes_hello: _Optional[bool] = ...) -> None: ...
 
 class ControllerMessage(_message.Message):
     __slots__ = ("ack", "run_check", "run_remedy", "stop_check", "hello_again")
