@@ -6,11 +6,14 @@ watch them or start them again, and its stacks directory stayed in /tmp."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -36,7 +39,23 @@ while True:
 """
 
 
-def launch(tmp_path: Path, ranks_ignore_term: bool, stop_grace_s: float) -> subprocess.Popen[bytes]:
+Launch = Callable[[Path, bool, float], "subprocess.Popen[bytes]"]
+
+
+@pytest.fixture
+def launched() -> Iterator[Launch]:
+    """``launch``, each launcher in a session of its own, killed with its ranks after the test
+    whatever it asserted (a failed test leaves nothing running)."""
+    started: list[subprocess.Popen[bytes]] = []
+    yield partial(launch, started=started)
+    for proc in started:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def launch(
+    tmp_path: Path, ranks_ignore_term: bool, stop_grace_s: float, started: list[subprocess.Popen[bytes]]
+) -> subprocess.Popen[bytes]:
     temp = tmp_path / "tmp"  # where the launcher makes its stacks directory
     temp.mkdir()
     args = [
@@ -45,7 +64,10 @@ def launch(tmp_path: Path, ranks_ignore_term: bool, stop_grace_s: float) -> subp
         "--", sys.executable, "-c", RANK, str(tmp_path), "ignore" if ranks_ignore_term else "save",
     ]  # fmt: skip
     with open(tmp_path / "launch.out", "wb") as out:
-        proc = subprocess.Popen(args, env={**os.environ, "TMPDIR": str(temp)}, stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            args, env={**os.environ, "TMPDIR": str(temp)}, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    started.append(proc)
     poll_until(
         lambda: all((tmp_path / f"up-{rank}").exists() for rank in (0, 1)) or proc.poll() is not None,
         timeout=60,
@@ -90,9 +112,9 @@ def gone(pid: int) -> bool:
 
 
 def test_a_launcher_stopped_passes_the_stop_to_its_ranks_which_save_and_leaves_nothing_behind(
-    tmp_path: Path,
+    tmp_path: Path, launched: Launch
 ) -> None:
-    proc = launch(tmp_path, ranks_ignore_term=False, stop_grace_s=60)
+    proc = launched(tmp_path, False, 60)
     proc.send_signal(signal.SIGTERM)
     out = ended(proc, tmp_path, signal.SIGTERM)
     assert all((tmp_path / f"saved-{rank}").exists() for rank in (0, 1))  # each rank had its SIGTERM
@@ -101,16 +123,16 @@ def test_a_launcher_stopped_passes_the_stop_to_its_ranks_which_save_and_leaves_n
 
 
 def test_ranks_that_do_not_stop_are_killed_after_the_grace_and_a_second_stop_does_not_wait(
-    tmp_path: Path,
+    tmp_path: Path, launched: Launch
 ) -> None:
-    proc = launch(tmp_path, ranks_ignore_term=True, stop_grace_s=1)
+    proc = launched(tmp_path, True, 1)  # ranks that ignore SIGTERM, a grace of 1 s
     proc.send_signal(signal.SIGTERM)
     ended(proc, tmp_path, signal.SIGTERM)
     assert not any((tmp_path / f"saved-{rank}").exists() for rank in (0, 1))
 
     again = tmp_path / "again"
     again.mkdir()
-    proc = launch(again, ranks_ignore_term=True, stop_grace_s=3600)  # a grace the test would never see end
+    proc = launched(again, True, 3600)  # a grace the test would never see end
     proc.send_signal(signal.SIGINT)
     poll_until(lambda: '"launch_stopping"' in said(again), timeout=30, what="the first stop taken")
     proc.send_signal(signal.SIGINT)  # an operator who will not wait for a save
@@ -132,7 +154,12 @@ def test_a_launcher_that_fails_while_supervising_aborts_its_ranks_and_removes_it
     monkeypatch.setattr(Launcher, "_supervise", failing)
     command = (sys.executable, "-c", RANK, str(tmp_path), "ignore")
     config = LaunchConfig(job_id="failing", nodes=("n1", "n2"), command=command, term_grace_s=0.5)
-    with pytest.raises(RuntimeError, match="a bug while supervising"):
-        Launcher(config).run()
-    assert all(gone(pid) for pid in rank_pids(tmp_path))
+    try:
+        with pytest.raises(RuntimeError, match="a bug while supervising"):
+            Launcher(config).run()
+        assert all(gone(pid) for pid in rank_pids(tmp_path))
+    finally:  # whatever was asserted, no rank left running
+        for pid in (int(up.read_text()) for up in tmp_path.glob("up-*")):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
     assert not [p for p in tmp_path.iterdir() if p.name.startswith("vigil-stacks-")]
