@@ -19,6 +19,7 @@ from agent.spool import Spool
 from protos.vigil.v1 import agent_pb2
 from tests.contract.test_group_commit import hold_flushes
 from tests.contract.test_relay import RawAgent, Relay, answer_ok, connected, link_for, sample, scrape
+from tests.fakes.fleet import Fleet
 from tests.helpers import free_port, start_controller, stop_controller, wait_until
 from vigil_core.signals import GpuRef, Signal, SignalKind
 
@@ -410,6 +411,41 @@ def test_a_hello_said_while_the_relay_reaches_the_controller_again_is_kept_and_a
             assert metric(metrics_port, "vigil_relay_hellos_crossed_total") == 1
             assert fleet.entry("node-a").connected
             await agent.close()
+        await stop_controller(controller)
+
+    asyncio.run(scenario())
+
+
+def test_the_simulated_fleet_says_its_hello_while_the_relay_waits_as_the_agent_does(tmp_path: Path) -> None:
+    """The scale benchmark's fleet (``tests.fakes.fleet``) against a real relay and controller, as the
+    agent's link: each node says its Hello at once while the relay reaches the controller again, one
+    that gets a fault says it again, once, and all come back on their streams, the fault's Hello
+    passed on and its signals acknowledged."""
+
+    async def scenario() -> None:
+        controller = await start_controller(tmp_path / "ctl.db")
+        port, metrics_port = controller.port, free_port()
+        names = [f"node-{i}" for i in range(4)]
+        calm, urgent = (f'vigil_relay_hellos_kept_unasked_total{{said="{s}"}}' for s in ("calm", "urgent"))
+        async with Relay(port, metrics_port=metrics_port) as relay:
+            fleet = Fleet(f"127.0.0.1:{relay.port}", names, heartbeat_s=0.5)
+            await fleet.start(timeout_s=30)
+            await stop_controller(controller)
+            await wait_until(lambda: metric(metrics_port, calm, absent=0) == 4, what="each node's Hello kept")
+            late = fleet.nodes[names[-1]]
+            late.fault()
+            late.fault()  # its Hello says a fault waits already: not said again
+            await wait_until(lambda: metric(metrics_port, urgent, absent=0) == 1, what="the fault's Hello kept")
+            await asyncio.sleep(0.3)
+            assert metric(metrics_port, urgent) == 1
+            assert [fleet.nodes[n].unasked for n in names] == [1, 1, 1, 2]
+            controller = await start_controller(tmp_path / "ctl.db", port)
+            await wait_until(
+                lambda: late.acked == 2 and all(connected(controller, n) for n in names), timeout=30, what="all back"
+            )
+            assert controller.engine.metrics.hellos_urgent._value.get() == 1
+            assert all(node.reconnects == 0 for node in fleet.nodes.values())  # each on its stream
+            await fleet.close()
         await stop_controller(controller)
 
     asyncio.run(scenario())
