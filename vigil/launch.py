@@ -123,11 +123,17 @@ def torchrun_env(
     }
 
 
+# What the demo and the tests give a launcher's ranks to save once it is stopped: they stop it with
+# SIGTERM and SIGKILL it 10 s later, so it must be done with its ranks, and have cleaned up, by then.
+LOCAL_STOP_GRACE_S = 5.0
+
+
 def command_line(job_id: str, nodes: Sequence[str], controller: str, log_dir: Path, job: Sequence[str]) -> list[str]:
     """``vigil launch`` of ``job`` (a command) with this Python, JSON logs; for the demo and the tests."""
     return [
         sys.executable, "-m", "vigil", "launch", "--job-id", job_id, "--nodes", ",".join(nodes),
-        "--controller", controller, "--log-dir", str(log_dir), "--log-format", "json", "--", *job,
+        "--controller", controller, "--log-dir", str(log_dir), "--log-format", "json",
+        "--stop-grace-s", str(LOCAL_STOP_GRACE_S), "--", *job,
     ]  # fmt: skip
 
 
@@ -182,6 +188,12 @@ def kernel_view(pid: int) -> dict[str, str]:
         return {}
     state = stat.rsplit(")", 1)[-1].split()[:1]  # after the command's name, which may hold spaces
     return {"state": state[0] if state else "", "kernel_wait": "" if wchan == "0" else wchan}
+
+
+def _remove(start: Start) -> None:
+    """A start's stacks directory, removed (its ranks write there only when the launcher asks)."""
+    if start.stacks_dir is not None:
+        shutil.rmtree(start.stacks_dir, ignore_errors=True)
 
 
 def exit_code_for(signum: int) -> int:
@@ -349,6 +361,7 @@ class Launcher:
                     start.hurried = self._hurried
                     log.warning("launch_stopping", job=cfg.job_id, start=start.number, kill_in_s=grace_s,
                                 signal=signal.Signals(self._stopped_by).name)  # fmt: skip
+                    _remove(start)  # nothing more is asked of the ranks: gone even if the launcher is killed now
                 self._kill(start, grace_s)
                 time.sleep(0.1)
                 continue
@@ -426,8 +439,7 @@ class Launcher:
         while any(p.poll() is None for p in start.procs):
             self._kill(start)
             time.sleep(0.05)
-        if start.stacks_dir is not None:
-            shutil.rmtree(start.stacks_dir, ignore_errors=True)
+        _remove(start)
 
     # The controller --------------------------------------------------------------------------
 

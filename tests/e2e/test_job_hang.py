@@ -7,7 +7,9 @@ the page's thread names rank 1 on node-b, in the job's own code, as where it is 
 
 from __future__ import annotations
 
+import contextlib
 import json
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -21,6 +23,7 @@ pytest.importorskip("torch", reason="the training job needs torch (make test ins
 from tests.e2e.processes import JobCluster, job_cluster, json_lines  # noqa: E402
 from tests.helpers import poll_until  # noqa: E402
 from vigil.admin_client import AdminClient  # noqa: E402
+from vigil.launch import LOCAL_STOP_GRACE_S  # noqa: E402
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 
@@ -42,11 +45,19 @@ def cluster(tmp_path: Path) -> Iterator[JobCluster]:
 
 
 def _stop(launcher: subprocess.Popen[bytes]) -> None:
-    """The launcher and the ranks under it (a hung job cannot stop by itself)."""
+    """Stop the launcher as a scheduler does (SIGTERM): it stops its ranks, a hung one too (SIGKILL
+    after its grace), and ends with nothing left; whatever is left after that is killed, and fails."""
     tree = [psutil.Process(launcher.pid), *psutil.Process(launcher.pid).children(recursive=True)]
-    for proc in tree:
-        proc.kill()
-    psutil.wait_procs(tree, timeout=10)
+    launcher.send_signal(signal.SIGTERM)
+    try:
+        launcher.wait(timeout=LOCAL_STOP_GRACE_S + 20)
+        _, left = psutil.wait_procs(tree[1:], timeout=5)
+    finally:
+        for proc in tree:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                proc.kill()
+        psutil.wait_procs(tree, timeout=10)
+    assert not left, f"ranks left running after the launcher stopped: {left}"
 
 
 def test_a_rank_that_stops_is_found_hung_paged_once_and_nothing_is_cordoned(cluster: JobCluster) -> None:
