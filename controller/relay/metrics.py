@@ -34,6 +34,11 @@ class RelayMetrics:
             "Times the stream to the controller broke (the agents it carried were ended)",
             registry=r,
         )
+        self.uplink_tries_failed = Counter(
+            "vigil_relay_uplink_tries_failed_total",
+            "Tries to reach the controller that failed (the next replica is tried at once, then again after a pause)",
+            registry=r,
+        )
         self.messages = Counter(
             "vigil_relay_messages_total",
             "Messages carried, by direction (up: to the controller)",

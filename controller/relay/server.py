@@ -248,10 +248,8 @@ class AgentStreams:
         if urgent_only and (why := urgent_port_refusal(hello.urgent_waiting if hello is not None else 0)):
             self._uplink.metrics.refused.labels("not_urgent").inc()
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, why)
-        if not await self._controller_reached():  # the controller restarting: its agents wait here, not on backoff
-            self._uplink.metrics.refused.labels("no_controller").inc()
-            why = f"the relay has not reached the controller for {settings.controller_wait_s:g} s: retry"
-            await context.abort(grpc.StatusCode.UNAVAILABLE, why)
+        if (unreached := await self._unreached()) is not None:  # the controller restarting: its agents wait here
+            await context.abort(grpc.StatusCode.UNAVAILABLE, unreached.details)
         call = AgentCall(hello, context.peer(), token)
         if call.urgent:
             self._uplink.metrics.urgent_hellos.inc()
@@ -284,6 +282,9 @@ class AgentStreams:
                     if call.queued_at:  # how long it waited for room
                         self._uplink.metrics.hello_queued.observe(time.monotonic() - call.queued_at)
                         call.queued_at = 0.0
+                    if (unreached := await self._unreached()) is not None:  # called as the controller went
+                        item = unreached
+                        break
                     if call.kept is not None:  # its Hello, kept here, goes on in the place kept for it
                         kept, call.kept = call.kept, None
                         self._say_hello(call, kept)
@@ -349,7 +350,8 @@ class AgentStreams:
         controller answers it), or, with no room for it there now, queued here (``controller.relay.hello_room``):
         the agent told to wait, then its Hello kept here passed on when called (an agent that
         ``waits_for_kept_hello``), or it is asked to say Hello again then. An agent that cannot say
-        Hello again is passed on all the same."""
+        Hello again is passed on all the same. Only while the relay has its stream to the controller
+        (``_unreached``)."""
         room = self.room
         if room is not None and call.resumable and not room.say(call, call.urgent):
             call.kept = hello if call.keeps else None  # else it says Hello again when called
@@ -419,6 +421,18 @@ class AgentStreams:
         log.error("relay_task_failed", task="shared-wait", error=repr(exc)[:300])
         self._uplink.metrics.task_failures.labels("shared-wait").inc()
 
+    async def _unreached(self) -> relay_pb2.StreamEnd | None:
+        """None once the relay has its stream to the controller (at once, nearly always); else, after
+        waiting for it up to ``controller_wait_s``, the end its agent is told, counted. A session is
+        opened only with that stream: one opened without it (an agent called to a place freed as the
+        controller went, or asked just before) was ended, its Hello with it, by the first try to reach
+        the controller that failed, and its agent lost its turn."""
+        if await self._controller_reached():
+            return None
+        self._uplink.metrics.refused.labels("no_controller").inc()
+        why = f"the relay has not reached the controller for {self._settings.controller_wait_s:g} s: retry"
+        return relay_pb2.StreamEnd(code=UNAVAILABLE, details=why)
+
     async def _reach(self) -> None:
         with contextlib.suppress(TimeoutError):
             await loop_lag.within(self._uplink.connected.wait(), self._settings.controller_wait_s, self._own_time)
@@ -479,6 +493,9 @@ class AgentStreams:
                     uplink.metrics.urgent_hellos.inc()
                 if call.waiting_hello:  # asked for
                     call.waiting_hello, call.hello_due = False, 0.0
+                    if (unreached := await self._unreached()) is not None:  # asked as the controller went
+                        call.back.put_nowait(unreached)
+                        return
                     self._say_hello(call, raw)
                 else:  # said unasked: kept (the last said), its agent called before those without if faults wait
                     call.kept = raw

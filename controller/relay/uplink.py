@@ -266,8 +266,10 @@ class Uplink:
             if was_up:
                 self.metrics.uplink_losses.inc()
                 log.warning("relay_uplink_lost", controller=self.target, why=why)
-            elif attempt % 10 == 0:  # not reached again: said now and then, not at every try
-                log.warning("relay_uplink_unreachable", controller=self.target, why=why, tries=attempt + 1)
+            else:
+                self.metrics.uplink_tries_failed.inc()
+                if attempt % 10 == 0:  # not reached again: said now and then, not at every try
+                    log.warning("relay_uplink_unreachable", controller=self.target, why=why, tries=attempt + 1)
             # The next replica at once (the leader may be another); round the list, after a pause: a
             # few relays, not a fleet, so they try again soon, while their agents wait for them.
             self.target = self.targets[(self.targets.index(self.target) + 1) % len(self.targets)]

@@ -433,6 +433,40 @@ def test_an_agent_that_says_hello_again_in_time_keeps_its_stream_long_past_the_b
     asyncio.run(scenario())
 
 
+def test_a_hello_again_said_while_the_relay_tries_to_reach_the_controller_waits_for_it_and_is_answered(
+    tmp_path: Path,
+) -> None:
+    """Asked for its Hello again, the agent says it as the controller has gone again: its Hello waits at
+    the relay for the next controller, through the relay's tries that fail, and is answered (a session
+    opened without the controller was ended by the next try that failed, its agent told to wait again)."""
+
+    async def scenario() -> None:
+        controller = await start_controller(tmp_path / "ctl.db")
+        port, metrics_port = controller.port, free_port()
+
+        def tries() -> float:
+            return sample(scrape(metrics_port, "/metrics")[1], "vigil_relay_uplink_tries_failed_total", absent=0)
+
+        async with Relay(port, metrics_port=metrics_port) as relay:
+            agent = RawAgent(relay.port)
+            controller = await asked_for_hello_again(agent, controller, tmp_path / "ctl.db")
+            await stop_controller(controller)  # gone before the agent says its Hello: it is told nothing
+            await wait_until(lambda: tries() >= 1, what="a try failed")
+            await agent.hello()
+            failed = tries()
+            await wait_until(lambda: tries() > failed, timeout=30, what="a try failed with its Hello in")
+            controller = await start_controller(tmp_path / "ctl.db", port)
+            assert (await agent.read()).HasField("ack")
+            await wait_until(lambda: connected(controller), what="its second session")
+            text = (await asyncio.to_thread(scrape, metrics_port, "/metrics"))[1]
+            assert sample(text, 'vigil_relay_agents_refused_total{why="no_controller"}', absent=0) == 0
+            assert sample(text, 'vigil_relay_hello_again_total{why="controller_lost"}') == 1  # the first loss only
+            await agent.close()
+        await stop_controller(controller)
+
+    asyncio.run(scenario())
+
+
 def test_under_tls_a_relay_takes_only_an_agent_whose_certificate_names_its_hello() -> None:
     hello = decoded(agent_pb2.AgentMessage(hello=agent_pb2.Hello(node="node-1", spool_id="s")).SerializeToString())
     assert identity_problem(hello, Identity("node", "node-1"), "") == ""

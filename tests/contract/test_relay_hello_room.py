@@ -261,6 +261,10 @@ def test_kept_hellos_that_say_faults_wait_go_on_before_those_queued_earlier(tmp_
             await silent.server.stop(0)  # the two sessions end; the next controller takes one Hello a lane
             for agent in (first, held_urgent):
                 assert (await agent.read()).hello_again.wait
+            # The places freed go to node-c and node-d while the relay has no controller: they keep them
+            # through the relay's tries that fail (a try that failed once ended their Hellos' streams).
+            tries = "vigil_relay_uplink_tries_failed_total"
+            await wait_until(lambda: metric(held.metrics_port, tries) >= 2, what="two tries failed")
             controller = await start_controller(tmp_path / "ctl.db", silent.port)
             for agent in (second, third, fourth):
                 assert (await agent.read()).HasField("ack")
