@@ -31,7 +31,7 @@ from controller.metrics import ControllerMetrics
 from controller.nodes.engine import Engine
 from controller.store import Opened, Store
 from protos.vigil.v1 import admin_pb2_grpc, agent_pb2_grpc, relay_pb2_grpc, trainer_pb2_grpc
-from vigil_core import gc_keeper, gc_young, thread_names
+from vigil_core import gc_keeper, gc_young, switch_interval, thread_names
 from vigil_core.cert_reload import CertificateSource, server_credentials
 from vigil_core.http_status import serve_http
 from vigil_core.loop_lag import stuck
@@ -297,6 +297,7 @@ class Controller:
 
 def run_controller(config: ControllerConfig) -> None:
     gc_young.set_young(config.limits.gc_young_objects)  # process-wide: here, never in a test's process
+    switch_interval.set_interval(config.limits.switch_interval_ms)  # likewise
     thread_names.mirror()  # likewise
 
     async def main() -> None:

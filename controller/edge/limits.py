@@ -5,6 +5,7 @@ from __future__ import annotations
 from pydantic import Field
 
 from vigil_core.config_file import ConfigModel
+from vigil_core.switch_interval import INTERVAL_MS
 
 
 class LimitsConfig(ConfigModel):
@@ -46,6 +47,14 @@ class LimitsConfig(ConfigModel):
         description="the garbage collector's young collections every this many new objects (0: CPython's 700): "
         "what an agent's message makes dies young instead of making full collections come every minute or two "
         "at 100,000 nodes (vigil_core.gc_young)",
+    )
+    switch_interval_ms: float = Field(
+        default=INTERVAL_MS,
+        ge=0,
+        le=1000,
+        description="how long the event loop's thread runs Python before another thread that waits (the store's "
+        "writer, an action's) may take the interpreter (0: CPython's 5 ms): each hand-over is a chance for the loop "
+        "to wait for a CPU again on a busy host (vigil_core.switch_interval)",
     )
     gc_freeze: bool = Field(
         default=False,

@@ -1,20 +1,24 @@
 """The controller and the relay collect their young generation every 50,000 new objects, not
-CPython's 700 (``vigil_core.gc_young``): set by each process's entry point, said in its log, and
-left alone where a test runs them in its own process. A relay that never reached its controller
-stops when told (it waited for the controller first)."""
+CPython's 700 (``vigil_core.gc_young``), and the controller hands the interpreter on every 20 ms,
+not CPython's 5 (``vigil_core.switch_interval``): set by each process's entry point, said in its
+log, and left alone where a test runs them in its own process. A relay that never reached its
+controller stops when told (it waited for the controller first)."""
 
 from __future__ import annotations
 
 import gc
 import json
+import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests.e2e.processes import configured_controller, port_of, vigil
 from tests.helpers import free_port, poll_until
 from vigil_core.gc_young import YOUNG_OBJECTS, set_young
+from vigil_core.switch_interval import INTERVAL_MS, set_interval
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -35,12 +39,34 @@ def test_only_the_young_generations_threshold_moves_and_0_leaves_cpythons() -> N
     assert gc.get_threshold() == (50_000, 10, 10)
 
 
+@pytest.fixture
+def interval() -> Iterator[None]:
+    before = sys.getswitchinterval()
+    yield
+    sys.setswitchinterval(before)
+
+
+@pytest.mark.usefixtures("interval")
+def test_the_switch_interval_is_set_in_milliseconds_and_0_leaves_cpythons() -> None:
+    sys.setswitchinterval(0.005)
+    set_interval(0)
+    assert sys.getswitchinterval() == pytest.approx(0.005)
+    set_interval(INTERVAL_MS)
+    assert sys.getswitchinterval() == pytest.approx(0.020)
+
+
+def said(log: Path, event: str) -> dict[str, Any] | None:
+    """A process's first log line of ``event``, if it said one yet."""
+    for line in log.read_text(errors="replace").splitlines() if log.exists() else []:
+        if line.startswith("{") and (entry := json.loads(line)).get("event") == event:
+            return dict(entry)
+    return None
+
+
 def said_threshold(log: Path) -> list[int] | None:
     """The threshold a process said it set (its ``gc_young_objects`` log line), if it said one yet."""
-    for line in log.read_text(errors="replace").splitlines() if log.exists() else []:
-        if line.startswith("{") and (entry := json.loads(line)).get("event") == "gc_young_objects":
-            return list(entry["threshold"])
-    return None
+    entry = said(log, "gc_young_objects")
+    return list(entry["threshold"]) if entry is not None else None
 
 
 def test_the_controller_and_the_relay_set_it_at_their_start(tmp_path: Path) -> None:
@@ -55,6 +81,8 @@ def test_the_controller_and_the_relay_set_it_at_their_start(tmp_path: Path) -> N
             if (found := said_threshold(log)) is not None:
                 break
         assert found is not None and found[0] == YOUNG_OBJECTS, "the controller said no young threshold"
+        intervals = [said(tmp_path / f, "switch_interval_set") for f in ("ctl.out", "ctl.log")]
+        assert [i["ms"] for i in intervals if i is not None] == [INTERVAL_MS], "the controller said no interval"
         poll_until(
             lambda: any(said_threshold(tmp_path / f) for f in ("relay.out", "relay.log")), 30, what="the relay's"
         )
