@@ -306,9 +306,8 @@ class AgentStreams:
                     said = True
                     call.takes_hello = call.keeps  # its Hello comes now, kept until the controller has room
                     yield WAIT_TAKES_HELLO if call.keeps else WAIT_FOR_CONTROLLER
-                    if not await self._controller_reached():
-                        self._uplink.metrics.refused.labels("no_controller").inc()
-                        item = relay_pb2.StreamEnd(code=UNAVAILABLE, details=f"{item.why}, not reached again: retry")
+                    if (unreached := await self._unreached(item)) is not None:
+                        item = unreached
                         break
                     self._uplink.metrics.hello_again.labels("controller_lost").inc()
                     if self.room is not None:  # the whole fleet at once: each called as a place comes free
@@ -421,17 +420,19 @@ class AgentStreams:
         log.error("relay_task_failed", task="shared-wait", error=repr(exc)[:300])
         self._uplink.metrics.task_failures.labels("shared-wait").inc()
 
-    async def _unreached(self) -> relay_pb2.StreamEnd | None:
+    async def _unreached(self, lost: Lost | None = None) -> relay_pb2.StreamEnd | None:
         """None once the relay has its stream to the controller (at once, nearly always); else, after
-        waiting for it up to ``controller_wait_s``, the end its agent is told, counted. A session is
+        waiting for it up to ``controller_wait_s``, the end its agent is told (``lost``: the loss that
+        ended its session, named), counted. A session is
         opened only with that stream: one opened without it (an agent called to a place freed as the
         controller went, or asked just before) was ended, its Hello with it, by the first try to reach
         the controller that failed, and its agent lost its turn."""
         if await self._controller_reached():
             return None
         self._uplink.metrics.refused.labels("no_controller").inc()
-        why = f"the relay has not reached the controller for {self._settings.controller_wait_s:g} s: retry"
-        return relay_pb2.StreamEnd(code=UNAVAILABLE, details=why)
+        waited = f"the relay has not reached the controller for {self._settings.controller_wait_s:g} s"
+        why = f"{lost.why}, not reached again" if lost is not None else waited
+        return relay_pb2.StreamEnd(code=UNAVAILABLE, details=f"{why}: retry")
 
     async def _reach(self) -> None:
         with contextlib.suppress(TimeoutError):
