@@ -2,7 +2,7 @@
 
     python -m bench.scale --nodes 20000 [--workers 3] [--heartbeat-s 5] [--idle-heartbeat-s 60]
                           [--background-per-s 500] [--probes 60] [--probe-every-s 0.5]
-                          [--bursts 100,400,1000] [--restart] [--hellos-per-s N]
+                          [--bursts 100,400,1000] [--restart] [--hellos-per-s N] [--switch-interval-ms MS]
                           [--database sqlite|postgresql] [--relays K] [--relay-hello-wait-s S]
                           [--relay-linger-ms MS] [--failover [kill|stop]] [--faults-across N]
                           [--agents-give-up] [--keep]
@@ -32,6 +32,8 @@ What runs, all on this machine:
   wait at the controller each relay sizes its room for Hellos by (``controller.relay.hello_room``);
 - ``--restart``: the controller stopped and started again; the time until every agent is back
   (``--hellos-per-s``: the controller's Hello pacing, 0 for none: every agent admitted at once);
+- ``--switch-interval-ms``: the controller's ``limits.switch_interval_ms`` (0: CPython's 5 ms), to
+  set it beside the default in interleaved runs;
 - ``--failover`` (with ``--relays``): two controllers under a Lease on the API double (leader
   election, its default timings: a 15 s lease), the relays given both; the leader is killed
   (SIGKILL; ``--failover stop``: stopped with SIGTERM, as a rolling update does, and it hands the
@@ -1028,6 +1030,8 @@ def measure(args: argparse.Namespace, workdir: Path, database: str) -> dict[str,
         faulting = args.probes + sum(args.bursts) + across_n + args.faults_connecting
         config = settings(kube, workdir, args.nodes, faulting, database, args.settle_s, args.hellos_per_s)
         config["limits"]["gc_freeze"] = args.gc_freeze
+        if args.switch_interval_ms is not None:
+            config["limits"]["switch_interval_ms"] = args.switch_interval_ms
         if args.urgent_port:
             config["urgent_port"] = free_port()
         # Faults in their agents' spools as the fleet starts connecting from nothing: fresh nodes.
@@ -1362,6 +1366,12 @@ def main() -> int:
         default=None,
         help="the controller's limits.hellos_per_s (default: its own; 0: no pacing, every Hello admitted at once)",
     )
+    parser.add_argument(
+        "--switch-interval-ms",
+        type=float,
+        default=None,
+        help="the controller's limits.switch_interval_ms (default: its own; 0: CPython's)",
+    )
     parser.add_argument("--relays", type=int, default=0, help="vigil relay processes in front of the controller")
     parser.add_argument(
         "--relay-hello-wait-s",
@@ -1523,6 +1533,7 @@ def main() -> int:
         "agents_give_up": args.agents_give_up,
         "urgent_port": args.urgent_port,
         **({"fleet_nice": args.fleet_nice} if args.fleet_nice else {}),
+        **({"switch_interval_ms": args.switch_interval_ms} if args.switch_interval_ms is not None else {}),
         **figures,
     }
     print(json.dumps(record, indent=2))

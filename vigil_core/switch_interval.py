@@ -9,7 +9,9 @@ loop waiting for a CPU (docs/design.md, "Scale: one controller, 100,000 nodes"),
 hand-overs measured tighter: ``bench.scale`` at 100,000 nodes through 4 relays, PostgreSQL, 240
 probes under 500 record-only signals a second, interleaved, the controller's part of fault → cordon
 P99 51.3, 56.9, 55.7 and 59.7 ms at 20 ms against 51.1-135.6 ms in six runs at CPython's 5 ms and
-109.0 and 109.2 ms at 1 ms (fault → cordon P99 76.7-105.1 ms against 81.6-281.0 ms). Why each
+109.0 and 109.2 ms at 1 ms (fault → cordon P99 76.7-105.1 ms against 81.6-281.0 ms). At 2,000
+nodes on SQLite under 800 signals a second, eleven pairs in both orders, about 1.5 ms apart at P99
+(44.8 ms mean at 20 ms, 42.9 at 5), within the host's spread. Why each
 hand-over costs that much is not measured; a waiting thread still takes the interpreter as soon as
 the loop waits for something itself (it sleeps in ``select`` most of each second).
 
