@@ -10,7 +10,7 @@ What a message makes lives for milliseconds to a second (its decoding, the tasks
 carry it, the store's group commit): at 700 it outlives two young collections, and the full
 collections came every minute or two at 100,000 nodes under 500 signals a second, each a late probe.
 At ``YOUNG_OBJECTS`` it dies young. Measured with ``bench.scale`` at 100,000 through 8 relays (one
-run each, docs/design.md): the controller's collections while connecting 24-40 s → 3.9-4.3 s, none
+run each, docs/scale-history.md): the controller's collections while connecting 24-40 s → 3.9-4.3 s, none
 of them full, and no full collection in two minutes under 500 signals a second; each relay's
 18-29 s → 3-7 s. A young collection walks more at a time (the longest pause seen 0.6-2.6 s against
 3.3-6.2 s).
