@@ -66,7 +66,8 @@ What runs, all on this machine:
 
 Figures: connect time (all N agents acknowledged), controller RSS (peak) and CPU (cores, per phase;
 a burst's CPU of this process, the API double's, beside it), database size (and on PostgreSQL its
-server's CPU while connecting, ``connect_database_cpu_s``), each phase's
+server's CPU while connecting, ``connect_database_cpu_s``; the controller's by thread,
+``connect_controller_threads_cpu_s``: its event loop, the store's writer...), each phase's
 latencies, the simulator's own lag. Printed and appended to
 bench/results/scale.jsonl with the command that produced them. PostgreSQL runs with fsync on.
 """
@@ -1078,10 +1079,13 @@ def measure(args: argparse.Namespace, workdir: Path, database: str) -> dict[str,
         )
         try:
             started, cpu0, relays_cpu0 = time.time(), sampler.cpu_s(), relays.cpu_s()
-            database_cpu0 = database_cpu_s(database)
+            database_cpu0, threads0 = database_cpu_s(database), thread_clock.threads_cpu_ns(controller.pid)
             figures["connect_s"] = round(workers.connected(args.connect_timeout_s), 1)
             figures["simulator_while_connecting"] = workers.stats()  # beside the relays' lateness and refusals
             figures["connect_controller_cpu_s"] = round(sampler.cpu_s() - cpu0, 1)
+            figures["connect_controller_threads_cpu_s"] = thread_clock.cpu_by_kind_s(
+                threads0, thread_clock.threads_cpu_ns(controller.pid), sampler.cpu_s() - cpu0
+            )
             if database_cpu0 is not None:
                 figures["connect_database_cpu_s"] = round((database_cpu_s(database) or 0.0) - database_cpu0, 1)
             figures["connect_simulator_cpu_s"] = round(workers.connect_cpu_s, 1)

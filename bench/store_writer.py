@@ -1,6 +1,7 @@
 """The store's writer on its own: how many received batches a second it writes, and at what CPU.
 
     python -m bench.store_writer [--database postgresql|sqlite] [--nodes 2000] [--batches 20000]
+    python -m bench.store_writer [--database postgresql|sqlite] --hellos 100000
 
 Each batch is what the controller records for one record-only signal (XID 63, a row remap event,
 as ``bench.scale``'s background): decided by the controller's own ``decide`` and written by the
@@ -82,6 +83,27 @@ def _run(target: str, nodes: int, batches: int, coalesce: bool) -> dict[str, Any
     }
 
 
+def _hellos(target: str, hellos: int, every: int = 500) -> dict[str, Any]:
+    """A fleet's first Hellos: each a new node's row (``NodeTable.register``, as the engine writes
+    it, its state as JSON), a ``sync`` (the group commit behind the agents' acks) every ``every``."""
+    store = Store(target)
+    writer = store.writer.thread_id
+    cpu0, writer0, t0 = time.process_time(), _thread_cpu(writer), time.perf_counter()
+    for k in range(hellos):
+        store.nodes.register(NodeState(f"node-{k:06d}"), f"spool-{k}", 0, 8, time.time(), 8)
+        if k % every == every - 1:
+            store.db.sync()
+    store.db.sync()
+    wall, cpu, writer_cpu = time.perf_counter() - t0, time.process_time() - cpu0, _thread_cpu(writer) - writer0
+    store.close()
+    return {
+        "hellos_per_s": round(hellos / wall, 1),
+        "cpu_s_per_1000": round(cpu / hellos * 1000, 3),
+        "writer_cpu_s_per_1000": round(writer_cpu / hellos * 1000, 3),
+        "wall_s": round(wall, 2),
+    }
+
+
 def _thread_cpu(native_id: int) -> float:
     """One thread of this process: its CPU seconds so far."""
     for thread in psutil.Process().threads():
@@ -96,9 +118,22 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=2000)
     parser.add_argument("--batches", type=int, default=20000)
     parser.add_argument("--no-record", action="store_true", help="print only")
+    parser.add_argument("--hellos", type=int, default=0, help="instead: a fleet of N agents' first Hellos")
     args = parser.parse_args()
     if args.database == "postgresql" and (why := postgres_unavailable()):
         parser.error(f"--database postgresql: {why}")
+    if args.hellos > 0:
+        with contextlib.ExitStack() as stack:
+            if args.database == "postgresql":
+                target = stack.enter_context(postgres_cluster(fsync=True)).dsn
+            else:
+                target = str(Path(stack.enter_context(tempfile.TemporaryDirectory())) / "vigil.db")
+            figures = _hellos(target, args.hellos)
+        print(figures)
+        if not args.no_record:
+            hellos = {**header("store_writer", database=args.database), "revision": revision(), "hellos": args.hellos}
+            print(append_result("store_writer", hellos | figures))
+        return
     rows = []
     for coalesce in (False, True):
         with contextlib.ExitStack() as stack:

@@ -61,6 +61,32 @@ def kind(name: str, tid: int, pid: int) -> str:
     return LOOP if tid == pid else re.sub(r"\d+", "#", name)
 
 
+def threads_cpu_ns(pid: int, proc: Path = Path("/proc")) -> dict[int, tuple[str, int]]:
+    """Each live thread of ``pid``: its kind (``kind``) and its CPU so far, in ns (schedstat); {}
+    where the process is gone. One read of each thread, for a phase's totals (``cpu_by_kind_s``)."""
+    out: dict[int, tuple[str, int]] = {}
+    with contextlib.suppress(OSError):
+        for task in (proc / str(pid) / "task").iterdir():
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                tid = int(task.name)
+                name = kind((task / "comm").read_text().strip(), tid, pid)
+                out[tid] = (name, int((task / "schedstat").read_text().split()[0]))
+    return out
+
+
+def cpu_by_kind_s(
+    before: dict[int, tuple[str, int]], after: dict[int, tuple[str, int]], process_cpu_s: float
+) -> dict[str, float]:
+    """Each thread kind's CPU between two ``threads_cpu_ns``, in s, largest first (a thread started
+    between them counts from nothing); ``gone``: what the process spent in threads that ended
+    between them, from its whole CPU over the same span (``process_cpu_s``). Pure."""
+    spent: dict[str, float] = {}
+    for tid, (name, ns) in after.items():
+        spent[name] = spent.get(name, 0.0) + (ns - before.get(tid, (name, 0))[1]) / 1e9
+    spent["gone"] = max(process_cpu_s - sum(spent.values()), 0.0)
+    return {k: round(v, 1) for k, v in sorted(spent.items(), key=lambda kv: -kv[1])}
+
+
 class _Samples:
     def __init__(self, pid: int, proc: Path, others: dict[str, list[int]], by_name: tuple[str, ...] = ()) -> None:
         self.pid, self.proc = pid, proc

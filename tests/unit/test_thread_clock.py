@@ -3,7 +3,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.thread_clock import _Samples, held_up, kind
+from bench.thread_clock import _Samples, cpu_by_kind_s, held_up, kind, threads_cpu_ns
 
 PID = 100
 
@@ -104,3 +104,29 @@ def test_a_loop_not_sampled_is_never_said_to_have_slept(tmp_path: Path) -> None:
     samples.sample()
     spent = samples.spent(0, 1e12)
     assert "loop_slept" not in spent and "loop" not in spent and spent["write-behind"] == 0.0
+
+
+def test_a_phases_cpu_splits_by_thread_kind_with_new_threads_from_nothing_and_ended_ones_as_gone(
+    tmp_path: Path,
+) -> None:
+    s = 1_000_000_000
+    _thread(tmp_path, PID, "vigil", 1 * s, 0)
+    _thread(tmp_path, 101, "write-behind", 2 * s, 0)
+    _thread(tmp_path, 102, "action_0", 1 * s, 0)
+    before = threads_cpu_ns(PID, tmp_path)
+    assert before[PID] == ("loop", 1 * s)
+    _thread(tmp_path, PID, "vigil", 5 * s, 0)
+    _thread(tmp_path, 101, "write-behind", 3 * s, 0)
+    _thread(tmp_path, 103, "action_1", 2 * s, 0)  # started since; action_0 ended
+    for f in (tmp_path / str(PID) / "task" / "102").iterdir():
+        f.unlink()
+    (tmp_path / str(PID) / "task" / "102").rmdir()
+    after = threads_cpu_ns(PID, tmp_path)
+    assert cpu_by_kind_s(before, after, process_cpu_s=7.5) == {
+        "loop": 4.0,
+        "action_#": 2.0,
+        "gone": 0.5,
+        "write-behind": 1.0,
+    }
+    assert list(cpu_by_kind_s(before, after, 7.5))[0] == "loop"
+    assert threads_cpu_ns(999, tmp_path) == {}
