@@ -23,6 +23,7 @@ import argparse
 import contextlib
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -112,6 +113,18 @@ def _thread_cpu(native_id: int) -> float:
     return 0.0
 
 
+@contextlib.contextmanager
+def _fresh_database(database: str) -> Iterator[str]:
+    """A new, empty database of the kind named, its target, removed after: PostgreSQL is a private
+    server with fsync on (``tests/postgres.py``), SQLite a file in a temporary folder."""
+    if database == "postgresql":
+        with postgres_cluster(fsync=True) as cluster:
+            yield cluster.dsn
+    else:
+        with tempfile.TemporaryDirectory() as folder:
+            yield str(Path(folder) / "vigil.db")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.store_writer", description=__doc__.split("\n")[0])
     parser.add_argument("--database", choices=("postgresql", "sqlite"), default="postgresql")
@@ -123,11 +136,7 @@ def main() -> None:
     if args.database == "postgresql" and (why := postgres_unavailable()):
         parser.error(f"--database postgresql: {why}")
     if args.hellos > 0:
-        with contextlib.ExitStack() as stack:
-            if args.database == "postgresql":
-                target = stack.enter_context(postgres_cluster(fsync=True)).dsn
-            else:
-                target = str(Path(stack.enter_context(tempfile.TemporaryDirectory())) / "vigil.db")
+        with _fresh_database(args.database) as target:
             figures = _hellos(target, args.hellos)
         print(figures)
         if not args.no_record:
@@ -136,11 +145,7 @@ def main() -> None:
         return
     rows = []
     for coalesce in (False, True):
-        with contextlib.ExitStack() as stack:
-            if args.database == "postgresql":
-                target = stack.enter_context(postgres_cluster(fsync=True)).dsn
-            else:
-                target = str(Path(stack.enter_context(tempfile.TemporaryDirectory())) / "vigil.db")
+        with _fresh_database(args.database) as target:
             rows.append(_run(target, args.nodes, args.batches, coalesce))
             print(rows[-1], flush=True)
     before, after = rows
